@@ -1,0 +1,104 @@
+"""``GPTModelProvider``: a megatron-core ``TransformerConfig`` that also knows how to build a ``GPTModel``.
+
+megatron-core's ``TransformerConfig.__post_init__`` derives fields and re-checks rules the moment
+the object is created. Recipes and overrides must be able to mutate the config first, so this
+provider defers ``__post_init__`` until :meth:`GPTModelProvider.finalize`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Optional
+
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from megatron.bridge.models.layer_specs import (
+    LayerSpecName,
+    build_decoder_block_spec,
+    resolve_layer_spec,
+)
+
+if TYPE_CHECKING:
+    from megatron.core.models.gpt import GPTModel
+
+logger = logging.getLogger(__name__)
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: int) -> int:
+    """Round the vocabulary up so each tensor-parallel shard has a multiple of ``divisible_by`` rows."""
+    multiple = divisible_by * tensor_parallel_size
+    return ((vocab_size + multiple - 1) // multiple) * multiple
+
+
+@dataclass
+class GPTModelProvider(TransformerConfig):
+    """GPT model settings plus ``provide()``; ``finalize()`` runs megatron-core's deferred checks."""
+
+    seq_length: int = 1024
+    vocab_size: Optional[int] = None
+    make_vocab_size_divisible_by: int = 128
+    share_embeddings_and_output_weights: bool = False
+    position_embedding_type: Literal["learned_absolute", "rope", "none"] = "rope"
+    rotary_base: float = 10000.0
+    rotary_percent: float = 1.0
+    fp16_lm_cross_entropy: bool = False
+    parallel_output: bool = True
+    layer_spec: LayerSpecName = "auto"
+    """Layer implementation: ``auto`` (TE when it imports), ``transformer_engine``, ``local``
+    (plain megatron-core), ``torch_native`` (SDPA attention and grouped-GEMM experts)."""
+    moe_flex_dispatcher_backend: Optional[Literal["deepep", "hybridep", "ncclep"]] = None
+    """Flex dispatcher backend; only meaningful with ``moe_token_dispatcher_type="flex"``.
+    ``None`` (unlike megatron-core's ``"deepep"`` default) so that an unset backend is visible."""
+
+    def __post_init__(self) -> None:  # noqa: D105 - deliberately deferred, see finalize()
+        pass
+
+    def finalize(self) -> None:
+        """Derive the implementation fields and run megatron-core's own ``__post_init__``."""
+        impl = resolve_layer_spec(self.layer_spec)
+        self.transformer_impl = "transformer_engine" if impl == "transformer_engine" else "local"
+        TransformerConfig.__post_init__(self)
+
+    @property
+    def resolved_layer_spec(self) -> str:
+        """The layer implementation this provider will build on this machine."""
+        return resolve_layer_spec(self.layer_spec)
+
+    def padded_vocab_size(self) -> int:
+        """Vocabulary rows of the embedding and output layers."""
+        if self.vocab_size is None:
+            raise ValueError("model.vocab_size is None; set it (e.g. model.vocab_size=151936).")
+        return padded_vocab_size(
+            self.vocab_size, self.make_vocab_size_divisible_by, self.tensor_model_parallel_size
+        )
+
+    def provide(
+        self,
+        pre_process: Optional[bool] = None,
+        post_process: Optional[bool] = None,
+        vp_stage: Optional[int] = None,
+    ) -> "GPTModel":
+        """Build this rank's ``GPTModel`` chunk (model-parallel state must be initialised)."""
+        from megatron.core import parallel_state
+        from megatron.core.models.gpt import GPTModel
+
+        if pre_process is None:
+            pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+        if post_process is None:
+            post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+        return GPTModel(
+            config=self,
+            transformer_layer_spec=build_decoder_block_spec(self, vp_stage=vp_stage),
+            vocab_size=self.padded_vocab_size(),
+            max_sequence_length=self.seq_length,
+            pre_process=pre_process,
+            post_process=post_process,
+            fp16_lm_cross_entropy=self.fp16_lm_cross_entropy,
+            parallel_output=self.parallel_output,
+            share_embeddings_and_output_weights=self.share_embeddings_and_output_weights,
+            position_embedding_type=self.position_embedding_type,
+            rotary_percent=self.rotary_percent,
+            rotary_base=int(self.rotary_base),
+            vp_stage=vp_stage,
+        )

@@ -1,0 +1,1 @@
+"""Recipes: plain functions with no required arguments returning a fresh ``ConfigContainer``."""

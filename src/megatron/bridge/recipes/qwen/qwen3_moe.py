@@ -1,0 +1,157 @@
+"""Qwen3-MoE pretraining recipes on mock data.
+
+Every recipe states its dispatcher (plain ``alltoall``, no flex backend) and carries a real
+``CommOverlapConfig`` with EP overlap off: turn it on with
+``cfg.comm_overlap.overlap_moe_expert_parallel_comm = True`` or the matching dotted override.
+"""
+
+from __future__ import annotations
+
+from megatron.core.distributed import DistributedDataParallelConfig
+from megatron.core.optimizer import OptimizerConfig
+
+from megatron.bridge.models.gpt_provider import GPTModelProvider
+from megatron.bridge.models.qwen import (
+    Qwen3MoEModelProvider,
+    Qwen3MoEModelProvider30B_A3B,
+    Qwen3MoEModelProvider235B_A22B,
+)
+from megatron.bridge.training.comm_overlap import CommOverlapConfig
+from megatron.bridge.training.config import (
+    CheckpointConfig,
+    ConfigContainer,
+    DatasetConfig,
+    LoggerConfig,
+    RNGConfig,
+    SchedulerConfig,
+    TokenizerConfig,
+    TrainingConfig,
+)
+
+
+def _pretrain_config(
+    model: GPTModelProvider,
+    *,
+    global_batch_size: int,
+    micro_batch_size: int = 1,
+    train_iters: int = 300_000,
+    lr: float = 3e-4,
+    min_lr: float = 3e-5,
+    lr_warmup_iters: int = 500,
+) -> ConfigContainer:
+    """Shared pretraining defaults: Adam, cosine decay, distributed optimizer, mock data."""
+    return ConfigContainer(
+        model=model,
+        train=TrainingConfig(
+            train_iters=train_iters,
+            global_batch_size=global_batch_size,
+            micro_batch_size=micro_batch_size,
+        ),
+        optimizer=OptimizerConfig(
+            optimizer="adam",
+            lr=lr,
+            min_lr=min_lr,
+            weight_decay=0.1,
+            adam_beta1=0.9,
+            adam_beta2=0.95,
+            adam_eps=1e-8,
+            clip_grad=1.0,
+            use_distributed_optimizer=True,
+        ),
+        scheduler=SchedulerConfig(
+            lr_decay_style="cosine", lr_warmup_iters=min(lr_warmup_iters, train_iters // 10)
+        ),
+        ddp=DistributedDataParallelConfig(
+            check_for_nan_in_grad=True,
+            use_distributed_optimizer=True,
+            average_in_collective=True,
+        ),
+        dataset=DatasetConfig(),
+        tokenizer=TokenizerConfig(tokenizer_type="NullTokenizer"),
+        logger=LoggerConfig(),
+        checkpoint=CheckpointConfig(),
+        rng=RNGConfig(seed=1234),
+        mixed_precision="bf16_mixed",
+        comm_overlap=CommOverlapConfig(
+            overlap_moe_expert_parallel_comm=False, delay_wgrad_compute=False
+        ),
+    )
+
+
+def _layout(
+    model: GPTModelProvider,
+    *,
+    tp: int,
+    pp: int,
+    ep: int,
+    cp: int = 1,
+    vpp: int | None = None,
+    etp: int = 1,
+) -> GPTModelProvider:
+    """Set the parallel layout on the model (the single owner of parallel sizes)."""
+    model.tensor_model_parallel_size = tp
+    model.pipeline_model_parallel_size = pp
+    model.virtual_pipeline_model_parallel_size = vpp
+    model.context_parallel_size = cp
+    model.expert_model_parallel_size = ep
+    model.expert_tensor_parallel_size = etp
+    model.sequence_parallel = tp > 1
+    return model
+
+
+def _alltoall(model: GPTModelProvider) -> GPTModelProvider:
+    """State the dispatcher explicitly: megatron-core's alltoall, no flex backend, no shared overlap."""
+    model.moe_token_dispatcher_type = "alltoall"
+    model.moe_flex_dispatcher_backend = None
+    model.moe_shared_expert_overlap = False
+    return model
+
+
+def qwen3_30b_a3b_pretrain_config() -> ConfigContainer:
+    """Qwen3-30B-A3B on 16 GPUs: TP1/PP1/EP16, GBS 1024, MBS 1, seq 4096."""
+    model = _alltoall(_layout(Qwen3MoEModelProvider30B_A3B(), tp=1, pp=1, ep=16))
+    return _pretrain_config(model, global_batch_size=1024)
+
+
+def qwen3_30b_a3b_pretrain_8gpu_config() -> ConfigContainer:
+    """Qwen3-30B-A3B on 8 GPUs: TP4/PP2/EP4 (sequence parallel on), GBS 1024, MBS 1, seq 4096."""
+    model = _alltoall(_layout(Qwen3MoEModelProvider30B_A3B(), tp=4, pp=2, ep=4))
+    return _pretrain_config(model, global_batch_size=1024)
+
+
+def qwen3_235b_a22b_pretrain_config() -> ConfigContainer:
+    """Qwen3-235B-A22B on 256 GPUs: TP4/PP16/CP2/EP8, GBS 1024, MBS 1, seq 4096.
+
+    94 layers plus the embedding and loss stages split evenly into 16 pipeline stages.
+    """
+    model = _alltoall(_layout(Qwen3MoEModelProvider235B_A22B(), tp=4, pp=16, cp=2, ep=8))
+    model.account_for_embedding_in_pipeline_split = True
+    model.account_for_loss_in_pipeline_split = True
+    return _pretrain_config(model, global_batch_size=1024, lr=1e-4, min_lr=1e-5)
+
+
+def qwen3_moe_tiny_pretrain_config() -> ConfigContainer:
+    """A 2-layer Qwen3-MoE-shaped model (hidden 128, 8 experts top-2, vocab 1024, seq 128).
+
+    Sized for CPU smoke runs and tests; layout TP1/PP1/EP1, GBS 8, MBS 1, 10 iterations.
+    """
+    model = Qwen3MoEModelProvider(
+        num_layers=2,
+        hidden_size=128,
+        num_attention_heads=4,
+        num_query_groups=2,
+        kv_channels=32,
+        ffn_hidden_size=256,
+        moe_ffn_hidden_size=64,
+        num_moe_experts=8,
+        moe_router_topk=2,
+        vocab_size=1024,
+        seq_length=128,
+        make_vocab_size_divisible_by=128,
+    )
+    model = _alltoall(_layout(model, tp=1, pp=1, ep=1))
+    cfg = _pretrain_config(
+        model, global_batch_size=8, micro_batch_size=1, train_iters=10, lr=1e-3, min_lr=1e-4
+    )
+    cfg.dataset.num_workers = 0
+    return cfg

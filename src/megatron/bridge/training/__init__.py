@@ -1,0 +1,1 @@
+"""Training-side configuration, validation and the training loop."""

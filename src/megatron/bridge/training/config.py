@@ -1,0 +1,213 @@
+"""The configuration tree of a training run: dataclasses only.
+
+Every setting has exactly one owner in this tree. Values that other layers need (for example the
+sequence length the dataset builder uses, or the precision flags of the optimizer) are *derived*
+from their owner when the tree is finalized, never copied back the other way.
+
+``ConfigContainer.finalize()`` works on a deep copy: the container a user holds stays exactly as
+they wrote it, so an edit made after one ``validate()`` is seen by the next one.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Optional
+
+from megatron.core.distributed import DistributedDataParallelConfig
+from megatron.core.optimizer import OptimizerConfig
+
+from megatron.bridge.models.gpt_provider import GPTModelProvider
+from megatron.bridge.training.comm_overlap import CommOverlapConfig
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+@dataclass(kw_only=True)
+class TrainingConfig:
+    """Loop length and batch shape."""
+
+    train_iters: int = 10
+    global_batch_size: int = 8
+    micro_batch_size: int = 1
+    eval_interval: Optional[int] = None
+    """Run evaluation every N iterations; ``None`` disables evaluation."""
+    eval_iters: int = 0
+    exit_duration_in_mins: Optional[float] = None
+    manual_gc: bool = False
+    """Disable automatic Python GC and collect at fixed points (avoids random straggler steps)."""
+    manual_gc_interval: int = 0
+
+
+@dataclass(kw_only=True)
+class SchedulerConfig:
+    """Learning-rate and weight-decay schedule (megatron-core ``OptimizerParamScheduler``)."""
+
+    lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = "cosine"
+    lr_warmup_iters: int = 0
+    lr_warmup_init: float = 0.0
+    lr_decay_iters: Optional[int] = None
+    """``None`` decays over ``train.train_iters``."""
+    start_weight_decay: Optional[float] = None
+    """``None`` uses ``optimizer.weight_decay``."""
+    end_weight_decay: Optional[float] = None
+    weight_decay_incr_style: Literal["constant", "linear", "cosine"] = "constant"
+
+
+@dataclass(kw_only=True)
+class DatasetConfig:
+    """Training data. Mock data (megatron-core ``MockGPTDataset``) when ``data_paths`` is ``None``.
+
+    The sequence length is owned by ``model.seq_length`` and the seed by ``rng.seed``.
+    """
+
+    data_paths: Optional[list[str]] = None
+    """Indexed GPT dataset prefixes (``.bin``/``.idx`` without suffix), optionally weighted
+    as megatron's blend list: ``["0.3", "/data/a", "0.7", "/data/b"]``."""
+    split: str = "969,30,1"
+    num_workers: int = 2
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
+    eod_mask_loss: bool = False
+    mmap_bin_files: bool = True
+    path_to_cache: Optional[str] = None
+
+    @property
+    def is_mock(self) -> bool:
+        """True when no data paths are given: megatron-core's mock GPT dataset is used."""
+        return not self.data_paths
+
+
+@dataclass(kw_only=True)
+class TokenizerConfig:
+    """Tokenizer. ``NullTokenizer`` needs no files: token ids are used as they are."""
+
+    tokenizer_type: Literal["NullTokenizer", "HuggingFaceTokenizer"] = "NullTokenizer"
+    tokenizer_model: Optional[str] = None
+    """Path or name of a Hugging Face tokenizer (only for ``HuggingFaceTokenizer``)."""
+    vocab_size: Optional[int] = None
+    """Vocabulary of the ``NullTokenizer``; ``None`` uses ``model.vocab_size``."""
+
+
+@dataclass(kw_only=True)
+class LoggerConfig:
+    """Console, summary and TensorBoard logging."""
+
+    log_interval: int = 1
+    log_dir: Optional[str] = None
+    """Directory for ``summary.json`` and TensorBoard events; ``None`` writes under ``runs/``."""
+    tensorboard: bool = False
+    steady_state_window: list[int] = field(default_factory=lambda: [3, 8])
+    """First and last iteration (1-based, inclusive) of the steady-state step-time window."""
+    log_memory: bool = True
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    """megatron-core ``dist_checkpointing`` save/resume."""
+
+    save: Optional[str] = None
+    load: Optional[str] = None
+    save_interval: Optional[int] = None
+    save_on_exit: bool = True
+    """Save a final checkpoint at the end of training and on SIGTERM (needs ``save``)."""
+    ckpt_format: Literal["torch_dist"] = "torch_dist"
+
+
+@dataclass(kw_only=True)
+class DistributedInitConfig:
+    """Process-group set-up."""
+
+    device: Literal["cuda", "cpu"] = "cuda"
+    """``cpu`` is the CPU smoke mode: correctness only, never performance numbers."""
+    distributed_backend: Optional[Literal["nccl", "gloo"]] = None
+    """``None``: NCCL on GPUs, gloo in CPU smoke mode."""
+    distributed_timeout_minutes: int = 10
+
+    @property
+    def effective_backend(self) -> str:
+        """The backend the run will use."""
+        if self.distributed_backend is not None:
+            return self.distributed_backend
+        return "gloo" if self.device == "cpu" else "nccl"
+
+
+@dataclass(kw_only=True)
+class RNGConfig:
+    """Seeds."""
+
+    seed: int = 1234
+    data_parallel_random_init: bool = False
+
+
+@dataclass(kw_only=True)
+class ProfilingConfig:
+    """torch profiler capture of a few steps on a few ranks."""
+
+    use_pytorch_profiler: bool = False
+    profile_step_start: int = 5
+    profile_step_end: int = 6
+    profile_ranks: list[int] = field(default_factory=lambda: [0])
+    record_shapes: bool = False
+
+
+MixedPrecisionName = Literal[
+    "bf16_mixed",
+    "fp16_mixed",
+    "fp32",
+    "bf16_with_fp8_delayed_scaling_mixed",
+    "bf16_with_fp8_current_scaling_mixed",
+    "bf16_with_mxfp8_mixed",
+]
+
+
+@dataclass(kw_only=True)
+class ConfigContainer:
+    """The whole run. ``finalize()`` returns a resolved, validated copy; ``validate()`` too."""
+
+    model: GPTModelProvider
+    train: TrainingConfig = field(default_factory=TrainingConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    ddp: DistributedDataParallelConfig = field(default_factory=DistributedDataParallelConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    dist: DistributedInitConfig = field(default_factory=DistributedInitConfig)
+    rng: RNGConfig = field(default_factory=RNGConfig)
+    profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
+    mixed_precision: MixedPrecisionName = "bf16_mixed"
+    """Owner of the precision flags of model, optimizer and DDP (derived at finalize)."""
+    comm_overlap: CommOverlapConfig = field(default_factory=CommOverlapConfig)
+    provenance: dict[str, str] = field(default_factory=dict)
+    """Dotted key -> the layer that set it (``yaml``, ``flag``, ``cli``). Unlisted keys come from
+    the recipe or a default; the resolved copy also marks ``computed`` values."""
+
+    def finalize(self, world_size: Optional[int] = None) -> "ConfigContainer":
+        """Return a resolved and validated deep copy; raise a typed error listing all problems.
+
+        ``world_size`` enables the checks that need the data-parallel size; ``None`` reads
+        ``WORLD_SIZE`` from the environment and skips them when it is unset.
+        """
+        from megatron.bridge.training.finalize import finalize_config
+
+        return finalize_config(copy.deepcopy(self), world_size=world_size)
+
+    def validate(self, world_size: Optional[int] = None) -> "ConfigContainer":
+        """Finalize and validate without a GPU or a process group; returns the resolved copy."""
+        return self.finalize(world_size=world_size)
+
+    def to_yaml(self, path: "Optional[str | Path]" = None) -> str:
+        """Serialize to YAML (and write it to ``path`` when given)."""
+        from megatron.bridge.training.utils.omegaconf_utils import config_to_yaml
+
+        return config_to_yaml(self, path)
+
+    @classmethod
+    def from_yaml(cls, path: "str | Path") -> "ConfigContainer":
+        """Load a container written by :meth:`to_yaml`."""
+        from megatron.bridge.training.utils.omegaconf_utils import config_from_yaml
+
+        return config_from_yaml(path)

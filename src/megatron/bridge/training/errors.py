@@ -1,0 +1,51 @@
+"""Typed configuration errors. Every error lists *all* violations found, each with its fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+Severity = Literal["error", "warning"]
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule: which fields, their current values, what is wrong and how to fix it."""
+
+    rule: str
+    fields: tuple[str, ...]
+    values: tuple[Any, ...]
+    message: str
+    fix: str
+    severity: Severity = "error"
+
+    def format(self) -> str:
+        """Human-readable, one violation per paragraph."""
+        current = ", ".join(f"{f}={v!r}" for f, v in zip(self.fields, self.values))
+        return f"[{self.rule}] {self.message}\n    current: {current}\n    fix: {self.fix}"
+
+
+class ConfigError(ValueError):
+    """Base of every configuration error raised before any expensive work starts."""
+
+    def __init__(self, violations: Sequence[Violation], title: str = "invalid configuration") -> None:
+        self.violations: list[Violation] = list(violations)
+        body = "\n".join(f"  {i}. {v.format()}" for i, v in enumerate(self.violations, 1))
+        super().__init__(f"{title}: {len(self.violations)} problem(s)\n{body}")
+
+    @property
+    def fields(self) -> set[str]:
+        """Every field named by any violation."""
+        return {f for v in self.violations for f in v.fields}
+
+
+class ConfigValidationError(ConfigError):
+    """The finalized configuration breaks one or more rules."""
+
+
+class CommOverlapConfigError(ConfigValidationError):
+    """At least one communication-overlap prerequisite is unmet (all problems are listed)."""
+
+
+class OverrideError(ConfigError):
+    """A YAML or dotted CLI override could not be applied; the input config is left unchanged."""

@@ -1,0 +1,70 @@
+"""Rules as data: one record per prerequisite, consumed by the validator, the docs and the tests.
+
+A rule names the dotted fields it reads, when it applies, what must hold, the message and the fix.
+Rules read a ``RuleContext`` for facts that are not in the config (installed TE version, the target
+GPU, the world size), so a CPU login node can validate against the cluster's GPUs.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
+
+from packaging.version import Version
+
+from megatron.bridge.training.errors import Severity, Violation
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+
+@dataclass(frozen=True)
+class RuleContext:
+    """Facts about the target machine and software that rules may read."""
+
+    te_version: Optional[Version] = None
+    """Installed Transformer Engine version; ``None`` means absent."""
+    torch_version: Optional[Version] = None
+    world_size: Optional[int] = None
+    device_capability: Optional[tuple[int, int]] = None
+    device_name: Optional[str] = None
+
+
+def read_field(cfg: Any, dotted: str) -> Any:
+    """Value at a dotted path such as ``model.num_moe_experts``."""
+    return functools.reduce(getattr, dotted.split("."), cfg)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A prerequisite. ``holds`` is evaluated only where ``applies`` is true."""
+
+    id: str
+    fields: tuple[str, ...]
+    holds: Callable[["ConfigContainer", RuleContext], bool]
+    message: str
+    fix: str
+    applies: Callable[["ConfigContainer", RuleContext], bool] = lambda cfg, ctx: True
+    severity: Severity = "error"
+    group: str = "general"
+    extra_values: tuple[tuple[str, Callable[[RuleContext], Any]], ...] = field(default=())
+    """Non-config facts shown beside the field values (e.g. ``("transformer_engine", ...)``)."""
+
+    def check(self, cfg: "ConfigContainer", ctx: RuleContext) -> Optional[Violation]:
+        """The violation of this rule by ``cfg``, or ``None``."""
+        if not self.applies(cfg, ctx) or self.holds(cfg, ctx):
+            return None
+        names = self.fields + tuple(name for name, _ in self.extra_values)
+        values = tuple(read_field(cfg, f) for f in self.fields) + tuple(
+            getter(ctx) for _, getter in self.extra_values
+        )
+        return Violation(self.id, names, values, self.message, self.fix, self.severity)
+
+
+def check_rules(
+    rules: Iterable[Rule], cfg: "ConfigContainer", ctx: RuleContext
+) -> list[Violation]:
+    """Every violation of ``rules`` by ``cfg`` (never stops at the first)."""
+    return [v for v in map(operator.methodcaller("check", cfg, ctx), rules) if v is not None]
