@@ -1,0 +1,204 @@
+"""Command-line flags of the performance harness (the reference's familiar names, without sentinels).
+
+Conventions that differ from the reference on purpose:
+
+* "not given" is always ``None``; no ``-1`` or ``"None"`` placeholders reach the config layer;
+* boolean flags take an explicit value (``true/false/1/0/yes/no``, any case) and reject anything else,
+  so ``--moe_a2a_overlap false`` is a real ``False``;
+* ``--moe_flex_dispatcher_backend None`` is parsed to :data:`PLAIN_ALLTOALL`: an explicit request for
+  megatron-core's plain ``alltoall`` dispatcher, distinct from not giving the flag;
+* every positional ``key=value`` is a dotted override, applied last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Optional, Sequence
+
+PLAIN_ALLTOALL = "alltoall"
+"""Parsed value of ``--moe_flex_dispatcher_backend None``: plain alltoall, no flex backend."""
+
+FLEX_BACKENDS = ("deepep", "hybridep")
+
+
+
+def _gpu_choices() -> tuple[str, ...]:
+    """The GPU-type table of ``training.flex_dispatcher_backend`` (one source of truth) plus ``cpu``."""
+    try:
+        from megatron.bridge.training.flex_dispatcher_backend import GPU_TYPES
+    except ImportError:  # pragma: no cover - the table ships with the package
+        return ("h100", "h200", "b200", "b300", "gb200", "gb300", "a100", "cpu")
+    return (*GPU_TYPES, "cpu")
+
+
+GPU_CHOICES = _gpu_choices()
+"""Target GPU types accepted by ``-g`` (``cpu`` selects the CPU smoke mode)."""
+
+COMPUTE_DTYPES: dict[str, str] = {
+    "bf16": "bf16_mixed",
+    "fp16": "fp16_mixed",
+    "fp8": "bf16_with_fp8_current_scaling_mixed",
+    "fp8_cs": "bf16_with_fp8_current_scaling_mixed",
+    "fp8_ds": "bf16_with_fp8_delayed_scaling_mixed",
+    "fp8_mx": "bf16_with_mxfp8_mixed",
+}
+"""``-c`` value -> ``cfg.mixed_precision`` recipe name."""
+
+TASKS = ("pretrain", "sft", "peft")
+CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine")
+TOKENIZER_TYPES = ("NullTokenizer", "HuggingFaceTokenizer")
+
+_TRUE = frozenset({"true", "1", "yes"})
+_FALSE = frozenset({"false", "0", "no"})
+_OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+=.*$", re.S)
+
+
+def str_to_bool(text: str) -> bool:
+    """``true/false/1/0/yes/no`` (any case) -> bool; anything else is a usage error."""
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false/1/0/yes/no, got {text!r}")
+
+
+def flex_backend(text: str) -> str:
+    """``deepep``/``hybridep`` select flex dispatch; ``None``/``alltoall`` mean plain alltoall."""
+    value = text.strip().lower()
+    if value in ("none", PLAIN_ALLTOALL):
+        return PLAIN_ALLTOALL
+    if value in FLEX_BACKENDS:
+        return value
+    raise argparse.ArgumentTypeError(
+        f"expected one of {', '.join(FLEX_BACKENDS)} or None (plain alltoall), got {text!r}"
+    )
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (parallel sizes, GPU counts, steps)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    """Comma-separated non-negative integers, e.g. ``0,1``."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}")
+    return values
+
+
+def window(text: str) -> list[int]:
+    """Two 1-based iterations ``FIRST,LAST`` with ``FIRST <= LAST``."""
+    values = int_list(text)
+    if len(values) != 2 or not 1 <= values[0] <= values[1]:
+        raise argparse.ArgumentTypeError(f"expected FIRST,LAST with 1 <= FIRST <= LAST, got {text!r}")
+    return values
+
+
+def _choice(options: Sequence[str], *, lower: bool = True):
+    """Case-insensitive choice that returns the canonical spelling."""
+    canon = {(o.lower() if lower else o): o for o in options}
+
+    def parse(text: str) -> str:
+        key = text.strip().lower() if lower else text.strip()
+        if key not in canon:
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(options)}, got {text!r}")
+        return canon[key]
+
+    parse.__name__ = "choice"
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The harness parser; every default is ``None`` unless the flag is a plain switch."""
+    p = argparse.ArgumentParser(
+        prog="run_script.py",
+        description="Megatron-Bridge-style performance harness for MoE EP-overlap runs. "
+        "Precedence: recipe < --config_file < flags < dotted overrides (key=value).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    run = p.add_argument_group("recipe and machine")
+    run.add_argument("-m", "--model_family_name", default="qwen", help="recipe family (package under megatron.bridge.recipes)")
+    run.add_argument("-mr", "--model_recipe_name", required=True, help="recipe name, e.g. qwen3_30b_a3b")
+    run.add_argument("--task", type=_choice(TASKS), default="pretrain", help="|".join(TASKS))
+    run.add_argument("-g", "--gpu", type=_choice(GPU_CHOICES), default=None,
+                     help="target GPU type for validation (and flex backend support); cpu = CPU smoke mode")
+    run.add_argument("-c", "--compute_dtype", type=_choice(tuple(COMPUTE_DTYPES)), default=None,
+                     help="compute precision; fp8 variants need Transformer Engine")
+    run.add_argument("-ng", "--num_gpus", type=positive_int, default=None, help="total GPUs (processes in CPU mode)")
+    run.add_argument("-gn", "--gpus_per_node", type=positive_int, default=None, help="GPUs per node")
+    run.add_argument("--procs_per_gpu", type=positive_int, default=1,
+                     help="ranks sharing one GPU (>1 needs the gloo backend; NCCL refuses it)")
+
+    model = p.add_argument_group("training and model (each maps to one config field)")
+    model.add_argument("--max_steps", type=positive_int, default=None, help="train.train_iters")
+    model.add_argument("--cuda_graph_impl", type=_choice(CUDA_GRAPH_IMPLS), default=None, help="model.cuda_graph_impl")
+    model.add_argument("--moe_flex_dispatcher_backend", type=flex_backend, default=None,
+                       help="deepep|hybridep (flex dispatch) or None (plain alltoall)")
+    model.add_argument("--moe_a2a_overlap", type=str_to_bool, default=None,
+                       help="true: EP overlap on; false: EP overlap and delayed wgrad off")
+    model.add_argument("--tokenizer_type", type=_choice(TOKENIZER_TYPES, lower=False), default=None,
+                       help="tokenizer.tokenizer_type")
+    for short, long, field in (
+        ("-tp", "--tensor_model_parallel_size", "model.tensor_model_parallel_size"),
+        ("-pp", "--pipeline_model_parallel_size", "model.pipeline_model_parallel_size"),
+        ("-vp", "--virtual_pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size"),
+        ("-cp", "--context_parallel_size", "model.context_parallel_size"),
+        ("-ep", "--expert_model_parallel_size", "model.expert_model_parallel_size"),
+        ("-et", "--expert_tensor_parallel_size", "model.expert_tensor_parallel_size"),
+        ("-gb", "--global_batch_size", "train.global_batch_size"),
+        ("-mb", "--micro_batch_size", "train.micro_batch_size"),
+        ("-sl", "--seq_length", "model.seq_length"),
+    ):
+        model.add_argument(short, long, type=positive_int, default=None, help=field)
+
+    io = p.add_argument_group("inputs, outputs and modes")
+    io.add_argument("--config_file", default=None, help="YAML applied over the recipe")
+    io.add_argument("--dryrun", action="store_true", help="resolve, validate, report; launch nothing")
+    io.add_argument("--save_config_filepath", default=None, help="write the resolved config YAML here")
+    io.add_argument("-l", "--log_dir", default=None, help="run directory (default runs/<recipe>_<timestamp>)")
+    io.add_argument("--steady_state_window", type=window, default=None,
+                    help="FIRST,LAST iterations of the steady-state mean (default 3,8)")
+    io.add_argument("--sweep", default=None, metavar="KEY=V1,V2,...",
+                    help="one-knob A/B sweep: each value of one dotted key runs as its own job")
+
+    prof = p.add_argument_group("profiling")
+    prof.add_argument("--profile", action="store_true", help="capture a torch profiler trace")
+    prof.add_argument("--profile_step_start", type=positive_int, default=None)
+    prof.add_argument("--profile_step_end", type=positive_int, default=None)
+    prof.add_argument("--profile_ranks", type=int_list, default=None, help="e.g. 0,1")
+
+    slurm = p.add_argument_group("SLURM (multi-node outside an allocation writes an sbatch script)")
+    slurm.add_argument("--account", default=None)
+    slurm.add_argument("--partition", default=None)
+    slurm.add_argument("--time", dest="time_limit", default=None, help="e.g. 00:30:00")
+
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, applied last")
+    return p
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parse ``argv``; positional ``key=value`` may appear anywhere. Exits 2 on bad input."""
+    parser = build_parser()
+    args = parser.parse_intermixed_args(argv)
+    bad = [o for o in args.overrides if not _OVERRIDE.match(o)]
+    if bad:
+        parser.error(f"dotted overrides look like section.field=value; got {bad}")
+    if args.sweep is not None and not _OVERRIDE.match(args.sweep):
+        parser.error(f"--sweep expects dotted.key=v1,v2,...; got {args.sweep!r}")
+    if args.profile_step_start and args.profile_step_end and args.profile_step_start > args.profile_step_end:
+        parser.error("--profile_step_start must be <= --profile_step_end")
+    if args.gpu == "cpu" and args.procs_per_gpu != 1:
+        parser.error("--procs_per_gpu applies to GPUs; in CPU mode -ng is the process count")
+    return args

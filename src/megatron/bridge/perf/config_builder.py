@@ -1,0 +1,354 @@
+"""Build the run's ``ConfigContainer`` from the harness arguments, one layer at a time.
+
+Precedence (lowest first), each layer recorded in ``cfg.provenance``:
+
+1. ``recipe``  - the function found by ``recipe_lookup`` (unrecorded keys come from here);
+2. ``yaml``    - ``--config_file``;
+3. ``flag``    - the harness flags (``-tp``, ``--max_steps``, ``--moe_a2a_overlap``, ...);
+4. ``cli``     - positional dotted overrides ``section.field=value``;
+5. ``computed``- only for keys no layer above set: the global batch scaled with the data-parallel
+   size, the log directory, the gloo backend when ranks share a GPU.
+
+Flags are turned into dotted keys and applied through the same typed override machinery as YAML
+and CLI overrides, so a flag value is checked against the field type exactly like ``key=value``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import os
+import time
+from argparse import Namespace
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+
+from megatron.bridge.perf.argument_parser import COMPUTE_DTYPES, PLAIN_ALLTOALL
+from megatron.bridge.perf.recipe_lookup import (
+    RecipeChoice,
+    layout_problem,
+    lookup_recipe,
+    minimum_world_size,
+    scaled_global_batch_size,
+)
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+    from megatron.bridge.training.rules import RuleContext
+
+DEFAULT_GPUS_PER_NODE = 8
+
+FLAG_FIELDS: dict[str, str] = {
+    "tensor_model_parallel_size": "model.tensor_model_parallel_size",
+    "pipeline_model_parallel_size": "model.pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size": "model.virtual_pipeline_model_parallel_size",
+    "context_parallel_size": "model.context_parallel_size",
+    "expert_model_parallel_size": "model.expert_model_parallel_size",
+    "expert_tensor_parallel_size": "model.expert_tensor_parallel_size",
+    "global_batch_size": "train.global_batch_size",
+    "micro_batch_size": "train.micro_batch_size",
+    "seq_length": "model.seq_length",
+    "max_steps": "train.train_iters",
+    "cuda_graph_impl": "model.cuda_graph_impl",
+    "tokenizer_type": "tokenizer.tokenizer_type",
+    "steady_state_window": "logger.steady_state_window",
+    "profile_step_start": "profiling.profile_step_start",
+    "profile_step_end": "profiling.profile_step_end",
+    "profile_ranks": "profiling.profile_ranks",
+}
+"""Flags that set exactly one config field (argparse dest -> dotted key)."""
+
+OVERLAP_RELATED_KEYS: tuple[str, ...] = (
+    "model.expert_model_parallel_size",
+    "model.num_moe_experts",
+    "model.moe_token_dispatcher_type",
+    "model.moe_flex_dispatcher_backend",
+    "model.moe_shared_expert_overlap",
+    "model.pipeline_model_parallel_size",
+    "model.virtual_pipeline_model_parallel_size",
+    "model.recompute_granularity",
+    "model.recompute_method",
+    "model.mtp_num_layers",
+    "model.cuda_graph_impl",
+    "model.cuda_graph_scope",
+    "model.moe_permute_fusion",
+    "mixed_precision",
+    "dist.distributed_backend",
+)
+"""Model/run fields the EP-overlap prerequisites read, shown by ``--dryrun`` with their source.
+(The model/DDP copies of the overlap switches are derived from ``comm_overlap.*``, shown above them.)"""
+
+
+class HarnessError(Exception):
+    """A harness-level problem (bad recipe, layout, environment) with the exit code to use."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class BuiltConfig:
+    """The merged (not yet finalized) config plus the facts the launcher and the report need."""
+
+    cfg: "ConfigContainer"
+    recipe: RecipeChoice
+    num_gpus: int
+    """GPUs (``-ng``); processes in CPU mode."""
+    gpus_per_node: int
+    procs_per_gpu: int
+    target_gpu: Optional[str]
+    """``-g`` GPU type, ``None`` for CPU mode or when not given."""
+    cpu: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the job (several may share one GPU with gloo)."""
+        return self.num_gpus * (1 if self.cpu else self.procs_per_gpu)
+
+    @property
+    def num_nodes(self) -> int:
+        return 1 if self.cpu else -(-self.num_gpus // self.gpus_per_node)
+
+    @property
+    def log_dir(self) -> Path:
+        return Path(self.cfg.logger.log_dir)
+
+
+# --------------------------------------------------------------------------------------------- layers
+def nest(dotted: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"a.b": 1}`` -> ``{"a": {"b": 1}}`` (the mapping form the override machinery takes)."""
+    out: dict[str, Any] = {}
+    for key, value in dotted.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def apply_layer(cfg: "ConfigContainer", values: "Mapping[str, Any] | Sequence[str]", source: str) -> "ConfigContainer":
+    """Apply dotted values (mapping or ``key=value`` strings) as layer ``source``; typed, all errors."""
+    from megatron.bridge.training.utils.omegaconf_utils import apply_overrides
+
+    if not values:
+        return cfg
+    return apply_overrides(cfg, nest(values) if isinstance(values, Mapping) else list(values), source=source)
+
+
+def flag_values(args: Namespace) -> dict[str, Any]:
+    """Dotted key -> value for every flag that was given (``None`` means not given)."""
+    values = {key: getattr(args, dest) for dest, key in FLAG_FIELDS.items() if getattr(args, dest, None) is not None}
+    if args.compute_dtype is not None:
+        values["mixed_precision"] = COMPUTE_DTYPES[args.compute_dtype]
+    if args.moe_a2a_overlap is True:
+        values["comm_overlap.overlap_moe_expert_parallel_comm"] = True
+    elif args.moe_a2a_overlap is False:
+        values["comm_overlap.overlap_moe_expert_parallel_comm"] = False
+        values["comm_overlap.delay_wgrad_compute"] = False
+    if args.gpu == "cpu":
+        values["dist.device"] = "cpu"
+    if args.profile:
+        values["profiling.use_pytorch_profiler"] = True
+    if args.log_dir is not None:
+        values["logger.log_dir"] = str(Path(args.log_dir).resolve())
+    return values
+
+
+def flex_dispatcher_values(cfg: "ConfigContainer", backend: Optional[str], target_gpu: Optional[str]) -> dict[str, Any]:
+    """Model fields ``apply_flex_dispatcher_backend`` changes for ``--moe_flex_dispatcher_backend``.
+
+    The function runs on a copy of the model; the fields it changed become flag-layer values, so
+    they are typed, recorded in provenance and still overridable by dotted CLI overrides.
+    """
+    from megatron.bridge.training.flex_dispatcher_backend import apply_flex_dispatcher_backend
+
+    model = copy.deepcopy(cfg.model)
+    before = {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}
+    apply_flex_dispatcher_backend(
+        model, None if backend == PLAIN_ALLTOALL else backend, device_name=None if target_gpu == "cpu" else target_gpu
+    )
+    changed = {name: getattr(model, name) for name, old in before.items() if getattr(model, name) != old}
+    # Always record the dispatcher and backend: the user asked for them explicitly.
+    for name in ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend"):
+        changed.setdefault(name, getattr(model, name))
+    return {f"model.{name}": value for name, value in changed.items()}
+
+
+def default_log_dir(recipe: RecipeChoice, task: str) -> Path:
+    """``runs/<recipe>_<timestamp>`` under the current directory."""
+    stamp = time.strftime("%Y%m%d_%H%M%S")
+    name = recipe.function_name.removesuffix("_config")
+    return (Path("runs") / f"{name}_{stamp}").resolve()
+
+
+def computed_values(cfg: "ConfigContainer", recipe: RecipeChoice, recipe_cfg: "ConfigContainer",
+                    world_size: int, procs_per_gpu: int, task: str) -> dict[str, Any]:
+    """Values for keys no user layer set (global batch scaling, log dir, gloo for shared GPUs)."""
+    values: dict[str, Any] = {}
+    given = cfg.provenance
+    if "train.global_batch_size" not in given and not recipe.gpu_specific:
+        gbs = scaled_global_batch_size(
+            recipe_cfg.train.global_batch_size, recipe_cfg, recipe.reference_num_gpus, cfg, world_size
+        )
+        if gbs != cfg.train.global_batch_size:
+            values["train.global_batch_size"] = gbs
+    if cfg.logger.log_dir is None:
+        values["logger.log_dir"] = str(default_log_dir(recipe, task))
+    if procs_per_gpu > 1 and cfg.dist.distributed_backend is None and cfg.dist.device != "cpu":
+        values["dist.distributed_backend"] = "gloo"
+    return values
+
+
+# --------------------------------------------------------------------------------------------- build
+def _gpus_per_node(args: Namespace, num_gpus: int, cpu: bool) -> int:
+    if cpu:
+        return num_gpus
+    return args.gpus_per_node or min(num_gpus, DEFAULT_GPUS_PER_NODE)
+
+
+def build_config(
+    args: Namespace,
+    *,
+    extra_overrides: Sequence[str] = (),
+    log_dir: Optional["str | Path"] = None,
+) -> BuiltConfig:
+    """Recipe < ``--config_file`` < flags < dotted overrides (+ ``extra_overrides``) < computed.
+
+    ``log_dir`` (used by sweeps) pins the job's log directory as a flag-layer value.
+    Raises ``HarnessError`` (recipe/layout), ``OverrideError`` or flex-backend errors.
+    """
+    from megatron.bridge.training.utils.omegaconf_utils import load_yaml
+
+    cpu = args.gpu == "cpu"
+    try:
+        recipe = lookup_recipe(args.model_family_name, args.model_recipe_name, args.task, args.num_gpus)
+    except LookupError as exc:
+        raise HarnessError(str(exc)) from None
+    recipe_cfg = recipe.factory()
+    cfg = copy.deepcopy(recipe_cfg)
+    if args.config_file:
+        cfg = apply_layer(cfg, load_yaml(args.config_file), "yaml")
+
+    flags = flag_values(args)
+    if log_dir is not None:
+        flags["logger.log_dir"] = str(Path(log_dir).resolve())
+    cfg = apply_layer(cfg, flags, "flag")
+    if args.moe_flex_dispatcher_backend is not None:
+        cfg = apply_layer(cfg, flex_dispatcher_values(cfg, args.moe_flex_dispatcher_backend, args.gpu), "flag")
+    cfg = apply_layer(cfg, [*args.overrides, *extra_overrides], "cli")
+
+    num_gpus = args.num_gpus or recipe.reference_num_gpus or minimum_world_size(cfg)
+    procs_per_gpu = 1 if cpu else args.procs_per_gpu
+    built = BuiltConfig(
+        cfg=cfg,
+        recipe=recipe,
+        num_gpus=num_gpus,
+        gpus_per_node=_gpus_per_node(args, num_gpus, cpu),
+        procs_per_gpu=procs_per_gpu,
+        target_gpu=None if cpu else args.gpu,
+        cpu=cpu,
+    )
+    if args.num_gpus is None:
+        built.notes.append(f"-ng not given: using {num_gpus} (the recipe's reference GPU count)")
+    problem = layout_problem(cfg, built.world_size)
+    if problem:
+        raise HarnessError(problem)
+    if procs_per_gpu > 1 and cfg.dist.distributed_backend == "nccl":
+        raise HarnessError(
+            f"--procs_per_gpu {procs_per_gpu} puts several ranks on one GPU, which NCCL refuses; "
+            "drop dist.distributed_backend=nccl (gloo is chosen then) or use --procs_per_gpu 1"
+        )
+    computed = computed_values(cfg, recipe, recipe_cfg, built.world_size, procs_per_gpu, args.task)
+    built.cfg = apply_layer(cfg, computed, "computed")
+    if "train.global_batch_size" in computed:
+        built.notes.append(
+            f"global batch scaled with data-parallel size: {cfg.train.global_batch_size} -> "
+            f"{computed['train.global_batch_size']} (recipe batch is for "
+            f"{recipe.reference_num_gpus or minimum_world_size(recipe_cfg)} GPUs)"
+        )
+    return built
+
+
+# --------------------------------------------------------------------------------------------- resolve
+def rule_context(built: BuiltConfig) -> "RuleContext":
+    """Validation facts: world size of the job and the ``-g`` target GPU (not this machine's)."""
+    from megatron.bridge.training.finalize import default_rule_context
+
+    params = inspect.signature(default_rule_context).parameters
+    if "target_gpu" in params:
+        return default_rule_context(built.world_size, target_gpu=built.target_gpu)
+    return default_rule_context(built.world_size)  # pragma: no cover - older finalize
+
+
+def resolve(built: BuiltConfig) -> "ConfigContainer":
+    """The finalized, validated copy; raises ``ConfigError`` listing every violation."""
+    from megatron.bridge.training.finalize import finalize_config
+
+    return finalize_config(copy.deepcopy(built.cfg), world_size=built.world_size, ctx=rule_context(built))
+
+
+def source_of(key: str, merged: "ConfigContainer", resolved: "ConfigContainer") -> str:
+    """Which layer set ``key``: the recorded one, ``computed`` if finalize changed it, else ``recipe``."""
+    from megatron.bridge.training.rules import read_field
+
+    recorded = resolved.provenance.get(key) or merged.provenance.get(key)
+    if recorded:
+        return recorded
+    try:
+        return "computed" if read_field(merged, key) != read_field(resolved, key) else "recipe"
+    except AttributeError:
+        return "recipe"
+
+
+def effective_values(built: BuiltConfig, resolved: "ConfigContainer") -> list[tuple[str, Any, str, str]]:
+    """``(key, value, source, detail)`` for every overlap switch and overlap-related field."""
+    from megatron.bridge.training.rules import read_field
+
+    rows: list[tuple[str, Any, str, str]] = []
+    try:
+        from megatron.bridge.training.comm_overlap import effective_overlap_values
+
+        for v in effective_overlap_values(built.cfg, rule_context(built)).values():
+            rows.append((v.key, v.value, v.source, v.detail))
+    except ImportError:  # pragma: no cover - older comm_overlap
+        pass
+    for key in OVERLAP_RELATED_KEYS:
+        try:
+            value = read_field(resolved, key)
+        except AttributeError:
+            continue
+        rows.append((key, value, source_of(key, built.cfg, resolved), ""))
+    return rows
+
+
+def format_effective_values(rows: Sequence[tuple[str, Any, str, str]]) -> str:
+    """Aligned ``key = value  [source: detail]`` lines."""
+    width = max(len(r[0]) for r in rows) if rows else 0
+    return "\n".join(f"  {k:<{width}} = {v!r}  [{s}{': ' + d if d else ''}]" for k, v, s, d in rows)
+
+
+def environment_summary(built: BuiltConfig) -> str:
+    """One line: recipe, GPUs, nodes, ranks, target."""
+    mode = "CPU smoke mode (gloo)" if built.cpu else f"target GPU {built.target_gpu or 'unspecified'}"
+    share = f", {built.procs_per_gpu} ranks per GPU" if built.procs_per_gpu > 1 else ""
+    return (
+        f"recipe {built.recipe.qualified_name}; {built.num_gpus} {'processes' if built.cpu else 'GPUs'} on "
+        f"{built.num_nodes} node(s){share}; world size {built.world_size}; {mode}"
+    )
+
+
+def gpus_visible() -> int:
+    """GPUs this process can see (0 without CUDA); does not need a process group."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return 0
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # pragma: no cover - a broken driver counts as no GPU
+        return 0

@@ -1,0 +1,224 @@
+"""Launch-command construction and execution for the harness.
+
+Modes, chosen by :func:`choose_mode`:
+
+* ``cpu``      - ``-g cpu``: ``-ng`` local processes over gloo through ``torchrun`` (CPU smoke mode);
+* ``srun``     - inside a SLURM allocation (``SLURM_JOB_ID`` set): one task per rank;
+* ``sbatch``   - more GPUs than one node holds, outside an allocation: an ``sbatch`` script is written
+  into the log directory and the command to submit it is printed;
+* ``torchrun`` - everything else: one node, one process per GPU (per rank with ``--procs_per_gpu``).
+
+Workers run ``python -m megatron.bridge.training.entry --config-file <log_dir>/config.yaml``.
+Their environment (``CUDA_DEVICE_MAX_CONNECTIONS`` and friends) is set in the launcher's child
+environment, i.e. before any worker initialises CUDA. ``torchrun`` tears the whole job down when one
+rank fails; the harness then returns that non-zero exit code and prints the tail of the failing
+rank's log (``--redirects 3 --tee 3`` keeps a per-rank copy under ``<log_dir>/torchrun``).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Mapping, Optional, Sequence
+
+ENTRY_MODULE = "megatron.bridge.training.entry"
+CONFIG_NAME = "config.yaml"
+SBATCH_NAME = "launch.sbatch"
+LaunchMode = Literal["torchrun", "srun", "sbatch", "cpu"]
+
+
+@dataclass
+class LaunchPlan:
+    """What the harness will run, and in which environment."""
+
+    mode: LaunchMode
+    argv: list[str]
+    env: dict[str, str]
+    nprocs: int
+    nodes: int
+    log_dir: Path
+    script_path: Optional[Path] = None
+    script_text: Optional[str] = None
+    notes: list[str] = field(default_factory=list)
+
+    def shell(self) -> str:
+        """Copy-pasteable command line (environment first)."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return (env + " " if env and self.mode != "sbatch" else "") + shlex.join(self.argv)
+
+
+def worker_argv(config_path: Path, python: str) -> list[str]:
+    """The per-rank command (the training entry point on the resolved YAML)."""
+    return [python, "-m", ENTRY_MODULE, "--config-file", str(config_path)]
+
+
+def choose_mode(*, cpu: bool, num_gpus: int, gpus_per_node: int, environ: Mapping[str, str]) -> LaunchMode:
+    """CPU mode, then SLURM allocation, then multi-node (sbatch), else local torchrun."""
+    if cpu:
+        return "cpu"
+    if environ.get("SLURM_JOB_ID"):
+        return "srun"
+    if num_gpus > gpus_per_node:
+        return "sbatch"
+    return "torchrun"
+
+
+def worker_env(*, cpu: bool, cuda_device_max_connections: Optional[int], extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """Environment the workers need before CUDA starts."""
+    env = {"PYTHONUNBUFFERED": "1"}
+    if cpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the smoke mode must not touch a GPU even where one exists
+        env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
+    else:
+        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "3"  # a failed collective aborts instead of hanging
+        if cuda_device_max_connections is not None:
+            env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(cuda_device_max_connections)
+    env.update(extra or {})
+    return env
+
+
+def torchrun_argv(nprocs: int, log_dir: Path, worker: Sequence[str], python: str) -> list[str]:
+    """Single-node ``torchrun`` with per-rank logs and no restarts (a failure ends the job)."""
+    return [
+        python, "-m", "torch.distributed.run",
+        "--standalone", f"--nproc-per-node={nprocs}", "--max-restarts=0",
+        f"--log-dir={log_dir / 'torchrun'}", "--redirects=3", "--tee=3",
+        *worker[1:],  # torchrun runs "-m module args" with its own interpreter
+    ]
+
+
+def srun_argv(nprocs: int, nodes: int, tasks_per_node: int, worker: Sequence[str]) -> list[str]:
+    """``srun`` inside an allocation: one task per rank, the job dies with its first failing task."""
+    return [
+        "srun", f"--nodes={nodes}", f"--ntasks={nprocs}", f"--ntasks-per-node={tasks_per_node}",
+        "--kill-on-bad-exit=1", "--label", "--export=ALL", *worker,
+    ]
+
+
+def sbatch_script(
+    *, nodes: int, gpus_per_node: int, tasks_per_node: int, log_dir: Path, worker: Sequence[str],
+    env: Mapping[str, str], job_name: str, account: Optional[str], partition: Optional[str],
+    time_limit: Optional[str], workdir: Path,
+) -> str:
+    """A self-contained batch script: one task per rank, MASTER_ADDR from the allocation."""
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={job_name}",
+        f"#SBATCH --nodes={nodes}",
+        f"#SBATCH --ntasks-per-node={tasks_per_node}",
+        f"#SBATCH --gpus-per-node={gpus_per_node}",
+        f"#SBATCH --output={log_dir}/slurm-%j.out",
+        "#SBATCH --exclusive",
+    ]
+    lines += [f"#SBATCH --account={account}"] if account else []
+    lines += [f"#SBATCH --partition={partition}"] if partition else []
+    lines += [f"#SBATCH --time={time_limit}"] if time_limit else []
+    lines += ["", "set -euo pipefail", f"cd {shlex.quote(str(workdir))}"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+    lines += [
+        'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        'export MASTER_PORT="${MASTER_PORT:-29500}"',
+        f"srun --kill-on-bad-exit=1 --label --export=ALL {shlex.join(worker)}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plan_launch(
+    *,
+    cpu: bool,
+    num_gpus: int,
+    gpus_per_node: int,
+    procs_per_gpu: int,
+    config_path: Path,
+    log_dir: Path,
+    cuda_device_max_connections: Optional[int] = None,
+    account: Optional[str] = None,
+    partition: Optional[str] = None,
+    time_limit: Optional[str] = None,
+    job_name: str = "moe-overlap",
+    environ: Optional[Mapping[str, str]] = None,
+    python: Optional[str] = None,
+    workdir: Optional[Path] = None,
+) -> LaunchPlan:
+    """Build (do not run) the launch for a job of ``num_gpus`` GPUs (processes in CPU mode)."""
+    environ = os.environ if environ is None else environ
+    python = python or sys.executable
+    mode = choose_mode(cpu=cpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node, environ=environ)
+    nodes = 1 if cpu else -(-num_gpus // gpus_per_node)
+    per_node_gpus = num_gpus if cpu else min(num_gpus, gpus_per_node)
+    tasks_per_node = per_node_gpus * (1 if cpu else procs_per_gpu)
+    nprocs = num_gpus * (1 if cpu else procs_per_gpu)
+    env = worker_env(cpu=cpu, cuda_device_max_connections=cuda_device_max_connections)
+    worker = worker_argv(config_path, python)
+    plan = LaunchPlan(mode, [], env, nprocs, nodes, log_dir)
+    if mode in ("cpu", "torchrun"):
+        plan.argv = torchrun_argv(nprocs, log_dir, worker, python)
+    elif mode == "srun":
+        plan.argv = srun_argv(nprocs, nodes, tasks_per_node, worker)
+    else:
+        plan.script_path = log_dir / SBATCH_NAME
+        plan.script_text = sbatch_script(
+            nodes=nodes, gpus_per_node=per_node_gpus, tasks_per_node=tasks_per_node, log_dir=log_dir,
+            worker=worker, env=env, job_name=job_name, account=account, partition=partition,
+            time_limit=time_limit, workdir=workdir or Path.cwd(),
+        )
+        plan.argv = ["sbatch", str(plan.script_path)]
+        if not account or not partition:
+            plan.notes.append("no --account/--partition given: the cluster's defaults apply")
+    return plan
+
+
+# --------------------------------------------------------------------------------------------- running
+def failing_rank_logs(log_dir: Path) -> list[Path]:
+    """Per-rank logs (torchrun ``--redirects``) that contain a Python traceback or an error."""
+    hits = []
+    for path in sorted((log_dir / "torchrun").rglob("*.log")) if (log_dir / "torchrun").is_dir() else []:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        if "Traceback (most recent call last)" in text or "Error" in text:
+            hits.append(path)
+    # stderr first: that is where the traceback is
+    return sorted(hits, key=lambda p: (p.name != "stderr.log", str(p)))
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a text file."""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def failure_report(log_dir: Path, exit_code: int, max_logs: int = 2) -> str:
+    """What to print when the job failed: exit code and the failing ranks' log tails."""
+    out = [f"job failed with exit code {exit_code}"]
+    for path in failing_rank_logs(log_dir)[:max_logs]:
+        rank = path.parent.name
+        out.append(f"--- rank {rank}: last lines of {path} ---\n{tail(path)}")
+    return "\n".join(out)
+
+
+def run_plan(plan: LaunchPlan, *, stream=None) -> int:
+    """Run a local plan (``torchrun``/``cpu``/``srun``) to completion; returns the job's exit code.
+
+    Ctrl-C/SIGTERM is forwarded to the launcher, whose own handler stops every rank.
+    """
+    stream = stream or sys.stderr
+    if plan.mode == "sbatch":
+        raise ValueError("an sbatch plan is submitted by the user, not run by the harness")
+    plan.log_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **plan.env}
+    proc = subprocess.Popen(plan.argv, env=env)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait()
+    if code != 0:
+        print(failure_report(plan.log_dir, code), file=stream)
+    return code

@@ -1,0 +1,286 @@
+"""How much MoE dispatch/combine communication a profiled step hides under compute.
+
+Input: a torch profiler Chrome trace (``prof.export_chrome_trace`` / ``tensorboard_trace_handler``).
+From the *intervals* of the events (never summed kernel durations, which double-count concurrent
+kernels) it measures
+
+* ``comm``: the union of dispatch/combine intervals (the all-to-all of the token dispatcher);
+* ``hidden``: the part of ``comm`` that intersects the union of compute kernels running on a
+  *different* stream (work on the same stream cannot run concurrently with it);
+* ``exposed = comm - hidden``, also as a share of the profiled step time.
+
+What counts as dispatch/combine:
+
+* NCCL all-to-all kernels (``AllToAll``/``alltoall``/``all_to_all``) and NCCL ``SendRecv`` kernels
+  (NCCL implements ``all_to_all_single`` as grouped send/recv). With PP>1 pipeline p2p also uses
+  SendRecv; pass ``include_sendrecv=False`` there;
+* DeepEP (``deep_ep``) and HybridEP (``hybrid_ep``/``hybridep``) dispatch/combine/notify kernels;
+* CPU-side all-to-all ops (``c10d::alltoall*``, ``gloo:all_to_all``, ``record_param_comms`` with an
+  all-to-all collective name), by default only when the trace has no dispatch/combine kernels. gloo (the CPU smoke mode, and two ranks sharing
+  one GPU) runs collectives on CPU threads: they never appear as GPU kernels, only as CPU ops (plus
+  device<->host copies). The CPU op's wall interval is then the communication interval; it is
+  compared with GPU compute kernels on the same clock.
+
+Other NCCL collectives (all-reduce, reduce-scatter, all-gather: gradient/parameter traffic) are
+neither dispatch/combine nor compute. Memcpy/memset are not compute.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+Interval = tuple[float, float]
+
+_NCCL = re.compile(r"nccl", re.I)
+_A2A = re.compile(r"all_?to_?all|alltoall", re.I)
+_SENDRECV = re.compile(r"sendrecv", re.I)
+_EP_LIB = re.compile(r"deep_?ep|hybrid_?ep", re.I)
+_EP_KERNEL = re.compile(r"dispatch|combine|notify", re.I)
+_CPU_A2A = re.compile(r"^(c10d::alltoall|gloo:all_to_all|nccl:all_to_all|record_param_comms)", re.I)
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_KERNEL_CATS = {"kernel"}
+_CPU_CATS = {"cpu_op", "user_annotation", "python_function"}
+
+DEFAULT_THRESHOLD = 0.05
+"""Exposed dispatch/combine share of the step above which EP overlap is recommended."""
+
+
+# ----------------------------------------------------------------------------- interval maths
+def union(intervals: Iterable[Interval]) -> list[Interval]:
+    """Sorted, disjoint union of half-open intervals (empty ones dropped)."""
+    merged: list[list[float]] = []
+    for start, end in sorted(i for i in intervals if i[1] > i[0]):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
+
+
+def total(intervals: Iterable[Interval]) -> float:
+    """Length of the union of ``intervals``."""
+    return sum(e - s for s, e in union(intervals))
+
+
+def intersect(a: Iterable[Interval], b: Iterable[Interval]) -> list[Interval]:
+    """Intersection of two interval sets (each first merged), as disjoint intervals."""
+    ua, ub = union(a), union(b)
+    out: list[Interval] = []
+    i = j = 0
+    while i < len(ua) and j < len(ub):
+        start, end = max(ua[i][0], ub[j][0]), min(ua[i][1], ub[j][1])
+        if start < end:
+            out.append((start, end))
+        if ua[i][1] < ub[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+# ----------------------------------------------------------------------------- classification
+def classify(name: str, category: str, args: Optional[dict] = None, *, include_sendrecv: bool = True) -> str:
+    """``"a2a"`` (dispatch/combine kernel), ``"a2a_cpu"`` (CPU-side all-to-all op),
+    ``"other_comm"``, ``"compute"`` or ``"ignore"``."""
+    if category in _CPU_CATS:
+        if _CPU_A2A.match(name):
+            label = str((args or {}).get("Collective name", "")) if name.startswith("record_param_comms") else name
+            if _A2A.search(label):
+                return "a2a_cpu"
+        return "ignore"
+    if category not in _KERNEL_CATS:
+        return "ignore"  # memcpy, memset, runtime calls, flows
+    if _EP_LIB.search(name):
+        return "a2a" if _EP_KERNEL.search(name) else "other_comm"
+    if _NCCL.search(name):
+        if _A2A.search(name) or (include_sendrecv and _SENDRECV.search(name)):
+            return "a2a"
+        return "other_comm"
+    return "compute"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One trace interval (microseconds) on a stream (GPU) or thread (CPU, ``"cpu:<tid>"``)."""
+
+    name: str
+    kind: str
+    start: float
+    end: float
+    stream: str
+
+
+def load_trace(path: "str | Path") -> dict[str, Any]:
+    """Read a Chrome trace (``.json`` or ``.json.gz``)."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as fh:
+        return json.load(fh)
+
+
+def _events(trace: dict[str, Any], *, include_sendrecv: bool, include_cpu_ops: Optional[bool]) -> tuple[list[Event], list[Interval]]:
+    """Classified events and ProfilerStep spans. CPU all-to-all ops count as dispatch/combine when
+    ``include_cpu_ops`` is true, or (``None``) when the trace has no dispatch/combine kernels."""
+    events: list[Event] = []
+    steps: list[Interval] = []
+    raw = trace.get("traceEvents", trace if isinstance(trace, list) else [])
+    for ev in raw:
+        if ev.get("ph") != "X" or "dur" not in ev:
+            continue
+        name, cat = str(ev.get("name", "")), str(ev.get("cat", ""))
+        start, end = float(ev["ts"]), float(ev["ts"]) + float(ev["dur"])
+        if _STEP.match(name):
+            steps.append((start, end))
+            continue
+        args = ev.get("args") or {}
+        kind = classify(name, cat, args, include_sendrecv=include_sendrecv)
+        if kind == "ignore":
+            continue
+        stream = f"gpu:{args['stream']}" if "stream" in args else (
+            f"cpu:{ev.get('tid')}" if cat in _CPU_CATS else f"tid:{ev.get('tid')}"
+        )
+        events.append(Event(name, kind, start, end, stream))
+    if include_cpu_ops is None:
+        include_cpu_ops = not any(e.kind == "a2a" for e in events)
+    events = [
+        Event(e.name, "a2a", e.start, e.end, e.stream) if e.kind == "a2a_cpu" else e
+        for e in events
+        if include_cpu_ops or e.kind != "a2a_cpu"
+    ]
+    return events, steps
+
+
+# ----------------------------------------------------------------------------- the report
+@dataclass
+class OverlapAnalysis:
+    """Interval totals (milliseconds) and the quick decision."""
+
+    step_time_ms: float
+    num_steps: int
+    comm_ms: float
+    hidden_ms: float
+    exposed_ms: float
+    compute_ms: float
+    other_comm_ms: float
+    comm_kernels: int
+    comm_names: list[str] = field(default_factory=list)
+    expert_parallel_size: Optional[int] = None
+    threshold: float = DEFAULT_THRESHOLD
+
+    @property
+    def hidden_fraction(self) -> float:
+        """Share of dispatch/combine time hidden under compute."""
+        return self.hidden_ms / self.comm_ms if self.comm_ms else 0.0
+
+    @property
+    def exposed_share(self) -> float:
+        """Exposed dispatch/combine as a share of the profiled step time."""
+        return self.exposed_ms / self.step_time_ms if self.step_time_ms else 0.0
+
+    def decision(self) -> str:
+        """The SPEC's quick decision: overlap pays when EP>1 and exposed a2a is a visible slice."""
+        ep = self.expert_parallel_size
+        if ep is not None and ep <= 1:
+            return "EP=1: tokens never leave the GPU, EP overlap has nothing to hide; leave it off."
+        if self.comm_kernels == 0:
+            return ("no dispatch/combine found in the trace (gloo collectives show only as CPU ops; "
+                    "profile a GPU run with NCCL/DeepEP/HybridEP or keep CPU ops in the analysis).")
+        share = f"{self.exposed_share:.1%}"
+        ep_text = f"EP={ep}" if ep else "EP>1 (assumed; pass --ep)"
+        if self.exposed_share > self.threshold:
+            return (f"{ep_text} and exposed dispatch/combine is {share} of the step (> {self.threshold:.0%}): "
+                    "turn EP overlap on (comm_overlap.overlap_moe_expert_parallel_comm=true, "
+                    "model.moe_shared_expert_overlap=false), then A/B it with --sweep.")
+        return (f"{ep_text}, exposed dispatch/combine is only {share} of the step (<= {self.threshold:.0%}): "
+                "EP overlap can gain little here; look elsewhere first.")
+
+    def format(self) -> str:
+        """A short human report."""
+        rows = [
+            ("profiled steps", f"{self.num_steps}"),
+            ("step time (mean)", f"{self.step_time_ms / max(self.num_steps, 1):.3f} ms"),
+            ("dispatch/combine (union)", f"{self.comm_ms:.3f} ms  ({self.comm_kernels} events)"),
+            ("  hidden under compute", f"{self.hidden_ms:.3f} ms  ({self.hidden_fraction:.1%} of comm)"),
+            ("  exposed", f"{self.exposed_ms:.3f} ms  ({self.exposed_share:.1%} of step time)"),
+            ("compute kernels (union)", f"{self.compute_ms:.3f} ms"),
+            ("other comm (union)", f"{self.other_comm_ms:.3f} ms"),
+        ]
+        width = max(len(k) for k, _ in rows)
+        body = "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+        return f"EP dispatch/combine overlap analysis\n{body}\n  decision: {self.decision()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(hidden_fraction=self.hidden_fraction, exposed_share=self.exposed_share, decision=self.decision())
+        return out
+
+
+def hidden_intervals(events: Sequence[Event]) -> list[Interval]:
+    """Dispatch/combine time covered by compute on a *different* stream than the comm event's."""
+    hidden: list[Interval] = []
+    for stream in {e.stream for e in events if e.kind == "a2a"}:
+        comm = [(e.start, e.end) for e in events if e.kind == "a2a" and e.stream == stream]
+        compute = [(e.start, e.end) for e in events if e.kind == "compute" and e.stream != stream]
+        hidden.extend(intersect(comm, compute))
+    return union(hidden)
+
+
+def analyze_events(
+    events: Sequence[Event],
+    steps: Sequence[Interval] = (),
+    *,
+    expert_parallel_size: Optional[int] = None,
+    threshold: float = DEFAULT_THRESHOLD,
+) -> OverlapAnalysis:
+    """Measure comm/hidden/exposed; the step time is the ProfilerStep spans, else the event span.
+
+    Only events inside the profiled steps count when step markers exist.
+    """
+    step_union = union(steps)
+    if step_union:
+        events = [
+            Event(e.name, e.kind, s, t, e.stream)
+            for e in events
+            for s, t in intersect([(e.start, e.end)], step_union)
+        ]
+        step_time, num_steps = total(step_union), len(steps)
+    else:
+        span = (min((e.start for e in events), default=0.0), max((e.end for e in events), default=0.0))
+        step_time, num_steps = span[1] - span[0], 1
+    by = lambda kind: [(e.start, e.end) for e in events if e.kind == kind]  # noqa: E731
+    comm = total(by("a2a"))
+    hidden = total(hidden_intervals(events))
+    us = 1e-3
+    return OverlapAnalysis(
+        step_time_ms=step_time * us,
+        num_steps=num_steps,
+        comm_ms=comm * us,
+        hidden_ms=hidden * us,
+        exposed_ms=(comm - hidden) * us,
+        compute_ms=total(by("compute")) * us,
+        other_comm_ms=total(by("other_comm")) * us,
+        comm_kernels=sum(e.kind == "a2a" for e in events),
+        comm_names=sorted({e.name for e in events if e.kind == "a2a"})[:10],
+        expert_parallel_size=expert_parallel_size,
+        threshold=threshold,
+    )
+
+
+def analyze_trace(
+    trace: "dict[str, Any] | str | Path",
+    *,
+    expert_parallel_size: Optional[int] = None,
+    threshold: float = DEFAULT_THRESHOLD,
+    include_sendrecv: bool = True,
+    include_cpu_ops: Optional[bool] = None,
+) -> OverlapAnalysis:
+    """Analyse a Chrome trace (dict or path)."""
+    if not isinstance(trace, dict):
+        trace = load_trace(trace)
+    events, steps = _events(trace, include_sendrecv=include_sendrecv, include_cpu_ops=include_cpu_ops)
+    return analyze_events(events, steps, expert_parallel_size=expert_parallel_size, threshold=threshold)

@@ -1,0 +1,168 @@
+"""``-m/-mr/--task`` -> a recipe function, and the GPU-count arithmetic around it.
+
+A recipe named ``<mr>_<task>_<ng>gpu_config`` in ``megatron.bridge.recipes.<family>`` is used when
+it exists for the requested GPU count (its layout and batch are tuned for that count). Otherwise
+the generic ``<mr>_<task>_config`` is used, its parallel layout must divide ``-ng``, and its global
+batch is scaled with the data-parallel size the way the reference harness does: the recipe's batch
+is meant for the recipe's own reference GPU count.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import pkgutil
+import re
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Callable, Optional
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+RECIPES_PACKAGE = "megatron.bridge.recipes"
+_GPU_VARIANT = re.compile(r"^(?P<base>.+)_(?P<ng>\d+)gpu_config$")
+_REFERENCE_GPUS = re.compile(r"\bon (\d+) GPUs\b")
+
+
+class RecipeLookupError(LookupError):
+    """The requested recipe does not exist or does not fit the GPU count; the message lists options."""
+
+
+@dataclass(frozen=True)
+class RecipeChoice:
+    """The recipe the harness will start from."""
+
+    family: str
+    function_name: str
+    module: str
+    factory: Callable[[], "ConfigContainer"]
+    gpu_specific: bool
+    reference_num_gpus: Optional[int]
+    """GPU count the recipe's global batch was written for (``None``: the layout's minimum)."""
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.module}.{self.function_name}"
+
+
+def available_families() -> list[str]:
+    """Recipe families: the sub-packages of ``megatron.bridge.recipes``."""
+    package = importlib.import_module(RECIPES_PACKAGE)
+    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_"))
+
+
+def recipe_functions(module: ModuleType) -> dict[str, Callable[[], "ConfigContainer"]]:
+    """Public ``*_config`` callables of a family package."""
+    return {
+        name: obj
+        for name, obj in vars(module).items()
+        if name.endswith("_config") and not name.startswith("_") and callable(obj)
+    }
+
+
+def _family_module(family: str) -> ModuleType:
+    try:
+        return importlib.import_module(f"{RECIPES_PACKAGE}.{family}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{RECIPES_PACKAGE}.{family}":
+            raise
+        raise RecipeLookupError(
+            f"unknown model family {family!r} (-m); available: {', '.join(available_families())}"
+        ) from None
+
+
+def describe_recipes(functions: dict[str, Callable]) -> str:
+    """Human list of the recipes of a family: ``-mr`` / ``--task`` / GPU-specific variants."""
+    lines = []
+    for name in sorted(functions):
+        m = _GPU_VARIANT.match(name)
+        base = m.group("base") if m else name[: -len("_config")]
+        recipe, _, task = base.rpartition("_")
+        suffix = f" (only for -ng {m.group('ng')})" if m else ""
+        lines.append(f"  -mr {recipe} --task {task}{suffix}    [{name}]")
+    return "\n".join(lines)
+
+
+def reference_num_gpus(factory: Callable) -> Optional[int]:
+    """GPU count a recipe is written for: its ``reference_num_gpus`` attribute, else "on N GPUs" in
+    its docstring, else ``None`` (then the minimum the layout needs is assumed)."""
+    explicit = getattr(factory, "reference_num_gpus", None)
+    if explicit:
+        return int(explicit)
+    match = _REFERENCE_GPUS.search(inspect.getdoc(factory) or "")
+    return int(match.group(1)) if match else None
+
+
+def lookup_recipe(family: str, recipe: str, task: str, num_gpus: Optional[int] = None) -> RecipeChoice:
+    """Find the recipe function for ``-m/-mr/--task`` (GPU-count variant first)."""
+    module = _family_module(family)
+    functions = recipe_functions(module)
+    candidates = ([f"{recipe}_{task}_{num_gpus}gpu_config"] if num_gpus else []) + [f"{recipe}_{task}_config"]
+    for name in candidates:
+        if name in functions:
+            factory = functions[name]
+            gpu_specific = name != candidates[-1]
+            return RecipeChoice(
+                family=family,
+                function_name=name,
+                module=module.__name__,
+                factory=factory,
+                gpu_specific=gpu_specific,
+                reference_num_gpus=num_gpus if gpu_specific else reference_num_gpus(factory),
+            )
+    variants = sorted(n for n in functions if n.startswith(f"{recipe}_{task}_") and _GPU_VARIANT.match(n))
+    hint = f"; GPU-count-specific variants exist: {', '.join(variants)}" if variants else ""
+    raise RecipeLookupError(
+        f"no recipe {candidates[-1]!r} in {module.__name__} (-m {family} -mr {recipe} --task {task}){hint}.\n"
+        f"Available recipes:\n{describe_recipes(functions)}"
+    )
+
+
+def minimum_world_size(cfg: "ConfigContainer") -> int:
+    """Smallest GPU count the layout fits: a multiple of TP*PP*CP and of ETP*EP*PP."""
+    from megatron.bridge.training.validation import expert_parallel_span, model_parallel_size
+
+    return math.lcm(model_parallel_size(cfg), expert_parallel_span(cfg))
+
+
+def fitting_gpu_counts(cfg: "ConfigContainer", upto: int) -> list[int]:
+    """GPU counts up to ``upto`` (at least four of them) that the layout divides."""
+    step = minimum_world_size(cfg)
+    count = max(4, upto // step)
+    return [step * k for k in range(1, count + 1)]
+
+
+def layout_problem(cfg: "ConfigContainer", num_gpus: int) -> Optional[str]:
+    """Why the layout does not fit ``num_gpus`` (naming the sizes that do), or ``None``."""
+    from megatron.bridge.training.validation import expert_parallel_span, model_parallel_size
+
+    m = cfg.model
+    if num_gpus % model_parallel_size(cfg) == 0 and num_gpus % expert_parallel_span(cfg) == 0:
+        return None
+    fits = ", ".join(map(str, fitting_gpu_counts(cfg, max(num_gpus * 2, 16))))
+    return (
+        f"the layout TP={m.tensor_model_parallel_size} PP={m.pipeline_model_parallel_size} "
+        f"CP={m.context_parallel_size} EP={m.expert_model_parallel_size} "
+        f"ETP={m.expert_tensor_parallel_size} does not divide -ng {num_gpus}: TP*PP*CP="
+        f"{model_parallel_size(cfg)} and ETP*EP*PP={expert_parallel_span(cfg)} must both divide it. "
+        f"GPU counts that fit: {fits} (or change -tp/-pp/-cp/-ep/-et)"
+    )
+
+
+def scaled_global_batch_size(
+    recipe_gbs: int, recipe_cfg: "ConfigContainer", reference_gpus: Optional[int], cfg: "ConfigContainer", num_gpus: int
+) -> int:
+    """The recipe's global batch scaled from its reference data-parallel size to this run's.
+
+    DP = GPUs / (TP*PP*CP). The recipe's batch belongs to ``reference_gpus`` with the recipe's
+    layout; the result keeps the per-replica batch (and so the number of micro-batches) unchanged.
+    """
+    from megatron.bridge.training.validation import model_parallel_size
+
+    ref_gpus = reference_gpus or minimum_world_size(recipe_cfg)
+    ref_dp = max(1, ref_gpus // model_parallel_size(recipe_cfg))
+    dp = max(1, num_gpus // model_parallel_size(cfg))
+    per_replica = max(1, recipe_gbs // ref_dp)
+    return per_replica * dp

@@ -1,0 +1,94 @@
+"""End-of-run table from a run's ``summary.json`` (written by the training loop on rank 0).
+
+The steady-state numbers are the mean/min/max step time over a window of iterations (1-based,
+inclusive; 3-8 by default, the reference's method). When the summary already carries them for the
+requested window they are used as written; otherwise they are recomputed from ``step_times_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+DEFAULT_WINDOW = (3, 8)
+SUMMARY_NAME = "summary.json"
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    """Step-time statistics (seconds) over iterations ``first..last`` (1-based, inclusive)."""
+
+    first: int
+    last: int
+    mean_s: float
+    min_s: float
+    max_s: float
+    count: int
+
+
+def steady_state(step_times_s: Sequence[float], window: Sequence[int] = DEFAULT_WINDOW) -> Optional[SteadyState]:
+    """Statistics over the window, clipped to the iterations that ran; ``None`` when none did."""
+    first, last = int(window[0]), int(window[1])
+    chosen = list(step_times_s[first - 1 : last])
+    if not chosen:
+        return None
+    return SteadyState(first, first + len(chosen) - 1, statistics.fmean(chosen), min(chosen), max(chosen), len(chosen))
+
+
+def load_summary(path: "str | Path") -> dict[str, Any]:
+    """Read ``summary.json`` (``path`` may be the file or the run directory)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / SUMMARY_NAME
+    return json.loads(path.read_text())
+
+
+def summary_steady_state(summary: dict[str, Any], window: Optional[Sequence[int]] = None) -> Optional[SteadyState]:
+    """The summary's own steady-state numbers for its window, or recomputed for ``window``."""
+    written = summary.get("steady_state_window")
+    window = list(window or written or DEFAULT_WINDOW)
+    times = summary.get("step_times_s") or []
+    if written is not None and list(written) == window and summary.get("steady_state_mean_s") is not None:
+        count = len(times[window[0] - 1 : window[1]]) or (window[1] - window[0] + 1)
+        return SteadyState(
+            window[0],
+            window[0] + count - 1,
+            float(summary["steady_state_mean_s"]),
+            float(summary.get("steady_state_min_s", summary["steady_state_mean_s"])),
+            float(summary.get("steady_state_max_s", summary["steady_state_mean_s"])),
+            count,
+        )
+    return steady_state(times, window)
+
+
+def _fmt(value: Any, pattern: str) -> str:
+    return "n/a" if value is None else pattern.format(value)
+
+
+def format_results(summary: dict[str, Any], summary_path: "str | Path", window: Optional[Sequence[int]] = None) -> str:
+    """The small table printed at the end of a run."""
+    ss = summary_steady_state(summary, window)
+    if ss is None:
+        window_text, mean, lo, hi = "n/a", None, None, None
+        note = f" (only {len(summary.get('step_times_s') or [])} iterations ran)"
+    else:
+        window_text, mean, lo, hi, note = f"iterations {ss.first}-{ss.last}", ss.mean_s, ss.min_s, ss.max_s, ""
+    rows = [
+        ("steady-state window", window_text + note),
+        ("step time mean", _fmt(mean, "{:.4f} s")),
+        ("step time min", _fmt(lo, "{:.4f} s")),
+        ("step time max", _fmt(hi, "{:.4f} s")),
+        ("tokens/s", _fmt(summary.get("tokens_per_s"), "{:,.0f}")),
+        ("TFLOP/s/GPU", _fmt(summary.get("tflops_per_gpu"), "{:.1f}")),
+        ("peak memory", _fmt(summary.get("peak_memory_gib"), "{:.2f} GiB")),
+        ("world size", _fmt(summary.get("world_size"), "{}")),
+        ("final loss", _fmt((summary.get("losses") or [None])[-1], "{:.4f}")),
+        ("summary", str(summary_path)),
+    ]
+    width = max(len(k) for k, _ in rows)
+    line = "-" * (width + 40)
+    body = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    return f"{line}\nResults\n{line}\n{body}\n{line}"

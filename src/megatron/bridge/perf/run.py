@@ -1,0 +1,215 @@
+"""The harness's main flow: parse, build, validate, report, launch, summarise (single run or sweep).
+
+Exit codes: 0 success (or dry run / sbatch script written), 2 usage or configuration errors (every
+violation listed, nothing launched), 3 the machine cannot run the job (e.g. no GPU for a GPU run),
+otherwise the failing job's own exit code.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence, TextIO
+
+from megatron.bridge.perf.argument_parser import parse_args
+from megatron.bridge.perf.config_builder import (
+    BuiltConfig,
+    HarnessError,
+    build_config,
+    effective_values,
+    environment_summary,
+    format_effective_values,
+    gpus_visible,
+    resolve,
+    rule_context,
+)
+from megatron.bridge.perf.launcher import CONFIG_NAME, LaunchPlan, plan_launch, run_plan
+from megatron.bridge.perf.results import SUMMARY_NAME, format_results, load_summary, summary_steady_state
+from megatron.bridge.perf.sweep import SweepPoint, job_dirname, parse_sweep, write_sweep_outputs
+
+EXIT_CONFIG = 2
+EXIT_ENVIRONMENT = 3
+DEFAULT_MAX_CONNECTIONS_WITH_EP_OVERLAP = 32
+
+
+@dataclass
+class Job:
+    """One resolved, launchable run."""
+
+    built: BuiltConfig
+    resolved: object
+    plan: LaunchPlan
+    report: str
+
+
+def overlap_report(built: BuiltConfig, resolved) -> tuple[str, Optional[int]]:
+    """The start-up overlap report and the ``CUDA_DEVICE_MAX_CONNECTIONS`` the run needs."""
+    try:
+        from megatron.bridge.training.overlap_report import build_overlap_report
+    except ImportError:
+        ep_on = bool(getattr(resolved.model, "overlap_moe_expert_parallel_comm", False))
+        needed = DEFAULT_MAX_CONNECTIONS_WITH_EP_OVERLAP if ep_on else None
+        return f"EP overlap {'on' if ep_on else 'off'} (detailed overlap report not available)", needed
+    report = build_overlap_report(resolved, rule_context(built))
+    return report.format(), getattr(report, "cuda_device_max_connections", None)
+
+
+def make_job(built: BuiltConfig, args) -> Job:
+    """Resolve (raises ``ConfigError`` with every violation) and plan the launch."""
+    resolved = resolve(built)
+    report, max_connections = overlap_report(built, resolved)
+    plan = plan_launch(
+        cpu=built.cpu,
+        num_gpus=built.num_gpus,
+        gpus_per_node=built.gpus_per_node,
+        procs_per_gpu=built.procs_per_gpu,
+        config_path=built.log_dir / CONFIG_NAME,
+        log_dir=built.log_dir,
+        cuda_device_max_connections=max_connections,
+        account=args.account,
+        partition=args.partition,
+        time_limit=args.time_limit,
+        job_name=built.recipe.function_name.removesuffix("_config"),
+    )
+    return Job(built, resolved, plan, report)
+
+
+def describe(job: Job, out: TextIO, *, verbose: bool = True) -> None:
+    """What will run: environment, notes, overlap report, effective values, launch command."""
+    print(f"== {environment_summary(job.built)}", file=out)
+    for note in job.built.notes + job.plan.notes:
+        print(f"   note: {note}", file=out)
+    if verbose:
+        print("== overlap report", file=out)
+        print(job.report, file=out)
+        print("== effective overlap-related values [source]", file=out)
+        print(format_effective_values(effective_values(job.built, job.resolved)), file=out)
+    print(f"== launch ({job.plan.mode})", file=out)
+    print(f"   {job.plan.shell()}", file=out)
+    if job.plan.script_text:
+        print("   the script runs, on every node:", file=out)
+        print("   " + next(l for l in job.plan.script_text.splitlines() if l.startswith("srun")), file=out)
+
+
+def check_machine(job: Job) -> None:
+    """Fail fast when this machine cannot run the job locally (instead of hanging in NCCL init)."""
+    if job.plan.mode != "torchrun":
+        return
+    have, need = gpus_visible(), job.built.num_gpus
+    if have < need:
+        raise HarnessError(
+            f"this machine has {have} visible GPU(s) but the run needs {need} (-ng {need}). "
+            "Use --dryrun to validate here, -g cpu for the CPU smoke mode, run inside a SLURM "
+            "allocation (srun), or ask for more GPUs per node with -gn to get an sbatch script.",
+            EXIT_ENVIRONMENT,
+        )
+
+
+def prepare(job: Job) -> None:
+    """Write the config the workers load (and the sbatch script) into the log directory."""
+    job.built.log_dir.mkdir(parents=True, exist_ok=True)
+    job.built.cfg.to_yaml(job.built.log_dir / CONFIG_NAME)
+    if job.plan.script_path is not None:
+        job.plan.script_path.write_text(job.plan.script_text or "")
+
+
+def execute(job: Job, out: TextIO, window: Optional[Sequence[int]]) -> int:
+    """Launch and, on success, print the results table and where any profile traces are."""
+    code = run_plan(job.plan, stream=out)
+    summary_path = job.built.log_dir / SUMMARY_NAME
+    if code == 0 and summary_path.is_file():
+        print(format_results(load_summary(summary_path), summary_path, window), file=out)
+    elif code == 0:
+        print(f"warning: the run ended without writing {summary_path}", file=out)
+    traces = sorted(p for p in job.built.log_dir.rglob("*.json*") if "trace" in p.name)
+    for trace in traces:
+        print(f"profile trace: {trace}\n  analyse: uv run python scripts/performance/analyze_overlap.py {trace}", file=out)
+    return code
+
+
+def run_single(args, out: TextIO) -> int:
+    job = make_job(build_config(args), args)
+    describe(job, out)
+    if args.save_config_filepath:
+        job.built.cfg.to_yaml(args.save_config_filepath)
+        print(f"== config written to {args.save_config_filepath}", file=out)
+    if args.dryrun:
+        print("== dry run: nothing launched", file=out)
+        return 0
+    if job.plan.mode != "sbatch":
+        check_machine(job)
+    prepare(job)
+    if job.plan.mode == "sbatch":
+        print(f"== wrote {job.plan.script_path}\n   submit it with: sbatch {job.plan.script_path}", file=out)
+        return 0
+    return execute(job, out, args.steady_state_window)
+
+
+def sweep_root(args) -> Path:
+    if args.log_dir:
+        return Path(args.log_dir).resolve()
+    stamp = time.strftime("%Y%m%d_%H%M%S")
+    return (Path("runs") / f"{args.model_recipe_name}_{args.task}_sweep_{stamp}").resolve()
+
+
+def run_sweep(args, out: TextIO) -> int:
+    """Every value of the swept key as its own job (all validated before the first launches)."""
+    try:
+        spec = parse_sweep(args.sweep)
+    except ValueError as exc:
+        raise HarnessError(str(exc)) from None
+    root = sweep_root(args)
+    jobs = [
+        make_job(build_config(args, extra_overrides=[spec.override(v)], log_dir=root / job_dirname(spec, i, v)), args)
+        for i, v in enumerate(spec.values)
+    ]
+    for value, job in zip(spec.values, jobs):
+        print(f"== sweep {spec.key}={value}", file=out)
+        describe(job, out, verbose=job is jobs[0])
+    if args.save_config_filepath:
+        jobs[0].built.cfg.to_yaml(args.save_config_filepath)
+    if args.dryrun:
+        print("== dry run: nothing launched", file=out)
+        return 0
+    if jobs[0].plan.mode == "sbatch":
+        for job in jobs:
+            prepare(job)
+            print(f"== wrote {job.plan.script_path} (submit with: sbatch {job.plan.script_path})", file=out)
+        print("   after the jobs finish, each directory holds its summary.json", file=out)
+        return 0
+    check_machine(jobs[0])
+    points, worst = [], 0
+    for value, job in zip(spec.values, jobs):
+        print(f"== running {spec.key}={value} in {job.built.log_dir}", file=out)
+        prepare(job)
+        code = execute(job, out, args.steady_state_window)
+        summary_path = job.built.log_dir / SUMMARY_NAME
+        stats = None
+        if code == 0 and summary_path.is_file():
+            stats = summary_steady_state(load_summary(summary_path), args.steady_state_window)
+        points.append(SweepPoint(value, str(job.built.log_dir), stats, code))
+        worst = worst or code
+    command = " ".join(["uv run python scripts/performance/run_script.py", *sys.argv[1:]]) if sys.argv[1:] else ""
+    md, png = write_sweep_outputs(spec, points, root, command)
+    print(md.read_text(), file=out)
+    print(f"== wrote {md}" + (f" and {png}" if png else " (matplotlib missing: no plot)"), file=out)
+    return worst
+
+
+def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> int:
+    """Entry point of ``scripts/performance/run_script.py``; returns the process exit code."""
+    from megatron.bridge.training.errors import ConfigError
+
+    out = out or sys.stdout
+    args = parse_args(argv)
+    try:
+        return run_sweep(args, out) if args.sweep else run_single(args, out)
+    except HarnessError as exc:
+        print(f"error: {exc}", file=out)
+        return exc.exit_code
+    except ConfigError as exc:
+        print(f"error: {exc}", file=out)
+        print("nothing was launched", file=out)
+        return EXIT_CONFIG

@@ -1,0 +1,141 @@
+"""One-knob A/B sweeps: ``--sweep dotted.key=v1,v2,...``.
+
+Every value runs as its own job with everything else fixed (one sub-directory of the log directory
+per value); afterwards ``sweep.md`` (mean/min/max step time, speedup against the first value) and
+``sweep.png`` (bars with min-max whiskers) are written next to them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from megatron.bridge.perf.results import SteadyState
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """One dotted key and the raw values to try (in order; the first is the baseline)."""
+
+    key: str
+    values: tuple[str, ...]
+
+    def override(self, value: str) -> str:
+        return f"{self.key}={value}"
+
+
+def split_values(text: str) -> list[str]:
+    """Split ``a,b,[1,2]`` on commas outside brackets/quotes (list values stay whole)."""
+    parts, depth, quote, current = [], 0, None, []
+    for ch in text:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+            continue
+        current.append(ch)
+    parts.append("".join(current).strip())
+    return parts
+
+
+def parse_sweep(text: str) -> SweepSpec:
+    """``key=v1,v2,...`` -> :class:`SweepSpec`; at least two distinct values are required."""
+    key, sep, rest = text.partition("=")
+    key = key.strip()
+    if not sep or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", key):
+        raise ValueError(f"--sweep expects dotted.key=v1,v2,...; got {text!r}")
+    values = split_values(rest)
+    if any(v == "" for v in values):
+        raise ValueError(f"--sweep has an empty value in {text!r}")
+    if len(values) < 2 or len(set(values)) != len(values):
+        raise ValueError(f"--sweep needs at least two distinct values; got {values}")
+    return SweepSpec(key, tuple(values))
+
+
+def job_dirname(spec: SweepSpec, index: int, value: str) -> str:
+    """A filesystem-safe sub-directory per value, ordered by position."""
+    safe = re.sub(r"[^A-Za-z0-9_.+-]+", "_", value).strip("_") or "value"
+    return f"{index:02d}_{spec.key.rsplit('.', 1)[-1]}={safe}"
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """Outcome of one value: its steady-state statistics, or why there are none."""
+
+    value: str
+    log_dir: str
+    stats: Optional[SteadyState]
+    exit_code: int = 0
+
+
+def sweep_markdown(spec: SweepSpec, points: Sequence[SweepPoint], command: str = "") -> str:
+    """The ``sweep.md`` table: mean/min/max and speedup against the first value."""
+    base = points[0].stats.mean_s if points and points[0].stats else None
+    window = next((f"{p.stats.first}-{p.stats.last}" for p in points if p.stats), "n/a")
+    lines = [
+        f"# Sweep of `{spec.key}`",
+        "",
+        f"Steady-state step time over iterations {window}; speedup = first value's mean / this mean.",
+        "",
+        f"| {spec.key} | mean (s) | min (s) | max (s) | speedup vs `{spec.values[0]}` | run |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in points:
+        if p.stats is None:
+            lines.append(f"| `{p.value}` | failed (exit {p.exit_code}) | | | | `{p.log_dir}` |")
+            continue
+        speed = f"{base / p.stats.mean_s:.3f}x" if base and p.stats.mean_s else "n/a"
+        lines.append(
+            f"| `{p.value}` | {p.stats.mean_s:.4f} | {p.stats.min_s:.4f} | {p.stats.max_s:.4f} | {speed} | `{p.log_dir}` |"
+        )
+    if command:
+        lines += ["", "Command:", "", "```bash", command, "```"]
+    return "\n".join(lines) + "\n"
+
+
+def sweep_plot(spec: SweepSpec, points: Sequence[SweepPoint], path: "str | Path") -> Optional[Path]:
+    """Bar chart of mean step time with min-max whiskers; ``None`` when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    done = [p for p in points if p.stats is not None]
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.4 * len(points) + 2), 3.6))
+    if done:
+        means = [p.stats.mean_s for p in done]
+        lower = [p.stats.mean_s - p.stats.min_s for p in done]
+        upper = [p.stats.max_s - p.stats.mean_s for p in done]
+        ax.bar([p.value for p in done], means, yerr=[lower, upper], capsize=6, color="#4c72b0")
+        for x, m in enumerate(means):
+            ax.annotate(f"{m:.3f}s", (x, m), ha="center", va="bottom", fontsize=8,
+                        xytext=(12, 2), textcoords="offset points")
+    ax.set_xlabel(spec.key)
+    ax.set_ylabel("step time (s), mean with min-max")
+    ax.set_title(f"Sweep: {spec.key}")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_sweep_outputs(spec: SweepSpec, points: Sequence[SweepPoint], log_dir: "str | Path", command: str = "") -> tuple[Path, Optional[Path]]:
+    """Write ``sweep.md`` and ``sweep.png`` into ``log_dir``."""
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    md = log_dir / "sweep.md"
+    md.write_text(sweep_markdown(spec, points, command))
+    png = sweep_plot(spec, points, log_dir / "sweep.png")
+    return md, png
