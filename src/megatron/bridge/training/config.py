@@ -124,6 +124,9 @@ class DistributedInitConfig:
     distributed_backend: Optional[Literal["nccl", "gloo"]] = None
     """``None``: NCCL on GPUs, gloo in CPU smoke mode."""
     distributed_timeout_minutes: int = 10
+    target_gpu: Optional[str] = None
+    """GPU type the run is validated for (the harness's ``-g``: ``h100``, ``b200``, ``gb200``...).
+    ``None`` uses the visible GPU; on a CPU host GPU-specific checks are reported as not checked."""
 
     @property
     def effective_backend(self) -> str:

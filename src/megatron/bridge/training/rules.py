@@ -29,7 +29,13 @@ class RuleContext:
     torch_version: Optional[Version] = None
     world_size: Optional[int] = None
     device_capability: Optional[tuple[int, int]] = None
+    """Compute capability of the *target* GPU (``-g`` type, else the visible GPU); ``None``: unknown."""
     device_name: Optional[str] = None
+    """Target GPU type or device name (``h100``, ``NVIDIA GB200``); tells B200 from GB200 NVL72."""
+    cuda_available: bool = False
+    """Whether this process runs on a GPU machine (``False`` on a CPU host: a dry run)."""
+    deep_ep_available: Optional[bool] = None
+    """Whether ``deep_ep`` (flex dispatcher backends) imports here; ``None``: not checked."""
 
 
 def read_field(cfg: Any, dotted: str) -> Any:
