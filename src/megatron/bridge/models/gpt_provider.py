@@ -8,8 +8,8 @@ provider defers ``__post_init__`` until :meth:`GPTModelProvider.finalize`.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Optional, Union
 
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -50,6 +50,9 @@ class GPTModelProvider(TransformerConfig):
     moe_flex_dispatcher_backend: Optional[Literal["deepep", "hybridep", "ncclep"]] = None
     """Flex dispatcher backend; only meaningful with ``moe_token_dispatcher_type="flex"``.
     ``None`` (unlike megatron-core's ``"deepep"`` default) so that an unset backend is visible."""
+    cuda_graph_modules: Union[str, list[str]] = field(default_factory=list)
+    """CUDA-graph capture scopes; empty captures the whole layer (megatron-core's ``"full"``
+    default means the same but is deprecated and warns)."""
 
     def __post_init__(self) -> None:  # noqa: D105 - deliberately deferred, see finalize()
         pass

@@ -18,11 +18,13 @@ class Violation:
     message: str
     fix: str
     severity: Severity = "error"
+    value_label: str = "current"
+    """How the values are introduced: ``current`` for config values, ``given`` for raw input."""
 
     def format(self) -> str:
         """Human-readable, one violation per paragraph."""
         current = ", ".join(f"{f}={v!r}" for f, v in zip(self.fields, self.values))
-        return f"[{self.rule}] {self.message}\n    current: {current}\n    fix: {self.fix}"
+        return f"[{self.rule}] {self.message}\n    {self.value_label}: {current}\n    fix: {self.fix}"
 
 
 class ConfigError(ValueError):

@@ -1,0 +1,93 @@
+"""Recipes build fresh, truthful, valid configs with the SPEC's shapes and layouts."""
+
+import pytest
+
+from megatron.bridge.recipes.qwen import (
+    qwen3_30b_a3b_pretrain_8gpu_config,
+    qwen3_30b_a3b_pretrain_config,
+    qwen3_235b_a22b_pretrain_config,
+    qwen3_moe_tiny_pretrain_config,
+)
+from megatron.bridge.training.comm_overlap import CommOverlapConfig
+
+ALL_RECIPES = [
+    qwen3_30b_a3b_pretrain_config,
+    qwen3_30b_a3b_pretrain_8gpu_config,
+    qwen3_235b_a22b_pretrain_config,
+    qwen3_moe_tiny_pretrain_config,
+]
+
+# Public model cards (SPEC "Model shapes").
+SHAPES = {
+    "30b": dict(num_layers=48, hidden_size=2048, num_attention_heads=32, num_query_groups=4,
+                kv_channels=128, ffn_hidden_size=6144, moe_ffn_hidden_size=768,
+                num_moe_experts=128, moe_router_topk=8, vocab_size=151936),
+    "235b": dict(num_layers=94, hidden_size=4096, num_attention_heads=64, num_query_groups=4,
+                 kv_channels=128, ffn_hidden_size=12288, moe_ffn_hidden_size=1536,
+                 num_moe_experts=128, moe_router_topk=8, vocab_size=151936),
+    "tiny": dict(num_layers=2, hidden_size=128, num_moe_experts=8, moe_router_topk=2,
+                 vocab_size=1024, seq_length=128),
+}
+COMMON_ARCH = dict(normalization="RMSNorm", gated_linear_unit=True, add_bias_linear=False,
+                   qk_layernorm=True, rotary_base=1_000_000.0, position_embedding_type="rope",
+                   share_embeddings_and_output_weights=False, moe_aux_loss_coeff=1e-3,
+                   moe_router_dtype="fp32")
+
+# (recipe, shape key, TP, PP, CP, EP, GPUs of the reference layout, GBS, MBS, seq)
+LAYOUTS = [
+    (qwen3_30b_a3b_pretrain_config, "30b", 1, 1, 1, 16, 16, 1024, 1, 4096),
+    (qwen3_30b_a3b_pretrain_8gpu_config, "30b", 4, 2, 1, 4, 8, 1024, 1, 4096),
+    (qwen3_235b_a22b_pretrain_config, "235b", 4, 16, 2, 8, 256, 1024, 1, 4096),
+    (qwen3_moe_tiny_pretrain_config, "tiny", 1, 1, 1, 1, 1, 8, 1, 128),
+]
+
+
+@pytest.mark.parametrize("recipe, shape, tp, pp, cp, ep, gpus, gbs, mbs, seq", LAYOUTS)
+def test_recipe_shape_layout_and_validation(recipe, shape, tp, pp, cp, ep, gpus, gbs, mbs, seq):
+    cfg = recipe()
+    model = cfg.model
+    for name, expected in {**SHAPES[shape], **COMMON_ARCH}.items():
+        assert getattr(model, name) == expected, name
+    assert (model.tensor_model_parallel_size, model.pipeline_model_parallel_size,
+            model.context_parallel_size, model.expert_model_parallel_size) == (tp, pp, cp, ep)
+    assert (cfg.train.global_batch_size, cfg.train.micro_batch_size, model.seq_length) == (gbs, mbs, seq)
+    resolved = cfg.validate(world_size=gpus)
+    assert resolved.model.bf16 is True and resolved.optimizer.bf16 is True
+
+
+@pytest.mark.parametrize("recipe", ALL_RECIPES)
+def test_recipe_states_dispatcher_and_overlap_truthfully(recipe):
+    cfg = recipe()
+    assert isinstance(cfg.comm_overlap, CommOverlapConfig)
+    assert cfg.comm_overlap.overlap_moe_expert_parallel_comm is False
+    assert cfg.model.moe_token_dispatcher_type == "alltoall"
+    assert cfg.model.moe_flex_dispatcher_backend is None
+    resolved = cfg.validate()
+    assert resolved.model.moe_token_dispatcher_type == "alltoall"
+    assert resolved.model.overlap_moe_expert_parallel_comm is False
+    assert cfg.dataset.is_mock and cfg.tokenizer.tokenizer_type == "NullTokenizer"
+
+
+@pytest.mark.parametrize("recipe", ALL_RECIPES)
+def test_recipe_returns_a_fresh_config_each_call(recipe):
+    first, second = recipe(), recipe()
+    first.model.num_layers = 1
+    first.comm_overlap.overlap_moe_expert_parallel_comm = True
+    assert second.model.num_layers != 1
+    assert second.comm_overlap.overlap_moe_expert_parallel_comm is False
+
+
+def test_validate_leaves_the_users_config_untouched_and_sees_later_edits():
+    cfg = qwen3_30b_a3b_pretrain_config()
+    resolved = cfg.validate()
+    assert resolved is not cfg
+    assert cfg.model.bf16 is False  # precision flags are derived only on the resolved copy
+    assert resolved.model.bf16 is True
+    cfg.mixed_precision = "fp32"
+    assert cfg.validate().model.bf16 is False
+
+
+def test_done_when_command_prints_128_on_cpu():
+    cfg = qwen3_30b_a3b_pretrain_config()
+    cfg.validate()
+    assert cfg.model.num_moe_experts == 128
