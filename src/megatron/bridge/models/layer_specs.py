@@ -1,7 +1,9 @@
 """Choice of the transformer layer implementation: Transformer Engine, plain megatron-core, torch-native.
 
-``"auto"`` takes Transformer Engine when it imports and the plain megatron-core modules otherwise.
-The choice is reported at start-up (``describe_layer_spec``).
+``"auto"`` takes Transformer Engine when it imports and the torch-native spec otherwise (SDPA core
+attention and grouped-GEMM experts on megatron-core's own layers; the plain ``"local"`` spec loops
+over experts in Python and is an order of magnitude slower). The choice is reported at start-up
+(``describe_layer_spec``).
 """
 
 from __future__ import annotations
@@ -23,13 +25,21 @@ def resolve_layer_spec(requested: str) -> str:
     """Map ``"auto"`` to the implementation this machine can run; explicit choices pass through."""
     if requested != "auto":
         return requested
-    return "transformer_engine" if have_transformer_engine() else "local"
+    return "transformer_engine" if have_transformer_engine() else "torch_native"
 
 
 def describe_layer_spec(requested: str) -> str:
     """One line for the start-up log: which layer implementation and why."""
     resolved = resolve_layer_spec(requested)
-    reason = "requested" if requested != "auto" else f"auto, Transformer Engine {describe_transformer_engine()}"
+    if requested != "auto":
+        reason = "requested"
+    elif resolved == "torch_native":
+        reason = (
+            f"auto, Transformer Engine {describe_transformer_engine()}: SDPA attention and "
+            "grouped-GEMM experts on megatron-core layers"
+        )
+    else:
+        reason = f"auto, Transformer Engine {describe_transformer_engine()}"
     return f"layer spec: {resolved} ({reason})"
 
 

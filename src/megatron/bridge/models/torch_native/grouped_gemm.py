@@ -1,0 +1,178 @@
+"""Grouped GEMMs over experts: ``torch._grouped_mm`` on Hopper bf16, a per-expert loop elsewhere.
+
+Tokens arrive sorted by local expert (megatron-core's dispatchers permute them so) with
+``tokens_per_expert`` rows each. Weights are stacked ``[E, out, in]`` like ``nn.Linear`` weights.
+
+``GroupedLinearFunction`` owns the backward so that the weight-gradient GEMM can be deferred
+(``delay_wgrad_compute``): the backward then returns only the input gradient and leaves
+``(x, grad_out, offsets)`` with a ``WgradStash`` that ``compute()`` drains later.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections import deque
+from typing import Deque, List, Optional, Sequence, Tuple
+
+import torch
+
+BACKENDS = ("auto", "grouped_mm", "loop")
+
+
+@functools.cache
+def _device_has_grouped_mm(device_index: int) -> bool:
+    """``torch._grouped_mm`` runs bf16 on CUDA compute capability 9.0 and newer."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    major, _ = torch.cuda.get_device_capability(device_index)
+    return major >= 9
+
+
+def select_backend(x: torch.Tensor, requested: str = "auto") -> str:
+    """``grouped_mm`` for bf16 CUDA tensors on sm90+, ``loop`` otherwise (CPU, fp32, older GPUs).
+
+    ``MBRIDGE_GROUPED_GEMM_BACKEND`` overrides ``auto`` (for A/B timing and debugging).
+    """
+    if requested == "auto":
+        requested = os.environ.get("MBRIDGE_GROUPED_GEMM_BACKEND", "auto")
+    if requested not in BACKENDS:
+        raise ValueError(f"grouped GEMM backend {requested!r} is not one of {BACKENDS}")
+    if requested != "auto":
+        return requested
+    if x.is_cuda and x.dtype == torch.bfloat16 and _device_has_grouped_mm(x.device.index or 0):
+        return "grouped_mm"
+    return "loop"
+
+
+def _strides_aligned(weight: torch.Tensor) -> bool:
+    """``torch._grouped_mm`` needs 16-byte aligned row strides for every operand it sees."""
+    size = weight.element_size()
+    return all((d * size) % 16 == 0 for d in weight.shape[-2:])
+
+
+def _split_sizes(counts: torch.Tensor) -> List[int]:
+    return counts.tolist()
+
+
+def _offsets(counts: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Exclusive-end offsets (int32) of each expert's rows, on the compute device."""
+    return torch.cumsum(counts.to(device=device, dtype=torch.int64), dim=0).to(torch.int32)
+
+
+def grouped_fprop(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, backend: str) -> torch.Tensor:
+    """``y[rows of e] = x[rows of e] @ w[e].T``; x ``[T, in]``, w ``[E, out, in]`` -> ``[T, out]``."""
+    if backend == "grouped_mm":
+        return torch._grouped_mm(x, w.transpose(-2, -1), offs=_offsets(counts, x.device))
+    chunks = torch.split(x, _split_sizes(counts))
+    return torch.cat([c @ w[e].t() for e, c in enumerate(chunks)], dim=0)
+
+
+def grouped_dgrad(dy: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, backend: str) -> torch.Tensor:
+    """Input gradient: ``dx[rows of e] = dy[rows of e] @ w[e]``."""
+    if backend == "grouped_mm":
+        return torch._grouped_mm(dy, w, offs=_offsets(counts, dy.device))
+    chunks = torch.split(dy, _split_sizes(counts))
+    return torch.cat([c @ w[e] for e, c in enumerate(chunks)], dim=0)
+
+
+def grouped_wgrad(
+    dy: torch.Tensor, x: torch.Tensor, counts: torch.Tensor, backend: str, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """Weight gradient ``dw[e] = dy[rows of e].T @ x[rows of e]`` -> ``[E, out, in]``.
+
+    Experts that received no tokens get an exact zero (masked on the grouped path, so the result
+    never depends on how the kernel treats empty groups).
+    """
+    num_experts = counts.numel()
+    if backend == "grouped_mm":
+        dw = torch._grouped_mm(dy.t(), x, offs=_offsets(counts, dy.device))
+        empty = counts.to(device=dw.device) == 0
+        dw = dw.masked_fill(empty.view(-1, 1, 1), 0)
+        return dw.to(out_dtype)
+    dy_chunks = torch.split(dy, _split_sizes(counts))
+    x_chunks = torch.split(x, _split_sizes(counts))
+    dw = torch.stack([d.t() @ c for d, c in zip(dy_chunks, x_chunks)]) if num_experts else None
+    return dw.to(out_dtype)
+
+
+class WgradStash:
+    """FIFO of deferred weight-gradient work for one stacked weight (one entry per backward)."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self._pending: Deque[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]] = deque()
+
+    def push(self, dy: torch.Tensor, x: torch.Tensor, counts: torch.Tensor, backend: str) -> None:
+        self._pending.append((dy, x, counts, backend))
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def compute(self, weight: torch.nn.Parameter) -> bool:
+        """Run the oldest deferred wgrad GEMM and accumulate it into ``weight.grad``.
+
+        Returns False when nothing was pending (e.g. a layer whose backward did not run).
+        """
+        if not self._pending:
+            return False
+        dy, x, counts, backend = self._pending.popleft()
+        dw = grouped_wgrad(dy, x, counts, backend, weight.dtype)
+        if weight.grad is None:
+            weight.grad = dw
+        else:
+            weight.grad.add_(dw)
+        return True
+
+    def clear(self) -> None:
+        self._pending.clear()
+
+
+class GroupedLinearFunction(torch.autograd.Function):
+    """Autograd for a grouped, bias-free linear layer with an optional deferred weight gradient."""
+
+    @staticmethod
+    def forward(ctx, x, weight, counts, backend: str, stash: Optional[WgradStash]):  # noqa: D102
+        ctx.save_for_backward(x, weight, counts)
+        ctx.backend = backend
+        ctx.stash = stash
+        return grouped_fprop(x, weight, counts, backend)
+
+    @staticmethod
+    def backward(ctx, dy):  # noqa: D102
+        x, weight, counts = ctx.saved_tensors
+        dy = dy.contiguous()
+        dx = grouped_dgrad(dy, weight, counts, ctx.backend) if ctx.needs_input_grad[0] else None
+        dw = None
+        if ctx.needs_input_grad[1]:
+            if ctx.stash is not None and ctx.stash.enabled:
+                ctx.stash.push(dy, x, counts, ctx.backend)
+            else:
+                dw = grouped_wgrad(dy, x, counts, ctx.backend, weight.dtype)
+        return dx, dw, None, None, None
+
+
+def grouped_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    tokens_per_expert: torch.Tensor,
+    backend: str = "auto",
+    stash: Optional[WgradStash] = None,
+) -> torch.Tensor:
+    """Grouped ``x @ weight[e].T`` over expert row blocks, differentiable in ``x`` and ``weight``."""
+    if x.dim() != 2 or weight.dim() != 3:
+        raise ValueError(f"expected x [T, in] and weight [E, out, in], got {tuple(x.shape)}, {tuple(weight.shape)}")
+    if tokens_per_expert.numel() != weight.shape[0]:
+        raise ValueError(
+            f"tokens_per_expert has {tokens_per_expert.numel()} entries for {weight.shape[0]} experts"
+        )
+    backend = select_backend(x, backend)
+    if backend == "grouped_mm" and not _strides_aligned(weight):
+        backend = "loop"
+    return GroupedLinearFunction.apply(x.contiguous(), weight, tokens_per_expert, backend, stash)
+
+
+def reference_grouped_linear(x: torch.Tensor, weight: torch.Tensor, tokens_per_expert: Sequence[int]) -> torch.Tensor:
+    """Plain per-expert matmuls through autograd: the yardstick for tests and GPU self-checks."""
+    chunks = torch.split(x, list(int(n) for n in tokens_per_expert))
+    return torch.cat([c @ weight[e].t() for e, c in enumerate(chunks)], dim=0)

@@ -1,0 +1,91 @@
+"""Fixtures for model tests: a world-size-1 gloo process group with megatron's parallel state.
+
+Module tests run in-process on CPU without the CPU compatibility layer (it patches torch for the
+whole process and cannot be undone); full-model tests that need it run in a child process.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def gloo_world() -> Iterator[None]:
+    """A single-process gloo group (created once, reused if the session already has one)."""
+    created = False
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(_free_port())
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        created = True
+    yield
+    if created and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.fixture()
+def model_parallel(gloo_world) -> Iterator[None]:
+    """megatron-core parallel state for TP=PP=EP=1 on the gloo group; torn down after the test."""
+    from megatron.core import parallel_state as ps
+
+    from megatron.core import tensor_parallel
+
+    ps.initialize_model_parallel(1, 1, expert_model_parallel_size=1)
+    torch.manual_seed(1234)
+    # The inference tracker's forks are no-ops: megatron's CUDA RNG tracker cannot fork on CPU.
+    tensor_parallel.model_parallel_cuda_manual_seed(1234, inference_rng_tracker=True, force_reset_rng=True)
+    try:
+        yield
+    finally:
+        ps.destroy_model_parallel()
+
+
+def _tiny_moe_config(**overrides):
+    """A small fp32 Qwen3-MoE-like ``TransformerConfig`` for CPU module tests."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    import torch.nn.functional as F
+
+    kwargs = dict(
+        num_layers=1,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_query_groups=2,
+        kv_channels=16,
+        ffn_hidden_size=64,
+        moe_ffn_hidden_size=24,
+        num_moe_experts=4,
+        moe_router_topk=2,
+        normalization="RMSNorm",
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        use_cpu_initialization=True,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype=torch.float32,
+    )
+    kwargs.update(overrides)
+    return TransformerConfig(**kwargs)
+
+
+@pytest.fixture()
+def tiny_moe_config():
+    """Factory for a small fp32 MoE ``TransformerConfig`` (keyword overrides allowed)."""
+    return _tiny_moe_config

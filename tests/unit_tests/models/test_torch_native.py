@@ -1,0 +1,302 @@
+"""Torch-native pieces against references on CPU in fp32: SDPA core attention, grouped GEMMs,
+grouped experts vs megatron's ``SequentialMLP``, checkpoint layout, delayed wgrad, spec wiring."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from megatron.bridge.models.torch_native import grouped_gemm
+from megatron.bridge.models.torch_native.attention import sdpa_core_attention
+
+ATOL = 1e-5
+
+
+def _reference_attention(q, k, v, scale, causal, mask=None):
+    """Textbook attention on megatron layouts ([s, b, h, d]), GQA by repetition."""
+    rep = q.shape[2] // k.shape[2]
+    k = k.repeat_interleave(rep, dim=2)
+    v = v.repeat_interleave(rep, dim=2)
+    scores = torch.einsum("sbhd,tbhd->bhst", q, k) * scale
+    if causal:
+        sq, sk = scores.shape[-2:]
+        mask = torch.triu(torch.ones(sq, sk, dtype=torch.bool), diagonal=1)
+    if mask is not None:
+        scores = scores.masked_fill(mask, float("-inf"))
+    probs = scores.softmax(-1)
+    out = torch.einsum("bhst,tbhd->sbhd", probs, v)
+    return out.reshape(out.shape[0], out.shape[1], -1)
+
+
+@pytest.mark.parametrize("nq,nkv", [(4, 4), (4, 2), (8, 1)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_sdpa_matches_reference_forward_and_grads(nq: int, nkv: int, causal: bool) -> None:
+    torch.manual_seed(0)
+    s, b, d = 9, 2, 8
+    q = torch.randn(s, b, nq, d, requires_grad=True)
+    k = torch.randn(s, b, nkv, d, requires_grad=True)
+    v = torch.randn(s, b, nkv, d, requires_grad=True)
+    mask = None if causal else torch.rand(b, 1, s, s) < 0.3
+    if mask is not None:
+        mask[..., 0] = False  # every row keeps one key
+    scale = 0.37
+    out = sdpa_core_attention(q, k, v, causal=causal, scale=scale, attn_mask=mask)
+    ref = _reference_attention(q, k, v, scale, causal, mask)
+    assert out.shape == (s, b, nq * d)
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-5)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    want = torch.autograd.grad(ref, (q, k, v), grad)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=ATOL, rtol=1e-5)
+
+
+class _CpuBuffer:
+    """Stand-in for megatron's global memory buffer (it allocates on the current CUDA device)."""
+
+    def get_tensor(self, shape, dtype, name):
+        return torch.empty(shape, dtype=dtype)
+
+
+def test_sdpa_module_matches_megatron_dot_product_attention(model_parallel, monkeypatch, tiny_moe_config) -> None:
+    from megatron.core import parallel_state
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from megatron.bridge.models.torch_native import TorchSDPAttention
+
+    monkeypatch.setattr(parallel_state, "get_global_memory_buffer", lambda: _CpuBuffer())
+    config = tiny_moe_config(apply_query_key_layer_scaling=True, attention_softmax_in_fp32=True)
+    kwargs = dict(config=config, layer_number=3, attn_mask_type=AttnMaskType.causal, attention_type="self")
+    ref_mod, mod = DotProductAttention(**kwargs), TorchSDPAttention(**kwargs)
+    # megatron divides by layer_number and multiplies back inside its fp32 softmax
+    assert mod.softmax_scale == pytest.approx(ref_mod.softmax_scale * 3)
+    s, b = 7, 2
+    q = torch.randn(s, b, 4, 16, requires_grad=True)
+    k = torch.randn(s, b, 2, 16, requires_grad=True)
+    v = torch.randn(s, b, 2, 16, requires_grad=True)
+    causal_mask = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool), diagonal=1)
+    ref = ref_mod(q, k, v, causal_mask)
+    out = mod(q, k, v, causal_mask)
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-5)
+    grad = torch.randn_like(out)
+    for g, w in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(ref, (q, k, v), grad)):
+        torch.testing.assert_close(g, w, atol=ATOL, rtol=1e-5)
+
+
+def test_sdpa_attention_dropout_is_applied_in_training_only(model_parallel, tiny_moe_config) -> None:
+    from megatron.core import tensor_parallel
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from megatron.bridge.models.torch_native import TorchSDPAttention
+
+    tensor_parallel.model_parallel_cuda_manual_seed(1, inference_rng_tracker=True, force_reset_rng=True)
+    config = tiny_moe_config(attention_dropout=0.5)
+    mod = TorchSDPAttention(config, 1, AttnMaskType.causal, "self")
+    q, k, v = torch.randn(6, 1, 4, 16), torch.randn(6, 1, 2, 16), torch.randn(6, 1, 2, 16)
+    mod.eval()
+    torch.testing.assert_close(mod(q, k, v, None), mod(q, k, v, None))
+    mod.train()
+    assert not torch.allclose(mod(q, k, v, None), mod.eval()(q, k, v, None))
+
+
+def _backends():
+    backends = ["loop"]
+    try:  # torch builds with a CPU/fp32 fallback of torch._grouped_mm exercise that path too
+        x, w = torch.randn(3, 8), torch.randn(2, 4, 8)
+        torch._grouped_mm(x, w.transpose(-2, -1), offs=torch.tensor([1, 3], dtype=torch.int32))
+        backends.append("grouped_mm")
+    except Exception:
+        pass
+    return backends
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("counts", [[3, 0, 5, 2], [0, 0, 4, 0], [1, 1, 1, 1]])
+def test_grouped_linear_matches_per_expert_matmuls(backend: str, counts: list) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(sum(counts), 8, requires_grad=True)
+    w = torch.randn(len(counts), 12, 8, requires_grad=True)
+    tpe = torch.tensor(counts)
+    out = grouped_gemm.grouped_linear(x, w, tpe, backend=backend)
+    ref = grouped_gemm.reference_grouped_linear(x, w, counts)
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-5)
+    grad = torch.randn_like(out)
+    gx, gw = torch.autograd.grad(out, (x, w), grad)
+    rx, rw = torch.autograd.grad(ref, (x, w), grad)
+    torch.testing.assert_close(gx, rx, atol=ATOL, rtol=1e-5)
+    torch.testing.assert_close(gw, rw, atol=ATOL, rtol=1e-5)
+    for e, n in enumerate(counts):
+        if n == 0:
+            assert torch.count_nonzero(gw[e]) == 0
+
+
+def test_unaligned_shapes_fall_back_to_the_loop() -> None:
+    x = torch.randn(5, 6, requires_grad=True)
+    w = torch.randn(2, 3, 6, requires_grad=True)  # 12-byte rows: not a grouped_mm operand
+    out = grouped_gemm.grouped_linear(x, w, torch.tensor([2, 3]), backend="grouped_mm")
+    torch.testing.assert_close(out, grouped_gemm.reference_grouped_linear(x, w, [2, 3]))
+
+
+def test_backend_choice_on_cpu_is_the_loop(monkeypatch) -> None:
+    monkeypatch.delenv("MBRIDGE_GROUPED_GEMM_BACKEND", raising=False)
+    assert grouped_gemm.select_backend(torch.zeros(1, dtype=torch.bfloat16)) == "loop"
+    assert grouped_gemm.select_backend(torch.zeros(1), "grouped_mm") == "grouped_mm"
+    with pytest.raises(ValueError):
+        grouped_gemm.select_backend(torch.zeros(1), "cutlass")
+
+
+def _expert_pair(config):
+    """A ``SequentialMLP`` as the plain spec builds it and a ``TorchGroupedMLP`` with its weights."""
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    from megatron.bridge.models.torch_native import TorchGroupedMLP
+
+    pgs = ProcessGroupCollection.use_mpu_process_groups()
+    plain_builder = LocalSpecProvider().grouped_mlp_modules(True)
+    plain = plain_builder(config.num_moe_experts, config, pg_collection=pgs)
+    native = TorchGroupedMLP(config.num_moe_experts, config, pg_collection=pgs)
+    native.load_state_dict(plain.state_dict(), strict=True)
+    return plain, native
+
+
+@pytest.mark.parametrize("counts", [[5, 0, 3, 4], [0, 7, 0, 1]])
+def test_grouped_experts_match_sequential_mlp(model_parallel, counts: list, tiny_moe_config) -> None:
+    config = tiny_moe_config()
+    plain, native = _expert_pair(config)
+    torch.manual_seed(1)
+    x = torch.randn(sum(counts), config.hidden_size, requires_grad=True)
+    probs = torch.rand(sum(counts), requires_grad=True)
+    tpe = torch.tensor(counts)
+    ref, _ = plain(x, tpe, probs)
+    out, bias = native(x, tpe, probs)
+    assert bias is None
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=1e-5)
+    grad = torch.randn_like(out)
+    (ref * grad).sum().backward()
+    gx_ref, gp_ref = x.grad.clone(), probs.grad.clone()
+    x.grad = probs.grad = None
+    (out * grad).sum().backward()
+    torch.testing.assert_close(x.grad, gx_ref, atol=ATOL, rtol=1e-5)
+    torch.testing.assert_close(probs.grad, gp_ref, atol=ATOL, rtol=1e-5)
+    for e, expert in enumerate(plain.local_experts):
+        torch.testing.assert_close(native.weight1.grad[e], expert.linear_fc1.weight.grad, atol=ATOL, rtol=1e-5)
+        torch.testing.assert_close(native.weight2.grad[e], expert.linear_fc2.weight.grad, atol=ATOL, rtol=1e-5)
+        if counts[e] == 0:
+            assert torch.count_nonzero(native.weight1.grad[e]) == 0
+
+
+def test_expert_parameters_are_marked_for_expert_data_parallel(model_parallel, tiny_moe_config) -> None:
+    plain, native = _expert_pair(tiny_moe_config())
+    # EP=1 and expert TP == TP: experts reduce over the full DP group, exactly like the plain spec.
+    assert {p.allreduce for p in native.parameters()} == {p.allreduce for p in plain.parameters()} == {True}
+    assert all(p.tensor_model_parallel for p in native.parameters())
+    assert sum(p.numel() for p in native.parameters()) == sum(p.numel() for p in plain.parameters())
+
+
+def _describe(sharded: dict) -> dict:
+    out = {}
+    for local_key, sh in sharded.items():
+        entry = {"key": sh.key, "replica_id": tuple(sh.replica_id)}
+        for attr in ("global_shape", "global_offset", "axis_fragmentations", "local_shape", "prepend_axis_num"):
+            if hasattr(sh, attr):
+                entry[attr] = tuple(getattr(sh, attr)) if not isinstance(getattr(sh, attr), int) else getattr(sh, attr)
+        entry["type"] = type(sh).__name__
+        out[local_key] = entry
+    return out
+
+
+def test_sharded_state_dict_layout_equals_sequential_mlp(model_parallel, tiny_moe_config) -> None:
+    plain, native = _expert_pair(tiny_moe_config())
+    prefix = "decoder.layers.0.mlp.experts."
+    want = _describe(plain.sharded_state_dict(prefix, sharded_offsets=((0, 0, 1),)))
+    got = _describe(native.sharded_state_dict(prefix, sharded_offsets=((0, 0, 1),)))
+    assert got == want
+    sh_plain = plain.sharded_state_dict(prefix)
+    sh_native = native.sharded_state_dict(prefix)
+    for key, sh in sh_plain.items():
+        data = getattr(sh, "data", None)
+        if isinstance(data, torch.Tensor):
+            torch.testing.assert_close(sh_native[key].data, data)
+
+
+def test_plain_state_dict_loads_and_bad_keys_fail(model_parallel, tiny_moe_config) -> None:
+    plain, native = _expert_pair(tiny_moe_config())
+    torch.testing.assert_close(native.weight2[1], plain.local_experts[1].linear_fc2.weight)
+    sd = plain.state_dict()
+    sd.pop("local_experts.3.linear_fc1.weight")
+    with pytest.raises(RuntimeError, match="expected experts"):
+        native.load_state_dict(sd)
+
+
+def test_delayed_wgrad_gives_equal_gradients_and_fires_hooks(model_parallel, tiny_moe_config) -> None:
+    config = tiny_moe_config()
+    _, eager = _expert_pair(config)
+    _, delayed = _expert_pair(config)
+    delayed.load_state_dict(eager.state_dict())
+    delayed.set_delay_wgrad_compute(True)
+    fired = []
+    delayed.register_wgrad_accumulation_and_reduce_hooks(lambda: fired.append(1))
+    counts = torch.tensor([4, 0, 2, 3])
+    for step in range(2):  # two micro-batches: accumulation across backward_dw calls
+        torch.manual_seed(step)
+        x = torch.randn(9, config.hidden_size)
+        probs = torch.rand(9)
+        for mod in (eager, delayed):
+            out, _ = mod(x, counts, probs)
+            out.pow(2).sum().backward()
+        assert delayed.weight1.grad is None if step == 0 else True
+        delayed.backward_dw()
+    torch.testing.assert_close(delayed.weight1.grad, eager.weight1.grad, atol=ATOL, rtol=1e-5)
+    torch.testing.assert_close(delayed.weight2.grad, eager.weight2.grad, atol=ATOL, rtol=1e-5)
+    assert fired == [1, 1]
+    delayed.backward_dw()  # nothing pending: no-op, no hook
+    assert fired == [1, 1]
+
+
+def test_spec_swaps_only_core_attention_and_experts(model_parallel, tiny_moe_config) -> None:
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+
+    from megatron.bridge.models.torch_native import (
+        TorchGroupedMLP,
+        TorchSDPAttention,
+        get_torch_native_decoder_block_spec,
+    )
+
+    config = tiny_moe_config(num_layers=2, moe_layer_freq=[1, 0])
+    local = get_gpt_decoder_block_spec(config, use_transformer_engine=False)
+    native = get_torch_native_decoder_block_spec(config)
+    assert len(native.layer_specs) == 2
+    moe, dense = native.layer_specs
+    assert moe.submodules.self_attention.submodules.core_attention is TorchSDPAttention
+    assert dense.submodules.self_attention.submodules.core_attention is TorchSDPAttention
+    assert isinstance(moe.submodules.mlp, functools.partial) and moe.submodules.mlp.func is MoELayer
+    assert moe.submodules.mlp.keywords["submodules"].experts.func is TorchGroupedMLP
+    dense_local = local.layer_specs[1].submodules.mlp  # dense MLP untouched
+    assert (dense.submodules.mlp.func, dense.submodules.mlp.keywords) == (dense_local.func, dense_local.keywords)
+    assert moe.submodules.input_layernorm is local.layer_specs[0].submodules.input_layernorm
+    assert local.layer_specs[0].submodules.mlp.keywords["submodules"].experts.func.__name__ == "SequentialMLP"
+
+
+@pytest.mark.parametrize(
+    "requested,have_te,expected",
+    [
+        ("auto", False, "torch_native"),
+        ("auto", True, "transformer_engine"),
+        ("local", False, "local"),
+        ("torch_native", True, "torch_native"),
+    ],
+)
+def test_auto_resolution_prefers_torch_native_without_te(monkeypatch, requested, have_te, expected) -> None:
+    from megatron.bridge.models import layer_specs
+
+    monkeypatch.setattr(layer_specs, "have_transformer_engine", lambda: have_te)
+    monkeypatch.setattr(layer_specs, "describe_transformer_engine", lambda: "2.9" if have_te else "absent")
+    assert layer_specs.resolve_layer_spec(requested) == expected
+    line = layer_specs.describe_layer_spec(requested)
+    assert line.startswith(f"layer spec: {expected} (")
+    assert ("requested" in line) == (requested != "auto")
