@@ -1,0 +1,25 @@
+"""Shared pieces of the harness tests: the SPEC's exact command line."""
+
+import pytest
+
+SPEC_COMMAND = [
+    "-m", "qwen", "-mr", "qwen3_30b_a3b", "--task", "pretrain", "-g", "h100", "-c", "bf16",
+    "-ng", "16", "-gn", "8", "--max_steps", "8", "--cuda_graph_impl", "none",
+    "--moe_flex_dispatcher_backend", "None", "--moe_a2a_overlap", "false",
+    "--tokenizer_type", "NullTokenizer",
+    "comm_overlap.overlap_moe_expert_parallel_comm=true",
+    "comm_overlap.delay_wgrad_compute=false",
+    "model.moe_shared_expert_overlap=false",
+]
+
+
+@pytest.fixture
+def spec_argv():
+    """The SPEC's command exactly as written."""
+    return list(SPEC_COMMAND)
+
+
+@pytest.fixture
+def spec_command(tmp_path):
+    """The SPEC's command with the log directory pointed at a temporary folder."""
+    return [*SPEC_COMMAND, "-l", str(tmp_path / "run")]
