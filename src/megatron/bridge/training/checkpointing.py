@@ -1,0 +1,149 @@
+"""Save and resume with megatron-core ``dist_checkpointing`` (``torch_dist`` format).
+
+Layout under ``cfg.checkpoint.save``::
+
+    iter_0000010/            one dist_checkpointing directory per saved iteration
+        ...                  model + optimizer shards, common state (scheduler, iteration,
+                             consumed samples)
+        rng/rank_00000.pt    per-rank RNG states (python, numpy, torch, CUDA tracker)
+    latest_checkpointed_iteration.txt
+
+``load_checkpoint`` resumes from the iteration named in ``latest_checkpointed_iteration.txt`` in
+``cfg.checkpoint.load``. The tracker file is written last, by rank 0, after a barrier: a run killed
+while saving resumes from the previous complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+    from megatron.bridge.training.pretrain import TrainState
+
+logger = logging.getLogger(__name__)
+
+TRACKER = "latest_checkpointed_iteration.txt"
+# DP-local optimizer shards: no gathers on save or load; resharding only across DP sizes.
+OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable", "chained_optim_avoid_prefix": True}
+
+
+def iteration_dir(root: str | os.PathLike, iteration: int) -> Path:
+    return Path(root) / f"iter_{iteration:07d}"
+
+
+def latest_iteration(root: Optional[str | os.PathLike]) -> Optional[int]:
+    """The last completely saved iteration under ``root``, or ``None``."""
+    if not root:
+        return None
+    tracker = Path(root) / TRACKER
+    if not tracker.is_file():
+        return None
+    text = tracker.read_text().strip()
+    return int(text) if text.isdigit() else None
+
+
+def _sharded_state_dict(model: list[Any], optimizer: Any, is_loading: bool) -> dict[str, Any]:
+    from megatron.core.dist_checkpointing.mapping import ShardedStateDict  # noqa: F401 - type only
+
+    state: dict[str, Any] = {}
+    if len(model) == 1:
+        state["model"] = model[0].sharded_state_dict()
+        model_state = state["model"]
+    else:
+        model_state = {}
+        for i, chunk in enumerate(model):
+            state[f"model{i}"] = chunk.sharded_state_dict()
+            model_state.update(state[f"model{i}"])
+    state["optimizer"] = optimizer.sharded_state_dict(
+        model_state, is_loading=is_loading, metadata=OPTIMIZER_METADATA
+    )
+    return state
+
+
+def _rng_state() -> dict[str, Any]:
+    from megatron.core import tensor_parallel
+
+    state: dict[str, Any] = {
+        "random": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+        state["tracker"] = tensor_parallel.get_cuda_rng_tracker().get_states()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    from megatron.core import tensor_parallel
+
+    random.setstate(state["random"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+        tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def save_checkpoint(
+    cfg: "ConfigContainer", model: list[Any], optimizer: Any, scheduler: Any, state: "TrainState"
+) -> Path:
+    """Save model, optimizer, scheduler, iteration, data position and RNG at ``state.iteration``."""
+    from megatron.core import dist_checkpointing
+
+    root = Path(cfg.checkpoint.save)
+    path = iteration_dir(root, state.iteration)
+    rank = torch.distributed.get_rank()
+    if rank == 0:
+        path.mkdir(parents=True, exist_ok=True)
+    torch.distributed.barrier()
+    sharded = _sharded_state_dict(model, optimizer, is_loading=False)
+    sharded["scheduler"] = scheduler.state_dict()
+    sharded["iteration"] = state.iteration
+    sharded["consumed_samples"] = state.consumed_samples
+    dist_checkpointing.save(sharded, str(path))
+    rng_dir = path / "rng"
+    rng_dir.mkdir(exist_ok=True)
+    torch.save(_rng_state(), rng_dir / f"rank_{rank:05d}.pt")
+    torch.distributed.barrier()
+    if rank == 0:
+        (root / TRACKER).write_text(str(state.iteration))
+        print(f"[megatron.bridge] saved checkpoint at iteration {state.iteration} to {path}", flush=True)
+    torch.distributed.barrier()
+    return path
+
+
+def load_checkpoint(
+    cfg: "ConfigContainer", model: list[Any], optimizer: Any, scheduler: Any
+) -> Optional["TrainState"]:
+    """Restore the latest checkpoint in ``cfg.checkpoint.load``; ``None`` when there is none."""
+    from megatron.core import dist_checkpointing
+
+    from megatron.bridge.training.pretrain import TrainState
+
+    iteration = latest_iteration(cfg.checkpoint.load)
+    if iteration is None:
+        return None
+    path = iteration_dir(cfg.checkpoint.load, iteration)
+    sharded = _sharded_state_dict(model, optimizer, is_loading=True)
+    loaded = dist_checkpointing.load(sharded, str(path))
+    if len(model) == 1:
+        model[0].load_state_dict(loaded["model"], strict=False)
+    else:
+        for i, chunk in enumerate(model):
+            chunk.load_state_dict(loaded[f"model{i}"], strict=False)
+    optimizer.load_state_dict(loaded["optimizer"])
+    common = dist_checkpointing.load_common_state_dict(str(path))
+    scheduler.load_state_dict(common["scheduler"])
+    rng_file = path / "rng" / f"rank_{torch.distributed.get_rank():05d}.pt"
+    if rng_file.is_file():
+        _set_rng_state(torch.load(rng_file, weights_only=False))
+    return TrainState(iteration=int(common["iteration"]), consumed_samples=int(common["consumed_samples"]))

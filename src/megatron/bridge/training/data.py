@@ -1,0 +1,147 @@
+"""Training data through megatron-core's dataset stack: mock GPT data or indexed ``.bin/.idx`` data.
+
+* Mock data (``cfg.dataset.data_paths is None``): ``GPTDatasetConfig`` with no blend, built by
+  ``BlendedMegatronDatasetBuilder`` into ``MockGPTDataset``.
+* Indexed data: ``data_paths`` as megatron's blend list (``["0.3", "/a", "0.7", "/b"]`` or plain
+  prefixes).
+
+The tokenizer is megatron-core's ``NullTokenizer`` (no files, no downloads) unless a Hugging Face
+tokenizer is configured. The sequence length comes from ``cfg.model.seq_length`` and the shuffle
+seed from ``cfg.rng.seed`` (single owners). The compiled dataset helper ships with the wheel, so
+``compile_helpers()`` is never called.
+
+Batches are drawn like megatron's pretraining sampler: consecutive slices of
+``micro_batch_size * data_parallel_size`` samples, each data-parallel rank taking its part. The
+sampler starts at ``consumed_samples``, which is what makes a resumed run see the same data.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+import torch
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+logger = logging.getLogger(__name__)
+
+
+def build_tokenizer(cfg: "ConfigContainer") -> Any:
+    """megatron-core tokenizer for the dataset (``NullTokenizer``: vocab from ``cfg.model``)."""
+    from megatron.core.tokenizers import MegatronTokenizer
+
+    tok = cfg.tokenizer
+    if tok.tokenizer_type == "NullTokenizer":
+        vocab = tok.vocab_size or cfg.model.vocab_size
+        return MegatronTokenizer.from_pretrained(
+            metadata_path={"library": "null-text"}, vocab_size=int(vocab)
+        )
+    if tok.tokenizer_type == "HuggingFaceTokenizer":
+        return MegatronTokenizer.from_pretrained(
+            tokenizer_path=tok.tokenizer_model, metadata_path={"library": "huggingface"}
+        )
+    raise ValueError(f"tokenizer.tokenizer_type={tok.tokenizer_type!r} is not supported")
+
+
+def _blend(data_paths: Optional[list[str]]) -> Optional[tuple[list[str], Optional[list[float]]]]:
+    """megatron's blend tuple from ``["w1", "p1", "w2", "p2"]`` or ``["p1", "p2"]``."""
+    if not data_paths:
+        return None
+    try:
+        weights = [float(x) for x in data_paths[0::2]]
+        return (list(data_paths[1::2]), weights)
+    except ValueError:
+        return (list(data_paths), None)
+
+
+def gpt_dataset_config(cfg: "ConfigContainer", tokenizer: Any) -> Any:
+    """The ``GPTDatasetConfig`` for this run (mock when no data paths are given)."""
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
+
+    ds = cfg.dataset
+    return GPTDatasetConfig(
+        random_seed=cfg.rng.seed,
+        sequence_length=cfg.model.seq_length,
+        blend=_blend(ds.data_paths),
+        split=ds.split,
+        path_to_cache=ds.path_to_cache,
+        mmap_bin_files=ds.mmap_bin_files,
+        tokenizer=tokenizer,
+        reset_position_ids=ds.reset_position_ids,
+        reset_attention_mask=ds.reset_attention_mask,
+        eod_mask_loss=ds.eod_mask_loss,
+        # CPU: an explicit causal mask (megatron's default mask is built on "cuda").
+        create_attention_mask=cfg.dist.device == "cpu" or ds.reset_attention_mask,
+    )
+
+
+def build_train_dataset(cfg: "ConfigContainer") -> Any:
+    """The training split, sized for ``train_iters * global_batch_size`` samples."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
+    from megatron.core.datasets.gpt_dataset import GPTDataset, MockGPTDataset
+
+    tokenizer = build_tokenizer(cfg)
+    ds_cfg = gpt_dataset_config(cfg, tokenizer)
+    cls = MockGPTDataset if cfg.dataset.is_mock else GPTDataset
+    train_samples = cfg.train.train_iters * cfg.train.global_batch_size
+    eval_samples = max(cfg.train.eval_iters, 1) * cfg.train.global_batch_size
+    train, _valid, _test = BlendedMegatronDatasetBuilder(
+        cls, [train_samples, eval_samples, 0], lambda: True, ds_cfg
+    ).build()
+    return train
+
+
+class PretrainingSampler:
+    """Indices of this data-parallel rank's micro-batches, starting after ``consumed_samples``."""
+
+    def __init__(
+        self,
+        total_samples: int,
+        consumed_samples: int,
+        micro_batch_size: int,
+        data_parallel_rank: int,
+        data_parallel_size: int,
+    ) -> None:
+        if total_samples <= 0 or micro_batch_size <= 0:
+            raise ValueError("total_samples and micro_batch_size must be positive")
+        if not 0 <= data_parallel_rank < data_parallel_size:
+            raise ValueError(f"data_parallel_rank {data_parallel_rank} out of range")
+        self.total_samples = total_samples
+        self.consumed_samples = consumed_samples
+        self.micro_batch_size = micro_batch_size
+        self.dp_rank = data_parallel_rank
+        self.dp_size = data_parallel_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        step = self.micro_batch_size * self.dp_size
+        start = self.consumed_samples
+        while start + step <= self.total_samples:
+            first = start + self.dp_rank * self.micro_batch_size
+            yield list(range(first, first + self.micro_batch_size))
+            start += step
+
+
+def build_train_iterator(cfg: "ConfigContainer", consumed_samples: int = 0) -> Iterator[dict]:
+    """An endless-enough iterator of this rank's micro-batches (dicts of CPU tensors)."""
+    from megatron.core import parallel_state
+
+    dataset = build_train_dataset(cfg)
+    sampler = PretrainingSampler(
+        total_samples=len(dataset),
+        consumed_samples=consumed_samples,
+        micro_batch_size=cfg.train.micro_batch_size,
+        data_parallel_rank=parallel_state.get_data_parallel_rank(),
+        data_parallel_size=parallel_state.get_data_parallel_world_size(),
+    )
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=cfg.dataset.num_workers,
+        pin_memory=cfg.dist.device == "cuda",
+        persistent_workers=cfg.dataset.num_workers > 0,
+    )
+    return iter(loader)

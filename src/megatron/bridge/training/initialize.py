@@ -1,0 +1,127 @@
+"""Process-group, model-parallel and RNG set-up for :func:`megatron.bridge.training.pretrain.pretrain`.
+
+Every parallel size comes from one owner, ``cfg.model.*_parallel_size``: the same values are given
+to ``initialize_model_parallel`` and are what the model config carries. If the two disagreed (the
+SPEC pitfall), DDP would silently average gradients of different experts across ranks.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """Rank, world size and local rank as given by torchrun or SLURM (single process otherwise)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    launcher: str
+
+
+def launch_env(environ: Optional[dict] = None) -> LaunchEnv:
+    """Read the launcher's environment: torchrun (``RANK``...) first, then SLURM (``SLURM_PROCID``...)."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return LaunchEnv(
+            int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0")), "torchrun"
+        )
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        return LaunchEnv(
+            int(env["SLURM_PROCID"]),
+            int(env["SLURM_NTASKS"]),
+            int(env.get("SLURM_LOCALID", "0")),
+            "slurm",
+        )
+    return LaunchEnv(0, 1, 0, "single")
+
+
+def initialize_distributed(cfg: "ConfigContainer", env: Optional[LaunchEnv] = None) -> LaunchEnv:
+    """Create the default process group (or reuse an existing one) with ``cfg.dist``'s backend/timeout.
+
+    On GPUs each rank binds to ``cuda:LOCAL_RANK`` modulo the visible devices, so several ranks can
+    share one GPU when the backend allows it (gloo: the one-GPU EP=2 acceptance run).
+    """
+    env = env or launch_env()
+    if cfg.dist.device == "cuda":
+        torch.cuda.set_device(env.local_rank % max(torch.cuda.device_count(), 1))
+    if torch.distributed.is_initialized():
+        return LaunchEnv(
+            torch.distributed.get_rank(), torch.distributed.get_world_size(), env.local_rank, "existing"
+        )
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    torch.distributed.init_process_group(
+        backend=cfg.dist.effective_backend,
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(minutes=cfg.dist.distributed_timeout_minutes),
+    )
+    return env
+
+
+def initialize_model_parallel(cfg: "ConfigContainer") -> None:
+    """megatron-core's parallel groups, sized from ``cfg.model`` (the single owner)."""
+    from megatron.core import parallel_state
+
+    m = cfg.model
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=m.tensor_model_parallel_size,
+        pipeline_model_parallel_size=m.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=m.virtual_pipeline_model_parallel_size,
+        context_parallel_size=m.context_parallel_size,
+        expert_model_parallel_size=m.expert_model_parallel_size,
+        expert_tensor_parallel_size=m.expert_tensor_parallel_size,
+        distributed_timeout_minutes=cfg.dist.distributed_timeout_minutes,
+    )
+    got = parallel_state.get_expert_model_parallel_world_size()
+    if got != m.expert_model_parallel_size:  # defensive: the two owners must never disagree
+        raise RuntimeError(
+            f"expert-parallel group has {got} ranks but model.expert_model_parallel_size="
+            f"{m.expert_model_parallel_size}"
+        )
+
+
+def set_seeds(cfg: "ConfigContainer") -> None:
+    """Seed Python, numpy, torch and megatron's model-parallel RNG tracker.
+
+    The pipeline rank offsets the seed (different layers per stage); data-parallel ranks share it
+    unless ``rng.data_parallel_random_init``.
+    """
+    from megatron.core import parallel_state, tensor_parallel
+
+    seed = cfg.rng.seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
+    if cfg.rng.data_parallel_random_init:
+        seed += 10 * parallel_state.get_data_parallel_rank()
+    random.seed(seed)
+    np.random.seed(seed)
+    if cfg.dist.device == "cpu":
+        from megatron.bridge.training.cpu_compat import seed_cpu_model_parallel
+
+        seed_cpu_model_parallel(seed)
+        return
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def teardown() -> None:
+    """Destroy megatron's parallel groups and the default process group."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

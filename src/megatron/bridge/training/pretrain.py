@@ -1,0 +1,475 @@
+"""``pretrain(cfg)``: real megatron-core training of a GPT/MoE model, on GPUs or in CPU smoke mode.
+
+Order of work, chosen so that mistakes cost seconds, not a cluster allocation:
+
+1. ``cfg.validate()`` (every rule, no process group, no CUDA);
+2. the overlap report; ``CUDA_DEVICE_MAX_CONNECTIONS`` from it, *before* CUDA initialises
+   (in CPU smoke mode instead: the CPU compatibility layer, loudly);
+3. ``torch.distributed`` from the torchrun/SLURM environment, megatron's parallel groups sized from
+   ``cfg.model`` (the single owner of parallel sizes), seeds;
+4. one model chunk per virtual pipeline stage, ``Float16Module``, megatron ``DistributedDataParallel``
+   (``cfg.ddp``: ``delay_wgrad_compute``, ``overlap_grad_reduce`` passed through), megatron's
+   optimizer, ``OptimizerParamScheduler``, ``finalize_model_grads``;
+5. the loop over ``get_forward_backward_func()``: with ``overlap_moe_expert_parallel_comm`` the
+   schedule is megatron's combined 1F1B (the forward step returns a schedule plan).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import torch
+
+from megatron.bridge.training import initialize
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+logger = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------------
+# Overlap report and CUDA_DEVICE_MAX_CONNECTIONS
+
+
+@dataclass
+class _MinimalOverlapReport:
+    """Used only if ``overlap_report`` cannot be imported: EP overlap needs several connections."""
+
+    ep_overlap: bool
+    delay_wgrad: bool
+
+    @property
+    def cuda_device_max_connections(self) -> Optional[int]:
+        return 32 if self.ep_overlap else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "overlap_moe_expert_parallel_comm": self.ep_overlap,
+            "delay_wgrad_compute": self.delay_wgrad,
+            "cuda_device_max_connections": self.cuda_device_max_connections,
+        }
+
+    def format(self) -> str:
+        return (
+            f"overlap: EP dispatch/combine overlap {'ON' if self.ep_overlap else 'off'}, "
+            f"delayed expert wgrad {'ON' if self.delay_wgrad else 'off'}, "
+            f"CUDA_DEVICE_MAX_CONNECTIONS needed: {self.cuda_device_max_connections or 'unset'}"
+        )
+
+
+def overlap_report(resolved: "ConfigContainer") -> Any:
+    """The start-up overlap report (``overlap_report.build_overlap_report``)."""
+    try:
+        from megatron.bridge.training.overlap_report import build_overlap_report
+    except ImportError:
+        return _MinimalOverlapReport(
+            bool(resolved.model.overlap_moe_expert_parallel_comm),
+            bool(getattr(resolved.model, "delay_wgrad_compute", False)),
+        )
+    return build_overlap_report(resolved)
+
+
+def set_cuda_device_max_connections(report: Any) -> Optional[str]:
+    """Export ``CUDA_DEVICE_MAX_CONNECTIONS`` as the report asks; must run before CUDA initialises."""
+    need = getattr(report, "cuda_device_max_connections", None)
+    if need is None:
+        return os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    if torch.cuda.is_initialized() and os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") != str(need):
+        logger.warning(
+            "CUDA is already initialised; CUDA_DEVICE_MAX_CONNECTIONS=%s comes too late for this "
+            "process (export it before starting Python).",
+            need,
+        )
+    os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = str(need)
+    return str(need)
+
+
+# --------------------------------------------------------------------------------------------------
+# Model, optimizer, scheduler
+
+
+def build_model(resolved: "ConfigContainer") -> list[Any]:
+    """One DDP-wrapped chunk per virtual pipeline stage of this rank."""
+    from megatron.core import tensor_parallel
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.transformer.module import Float16Module
+
+    m = resolved.model
+    vpp = m.virtual_pipeline_model_parallel_size
+    stages = [None] if vpp is None else list(range(vpp))
+    chunks = []
+    for vp_stage in stages:
+        chunk = m.provide(vp_stage=vp_stage)
+        for param in chunk.parameters():
+            tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+        if resolved.dist.device == "cuda":
+            chunk.cuda(torch.cuda.current_device())
+        if m.fp16 or m.bf16:
+            chunk = Float16Module(m, chunk)
+        chunks.append(chunk)
+    wrapped = [
+        DistributedDataParallel(
+            config=m,
+            ddp_config=resolved.ddp,
+            module=chunk,
+            # Only the first chunk gets bucketing: later chunks' grads are ready much later.
+            disable_bucketing=i > 0,
+        )
+        for i, chunk in enumerate(chunks)
+    ]
+    if resolved.rng.data_parallel_random_init:
+        for chunk in wrapped:
+            chunk.broadcast_params()
+    return wrapped
+
+
+def build_optimizer(resolved: "ConfigContainer", model: list[Any]) -> Any:
+    """megatron-core's optimizer (distributed optimizer when ``optimizer.use_distributed_optimizer``)."""
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    return get_megatron_optimizer(resolved.optimizer, model)
+
+
+def build_scheduler(resolved: "ConfigContainer", optimizer: Any) -> Any:
+    """``OptimizerParamScheduler`` stepped in samples (as megatron does), from ``cfg.scheduler``."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    s, o, t = resolved.scheduler, resolved.optimizer, resolved.train
+    gbs = t.global_batch_size
+    decay_iters = s.lr_decay_iters if s.lr_decay_iters is not None else t.train_iters
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=s.lr_warmup_init,
+        max_lr=o.lr,
+        min_lr=o.min_lr if o.min_lr is not None else 0.0,
+        lr_warmup_steps=s.lr_warmup_iters * gbs,
+        lr_decay_steps=max(decay_iters, 1) * gbs,
+        lr_decay_style=s.lr_decay_style,
+        start_wd=s.start_weight_decay if s.start_weight_decay is not None else o.weight_decay,
+        end_wd=s.end_weight_decay if s.end_weight_decay is not None else o.weight_decay,
+        wd_incr_steps=max(t.train_iters, 1) * gbs,
+        wd_incr_style=s.weight_decay_incr_style,
+        use_checkpoint_opt_param_scheduler=True,
+        override_opt_param_scheduler=False,
+    )
+
+
+def wire_model_config(resolved: "ConfigContainer", model: list[Any], optimizer: Any) -> None:
+    """The hooks megatron's schedules call: grad scaling, no_sync/grad_sync, finalize_model_grads."""
+    from megatron.core.distributed import finalize_model_grads
+
+    config = resolved.model
+    config.grad_scale_func = optimizer.scale_loss
+    config.timers = None
+    if resolved.ddp.overlap_grad_reduce:
+        no_sync = [chunk.no_sync for chunk in model]
+        config.no_sync_func = no_sync[0] if len(model) == 1 else no_sync
+        if resolved.ddp.align_param_gather or len(model) == 1:
+            grad_sync = [chunk.start_grad_sync for chunk in model]
+            config.grad_sync_func = grad_sync[0] if len(model) == 1 else grad_sync
+    if resolved.ddp.overlap_param_gather and resolved.ddp.align_param_gather:
+        param_sync = [chunk.start_param_sync for chunk in model]
+        config.param_sync_func = param_sync[0] if len(model) == 1 else param_sync
+    config.finalize_model_grads_func = finalize_model_grads
+
+
+# --------------------------------------------------------------------------------------------------
+# The loop
+
+
+@dataclass
+class TrainState:
+    """What a checkpoint must restore besides model and optimizer."""
+
+    iteration: int = 0
+    consumed_samples: int = 0
+
+
+@dataclass
+class PretrainResult:
+    """What ``pretrain`` returns on every rank (the summary only on the logging rank)."""
+
+    state: TrainState
+    losses: list[float] = field(default_factory=list)
+    step_times_s: list[float] = field(default_factory=list)
+    summary_path: Optional[str] = None
+    stopped_by_signal: bool = False
+
+
+class _SigtermFlag:
+    """Remember a SIGTERM so that the loop can save a checkpoint and leave between two steps."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self._previous: Any = None
+
+    def __enter__(self) -> "_SigtermFlag":
+        try:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread
+            self._previous = None
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+    def any_rank(self, device: torch.device) -> bool:
+        """True when any rank got the signal (all ranks must stop at the same iteration)."""
+        flag = torch.tensor([1 if self.received else 0], dtype=torch.int32, device=device)
+        torch.distributed.all_reduce(flag)
+        return bool(flag.item())
+
+
+def _reduce_loss(losses_reduced: list[dict], device: torch.device) -> float:
+    """Per-token mean loss over all micro-batches and data-parallel ranks (stage-agnostic)."""
+    total = torch.zeros(2, dtype=torch.float64, device=device)
+    for item in losses_reduced:
+        if "lm loss" in item:
+            total += item["lm loss"].to(device=device, dtype=torch.float64)
+    # Non-last stages contribute zeros; TP/CP duplicates cancel in the ratio.
+    torch.distributed.all_reduce(total)
+    return float(total[0] / total[1].clamp(min=1.0))
+
+
+def _moe_aux_losses(resolved: "ConfigContainer", num_microbatches: int, iteration: int) -> dict[str, float]:
+    """megatron's MoE metrics tracker, reduced across ranks; empty for dense models."""
+    m = resolved.model
+    if not m.num_moe_experts:
+        return {}
+    from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
+
+    totals: dict[str, Any] = {}
+    get_moe_metrics_tracker().report(
+        loss_scale=1.0 / num_microbatches,
+        iteration=iteration,
+        total_loss_dict=totals,
+        num_layers=m.num_layers,
+        moe_layer_freq=m.moe_layer_freq,
+        mtp_num_layers=m.mtp_num_layers,
+    )
+    return {k.replace(" ", "_"): float(v) for k, v in totals.items()}
+
+
+def _device(resolved: "ConfigContainer") -> torch.device:
+    if resolved.dist.device == "cpu":
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _log_dir(resolved: "ConfigContainer") -> str:
+    from megatron.bridge.training.metrics import default_log_dir
+
+    return resolved.logger.log_dir or default_log_dir()
+
+
+def _startup_lines(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, num_microbatches: int) -> list[str]:
+    from megatron.core import parallel_state as ps
+
+    from megatron.bridge.models.layer_specs import describe_layer_spec
+
+    m = resolved.model
+    return [
+        f"launch: {env.launcher}, world size {torch.distributed.get_world_size()}, backend "
+        f"{resolved.dist.effective_backend}, device {resolved.dist.device}",
+        f"parallel layout: TP{m.tensor_model_parallel_size} PP{m.pipeline_model_parallel_size} "
+        f"VPP{m.virtual_pipeline_model_parallel_size or '-'} CP{m.context_parallel_size} "
+        f"EP{m.expert_model_parallel_size} ETP{m.expert_tensor_parallel_size} "
+        f"DP{ps.get_data_parallel_world_size()}",
+        f"batch: global {resolved.train.global_batch_size}, micro {resolved.train.micro_batch_size}, "
+        f"{num_microbatches} micro-batches per step, seq {m.seq_length}",
+        describe_layer_spec(m.layer_spec),
+        f"dispatcher: {m.moe_token_dispatcher_type}"
+        + (f" (flex backend {m.moe_flex_dispatcher_backend})" if m.moe_token_dispatcher_type == "flex" else ""),
+        f"schedule: {'combined 1F1B (EP overlap)' if m.overlap_moe_expert_parallel_comm else 'standard 1F1B'}",
+        f"CUDA_DEVICE_MAX_CONNECTIONS={os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS', 'unset')}",
+        report.format(),
+    ]
+
+
+def parallel_layout(resolved: "ConfigContainer") -> dict[str, Any]:
+    from megatron.core import parallel_state as ps
+
+    m = resolved.model
+    return dict(
+        tp=m.tensor_model_parallel_size,
+        pp=m.pipeline_model_parallel_size,
+        vpp=m.virtual_pipeline_model_parallel_size,
+        cp=m.context_parallel_size,
+        ep=m.expert_model_parallel_size,
+        etp=m.expert_tensor_parallel_size,
+        dp=ps.get_data_parallel_world_size(),
+        micro_batch_size=resolved.train.micro_batch_size,
+        global_batch_size=resolved.train.global_batch_size,
+        seq_length=m.seq_length,
+    )
+
+
+def _resolved_config_text(resolved: "ConfigContainer") -> Any:
+    try:
+        return resolved.to_yaml()
+    except Exception as exc:  # the YAML writer is optional for training; keep the run going
+        return f"<config could not be serialised: {exc}>"
+
+
+def pretrain(
+    cfg: "ConfigContainer", forward_step_func: Optional[Callable[..., Any]] = None
+) -> PretrainResult:
+    """Train ``cfg`` with megatron-core; returns the losses/step times (summary on rank 0)."""
+    env = initialize.launch_env()
+    resolved = cfg.validate(world_size=env.world_size)  # before any process group or CUDA work
+    report = overlap_report(resolved)
+    if resolved.dist.device == "cpu":
+        from megatron.bridge.training.cpu_compat import enable_cpu_compat
+
+        enable_cpu_compat()
+    else:
+        set_cuda_device_max_connections(report)
+
+    if forward_step_func is None:
+        from megatron.bridge.training.gpt_step import forward_step as forward_step_func
+
+    created_group = not torch.distributed.is_initialized()
+    env = initialize.initialize_distributed(resolved, env)
+    try:
+        initialize.initialize_model_parallel(resolved)
+        initialize.set_seeds(resolved)
+        return _train(resolved, report, env, forward_step_func)
+    finally:
+        from megatron.core import parallel_state
+
+        parallel_state.destroy_model_parallel()
+        if created_group and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, forward_step_func: Callable[..., Any]) -> PretrainResult:
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from megatron.bridge.training import checkpointing
+    from megatron.bridge.training.data import build_train_iterator
+    from megatron.bridge.training.flops import flops_per_step
+    from megatron.bridge.training.metrics import MetricsLogger
+
+    t = resolved.train
+    dp = ps.get_data_parallel_world_size()
+    num_microbatches = t.global_batch_size // (t.micro_batch_size * dp)
+    rank = torch.distributed.get_rank()
+    is_logging_rank = rank == 0
+    device = _device(resolved)
+    if is_logging_rank:
+        for line in _startup_lines(resolved, report, env, num_microbatches):
+            print(f"[megatron.bridge] {line}", flush=True)
+
+    model = build_model(resolved)
+    optimizer = build_optimizer(resolved, model)
+    scheduler = build_scheduler(resolved, optimizer)
+    wire_model_config(resolved, model, optimizer)
+
+    state = TrainState()
+    if resolved.checkpoint.load:
+        loaded = checkpointing.load_checkpoint(resolved, model, optimizer, scheduler)
+        if loaded is not None:
+            state = loaded
+            if is_logging_rank:
+                print(f"[megatron.bridge] resumed from iteration {state.iteration}", flush=True)
+
+    vpp = resolved.model.virtual_pipeline_model_parallel_size
+    if vpp is None:
+        data_iterator: Any = build_train_iterator(resolved, state.consumed_samples)
+    else:
+        data_iterator = [build_train_iterator(resolved, state.consumed_samples) for _ in range(vpp)]
+
+    log_dir = _log_dir(resolved)
+    seq = resolved.model.seq_length
+    metrics = MetricsLogger(
+        train_iters=t.train_iters,
+        tokens_per_step=t.global_batch_size * seq,
+        flops_per_step=flops_per_step(resolved.model, t.global_batch_size, seq),
+        world_size=torch.distributed.get_world_size(),
+        device=resolved.dist.device,
+        log_dir=log_dir,
+        steady_state_window=resolved.logger.steady_state_window,
+        log_interval=resolved.logger.log_interval,
+        is_logging_rank=is_logging_rank,
+        tensorboard=resolved.logger.tensorboard,
+        start_iteration=state.iteration,
+    )
+    forward_backward = get_forward_backward_func()
+    for chunk in model:
+        chunk.train()
+
+    stopped = False
+    with _SigtermFlag() as sigterm:
+        while state.iteration < t.train_iters:
+            if resolved.dist.device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for chunk in model:
+                chunk.zero_grad_buffer()
+            optimizer.zero_grad()
+            losses_reduced = forward_backward(
+                forward_step_func=forward_step_func,
+                data_iterator=data_iterator,
+                model=model,
+                num_microbatches=num_microbatches,
+                seq_length=seq,
+                micro_batch_size=t.micro_batch_size,
+                decoder_seq_length=seq,
+                forward_only=False,
+            )
+            update_ok, grad_norm, _ = optimizer.step()
+            if update_ok:
+                scheduler.step(increment=t.global_batch_size)
+            if resolved.dist.device == "cuda":
+                torch.cuda.synchronize()
+            step_time = time.perf_counter() - start
+            state.iteration += 1
+            state.consumed_samples += t.global_batch_size
+            loss = _reduce_loss(losses_reduced, device)
+            scalars = dict(lr=float(optimizer.param_groups[0]["lr"]))
+            if grad_norm is not None:
+                scalars["grad_norm"] = float(grad_norm)
+            scalars.update(_moe_aux_losses(resolved, num_microbatches, state.iteration))
+            metrics.record(state.iteration, loss, step_time, **scalars)
+
+            ckpt = resolved.checkpoint
+            if ckpt.save and ckpt.save_interval and state.iteration % ckpt.save_interval == 0 and state.iteration < t.train_iters:
+                checkpointing.save_checkpoint(resolved, model, optimizer, scheduler, state)
+            if sigterm.any_rank(device):
+                stopped = True
+                if is_logging_rank:
+                    print(f"[megatron.bridge] SIGTERM: saving and stopping at iteration {state.iteration}", flush=True)
+                break
+
+    ckpt = resolved.checkpoint
+    if ckpt.save and (ckpt.save_on_exit or (ckpt.save_interval and state.iteration % ckpt.save_interval == 0)):
+        checkpointing.save_checkpoint(resolved, model, optimizer, scheduler, state)
+
+    summary_path = metrics.write_summary(
+        parallel_layout=parallel_layout(resolved),
+        overlap_report=report.to_dict(),
+        layer_spec=resolved.model.resolved_layer_spec,
+        cuda_device_max_connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+        num_microbatches=num_microbatches,
+        stopped_by_signal=stopped,
+        resolved_config=_resolved_config_text(resolved),
+    )
+    torch.distributed.barrier()
+    return PretrainResult(
+        state=state,
+        losses=list(metrics.losses),
+        step_times_s=list(metrics.step_times_s),
+        summary_path=str(summary_path) if summary_path else None,
+        stopped_by_signal=stopped,
+    )
