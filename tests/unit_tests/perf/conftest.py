@@ -13,7 +13,7 @@ SPEC_COMMAND = [
 ]
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def spec_argv():
     """The SPEC's command exactly as written."""
     return list(SPEC_COMMAND)

@@ -1,0 +1,126 @@
+"""``run_script.py`` end to end without launching: the SPEC's command, exit codes, outputs."""
+
+import io
+from pathlib import Path
+
+import pytest
+
+from megatron.bridge.perf.argument_parser import parse_args
+from megatron.bridge.perf.config_builder import build_config, gpus_visible, resolve
+from megatron.bridge.perf.run import main
+
+
+def run(argv):
+    out = io.StringIO()
+    code = main(argv, out=out)
+    return code, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def spec_resolved(tmp_path_factory, spec_argv):
+    built = build_config(parse_args([*spec_argv, "-l", str(tmp_path_factory.mktemp("spec"))]))
+    return built, resolve(built)
+
+
+def test_spec_command_resolves_as_documented(spec_resolved):
+    built, r = spec_resolved
+    assert r.model.overlap_moe_expert_parallel_comm is True          # CLI override beats --moe_a2a_overlap false
+    assert r.comm_overlap.overlap_moe_expert_parallel_comm is True
+    assert r.model.delay_wgrad_compute is False and r.ddp.delay_wgrad_compute is False
+    assert r.model.moe_shared_expert_overlap is False
+    assert r.model.moe_token_dispatcher_type == "alltoall" and r.model.moe_flex_dispatcher_backend is None
+    assert r.model.expert_model_parallel_size == 16 and r.model.cuda_graph_impl == "none"
+    assert r.train.train_iters == 8 and r.train.global_batch_size == 1024
+    assert r.mixed_precision == "bf16_mixed" and r.tokenizer.tokenizer_type == "NullTokenizer"
+    assert built.world_size == 16 and built.num_nodes == 2
+    assert built.cfg.provenance["comm_overlap.overlap_moe_expert_parallel_comm"] == "cli"
+    assert built.cfg.provenance["comm_overlap.delay_wgrad_compute"] == "cli"
+
+
+def test_spec_command_dry_run_prints_everything(spec_command):
+    code, out = run([*spec_command, "--dryrun"])
+    assert code == 0, out
+    log_dir = Path(spec_command[-1])
+    assert not log_dir.exists(), "a dry run writes nothing"
+    assert "== overlap report" in out and "dry run: nothing launched" in out
+    assert "comm_overlap.overlap_moe_expert_parallel_comm" in out and "[cli]" in out
+    assert "model.moe_token_dispatcher_type" in out and "'alltoall'  [flag]" in out
+    assert "sbatch" in out and "megatron.bridge.training.entry --config-file" in out
+    assert "16 GPUs on 2 node(s)" in out
+
+
+def test_spec_command_with_ep1_exits_2_naming_the_field(spec_command):
+    code, out = run([*spec_command, "--dryrun", "-ep", "1"])
+    assert code == 2
+    assert "expert_model_parallel_size" in out and "nothing was launched" in out
+
+
+def test_moe_a2a_overlap_false_alone_turns_overlap_off(tmp_path, spec_argv):
+    argv = [a for a in spec_argv if "=" not in a] + ["-l", str(tmp_path)]
+    built = build_config(parse_args(argv))
+    r = resolve(built)
+    assert r.model.overlap_moe_expert_parallel_comm is False and r.model.delay_wgrad_compute is False
+    code, out = run([*argv, "--dryrun"])
+    assert code == 0 and "comm_overlap.overlap_moe_expert_parallel_comm" in out and "False  [flag]" in out
+
+
+def test_all_violations_reported_at_once(spec_command):
+    code, out = run([*spec_command, "--dryrun", "-ep", "1", "train.train_iters=0"])
+    assert code == 2
+    assert "expert_model_parallel_size" in out and "train.train_iters" in out
+
+
+def test_save_config_filepath_round_trips(spec_command, tmp_path):
+    from megatron.bridge.training.utils.omegaconf_utils import config_from_yaml
+
+    path = tmp_path / "resolved.yaml"
+    code, out = run([*spec_command, "--dryrun", "--save_config_filepath", str(path)])
+    assert code == 0, out
+    cfg = config_from_yaml(path)
+    assert cfg.comm_overlap.overlap_moe_expert_parallel_comm is True
+    assert cfg.train.train_iters == 8 and cfg.model.expert_model_parallel_size == 16
+    assert cfg.provenance["comm_overlap.overlap_moe_expert_parallel_comm"] == "cli"
+
+
+def test_multi_node_without_dryrun_writes_sbatch_script(spec_command):
+    code, out = run(spec_command)
+    assert code == 0, out
+    log_dir = Path(spec_command[-1])
+    script = log_dir / "launch.sbatch"
+    assert script.is_file() and (log_dir / "config.yaml").is_file()
+    assert f"sbatch {script}" in out
+    assert "#SBATCH --nodes=2" in script.read_text()
+
+
+@pytest.mark.skipif(gpus_visible() > 0, reason="this machine has a GPU")
+def test_gpu_run_on_machine_without_gpu_fails_fast(tmp_path):
+    code, out = run(["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "1", "-l", str(tmp_path / "r")])
+    assert code == 3
+    assert "0 visible GPU" in out and "--dryrun" in out and "-g cpu" in out
+
+
+def test_bad_recipe_exit_2(tmp_path):
+    code, out = run(["-m", "qwen", "-mr", "qwen9", "--dryrun"])
+    assert code == 2 and "Available recipes" in out
+
+
+def test_bad_override_exit_2(tmp_path):
+    code, out = run(["-mr", "qwen3_moe_tiny", "-g", "cpu", "--dryrun", "model.num_layers=abc"])
+    assert code == 2 and "model.num_layers" in out
+
+
+def test_sweep_dry_run_describes_every_value(tmp_path):
+    code, out = run(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--dryrun", "-l", str(tmp_path / "s"),
+                     "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true"])
+    assert code == 0, out
+    assert "sweep comm_overlap.overlap_moe_expert_parallel_comm=false" in out
+    assert "sweep comm_overlap.overlap_moe_expert_parallel_comm=true" in out
+    assert "00_overlap_moe_expert_parallel_comm=false" in out and "01_overlap_moe_expert_parallel_comm=true" in out
+
+
+def test_sweep_validates_every_value_before_launching(tmp_path):
+    # EP overlap needs EP>1: the "true" job is invalid, so nothing runs at all
+    code, out = run(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "1", "-l", str(tmp_path / "s"),
+                     "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true"])
+    assert code == 2 and "expert_model_parallel_size" in out
+    assert not (tmp_path / "s").exists()
