@@ -1042,7 +1042,13 @@ def _docs_rules_table() -> str:
         f"\n## Prerequisites ({len(OVERLAP_RULES)} rules)\n\n",
         "| id | group | severity | fields | rule | fix |\n|---|---|---|---|---|---|\n",
     ]
-    for rule in OVERLAP_RULES:
+    type_rules = [r for r in OVERLAP_RULES if r.group == "types"]
+    switches = ", ".join(f"`{r.fields[0]}`" for r in type_rules)
+    lines.append(
+        f"| `overlap-switch-is-bool:<switch>` ({len(type_rules)} rules) | types | error | {switches} | "
+        f"{_escape(type_rules[0].message)} | set the switch to true, false or null |\n"
+    )
+    for rule in (r for r in OVERLAP_RULES if r.group != "types"):
         fields = ", ".join(f"`{f}`" for f in rule.fields + tuple(n for n, _ in rule.extra_values))
         lines.append(
             f"| `{rule.id}` | {rule.group} | {rule.severity} | {fields} | "

@@ -1,0 +1,294 @@
+"""Start-up overlap report: which overlap features are active, which were refused and why.
+
+The training start-up logs ``build_overlap_report(resolved_cfg).format()`` so that a clean start-up
+confirms the feature is on (the SPEC's "verification"), and sets ``CUDA_DEVICE_MAX_CONNECTIONS``
+from ``report.cuda_device_max_connections`` before CUDA initialises. ``--dryrun`` prints the same
+report on a CPU host; there it may also list refused features (the config would not validate).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
+
+from megatron.bridge.training.comm_overlap import (
+    OVERLAP_RULES,
+    EffectiveValue,
+    _layers_use_te,
+    resolve_comm_overlap,
+    resolve_overlap_values,
+)
+from megatron.bridge.training.errors import Violation
+from megatron.bridge.training.flex_dispatcher_backend import gpu_target_from_context
+from megatron.bridge.training.mixed_precision import apply_mixed_precision
+from megatron.bridge.training.rules import RuleContext
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+EP_OVERLAP_MAX_CONNECTIONS = 32
+"""Hardware queues EP overlap asks for so the all-to-all runs beside compute."""
+
+_GROUP_OF = {rule.id: rule.group for rule in OVERLAP_RULES}
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """A reportable feature: the field that turns it on and the rule groups that can refuse it."""
+
+    name: str
+    switch: str
+    groups: tuple[str, ...]
+    depends_on: Optional[str] = None
+
+
+FEATURES: tuple[FeatureSpec, ...] = (
+    FeatureSpec("moe_ep_overlap", "comm_overlap.overlap_moe_expert_parallel_comm", ("ep-overlap",)),
+    FeatureSpec("delay_wgrad", "comm_overlap.delay_wgrad_compute", ("delay-wgrad",), "moe_ep_overlap"),
+    FeatureSpec("tp_comm_overlap", "comm_overlap.tp_comm_overlap", ("tp-overlap",)),
+    FeatureSpec("p2p_overlap", "comm_overlap.overlap_p2p_comm", ("pipeline",)),
+    FeatureSpec("batch_p2p", "comm_overlap.batch_p2p_comm", ("pipeline",)),
+    FeatureSpec("grad_reduce_overlap", "comm_overlap.overlap_grad_reduce", ("data-parallel",)),
+    FeatureSpec("param_gather_overlap", "comm_overlap.overlap_param_gather", ("data-parallel",)),
+    FeatureSpec("shared_expert_overlap", "model.moe_shared_expert_overlap", ("shared-expert",)),
+    FeatureSpec("flex_dispatcher", "model.moe_token_dispatcher_type", ("flex-dispatcher",)),
+)
+
+
+@dataclass(frozen=True)
+class FeatureState:
+    """One feature: requested (effective switch on), active (on and nothing refuses it), why."""
+
+    name: str
+    switch: str
+    requested: bool
+    active: bool
+    source: str
+    reasons: tuple[str, ...] = ()
+    """Why it was refused (errors) or what to know (notes)."""
+
+    @property
+    def refused(self) -> bool:
+        """Requested but cannot run."""
+        return self.requested and not self.active
+
+
+@dataclass(frozen=True)
+class OverlapReport:
+    """Structured start-up report; ``format()`` for the log, ``to_dict()`` for JSON."""
+
+    features: tuple[FeatureState, ...]
+    dispatcher: str
+    flex_backend: Optional[str]
+    target_gpu: str
+    layer_spec: str
+    transformer_engine: str
+    cuda_device_max_connections: Optional[int]
+    """Value the run needs; ``None``: no requirement (CUDA's default applies)."""
+    cuda_device_max_connections_reason: str
+    cuda_device_max_connections_conflict: Optional[str]
+    cuda_device_max_connections_env: Optional[str]
+    effective: dict[str, EffectiveValue] = field(default_factory=dict)
+    errors: tuple[Violation, ...] = ()
+    notes: tuple[Violation, ...] = ()
+
+    @property
+    def active(self) -> list[str]:
+        """Names of the active features."""
+        return [f.name for f in self.features if f.active]
+
+    @property
+    def refused(self) -> list[FeatureState]:
+        """Features requested but refused."""
+        return [f for f in self.features if f.refused]
+
+    @property
+    def cuda_device_max_connections_env_mismatch(self) -> bool:
+        """The environment already sets a different value than the run needs."""
+        env, need = self.cuda_device_max_connections_env, self.cuda_device_max_connections
+        return env is not None and need is not None and env.strip() != str(need)
+
+    def feature(self, name: str) -> FeatureState:
+        """The state of one feature by name."""
+        return next(f for f in self.features if f.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return {
+            "active": self.active,
+            "refused": {f.name: list(f.reasons) for f in self.refused},
+            "features": {
+                f.name: {
+                    "switch": f.switch,
+                    "requested": f.requested,
+                    "active": f.active,
+                    "source": f.source,
+                    "reasons": list(f.reasons),
+                }
+                for f in self.features
+            },
+            "dispatcher": self.dispatcher,
+            "flex_backend": self.flex_backend,
+            "target_gpu": self.target_gpu,
+            "layer_spec": self.layer_spec,
+            "transformer_engine": self.transformer_engine,
+            "cuda_device_max_connections": self.cuda_device_max_connections,
+            "cuda_device_max_connections_reason": self.cuda_device_max_connections_reason,
+            "cuda_device_max_connections_conflict": self.cuda_device_max_connections_conflict,
+            "cuda_device_max_connections_env": self.cuda_device_max_connections_env,
+            "cuda_device_max_connections_env_mismatch": self.cuda_device_max_connections_env_mismatch,
+            "effective": {v.key: {"value": _jsonable(v.value), "source": v.source} for v in self.effective.values()},
+            "errors": [v.rule for v in self.errors],
+            "notes": [v.rule for v in self.notes],
+        }
+
+    def format(self) -> str:
+        """Multi-line text for the start-up log."""
+        lines = ["overlap report:"]
+        lines.append(f"  active: {', '.join(self.active) or 'none'}")
+        for f in self.refused:
+            lines.append(f"  REFUSED {f.name} ({f.switch}, set by {f.source}):")
+            lines += [f"    - {r}" for r in f.reasons]
+        for f in self.features:
+            if f.active and f.reasons:
+                lines.append(f"  note on {f.name}:")
+                lines += [f"    - {r}" for r in f.reasons]
+        backend = f", backend {self.flex_backend}" if self.flex_backend else ""
+        lines.append(f"  dispatcher: {self.dispatcher}{backend}")
+        lines.append(f"  target GPU: {self.target_gpu}")
+        lines.append(f"  {self.layer_spec}; Transformer Engine {self.transformer_engine}")
+        need = self.cuda_device_max_connections
+        lines.append(
+            f"  CUDA_DEVICE_MAX_CONNECTIONS: {'no requirement' if need is None else need} "
+            f"({self.cuda_device_max_connections_reason}); environment: "
+            f"{self.cuda_device_max_connections_env or 'unset'}"
+        )
+        if self.cuda_device_max_connections_env_mismatch:
+            lines.append(
+                f"  WARNING: CUDA_DEVICE_MAX_CONNECTIONS={self.cuda_device_max_connections_env} in the "
+                f"environment, the run needs {self.cuda_device_max_connections}"
+            )
+        if self.cuda_device_max_connections_conflict:
+            lines.append(f"  CONFLICT: {self.cuda_device_max_connections_conflict}")
+        for v in self.notes:
+            if not any(v.message in r for f in self.features for r in f.reasons):
+                lines.append(f"  note: [{v.rule}] {v.message}")
+        return "\n".join(lines)
+
+
+def _jsonable(value: Any) -> Any:
+    return value if isinstance(value, (bool, int, float, str, type(None))) else repr(value)
+
+
+def _switch_value(cfg: "ConfigContainer", switch: str) -> Any:
+    from megatron.bridge.training.rules import read_field
+
+    return read_field(cfg, switch)
+
+
+def _requested(cfg: "ConfigContainer", spec: FeatureSpec) -> bool:
+    if spec.name == "flex_dispatcher":  # a backend alone is a (refused) request too: pitfall 3
+        return cfg.model.moe_token_dispatcher_type == "flex" or cfg.model.moe_flex_dispatcher_backend is not None
+    return bool(_switch_value(cfg, spec.switch))
+
+
+def _belongs(v: Violation, spec: FeatureSpec) -> bool:
+    return _GROUP_OF.get(v.rule) in spec.groups or (
+        v.rule.startswith("overlap-") and spec.switch in v.fields
+    )
+
+
+def _feature_states(
+    cfg: "ConfigContainer", effective: dict[str, EffectiveValue], violations: list[Violation]
+) -> tuple[FeatureState, ...]:
+    states: dict[str, FeatureState] = {}
+    for spec in FEATURES:
+        requested = _requested(cfg, spec)
+        mine = [v for v in violations if _belongs(v, spec)] if requested else []
+        errors = [v for v in mine if v.severity == "error"]
+        reasons = [f"{v.message} -> fix: {v.fix}" for v in errors]
+        parent = states.get(spec.depends_on) if spec.depends_on else None
+        if parent is not None and parent.refused and requested:
+            reasons.append(f"needs {parent.name}, which was refused")
+        notes = [f"{v.message}" for v in mine if v.severity != "error"]
+        key = spec.switch.removeprefix("comm_overlap.")
+        source = effective[key].source if key in effective else "recipe"
+        states[spec.name] = FeatureState(
+            spec.name, spec.switch, requested, requested and not reasons, source, tuple(reasons + notes)
+        )
+    return tuple(states.values())
+
+
+def _max_connections(
+    cfg: "ConfigContainer", ctx: RuleContext, ep_active: bool, tp_overlap_active: bool
+) -> tuple[Optional[int], str, Optional[str]]:
+    """Value the run needs, why, and the conflict between EP overlap and TP/CP comm ordering."""
+    target = gpu_target_from_context(ctx)
+    m = cfg.model
+    tp_cp_comm = tp_overlap_active or m.tensor_model_parallel_size > 1 or m.context_parallel_size > 1
+    pre_blackwell = target.capability is None or target.capability[0] < 10
+    arch = "unknown GPU, assumed pre-Blackwell" if target.capability is None else target.architecture
+    wants_one = tp_cp_comm and pre_blackwell
+    one_why = (
+        f"TP/CP communication overlap (TP={m.tensor_model_parallel_size}, CP={m.context_parallel_size}) "
+        f"wants 1 on pre-Blackwell GPUs ({arch}) to keep kernel order"
+    )
+    if ep_active and wants_one:
+        conflict = (
+            f"EP overlap needs > 1 ({EP_OVERLAP_MAX_CONNECTIONS}) to run the all-to-all beside compute, "
+            f"but {one_why}; using {EP_OVERLAP_MAX_CONNECTIONS}: EP overlap works, TP/CP comm overlap "
+            "may lose its ordering (compare step times with and without EP overlap)"
+        )
+        return EP_OVERLAP_MAX_CONNECTIONS, "EP overlap (conflict, see below)", conflict
+    if ep_active:
+        return EP_OVERLAP_MAX_CONNECTIONS, "EP overlap runs comm and compute concurrently (> 1)", None
+    if wants_one:
+        return 1, one_why, None
+    return None, "no overlap feature constrains it", None
+
+
+def _layer_spec_text(cfg: "ConfigContainer", ctx: RuleContext) -> str:
+    requested = cfg.model.layer_spec
+    if requested != "auto":
+        return f"layer spec: {requested} (requested)"
+    resolved = "transformer_engine" if _layers_use_te(cfg, ctx) else "local"
+    return f"layer spec: {resolved} (auto)"
+
+
+def build_overlap_report(
+    cfg: "ConfigContainer", ctx: Optional[RuleContext] = None
+) -> OverlapReport:
+    """Report on ``cfg`` (resolved or not; it is not changed) for the machine ``ctx`` describes.
+
+    ``ctx`` defaults to this machine with ``cfg.dist.target_gpu`` as the target GPU.
+    """
+    from megatron.bridge.training.finalize import default_rule_context
+
+    ctx = ctx or default_rule_context(target_gpu=getattr(cfg.dist, "target_gpu", None))
+    effective, _ = resolve_overlap_values(cfg, ctx)
+    work = copy.deepcopy(cfg)
+    apply_mixed_precision(work)
+    violations = resolve_comm_overlap(work, ctx)
+    features = _feature_states(work, effective, violations)
+    states = {f.name: f for f in features}
+    need, why, conflict = _max_connections(
+        work, ctx, states["moe_ep_overlap"].active, states["tp_comm_overlap"].active
+    )
+    dispatcher = work.model.moe_token_dispatcher_type
+    return OverlapReport(
+        features=features,
+        dispatcher=dispatcher,
+        flex_backend=work.model.moe_flex_dispatcher_backend if dispatcher == "flex" else None,
+        target_gpu=gpu_target_from_context(ctx).describe(),
+        layer_spec=_layer_spec_text(work, ctx),
+        transformer_engine="absent" if ctx.te_version is None else str(ctx.te_version),
+        cuda_device_max_connections=need,
+        cuda_device_max_connections_reason=why,
+        cuda_device_max_connections_conflict=conflict,
+        cuda_device_max_connections_env=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+        effective=effective,
+        errors=tuple(v for v in violations if v.severity == "error"),
+        notes=tuple(v for v in violations if v.severity != "error"),
+    )

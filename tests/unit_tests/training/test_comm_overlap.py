@@ -1,0 +1,546 @@
+"""CommOverlapConfig: rules table (every rule positive and negative), resolution, ownership, docs."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from overlap_helpers import (
+    WORLD,
+    ctx,
+    ep_overlap_cfg,
+    finalize,
+    set_fields,
+    violated_ids,
+)
+
+from megatron.bridge.recipes.qwen import (
+    qwen3_30b_a3b_pretrain_8gpu_config,
+    qwen3_30b_a3b_pretrain_config,
+)
+from megatron.bridge.training import comm_overlap, flex_dispatcher_backend, overlap_report
+from megatron.bridge.training.comm_overlap import (
+    BOOL_SWITCHES,
+    DEFAULT_BUCKET_SIZE,
+    OVERLAP_FIELDS,
+    OVERLAP_RULES,
+    CommOverlapConfig,
+    effective_overlap_values,
+    format_effective_values,
+    graph_modules,
+    render_docs,
+)
+from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+# --------------------------------------------------------------------------------------------
+# The rules table: one violating and one satisfying configuration per rule
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    """``violate`` breaks ``rule``; ``satisfy`` is a nearby config where the rule applies and holds
+    (or, for applies-guards, does not apply)."""
+
+    rule: str
+    violate: dict[str, Any]
+    satisfy: dict[str, Any]
+    ctx_violate: dict[str, Any] = field(default_factory=dict)
+    ctx_satisfy: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+
+
+OFF = {"comm_overlap.overlap_moe_expert_parallel_comm": False}
+DW = {"comm_overlap.delay_wgrad_compute": True}
+TE_GRAPH = {"model.cuda_graph_impl": "transformer_engine"}
+TP_OVERLAP = {
+    "comm_overlap.tp_comm_overlap": True,
+    "model.tensor_model_parallel_size": 2,
+    "model.sequence_parallel": True,
+}
+FLEX = {"model.moe_token_dispatcher_type": "flex", "model.moe_flex_dispatcher_backend": "deepep"}
+H100 = {"device_capability": (9, 0), "device_name": "h100"}
+GB200 = {"device_capability": (10, 0), "device_name": "gb200"}
+
+CASES: list[Case] = [
+    Case("ep-overlap-needs-expert-parallel", {"model.expert_model_parallel_size": 1}, {}),
+    Case("ep-overlap-needs-moe-experts", {"model.num_moe_experts": 1}, {"model.num_moe_experts": 2}),
+    Case("ep-overlap-needs-alltoall-or-flex", {"model.moe_token_dispatcher_type": "allgather"},
+         {"model.moe_token_dispatcher_type": "alltoall"}),
+    Case("ep-overlap-needs-alltoall-or-flex", {"model.moe_token_dispatcher_type": "allgather"},
+         {**FLEX, "model.moe_flex_dispatcher_backend": "hybridep"}, name="flex-ok"),
+    Case("ep-overlap-needs-bf16-or-fp16", {"mixed_precision": "fp32"}, {"mixed_precision": "fp16_mixed"}),
+    Case("ep-overlap-pp-needs-vpp", {"model.pipeline_model_parallel_size": 2},
+         {"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 2}),
+    Case("ep-overlap-no-full-recompute", {"model.recompute_granularity": "full"},
+         {"model.recompute_granularity": "selective"}),
+    Case("ep-overlap-no-recompute-method", {"model.recompute_method": "uniform"}, {"model.recompute_method": None}),
+    Case("ep-overlap-no-recompute-num-layers", {"model.recompute_num_layers": 1}, {"model.recompute_num_layers": None}),
+    Case("ep-overlap-no-moe-recompute", {"model.recompute_modules": ["moe"]}, {"model.recompute_modules": ["moe_act"]}),
+    Case("ep-overlap-no-shared-expert-overlap", {"model.moe_shared_expert_overlap": True},
+         {"model.moe_shared_expert_overlap": False}),
+    Case("ep-overlap-max-one-mtp-layer", {"model.mtp_num_layers": 2}, {"model.mtp_num_layers": 1}),
+    Case("ep-overlap-needs-torch-2.6", {}, {}, {"torch_version": "2.5.1"}, {"torch_version": "2.6.0"}),
+    Case("ep-overlap-te-cuda-graph-scope", {**TE_GRAPH, "model.cuda_graph_modules": ["moe"]},
+         {**TE_GRAPH, "model.cuda_graph_modules": ["attn", "moe_router"]}, {"te_version": "2.12"},
+         {"te_version": "2.12"}),
+    Case("ep-overlap-te-cuda-graph-scope", {**TE_GRAPH, "model.cuda_graph_scope": "mlp"},
+         {**TE_GRAPH, "model.cuda_graph_scope": "attn"}, {"te_version": "2.12"}, {"te_version": "2.12"},
+         name="deprecated-scope-field"),
+    Case("ep-overlap-needs-two-micro-batches", {"train.global_batch_size": 2}, {"train.global_batch_size": 4}),
+    Case("delay-wgrad-needs-ep-overlap", {**DW, **OFF}, DW),
+    Case("delay-wgrad-without-te", DW, DW, {}, {"te_version": "2.12"}),
+    Case("delay-wgrad-without-te", {**DW, "model.layer_spec": "local"}, {**DW, "model.layer_spec": "transformer_engine"},
+         {"te_version": "2.12"},
+         {"te_version": "2.12"}, name="local-spec-with-te"),
+    Case("delay-wgrad-te-2.7", {**DW, "model.gradient_accumulation_fusion": True},
+         {**DW, "model.gradient_accumulation_fusion": True}, {"te_version": "2.6"}, {"te_version": "2.7"}),
+    Case("delay-wgrad-te-2.7", {**DW, "comm_overlap.overlap_grad_reduce": True},
+         {**DW, "comm_overlap.overlap_grad_reduce": False}, {"te_version": "2.6"}, {"te_version": "2.6"},
+         name="grad-reduce"),
+    Case("delay-wgrad-te-cuda-graph-te-2.10", {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["moe_router"]},
+         {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["moe_router"]}, {"te_version": "2.9"},
+         {"te_version": "2.10"}),
+    Case("delay-wgrad-graph-scope-te-2.12",
+         {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["attn"], "model.gradient_accumulation_fusion": True},
+         {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["attn"], "model.gradient_accumulation_fusion": True},
+         {"te_version": "2.11"}, {"te_version": "2.12"}),
+    Case("delay-wgrad-graph-scope-te-2.12",
+         {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["moe_router"], "model.moe_shared_expert_intermediate_size": 64},
+         {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["moe_router"]},
+         {"te_version": "2.11"}, {"te_version": "2.11"}, name="router-with-shared-expert"),
+    Case("delay-wgrad-graph-scope-te-2.12",
+         {**DW, "model.cuda_graph_impl": "local", "model.cuda_graph_modules": []},
+         {**DW, "model.cuda_graph_impl": "none"}, {"te_version": "2.11"}, {"te_version": "2.11"},
+         name="whole-layer-local"),
+    Case("delay-wgrad-graph-scope-needs-grad-accum-fusion", {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["attn"]},
+         {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["attn"], "model.gradient_accumulation_fusion": True},
+         {"te_version": "2.12"}, {"te_version": "2.12"}),
+    Case("delay-wgrad-graph-scope-no-attention-bias",
+         {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["attn"], "model.add_qkv_bias": True},
+         {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["attn"]}, {"te_version": "2.12"}, {"te_version": "2.12"}),
+    Case("te-cuda-graph-needs-te", TE_GRAPH, TE_GRAPH, {}, {"te_version": "2.12"}),
+    Case("shared-expert-overlap-needs-alltoall-or-flex",
+         {**OFF, "model.moe_shared_expert_overlap": True, "model.moe_token_dispatcher_type": "allgather"},
+         {**OFF, "model.moe_shared_expert_overlap": True}),
+    Case("shared-expert-overlap-needs-shared-expert", {**OFF, "model.moe_shared_expert_overlap": True},
+         {**OFF, "model.moe_shared_expert_overlap": True, "model.moe_shared_expert_intermediate_size": 64}),
+    Case("tp-overlap-needs-tp", {**TP_OVERLAP, "model.tensor_model_parallel_size": 1}, TP_OVERLAP,
+         {"te_version": "2.12"}, {"te_version": "2.12"}),
+    Case("tp-overlap-needs-sequence-parallel", {**TP_OVERLAP, "model.sequence_parallel": False}, TP_OVERLAP,
+         {"te_version": "2.12"}, {"te_version": "2.12"}),
+    Case("tp-overlap-needs-te", TP_OVERLAP, TP_OVERLAP, {}, {"te_version": "2.12"}),
+    Case("p2p-overlap-needs-interleaved-pipeline", {"comm_overlap.overlap_p2p_comm": True},
+         {"comm_overlap.overlap_p2p_comm": True, "model.pipeline_model_parallel_size": 2,
+          "model.virtual_pipeline_model_parallel_size": 2}),
+    Case("p2p-overlap-needs-interleaved-pipeline",
+         {**OFF, "comm_overlap.overlap_p2p_comm": True, "model.pipeline_model_parallel_size": 2}, OFF,
+         name="pp-without-vpp"),
+    Case("p2p-overlap-excludes-batch-p2p",
+         {"comm_overlap.overlap_p2p_comm": True, "comm_overlap.batch_p2p_comm": True},
+         {"comm_overlap.overlap_p2p_comm": True, "comm_overlap.batch_p2p_comm": False}),
+    Case("param-gather-overlap-needs-distributed-optimizer",
+         {"comm_overlap.overlap_param_gather": True, "ddp.use_distributed_optimizer": False},
+         {"comm_overlap.overlap_param_gather": True}),
+    Case("param-gather-with-step-needs-param-gather-overlap",
+         {"comm_overlap.overlap_param_gather_with_optimizer_step": True, "comm_overlap.overlap_param_gather": False},
+         {"comm_overlap.overlap_param_gather_with_optimizer_step": True, "comm_overlap.overlap_param_gather": True}),
+    Case("defer-embedding-wgrad-needs-pipeline",
+         {"comm_overlap.defer_embedding_wgrad_compute": True, "model.gradient_accumulation_fusion": True},
+         {"comm_overlap.defer_embedding_wgrad_compute": True, "model.gradient_accumulation_fusion": True,
+          "model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 2}),
+    Case("defer-embedding-wgrad-needs-grad-accum-fusion", {"comm_overlap.defer_embedding_wgrad_compute": True},
+         {"comm_overlap.defer_embedding_wgrad_compute": True, "model.gradient_accumulation_fusion": True}),
+    Case("flex-backend-needs-flex-dispatcher", {"model.moe_flex_dispatcher_backend": "deepep"}, FLEX, {}, H100),
+    Case("flex-dispatcher-needs-backend", {"model.moe_token_dispatcher_type": "flex"},
+         {**FLEX, "model.moe_flex_dispatcher_backend": "hybridep"}),
+    Case("flex-backend-supported-on-gpu", FLEX, FLEX, GB200, H100),
+    Case("flex-backend-supported-on-gpu", {**FLEX, "model.moe_flex_dispatcher_backend": "hybridep"},
+         {**FLEX, "model.moe_flex_dispatcher_backend": "hybridep"}, {"device_capability": (12, 0)}, GB200,
+         name="hybridep"),
+    Case("flex-backend-gpu-not-checked", FLEX, FLEX, {}, H100),
+    Case("flex-needs-deep-ep", FLEX, FLEX, {**H100, "cuda_available": True},
+         {**H100, "cuda_available": True, "deep_ep_available": True}),
+    Case("flex-deep-ep-not-checked-on-cpu-host", FLEX, FLEX, H100, {**H100, "deep_ep_available": True}),
+] + [
+    Case(f"overlap-switch-is-bool:{name}", {f"comm_overlap.{name}": 1}, {f"comm_overlap.{name}": False})
+    for name in BOOL_SWITCHES
+]
+
+
+def _case_id(case: Case) -> str:
+    return case.rule + (f"[{case.name}]" if case.name else "")
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_rule_reports_violation(case: Case) -> None:
+    cfg = set_fields(ep_overlap_cfg(), case.violate)
+    assert case.rule in violated_ids(cfg, ctx(**case.ctx_violate))
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_rule_accepts_satisfying_config(case: Case) -> None:
+    cfg = set_fields(ep_overlap_cfg(), case.satisfy)
+    assert case.rule not in violated_ids(cfg, ctx(**case.ctx_satisfy))
+
+
+def test_every_rule_has_cases() -> None:
+    assert {r.id for r in OVERLAP_RULES} == {c.rule for c in CASES}
+
+
+def test_rule_records_are_complete_and_unique() -> None:
+    ids = [r.id for r in OVERLAP_RULES]
+    assert len(ids) == len(set(ids))
+    for rule in OVERLAP_RULES:
+        assert rule.fields and rule.message and rule.fix and rule.group != "general"
+        assert rule.severity in ("error", "warning")
+
+
+def test_base_config_has_no_overlap_violations() -> None:
+    assert violated_ids(ep_overlap_cfg()) == set()
+
+
+def test_violation_names_field_value_and_fix() -> None:
+    cfg = set_fields(ep_overlap_cfg(), {"model.recompute_granularity": "full"})
+    with pytest.raises(CommOverlapConfigError) as info:
+        finalize(cfg)
+    text = str(info.value)
+    assert "model.recompute_granularity='full'" in text and "fix:" in text
+    assert isinstance(info.value, ValueError)
+
+
+def test_several_violations_reported_together() -> None:
+    cfg = set_fields(
+        ep_overlap_cfg(),
+        {
+            "model.expert_model_parallel_size": 1,
+            "mixed_precision": "fp32",
+            "model.recompute_granularity": "full",
+            "model.moe_shared_expert_overlap": True,
+            "comm_overlap.delay_wgrad_compute": True,
+            "model.moe_flex_dispatcher_backend": "deepep",
+        },
+    )
+    with pytest.raises(CommOverlapConfigError) as info:
+        finalize(cfg)
+    rules = {v.rule for v in info.value.violations}
+    assert {
+        "ep-overlap-needs-expert-parallel",
+        "ep-overlap-needs-bf16-or-fp16",
+        "ep-overlap-no-full-recompute",
+        "ep-overlap-no-shared-expert-overlap",
+        "flex-backend-needs-flex-dispatcher",
+    } <= rules
+    assert all(v.severity == "error" for v in info.value.violations)
+
+
+def test_overlap_and_general_violations_in_one_error() -> None:
+    cfg = set_fields(ep_overlap_cfg(), {"model.expert_model_parallel_size": 1, "train.train_iters": 0})
+    with pytest.raises(CommOverlapConfigError) as info:
+        finalize(cfg)
+    assert {"ep-overlap-needs-expert-parallel", "train-iters-positive"} <= {v.rule for v in info.value.violations}
+
+
+def test_warnings_do_not_fail_validation(caplog) -> None:
+    cfg = set_fields(ep_overlap_cfg(), DW)
+    resolved = finalize(cfg)
+    assert resolved.model.delay_wgrad_compute and resolved.ddp.delay_wgrad_compute
+    assert "delay-wgrad-without-te" in caplog.text
+
+
+# --------------------------------------------------------------------------------------------
+# "Done when": the SPEC snippet on the 30B recipe, and each unmet prerequisite via cfg.validate()
+# --------------------------------------------------------------------------------------------
+
+
+def _spec_snippet_cfg():
+    cfg = qwen3_30b_a3b_pretrain_config()
+    cfg.comm_overlap.overlap_moe_expert_parallel_comm = True
+    cfg.comm_overlap.delay_wgrad_compute = True
+    cfg.model.moe_shared_expert_overlap = False
+    return cfg
+
+
+def test_spec_snippet_validates_without_gpu() -> None:
+    resolved = _spec_snippet_cfg().validate()
+    assert resolved.model.overlap_moe_expert_parallel_comm is True
+    assert resolved.model.delay_wgrad_compute is True and resolved.ddp.delay_wgrad_compute is True
+
+
+PREREQUISITES = [
+    ("model.expert_model_parallel_size", {"model.expert_model_parallel_size": 1}),
+    ("model.num_moe_experts", {"model.num_moe_experts": 1, "model.expert_model_parallel_size": 1}),
+    ("model.moe_token_dispatcher_type", {"model.moe_token_dispatcher_type": "allgather"}),
+    ("mixed_precision", {"mixed_precision": "fp32"}),
+    ("model.virtual_pipeline_model_parallel_size", {"model.pipeline_model_parallel_size": 2}),
+    ("model.recompute_granularity", {"model.recompute_granularity": "full"}),
+    ("model.recompute_method", {"model.recompute_method": "uniform"}),
+    ("model.recompute_num_layers", {"model.recompute_num_layers": 2}),
+    ("model.recompute_modules", {"model.recompute_granularity": "selective", "model.recompute_modules": ["moe"]}),
+    ("model.moe_shared_expert_overlap", {"model.moe_shared_expert_overlap": True}),
+    ("model.mtp_num_layers", {"model.mtp_num_layers": 2}),
+    ("comm_overlap.overlap_moe_expert_parallel_comm", {"comm_overlap.overlap_moe_expert_parallel_comm": 1}),
+    ("comm_overlap.overlap_moe_expert_parallel_comm", {"comm_overlap.overlap_moe_expert_parallel_comm": False}),
+]
+
+
+@pytest.mark.parametrize("field_name, change", PREREQUISITES, ids=[f"{p[0]}={list(p[1].values())[-1]}" for p in PREREQUISITES])
+def test_each_unmet_prerequisite_fails_validate(field_name: str, change: dict[str, Any]) -> None:
+    cfg = set_fields(_spec_snippet_cfg(), change)
+    with pytest.raises(CommOverlapConfigError) as info:
+        cfg.validate()
+    assert field_name in info.value.fields
+
+
+def test_old_torch_fails_validate(monkeypatch) -> None:
+    monkeypatch.setattr(torch, "__version__", "2.5.1+cpu")
+    with pytest.raises(CommOverlapConfigError) as info:
+        _spec_snippet_cfg().validate()
+    assert [v.rule for v in info.value.violations] == ["ep-overlap-needs-torch-2.6"]
+
+
+# --------------------------------------------------------------------------------------------
+# Resolution: computed defaults, precedence of explicit values, provenance, later edits
+# --------------------------------------------------------------------------------------------
+
+
+def test_dataclass_is_keyword_only_and_all_unset() -> None:
+    with pytest.raises(TypeError):
+        CommOverlapConfig(True)  # type: ignore[misc]
+    assert all(getattr(CommOverlapConfig(), f.name) is None for f in OVERLAP_FIELDS)
+    assert {f.name for f in OVERLAP_FIELDS} == set(CommOverlapConfig.__dataclass_fields__)
+
+
+@pytest.mark.parametrize(
+    "pp, vpp, expect_overlap, expect_batch",
+    [(1, None, False, False), (2, None, False, True), (2, 2, True, False)],
+)
+def test_computed_p2p_defaults(pp, vpp, expect_overlap, expect_batch) -> None:
+    cfg = set_fields(
+        ep_overlap_cfg(),
+        {**OFF, "model.pipeline_model_parallel_size": pp, "model.virtual_pipeline_model_parallel_size": vpp},
+    )
+    resolved = finalize(cfg, ctx(world_size=4))
+    assert (resolved.model.overlap_p2p_comm, resolved.model.batch_p2p_comm) == (expect_overlap, expect_batch)
+    assert resolved.provenance["comm_overlap.overlap_p2p_comm"] == "computed"
+
+
+@pytest.mark.parametrize(
+    "world, dist_opt, expected",
+    [(4, True, True), (1, True, False), (4, False, False), (None, True, False)],
+    ids=["dp2-distopt", "dp1", "no-distopt", "world-unknown"],
+)
+def test_computed_data_parallel_defaults(world, dist_opt, expected) -> None:
+    cfg = set_fields(ep_overlap_cfg(), {"ddp.use_distributed_optimizer": dist_opt})
+    cfg.model.expert_model_parallel_size = 1
+    cfg.comm_overlap.overlap_moe_expert_parallel_comm = False
+    resolved = finalize(cfg, ctx(world_size=world))
+    assert resolved.ddp.overlap_grad_reduce is expected
+    assert resolved.ddp.overlap_param_gather is expected and resolved.optimizer.overlap_param_gather is expected
+    assert (resolved.ddp.bucket_size == DEFAULT_BUCKET_SIZE) is expected
+
+
+def test_explicit_values_beat_computed_defaults() -> None:
+    cfg = ep_overlap_cfg()
+    cfg.comm_overlap.overlap_grad_reduce = False
+    cfg.comm_overlap.bucket_size = 64 * 1024 * 1024
+    cfg.provenance["comm_overlap.overlap_grad_reduce"] = "cli"
+    resolved = finalize(cfg, ctx(world_size=8))
+    assert resolved.ddp.overlap_grad_reduce is False
+    assert resolved.ddp.bucket_size == 64 * 1024 * 1024
+    assert resolved.ddp.overlap_param_gather is True  # still computed
+    values = effective_overlap_values(cfg, ctx(world_size=8))
+    assert values["overlap_grad_reduce"].source == "cli"
+    assert values["bucket_size"].source == "recipe"
+    assert values["overlap_param_gather"].source == "computed"
+
+
+def test_explicit_batch_p2p_steers_computed_overlap_p2p() -> None:
+    cfg = set_fields(
+        ep_overlap_cfg(),
+        {"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 2,
+         "comm_overlap.batch_p2p_comm": True},
+    )
+    resolved = finalize(cfg, ctx(world_size=4))
+    assert resolved.model.batch_p2p_comm is True and resolved.model.overlap_p2p_comm is False
+
+
+def test_values_applied_to_model_ddp_optimizer_once() -> None:
+    cfg = set_fields(ep_overlap_cfg(), {**DW, "comm_overlap.overlap_param_gather": True})
+    resolved = finalize(cfg)
+    assert resolved.model.overlap_moe_expert_parallel_comm is True
+    assert resolved.model.delay_wgrad_compute is True and resolved.ddp.delay_wgrad_compute is True
+    assert resolved.ddp.overlap_param_gather is True and resolved.optimizer.overlap_param_gather is True
+    # written back: the resolved copy describes itself (DP=2 with the distributed optimizer)
+    assert resolved.comm_overlap.overlap_grad_reduce is resolved.ddp.overlap_grad_reduce is True
+
+
+def test_user_config_untouched_and_later_edits_take_effect() -> None:
+    cfg = ep_overlap_cfg()
+    cfg.comm_overlap.overlap_moe_expert_parallel_comm = False
+    first = cfg.validate(world_size=WORLD)
+    assert first.model.overlap_moe_expert_parallel_comm is False
+    cfg.comm_overlap.overlap_moe_expert_parallel_comm = True
+    cfg.comm_overlap.delay_wgrad_compute = True
+    second = cfg.validate(world_size=WORLD)
+    assert second.model.overlap_moe_expert_parallel_comm is True and second.ddp.delay_wgrad_compute is True
+    assert cfg.model.overlap_moe_expert_parallel_comm is False and cfg.comm_overlap.overlap_grad_reduce is None
+    cfg.model.recompute_granularity = "full"
+    with pytest.raises(CommOverlapConfigError):
+        cfg.validate(world_size=WORLD)
+
+
+def test_resolution_is_idempotent_on_resolved_copy() -> None:
+    resolved = finalize(ep_overlap_cfg(), ctx(world_size=8))
+    again = finalize(resolved, ctx(world_size=8))
+    for spec in OVERLAP_FIELDS:
+        assert getattr(again.comm_overlap, spec.name) == getattr(resolved.comm_overlap, spec.name)
+    values = effective_overlap_values(resolved)
+    assert values["overlap_grad_reduce"].value is True and values["overlap_grad_reduce"].source == "computed"
+    assert "comm_overlap.bucket_size" in format_effective_values(values)
+
+
+# --------------------------------------------------------------------------------------------
+# Ownership: comm_overlap owns the switch; never a silent reset
+# --------------------------------------------------------------------------------------------
+
+
+def test_model_value_honoured_when_owner_unset() -> None:
+    cfg = ep_overlap_cfg()
+    cfg.comm_overlap.overlap_moe_expert_parallel_comm = None
+    cfg.model.overlap_moe_expert_parallel_comm = True
+    cfg.provenance["model.overlap_moe_expert_parallel_comm"] = "cli"
+    resolved = finalize(cfg)
+    assert resolved.model.overlap_moe_expert_parallel_comm is True
+    assert resolved.comm_overlap.overlap_moe_expert_parallel_comm is True
+    value = effective_overlap_values(cfg, ctx())["overlap_moe_expert_parallel_comm"]
+    assert value.source == "cli" and "model.overlap_moe_expert_parallel_comm" in value.detail
+
+
+def test_model_value_conflicting_with_owner_is_an_error() -> None:
+    cfg = ep_overlap_cfg()
+    cfg.comm_overlap.overlap_moe_expert_parallel_comm = False  # the recipe's value
+    cfg.model.overlap_moe_expert_parallel_comm = True  # set directly by the user
+    with pytest.raises(CommOverlapConfigError) as info:
+        finalize(cfg)
+    (violation,) = info.value.violations
+    assert violation.rule == "overlap-owner-conflict"
+    assert set(violation.fields) == {
+        "comm_overlap.overlap_moe_expert_parallel_comm",
+        "model.overlap_moe_expert_parallel_comm",
+    }
+
+
+def test_model_value_conflict_detected_via_provenance() -> None:
+    cfg = ep_overlap_cfg()  # owner True
+    cfg.model.overlap_moe_expert_parallel_comm = False  # the default value, but set by a CLI override
+    cfg.provenance["model.overlap_moe_expert_parallel_comm"] = "cli"
+    with pytest.raises(CommOverlapConfigError) as info:
+        finalize(cfg)
+    assert info.value.violations[0].rule == "overlap-owner-conflict"
+
+
+def test_matching_model_value_is_fine() -> None:
+    cfg = ep_overlap_cfg()
+    cfg.model.overlap_moe_expert_parallel_comm = True
+    assert finalize(cfg).model.overlap_moe_expert_parallel_comm is True
+
+
+def test_disagreeing_targets_are_an_error() -> None:
+    cfg = ep_overlap_cfg()
+    cfg.comm_overlap.delay_wgrad_compute = None
+    cfg.ddp.delay_wgrad_compute = True
+    cfg.model.delay_wgrad_compute = False
+    cfg.provenance["model.delay_wgrad_compute"] = "yaml"
+    with pytest.raises(CommOverlapConfigError) as info:
+        finalize(cfg)
+    (violation,) = info.value.violations
+    assert violation.rule == "overlap-target-conflict"
+    assert set(violation.fields) == {"ddp.delay_wgrad_compute", "model.delay_wgrad_compute"}
+
+
+def test_ddp_value_set_alone_is_honoured_when_owner_unset() -> None:
+    cfg = set_fields(ep_overlap_cfg(), {"comm_overlap.delay_wgrad_compute": None, "ddp.delay_wgrad_compute": True})
+    resolved = finalize(cfg)
+    assert resolved.model.delay_wgrad_compute is True and resolved.ddp.delay_wgrad_compute is True
+
+
+def test_ddp_value_against_recipe_owner_is_an_error() -> None:
+    cfg = ep_overlap_cfg()  # the recipe sets comm_overlap.delay_wgrad_compute=False
+    cfg.ddp.delay_wgrad_compute = True
+    with pytest.raises(CommOverlapConfigError) as info:
+        finalize(cfg)
+    assert info.value.violations[0].rule == "overlap-owner-conflict"
+
+
+def test_recipe_leaves_ep_overlap_off_but_switchable() -> None:
+    cfg = qwen3_30b_a3b_pretrain_8gpu_config()
+    assert cfg.validate().model.overlap_moe_expert_parallel_comm is False
+    cfg.comm_overlap.overlap_moe_expert_parallel_comm = True
+    cfg.model.virtual_pipeline_model_parallel_size = 2
+    assert cfg.validate().model.overlap_moe_expert_parallel_comm is True
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers, docs, hygiene
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "modules, scope, expected",
+    [
+        ("full", None, frozenset()),
+        ([], None, frozenset()),
+        ("attn,moe_router", None, frozenset({"attn", "moe_router"})),
+        (["moe"], None, frozenset({"moe"})),
+        ("full", ["mlp"], frozenset({"mlp"})),
+    ],
+)
+def test_graph_modules_reads_both_fields(modules, scope, expected) -> None:
+    cfg = ep_overlap_cfg()
+    cfg.model.cuda_graph_modules = modules
+    cfg.model.cuda_graph_scope = scope
+    assert graph_modules(cfg.model) == expected
+
+
+def test_graph_modules_reads_normalised_enums() -> None:
+    from megatron.core.transformer.enums import CudaGraphModule
+
+    cfg = ep_overlap_cfg()
+    cfg.model.cuda_graph_modules = [CudaGraphModule.attn]
+    assert graph_modules(cfg.model) == {"attn"}
+
+
+def test_docs_page_is_generated_from_the_table() -> None:
+    page = (REPO / comm_overlap.DOCS_PATH).read_text()
+    assert page == render_docs(), "run: uv run python -m megatron.bridge.training.comm_overlap --write-docs"
+    for rule in OVERLAP_RULES:
+        assert rule.id in page or rule.group == "types"
+
+
+def test_docs_cli_writes_page(tmp_path) -> None:
+    assert comm_overlap._main(["--write-docs", "--root", str(tmp_path)]) == 0
+    assert (tmp_path / comm_overlap.DOCS_PATH).read_text() == render_docs()
+
+
+@pytest.mark.parametrize("module", [comm_overlap, flex_dispatcher_backend, overlap_report])
+def test_no_bare_assert_in_validation_code(module) -> None:
+    tree = ast.parse(inspect.getsource(module))
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Assert)]
+
+
+def test_general_errors_keep_their_type() -> None:
+    cfg = ep_overlap_cfg()
+    cfg.train.train_iters = 0
+    with pytest.raises(ConfigValidationError) as info:
+        finalize(copy.deepcopy(cfg))
+    assert not isinstance(info.value, CommOverlapConfigError)
