@@ -96,6 +96,8 @@ CASES: list[Case] = [
     Case("ep-overlap-te-cuda-graph-scope", {**TE_GRAPH, "model.cuda_graph_scope": "mlp"},
          {**TE_GRAPH, "model.cuda_graph_scope": "attn"}, {"te_version": "2.12"}, {"te_version": "2.12"},
          name="deprecated-scope-field"),
+    Case("ep-overlap-excludes-dispatch-wgrad-overlap", {"model.overlap_dispatch_backward_with_experts_wgrad": True},
+         {"model.overlap_dispatch_backward_with_experts_wgrad": False}),
     Case("ep-overlap-needs-two-micro-batches", {"train.global_batch_size": 2}, {"train.global_batch_size": 4}),
     Case("delay-wgrad-needs-ep-overlap", {**DW, **OFF}, DW),
     Case("delay-wgrad-without-te", DW, DW, {}, {"te_version": "2.12"}),

@@ -654,6 +654,16 @@ EP_OVERLAP_RULES: tuple[Rule, ...] = (
         "or set model.cuda_graph_impl=none",
     ),
     _rule(
+        id="ep-overlap-excludes-dispatch-wgrad-overlap",
+        group="ep-overlap",
+        fields=("model.overlap_dispatch_backward_with_experts_wgrad",),
+        applies=_ep_on,
+        holds=lambda cfg, ctx: not cfg.model.overlap_dispatch_backward_with_experts_wgrad,
+        message="overlapping the dispatch backward with expert wgrad is an alternative to EP overlap, "
+        "not a companion (megatron-core rule)",
+        fix="set model.overlap_dispatch_backward_with_experts_wgrad=false",
+    ),
+    _rule(
         id="ep-overlap-needs-two-micro-batches",
         group="ep-overlap",
         severity="warning",

@@ -1,0 +1,240 @@
+"""Flex dispatcher backends: GPU table, apply/validate on every GPU generation, CPU-host dry runs."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from overlap_helpers import ep_overlap_cfg
+
+from megatron.bridge.models.qwen import Qwen3MoEModelProvider
+from megatron.bridge.training import finalize as finalize_module
+from megatron.bridge.training import flex_dispatcher_backend as fdb
+from megatron.bridge.training.errors import CommOverlapConfigError
+from megatron.bridge.training.flex_dispatcher_backend import (
+    GPU_TYPES,
+    FlexDispatcherBackendError,
+    apply_flex_dispatcher_backend,
+    backend_support,
+    resolve_gpu_target,
+    validate_flex_dispatcher_backend,
+)
+
+# The SPEC's support matrix: DeepEP on Ampere, Hopper, B200/B300; HybridEP on Ampere, Hopper,
+# Blackwell including GB200/GB300 NVL72.
+SUPPORT = {
+    "a100": {"deepep": True, "hybridep": True},
+    "h100": {"deepep": True, "hybridep": True},
+    "h200": {"deepep": True, "hybridep": True},
+    "b200": {"deepep": True, "hybridep": True},
+    "b300": {"deepep": True, "hybridep": True},
+    "gb200": {"deepep": False, "hybridep": True},
+    "gb300": {"deepep": False, "hybridep": True},
+}
+MATRIX = [(gpu, backend, ok) for gpu, row in SUPPORT.items() for backend, ok in row.items()]
+
+
+@pytest.fixture
+def model() -> Qwen3MoEModelProvider:
+    m = ep_overlap_cfg().model
+    m.moe_shared_expert_overlap = True  # selecting a backend must turn it off
+    return m
+
+
+@pytest.fixture
+def cpu_host(monkeypatch):
+    """No visible GPU and no deep_ep, whatever machine the tests run on."""
+    monkeypatch.setattr(fdb, "visible_gpu", lambda: (None, None))
+    monkeypatch.setattr(fdb, "have_deep_ep", lambda: False)
+    monkeypatch.setattr(finalize_module, "have_deep_ep", lambda: False)
+
+
+@pytest.fixture
+def gpu_host(monkeypatch):
+    """A visible H200 without deep_ep."""
+    monkeypatch.setattr(fdb, "visible_gpu", lambda: ((9, 0), "NVIDIA H200"))
+    monkeypatch.setattr(fdb, "have_deep_ep", lambda: False)
+    monkeypatch.setattr(finalize_module, "have_deep_ep", lambda: False)
+
+
+def test_gpu_table_covers_every_generation() -> None:
+    assert set(GPU_TYPES) == set(SUPPORT)
+    assert GPU_TYPES["h100"].capability == (9, 0) and GPU_TYPES["b200"].capability == (10, 0)
+    assert GPU_TYPES["gb200"].capability == (10, 0) and GPU_TYPES["gb200"].nvl72
+    assert GPU_TYPES["b300"].capability == (10, 3) and not GPU_TYPES["b300"].nvl72
+    assert GPU_TYPES["a100"].capability == (8, 0)
+
+
+@pytest.mark.parametrize("gpu, backend, ok", MATRIX)
+def test_support_matrix(gpu: str, backend: str, ok: bool) -> None:
+    supported, reason = backend_support(backend, resolve_gpu_target(device_name=gpu))
+    assert supported is ok, reason
+
+
+@pytest.mark.parametrize("gpu, backend, ok", MATRIX)
+def test_apply_on_every_gpu(gpu: str, backend: str, ok: bool, model, cpu_host) -> None:
+    if ok:
+        assert apply_flex_dispatcher_backend(model, backend, device_name=gpu) == backend
+        assert model.moe_token_dispatcher_type == "flex"
+        assert model.moe_flex_dispatcher_backend == backend
+        assert model.moe_shared_expert_overlap is False
+    else:
+        with pytest.raises(FlexDispatcherBackendError) as info:
+            apply_flex_dispatcher_backend(model, backend, device_name=gpu)
+        assert isinstance(info.value, CommOverlapConfigError)
+        assert model.moe_token_dispatcher_type == "alltoall"  # untouched
+
+
+@pytest.mark.parametrize("gpu, backend, ok", MATRIX)
+def test_validate_on_every_gpu(gpu: str, backend: str, ok: bool, model, cpu_host) -> None:
+    model.moe_token_dispatcher_type = "flex"
+    model.moe_flex_dispatcher_backend = backend
+    if ok:
+        notes = validate_flex_dispatcher_backend(model, device_name=gpu)
+        assert [n.rule for n in notes] == ["flex-deep-ep-not-checked-on-cpu-host"]
+    else:
+        with pytest.raises(FlexDispatcherBackendError) as info:
+            validate_flex_dispatcher_backend(model, device_name=gpu)
+        assert [v.rule for v in info.value.violations] == ["flex-backend-supported-on-gpu"]
+
+
+@pytest.mark.parametrize("gpu", ["gb200", "gb300"])
+def test_explicit_fallback_is_logged(gpu: str, model, cpu_host, caplog) -> None:
+    model.moe_flex_dispatcher_backend = None
+    with caplog.at_level(logging.WARNING):
+        assert apply_flex_dispatcher_backend(model, "deepep", device_name=gpu, fallback="alltoall") is None
+    assert model.moe_token_dispatcher_type == "alltoall" and model.moe_flex_dispatcher_backend is None
+    assert "falling back to plain alltoall" in caplog.text
+
+
+def test_fallback_not_used_when_supported(model, cpu_host) -> None:
+    assert apply_flex_dispatcher_backend(model, "deepep", device_name="h100", fallback="alltoall") == "deepep"
+
+
+def test_bad_fallback_and_unknown_backend(model) -> None:
+    with pytest.raises(ValueError):
+        apply_flex_dispatcher_backend(model, "deepep", device_name="h100", fallback="allgather")  # type: ignore[arg-type]
+    with pytest.raises(FlexDispatcherBackendError):
+        apply_flex_dispatcher_backend(model, "None", device_name="h100")
+
+
+def test_none_means_plain_alltoall(model) -> None:
+    model.moe_token_dispatcher_type = "flex"
+    model.moe_flex_dispatcher_backend = "deepep"
+    assert apply_flex_dispatcher_backend(model, None) is None
+    assert model.moe_token_dispatcher_type == "alltoall" and model.moe_flex_dispatcher_backend is None
+
+
+@pytest.mark.parametrize(
+    "capability, name, expected",
+    [
+        ((9, 0), "NVIDIA H100 80GB HBM3", ((9, 0), "h100", False)),
+        ((10, 0), "NVIDIA GB200", ((10, 0), "gb200", True)),
+        ((10, 0), "NVIDIA B200", ((10, 0), "b200", False)),
+        ((10, 3), "NVIDIA GB300", ((10, 3), "gb300", True)),
+        ((10, 0), None, ((10, 0), None, None)),
+        (None, "gb200", ((10, 0), "gb200", True)),
+    ],
+)
+def test_resolve_gpu_target(capability, name, expected) -> None:
+    target = resolve_gpu_target(capability, name)
+    assert (target.capability, target.name, target.nvl72) == expected
+    assert target.source == "argument"
+
+
+def test_capability_without_system_name_cannot_decide_deepep(model, cpu_host, caplog) -> None:
+    """Blackwell (10, 0) could be a B200 board or a GB200 NVL72 system: say so, do not guess."""
+    supported, reason = backend_support("deepep", resolve_gpu_target((10, 0)))
+    assert supported is None and "GB200" in reason
+    with caplog.at_level(logging.WARNING):
+        assert apply_flex_dispatcher_backend(model, "deepep", device_capability=(10, 0)) == "deepep"
+    assert "validate again" in caplog.text
+
+
+def test_target_from_visible_gpu(gpu_host) -> None:
+    target = resolve_gpu_target()
+    assert target.capability == (9, 0) and target.name == "h200" and target.source == "visible GPU"
+
+
+def test_arguments_beat_visible_gpu(gpu_host) -> None:
+    assert resolve_gpu_target(device_name="gb200").name == "gb200"
+
+
+def test_unknown_target_on_cpu_host(model, cpu_host) -> None:
+    target = resolve_gpu_target()
+    assert not target.known and "unknown" in target.describe()
+    model.moe_token_dispatcher_type = "flex"
+    model.moe_flex_dispatcher_backend = "deepep"
+    notes = validate_flex_dispatcher_backend(model)
+    assert {n.rule for n in notes} == {"flex-backend-gpu-not-checked", "flex-deep-ep-not-checked-on-cpu-host"}
+    assert all(n.severity == "warning" for n in notes)
+
+
+def test_missing_deep_ep_on_gpu_host_fails_with_install_hint(model, gpu_host) -> None:
+    model.moe_token_dispatcher_type = "flex"
+    model.moe_flex_dispatcher_backend = "hybridep"
+    with pytest.raises(FlexDispatcherBackendError) as info:
+        validate_flex_dispatcher_backend(model)
+    (violation,) = info.value.violations
+    assert violation.rule == "flex-needs-deep-ep" and "DeepEP" in violation.fix
+
+
+def test_deep_ep_present_on_gpu_host(model, monkeypatch) -> None:
+    monkeypatch.setattr(fdb, "visible_gpu", lambda: ((9, 0), "NVIDIA H100"))
+    monkeypatch.setattr(fdb, "have_deep_ep", lambda: True)
+    model.moe_token_dispatcher_type = "flex"
+    model.moe_flex_dispatcher_backend = "deepep"
+    assert validate_flex_dispatcher_backend(model) == []
+
+
+def test_backend_without_flex_dispatcher_is_reported(model, cpu_host) -> None:
+    """Pitfall 3: a backend alone does not activate flex dispatch."""
+    model.moe_flex_dispatcher_backend = "deepep"
+    with pytest.raises(FlexDispatcherBackendError) as info:
+        validate_flex_dispatcher_backend(model, device_name="h100")
+    assert info.value.violations[0].rule == "flex-backend-needs-flex-dispatcher"
+
+
+def test_plain_alltoall_validates_cleanly(model, cpu_host) -> None:
+    assert validate_flex_dispatcher_backend(model, device_name="gb200") == []
+
+
+# cfg.validate() reaches the same rules through RuleContext (target GPU from cfg.dist.target_gpu).
+
+
+@pytest.mark.parametrize("gpu, backend, ok", MATRIX)
+def test_cfg_validate_checks_target_gpu(gpu: str, backend: str, ok: bool, cpu_host) -> None:
+    cfg = ep_overlap_cfg()
+    cfg.dist.target_gpu = gpu
+    cfg.model.moe_token_dispatcher_type = "flex"
+    cfg.model.moe_flex_dispatcher_backend = backend
+    if ok:
+        assert cfg.validate(world_size=2).model.moe_flex_dispatcher_backend == backend
+    else:
+        with pytest.raises(CommOverlapConfigError) as info:
+            cfg.validate(world_size=2)
+        assert "model.moe_flex_dispatcher_backend" in info.value.fields
+
+
+def test_cfg_validate_dry_run_without_target(cpu_host, caplog) -> None:
+    cfg = ep_overlap_cfg()
+    cfg.model.moe_token_dispatcher_type = "flex"
+    cfg.model.moe_flex_dispatcher_backend = "deepep"
+    with caplog.at_level(logging.WARNING):
+        cfg.validate(world_size=2)
+    assert "flex-backend-gpu-not-checked" in caplog.text
+    assert "flex-deep-ep-not-checked-on-cpu-host" in caplog.text
+
+
+def test_cfg_validate_on_gpu_host_without_deep_ep(gpu_host) -> None:
+    cfg = ep_overlap_cfg()
+    cfg.model.moe_token_dispatcher_type = "flex"
+    cfg.model.moe_flex_dispatcher_backend = "deepep"
+    with pytest.raises(CommOverlapConfigError) as info:
+        cfg.validate(world_size=2)
+    assert [v.rule for v in info.value.violations] == ["flex-needs-deep-ep"]
+
+
+def test_support_table_in_docs() -> None:
+    table = fdb.render_support_table()
+    assert "| `gb200` | 10.0 | Blackwell | yes | no | yes |" in table
