@@ -431,3 +431,134 @@ def test_short_run_loss_curves_agree(full_model_report: dict) -> None:
     assert len(plain) == len(native) == 6
     assert native == pytest.approx(plain, rel=1e-4, abs=1e-5)
     assert plain[-1] < plain[0]  # it trains
+
+
+# ---------------------------------------------------------------------------------------------
+# EP=2 over gloo on CPU (two processes): megatron's combined-1F1B overlap schedule with the
+# torch-native experts, and delayed expert wgrad (backward_dw) inside that schedule. Gradients
+# must equal the non-overlapped schedule's.
+
+EP2_CHILD = r'''
+import json, os, sys
+import torch
+import torch.distributed as dist
+try:
+    from megatron.bridge.training import cpu_compat
+except ImportError as exc:
+    print("REPORT " + json.dumps({"skip": f"cpu_compat unavailable: {exc}"}))
+    sys.exit(0)
+cpu_compat.enable_cpu_compat()
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
+from megatron.core import parallel_state as ps
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.bridge.models.qwen import Qwen3MoEModelProvider
+
+SEQ, MB = 16, 3
+VARIANTS = {"off": (False, False), "overlap": (True, False), "overlap_delay_wgrad": (True, True)}
+
+def loss_func(out):
+    loss = out.float().mean()
+    return loss, {"loss": loss.detach()}
+
+def forward_step(it, model, return_schedule_plan=False):
+    tokens = next(it)
+    pos = torch.arange(SEQ).unsqueeze(0)
+    mask = torch.triu(torch.ones(1, 1, SEQ, SEQ, dtype=torch.bool), diagonal=1)
+    if return_schedule_plan:
+        return model.build_schedule_plan(tokens, pos, mask, labels=tokens), loss_func
+    return model(tokens, pos, mask, labels=tokens), loss_func
+
+grads, losses, n_dw = {}, {}, {}
+for name, (overlap, delay) in VARIANTS.items():
+    ps.initialize_model_parallel(1, 1, expert_model_parallel_size=2)
+    provider = Qwen3MoEModelProvider(
+        num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2, kv_channels=8,
+        ffn_hidden_size=64, moe_ffn_hidden_size=16, num_moe_experts=4, moe_router_topk=2,
+        vocab_size=128, seq_length=SEQ, make_vocab_size_divisible_by=128, layer_spec="torch_native",
+        use_cpu_initialization=True, params_dtype=torch.float32, bf16=True,
+        expert_model_parallel_size=2, moe_token_dispatcher_type="alltoall",
+        overlap_moe_expert_parallel_comm=overlap, delay_wgrad_compute=delay, moe_aux_loss_coeff=0.0,
+    )
+    provider.finalize()
+    cpu_compat.seed_cpu_model_parallel(1234)
+    model = provider.provide()
+    experts = [l.mlp.experts for l in model.decoder.layers]
+    calls = [0]
+    for e in experts:
+        original = e.backward_dw
+        def counted(original=original):
+            calls[0] += 1
+            original()
+        e.backward_dw = counted
+    g = torch.Generator().manual_seed(10 + rank)
+    data = [torch.randint(0, 128, (1, SEQ), generator=g) for _ in range(MB)]
+    out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(data), model=[model],
+                                      num_microbatches=MB, seq_length=SEQ, micro_batch_size=1, forward_only=False)
+    losses[name] = [float(o["loss"]) for o in out]
+    grads[name] = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    n_dw[name] = calls[0]
+    ps.destroy_model_parallel()
+
+def max_diff(a, b):
+    assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+report = {
+    "losses": losses,
+    "n_grads": {k: len(v) for k, v in grads.items()},
+    "backward_dw_calls": n_dw,
+    "grad_diff_overlap": max_diff(grads["overlap"], grads["off"]),
+    "grad_diff_delay": max_diff(grads["overlap_delay_wgrad"], grads["off"]),
+    "expert_grad_norm": float(sum(v.norm() ** 2 for k, v in grads["off"].items() if "experts" in k) ** 0.5),
+}
+dist.destroy_process_group()
+print("REPORT " + json.dumps(report))
+'''
+
+
+@pytest.fixture(scope="module")
+def ep2_report(tmp_path_factory) -> dict:
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path_factory.mktemp("torch_native_ep2") / "child.py"
+    script.write_text(EP2_CHILD)
+    repo = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, PYTHONPATH=str(repo / "src"), CUDA_VISIBLE_DEVICES="")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), port], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
+    outs = [p.communicate(timeout=400) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:] + err[-5000:]
+    reports = []
+    for out, _ in outs:
+        line = next(l for l in out.splitlines() if l.startswith("REPORT "))
+        reports.append(json.loads(line[len("REPORT "):]))
+    if "skip" in reports[0]:
+        pytest.skip(reports[0]["skip"])
+    return {"ranks": reports}
+
+
+@pytest.mark.functional
+def test_ep2_overlap_schedule_and_delayed_wgrad_give_equal_gradients(ep2_report: dict) -> None:
+    for r in ep2_report["ranks"]:
+        assert r["expert_grad_norm"] > 0
+        assert r["n_grads"]["overlap_delay_wgrad"] == r["n_grads"]["off"]
+        assert r["losses"]["overlap"] == pytest.approx(r["losses"]["off"], abs=1e-6)
+        assert r["losses"]["overlap_delay_wgrad"] == pytest.approx(r["losses"]["off"], abs=1e-6)
+        assert r["grad_diff_overlap"] <= 1e-6
+        assert r["grad_diff_delay"] <= 1e-6
+
+
+@pytest.mark.functional
+def test_ep2_schedule_really_calls_backward_dw(ep2_report: dict) -> None:
+    for r in ep2_report["ranks"]:
+        assert r["backward_dw_calls"]["overlap_delay_wgrad"] >= 2 * 3  # layers x micro-batches
