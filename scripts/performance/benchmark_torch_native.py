@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import subprocess
+import tempfile
 import sys
 import time
 from dataclasses import asdict
@@ -54,6 +55,9 @@ def _parse(argv=None) -> argparse.Namespace:
     p.add_argument("--ep2-iters", type=int, default=2)
     p.add_argument("--ep2-configs", default="overlap_off,overlap_on,overlap_on_delay_wgrad")
     p.add_argument("--phase-timeout", type=int, default=240)
+    p.add_argument("--scratch", default=None, help="worker scratch dir (default: a temp dir)")
+    p.add_argument("--equivalence-layers", type=int, default=2)
+    p.add_argument("--equivalence-seq", type=int, default=2048)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: smoke test only")
     p.add_argument("--tiny", action="store_true", help="tiny model (smoke test)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -94,7 +98,9 @@ def _worker(args) -> Dict[str, Any]:
                              profile=args.device == "cuda", cross_entropy_loss_fusion=True,
                              cross_entropy_fusion_impl="native")
     if name == "equivalence":
-        return bh.run_equivalence(shape, args.device)
+        if not args.tiny:
+            shape.num_layers, shape.seq_length = args.equivalence_layers, args.equivalence_seq
+        return {"num_layers": shape.num_layers, "seq_length": shape.seq_length, **bh.run_equivalence(shape, args.device)}
     if name == "ep2":
         from bench_ep2 import run_ep2
 
@@ -104,12 +110,16 @@ def _worker(args) -> Dict[str, Any]:
 
 
 def _run_phase(args, phase: str, out: Path) -> Dict[str, Any]:
-    tmp = out / f".{phase}.json"
+    scratch = Path(args.scratch or (Path(tempfile.gettempdir()) / "bench_torch_native"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    tmp = scratch / f"{phase}.json"
+    tmp.unlink(missing_ok=True)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", phase, "--worker-json", str(tmp),
            "--device", args.device, "--layers", str(args.layers), "--seq", str(args.seq),
            "--micro-batches", str(args.micro_batches), "--plain-micro-batches", str(args.plain_micro_batches),
            "--warmup", str(args.warmup), "--ep2-micro-batches", str(args.ep2_micro_batches),
-           "--ep2-iters", str(args.ep2_iters), "--ep2-configs", args.ep2_configs]
+           "--ep2-iters", str(args.ep2_iters), "--ep2-configs", args.ep2_configs,
+           "--equivalence-layers", str(args.equivalence_layers), "--equivalence-seq", str(args.equivalence_seq)]
     if args.tiny:
         cmd.append("--tiny")
     t0 = time.perf_counter()
@@ -161,7 +171,7 @@ def _summarise(results: Dict[str, Any], shape, args) -> str:
                          f"{r.get('max_abs_loss_diff_vs_off', float('nan')):.2e} | {r.get('grad_norm_sq_rel_diff_vs_off', float('nan')):.2e} |")
     eq = results.get("equivalence")
     if eq and "error" not in eq:
-        lines += ["", f"bf16 equivalence (same weights and batch): loss rel diff {eq['loss_rel_diff']:.2e}, "
+        lines += ["", f"bf16 equivalence ({eq.get('num_layers')} layers, seq {eq.get('seq_length')}; same weights and batch): loss rel diff {eq['loss_rel_diff']:.2e}, "
                   f"global grad rel diff {eq['grad_rel_diff_global']:.2e}, worst parameter "
                   f"{eq['grad_rel_diff_worst_param']:.2e} ({eq['grad_worst_param']})"]
     for key in ("native", "native_ce_fusion"):

@@ -107,7 +107,7 @@ def _backends():
     try:  # torch builds with a CPU/fp32 fallback of torch._grouped_mm exercise that path too
         x, w = torch.randn(3, 8), torch.randn(2, 4, 8)
         torch._grouped_mm(x, w.transpose(-2, -1), offs=torch.tensor([1, 3], dtype=torch.int32))
-        backends.append("grouped_mm")
+        backends += ["grouped_mm", "grouped_mm_padded"]
     except Exception:
         pass
     return backends

@@ -17,7 +17,8 @@ from typing import Deque, List, Optional, Sequence, Tuple
 
 import torch
 
-BACKENDS = ("auto", "grouped_mm", "loop")
+BACKENDS = ("auto", "grouped_mm", "grouped_mm_padded", "loop")
+_ALIGN_ROWS = 16
 
 
 @functools.cache
@@ -41,8 +42,34 @@ def select_backend(x: torch.Tensor, requested: str = "auto") -> str:
     if requested != "auto":
         return requested
     if x.is_cuda and x.dtype == torch.bfloat16 and _device_has_grouped_mm(x.device.index or 0):
-        return "grouped_mm"
+        return "grouped_mm" if _unaligned_groups_ok(x.device.index or 0) else "grouped_mm_padded"
     return "loop"
+
+
+@functools.cache
+def _unaligned_groups_ok(device_index: int) -> bool:
+    """Once per process: does ``torch._grouped_mm`` handle group sizes that are not multiples of 16?
+
+    Some torch builds required 16-row aligned groups; where a tiny probe fails or disagrees with
+    per-expert matmuls, the ``grouped_mm_padded`` path pads each group instead.
+    """
+    dev = torch.device("cuda", device_index)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    counts = torch.tensor([3, 0, 17, 1, 11])
+    x = torch.randn(int(counts.sum()), 64, generator=g).to(dev, torch.bfloat16)
+    w = torch.randn(len(counts), 32, 64, generator=g).to(dev, torch.bfloat16)
+    try:
+        y = torch._grouped_mm(x, w.transpose(-2, -1), offs=_offsets(counts, dev)).float()
+        dw = torch._grouped_mm(y.to(torch.bfloat16).t(), x, offs=_offsets(counts, dev)).float()
+    except Exception:
+        return False
+    ref = reference_grouped_linear(x.float(), w.float(), counts.tolist())
+    chunks = torch.split(x.float(), counts.tolist())
+    ref_dw = torch.stack([r.t() @ c for r, c in zip(torch.split(y, counts.tolist()), chunks)])
+    ok_y = (y - ref).norm() <= 2e-2 * ref.norm()
+    live = counts.to(dev) > 0
+    ok_dw = (dw[live] - ref_dw[live]).norm() <= 2e-2 * ref_dw[live].norm()
+    return bool(ok_y and ok_dw)
 
 
 def _strides_aligned(weight: torch.Tensor) -> bool:
@@ -60,10 +87,35 @@ def _offsets(counts: torch.Tensor, device: torch.device) -> torch.Tensor:
     return torch.cumsum(counts.to(device=device, dtype=torch.int64), dim=0).to(torch.int32)
 
 
+def _padded_layout(counts: torch.Tensor, rows: int, device: torch.device):
+    """Row map into a buffer where every group starts on a 16-row boundary (no host sync).
+
+    Returns (destination row of each input row, padded offsets, buffer rows). The buffer size is a
+    static bound (rows + 16 * groups) so the layout needs no device-to-host copy.
+    """
+    counts = counts.to(device=device, dtype=torch.int64)
+    padded = (counts + _ALIGN_ROWS - 1) // _ALIGN_ROWS * _ALIGN_ROWS
+    starts = torch.cumsum(counts, 0) - counts
+    padded_starts = torch.cumsum(padded, 0) - padded
+    expert_of_row = torch.repeat_interleave(torch.arange(counts.numel(), device=device), counts, output_size=rows)
+    row = torch.arange(rows, device=device)
+    dest = padded_starts[expert_of_row] + (row - starts[expert_of_row])
+    return dest, torch.cumsum(padded, 0).to(torch.int32), rows + _ALIGN_ROWS * counts.numel()
+
+
+def _scatter_rows(x: torch.Tensor, dest: torch.Tensor, buffer_rows: int) -> torch.Tensor:
+    buf = x.new_zeros(buffer_rows, x.shape[1])
+    buf.index_copy_(0, dest, x)
+    return buf
+
+
 def grouped_fprop(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, backend: str) -> torch.Tensor:
     """``y[rows of e] = x[rows of e] @ w[e].T``; x ``[T, in]``, w ``[E, out, in]`` -> ``[T, out]``."""
     if backend == "grouped_mm":
         return torch._grouped_mm(x, w.transpose(-2, -1), offs=_offsets(counts, x.device))
+    if backend == "grouped_mm_padded":
+        dest, offs, n = _padded_layout(counts, x.shape[0], x.device)
+        return torch._grouped_mm(_scatter_rows(x, dest, n), w.transpose(-2, -1), offs=offs)[dest]
     chunks = torch.split(x, _split_sizes(counts))
     return torch.cat([c @ w[e].t() for e, c in enumerate(chunks)], dim=0)
 
@@ -72,6 +124,9 @@ def grouped_dgrad(dy: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, backe
     """Input gradient: ``dx[rows of e] = dy[rows of e] @ w[e]``."""
     if backend == "grouped_mm":
         return torch._grouped_mm(dy, w, offs=_offsets(counts, dy.device))
+    if backend == "grouped_mm_padded":
+        dest, offs, n = _padded_layout(counts, dy.shape[0], dy.device)
+        return torch._grouped_mm(_scatter_rows(dy, dest, n), w, offs=offs)[dest]
     chunks = torch.split(dy, _split_sizes(counts))
     return torch.cat([c @ w[e] for e, c in enumerate(chunks)], dim=0)
 
@@ -85,8 +140,12 @@ def grouped_wgrad(
     never depends on how the kernel treats empty groups).
     """
     num_experts = counts.numel()
-    if backend == "grouped_mm":
-        dw = torch._grouped_mm(dy.t(), x, offs=_offsets(counts, dy.device))
+    if backend in ("grouped_mm", "grouped_mm_padded"):
+        if backend == "grouped_mm":
+            dw = torch._grouped_mm(dy.t(), x, offs=_offsets(counts, dy.device))
+        else:  # zero padding rows contribute nothing to dy^T x
+            dest, offs, n = _padded_layout(counts, dy.shape[0], dy.device)
+            dw = torch._grouped_mm(_scatter_rows(dy, dest, n).t(), _scatter_rows(x, dest, n), offs=offs)
         empty = counts.to(device=dw.device) == 0
         dw = dw.masked_fill(empty.view(-1, 1, 1), 0)
         return dw.to(out_dtype)
@@ -167,7 +226,7 @@ def grouped_linear(
             f"tokens_per_expert has {tokens_per_expert.numel()} entries for {weight.shape[0]} experts"
         )
     backend = select_backend(x, backend)
-    if backend == "grouped_mm" and not _strides_aligned(weight):
+    if backend.startswith("grouped_mm") and not _strides_aligned(weight):
         backend = "loop"
     return GroupedLinearFunction.apply(x.contiguous(), weight, tokens_per_expert, backend, stash)
 
