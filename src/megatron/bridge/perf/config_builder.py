@@ -100,7 +100,7 @@ class BuiltConfig:
     gpus_per_node: int
     procs_per_gpu: int
     target_gpu: Optional[str]
-    """``-g`` GPU type, ``None`` for CPU mode or when not given."""
+    """GPU type validated against (``-g``, or ``dist.target_gpu``); ``None`` for CPU mode / not given."""
     cpu: bool
     notes: list[str] = field(default_factory=list)
 
@@ -152,6 +152,8 @@ def flag_values(args: Namespace) -> dict[str, Any]:
         values["comm_overlap.delay_wgrad_compute"] = False
     if args.gpu == "cpu":
         values["dist.device"] = "cpu"
+    elif args.gpu is not None:
+        values["dist.target_gpu"] = args.gpu  # validation (and the workers) check against this GPU
     if args.profile:
         values["profiling.use_pytorch_profiler"] = True
     if args.log_dir is not None:
@@ -169,9 +171,7 @@ def flex_dispatcher_values(cfg: "ConfigContainer", backend: Optional[str], targe
 
     model = copy.deepcopy(cfg.model)
     before = {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}
-    apply_flex_dispatcher_backend(
-        model, None if backend == PLAIN_ALLTOALL else backend, device_name=None if target_gpu == "cpu" else target_gpu
-    )
+    apply_flex_dispatcher_backend(model, None if backend == PLAIN_ALLTOALL else backend, device_name=target_gpu)
     changed = {name: getattr(model, name) for name, old in before.items() if getattr(model, name) != old}
     # Always record the dispatcher and backend: the user asked for them explicitly.
     for name in ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend"):
@@ -239,7 +239,8 @@ def build_config(
         flags["logger.log_dir"] = str(Path(log_dir).resolve())
     cfg = apply_layer(cfg, flags, "flag")
     if args.moe_flex_dispatcher_backend is not None:
-        cfg = apply_layer(cfg, flex_dispatcher_values(cfg, args.moe_flex_dispatcher_backend, args.gpu), "flag")
+        target = None if cpu else cfg.dist.target_gpu
+        cfg = apply_layer(cfg, flex_dispatcher_values(cfg, args.moe_flex_dispatcher_backend, target), "flag")
     cfg = apply_layer(cfg, [*args.overrides, *extra_overrides], "cli")
 
     num_gpus = args.num_gpus or recipe.reference_num_gpus or minimum_world_size(cfg)
@@ -250,7 +251,7 @@ def build_config(
         num_gpus=num_gpus,
         gpus_per_node=_gpus_per_node(args, num_gpus, cpu),
         procs_per_gpu=procs_per_gpu,
-        target_gpu=None if cpu else args.gpu,
+        target_gpu=None if cpu else cfg.dist.target_gpu,
         cpu=cpu,
     )
     if args.num_gpus is None:

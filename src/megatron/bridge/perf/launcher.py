@@ -176,14 +176,15 @@ def plan_launch(
 
 # --------------------------------------------------------------------------------------------- running
 def failing_rank_logs(log_dir: Path) -> list[Path]:
-    """Per-rank logs (torchrun ``--redirects``) that contain a Python traceback or an error."""
+    """Per-rank logs (torchrun ``--redirects``) that contain a Python traceback or the entry point's
+    ``training failed`` line (ranks torchrun stopped afterwards show neither)."""
     hits = []
     for path in sorted((log_dir / "torchrun").rglob("*.log")) if (log_dir / "torchrun").is_dir() else []:
         try:
             text = path.read_text(errors="replace")
         except OSError:
             continue
-        if "Traceback (most recent call last)" in text or "Error" in text:
+        if "Traceback (most recent call last)" in text or "training failed" in text:
             hits.append(path)
     # stderr first: that is where the traceback is
     return sorted(hits, key=lambda p: (p.name != "stderr.log", str(p)))
