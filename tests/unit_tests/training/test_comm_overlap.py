@@ -141,6 +141,8 @@ CASES: list[Case] = [
     Case("tp-overlap-needs-sequence-parallel", {**TP_OVERLAP, "model.sequence_parallel": False}, TP_OVERLAP,
          {"te_version": "2.12"}, {"te_version": "2.12"}),
     Case("tp-overlap-needs-te", TP_OVERLAP, TP_OVERLAP, {}, {"te_version": "2.12"}),
+    Case("tp-comm-bootstrap-backend-known", {"comm_overlap.tp_comm_bootstrap_backend": "ucx"},
+         {"comm_overlap.tp_comm_bootstrap_backend": "gloo"}),
     Case("p2p-overlap-needs-interleaved-pipeline", {"comm_overlap.overlap_p2p_comm": True},
          {"comm_overlap.overlap_p2p_comm": True, "model.pipeline_model_parallel_size": 2,
           "model.virtual_pipeline_model_parallel_size": 2}),
@@ -280,7 +282,7 @@ def test_spec_snippet_validates_without_gpu() -> None:
 
 PREREQUISITES = [
     ("model.expert_model_parallel_size", {"model.expert_model_parallel_size": 1}),
-    ("model.num_moe_experts", {"model.num_moe_experts": 1, "model.expert_model_parallel_size": 1}),
+    ("model.num_moe_experts", {"model.num_moe_experts": 1}),
     ("model.moe_token_dispatcher_type", {"model.moe_token_dispatcher_type": "allgather"}),
     ("mixed_precision", {"mixed_precision": "fp32"}),
     ("model.virtual_pipeline_model_parallel_size", {"model.pipeline_model_parallel_size": 2}),

@@ -818,6 +818,17 @@ TP_OVERLAP_RULES: tuple[Rule, ...] = (
     ),
 )
 
+TP_OVERLAP_RULES += (
+    _rule(
+        id="tp-comm-bootstrap-backend-known",
+        group="tp-overlap",
+        fields=("comm_overlap.tp_comm_bootstrap_backend",),
+        holds=lambda cfg, ctx: cfg.comm_overlap.tp_comm_bootstrap_backend in (None, "nccl", "mpi", "gloo"),
+        message="unknown bootstrap backend for the TP-overlap userbuffers",
+        fix="set comm_overlap.tp_comm_bootstrap_backend to nccl, mpi or gloo (or null)",
+    ),
+)
+
 PIPELINE_DP_RULES: tuple[Rule, ...] = (
     _rule(
         id="p2p-overlap-needs-interleaved-pipeline",
@@ -1076,12 +1087,23 @@ megatron-core re-checks the EP-overlap rules in `TransformerConfig.__post_init__
 `assert`s; `tests/unit_tests/training/test_megatron_parity.py` shows it rejects every config our
 EP-overlap/delay-wgrad rules reject (where it has the rule) and accepts one we accept.
 
-- Ours only: `ep-overlap-needs-moe-experts` (megatron-core only requires `num_moe_experts` to be set
-  for EP), the TE >= 2.7 and TE >= 2.12 delayed-wgrad rules (and their grad-accumulation-fusion and
-  attention-bias parts), `delay-wgrad-without-te` and `ep-overlap-needs-two-micro-batches`
-  (warnings), `ep-overlap-needs-torch-2.6` is shared but megatron-core reads the installed torch.
-- megatron-core only: TE >= 2.10 for delayed wgrad with `cuda_graph_impl="transformer_engine"`
-  (mirrored here as `delay-wgrad-te-cuda-graph-te-2.10`), and the `ncclep` backend's extra checks.
+- Ours only: `ep-overlap-needs-moe-experts` for `num_moe_experts=1` (megatron-core only requires
+  `num_moe_experts` to be set for EP), the TE >= 2.7 and TE >= 2.12 delayed-wgrad rules of the
+  SPEC (and the grad-accumulation-fusion and attention-bias parts of the latter), and the warnings
+  `delay-wgrad-without-te` (megatron-core's non-TE linears implement `backward_dw` as a no-op) and
+  `ep-overlap-needs-two-micro-batches`. `ep-overlap-needs-torch-2.6` is shared, but megatron-core
+  reads the installed torch while we read the rule context.
+- Taken from megatron-core (not in the SPEC): TE >= 2.10 for delayed wgrad with
+  `cuda_graph_impl="transformer_engine"` (`delay-wgrad-te-cuda-graph-te-2.10`; megatron-core treats
+  a missing TE as version 0, we report `te-cuda-graph-needs-te` instead) and
+  `ep-overlap-excludes-dispatch-wgrad-overlap`.
+- megatron-core only (still reported, as a typed `megatron-core-post-init` error, because finalize
+  runs megatron-core's checks after ours): `ep_overlap_early_attn_memory_release` needing EP
+  overlap, and the `ncclep` backend's extra checks.
+- Stricter than megatron-core: an explicit `overlap_p2p_comm` without the interleaved schedule is
+  rejected at validation (megatron-core raises only when the schedule runs); a flex backend set
+  while the dispatcher is not flex (pitfall 3) is an error; the flex dispatcher needs an explicit
+  backend (megatron-core silently defaults to `deepep`).
 - Scopes: megatron-core 0.19.2 names capture regions `cuda_graph_modules` (the old
   `cuda_graph_scope` is deprecated and migrated); both are read here. An empty list (or the
   deprecated `"full"`) captures the whole layer, which we count as "attention inside the graph"
