@@ -548,3 +548,13 @@ def test_general_errors_keep_their_type() -> None:
     with pytest.raises(ConfigValidationError) as info:
         finalize(copy.deepcopy(cfg))
     assert not isinstance(info.value, CommOverlapConfigError)
+
+
+def test_comm_overlap_none_means_all_unset() -> None:
+    cfg = ep_overlap_cfg()
+    cfg.comm_overlap = None
+    resolved = finalize(cfg, ctx(world_size=4))
+    assert resolved.model.overlap_moe_expert_parallel_comm is False
+    assert resolved.ddp.overlap_grad_reduce is True
+    assert effective_overlap_values(cfg, ctx())["overlap_moe_expert_parallel_comm"].value is False
+    assert "moe_ep_overlap" not in overlap_report.build_overlap_report(cfg, ctx()).active

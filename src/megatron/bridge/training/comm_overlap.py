@@ -163,11 +163,7 @@ def _distributed_dp(cfg, ctx) -> tuple[Optional[bool], str]:
 
 
 def _compute_dp_overlap(cfg, partial, ctx):
-    on, why = _distributed_dp(cfg, ctx)
-    return bool(on), why
-
-
-def _compute_param_gather(cfg, partial, ctx):
+    """Grad-reduce and param-gather overlap: on with the distributed optimizer and DP > 1."""
     on, why = _distributed_dp(cfg, ctx)
     return bool(on), why
 
@@ -193,11 +189,17 @@ def _off(reason: str) -> ComputeFn:
 
 
 OVERLAP_FIELDS: tuple[OverlapField, ...] = (
-    OverlapField("tp_comm_overlap", ("model.tp_comm_overlap",), _off("off unless requested"), "off unless requested"),
+    OverlapField(
+        "tp_comm_overlap", ("model.tp_comm_overlap",), _off("off unless requested"), "off unless requested"
+    ),
     OverlapField("tp_comm_overlap_cfg", ()),
     OverlapField("tp_comm_bootstrap_backend", ("model.tp_comm_bootstrap_backend",)),
-    OverlapField("overlap_p2p_comm", ("model.overlap_p2p_comm",), _compute_overlap_p2p, "on when PP>1 with VPP"),
-    OverlapField("batch_p2p_comm", ("model.batch_p2p_comm",), _compute_batch_p2p, "on when PP>1 without VPP"),
+    OverlapField(
+        "overlap_p2p_comm", ("model.overlap_p2p_comm",), _compute_overlap_p2p, "on when PP>1 with VPP"
+    ),
+    OverlapField(
+        "batch_p2p_comm", ("model.batch_p2p_comm",), _compute_batch_p2p, "on when PP>1 without VPP"
+    ),
     OverlapField(
         "overlap_grad_reduce",
         ("ddp.overlap_grad_reduce",),
@@ -207,7 +209,7 @@ OVERLAP_FIELDS: tuple[OverlapField, ...] = (
     OverlapField(
         "overlap_param_gather",
         ("ddp.overlap_param_gather", "optimizer.overlap_param_gather"),
-        _compute_param_gather,
+        _compute_dp_overlap,
         "on with the distributed optimizer and DP>1",
     ),
     OverlapField(
@@ -370,8 +372,11 @@ def apply_overlap_values(cfg: "ConfigContainer", effective: dict[str, EffectiveV
 def resolve_comm_overlap(cfg: "ConfigContainer", ctx: RuleContext) -> list[Violation]:
     """Resolve, apply and check the overlap settings of ``cfg`` (a private copy); all violations.
 
-    Called by ``finalize_config`` after the precision flags are derived.
+    Called by ``finalize_config`` after the precision flags are derived. A ``comm_overlap`` of
+    ``None`` (e.g. from an old recipe or YAML) means "all switches unset", never a crash.
     """
+    if cfg.comm_overlap is None:
+        cfg.comm_overlap = CommOverlapConfig()
     effective, conflicts = resolve_overlap_values(cfg, ctx)
     if conflicts:
         return conflicts + check_rules(TYPE_RULES, cfg, ctx)
@@ -390,6 +395,8 @@ def effective_overlap_values(
     """
     from megatron.bridge.training.finalize import default_rule_context
 
+    if cfg.comm_overlap is None:
+        cfg = dataclasses.replace(cfg, comm_overlap=CommOverlapConfig())
     effective, _ = resolve_overlap_values(cfg, ctx or default_rule_context())
     return effective
 
@@ -421,7 +428,7 @@ def _te_at_least(ctx: RuleContext, version: str) -> bool:
     return ctx.te_version is not None and ctx.te_version >= Version(version)
 
 
-def _layers_use_te(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def layers_use_te(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     """Whether the built layers will be Transformer Engine modules on the machine ``ctx`` describes."""
     spec = cfg.model.layer_spec
     return spec == "transformer_engine" or (spec == "auto" and ctx.te_version is not None)
@@ -692,7 +699,7 @@ DELAY_WGRAD_RULES: tuple[Rule, ...] = (
         severity="warning",
         fields=("comm_overlap.delay_wgrad_compute", "model.layer_spec"),
         applies=_dw_on,
-        holds=_layers_use_te,
+        holds=layers_use_te,
         message="without Transformer Engine layers delayed wgrad buys nothing (non-TE linears "
         "compute wgrad in place); accepted so a CPU host can dry-run a TE cluster's config",
         fix="run with Transformer Engine (layer_spec auto/transformer_engine), " + _DW_FIX_OFF,
@@ -811,7 +818,7 @@ TP_OVERLAP_RULES: tuple[Rule, ...] = (
         group="tp-overlap",
         fields=("comm_overlap.tp_comm_overlap", "model.layer_spec"),
         applies=lambda cfg, ctx: bool(cfg.comm_overlap.tp_comm_overlap),
-        holds=_layers_use_te,
+        holds=layers_use_te,
         message="TP comm overlap is implemented by Transformer Engine layers (userbuffers)",
         fix="install the 'te' extra and use layer_spec auto/transformer_engine, or comm_overlap.tp_comm_overlap=false",
         extra_values=_TE,

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from megatron.bridge.training.comm_overlap import (
     OVERLAP_RULES,
+    CommOverlapConfig,
     EffectiveValue,
-    _layers_use_te,
+    layers_use_te,
     resolve_comm_overlap,
     resolve_overlap_values,
 )
@@ -253,7 +254,7 @@ def _layer_spec_text(cfg: "ConfigContainer", ctx: RuleContext) -> str:
     requested = cfg.model.layer_spec
     if requested != "auto":
         return f"layer spec: {requested} (requested)"
-    resolved = "transformer_engine" if _layers_use_te(cfg, ctx) else "local"
+    resolved = "transformer_engine" if layers_use_te(cfg, ctx) else "local"
     return f"layer spec: {resolved} (auto)"
 
 
@@ -267,8 +268,10 @@ def build_overlap_report(
     from megatron.bridge.training.finalize import default_rule_context
 
     ctx = ctx or default_rule_context(target_gpu=getattr(cfg.dist, "target_gpu", None))
-    effective, _ = resolve_overlap_values(cfg, ctx)
     work = copy.deepcopy(cfg)
+    if work.comm_overlap is None:
+        work.comm_overlap = CommOverlapConfig()
+    effective, _ = resolve_overlap_values(work, ctx)
     apply_mixed_precision(work)
     violations = resolve_comm_overlap(work, ctx)
     features = _feature_states(work, effective, violations)
