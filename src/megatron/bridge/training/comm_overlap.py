@@ -708,7 +708,7 @@ DELAY_WGRAD_RULES: tuple[Rule, ...] = (
     _rule(
         id="delay-wgrad-te-2.7",
         group="delay-wgrad",
-        fields=("ddp.overlap_grad_reduce", "model.gradient_accumulation_fusion"),
+        fields=("comm_overlap.overlap_grad_reduce", "model.gradient_accumulation_fusion"),
         applies=lambda cfg, ctx: _dw_te(cfg, ctx)
         and (cfg.ddp.overlap_grad_reduce or cfg.model.gradient_accumulation_fusion),
         holds=lambda cfg, ctx: _te_at_least(ctx, "2.7"),
@@ -1036,7 +1036,10 @@ and the fix. An explicit request that cannot be honoured is an error, never a si
 rules with severity `warning` are logged and shown in the start-up overlap report.
 
 Transformer Engine version rules are evaluated against the installed TE ("absent" when it does
-not import). Flex-dispatcher rules are evaluated against the target GPU: the harness's `-g` GPU
+not import). The delayed-wgrad TE version rules apply when TE is present; without TE the layers
+are not TE modules, delayed wgrad is a harmless no-op and `delay-wgrad-without-te` warns instead
+(so a CPU login node can dry-run a TE cluster's config), while features that cannot exist without
+TE (`te-cuda-graph-needs-te`, `tp-overlap-needs-te`) are errors. Flex-dispatcher rules are evaluated against the target GPU: the harness's `-g` GPU
 type (`cfg.dist.target_gpu`), else the visible GPU; on a CPU host without a target they are
 reported as not checked.
 
