@@ -238,3 +238,17 @@ def test_cfg_validate_on_gpu_host_without_deep_ep(gpu_host) -> None:
 def test_support_table_in_docs() -> None:
     table = fdb.render_support_table()
     assert "| `gb200` | 10.0 | Blackwell | yes | no | yes |" in table
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("NVIDIA H100 80GB HBM3, 9.0\n", ((9, 0), "NVIDIA H100 80GB HBM3")),
+        ("NVIDIA GB200, 10.0\nNVIDIA GB200, 10.0\n", ((10, 0), "NVIDIA GB200")),
+        ("", (None, None)),
+        ("Field \"compute_cap\" is not a valid field to query.", (None, None)),
+    ],
+)
+def test_parse_nvidia_smi(text, expected) -> None:
+    """The visible GPU is read without initialising CUDA (CUDA_DEVICE_MAX_CONNECTIONS comes later)."""
+    assert fdb.parse_nvidia_smi(text) == expected
