@@ -137,3 +137,12 @@ def test_default_context_reads_target_gpu_from_config() -> None:
     cfg.dist.target_gpu = "h100"
     report = build_overlap_report(cfg)
     assert report.target_gpu.startswith("h100")
+
+
+def test_ownership_conflict_is_listed() -> None:
+    cfg = ep_overlap_cfg()
+    cfg.comm_overlap.overlap_moe_expert_parallel_comm = False
+    cfg.model.overlap_moe_expert_parallel_comm = True
+    report = build_overlap_report(cfg, ctx())
+    assert [v.rule for v in report.errors] == ["overlap-owner-conflict"]
+    assert "overlap-owner-conflict" in report.format()

@@ -173,8 +173,12 @@ class OverlapReport:
             )
         if self.cuda_device_max_connections_conflict:
             lines.append(f"  CONFLICT: {self.cuda_device_max_connections_conflict}")
+        shown = [r for f in self.features for r in f.reasons]
+        for v in self.errors:
+            if not any(v.message in r for r in shown):
+                lines.append(f"  error: {v.format()}")
         for v in self.notes:
-            if not any(v.message in r for f in self.features for r in f.reasons):
+            if not any(v.message in r for r in shown):
                 lines.append(f"  note: [{v.rule}] {v.message}")
         return "\n".join(lines)
 
