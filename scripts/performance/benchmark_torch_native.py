@@ -169,6 +169,14 @@ def _summarise(results: Dict[str, Any], shape, args) -> str:
             mean = sum(r["step_times_s"]) / len(r["step_times_s"])
             lines.append(f"| {name} | {mean:.2f} | {r['tokens_per_s_total']:,.0f} | {r['model_tflops_per_gpu']:.1f} | "
                          f"{r.get('max_abs_loss_diff_vs_off', float('nan')):.2e} | {r.get('grad_norm_sq_rel_diff_vs_off', float('nan')):.2e} |")
+    pt = results.get("pretrain_native")
+    if pt:
+        if "error" in pt:
+            lines += ["", f"pretrain() with the torch-native spec: error {pt['error']}"]
+        else:
+            keys = ("tokens_per_s", "tflops_per_gpu", "peak_memory_gib", "step_time_mean_s")
+            shown = {k: pt[k] for k in keys if k in pt}
+            lines += ["", f"pretrain() (real loop: DDP, optimizer) with the torch-native spec: {json.dumps(shown, default=str)}"]
     eq = results.get("equivalence")
     if eq and "error" not in eq:
         lines += ["", f"bf16 equivalence ({eq.get('num_layers')} layers, seq {eq.get('seq_length')}; same weights and batch): loss rel diff {eq['loss_rel_diff']:.2e}, "
@@ -188,10 +196,14 @@ def run_harness(args) -> Dict[str, Any]:
     results: Dict[str, Any] = {"command": " ".join(sys.argv), "shape": asdict(shape), "mode": "harness"}
     phases = [p for p in args.phases.split(",") if p]
     if args.device == "cpu":
-        phases = [p for p in phases if p not in ("ceiling", "probe", "ep2")]
+        phases = [p for p in phases if p not in ("ceiling", "probe", "ep2", "native_ce_fusion")]
     for phase in phases:
         t0 = time.perf_counter()
-        results[phase] = _run_phase(args, phase, out)
+        if phase == "pretrain_native":  # the real training loop, optimizer included
+            scratch = Path(args.scratch or (Path(tempfile.gettempdir()) / "bench_torch_native"))
+            results[phase] = run_pretrain_one(args, "torch_native", 6, scratch / "pretrain_native")
+        else:
+            results[phase] = _run_phase(args, phase, out)
         status = results[phase].get("error", "ok")
         print(f"[bench] {phase}: {status} ({time.perf_counter() - t0:.0f}s)", flush=True)
         if status != "ok":
@@ -206,12 +218,17 @@ def run_harness(args) -> Dict[str, Any]:
 
 PRETRAIN_CHILD = r"""
 import json, sys
-from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
+from megatron.bridge.recipes import qwen
 from megatron.bridge.training.pretrain import pretrain
-spec, log_dir, layers, seq, mbs, gbs, iters = sys.argv[1:8]
-cfg = qwen3_30b_a3b_pretrain_config()
+spec, log_dir, layers, seq, mbs, gbs, iters, recipe, device = sys.argv[1:10]
+cfg = getattr(qwen, recipe)()
 m = cfg.model
-m.num_layers, m.seq_length, m.layer_spec = int(layers), int(seq), spec
+if recipe == "qwen3_30b_a3b_pretrain_config":
+    m.num_layers, m.seq_length = int(layers), int(seq)
+m.layer_spec = spec
+if device == "cpu":
+    cfg.dist.device = "cpu"
+    cfg.mixed_precision = "fp32"
 m.tensor_model_parallel_size = m.pipeline_model_parallel_size = m.expert_model_parallel_size = 1
 m.context_parallel_size = 1
 m.virtual_pipeline_model_parallel_size = None
@@ -228,6 +245,22 @@ pretrain(cfg)
 """
 
 
+def run_pretrain_one(args, spec: str, iters: int, log_dir: Path) -> Dict[str, Any]:
+    """``pretrain(cfg)`` in a subprocess for one spec; its ``summary.json`` (or the error)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    recipe = "qwen3_moe_tiny_pretrain_config" if args.tiny else "qwen3_30b_a3b_pretrain_config"
+    cmd = [sys.executable, "-c", PRETRAIN_CHILD, spec, str(log_dir), str(args.layers), str(args.seq), "1",
+           str(args.micro_batches), str(iters), recipe, args.device]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.phase_timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout after {args.phase_timeout}s"}
+    summary = log_dir / "summary.json"
+    if summary.exists():
+        return json.loads(summary.read_text())
+    return {"error": f"rc={proc.returncode}", "stderr_tail": proc.stderr[-3000:], "stdout_tail": proc.stdout[-2000:]}
+
+
 def run_pretrain(args) -> Dict[str, Any]:
     """Final numbers through the real training loop: one subprocess per spec, read summary.json."""
     out = Path(args.out)
@@ -236,16 +269,7 @@ def run_pretrain(args) -> Dict[str, Any]:
     iters = 8
     for spec in ("local", "torch_native"):
         log_dir = out / f"pretrain_{spec}"
-        log_dir.mkdir(exist_ok=True)
-        cmd = [sys.executable, "-c", PRETRAIN_CHILD, spec, str(log_dir), str(args.layers), str(args.seq), "1",
-               str(args.micro_batches), str(iters if spec == "torch_native" else 3)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.phase_timeout)
-            summary = log_dir / "summary.json"
-            results[spec] = json.loads(summary.read_text()) if summary.exists() else {
-                "error": f"rc={proc.returncode}", "stderr_tail": proc.stderr[-3000:]}
-        except subprocess.TimeoutExpired:
-            results[spec] = {"error": f"timeout after {args.phase_timeout}s"}
+        results[spec] = run_pretrain_one(args, spec, iters if spec == "torch_native" else 3, log_dir)
         print(f"[bench] pretrain {spec}: {results[spec].get('error', 'ok')}", flush=True)
         (out / "torch_native_pretrain.json").write_text(json.dumps(results, indent=2, default=str))
     return results

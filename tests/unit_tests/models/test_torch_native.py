@@ -562,3 +562,17 @@ def test_ep2_overlap_schedule_and_delayed_wgrad_give_equal_gradients(ep2_report:
 def test_ep2_schedule_really_calls_backward_dw(ep2_report: dict) -> None:
     for r in ep2_report["ranks"]:
         assert r["backward_dw_calls"]["overlap_delay_wgrad"] >= 2 * 3  # layers x micro-batches
+
+
+def test_fused_swiglu_function_matches_the_eager_activation(model_parallel, tiny_moe_config) -> None:
+    """The function that CUDA runs through torch.compile computes megatron MLP's activation."""
+    from megatron.bridge.models.torch_native import experts as experts_mod
+
+    _, native = _expert_pair(tiny_moe_config())
+    h = torch.randn(10, 2 * 24, requires_grad=True)
+    probs = torch.rand(10, requires_grad=True)
+    want = native._activation_eager(h, probs)
+    got = experts_mod._swiglu_probs(h, probs)
+    torch.testing.assert_close(got, want)
+    assert experts_mod._compiled_swiglu_usable(native.config) in (True, False)
+    assert not experts_mod._compiled_swiglu_usable(tiny_moe_config(activation_func=torch.nn.functional.gelu))

@@ -22,6 +22,8 @@ Checkpoint compatibility with the plain spec:
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import re
 from typing import Callable, List, Optional
 
@@ -40,6 +42,8 @@ from megatron.core.transformer.utils import (
 
 from megatron.bridge.models.torch_native.grouped_gemm import WgradStash, grouped_linear
 
+logger = logging.getLogger(__name__)
+
 _PLAIN_KEY = re.compile(r"^local_experts\.(\d+)\.linear_fc([12])\.(weight|_extra_state)$")
 
 
@@ -47,6 +51,39 @@ def _param_device(config: TransformerConfig) -> torch.device:
     if config.use_cpu_initialization or not torch.cuda.is_available():
         return torch.device("cpu")
     return torch.device("cuda", torch.cuda.current_device())
+
+
+def _swiglu_probs(h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * linear * prob`` computed in fp32, stored in ``h``'s dtype (megatron's order)."""
+    gate, linear = torch.chunk(h, 2, dim=-1)
+    act = torch.nn.functional.silu(gate) * linear
+    return (act * probs.unsqueeze(-1)).to(h.dtype)
+
+
+_COMPILE_STATE = {"fn": None, "disabled": os.environ.get("MBRIDGE_TORCH_NATIVE_COMPILE", "1") == "0"}
+
+
+def _compiled_swiglu_usable(config: TransformerConfig) -> bool:
+    """Only the plain SwiGLU (Qwen3) is compiled; other activations take the eager path."""
+    return (
+        not _COMPILE_STATE["disabled"]
+        and config.gated_linear_unit
+        and config.activation_func is torch.nn.functional.silu
+        and getattr(config, "activation_func_clamp_value", None) is None
+        and not getattr(config, "glu_linear_offset", 0.0)
+    )
+
+
+def _compiled_swiglu(h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    if _COMPILE_STATE["fn"] is None:
+        # dynamic: the number of routed tokens changes every micro-batch
+        _COMPILE_STATE["fn"] = torch.compile(_swiglu_probs, dynamic=True)
+    return _COMPILE_STATE["fn"](h, probs)
+
+
+def _disable_compiled_swiglu(exc: Exception) -> None:
+    _COMPILE_STATE["disabled"] = True
+    logger.warning("torch_native experts: torch.compile of the SwiGLU failed (%s); using eager ops", exc)
 
 
 class TorchGroupedMLP(MegatronModule):
@@ -182,6 +219,15 @@ class TorchGroupedMLP(MegatronModule):
     # ------------------------------------------------------------------ forward
 
     def _activation(self, h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        """GLU/activation then routing-prob scaling; one fused kernel on CUDA where possible."""
+        if h.is_cuda and _compiled_swiglu_usable(self.config):
+            try:
+                return _compiled_swiglu(h, probs)
+            except Exception as exc:  # a compiler failure must not stop training: stay eager
+                _disable_compiled_swiglu(exc)
+        return self._activation_eager(h, probs)
+
+    def _activation_eager(self, h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         """GLU/activation then routing-prob scaling, with megatron MLP's dtype behaviour."""
         cfg = self.config
         if cfg.gated_linear_unit:
