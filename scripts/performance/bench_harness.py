@@ -172,7 +172,8 @@ def run_ceiling(repeats: int = 20, n: int = 8192) -> Dict[str, Any]:
         times.append(start.elapsed_time(end) / 1e3)
     med = statistics.median(times)
     return {"n": n, "repeats": repeats, "median_s": med, "tflops": 2 * n**3 / med / 1e12,
-            "min_s": min(times), "max_s": max(times), "device": torch.cuda.get_device_name()}
+            "min_s": min(times), "max_s": max(times), "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__}
 
 
 def run_grouped_probe() -> Dict[str, Any]:
@@ -296,7 +297,7 @@ def profile_top_kernels(model, batches, mask, rows: int = 30) -> str:
     lines = [f"GPU kernel time over {len(batches)} micro-batches: {total / 1e3:.1f} ms", "",
              "| share | ms | calls | kernel |", "| ---: | ---: | ---: | --- |"]
     for t, n, name in kernels[:rows]:
-        lines.append(f"| {100 * t / total:5.1f}% | {t / 1e3:8.2f} | {n} | {name[:110].replace('|', '/')} |")
+        lines.append(f"| {100 * t / total:5.1f}% | {t / 1e3:8.2f} | {n} | {name[:160].replace('|', '/')} |")
     del events
     return "\n".join(lines)
 
