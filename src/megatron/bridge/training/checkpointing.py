@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 TRACKER = "latest_checkpointed_iteration.txt"
 # DP-local optimizer shards: no gathers on save or load; resharding only across DP sizes.
+# ("fully_sharded_model_space", megatron's default, fails in 0.19.2: "ShardedTensor.flattened_range is
+# not supported".)
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable", "chained_optim_avoid_prefix": True}
 
 
@@ -50,16 +52,27 @@ def latest_iteration(root: Optional[str | os.PathLike]) -> Optional[int]:
     return int(text) if text.isdigit() else None
 
 
-def _sharded_state_dict(model: list[Any], optimizer: Any, is_loading: bool) -> dict[str, Any]:
-    from megatron.core.dist_checkpointing.mapping import ShardedStateDict  # noqa: F401 - type only
+def _bare(model: list[Any]) -> list[Any]:
+    """The ``GPTModel`` inside each DDP/Float16Module chunk.
 
+    megatron's DDP wrapper has no ``sharded_state_dict`` of its own, so asking it adds a
+    ``module.`` prefix that its ``load_state_dict`` does not strip; the bare model has neither
+    problem, and its keys are megatron's usual checkpoint keys.
+    """
+    from megatron.core.utils import unwrap_model
+
+    return unwrap_model(model)
+
+
+def _sharded_state_dict(model: list[Any], optimizer: Any, is_loading: bool) -> dict[str, Any]:
+    bare = _bare(model)
     state: dict[str, Any] = {}
-    if len(model) == 1:
-        state["model"] = model[0].sharded_state_dict()
+    if len(bare) == 1:
+        state["model"] = bare[0].sharded_state_dict()
         model_state = state["model"]
     else:
         model_state = {}
-        for i, chunk in enumerate(model):
+        for i, chunk in enumerate(bare):
             state[f"model{i}"] = chunk.sharded_state_dict()
             model_state.update(state[f"model{i}"])
     state["optimizer"] = optimizer.sharded_state_dict(
@@ -93,12 +106,45 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
 
 
+def _without_psutil() -> None:
+    """megatron-core's torch_dist writer logs process memory through ``psutil`` and fails without it.
+
+    The value is only logged, so when ``psutil`` is absent (it is no dependency of torch or
+    megatron-core) report the peak resident set size from the standard library instead.
+    """
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async, "HAVE_PSUTIL", True):
+        return
+    import resource
+
+    filesystem_async._process_memory = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _in_process_results_queue() -> None:
+    """Keep megatron's checkpoint writer from starting a ``spawn`` multiprocessing Manager.
+
+    ``FileSystemWriterAsync`` collects its writers' results through a Manager queue created with
+    the ``spawn`` start method: a fresh interpreter that re-imports the training script (tens of
+    seconds with torch and megatron-core). We save synchronously, where the writers are threads of
+    this process, so a plain in-process queue carries the same results.
+    """
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async, "_results_queue", None) is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
 def save_checkpoint(
     cfg: "ConfigContainer", model: list[Any], optimizer: Any, scheduler: Any, state: "TrainState"
 ) -> Path:
     """Save model, optimizer, scheduler, iteration, data position and RNG at ``state.iteration``."""
     from megatron.core import dist_checkpointing
 
+    _without_psutil()
+    _in_process_results_queue()
     root = Path(cfg.checkpoint.save)
     path = iteration_dir(root, state.iteration)
     rank = torch.distributed.get_rank()
@@ -121,6 +167,53 @@ def save_checkpoint(
     return path
 
 
+def _prime_optimizer_state(optimizer: Any) -> None:
+    """Give a fresh torch Adam inside megatron's optimizer its state (zeros, ``step`` 0) before loading.
+
+    Without Apex/TE, megatron's ``DistributedOptimizer.state_dict()`` reads the ``step`` of every
+    parameter state and asserts there is exactly one value; a never-stepped torch optimizer has no
+    state at all, so building the *loading* state dict of a fresh run fails. The values written
+    here are placeholders, overwritten by the checkpoint.
+    """
+    from megatron.core.optimizer import distrib_optimizer
+
+    if getattr(distrib_optimizer, "HAVE_APEX_OR_TE", False):
+        return
+    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(sub, "optimizer", None)
+        if inner is None or len(inner.state) > 0:
+            continue
+        init_state_fn = getattr(sub, "init_state_fn", None)
+        if init_state_fn is not None:
+            init_state_fn(inner, getattr(sub, "config", None))
+        for group in inner.param_groups:
+            for param in group["params"]:
+                inner.state[param].setdefault("step", torch.tensor(0.0))
+
+
+def _restore_adam_steps(optimizer: Any) -> None:
+    """Put the checkpoint's Adam ``step`` back into every parameter state of torch's Adam.
+
+    megatron's ``dp_reshardable`` loader copies each parameter's state tensors from a structure
+    built out of the *live* (primed, step 0) optimizer, so the per-parameter ``step`` tensor keeps
+    the placeholder; the true step is in the loaded param groups. Bias correction needs it.
+    """
+    from megatron.core.optimizer import distrib_optimizer
+
+    if getattr(distrib_optimizer, "HAVE_APEX_OR_TE", False):
+        return
+    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(sub, "optimizer", None)
+        if inner is None:
+            continue
+        for group in inner.param_groups:
+            if group.get("step") is None:
+                continue
+            for param in group["params"]:
+                if "step" in inner.state.get(param, {}):
+                    inner.state[param]["step"] = torch.tensor(float(group["step"]))
+
+
 def load_checkpoint(
     cfg: "ConfigContainer", model: list[Any], optimizer: Any, scheduler: Any
 ) -> Optional["TrainState"]:
@@ -133,14 +226,17 @@ def load_checkpoint(
     if iteration is None:
         return None
     path = iteration_dir(cfg.checkpoint.load, iteration)
+    _prime_optimizer_state(optimizer)
     sharded = _sharded_state_dict(model, optimizer, is_loading=True)
     loaded = dist_checkpointing.load(sharded, str(path))
-    if len(model) == 1:
-        model[0].load_state_dict(loaded["model"], strict=False)
+    bare = _bare(model)
+    if len(bare) == 1:
+        bare[0].load_state_dict(loaded["model"], strict=True)
     else:
-        for i, chunk in enumerate(model):
-            chunk.load_state_dict(loaded[f"model{i}"], strict=False)
+        for i, chunk in enumerate(bare):
+            chunk.load_state_dict(loaded[f"model{i}"], strict=True)
     optimizer.load_state_dict(loaded["optimizer"])
+    _restore_adam_steps(optimizer)
     common = dist_checkpointing.load_common_state_dict(str(path))
     scheduler.load_state_dict(common["scheduler"])
     rng_file = path / "rng" / f"rank_{torch.distributed.get_rank():05d}.pt"
