@@ -124,3 +124,14 @@ def test_sweep_validates_every_value_before_launching(tmp_path):
                      "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true"])
     assert code == 2 and "expert_model_parallel_size" in out
     assert not (tmp_path / "s").exists()
+
+
+def test_sweep_keeps_environment_identical_across_values(tmp_path):
+    code, out = run(["-mr", "qwen3_moe_tiny", "-g", "h200", "-ng", "1", "--procs_per_gpu", "2", "-ep", "2",
+                     "--dryrun", "-l", str(tmp_path / "s"),
+                     "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true"])
+    assert code == 0, out
+    launches = [line for line in out.splitlines() if "torch.distributed.run" in line]
+    assert len(launches) == 2 and all("CUDA_DEVICE_MAX_CONNECTIONS=32" in line for line in launches)
+    assert all("--nproc-per-node=2" in line for line in launches)
+    assert "'gloo'  [computed]" in out

@@ -56,10 +56,14 @@ def overlap_report(built: BuiltConfig, resolved) -> tuple[str, Optional[int]]:
     return report.format(), getattr(report, "cuda_device_max_connections", None)
 
 
-def make_job(built: BuiltConfig, args) -> Job:
-    """Resolve (raises ``ConfigError`` with every violation) and plan the launch."""
+def make_job(built: BuiltConfig, args, max_connections: Optional[int] = None) -> Job:
+    """Resolve (raises ``ConfigError`` with every violation) and plan the launch.
+
+    ``max_connections`` replaces the report's ``CUDA_DEVICE_MAX_CONNECTIONS`` (sweeps keep the
+    environment identical across values).
+    """
     resolved = resolve(built)
-    report, max_connections = overlap_report(built, resolved)
+    report, needed = overlap_report(built, resolved)
     plan = plan_launch(
         cpu=built.cpu,
         num_gpus=built.num_gpus,
@@ -67,7 +71,7 @@ def make_job(built: BuiltConfig, args) -> Job:
         procs_per_gpu=built.procs_per_gpu,
         config_path=built.log_dir / CONFIG_NAME,
         log_dir=built.log_dir,
-        cuda_device_max_connections=max_connections,
+        cuda_device_max_connections=max_connections if max_connections is not None else needed,
         account=args.account,
         partition=args.partition,
         time_limit=args.time_limit,
@@ -154,6 +158,22 @@ def sweep_root(args) -> Path:
     return (Path("runs") / f"{args.model_recipe_name}_{args.task}_sweep_{stamp}").resolve()
 
 
+def same_environment(jobs: list[Job], args, out: TextIO) -> list[Job]:
+    """Give every job of a sweep the same ``CUDA_DEVICE_MAX_CONNECTIONS`` so only the swept key differs.
+
+    The value one job needs (e.g. 32 for EP overlap) is harmless for the others (megatron-core only
+    requires 1 for TP/CP comm overlap on pre-Blackwell GPUs); conflicting needs are left per job.
+    """
+    key = "CUDA_DEVICE_MAX_CONNECTIONS"
+    needs = {job.plan.env.get(key) for job in jobs} - {None}
+    if len(needs) != 1:
+        if len(needs) > 1:
+            print(f"   note: sweep values need different {key} ({sorted(needs)}); kept per job", file=out)
+        return jobs
+    value = int(needs.pop())
+    return [job if job.plan.env.get(key) == str(value) else make_job(job.built, args, value) for job in jobs]
+
+
 def run_sweep(args, out: TextIO) -> int:
     """Every value of the swept key as its own job (all validated before the first launches)."""
     try:
@@ -165,6 +185,7 @@ def run_sweep(args, out: TextIO) -> int:
         make_job(build_config(args, extra_overrides=[spec.override(v)], log_dir=root / job_dirname(spec, i, v)), args)
         for i, v in enumerate(spec.values)
     ]
+    jobs = same_environment(jobs, args, out)
     for value, job in zip(spec.values, jobs):
         print(f"== sweep {spec.key}={value}", file=out)
         describe(job, out, verbose=job is jobs[0])
