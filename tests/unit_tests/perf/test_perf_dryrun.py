@@ -135,3 +135,57 @@ def test_sweep_keeps_environment_identical_across_values(tmp_path):
     assert len(launches) == 2 and all("CUDA_DEVICE_MAX_CONNECTIONS=32" in line for line in launches)
     assert all("--nproc-per-node=2" in line for line in launches)
     assert "'gloo'  [computed]" in out
+
+
+def _fake_run_plan(plan, stream=None):
+    """Stand-in for the launcher: 'trains' by writing a summary.json whose speed depends on the job."""
+    import json
+
+    overlap = "overlap_moe_expert_parallel_comm=true" in str(plan.log_dir)
+    step = 0.8 if overlap else 1.0
+    times = [3.0, 2.0] + [step] * 6
+    (plan.log_dir / "summary.json").write_text(json.dumps({
+        "step_times_s": times, "losses": [7.0 - 0.1 * i for i in range(8)], "world_size": plan.nprocs,
+        "tokens_per_s": 1000.0, "tflops_per_gpu": 1.0, "peak_memory_gib": 0.5,
+    }))
+    return 0
+
+
+def test_sweep_runs_each_value_and_writes_outputs(tmp_path, monkeypatch):
+    import megatron.bridge.perf.run as run_module
+
+    monkeypatch.setattr(run_module, "run_plan", _fake_run_plan)
+    root = tmp_path / "s"
+    argv = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--max_steps", "8", "-l", str(root),
+            "comm_overlap.overlap_moe_expert_parallel_comm=false",
+            "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true"]
+    code, out = run(argv)
+    assert code == 0, out
+    assert "swept values replace comm_overlap.overlap_moe_expert_parallel_comm=false" in out
+    assert out.count("Results") == 2
+    md = (root / "sweep.md").read_text()
+    assert "| `false` | 1.0000 | 1.0000 | 1.0000 | 1.000x |" in md
+    assert "| `true` | 0.8000 | 0.8000 | 0.8000 | 1.250x |" in md
+    assert "--sweep comm_overlap.overlap_moe_expert_parallel_comm=false,true" in md
+    assert (root / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    from megatron.bridge.training.utils.omegaconf_utils import config_from_yaml
+
+    on = config_from_yaml(root / "01_overlap_moe_expert_parallel_comm=true" / "config.yaml")
+    assert on.comm_overlap.overlap_moe_expert_parallel_comm is True and on.train.train_iters == 8
+
+
+def test_single_run_prints_results_table(tmp_path, monkeypatch):
+    import megatron.bridge.perf.run as run_module
+
+    monkeypatch.setattr(run_module, "run_plan", _fake_run_plan)
+    code, out = run(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-l", str(tmp_path / "r")])
+    assert code == 0, out
+    assert "iterations 3-8" in out and "1.0000 s" in out and str(tmp_path / "r" / "summary.json") in out
+
+
+def test_failed_run_returns_its_exit_code(tmp_path, monkeypatch):
+    import megatron.bridge.perf.run as run_module
+
+    monkeypatch.setattr(run_module, "run_plan", lambda plan, stream=None: 5)
+    code, out = run(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "1", "-l", str(tmp_path / "r")])
+    assert code == 5 and "Results" not in out

@@ -7,6 +7,7 @@ otherwise the failing job's own exit code.
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -181,6 +182,9 @@ def run_sweep(args, out: TextIO) -> int:
     except ValueError as exc:
         raise HarnessError(str(exc)) from None
     root = sweep_root(args)
+    shadowed = [o for o in args.overrides if o.partition("=")[0].strip() == spec.key]
+    if shadowed:
+        print(f"   note: the swept values replace {', '.join(shadowed)} given on the command line", file=out)
     jobs = [
         make_job(build_config(args, extra_overrides=[spec.override(v)], log_dir=root / job_dirname(spec, i, v)), args)
         for i, v in enumerate(spec.values)
@@ -212,7 +216,7 @@ def run_sweep(args, out: TextIO) -> int:
             stats = summary_steady_state(load_summary(summary_path), args.steady_state_window)
         points.append(SweepPoint(value, str(job.built.log_dir), stats, code))
         worst = worst or code
-    command = " ".join(["uv run python scripts/performance/run_script.py", *sys.argv[1:]]) if sys.argv[1:] else ""
+    command = shlex.join(["uv", "run", "python", "scripts/performance/run_script.py", *args.argv])
     md, png = write_sweep_outputs(spec, points, root, command)
     print(md.read_text(), file=out)
     print(f"== wrote {md}" + (f" and {png}" if png else " (matplotlib missing: no plot)"), file=out)
@@ -224,7 +228,9 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> 
     from megatron.bridge.training.errors import ConfigError
 
     out = out or sys.stdout
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    args.argv = argv
     try:
         return run_sweep(args, out) if args.sweep else run_single(args, out)
     except HarnessError as exc:

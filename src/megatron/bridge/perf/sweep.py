@@ -115,8 +115,9 @@ def sweep_plot(spec: SweepSpec, points: Sequence[SweepPoint], path: "str | Path"
     fig, ax = plt.subplots(figsize=(max(4.0, 1.4 * len(points) + 2), 3.6))
     if done:
         means = [p.stats.mean_s for p in done]
-        lower = [p.stats.mean_s - p.stats.min_s for p in done]
-        upper = [p.stats.max_s - p.stats.mean_s for p in done]
+        # clamp: a float mean of equal values can sit a hair outside [min, max]
+        lower = [max(0.0, p.stats.mean_s - p.stats.min_s) for p in done]
+        upper = [max(0.0, p.stats.max_s - p.stats.mean_s) for p in done]
         ax.bar([p.value for p in done], means, yerr=[lower, upper], capsize=6, color="#4c72b0")
         for x, m in enumerate(means):
             ax.annotate(f"{m:.3f}s", (x, m), ha="center", va="bottom", fontsize=8,
