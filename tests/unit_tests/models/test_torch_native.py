@@ -455,22 +455,31 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.bridge.models.qwen import Qwen3MoEModelProvider
 
 SEQ, MB = 16, 3
-VARIANTS = {"off": (False, False), "overlap": (True, False), "overlap_delay_wgrad": (True, True)}
+# name: (overlap, delayed wgrad, wrapped in megatron's DDP)
+VARIANTS = {
+    "off": (False, False, False),
+    "overlap": (True, False, False),
+    "overlap_delay_wgrad": (True, True, False),
+    "ddp_off": (False, False, True),
+    "ddp_overlap_delay_wgrad": (True, True, True),
+}
 
 def loss_func(out):
     loss = out.float().mean()
     return loss, {"loss": loss.detach()}
 
 def forward_step(it, model, return_schedule_plan=False):
+    from megatron.core.utils import get_attr_wrapped_model
     tokens = next(it)
     pos = torch.arange(SEQ).unsqueeze(0)
     mask = torch.triu(torch.ones(1, 1, SEQ, SEQ, dtype=torch.bool), diagonal=1)
     if return_schedule_plan:
-        return model.build_schedule_plan(tokens, pos, mask, labels=tokens), loss_func
+        plan = get_attr_wrapped_model(model, "build_schedule_plan")(tokens, pos, mask, labels=tokens)
+        return plan, loss_func
     return model(tokens, pos, mask, labels=tokens), loss_func
 
 grads, losses, n_dw = {}, {}, {}
-for name, (overlap, delay) in VARIANTS.items():
+for name, (overlap, delay, ddp) in VARIANTS.items():
     ps.initialize_model_parallel(1, 1, expert_model_parallel_size=2)
     provider = Qwen3MoEModelProvider(
         num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2, kv_channels=8,
@@ -491,12 +500,26 @@ for name, (overlap, delay) in VARIANTS.items():
             calls[0] += 1
             original()
         e.backward_dw = counted
+    run_model = model
+    if ddp:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+        ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=True,
+                                                delay_wgrad_compute=delay, bucket_size=None)
+        run_model = DistributedDataParallel(provider, ddp_cfg, model)
+        provider.finalize_model_grads_func = finalize_model_grads
+        provider.no_sync_func = run_model.no_sync
+        provider.grad_sync_func = None
+        run_model.zero_grad_buffer()
     g = torch.Generator().manual_seed(10 + rank)
     data = [torch.randint(0, 128, (1, SEQ), generator=g) for _ in range(MB)]
-    out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(data), model=[model],
+    out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(data), model=[run_model],
                                       num_microbatches=MB, seq_length=SEQ, micro_batch_size=1, forward_only=False)
     losses[name] = [float(o["loss"]) for o in out]
-    grads[name] = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    if ddp:  # what the optimizer would read: DDP's (reduced) fp32 main grads
+        grads[name] = {k: p.main_grad.clone() for k, p in model.named_parameters()}
+    else:
+        grads[name] = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
     n_dw[name] = calls[0]
     ps.destroy_model_parallel()
 
@@ -510,6 +533,8 @@ report = {
     "backward_dw_calls": n_dw,
     "grad_diff_overlap": max_diff(grads["overlap"], grads["off"]),
     "grad_diff_delay": max_diff(grads["overlap_delay_wgrad"], grads["off"]),
+    "grad_diff_ddp_delay": max_diff(grads["ddp_overlap_delay_wgrad"], grads["ddp_off"]),
+    "ddp_expert_main_grad_norm": float(sum(v.norm() ** 2 for k, v in grads["ddp_off"].items() if "experts" in k) ** 0.5),
     "expert_grad_norm": float(sum(v.norm() ** 2 for k, v in grads["off"].items() if "experts" in k) ** 0.5),
 }
 dist.destroy_process_group()
@@ -556,6 +581,15 @@ def test_ep2_overlap_schedule_and_delayed_wgrad_give_equal_gradients(ep2_report:
         assert r["losses"]["overlap_delay_wgrad"] == pytest.approx(r["losses"]["off"], abs=1e-6)
         assert r["grad_diff_overlap"] <= 1e-6
         assert r["grad_diff_delay"] <= 1e-6
+
+
+@pytest.mark.functional
+def test_ep2_delayed_wgrad_reaches_ddp_main_grads(ep2_report: dict) -> None:
+    """With megatron's DDP, deferred expert wgrads still land in (and are reduced from) main_grad."""
+    for r in ep2_report["ranks"]:
+        assert r["ddp_expert_main_grad_norm"] > 0
+        assert r["losses"]["ddp_overlap_delay_wgrad"] == pytest.approx(r["losses"]["ddp_off"], abs=1e-6)
+        assert r["grad_diff_ddp_delay"] <= 1e-6
 
 
 @pytest.mark.functional
