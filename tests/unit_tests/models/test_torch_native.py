@@ -53,6 +53,13 @@ def test_sdpa_matches_reference_forward_and_grads(nq: int, nkv: int, causal: boo
         torch.testing.assert_close(g, w, atol=ATOL, rtol=1e-5)
 
 
+def test_sdpa_value_head_dim_may_differ_from_query_dim() -> None:
+    q, k = torch.randn(5, 1, 2, 12), torch.randn(5, 1, 2, 12)
+    v = torch.randn(5, 1, 2, 8)  # MLA-style: value head dim != query/key head dim
+    out = sdpa_core_attention(q, k, v, causal=True, scale=0.3)
+    torch.testing.assert_close(out, _reference_attention(q, k, v, 0.3, causal=True), atol=ATOL, rtol=1e-5)
+
+
 class _CpuBuffer:
     """Stand-in for megatron's global memory buffer (it allocates on the current CUDA device)."""
 

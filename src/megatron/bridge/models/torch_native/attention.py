@@ -57,7 +57,7 @@ def sdpa_core_attention(
         attn_mask: megatron convention, ``True`` = masked out, broadcastable to ``[b, nq, sq, sk]``.
 
     Returns:
-        ``[sq, b, nq * d]``.
+        ``[sq, b, nq * dv]`` (``dv``: value head dim).
     """
     sq, b, nq, d = query.shape
     nkv = key.shape[2]
@@ -78,8 +78,8 @@ def sdpa_core_attention(
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, scale=scale, **kwargs
     )
-    # [b, h, s, d] -> [s, b, h * d]
-    return out.permute(2, 0, 1, 3).reshape(sq, b, nq * d)
+    # [b, h, s, dv] -> [s, b, h * dv] (dv may differ from the query/key dim, as in MLA)
+    return out.permute(2, 0, 1, 3).reshape(sq, b, nq * value.shape[-1])
 
 
 class TorchSDPAttention(MegatronModule):
