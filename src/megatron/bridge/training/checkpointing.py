@@ -145,6 +145,10 @@ def save_checkpoint(
 
     _without_psutil()
     _in_process_results_queue()
+    if cfg.ddp.use_distributed_optimizer:
+        # Every replica must hold the same (latest) parameters before shards are written.
+        for chunk in model:
+            chunk.start_param_sync(force_sync=True)
     root = Path(cfg.checkpoint.save)
     path = iteration_dir(root, state.iteration)
     rank = torch.distributed.get_rank()

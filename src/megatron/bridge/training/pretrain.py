@@ -179,6 +179,12 @@ def wire_model_config(resolved: "ConfigContainer", model: list[Any], optimizer: 
     config.finalize_model_grads_func = finalize_model_grads
 
 
+def force_param_sync(model: list[Any]) -> None:
+    """Synchronously all-gather the distributed optimizer's updated parameter shards (all chunks)."""
+    for chunk in model:
+        chunk.start_param_sync(force_sync=True)
+
+
 # --------------------------------------------------------------------------------------------------
 # The loop
 
@@ -409,6 +415,10 @@ def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, 
     for chunk in model:
         chunk.train()
 
+    # Seen on CPU over gloo (megatron-core 0.19.2, torch 2.15): right after the distributed
+    # optimizer's step, data-parallel replicas of a parameter can still differ (the param all-gather
+    # inside the step is not yet visible); a synchronous re-gather makes them identical again.
+    resync_params = resolved.ddp.use_distributed_optimizer and resolved.dist.effective_backend == "gloo"
     stopped = False
     with _SigtermFlag() as sigterm:
         while state.iteration < t.train_iters:
@@ -429,6 +439,8 @@ def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, 
                 forward_only=False,
             )
             update_ok, grad_norm, _ = optimizer.step()
+            if resync_params:
+                force_param_sync(model)
             if update_ok:
                 scheduler.step(increment=t.global_batch_size)
             if resolved.dist.device == "cuda":
