@@ -51,7 +51,8 @@ def test_unknown_recipe_lists_recipes(mr, task):
 def test_reference_gpu_counts_from_recipes():
     assert reference_num_gpus(qwen3_30b_a3b_pretrain_config) == 16
     assert reference_num_gpus(qwen3_235b_a22b_pretrain_config) == 256
-    assert reference_num_gpus(qwen3_moe_tiny_pretrain_config) is None
+    assert reference_num_gpus(qwen3_moe_tiny_pretrain_config) == 1
+    assert reference_num_gpus(lambda: None) is None  # unmarked: the layout's minimum is assumed
 
 
 @pytest.mark.parametrize("ng", [16, 32, 48])

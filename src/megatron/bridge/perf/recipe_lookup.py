@@ -10,7 +10,6 @@ is meant for the recipe's own reference GPU count.
 from __future__ import annotations
 
 import importlib
-import inspect
 import math
 import pkgutil
 import re
@@ -23,7 +22,6 @@ if TYPE_CHECKING:
 
 RECIPES_PACKAGE = "megatron.bridge.recipes"
 _GPU_VARIANT = re.compile(r"^(?P<base>.+)_(?P<ng>\d+)gpu_config$")
-_REFERENCE_GPUS = re.compile(r"\bon (\d+) GPUs\b")
 
 
 class RecipeLookupError(LookupError):
@@ -86,13 +84,10 @@ def describe_recipes(functions: dict[str, Callable]) -> str:
 
 
 def reference_num_gpus(factory: Callable) -> Optional[int]:
-    """GPU count a recipe is written for: its ``reference_num_gpus`` attribute, else "on N GPUs" in
-    its docstring, else ``None`` (then the minimum the layout needs is assumed)."""
+    """GPU count a recipe is written for (its ``reference_num_gpus`` attribute, set by
+    ``written_for_gpus``), else ``None`` (then the minimum the layout needs is assumed)."""
     explicit = getattr(factory, "reference_num_gpus", None)
-    if explicit:
-        return int(explicit)
-    match = _REFERENCE_GPUS.search(inspect.getdoc(factory) or "")
-    return int(match.group(1)) if match else None
+    return int(explicit) if explicit else None
 
 
 def lookup_recipe(family: str, recipe: str, task: str, num_gpus: Optional[int] = None) -> RecipeChoice:

@@ -7,6 +7,8 @@ Every recipe states its dispatcher (plain ``alltoall``, no flex backend) and car
 
 from __future__ import annotations
 
+from typing import Callable, TypeVar
+
 from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
 
@@ -27,6 +29,22 @@ from megatron.bridge.training.config import (
     TokenizerConfig,
     TrainingConfig,
 )
+
+
+RecipeFn = TypeVar("RecipeFn", bound=Callable[[], ConfigContainer])
+
+
+def written_for_gpus(num_gpus: int) -> Callable[[RecipeFn], RecipeFn]:
+    """Record the GPU count a recipe's layout and global batch are written for.
+
+    The perf harness scales the global batch with the data-parallel size relative to this count.
+    """
+
+    def mark(recipe: RecipeFn) -> RecipeFn:
+        recipe.reference_num_gpus = num_gpus
+        return recipe
+
+    return mark
 
 
 def _pretrain_config(
@@ -107,18 +125,21 @@ def _alltoall(model: GPTModelProvider) -> GPTModelProvider:
     return model
 
 
+@written_for_gpus(16)
 def qwen3_30b_a3b_pretrain_config() -> ConfigContainer:
     """Qwen3-30B-A3B on 16 GPUs: TP1/PP1/EP16, GBS 1024, MBS 1, seq 4096."""
     model = _alltoall(_layout(Qwen3MoEModelProvider30B_A3B(), tp=1, pp=1, ep=16))
     return _pretrain_config(model, global_batch_size=1024)
 
 
+@written_for_gpus(8)
 def qwen3_30b_a3b_pretrain_8gpu_config() -> ConfigContainer:
     """Qwen3-30B-A3B on 8 GPUs: TP4/PP2/EP4 (sequence parallel on), GBS 1024, MBS 1, seq 4096."""
     model = _alltoall(_layout(Qwen3MoEModelProvider30B_A3B(), tp=4, pp=2, ep=4))
     return _pretrain_config(model, global_batch_size=1024)
 
 
+@written_for_gpus(256)
 def qwen3_235b_a22b_pretrain_config() -> ConfigContainer:
     """Qwen3-235B-A22B on 256 GPUs: TP4/PP16/CP2/EP8, GBS 1024, MBS 1, seq 4096.
 
@@ -130,6 +151,7 @@ def qwen3_235b_a22b_pretrain_config() -> ConfigContainer:
     return _pretrain_config(model, global_batch_size=1024, lr=1e-4, min_lr=1e-5)
 
 
+@written_for_gpus(1)
 def qwen3_moe_tiny_pretrain_config() -> ConfigContainer:
     """A 2-layer Qwen3-MoE-shaped model (hidden 128, 8 experts top-2, vocab 1024, seq 128).
 
