@@ -100,8 +100,8 @@ CASES: list[Case] = [
          {"model.overlap_dispatch_backward_with_experts_wgrad": False}),
     Case("ep-overlap-needs-two-micro-batches", {"train.global_batch_size": 2}, {"train.global_batch_size": 4}),
     Case("delay-wgrad-needs-ep-overlap", {**DW, **OFF}, DW),
-    Case("delay-wgrad-without-te", DW, DW, {}, {"te_version": "2.12"}),
-    Case("delay-wgrad-without-te", {**DW, "model.layer_spec": "local"}, {**DW, "model.layer_spec": "transformer_engine"},
+    Case("delay-wgrad-no-op-with-local-layers", {**DW, "model.layer_spec": "local"}, DW, {}, {}, name="auto-is-torch-native-without-te"),
+    Case("delay-wgrad-no-op-with-local-layers", {**DW, "model.layer_spec": "local"}, {**DW, "model.layer_spec": "transformer_engine"},
          {"te_version": "2.12"},
          {"te_version": "2.12"}, name="local-spec-with-te"),
     Case("delay-wgrad-te-2.7", {**DW, "model.gradient_accumulation_fusion": True},
@@ -255,10 +255,10 @@ def test_overlap_and_general_violations_in_one_error() -> None:
 
 
 def test_warnings_do_not_fail_validation(caplog) -> None:
-    cfg = set_fields(ep_overlap_cfg(), DW)
+    cfg = set_fields(ep_overlap_cfg(), {**DW, "model.layer_spec": "local"})
     resolved = finalize(cfg)
     assert resolved.model.delay_wgrad_compute and resolved.ddp.delay_wgrad_compute
-    assert "delay-wgrad-without-te" in caplog.text
+    assert "delay-wgrad-no-op-with-local-layers" in caplog.text
 
 
 # --------------------------------------------------------------------------------------------

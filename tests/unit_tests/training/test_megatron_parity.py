@@ -123,9 +123,9 @@ OURS_ONLY: dict[str, tuple[str, ParityCase]] = {
         "a warning about the batch shape; megatron-core's model config does not know the batch",
         ParityCase("ep-overlap-needs-two-micro-batches", {"train.global_batch_size": 2}, ""),
     ),
-    "delay-wgrad-without-te": (
-        "a warning (delayed wgrad is a no-op without TE layers); megatron-core accepts it",
-        ParityCase("delay-wgrad-without-te", DW, ""),
+    "delay-wgrad-no-op-with-local-layers": (
+        "a warning (delayed wgrad is a no-op with the local layers); megatron-core accepts it",
+        ParityCase("delay-wgrad-no-op-with-local-layers", {**DW, "model.layer_spec": "local"}, ""),
     ),
     "delay-wgrad-te-2.7": (
         "TE >= 2.7 with overlapped grad reduce / grad-accumulation fusion: not checked by megatron-core 0.19.2",
@@ -201,7 +201,7 @@ ACCEPTED = [
 def test_megatron_core_accepts_what_we_accept(change, context, te) -> None:
     cfg = set_fields(ep_overlap_cfg(), change)
     rule_ctx = ctx(**context)
-    errors = [v for v in violated_ids(cfg, rule_ctx) if not v.startswith(("delay-wgrad-without-te", "flex-deep-ep"))]
+    errors = [v for v in violated_ids(cfg, rule_ctx) if not v.startswith(("delay-wgrad-no-op-with-local-layers", "flex-deep-ep"))]
     assert errors == []
     assert megatron_error(cfg, rule_ctx, te=te) is None
     with emulated_versions(te=te):

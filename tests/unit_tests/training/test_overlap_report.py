@@ -63,11 +63,19 @@ def test_delay_wgrad_refused_with_its_parent() -> None:
     assert any("moe_ep_overlap" in r for r in report.feature("delay_wgrad").reasons)
 
 
-def test_delay_wgrad_without_te_is_a_note() -> None:
-    report = build_overlap_report(set_fields(ep_overlap_cfg(), {"comm_overlap.delay_wgrad_compute": True}), ctx())
+def test_delay_wgrad_on_local_layers_is_a_note() -> None:
+    cfg = set_fields(ep_overlap_cfg(), {"comm_overlap.delay_wgrad_compute": True, "model.layer_spec": "local"})
+    report = build_overlap_report(cfg, ctx())
     state = report.feature("delay_wgrad")
     assert state.active and any("buys nothing" in r for r in state.reasons)
     assert "note on delay_wgrad" in report.format()
+
+
+def test_delay_wgrad_without_te_uses_torch_native_experts() -> None:
+    report = build_overlap_report(set_fields(ep_overlap_cfg(), {"comm_overlap.delay_wgrad_compute": True}), ctx())
+    state = report.feature("delay_wgrad")
+    assert state.active and not any("buys nothing" in r for r in state.reasons)
+    assert "layer spec: torch_native (auto, Transformer Engine absent)" in report.format()
 
 
 def test_ep_overlap_and_tp_conflict_on_hopper() -> None:
@@ -118,9 +126,13 @@ def test_pitfall_3_backend_without_flex_is_refused() -> None:
 
 
 def test_layer_spec_and_te_state() -> None:
-    assert build_overlap_report(ep_overlap_cfg(), ctx()).layer_spec == "layer spec: local (auto)"
+    report = build_overlap_report(ep_overlap_cfg(), ctx())
+    assert report.layer_spec == "layer spec: torch_native (auto, Transformer Engine absent)"
     report = build_overlap_report(ep_overlap_cfg(), ctx(te_version="2.12"))
-    assert report.layer_spec == "layer spec: transformer_engine (auto)" and report.transformer_engine == "2.12"
+    assert report.layer_spec == "layer spec: transformer_engine (auto, Transformer Engine 2.12)"
+    assert report.transformer_engine == "2.12"
+    local = set_fields(ep_overlap_cfg(), {"model.layer_spec": "local"})
+    assert build_overlap_report(local, ctx()).layer_spec == "layer spec: local (requested)"
 
 
 def test_to_dict_is_json() -> None:

@@ -39,6 +39,9 @@ CASES = {
     "te-layer-spec-needs-transformer-engine": (
         TE_ABSENT, _set(**{"model.layer_spec": "transformer_engine"}), _set(**{"model.layer_spec": "auto"})),
     "train-iters-positive": ({}, _set(**{"train.train_iters": 0}), _set(**{"train.train_iters": 1})),
+    "lr-warmup-shorter-than-decay": (
+        {}, _set(**{"scheduler.lr_warmup_iters": 500, "scheduler.lr_decay_iters": None, "train.train_iters": 8}),
+        _set(**{"scheduler.lr_warmup_iters": 500, "scheduler.lr_decay_iters": 300_000, "train.train_iters": 8})),
     "micro-batch-divides-global-batch": (
         {}, _set(**{"train.global_batch_size": 10, "train.micro_batch_size": 4}),
         _set(**{"train.global_batch_size": 12, "train.micro_batch_size": 4})),

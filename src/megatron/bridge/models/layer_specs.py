@@ -21,11 +21,17 @@ LayerSpecName = Literal["auto", "transformer_engine", "local", "torch_native"]
 LAYER_SPEC_CHOICES: tuple[str, ...] = ("auto", "transformer_engine", "local", "torch_native")
 
 
-def resolve_layer_spec(requested: str) -> str:
-    """Map ``"auto"`` to the implementation this machine can run; explicit choices pass through."""
+def resolve_layer_spec(requested: str, te_available: Optional[bool] = None) -> str:
+    """Map ``"auto"`` to the implementation a machine can run; explicit choices pass through.
+
+    ``te_available`` describes the target machine (a dry run validates for the cluster);
+    ``None`` asks this machine.
+    """
     if requested != "auto":
         return requested
-    return "transformer_engine" if have_transformer_engine() else "torch_native"
+    if te_available is None:
+        te_available = have_transformer_engine()
+    return "transformer_engine" if te_available else "torch_native"
 
 
 def describe_layer_spec(requested: str) -> str:

@@ -428,10 +428,21 @@ def _te_at_least(ctx: RuleContext, version: str) -> bool:
     return ctx.te_version is not None and ctx.te_version >= Version(version)
 
 
+def resolved_layer_spec(cfg: "ConfigContainer", ctx: RuleContext) -> str:
+    """The layer implementation the run will build on the machine ``ctx`` describes."""
+    from megatron.bridge.models.layer_specs import resolve_layer_spec
+
+    return resolve_layer_spec(cfg.model.layer_spec, te_available=ctx.te_version is not None)
+
+
 def layers_use_te(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     """Whether the built layers will be Transformer Engine modules on the machine ``ctx`` describes."""
-    spec = cfg.model.layer_spec
-    return spec == "transformer_engine" or (spec == "auto" and ctx.te_version is not None)
+    return resolved_layer_spec(cfg, ctx) == "transformer_engine"
+
+
+def experts_defer_wgrad(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    """Whether the expert layers implement a real ``backward_dw`` (TE or torch-native grouped GEMM)."""
+    return resolved_layer_spec(cfg, ctx) in ("transformer_engine", "torch_native")
 
 
 def graph_modules(model: Any) -> frozenset[str]:
@@ -694,15 +705,16 @@ DELAY_WGRAD_RULES: tuple[Rule, ...] = (
         fix="set comm_overlap.overlap_moe_expert_parallel_comm=true, " + _DW_FIX_OFF,
     ),
     _rule(
-        id="delay-wgrad-without-te",
+        id="delay-wgrad-no-op-with-local-layers",
         group="delay-wgrad",
         severity="warning",
         fields=("comm_overlap.delay_wgrad_compute", "model.layer_spec"),
         applies=_dw_on,
-        holds=layers_use_te,
-        message="without Transformer Engine layers delayed wgrad buys nothing (non-TE linears "
-        "compute wgrad in place); accepted so a CPU host can dry-run a TE cluster's config",
-        fix="run with Transformer Engine (layer_spec auto/transformer_engine), " + _DW_FIX_OFF,
+        holds=experts_defer_wgrad,
+        message="with the plain megatron-core (local) layers delayed wgrad buys nothing (their "
+        "linears compute wgrad in place); accepted so a CPU host can dry-run a TE cluster's config",
+        fix="use layer_spec auto, torch_native or transformer_engine (their experts defer the "
+        "wgrad GEMMs), " + _DW_FIX_OFF,
         extra_values=_TE,
     ),
     _rule(
@@ -1036,9 +1048,10 @@ and the fix. An explicit request that cannot be honoured is an error, never a si
 rules with severity `warning` are logged and shown in the start-up overlap report.
 
 Transformer Engine version rules are evaluated against the installed TE ("absent" when it does
-not import). The delayed-wgrad TE version rules apply when TE is present; without TE the layers
-are not TE modules, delayed wgrad is a harmless no-op and `delay-wgrad-without-te` warns instead
-(so a CPU login node can dry-run a TE cluster's config), while features that cannot exist without
+not import). The delayed-wgrad TE version rules apply when TE is present. Without TE the layers are
+torch-native (their grouped-GEMM experts defer the wgrad GEMMs for real) or, when requested, the
+plain megatron-core `local` layers, where delayed wgrad is a harmless no-op and
+`delay-wgrad-no-op-with-local-layers` warns (so a CPU login node can still dry-run a TE cluster's config), while features that cannot exist without
 TE (`te-cuda-graph-needs-te`, `tp-overlap-needs-te`) are errors. Flex-dispatcher rules are evaluated against the target GPU: the harness's `-g` GPU
 type (`cfg.dist.target_gpu`), else the visible GPU; on a CPU host without a target they are
 reported as not checked.
@@ -1100,7 +1113,7 @@ EP-overlap/delay-wgrad rules reject (where it has the rule) and accepts one we a
 - Ours only: `ep-overlap-needs-moe-experts` for `num_moe_experts=1` (megatron-core only requires
   `num_moe_experts` to be set for EP), the TE >= 2.7 and TE >= 2.12 delayed-wgrad rules of the
   SPEC (and the grad-accumulation-fusion and attention-bias parts of the latter), and the warnings
-  `delay-wgrad-without-te` (megatron-core's non-TE linears implement `backward_dw` as a no-op) and
+  `delay-wgrad-no-op-with-local-layers` (megatron-core's local linears implement `backward_dw` as a no-op) and
   `ep-overlap-needs-two-micro-batches`. `ep-overlap-needs-torch-2.6` is shared, but megatron-core
   reads the installed torch while we read the rule context.
 - Taken from megatron-core (not in the SPEC): TE >= 2.10 for delayed wgrad with

@@ -17,7 +17,7 @@ from megatron.bridge.training.comm_overlap import (
     OVERLAP_RULES,
     CommOverlapConfig,
     EffectiveValue,
-    layers_use_te,
+    resolved_layer_spec,
     resolve_comm_overlap,
     resolve_overlap_values,
 )
@@ -258,8 +258,8 @@ def _layer_spec_text(cfg: "ConfigContainer", ctx: RuleContext) -> str:
     requested = cfg.model.layer_spec
     if requested != "auto":
         return f"layer spec: {requested} (requested)"
-    resolved = "transformer_engine" if layers_use_te(cfg, ctx) else "local"
-    return f"layer spec: {resolved} (auto)"
+    te = "absent" if ctx.te_version is None else str(ctx.te_version)
+    return f"layer spec: {resolved_layer_spec(cfg, ctx)} (auto, Transformer Engine {te})"
 
 
 def build_overlap_report(

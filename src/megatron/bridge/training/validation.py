@@ -41,6 +41,11 @@ def pipeline_split_layers(cfg: "ConfigContainer") -> int:
     )
 
 
+def lr_decay_iters(cfg: "ConfigContainer") -> int:
+    """Iterations the learning rate decays over (``train.train_iters`` when not set)."""
+    return cfg.scheduler.lr_decay_iters or cfg.train.train_iters
+
+
 def _world(ctx: RuleContext) -> Optional[int]:
     return ctx.world_size
 
@@ -105,6 +110,14 @@ GENERAL_RULES: tuple[Rule, ...] = (
         holds=lambda cfg, ctx: cfg.train.train_iters >= 1,
         message="training needs at least one iteration",
         fix="set train.train_iters (or --max_steps) to 1 or more",
+    ),
+    Rule(
+        id="lr-warmup-shorter-than-decay",
+        fields=("scheduler.lr_warmup_iters", "scheduler.lr_decay_iters", "train.train_iters"),
+        holds=lambda cfg, ctx: 0 <= cfg.scheduler.lr_warmup_iters < lr_decay_iters(cfg),
+        message="the learning-rate warm-up must end before the decay does (megatron-core's "
+        "scheduler asserts it); lr_decay_iters=null decays over train.train_iters",
+        fix="lower scheduler.lr_warmup_iters or set scheduler.lr_decay_iters above it",
     ),
     Rule(
         id="micro-batch-divides-global-batch",

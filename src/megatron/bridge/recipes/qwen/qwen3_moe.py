@@ -76,8 +76,12 @@ def _pretrain_config(
             clip_grad=1.0,
             use_distributed_optimizer=True,
         ),
+        # Decay length is fixed by the recipe, so shortening a run (--max_steps) keeps the same
+        # schedule shape instead of squeezing warm-up past the end of training.
         scheduler=SchedulerConfig(
-            lr_decay_style="cosine", lr_warmup_iters=min(lr_warmup_iters, train_iters // 10)
+            lr_decay_style="cosine",
+            lr_warmup_iters=min(lr_warmup_iters, train_iters // 10),
+            lr_decay_iters=train_iters,
         ),
         ddp=DistributedDataParallelConfig(
             check_for_nan_in_grad=True,
