@@ -6,7 +6,6 @@ whole process and cannot be undone); full-model tests that need it run in a chil
 
 from __future__ import annotations
 
-import os
 import socket
 from typing import Iterator
 
@@ -26,9 +25,10 @@ def gloo_world() -> Iterator[None]:
     """A single-process gloo group (created once, reused if the session already has one)."""
     created = False
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = str(_free_port())
-        dist.init_process_group("gloo", rank=0, world_size=1)
+        # An explicit init_method: child processes spawned by other tests must not inherit a port.
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+        )
         created = True
     yield
     if created and dist.is_initialized():

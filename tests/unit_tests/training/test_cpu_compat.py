@@ -53,7 +53,7 @@ CHILD = textwrap.dedent(
 
     # A tiny Qwen3-MoE GPTModel, forward and backward, on a world-size-1 gloo group.
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", sys.argv[1])
+    os.environ["MASTER_PORT"] = sys.argv[1]
     dist.init_process_group("gloo", rank=0, world_size=1)
     from megatron.core import parallel_state as ps
     from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
