@@ -16,6 +16,7 @@ Order of work, chosen so that mistakes cost seconds, not a cluster allocation:
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -236,6 +237,15 @@ class _SigtermFlag:
         return bool(flag.item())
 
 
+def _time_is_up(limit_min: Optional[float], start: float, device: torch.device) -> bool:
+    """``train.exit_duration_in_mins`` reached on any rank (all ranks stop together)."""
+    if not limit_min:
+        return False
+    flag = torch.tensor([1 if time.time() - start > 60.0 * limit_min else 0], dtype=torch.int32, device=device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def _reduce_loss(losses_reduced: list[dict], device: torch.device) -> float:
     """Per-token mean loss over all micro-batches and data-parallel ranks (stage-agnostic)."""
     total = torch.zeros(2, dtype=torch.float64, device=device)
@@ -420,6 +430,10 @@ def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, 
     # inside the step is not yet visible); a synchronous re-gather makes them identical again.
     resync_params = resolved.ddp.use_distributed_optimizer and resolved.dist.effective_backend == "gloo"
     stopped = False
+    if t.manual_gc:
+        gc.disable()
+        gc.collect()
+    train_start = time.time()
     with _SigtermFlag() as sigterm:
         while state.iteration < t.train_iters:
             if resolved.dist.device == "cuda":
@@ -458,11 +472,20 @@ def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, 
             ckpt = resolved.checkpoint
             if ckpt.save and ckpt.save_interval and state.iteration % ckpt.save_interval == 0 and state.iteration < t.train_iters:
                 checkpointing.save_checkpoint(resolved, model, optimizer, scheduler, state)
+            if t.manual_gc and t.manual_gc_interval and state.iteration % t.manual_gc_interval == 0:
+                gc.collect()
             if sigterm.any_rank(device):
                 stopped = True
                 if is_logging_rank:
                     print(f"[megatron.bridge] SIGTERM: saving and stopping at iteration {state.iteration}", flush=True)
                 break
+            if _time_is_up(t.exit_duration_in_mins, train_start, device):
+                stopped = True
+                if is_logging_rank:
+                    print(f"[megatron.bridge] exit_duration_in_mins reached: stopping at iteration {state.iteration}", flush=True)
+                break
+    if t.manual_gc:
+        gc.enable()
 
     ckpt = resolved.checkpoint
     if ckpt.save and (ckpt.save_on_exit or (ckpt.save_interval and state.iteration % ckpt.save_interval == 0)):
