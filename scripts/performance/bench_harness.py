@@ -266,6 +266,7 @@ def run_timing(shape: ProxyShape, layer_spec: str, device: str, warmup: int, mic
         "losses": losses,
         "build_s": build_s,
         "experts_module": type(model.decoder.layers[0].mlp.experts).__name__,
+        "dispatcher_module": type(getattr(model.decoder.layers[0].mlp, "token_dispatcher", None)).__name__,
         "core_attention_module": type(model.decoder.layers[0].self_attention.core_attention).__name__,
     }
     if device == "cuda":

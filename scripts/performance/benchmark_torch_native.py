@@ -11,6 +11,8 @@ every phase so a crash or timeout keeps what was measured):
    tokens/s, model TFLOP/s (MoE-aware: top-k experts only), MFU vs the measured ceiling, peak memory.
    ``native`` also records a torch.profiler top-kernel table.
 4. ``native_ce_fusion``: the torch-native spec with megatron's native fused cross-entropy.
+   ``native_megatron_dispatch``: the torch-native spec with megatron's alltoall dispatcher instead of
+   the sync-free sorted permutation (A/B of ``MBRIDGE_TORCH_NATIVE_SORTED_DISPATCH=0``).
 5. ``equivalence``: same weights and batch, bf16 loss and gradient differences native vs plain.
 6. ``ep2``: EP=2 as two processes on the one GPU (gloo), overlap off / on / on + delayed wgrad.
 
@@ -38,7 +40,7 @@ from typing import Any, Dict, List
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-ALL_PHASES = ("ceiling", "probe", "plain", "native", "native_ce_fusion", "equivalence", "ep2")
+ALL_PHASES = ("ceiling", "probe", "plain", "native", "native_ce_fusion", "native_megatron_dispatch", "equivalence", "ep2")
 
 
 def _parse(argv=None) -> argparse.Namespace:
@@ -97,6 +99,10 @@ def _worker(args) -> Dict[str, Any]:
         return bh.run_timing(shape, "torch_native", args.device, warmup=args.warmup, micro_batches=args.micro_batches,
                              profile=args.device == "cuda", cross_entropy_loss_fusion=True,
                              cross_entropy_fusion_impl="native")
+    if name == "native_megatron_dispatch":  # A/B: megatron's alltoall dispatcher instead of the sorted one
+        os.environ["MBRIDGE_TORCH_NATIVE_SORTED_DISPATCH"] = "0"
+        return bh.run_timing(shape, "torch_native", args.device, warmup=args.warmup,
+                             micro_batches=args.micro_batches)
     if name == "equivalence":
         if not args.tiny:
             shape.num_layers, shape.seq_length = args.equivalence_layers, args.equivalence_seq
@@ -146,7 +152,7 @@ def _summarise(results: Dict[str, Any], shape, args) -> str:
         lines.append("")
     lines += ["| run | micro-batches timed | tokens/s | model TFLOP/s | MFU | peak mem GiB |",
               "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for key in ("plain", "native", "native_ce_fusion"):
+    for key in ("plain", "native", "native_ce_fusion", "native_megatron_dispatch"):
         r = results.get(key)
         if not r or "error" in r:
             if r:
@@ -196,7 +202,7 @@ def run_harness(args) -> Dict[str, Any]:
     results: Dict[str, Any] = {"command": " ".join(sys.argv), "shape": asdict(shape), "mode": "harness"}
     phases = [p for p in args.phases.split(",") if p]
     if args.device == "cpu":
-        phases = [p for p in phases if p not in ("ceiling", "probe", "ep2", "native_ce_fusion")]
+        phases = [p for p in phases if p not in ("ceiling", "probe", "ep2", "native_ce_fusion", "native_megatron_dispatch")]
     for phase in phases:
         t0 = time.perf_counter()
         if phase == "pretrain_native":  # the real training loop, optimizer included

@@ -270,6 +270,7 @@ def test_spec_swaps_only_core_attention_and_experts(model_parallel, tiny_moe_con
 
     from megatron.bridge.models.torch_native import (
         TorchGroupedMLP,
+        TorchNativeMoELayer,
         TorchSDPAttention,
         get_torch_native_decoder_block_spec,
     )
@@ -281,7 +282,8 @@ def test_spec_swaps_only_core_attention_and_experts(model_parallel, tiny_moe_con
     moe, dense = native.layer_specs
     assert moe.submodules.self_attention.submodules.core_attention is TorchSDPAttention
     assert dense.submodules.self_attention.submodules.core_attention is TorchSDPAttention
-    assert isinstance(moe.submodules.mlp, functools.partial) and moe.submodules.mlp.func is MoELayer
+    assert isinstance(moe.submodules.mlp, functools.partial) and moe.submodules.mlp.func is TorchNativeMoELayer
+    assert issubclass(TorchNativeMoELayer, MoELayer)
     assert moe.submodules.mlp.keywords["submodules"].experts.func is TorchGroupedMLP
     dense_local = local.layer_specs[1].submodules.mlp  # dense MLP untouched
     assert (dense.submodules.mlp.func, dense.submodules.mlp.keywords) == (dense_local.func, dense_local.keywords)
@@ -346,7 +348,8 @@ def build(spec):
 plain, native = build("local"), build("torch_native")
 missing = native.load_state_dict(plain.state_dict(), strict=True)
 report = {"experts_type": type(native.decoder.layers[0].mlp.experts).__name__,
-          "attn_type": type(native.decoder.layers[0].self_attention.core_attention).__name__}
+          "attn_type": type(native.decoder.layers[0].self_attention.core_attention).__name__,
+          "dispatcher_type": type(native.decoder.layers[0].mlp.token_dispatcher).__name__}
 seq, b = 32, 2
 g = torch.Generator().manual_seed(0)
 batches = [torch.randint(0, 256, (b, seq), generator=g) for _ in range(6)]
@@ -424,6 +427,7 @@ def full_model_report(tmp_path_factory) -> dict:
 def test_full_model_uses_torch_native_modules(full_model_report: dict) -> None:
     assert full_model_report["experts_type"] == "TorchGroupedMLP"
     assert full_model_report["attn_type"] == "TorchSDPAttention"
+    assert full_model_report["dispatcher_type"] == "SortedTokenDispatcher"
 
 
 def test_full_model_forward_and_gradients_match_plain_spec(full_model_report: dict) -> None:
@@ -617,3 +621,143 @@ def test_fused_swiglu_function_matches_the_eager_activation(model_parallel, tiny
     torch.testing.assert_close(got, want)
     assert experts_mod._compiled_swiglu_usable(native.config) in (True, False)
     assert not experts_mod._compiled_swiglu_usable(tiny_moe_config(activation_func=torch.nn.functional.gelu))
+
+
+# ---------------------------------------------------------------------------------------------
+# Sync-free sorted token permutation (EP=1) vs megatron's permute/unpermute and alltoall dispatcher
+
+
+def _topk_routing(num_tokens: int, num_experts: int, topk: int, idle: tuple = (), seed: int = 0):
+    """A top-k routing map (exactly k experts per token) that never picks the ``idle`` experts."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(num_tokens, num_experts, generator=g)
+    logits[:, list(idle)] = -1e9
+    top = logits.topk(topk, dim=1).indices
+    routing_map = torch.zeros(num_tokens, num_experts, dtype=torch.bool).scatter_(1, top, True)
+    probs = torch.zeros(num_tokens, num_experts).scatter_(1, top, torch.rand(num_tokens, topk, generator=g))
+    return routing_map, probs
+
+
+@pytest.mark.parametrize(
+    "num_tokens,num_experts,topk,idle",
+    [(13, 4, 2, ()), (16, 8, 3, (0, 5)), (7, 6, 1, (2, 3, 4)), (1, 4, 4, ())],
+)
+def test_sorted_permutation_matches_megatron_permute_unpermute(num_tokens, num_experts, topk, idle) -> None:
+    from megatron.core.transformer.moe.moe_utils import permute, unpermute
+
+    from megatron.bridge.models.torch_native.dispatcher import permute_sorted, unpermute_sorted
+
+    routing_map, probs = _topk_routing(num_tokens, num_experts, topk, idle)
+    x = torch.randn(num_tokens, 5, dtype=torch.float64)
+    xr, xn = x.clone().requires_grad_(), x.clone().requires_grad_()
+    pr, pn = probs.clone().double().requires_grad_(), probs.clone().double().requires_grad_()
+    ref_tok, ref_probs, ref_map, _, _ = permute(xr, routing_map, probs=pr, num_out_tokens=num_tokens * topk)
+    tok, nprobs, state = permute_sorted(xn, routing_map, pn, topk)
+    assert torch.equal(tok, ref_tok) and torch.equal(nprobs, ref_probs)
+    y = torch.randn_like(ref_tok)  # stand-in expert output, same for both
+    ref_out = unpermute(ref_tok * y, ref_map, restore_shape=x.shape, routing_map=routing_map)
+    out = unpermute_sorted(tok * y, state)
+    torch.testing.assert_close(out, ref_out, rtol=0, atol=1e-12)
+    g = torch.randn_like(out)
+    ((ref_out * g).sum() + (ref_probs * torch.arange(ref_probs.numel())).sum()).backward()
+    ((out * g).sum() + (nprobs * torch.arange(nprobs.numel())).sum()).backward()
+    torch.testing.assert_close(xn.grad, xr.grad, rtol=0, atol=1e-12)
+    torch.testing.assert_close(pn.grad, pr.grad, rtol=0, atol=0)
+    for e in idle:
+        assert not routing_map[:, e].any()
+
+
+@pytest.fixture()
+def no_dtoh_stream(monkeypatch):
+    """megatron's alltoall dispatcher makes a CUDA stream at construction; the sorted one never uses it."""
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    monkeypatch.setattr(MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", object())
+
+
+def _moe_layer_pair(config):
+    """Plain ``MoELayer`` (allgather dispatcher: megatron's permute/unpermute, runs on CPU in-process)
+    and the torch-native one built from ``config``, with the same weights."""
+    import dataclasses
+
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    from megatron.bridge.models.torch_native import get_torch_native_decoder_block_spec
+
+    plain_config = dataclasses.replace(config, moe_token_dispatcher_type="allgather")
+    plain_spec = get_gpt_decoder_block_spec(plain_config, use_transformer_engine=False).layer_specs[0].submodules.mlp
+    native_spec = get_torch_native_decoder_block_spec(config).layer_specs[0].submodules.mlp
+    plain, native = plain_spec(config=plain_config), native_spec(config=config)  # partial(MoELayer, ...)
+    native.load_state_dict(plain.state_dict(), strict=True)
+    return plain, native
+
+
+def _moe_stages(layer, x, probs, routing_map):
+    """The MoE layer's stage methods in the order megatron's forward and overlap schedule call them
+    (the router is skipped: it moves its weight to CUDA, so routing comes from the test)."""
+    hidden, p = layer.preprocess(x, probs, routing_map)
+    hidden, p = layer.dispatch(hidden, p)
+    out, _ = layer.routed_experts_compute(hidden, p)
+    return layer.postprocess(layer.combine(out), None)
+
+
+@pytest.mark.parametrize("topk,idle", [(2, ()), (3, (1,)), (1, (0, 2))])
+def test_moe_layer_with_sorted_dispatcher_matches_plain_moe_layer(
+    model_parallel, no_dtoh_stream, tiny_moe_config, topk, idle
+) -> None:
+    from megatron.bridge.models.torch_native import SortedTokenDispatcher
+
+    config = tiny_moe_config(moe_token_dispatcher_type="alltoall", moe_router_topk=topk, moe_router_pre_softmax=topk == 1)
+    plain, native = _moe_layer_pair(config)
+    assert isinstance(native.token_dispatcher, SortedTokenDispatcher)
+    assert type(plain.token_dispatcher).__name__ == "MoEAllGatherTokenDispatcher"
+    routing_map, probs = _topk_routing(12, config.num_moe_experts, topk, idle, seed=topk)
+    torch.manual_seed(3)
+    x = torch.randn(6, 2, config.hidden_size)
+    xp, xn = x.clone().requires_grad_(), x.clone().requires_grad_()
+    pp, pn = probs.clone().requires_grad_(), probs.clone().requires_grad_()
+    out_p = _moe_stages(plain, xp, pp, routing_map)
+    out_n = _moe_stages(native, xn, pn, routing_map)
+    assert out_n.shape == x.shape
+    torch.testing.assert_close(out_n, out_p, rtol=1e-6, atol=1e-6)
+    g = torch.randn_like(out_p)
+    (out_p * g).sum().backward()
+    (out_n * g).sum().backward()
+    torch.testing.assert_close(xn.grad, xp.grad, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(pn.grad, pp.grad, rtol=1e-6, atol=1e-6)
+    for e, expert in enumerate(plain.experts.local_experts):
+        torch.testing.assert_close(native.experts.weight1.grad[e], expert.linear_fc1.weight.grad, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(native.experts.weight2.grad[e], expert.linear_fc2.weight.grad, rtol=1e-6, atol=1e-6)
+    for e in idle:  # experts with zero tokens
+        assert torch.count_nonzero(native.experts.weight1.grad[e]) == 0
+
+
+@pytest.mark.parametrize(
+    "overrides,blocker",
+    [
+        ({}, None),
+        ({"moe_token_dispatcher_type": "allgather"}, "dispatcher is not alltoall"),
+        ({"moe_expert_capacity_factor": 1.0}, "token dropping"),
+    ],
+)
+def test_sorted_dispatcher_only_where_it_is_exact(model_parallel, no_dtoh_stream, tiny_moe_config, overrides, blocker) -> None:
+    from megatron.bridge.models.torch_native.dispatcher import SortedTokenDispatcher, fast_path_blockers
+
+    config = tiny_moe_config(**dict({"moe_token_dispatcher_type": "alltoall"}, **overrides))
+    blockers = fast_path_blockers(config, ep_size=1, tp_size=1)
+    _, native = _moe_layer_pair(config)
+    if blocker is None:
+        assert blockers == [] and isinstance(native.token_dispatcher, SortedTokenDispatcher)
+    else:
+        assert any(blocker in b for b in blockers)
+        assert not isinstance(native.token_dispatcher, SortedTokenDispatcher)
+    assert fast_path_blockers(config, ep_size=2, tp_size=1) != []
+
+
+def test_sorted_dispatcher_rejects_a_routing_map_without_exactly_topk(model_parallel, no_dtoh_stream, tiny_moe_config) -> None:
+    config = tiny_moe_config(moe_token_dispatcher_type="alltoall")
+    _, native = _moe_layer_pair(config)
+    routing_map, probs = _topk_routing(4, config.num_moe_experts, config.moe_router_topk)
+    routing_map[0] = False
+    with pytest.raises(RuntimeError, match="token-expert pairs"):
+        native.token_dispatcher.dispatch_preprocess(torch.randn(4, 1, config.hidden_size), routing_map, probs)

@@ -7,6 +7,7 @@ Select with ``model.layer_spec="torch_native"`` (``"auto"`` picks it when TE is 
 """
 
 from megatron.bridge.models.torch_native.attention import TorchSDPAttention, sdpa_core_attention
+from megatron.bridge.models.torch_native.dispatcher import SortedTokenDispatcher, TorchNativeMoELayer
 from megatron.bridge.models.torch_native.experts import TorchGroupedMLP
 from megatron.bridge.models.torch_native.grouped_gemm import grouped_linear, select_backend
 from megatron.bridge.models.torch_native.spec import (
@@ -16,7 +17,9 @@ from megatron.bridge.models.torch_native.spec import (
 
 __all__ = [
     "TorchSDPAttention",
+    "SortedTokenDispatcher",
     "TorchGroupedMLP",
+    "TorchNativeMoELayer",
     "get_torch_native_decoder_block_spec",
     "grouped_linear",
     "sdpa_core_attention",

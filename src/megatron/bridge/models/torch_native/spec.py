@@ -6,6 +6,8 @@ fine-grained EP-overlap schedule are megatron-core's. Only
 
 * ``SelfAttentionSubmodules.core_attention``: ``DotProductAttention`` -> :class:`TorchSDPAttention`
 * ``MoESubmodules.experts``: ``SequentialMLP`` -> :class:`TorchGroupedMLP`
+* the MoE layer: ``MoELayer`` -> :class:`TorchNativeMoELayer` (same module; a sync-free token
+  permutation replaces megatron's alltoall dispatcher for EP=1, see ``dispatcher.py``)
 
 change. Dense MLP layers (``moe_layer_freq`` patterns) keep megatron's ``MLP``.
 """
@@ -25,6 +27,7 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.bridge.models.torch_native.attention import TorchSDPAttention
+from megatron.bridge.models.torch_native.dispatcher import TorchNativeMoELayer
 from megatron.bridge.models.torch_native.experts import TorchGroupedMLP
 
 
@@ -38,7 +41,8 @@ def _swap_attention(attn: Any) -> Any:
 
 
 def _swap_experts(mlp: Any) -> Any:
-    """``partial(MoELayer, submodules=MoESubmodules(experts=partial(SequentialMLP, ...)))``."""
+    """``partial(MoELayer, submodules=MoESubmodules(experts=partial(SequentialMLP, ...)))`` ->
+    ``partial(TorchNativeMoELayer, ... experts=partial(TorchGroupedMLP, ...))``."""
     if not (isinstance(mlp, functools.partial) and mlp.func is MoELayer):
         return mlp
     moe_sub = mlp.keywords.get("submodules")
@@ -47,7 +51,7 @@ def _swap_experts(mlp: Any) -> Any:
         return mlp
     grouped = functools.partial(TorchGroupedMLP, **experts.keywords)
     keywords = dict(mlp.keywords, submodules=dataclasses.replace(moe_sub, experts=grouped))
-    return functools.partial(MoELayer, *mlp.args, **keywords)
+    return functools.partial(TorchNativeMoELayer, *mlp.args, **keywords)
 
 
 def torch_native_layer_spec(layer_spec: ModuleSpec) -> ModuleSpec:
