@@ -376,6 +376,7 @@ def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, 
     from megatron.bridge.training.data import build_train_iterator
     from megatron.bridge.training.flops import flops_per_step
     from megatron.bridge.training.metrics import MetricsLogger
+    from megatron.bridge.training.profiling import StepProfiler
 
     t = resolved.train
     dp = ps.get_data_parallel_world_size()
@@ -424,6 +425,7 @@ def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, 
     forward_backward = get_forward_backward_func()
     for chunk in model:
         chunk.train()
+    profiler = StepProfiler(resolved.profiling, rank, log_dir, use_cuda=resolved.dist.device == "cuda")
 
     # Seen on CPU over gloo (megatron-core 0.19.2, torch 2.15): right after the distributed
     # optimizer's step, data-parallel replicas of a parameter can still differ (the param all-gather
@@ -438,6 +440,7 @@ def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, 
         while state.iteration < t.train_iters:
             if resolved.dist.device == "cuda":
                 torch.cuda.synchronize()
+            profiler.before_step(state.iteration + 1)
             start = time.perf_counter()
             for chunk in model:
                 chunk.zero_grad_buffer()
@@ -461,6 +464,9 @@ def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, 
                 torch.cuda.synchronize()
             step_time = time.perf_counter() - start
             state.iteration += 1
+            trace = profiler.after_step(state.iteration)
+            if trace is not None:
+                print(f"[megatron.bridge] rank {rank}: profiler trace written to {trace}", flush=True)
             state.consumed_samples += t.global_batch_size
             loss = _reduce_loss(losses_reduced, device)
             scalars = dict(lr=float(optimizer.param_groups[0]["lr"]))
@@ -484,6 +490,7 @@ def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, 
                 if is_logging_rank:
                     print(f"[megatron.bridge] exit_duration_in_mins reached: stopping at iteration {state.iteration}", flush=True)
                 break
+    profiler.close()
     if t.manual_gc:
         gc.enable()
 
