@@ -14,14 +14,18 @@ py=${PYTHON:-python3}
 common=(-m qwen -mr qwen3_30b_a3b --task pretrain -g h200 -c bf16 -mb 1 -sl 4096
         --cuda_graph_impl none --moe_flex_dispatcher_backend None --tokenizer_type NullTokenizer
         model.num_layers=4 scheduler.lr_warmup_iters=2)
+# Extra dotted overrides for the 2-ranks-on-1-GPU gloo runs (e.g. optimizer settings), space separated.
+read -r -a ep2_extra <<< "${EP2_OVERRIDES:-}"
 status=0
+if [ -z "${SKIP_EP1:-}" ]; then
 echo "### 1. EP=1 proxy"
 $py scripts/performance/run_script.py "${common[@]}" -ng 1 -ep 1 -gb 8 --max_steps 10 -l "$work/ep1" || status=1
+fi
 echo "### 2. EP=2 (2 ranks on 1 GPU, gloo) sweep of EP overlap"
-$py scripts/performance/run_script.py "${common[@]}" -ng 1 --procs_per_gpu 2 -ep 2 -gb 8 --max_steps 8 \
+$py scripts/performance/run_script.py "${common[@]}" "${ep2_extra[@]}" -ng 1 --procs_per_gpu 2 -ep 2 -gb 8 --max_steps 8 \
     -l "$work/sweep" --sweep comm_overlap.overlap_moe_expert_parallel_comm=false,true || status=1
 echo "### 3. profile, EP overlap on"
-$py scripts/performance/run_script.py "${common[@]}" -ng 1 --procs_per_gpu 2 -ep 2 -gb 8 --max_steps 5 \
+$py scripts/performance/run_script.py "${common[@]}" "${ep2_extra[@]}" -ng 1 --procs_per_gpu 2 -ep 2 -gb 8 --max_steps 5 \
     --moe_a2a_overlap true --profile --profile_step_start 4 --profile_step_end 5 --profile_ranks 0 \
     -l "$work/profile" || status=1
 trace=$(ls "$work"/profile/profile/trace_rank0_*.json 2>/dev/null | head -1)

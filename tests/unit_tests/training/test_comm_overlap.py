@@ -155,6 +155,10 @@ CASES: list[Case] = [
     Case("param-gather-overlap-needs-distributed-optimizer",
          {"comm_overlap.overlap_param_gather": True, "ddp.use_distributed_optimizer": False},
          {"comm_overlap.overlap_param_gather": True}),
+    Case("dp-overlap-needs-nccl-on-gpus",
+         {"comm_overlap.overlap_grad_reduce": True, "dist.distributed_backend": "gloo"},
+         {"comm_overlap.overlap_grad_reduce": False, "comm_overlap.overlap_param_gather": False,
+          "dist.distributed_backend": "gloo"}),
     Case("param-gather-with-step-needs-param-gather-overlap",
          {"comm_overlap.overlap_param_gather_with_optimizer_step": True, "comm_overlap.overlap_param_gather": False},
          {"comm_overlap.overlap_param_gather_with_optimizer_step": True, "comm_overlap.overlap_param_gather": True}),
@@ -558,3 +562,13 @@ def test_comm_overlap_none_means_all_unset() -> None:
     assert resolved.ddp.overlap_grad_reduce is True
     assert effective_overlap_values(cfg, ctx())["overlap_moe_expert_parallel_comm"].value is False
     assert "moe_ep_overlap" not in overlap_report.build_overlap_report(cfg, ctx()).active
+
+
+def test_gloo_on_gpus_computes_dp_overlap_off() -> None:
+    cfg = qwen3_30b_a3b_pretrain_config()
+    cfg.dist.distributed_backend = "gloo"
+    values = effective_overlap_values(cfg, ctx(world_size=32))
+    assert values["overlap_grad_reduce"].value is False
+    assert "gloo" in values["overlap_grad_reduce"].detail
+    cfg.dist.distributed_backend = None
+    assert effective_overlap_values(cfg, ctx(world_size=32))["overlap_grad_reduce"].value is True

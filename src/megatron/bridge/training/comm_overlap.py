@@ -162,8 +162,15 @@ def _distributed_dp(cfg, ctx) -> tuple[Optional[bool], str]:
     return dp > 1, f"distributed optimizer with DP={dp}"
 
 
+def gloo_on_cuda(cfg: "ConfigContainer") -> bool:
+    """Ranks on GPUs talking over gloo (e.g. two ranks sharing one GPU, where NCCL refuses)."""
+    return cfg.dist.device == "cuda" and cfg.dist.effective_backend == "gloo"
+
+
 def _compute_dp_overlap(cfg, partial, ctx):
     """Grad-reduce and param-gather overlap: on with the distributed optimizer and DP > 1."""
+    if gloo_on_cuda(cfg):
+        return False, "gloo on CUDA tensors runs DP collectives synchronously"
     on, why = _distributed_dp(cfg, ctx)
     return bool(on), why
 
@@ -881,6 +888,21 @@ PIPELINE_DP_RULES: tuple[Rule, ...] = (
         message="param-gather overlap is a distributed-optimizer feature",
         fix="set ddp.use_distributed_optimizer=true (and optimizer.use_distributed_optimizer), or "
         "comm_overlap.overlap_param_gather=false",
+    ),
+    _rule(
+        id="dp-overlap-needs-nccl-on-gpus",
+        group="data-parallel",
+        fields=(
+            "comm_overlap.overlap_grad_reduce",
+            "comm_overlap.overlap_param_gather",
+            "dist.distributed_backend",
+        ),
+        applies=lambda cfg, ctx: gloo_on_cuda(cfg),
+        holds=lambda cfg, ctx: not (cfg.ddp.overlap_grad_reduce or cfg.ddp.overlap_param_gather),
+        message="gloo cannot coalesce collectives on CUDA tensors, so megatron's DP collectives run "
+        "one by one, synchronously: overlapped grad reduce / param gather cannot be honoured",
+        fix="set comm_overlap.overlap_grad_reduce=false and comm_overlap.overlap_param_gather=false, "
+        "or run one rank per GPU over NCCL",
     ),
     _rule(
         id="param-gather-with-step-needs-param-gather-overlap",

@@ -350,6 +350,10 @@ def pretrain(
         enable_cpu_compat()
     else:
         set_cuda_device_max_connections(report)
+        if resolved.dist.effective_backend == "gloo":
+            from megatron.bridge.training.gloo_cuda_compat import enable_gloo_cuda_compat
+
+            enable_gloo_cuda_compat()
 
     if forward_step_func is None:
         from megatron.bridge.training.gpt_step import forward_step as forward_step_func

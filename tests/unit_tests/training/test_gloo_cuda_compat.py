@@ -1,0 +1,54 @@
+"""The sequential coalescing manager used for gloo on CUDA tensors."""
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from megatron.bridge.training.gloo_cuda_compat import sequential_coalescing_manager
+
+
+@pytest.fixture(scope="module")
+def single_rank_gloo():
+    created = not dist.is_initialized()
+    if created:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    if created:
+        dist.destroy_process_group()
+
+
+def test_collectives_inside_run_immediately_and_wait_is_harmless(single_rank_gloo):
+    tensors = [torch.full((4,), 2.0), torch.full((3,), 5.0)]
+    with sequential_coalescing_manager(None, async_ops=False) as cm:
+        for t in tensors:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        # Each collective already ran: nothing is deferred to the end of the block.
+        assert torch.equal(tensors[0], torch.full((4,), 2.0))
+    cm.wait()
+    assert torch.equal(tensors[1], torch.full((3,), 5.0))
+
+
+def test_asynchronous_use_is_refused_with_the_fix():
+    with pytest.raises(RuntimeError, match="overlap_grad_reduce=false"):
+        with sequential_coalescing_manager(None, async_ops=True):
+            pass
+
+
+def test_enable_swaps_megatrons_manager():
+    from megatron.core.distributed import param_and_grad_buffer
+
+    from megatron.bridge.training import gloo_cuda_compat
+
+    original = param_and_grad_buffer._coalescing_manager
+    try:
+        gloo_cuda_compat.enable_gloo_cuda_compat()
+        assert param_and_grad_buffer._coalescing_manager is sequential_coalescing_manager
+        assert gloo_cuda_compat.gloo_cuda_compat_enabled()
+    finally:
+        param_and_grad_buffer._coalescing_manager = original
+        gloo_cuda_compat._ENABLED = False
