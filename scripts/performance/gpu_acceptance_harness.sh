@@ -3,6 +3,8 @@
 #   1. Qwen3-30B-A3B-width proxy (4 layers, seq 4096, MBS 1, GBS 8 = 8 micro-batches), EP=1, 10 steps;
 #   2. one-knob sweep of EP overlap (false,true) with EP=2 as two processes on the one GPU over gloo;
 #   3. a profile of steps 4-5 with EP overlap on, analysed by analyze_overlap.py.
+# On one H200 the gloo EP=2 steps take ~21 s (all-to-all and DP all-reduce through host memory):
+# stages 2 and 3 need ~6 and ~3 minutes; give each its own device call (SKIP_EP1=1, SKIP_SWEEP=1).
 # Usage (repo root, megatron-core importable, e.g. PYTHONPATH=/tmp/site:src):
 #   bash scripts/performance/gpu_acceptance_harness.sh RESULTS_DIR [WORK_DIR]
 # RESULTS_DIR receives a flat copy of the summaries, sweep.md/png, the analysis and the log.
@@ -17,13 +19,26 @@ common=(-m qwen -mr qwen3_30b_a3b --task pretrain -g h200 -c bf16 -mb 1 -sl 4096
 # Extra dotted overrides for the 2-ranks-on-1-GPU gloo runs (e.g. optimizer settings), space separated.
 read -r -a ep2_extra <<< "${EP2_OVERRIDES:-}"
 status=0
+# Results are copied right after each stage, so a run cut short by a time limit keeps what finished.
+collect_sweep() {
+    cp "$work/sweep/sweep.md" "$work/sweep/sweep.png" "$results/" 2>/dev/null
+    for d in "$work"/sweep/*/; do
+        [ -d "$d" ] || continue
+        name=$(basename "$d" | tr -c 'A-Za-z0-9._\n-' '_')
+        cp "$d/summary.json" "$results/sweep_${name}_summary.json" 2>/dev/null
+    done
+}
 if [ -z "${SKIP_EP1:-}" ]; then
 echo "### 1. EP=1 proxy"
 $py scripts/performance/run_script.py "${common[@]}" -ng 1 -ep 1 -gb 8 --max_steps 10 -l "$work/ep1" || status=1
+cp "$work/ep1/summary.json" "$results/ep1_summary.json" 2>/dev/null
 fi
+if [ -z "${SKIP_SWEEP:-}" ]; then
 echo "### 2. EP=2 (2 ranks on 1 GPU, gloo) sweep of EP overlap"
 $py scripts/performance/run_script.py "${common[@]}" "${ep2_extra[@]}" -ng 1 --procs_per_gpu 2 -ep 2 -gb 8 --max_steps 8 \
     -l "$work/sweep" --sweep comm_overlap.overlap_moe_expert_parallel_comm=false,true || status=1
+collect_sweep
+fi
 echo "### 3. profile, EP overlap on"
 $py scripts/performance/run_script.py "${common[@]}" "${ep2_extra[@]}" -ng 1 --procs_per_gpu 2 -ep 2 -gb 8 --max_steps 5 \
     --moe_a2a_overlap true --profile --profile_step_start 4 --profile_step_end 5 --profile_ranks 0 \
@@ -33,10 +48,4 @@ if [ -n "$trace" ]; then
     $py scripts/performance/analyze_overlap.py "$trace" --ep 2 --json "$results/overlap_analysis.json" \
         | tee "$results/overlap_analysis.txt" || status=1
 fi
-cp "$work/ep1/summary.json" "$results/ep1_summary.json" 2>/dev/null
-cp "$work/sweep/sweep.md" "$work/sweep/sweep.png" "$results/" 2>/dev/null
-for d in "$work"/sweep/*/; do
-    name=$(basename "$d" | tr -c 'A-Za-z0-9._\n-' '_')
-    cp "$d/summary.json" "$results/sweep_${name}_summary.json" 2>/dev/null
-done
 exit $status
