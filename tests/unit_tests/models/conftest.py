@@ -20,9 +20,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def gloo_world() -> Iterator[None]:
-    """A single-process gloo group (created once, reused if the session already has one)."""
+    """A single-process gloo group for one test module (torn down after it, so later modules
+    start without a process group)."""
     created = False
     if not dist.is_initialized():
         # An explicit init_method: child processes spawned by other tests must not inherit a port.
