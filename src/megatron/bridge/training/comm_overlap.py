@@ -32,7 +32,13 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from packaging.version import Version
 
 from megatron.bridge.training.errors import Violation
-from megatron.bridge.training.rules import Rule, RuleContext, check_rules, read_field
+from megatron.bridge.training.rules import (
+    TE_VERSION_VALUE,
+    Rule,
+    RuleContext,
+    check_rules,
+    read_field,
+)
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -423,10 +429,6 @@ def format_effective_values(effective: dict[str, EffectiveValue]) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _te_text(ctx: RuleContext) -> str:
-    return "absent" if ctx.te_version is None else str(ctx.te_version)
-
-
 def _torch_text(ctx: RuleContext) -> str:
     return "unknown" if ctx.torch_version is None else str(ctx.torch_version)
 
@@ -549,7 +551,7 @@ def _host_text(ctx: RuleContext) -> str:
     return "GPU host" if ctx.cuda_available else "CPU host (dry run)"
 
 
-_TE = (("transformer_engine", _te_text),)
+_TE = TE_VERSION_VALUE
 _RECOMPUTE_FIX = "use selective recompute (recompute_granularity=selective, e.g. recompute_modules=[moe_act])"
 _DW_FIX_OFF = "or set comm_overlap.delay_wgrad_compute=false"
 

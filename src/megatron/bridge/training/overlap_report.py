@@ -24,7 +24,7 @@ from megatron.bridge.training.comm_overlap import (
 from megatron.bridge.training.errors import Violation
 from megatron.bridge.training.flex_dispatcher_backend import gpu_target_from_context
 from megatron.bridge.training.mixed_precision import apply_mixed_precision
-from megatron.bridge.training.rules import RuleContext
+from megatron.bridge.training.rules import RuleContext, te_version_text
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -258,8 +258,7 @@ def _layer_spec_text(cfg: "ConfigContainer", ctx: RuleContext) -> str:
     requested = cfg.model.layer_spec
     if requested != "auto":
         return f"layer spec: {requested} (requested)"
-    te = "absent" if ctx.te_version is None else str(ctx.te_version)
-    return f"layer spec: {resolved_layer_spec(cfg, ctx)} (auto, Transformer Engine {te})"
+    return f"layer spec: {resolved_layer_spec(cfg, ctx)} (auto, Transformer Engine {te_version_text(ctx)})"
 
 
 def build_overlap_report(
@@ -290,7 +289,7 @@ def build_overlap_report(
         flex_backend=work.model.moe_flex_dispatcher_backend if dispatcher == "flex" else None,
         target_gpu=gpu_target_from_context(ctx).describe(),
         layer_spec=_layer_spec_text(work, ctx),
-        transformer_engine="absent" if ctx.te_version is None else str(ctx.te_version),
+        transformer_engine=te_version_text(ctx),
         cuda_device_max_connections=need,
         cuda_device_max_connections_reason=why,
         cuda_device_max_connections_conflict=conflict,

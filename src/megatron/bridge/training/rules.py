@@ -38,6 +38,17 @@ class RuleContext:
     """Whether ``deep_ep`` (flex dispatcher backends) imports here; ``None``: not checked."""
 
 
+def te_version_text(ctx: RuleContext) -> str:
+    """The installed Transformer Engine version as rules and reports show it (``absent`` if none)."""
+    return "absent" if ctx.te_version is None else str(ctx.te_version)
+
+
+TE_VERSION_VALUE: tuple[tuple[str, Callable[[RuleContext], Any]], ...] = (
+    ("transformer_engine", te_version_text),
+)
+"""``Rule.extra_values`` entry showing the TE version beside a rule's fields."""
+
+
 def read_field(cfg: Any, dotted: str) -> Any:
     """Value at a dotted path such as ``model.num_moe_experts``."""
     return functools.reduce(getattr, dotted.split("."), cfg)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Optional
 
 from megatron.bridge.models.layer_specs import LAYER_SPEC_CHOICES
 from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES
-from megatron.bridge.training.rules import Rule, RuleContext
+from megatron.bridge.training.rules import TE_VERSION_VALUE, Rule, RuleContext
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -54,10 +54,6 @@ def _has_world(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     return ctx.world_size is not None
 
 
-def _te_text(ctx: RuleContext) -> str:
-    return "absent" if ctx.te_version is None else str(ctx.te_version)
-
-
 def _precision(cfg: "ConfigContainer"):
     return MIXED_PRECISION_RECIPES.get(cfg.mixed_precision)
 
@@ -86,7 +82,7 @@ GENERAL_RULES: tuple[Rule, ...] = (
         holds=lambda cfg, ctx: ctx.te_version is not None,
         message="FP8 compute needs Transformer Engine, which does not import here",
         fix="use mixed_precision=bf16_mixed (-c bf16), or install the 'te' extra on the GPU machine",
-        extra_values=(("transformer_engine", _te_text),),
+        extra_values=TE_VERSION_VALUE,
     ),
     Rule(
         id="layer-spec-known",
@@ -102,7 +98,7 @@ GENERAL_RULES: tuple[Rule, ...] = (
         holds=lambda cfg, ctx: ctx.te_version is not None,
         message="the Transformer Engine layer spec was requested but TE does not import",
         fix="set model.layer_spec=auto (torch-native/local modules) or install the 'te' extra",
-        extra_values=(("transformer_engine", _te_text),),
+        extra_values=TE_VERSION_VALUE,
     ),
     Rule(
         id="train-iters-positive",
