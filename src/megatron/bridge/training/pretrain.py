@@ -30,6 +30,7 @@ from megatron.bridge.training import initialize
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
+    from megatron.bridge.training.overlap_report import OverlapReport
 
 logger = logging.getLogger(__name__)
 
@@ -38,47 +39,16 @@ logger = logging.getLogger(__name__)
 # Overlap report and CUDA_DEVICE_MAX_CONNECTIONS
 
 
-@dataclass
-class _MinimalOverlapReport:
-    """Used only if ``overlap_report`` cannot be imported: EP overlap needs several connections."""
+def overlap_report(resolved: "ConfigContainer") -> "OverlapReport":
+    """The start-up overlap report (what is active, what was refused, connections needed)."""
+    from megatron.bridge.training.overlap_report import build_overlap_report
 
-    ep_overlap: bool
-    delay_wgrad: bool
-
-    @property
-    def cuda_device_max_connections(self) -> Optional[int]:
-        return 32 if self.ep_overlap else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "overlap_moe_expert_parallel_comm": self.ep_overlap,
-            "delay_wgrad_compute": self.delay_wgrad,
-            "cuda_device_max_connections": self.cuda_device_max_connections,
-        }
-
-    def format(self) -> str:
-        return (
-            f"overlap: EP dispatch/combine overlap {'ON' if self.ep_overlap else 'off'}, "
-            f"delayed expert wgrad {'ON' if self.delay_wgrad else 'off'}, "
-            f"CUDA_DEVICE_MAX_CONNECTIONS needed: {self.cuda_device_max_connections or 'unset'}"
-        )
-
-
-def overlap_report(resolved: "ConfigContainer") -> Any:
-    """The start-up overlap report (``overlap_report.build_overlap_report``)."""
-    try:
-        from megatron.bridge.training.overlap_report import build_overlap_report
-    except ImportError:
-        return _MinimalOverlapReport(
-            bool(resolved.model.overlap_moe_expert_parallel_comm),
-            bool(getattr(resolved.model, "delay_wgrad_compute", False)),
-        )
     return build_overlap_report(resolved)
 
 
-def set_cuda_device_max_connections(report: Any) -> Optional[str]:
+def set_cuda_device_max_connections(report: "OverlapReport") -> Optional[str]:
     """Export ``CUDA_DEVICE_MAX_CONNECTIONS`` as the report asks; must run before CUDA initialises."""
-    need = getattr(report, "cuda_device_max_connections", None)
+    need = report.cuda_device_max_connections
     if need is None:
         return os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
     if torch.cuda.is_initialized() and os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") != str(need):
@@ -230,20 +200,20 @@ class _SigtermFlag:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
 
-    def any_rank(self, device: torch.device) -> bool:
-        """True when any rank got the signal (all ranks must stop at the same iteration)."""
-        flag = torch.tensor([1 if self.received else 0], dtype=torch.int32, device=device)
-        torch.distributed.all_reduce(flag)
-        return bool(flag.item())
 
-
-def _time_is_up(limit_min: Optional[float], start: float, device: torch.device) -> bool:
-    """``train.exit_duration_in_mins`` reached on any rank (all ranks stop together)."""
-    if not limit_min:
-        return False
-    flag = torch.tensor([1 if time.time() - start > 60.0 * limit_min else 0], dtype=torch.int32, device=device)
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-    return bool(flag.item())
+def _stop_reason(
+    sigterm: _SigtermFlag, limit_min: Optional[float], start: float, device: torch.device
+) -> Optional[str]:
+    """Why all ranks must stop now (SIGTERM or ``train.exit_duration_in_mins`` on any rank), else
+    ``None``. One small all-reduce per step, so every rank stops at the same iteration."""
+    out_of_time = bool(limit_min) and time.time() - start > 60.0 * limit_min
+    flags = torch.tensor([int(sigterm.received), int(out_of_time)], dtype=torch.int32, device=device)
+    torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+    if flags[0]:
+        return "SIGTERM"
+    if flags[1]:
+        return "exit_duration_in_mins reached"
+    return None
 
 
 def _reduce_loss(losses_reduced: list[dict], device: torch.device) -> float:
@@ -484,15 +454,11 @@ def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, 
                 checkpointing.save_checkpoint(resolved, model, optimizer, scheduler, state)
             if t.manual_gc and t.manual_gc_interval and state.iteration % t.manual_gc_interval == 0:
                 gc.collect()
-            if sigterm.any_rank(device):
+            reason = _stop_reason(sigterm, t.exit_duration_in_mins, train_start, device)
+            if reason is not None:
                 stopped = True
                 if is_logging_rank:
-                    print(f"[megatron.bridge] SIGTERM: saving and stopping at iteration {state.iteration}", flush=True)
-                break
-            if _time_is_up(t.exit_duration_in_mins, train_start, device):
-                stopped = True
-                if is_logging_rank:
-                    print(f"[megatron.bridge] exit_duration_in_mins reached: stopping at iteration {state.iteration}", flush=True)
+                    print(f"[megatron.bridge] {reason}: saving and stopping at iteration {state.iteration}", flush=True)
                 break
     profiler.close()
     if t.manual_gc:
