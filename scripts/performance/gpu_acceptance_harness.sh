@@ -4,7 +4,8 @@
 #   2. one-knob sweep of EP overlap (false,true) with EP=2 as two processes on the one GPU over gloo;
 #   3. a profile of steps 4-5 with EP overlap on, analysed by analyze_overlap.py.
 # On one H200 the gloo EP=2 steps take ~21 s (all-to-all and DP all-reduce through host memory):
-# stages 2 and 3 need ~6 and ~3 minutes; give each its own device call (SKIP_EP1=1, SKIP_SWEEP=1).
+# stage 2 needs ~7.5 minutes and stage 3 ~3; give each its own device call
+# (SKIP_EP1=1 SKIP_PROFILE=1 for the sweep, SKIP_EP1=1 SKIP_SWEEP=1 for the profile).
 # Usage (repo root, megatron-core importable, e.g. PYTHONPATH=/tmp/site:src):
 #   bash scripts/performance/gpu_acceptance_harness.sh RESULTS_DIR [WORK_DIR]
 # RESULTS_DIR receives a flat copy of the summaries, sweep.md/png, the analysis and the log.
@@ -39,6 +40,7 @@ $py scripts/performance/run_script.py "${common[@]}" "${ep2_extra[@]}" -ng 1 --p
     -l "$work/sweep" --sweep comm_overlap.overlap_moe_expert_parallel_comm=false,true || status=1
 collect_sweep
 fi
+[ -n "${SKIP_PROFILE:-}" ] && exit $status
 echo "### 3. profile, EP overlap on"
 $py scripts/performance/run_script.py "${common[@]}" "${ep2_extra[@]}" -ng 1 --procs_per_gpu 2 -ep 2 -gb 8 --max_steps 5 \
     --moe_a2a_overlap true --profile --profile_step_start 4 --profile_step_end 5 --profile_ranks 0 \
