@@ -1,4 +1,4 @@
-"""Fixtures for model tests: a world-size-1 gloo process group with megatron's parallel state.
+"""Fixtures for model tests: megatron's parallel state on the world-size-1 gloo group (``gloo_world``).
 
 Module tests run in-process on CPU without the CPU compatibility layer (it patches torch for the
 whole process and cannot be undone); full-model tests that need it run in a child process.
@@ -6,34 +6,10 @@ whole process and cannot be undone); full-model tests that need it run in a chil
 
 from __future__ import annotations
 
-import socket
 from typing import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def gloo_world() -> Iterator[None]:
-    """A single-process gloo group for one test module (torn down after it, so later modules
-    start without a process group)."""
-    created = False
-    if not dist.is_initialized():
-        # An explicit init_method: child processes spawned by other tests must not inherit a port.
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
-        )
-        created = True
-    yield
-    if created and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 @pytest.fixture()

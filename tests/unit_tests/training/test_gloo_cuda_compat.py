@@ -1,7 +1,5 @@
 """The sequential coalescing manager used for gloo on CUDA tensors."""
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -9,20 +7,7 @@ import torch.distributed as dist
 from megatron.bridge.training.gloo_cuda_compat import sequential_coalescing_manager
 
 
-@pytest.fixture(scope="module")
-def single_rank_gloo():
-    created = not dist.is_initialized()
-    if created:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
-def test_collectives_inside_run_immediately_and_wait_is_harmless(single_rank_gloo):
+def test_collectives_inside_run_immediately_and_wait_is_harmless(gloo_world):
     tensors = [torch.full((4,), 2.0), torch.full((3,), 5.0)]
     with sequential_coalescing_manager(None, async_ops=False) as cm:
         for t in tensors:
