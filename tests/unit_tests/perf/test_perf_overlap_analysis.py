@@ -168,10 +168,35 @@ def test_gloo_cpu_ops_used_only_without_comm_kernels():
     assert analyze_trace(gloo, include_cpu_ops=False).comm_kernels == 0
 
 
+def _summary(ep: int, overlap_on: bool) -> dict:
+    """The parts of a real ``summary.json`` (training/metrics.py) the analysis reads."""
+    return {
+        "parallel_layout": {"tp": 1, "pp": 1, "ep": ep},
+        "overlap_report": {"features": {"moe_ep_overlap": {"active": overlap_on, "requested": overlap_on}}},
+    }
+
+
+@pytest.mark.parametrize(
+    "overlap_on, expected",
+    [(False, "turn EP overlap on"), (True, "EP overlap is already on")],
+)
+def test_cli_decision_knows_whether_overlap_was_on(tmp_path, capsys, overlap_on, expected):
+    run = tmp_path / "run"
+    (run / "profile").mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps(_summary(ep=4, overlap_on=overlap_on)))
+    trace = run / "profile" / "trace_rank0_steps4-5.json"
+    trace.write_text(json.dumps(_trace(step(1, 0, 100), kernel(A2A, 10, 40, 20))))
+    assert analyze_main([str(trace)]) == 0
+    text = capsys.readouterr().out
+    assert expected in text and "EP=4" in text
+    if overlap_on:
+        assert "turn EP overlap on" not in text
+
+
 def test_cli_reads_ep_from_summary_and_writes_json(tmp_path, capsys):
     run = tmp_path / "run"
     (run / "profile").mkdir(parents=True)
-    (run / "summary.json").write_text(json.dumps({"layout": {"expert_model_parallel_size": 2}}))
+    (run / "summary.json").write_text(json.dumps(_summary(ep=2, overlap_on=False)))
     trace = run / "profile" / "rank0.pt.trace.json"
     trace.write_text(json.dumps(_trace(step(1, 0, 100), kernel(A2A, 10, 40, 20))))
     out = tmp_path / "a.json"

@@ -171,6 +171,8 @@ class OverlapAnalysis:
     comm_names: list[str] = field(default_factory=list)
     expert_parallel_size: Optional[int] = None
     threshold: float = DEFAULT_THRESHOLD
+    ep_overlap_active: Optional[bool] = None
+    """Whether the profiled run had EP overlap on (from its ``summary.json``); ``None``: unknown."""
 
     @property
     def hidden_fraction(self) -> float:
@@ -192,6 +194,15 @@ class OverlapAnalysis:
                     "profile a GPU run with NCCL/DeepEP/HybridEP or keep CPU ops in the analysis).")
         share = f"{self.exposed_share:.1%}"
         ep_text = f"EP={ep}" if ep else "EP>1 (assumed; pass --ep)"
+        if self.ep_overlap_active:
+            hidden = f"{self.hidden_fraction:.0%}"
+            if self.exposed_share > self.threshold:
+                return (f"{ep_text}, EP overlap is already on and hides {hidden} of dispatch/combine, but "
+                        f"{share} of the step is still exposed (> {self.threshold:.0%}): try more "
+                        "micro-batches or a faster dispatcher (flex: DeepEP/HybridEP), and compare "
+                        "against overlap off with --sweep.")
+            return (f"{ep_text}, EP overlap is on and hides {hidden} of dispatch/combine; only {share} of "
+                    "the step stays exposed: keep it on (confirm the gain against overlap off with --sweep).")
         if self.exposed_share > self.threshold:
             return (f"{ep_text} and exposed dispatch/combine is {share} of the step (> {self.threshold:.0%}): "
                     "turn EP overlap on (comm_overlap.overlap_moe_expert_parallel_comm=true, "

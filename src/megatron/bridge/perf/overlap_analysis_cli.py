@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Optional, Sequence
@@ -10,20 +11,22 @@ from typing import Optional, Sequence
 from megatron.bridge.perf.overlap_analysis import DEFAULT_THRESHOLD, analyze_trace
 
 
-def _expert_parallel_size_near(trace: Path) -> Optional[int]:
-    """EP size from a ``summary.json`` in the trace's directory or its parents (the run's log dir)."""
+def _run_facts_near(trace: Path) -> tuple[Optional[int], Optional[bool]]:
+    """EP size and whether EP overlap was on, from the run's ``summary.json`` (in the trace's
+    directory or up to three levels above it: the run's log dir); ``None`` where unknown."""
     for folder in [trace.parent, *trace.parents][:4]:
         summary = folder / "summary.json"
-        if summary.is_file():
-            try:
-                data = json.loads(summary.read_text())
-            except (OSError, ValueError):
-                return None
-            layout = data.get("layout") or {}
-            for key in ("expert_model_parallel_size", "ep", "EP"):
-                if key in layout:
-                    return int(layout[key])
-    return None
+        if not summary.is_file():
+            continue
+        try:
+            data = json.loads(summary.read_text())
+        except (OSError, ValueError):
+            return None, None
+        ep = (data.get("parallel_layout") or {}).get("ep")
+        feature = ((data.get("overlap_report") or {}).get("features") or {}).get("moe_ep_overlap") or {}
+        active = feature.get("active")
+        return (int(ep) if ep is not None else None), (bool(active) if active is not None else None)
+    return None, None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -46,13 +49,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for trace in args.traces:
         if not trace.is_file():
             p.error(f"no such trace file: {trace}")
+        summary_ep, overlap_on = _run_facts_near(trace)
         analysis = analyze_trace(
             trace,
-            expert_parallel_size=args.ep or _expert_parallel_size_near(trace),
+            expert_parallel_size=args.ep or summary_ep,
             threshold=args.threshold,
             include_sendrecv=args.sendrecv,
             include_cpu_ops=args.cpu_ops,
         )
+        analysis = dataclasses.replace(analysis, ep_overlap_active=overlap_on)
         print(f"== {trace}")
         print(analysis.format())
         results[str(trace)] = analysis.to_dict()
