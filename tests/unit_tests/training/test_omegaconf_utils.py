@@ -101,6 +101,12 @@ def test_null_for_optional_field(cfg):
     assert out.model.moe_router_dtype is None and out.checkpoint.save is None
 
 
+def test_the_string_none_is_not_a_null_sentinel(cfg):
+    err = _error_for(cfg, "model.moe_router_dtype=None")
+    assert "'None'" in str(err) and "null" in str(err)
+    assert apply_overrides(cfg, ["checkpoint.save=None"]).checkpoint.save == "None"
+
+
 def test_null_for_required_field_is_rejected(cfg):
     err = _error_for(cfg, "train.train_iters=null")
     assert "train.train_iters" in str(err) and "null" in str(err)

@@ -99,7 +99,8 @@ def convert_value(value: Any, annotation: Any) -> Any:
     args = typing.get_args(annotation)
 
     if origin in (Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value in ("null", "None")):
+        # Only YAML's null means None: the string "None" is not a sentinel (it stays a string).
+        if value is None:
             if type(None) in args:
                 return None
             raise _Mismatch(type_name(annotation))
