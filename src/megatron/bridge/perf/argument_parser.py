@@ -16,6 +16,8 @@ import argparse
 import re
 from typing import Optional, Sequence
 
+from megatron.bridge.training.flex_dispatcher_backend import GPU_TYPES
+
 PLAIN_ALLTOALL = "alltoall"
 """Parsed value of ``--moe_flex_dispatcher_backend None``: plain alltoall, no flex backend."""
 
@@ -23,16 +25,7 @@ FLEX_BACKENDS = ("deepep", "hybridep")
 
 
 
-def _gpu_choices() -> tuple[str, ...]:
-    """The GPU-type table of ``training.flex_dispatcher_backend`` (one source of truth) plus ``cpu``."""
-    try:
-        from megatron.bridge.training.flex_dispatcher_backend import GPU_TYPES
-    except ImportError:  # pragma: no cover - the table ships with the package
-        return ("h100", "h200", "b200", "b300", "gb200", "gb300", "a100", "cpu")
-    return (*GPU_TYPES, "cpu")
-
-
-GPU_CHOICES = _gpu_choices()
+GPU_CHOICES = (*GPU_TYPES, "cpu")
 """Target GPU types accepted by ``-g`` (``cpu`` selects the CPU smoke mode)."""
 
 COMPUTE_DTYPES: dict[str, str] = {

@@ -310,14 +310,12 @@ def effective_values(built: BuiltConfig, resolved: "ConfigContainer") -> list[tu
     """``(key, value, source, detail)`` for every overlap switch and overlap-related field."""
     from megatron.bridge.training.rules import read_field
 
-    rows: list[tuple[str, Any, str, str]] = []
-    try:
-        from megatron.bridge.training.comm_overlap import effective_overlap_values
+    from megatron.bridge.training.comm_overlap import effective_overlap_values
 
-        for v in effective_overlap_values(built.cfg, rule_context(built)).values():
-            rows.append((v.key, v.value, v.source, v.detail))
-    except ImportError:  # pragma: no cover - older comm_overlap
-        pass
+    rows = [
+        (v.key, v.value, v.source, v.detail)
+        for v in effective_overlap_values(built.cfg, rule_context(built)).values()
+    ]
     for key in OVERLAP_RELATED_KEYS:
         try:
             value = read_field(resolved, key)

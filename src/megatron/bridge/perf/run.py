@@ -29,10 +29,10 @@ from megatron.bridge.perf.config_builder import (
 from megatron.bridge.perf.launcher import CONFIG_NAME, LaunchPlan, plan_launch, run_plan
 from megatron.bridge.perf.results import SUMMARY_NAME, format_results, load_summary, summary_steady_state
 from megatron.bridge.perf.sweep import SweepPoint, job_dirname, parse_sweep, write_sweep_outputs
+from megatron.bridge.training.overlap_report import build_overlap_report
 
 EXIT_CONFIG = 2
 EXIT_ENVIRONMENT = 3
-DEFAULT_MAX_CONNECTIONS_WITH_EP_OVERLAP = 32
 
 
 @dataclass
@@ -47,14 +47,8 @@ class Job:
 
 def overlap_report(built: BuiltConfig, resolved) -> tuple[str, Optional[int]]:
     """The start-up overlap report and the ``CUDA_DEVICE_MAX_CONNECTIONS`` the run needs."""
-    try:
-        from megatron.bridge.training.overlap_report import build_overlap_report
-    except ImportError:
-        ep_on = bool(getattr(resolved.model, "overlap_moe_expert_parallel_comm", False))
-        needed = DEFAULT_MAX_CONNECTIONS_WITH_EP_OVERLAP if ep_on else None
-        return f"EP overlap {'on' if ep_on else 'off'} (detailed overlap report not available)", needed
     report = build_overlap_report(resolved, rule_context(built))
-    return report.format(), getattr(report, "cuda_device_max_connections", None)
+    return report.format(), report.cuda_device_max_connections
 
 
 def make_job(built: BuiltConfig, args, max_connections: Optional[int] = None) -> Job:
