@@ -4,9 +4,13 @@ Quiets megatron-core's import-time warnings about missing TE/Apex, and offers ``
 world-size-1 gloo process group for in-process tests of distributed code.
 """
 
+import json
 import os
 import socket
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -36,3 +40,39 @@ def gloo_world() -> Iterator[None]:
     yield
     if created and dist.is_initialized():
         dist.destroy_process_group()
+
+
+REPORT_PREFIX = "REPORT "
+
+
+@pytest.fixture(scope="session")
+def run_child_script():
+    """Run a test's child script on ``world_size`` processes (argv: ``RANK PORT``) and return each
+    rank's ``REPORT {json}`` line as a dict (its stdout under ``"stdout"``).
+
+    For code that must not run in the test process: the CPU compatibility layer patches torch for
+    the whole process, and multi-rank runs need their own processes.
+    """
+
+    def run(script_text: str, workdir: Path, world_size: int = 1, timeout: float = 300) -> list[dict]:
+        script = workdir / "child.py"
+        script.write_text(script_text)
+        repo = Path(__file__).resolve().parents[1]
+        env = dict(os.environ, PYTHONPATH=str(repo / "src"), CUDA_VISIBLE_DEVICES="")
+        port = str(free_port())
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(script), str(rank), port],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            )
+            for rank in range(world_size)
+        ]
+        outputs = [p.communicate(timeout=timeout) for p in procs]
+        reports = []
+        for proc, (out, err) in zip(procs, outputs):
+            assert proc.returncode == 0, out[-3000:] + err[-5000:]
+            line = next(l for l in out.splitlines() if l.startswith(REPORT_PREFIX))
+            reports.append({**json.loads(line[len(REPORT_PREFIX):]), "stdout": out})
+        return reports
+
+    return run

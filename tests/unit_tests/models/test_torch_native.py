@@ -319,14 +319,10 @@ FULL_MODEL_CHILD = r'''
 import json, os, sys
 import torch
 import torch.distributed as dist
-try:
-    from megatron.bridge.training import cpu_compat
-except ImportError as exc:
-    print("REPORT " + json.dumps({"skip": f"cpu_compat unavailable: {exc}"}))
-    sys.exit(0)
+from megatron.bridge.training import cpu_compat
 cpu_compat.enable_cpu_compat()
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-os.environ["MASTER_PORT"] = sys.argv[1]
+os.environ["MASTER_PORT"] = sys.argv[2]
 dist.init_process_group("gloo", rank=0, world_size=1)
 from megatron.core import parallel_state as ps
 from megatron.bridge.models.qwen import Qwen3MoEModelProvider
@@ -403,24 +399,8 @@ print("REPORT " + json.dumps(report))
 
 
 @pytest.fixture(scope="module")
-def full_model_report(tmp_path_factory) -> dict:
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = tmp_path_factory.mktemp("torch_native") / "child.py"
-    script.write_text(FULL_MODEL_CHILD)
-    repo = Path(__file__).resolve().parents[3]
-    env = dict(os.environ, PYTHONPATH=str(repo / "src"), CUDA_VISIBLE_DEVICES="")
-    port = str(30500 + os.getpid() % 1000)
-    proc = subprocess.run([sys.executable, str(script), port], capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("REPORT "))
-    report = json.loads(line[len("REPORT "):])
-    if "skip" in report:
-        pytest.skip(report["skip"])
+def full_model_report(tmp_path_factory, run_child_script) -> dict:
+    (report,) = run_child_script(FULL_MODEL_CHILD, tmp_path_factory.mktemp("torch_native"))
     return report
 
 
@@ -453,11 +433,7 @@ EP2_CHILD = r'''
 import json, os, sys
 import torch
 import torch.distributed as dist
-try:
-    from megatron.bridge.training import cpu_compat
-except ImportError as exc:
-    print("REPORT " + json.dumps({"skip": f"cpu_compat unavailable: {exc}"}))
-    sys.exit(0)
+from megatron.bridge.training import cpu_compat
 cpu_compat.enable_cpu_compat()
 rank, port = int(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
@@ -554,32 +530,8 @@ print("REPORT " + json.dumps(report))
 
 
 @pytest.fixture(scope="module")
-def ep2_report(tmp_path_factory) -> dict:
-    import json
-    import os
-    import socket
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = tmp_path_factory.mktemp("torch_native_ep2") / "child.py"
-    script.write_text(EP2_CHILD)
-    repo = Path(__file__).resolve().parents[3]
-    env = dict(os.environ, PYTHONPATH=str(repo / "src"), CUDA_VISIBLE_DEVICES="")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), port], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
-    outs = [p.communicate(timeout=400) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, out[-3000:] + err[-5000:]
-    reports = []
-    for out, _ in outs:
-        line = next(l for l in out.splitlines() if l.startswith("REPORT "))
-        reports.append(json.loads(line[len("REPORT "):]))
-    if "skip" in reports[0]:
-        pytest.skip(reports[0]["skip"])
+def ep2_report(tmp_path_factory, run_child_script) -> dict:
+    reports = run_child_script(EP2_CHILD, tmp_path_factory.mktemp("torch_native_ep2"), world_size=2, timeout=400)
     return {"ranks": reports}
 
 

@@ -6,16 +6,10 @@ leak into the rest of the test session.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
 
 CHILD = textwrap.dedent(
     r"""
@@ -53,7 +47,7 @@ CHILD = textwrap.dedent(
 
     # A tiny Qwen3-MoE GPTModel, forward and backward, on a world-size-1 gloo group.
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = sys.argv[1]
+    os.environ["MASTER_PORT"] = sys.argv[2]
     dist.init_process_group("gloo", rank=0, world_size=1)
     from megatron.core import parallel_state as ps
     from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
@@ -84,18 +78,8 @@ CHILD = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def child_report(tmp_path_factory) -> dict:
-    script = tmp_path_factory.mktemp("cpu_compat") / "child.py"
-    script.write_text(CHILD)
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), CUDA_VISIBLE_DEVICES="")
-    port = str(29500 + os.getpid() % 1000)
-    proc = subprocess.run(
-        [sys.executable, str(script), port], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("REPORT "))
-    report = json.loads(line[len("REPORT ") :])
-    report["stdout"] = proc.stdout
+def child_report(tmp_path_factory, run_child_script) -> dict:
+    (report,) = run_child_script(CHILD, tmp_path_factory.mktemp("cpu_compat"))
     return report
 
 
