@@ -6,6 +6,8 @@
 # On one H200 the gloo EP=2 steps take ~21 s (all-to-all and DP all-reduce through host memory):
 # stage 2 needs ~7.5 minutes and stage 3 ~3; give each its own device call
 # (SKIP_EP1=1 SKIP_PROFILE=1 for the sweep, SKIP_EP1=1 SKIP_SWEEP=1 for the profile).
+# With NCCL_EP2=1 on a machine with two GPUs, stage 4 repeats the sweep and the profile with EP=2 as one
+# process per GPU over NCCL (GBS 16: 8 micro-batches per rank), which is what overlap is for.
 # Usage (repo root, megatron-core importable, e.g. PYTHONPATH=/tmp/site:src):
 #   bash scripts/performance/gpu_acceptance_harness.sh RESULTS_DIR [WORK_DIR]
 # RESULTS_DIR receives a flat copy of the summaries, sweep.md/png, the analysis and the log.
@@ -39,6 +41,26 @@ echo "### 2. EP=2 (2 ranks on 1 GPU, gloo) sweep of EP overlap"
 $py scripts/performance/run_script.py "${common[@]}" "${ep2_extra[@]}" -ng 1 --procs_per_gpu 2 -ep 2 -gb 8 --max_steps 8 \
     -l "$work/sweep" --sweep comm_overlap.overlap_moe_expert_parallel_comm=false,true || status=1
 collect_sweep
+fi
+if [ -n "${NCCL_EP2:-}" ]; then
+echo "### 4. EP=2 across two GPUs over NCCL: sweep of EP overlap, then a profile with it on"
+$py scripts/performance/run_script.py "${common[@]}" -ng 2 -ep 2 -gb 16 --max_steps 10 \
+    -l "$work/nccl_sweep" --sweep comm_overlap.overlap_moe_expert_parallel_comm=false,true || status=1
+cp "$work/nccl_sweep/sweep.md" "$results/nccl_sweep.md" 2>/dev/null
+cp "$work/nccl_sweep/sweep.png" "$results/nccl_sweep.png" 2>/dev/null
+for d in "$work"/nccl_sweep/*/; do
+    [ -d "$d" ] || continue
+    name=$(basename "$d" | tr -c 'A-Za-z0-9._\n-' '_')
+    cp "$d/summary.json" "$results/nccl_sweep_${name}_summary.json" 2>/dev/null
+done
+$py scripts/performance/run_script.py "${common[@]}" -ng 2 -ep 2 -gb 16 --max_steps 6 \
+    --moe_a2a_overlap true --profile --profile_step_start 4 --profile_step_end 5 --profile_ranks 0 \
+    -l "$work/nccl_profile" || status=1
+trace=$(ls "$work"/nccl_profile/profile/trace_rank0_*.json 2>/dev/null | head -1)
+if [ -n "$trace" ]; then
+    $py scripts/performance/analyze_overlap.py "$trace" --ep 2 --json "$results/nccl_overlap_analysis.json" \
+        | tee "$results/nccl_overlap_analysis.txt" || status=1
+fi
 fi
 [ -n "${SKIP_PROFILE:-}" ] && exit $status
 echo "### 3. profile, EP overlap on"
