@@ -12,6 +12,7 @@ step, gradients accumulate as in gradient accumulation), after warm-up passes.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
@@ -113,6 +114,8 @@ def build_model(shape: ProxyShape, layer_spec: str, device: str, ep: int = 1, **
         use_cpu_initialization=not on_gpu,
         moe_token_dispatcher_type="alltoall",
     )
+    if layer_spec == "local":  # the plain megatron-core model: its own unfused cross-entropy too
+        kwargs["cross_entropy_loss_fusion"] = False
     kwargs.update(overrides)
     provider = Qwen3MoEModelProvider(**kwargs)
     provider.finalize()
@@ -228,7 +231,7 @@ def run_grouped_probe() -> Dict[str, Any]:
 
 
 def run_timing(shape: ProxyShape, layer_spec: str, device: str, warmup: int, micro_batches: int,
-               profile: bool = False, **overrides: Any) -> Dict[str, Any]:
+               profile: bool = False, trace_path: Optional[str] = None, **overrides: Any) -> Dict[str, Any]:
     """Forward+backward throughput of one spec; optionally a torch.profiler top-kernel table."""
     init_single_rank(device)
     t_build = time.perf_counter()
@@ -245,13 +248,15 @@ def run_timing(shape: ProxyShape, layer_spec: str, device: str, warmup: int, mic
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
     t0 = time.perf_counter()
-    losses = [float(fwd_bwd(model, b, mask)) for b in batches[:micro_batches]]
+    # Losses stay on the device until the clock stops: a host sync per micro-batch would idle the GPU.
+    losses = [fwd_bwd(model, b, mask) for b in batches[:micro_batches]]
     if device == "cuda":
         end.record()
         end.synchronize()
         elapsed = start.elapsed_time(end) / 1e3
     else:
         elapsed = time.perf_counter() - t0
+    losses = [float(x) for x in losses]
     tokens = micro_batches * shape.micro_batch_size * shape.seq_length
     fl = flops_per_token(shape)
     result: Dict[str, Any] = {
@@ -268,12 +273,49 @@ def run_timing(shape: ProxyShape, layer_spec: str, device: str, warmup: int, mic
         "experts_module": type(model.decoder.layers[0].mlp.experts).__name__,
         "dispatcher_module": type(getattr(model.decoder.layers[0].mlp, "token_dispatcher", None)).__name__,
         "core_attention_module": type(model.decoder.layers[0].self_attention.core_attention).__name__,
+        "model_class": type(model).__name__,
+        "loss": provider.describe_loss(device),
     }
     if device == "cuda":
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if profile and device == "cuda":
         result["profile_table"] = profile_top_kernels(model, batches[:2], mask)
+        if trace_path:
+            result["trace"] = export_trace(model, batches[0], mask, trace_path)
     return result
+
+
+def export_trace(model, batch, mask, path: str) -> Dict[str, Any]:
+    """Chrome trace (gzipped, CPU ops with Python stacks and GPU kernels) of one micro-batch, plus
+    the GPU's busy share of the wall time (union of kernel intervals) for offline gap analysis."""
+    import gzip
+    import shutil
+
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
+        fwd_bwd(model, batch, mask)
+        torch.cuda.synchronize()
+    raw = path[:-3] if path.endswith(".gz") else path
+    prof.export_chrome_trace(raw)
+    kernels = []
+    with open(raw) as f:
+        for ev in json.load(f).get("traceEvents", []):
+            if ev.get("cat") == "kernel" and "dur" in ev:
+                kernels.append((float(ev["ts"]), float(ev["ts"]) + float(ev["dur"])))
+    kernels.sort()
+    busy, end = 0.0, float("-inf")
+    for lo, hi in kernels:
+        if hi > end:
+            busy += hi - max(lo, end)
+            end = hi
+    span = (kernels[-1][1] - kernels[0][0]) if kernels else 0.0
+    with open(raw, "rb") as src, gzip.open(raw + ".gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    os.remove(raw)
+    return {"path": raw + ".gz", "kernels": len(kernels), "gpu_busy_ms": busy / 1e3,
+            "kernel_span_ms": span / 1e3, "busy_share": busy / span if span else None}
 
 
 def profile_top_kernels(model, batches, mask, rows: int = 30) -> str:

@@ -10,7 +10,8 @@ every phase so a crash or timeout keeps what was measured):
    random tokens), forward+backward, with megatron-core's local spec and the torch-native spec:
    tokens/s, model TFLOP/s (MoE-aware: top-k experts only), MFU vs the measured ceiling, peak memory.
    ``native`` also records a torch.profiler top-kernel table.
-4. ``native_ce_fusion``: the torch-native spec with megatron's native fused cross-entropy.
+4. ``native_unfused_ce`` / ``native_ce_fusion``: the torch-native spec with megatron-core's unfused
+   fp32 cross-entropy / its TorchScript fused one instead of the torch-native streaming loss.
    ``native_megatron_dispatch``: the torch-native spec with megatron's alltoall dispatcher instead of
    the sync-free sorted permutation (A/B of ``MBRIDGE_TORCH_NATIVE_SORTED_DISPATCH=0``).
 5. ``equivalence``: same weights and batch, bf16 loss and gradient differences native vs plain.
@@ -40,7 +41,8 @@ from typing import Any, Dict, List
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-ALL_PHASES = ("ceiling", "probe", "plain", "native", "native_ce_fusion", "native_megatron_dispatch", "equivalence", "ep2")
+ALL_PHASES = ("ceiling", "probe", "plain", "native", "native_unfused_ce", "native_ce_fusion",
+              "native_megatron_dispatch", "equivalence", "ep2")
 
 
 def _parse(argv=None) -> argparse.Namespace:
@@ -61,6 +63,8 @@ def _parse(argv=None) -> argparse.Namespace:
     p.add_argument("--equivalence-layers", type=int, default=2)
     p.add_argument("--equivalence-seq", type=int, default=2048)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: smoke test only")
+    p.add_argument("--trace", action="store_true",
+                   help="native phase: also write a gzipped chrome trace of one micro-batch to --out")
     p.add_argument("--tiny", action="store_true", help="tiny model (smoke test)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-json", default=None, help=argparse.SUPPRESS)
@@ -93,12 +97,15 @@ def _worker(args) -> Dict[str, Any]:
     if name == "plain":
         return bh.run_timing(shape, "local", args.device, warmup=1, micro_batches=args.plain_micro_batches)
     if name == "native":
+        trace = str(Path(args.out) / "native_trace.json.gz") if args.trace else None
         return bh.run_timing(shape, "torch_native", args.device, warmup=args.warmup,
-                             micro_batches=args.micro_batches, profile=args.device == "cuda")
+                             micro_batches=args.micro_batches, profile=args.device == "cuda", trace_path=trace)
+    if name == "native_unfused_ce":  # A/B: megatron-core's unfused fp32 cross-entropy
+        return bh.run_timing(shape, "torch_native", args.device, warmup=args.warmup,
+                             micro_batches=args.micro_batches, cross_entropy_loss_fusion=False)
     if name == "native_ce_fusion":
         return bh.run_timing(shape, "torch_native", args.device, warmup=args.warmup, micro_batches=args.micro_batches,
-                             profile=args.device == "cuda", cross_entropy_loss_fusion=True,
-                             cross_entropy_fusion_impl="native")
+                             cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="native")
     if name == "native_megatron_dispatch":  # A/B: megatron's alltoall dispatcher instead of the sorted one
         os.environ["MBRIDGE_TORCH_NATIVE_SORTED_DISPATCH"] = "0"
         return bh.run_timing(shape, "torch_native", args.device, warmup=args.warmup,
@@ -128,6 +135,8 @@ def _run_phase(args, phase: str, out: Path) -> Dict[str, Any]:
            "--equivalence-layers", str(args.equivalence_layers), "--equivalence-seq", str(args.equivalence_seq)]
     if args.tiny:
         cmd.append("--tiny")
+    if args.trace:
+        cmd += ["--trace", "--out", str(out)]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.phase_timeout)
@@ -152,7 +161,7 @@ def _summarise(results: Dict[str, Any], shape, args) -> str:
         lines.append("")
     lines += ["| run | micro-batches timed | tokens/s | model TFLOP/s | MFU | peak mem GiB |",
               "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for key in ("plain", "native", "native_ce_fusion", "native_megatron_dispatch"):
+    for key in ("plain", "native", "native_unfused_ce", "native_ce_fusion", "native_megatron_dispatch"):
         r = results.get(key)
         if not r or "error" in r:
             if r:
@@ -202,7 +211,8 @@ def run_harness(args) -> Dict[str, Any]:
     results: Dict[str, Any] = {"command": " ".join(sys.argv), "shape": asdict(shape), "mode": "harness"}
     phases = [p for p in args.phases.split(",") if p]
     if args.device == "cpu":
-        phases = [p for p in phases if p not in ("ceiling", "probe", "ep2", "native_ce_fusion", "native_megatron_dispatch")]
+        phases = [p for p in phases if p not in ("ceiling", "probe", "ep2", "native_unfused_ce", "native_ce_fusion",
+                                                 "native_megatron_dispatch")]
     for phase in phases:
         t0 = time.perf_counter()
         if phase == "pretrain_native":  # the real training loop, optimizer included

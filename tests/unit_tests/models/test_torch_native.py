@@ -336,6 +336,8 @@ def build(spec):
         vocab_size=256, seq_length=32, make_vocab_size_divisible_by=128, layer_spec=spec,
         use_cpu_initialization=True, params_dtype=torch.float32, bf16=False,
         moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False,
+        # plain: megatron-core's unfused loss; native: the torch-native streaming cross-entropy
+        cross_entropy_loss_fusion=spec != "local",
     )
     provider.finalize()
     cpu_compat.seed_cpu_model_parallel(1234)
@@ -345,7 +347,8 @@ plain, native = build("local"), build("torch_native")
 missing = native.load_state_dict(plain.state_dict(), strict=True)
 report = {"experts_type": type(native.decoder.layers[0].mlp.experts).__name__,
           "attn_type": type(native.decoder.layers[0].self_attention.core_attention).__name__,
-          "dispatcher_type": type(native.decoder.layers[0].mlp.token_dispatcher).__name__}
+          "dispatcher_type": type(native.decoder.layers[0].mlp.token_dispatcher).__name__,
+          "model_types": [type(plain).__name__, type(native).__name__]}
 seq, b = 32, 2
 g = torch.Generator().manual_seed(0)
 batches = [torch.randint(0, 256, (b, seq), generator=g) for _ in range(6)]
@@ -408,6 +411,7 @@ def test_full_model_uses_torch_native_modules(full_model_report: dict) -> None:
     assert full_model_report["experts_type"] == "TorchGroupedMLP"
     assert full_model_report["attn_type"] == "TorchSDPAttention"
     assert full_model_report["dispatcher_type"] == "SortedTokenDispatcher"
+    assert full_model_report["model_types"] == ["GPTModel", "TorchNativeLossGPTModel"]
 
 
 def test_full_model_forward_and_gradients_match_plain_spec(full_model_report: dict) -> None:

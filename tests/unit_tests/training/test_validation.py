@@ -38,6 +38,12 @@ CASES = {
     "layer-spec-known": ({}, _set(**{"model.layer_spec": "triton"}), _set(**{"model.layer_spec": "local"})),
     "te-layer-spec-needs-transformer-engine": (
         TE_ABSENT, _set(**{"model.layer_spec": "transformer_engine"}), _set(**{"model.layer_spec": "auto"})),
+    "cross-entropy-impl-known": (
+        {}, _set(**{"model.cross_entropy_fusion_impl": "apex"}),
+        _set(**{"model.cross_entropy_fusion_impl": "native"})),
+    "te-cross-entropy-needs-transformer-engine": (
+        TE_ABSENT, _set(**{"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": "te"}),
+        _set(**{"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": "torch_native"})),
     "train-iters-positive": ({}, _set(**{"train.train_iters": 0}), _set(**{"train.train_iters": 1})),
     "lr-warmup-shorter-than-decay": (
         {}, _set(**{"scheduler.lr_warmup_iters": 500, "scheduler.lr_decay_iters": None, "train.train_iters": 8}),

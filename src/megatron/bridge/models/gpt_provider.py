@@ -50,6 +50,10 @@ class GPTModelProvider(TransformerConfig):
     moe_flex_dispatcher_backend: Optional[Literal["deepep", "hybridep", "ncclep"]] = None
     """Flex dispatcher backend; only meaningful with ``moe_token_dispatcher_type="flex"``.
     ``None`` (unlike megatron-core's ``"deepep"`` default) so that an unset backend is visible."""
+    cross_entropy_fusion_impl: Literal["native", "te", "torch_native"] = "native"
+    """Fused cross-entropy used when ``cross_entropy_loss_fusion`` is true: megatron-core's
+    ``native`` (TorchScript) or ``te`` (needs Transformer Engine), or ``torch_native`` (this
+    package's streaming Triton/PyTorch loss over bf16 logits, any device and TP size)."""
     cuda_graph_modules: Union[str, list[str]] = field(default_factory=list)
     """CUDA-graph capture scopes; empty captures the whole layer (megatron-core's ``"full"``
     default means the same but is deprecated and warns)."""
@@ -76,6 +80,31 @@ class GPTModelProvider(TransformerConfig):
             self.vocab_size, self.make_vocab_size_divisible_by, self.tensor_model_parallel_size
         )
 
+    @property
+    def uses_torch_native_loss(self) -> bool:
+        """Whether the language-model loss is the torch-native fused cross-entropy."""
+        return self.cross_entropy_loss_fusion and self.cross_entropy_fusion_impl == "torch_native"
+
+    def describe_loss(self, device_type: str) -> str:
+        """One start-up line saying which cross-entropy implementation this run uses."""
+        if self.uses_torch_native_loss:
+            from megatron.bridge.models.torch_native.cross_entropy import backend_for_device
+
+            return f"loss: torch_native fused cross-entropy ({backend_for_device(device_type)} kernels)"
+        if self.cross_entropy_loss_fusion:
+            return f"loss: megatron-core fused cross-entropy ({self.cross_entropy_fusion_impl})"
+        return "loss: megatron-core unfused vocab-parallel cross-entropy (fp32 logits)"
+
+    def model_class(self) -> type:
+        """megatron-core's ``GPTModel``, or its subclass with the torch-native loss."""
+        if self.uses_torch_native_loss:
+            from megatron.bridge.models.torch_native.gpt_model import TorchNativeLossGPTModel
+
+            return TorchNativeLossGPTModel
+        from megatron.core.models.gpt import GPTModel
+
+        return GPTModel
+
     def provide(
         self,
         pre_process: Optional[bool] = None,
@@ -84,13 +113,11 @@ class GPTModelProvider(TransformerConfig):
     ) -> "GPTModel":
         """Build this rank's ``GPTModel`` chunk (model-parallel state must be initialised)."""
         from megatron.core import parallel_state
-        from megatron.core.models.gpt import GPTModel
-
         if pre_process is None:
             pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
         if post_process is None:
             post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
-        return GPTModel(
+        return self.model_class()(
             config=self,
             transformer_layer_spec=build_decoder_block_spec(self, vp_stage=vp_stage),
             vocab_size=self.padded_vocab_size(),

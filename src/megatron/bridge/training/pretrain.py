@@ -274,6 +274,7 @@ def _startup_lines(resolved: "ConfigContainer", report: Any, env: initialize.Lau
         f"batch: global {resolved.train.global_batch_size}, micro {resolved.train.micro_batch_size}, "
         f"{num_microbatches} micro-batches per step, seq {m.seq_length}",
         describe_layer_spec(m.layer_spec),
+        m.describe_loss(resolved.dist.device),
         f"dispatcher: {m.moe_token_dispatcher_type}"
         + (f" (flex backend {m.moe_flex_dispatcher_backend})" if m.moe_token_dispatcher_type == "flex" else ""),
         f"schedule: {'combined 1F1B (EP overlap)' if m.overlap_moe_expert_parallel_comm else 'standard 1F1B'}",

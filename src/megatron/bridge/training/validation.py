@@ -8,6 +8,8 @@ from megatron.bridge.models.layer_specs import LAYER_SPEC_CHOICES
 from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES
 from megatron.bridge.training.rules import TE_VERSION_VALUE, Rule, RuleContext
 
+CROSS_ENTROPY_IMPLS = ("native", "te", "torch_native")
+
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
@@ -98,6 +100,24 @@ GENERAL_RULES: tuple[Rule, ...] = (
         holds=lambda cfg, ctx: ctx.te_version is not None,
         message="the Transformer Engine layer spec was requested but TE does not import",
         fix="set model.layer_spec=auto (torch-native/local modules) or install the 'te' extra",
+        extra_values=TE_VERSION_VALUE,
+    ),
+    Rule(
+        id="cross-entropy-impl-known",
+        fields=("model.cross_entropy_fusion_impl",),
+        holds=lambda cfg, ctx: cfg.model.cross_entropy_fusion_impl in CROSS_ENTROPY_IMPLS,
+        message="unknown fused cross-entropy implementation",
+        fix=f"use one of {list(CROSS_ENTROPY_IMPLS)}",
+    ),
+    Rule(
+        id="te-cross-entropy-needs-transformer-engine",
+        fields=("model.cross_entropy_loss_fusion", "model.cross_entropy_fusion_impl"),
+        applies=lambda cfg, ctx: cfg.model.cross_entropy_loss_fusion
+        and cfg.model.cross_entropy_fusion_impl == "te",
+        holds=lambda cfg, ctx: ctx.te_version is not None,
+        message="Transformer Engine's fused cross-entropy was requested but TE does not import",
+        fix="set model.cross_entropy_fusion_impl=torch_native (streaming Triton/PyTorch loss, any "
+        "machine) or install the 'te' extra",
         extra_values=TE_VERSION_VALUE,
     ),
     Rule(

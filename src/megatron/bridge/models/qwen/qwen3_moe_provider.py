@@ -50,7 +50,8 @@ class Qwen3MoEModelProvider(GPTModelProvider):
     persist_layer_norm: bool = False
     apply_rope_fusion: bool = False
     gradient_accumulation_fusion: bool = False
-    cross_entropy_loss_fusion: bool = False
+    cross_entropy_loss_fusion: bool = True
+    cross_entropy_fusion_impl: Literal["native", "te", "torch_native"] = "torch_native"
 
 
 @dataclass
