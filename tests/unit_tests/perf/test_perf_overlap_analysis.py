@@ -147,6 +147,19 @@ def test_only_profiled_steps_count_and_multiple_steps():
     assert a.exposed_share == pytest.approx(0.10)
 
 
+def test_a_step_marked_on_cpu_and_gpu_streams_counts_once():
+    gpu_mark = lambda n, ts, dur, stream: {**step(n, ts, dur), "cat": "gpu_user_annotation", "tid": stream}  # noqa: E731
+    trace = _trace(
+        step(4, 0, 100), gpu_mark(4, 5, 110, 7), gpu_mark(4, 20, 90, 20),
+        step(5, 100, 100), gpu_mark(5, 115, 95, 7),
+        kernel(A2A, 50, 20, 20),
+    )
+    a = analyze_trace(trace, expert_parallel_size=2)
+    assert a.num_steps == 2
+    assert a.step_time_ms == pytest.approx(0.210)  # union of all marks: 0 .. 210 us
+    assert "105.000 ms" not in a.format() and "0.105 ms" in a.format()
+
+
 def test_no_step_markers_uses_event_span():
     a = analyze_trace(_trace(kernel(A2A, 0, 10, 20), kernel("gemm", 10, 30, 7)))
     assert a.step_time_ms == pytest.approx(0.040) and a.exposed_ms == pytest.approx(0.010)

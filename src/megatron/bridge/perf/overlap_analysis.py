@@ -123,19 +123,23 @@ def load_trace(path: "str | Path") -> dict[str, Any]:
         return json.load(fh)
 
 
-def _events(trace: dict[str, Any], *, include_sendrecv: bool, include_cpu_ops: Optional[bool]) -> tuple[list[Event], list[Interval]]:
-    """Classified events and ProfilerStep spans. CPU all-to-all ops count as dispatch/combine when
+def _events(trace: dict[str, Any], *, include_sendrecv: bool,
+            include_cpu_ops: Optional[bool]) -> tuple[list[Event], list[tuple[int, float, float]]]:
+    """Classified events and ProfilerStep spans ``(step number, start, end)``. CPU all-to-all ops count as dispatch/combine when
     ``include_cpu_ops`` is true, or (``None``) when the trace has no dispatch/combine kernels."""
     events: list[Event] = []
-    steps: list[Interval] = []
+    steps: list[tuple[int, float, float]] = []
     raw = trace.get("traceEvents", trace if isinstance(trace, list) else [])
     for ev in raw:
         if ev.get("ph") != "X" or "dur" not in ev:
             continue
         name, cat = str(ev.get("name", "")), str(ev.get("cat", ""))
         start, end = float(ev["ts"]), float(ev["ts"]) + float(ev["dur"])
-        if _STEP.match(name):
-            steps.append((start, end))
+        step_match = _STEP.match(name)
+        if step_match:
+            # torch marks each step on the CPU and again on every GPU stream it ran on
+            # ("gpu_user_annotation"): spans of one step share its number.
+            steps.append((int(step_match.group(1)), start, end))
             continue
         args = ev.get("args") or {}
         kind = classify(name, cat, args, include_sendrecv=include_sendrecv)
@@ -243,23 +247,24 @@ def hidden_intervals(events: Sequence[Event]) -> list[Interval]:
 
 def analyze_events(
     events: Sequence[Event],
-    steps: Sequence[Interval] = (),
+    steps: Sequence[tuple[int, float, float]] = (),
     *,
     expert_parallel_size: Optional[int] = None,
     threshold: float = DEFAULT_THRESHOLD,
 ) -> OverlapAnalysis:
     """Measure comm/hidden/exposed; the step time is the ProfilerStep spans, else the event span.
 
-    Only events inside the profiled steps count when step markers exist.
+    ``steps`` are ``(step number, start, end)``; a step marked on the CPU and on GPU streams
+    counts once. Only events inside the profiled steps count when step markers exist.
     """
-    step_union = union(steps)
+    step_union = union([(start, end) for _, start, end in steps])
     if step_union:
         events = [
             Event(e.name, e.kind, s, t, e.stream)
             for e in events
             for s, t in intersect([(e.start, e.end)], step_union)
         ]
-        step_time, num_steps = total(step_union), len(steps)
+        step_time, num_steps = total(step_union), len({number for number, _, _ in steps})
     else:
         span = (min((e.start for e in events), default=0.0), max((e.end for e in events), default=0.0))
         step_time, num_steps = span[1] - span[0], 1
