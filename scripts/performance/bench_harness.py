@@ -320,20 +320,24 @@ def export_trace(model, batch, mask, path: str) -> Dict[str, Any]:
 
 def profile_top_kernels(model, batches, mask, rows: int = 30) -> str:
     """torch.profiler over a few micro-batches: kernels sorted by total GPU time."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for b in batches:
             fwd_bwd(model, b, mask)
         torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if getattr(e, "device_type", None) is not None]
     kernels = []
     total = 0.0
     for e in prof.key_averages():
+        # Kernels only: CPU ops that launch a kernel themselves (autograd Functions, Triton
+        # wrappers) also carry device time, and counting them would count that kernel twice.
+        if e.device_type != DeviceType.CUDA or e.key.startswith("ProfilerStep"):
+            continue
         t = getattr(e, "self_device_time_total", None)
         if t is None:
             t = getattr(e, "self_cuda_time_total", 0.0)
-        if t and t > 0 and not e.key.startswith("aten::") and not e.key.startswith("ProfilerStep"):
+        if t and t > 0:
             kernels.append((t, e.count, e.key))
             total += t
     kernels.sort(reverse=True)
@@ -341,7 +345,6 @@ def profile_top_kernels(model, batches, mask, rows: int = 30) -> str:
              "| share | ms | calls | kernel |", "| ---: | ---: | ---: | --- |"]
     for t, n, name in kernels[:rows]:
         lines.append(f"| {100 * t / total:5.1f}% | {t / 1e3:8.2f} | {n} | {name[:160].replace('|', '/')} |")
-    del events
     return "\n".join(lines)
 
 

@@ -264,7 +264,7 @@ def test_delayed_wgrad_gives_equal_gradients_and_fires_hooks(model_parallel, tin
     assert fired == [1, 1]
 
 
-def test_spec_swaps_only_core_attention_and_experts(model_parallel, tiny_moe_config) -> None:
+def test_spec_swaps_only_core_attention_experts_and_norms(model_parallel, tiny_moe_config) -> None:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.transformer.moe.moe_layer import MoELayer
 
@@ -275,7 +275,7 @@ def test_spec_swaps_only_core_attention_and_experts(model_parallel, tiny_moe_con
         get_torch_native_decoder_block_spec,
     )
 
-    config = tiny_moe_config(num_layers=2, moe_layer_freq=[1, 0])
+    config = tiny_moe_config(num_layers=2, moe_layer_freq=[1, 0], qk_layernorm=True)
     local = get_gpt_decoder_block_spec(config, use_transformer_engine=False)
     native = get_torch_native_decoder_block_spec(config)
     assert len(native.layer_specs) == 2
@@ -287,7 +287,16 @@ def test_spec_swaps_only_core_attention_and_experts(model_parallel, tiny_moe_con
     assert moe.submodules.mlp.keywords["submodules"].experts.func is TorchGroupedMLP
     dense_local = local.layer_specs[1].submodules.mlp  # dense MLP untouched
     assert (dense.submodules.mlp.func, dense.submodules.mlp.keywords) == (dense_local.func, dense_local.keywords)
-    assert moe.submodules.input_layernorm is local.layer_specs[0].submodules.input_layernorm
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    from megatron.bridge.models.torch_native.norm import TorchNativeNorm
+
+    assert local.layer_specs[0].submodules.input_layernorm is WrappedTorchNorm
+    attn = moe.submodules.self_attention.submodules
+    assert (moe.submodules.input_layernorm, moe.submodules.pre_mlp_layernorm, native.layer_norm) == (
+        TorchNativeNorm, TorchNativeNorm, TorchNativeNorm)
+    assert (attn.q_layernorm, attn.k_layernorm) == (TorchNativeNorm, TorchNativeNorm)
+    assert attn.linear_qkv is local.layer_specs[0].submodules.self_attention.submodules.linear_qkv
     assert local.layer_specs[0].submodules.mlp.keywords["submodules"].experts.func.__name__ == "SequentialMLP"
 
 

@@ -1,13 +1,14 @@
-"""The torch-native layer spec: megatron-core's own GPT layer spec with two slots swapped.
+"""The torch-native layer spec: megatron-core's own GPT layer spec with a few slots swapped.
 
-Built from megatron-core's local (non-TE) decoder block spec, so norms, projections, RoPE,
-QK-layernorm, router, token dispatchers (alltoall / flex / allgather), shared experts and the
+Built from megatron-core's local (non-TE) decoder block spec, so projections, RoPE, router, token dispatchers (alltoall / flex / allgather), shared experts and the
 fine-grained EP-overlap schedule are megatron-core's. Only
 
 * ``SelfAttentionSubmodules.core_attention``: ``DotProductAttention`` -> :class:`TorchSDPAttention`
 * ``MoESubmodules.experts``: ``SequentialMLP`` -> :class:`TorchGroupedMLP`
 * the MoE layer: ``MoELayer`` -> :class:`TorchNativeMoELayer` (same module; a sync-free token
   permutation replaces megatron's alltoall dispatcher for EP=1, see ``dispatcher.py``)
+* every ``WrappedTorchNorm`` slot (input, pre-MLP, query/key and final norms) ->
+  :class:`TorchNativeNorm` (RMSNorm compiled on CUDA, see ``norm.py``; Apex norms stay)
 
 change. Dense MLP layers (``moe_layer_freq`` patterns) keep megatron's ``MLP``.
 """
@@ -23,21 +24,33 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.moe.experts import SequentialMLP
 from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.bridge.models.torch_native.attention import TorchSDPAttention
 from megatron.bridge.models.torch_native.dispatcher import TorchNativeMoELayer
 from megatron.bridge.models.torch_native.experts import TorchGroupedMLP
+from megatron.bridge.models.torch_native.norm import TorchNativeNorm
+
+
+def _swap_norms(submodules: Any) -> Any:
+    """Every field of a submodules dataclass that is megatron's ``WrappedTorchNorm``."""
+    if not dataclasses.is_dataclass(submodules):
+        return submodules
+    swaps = {f.name: TorchNativeNorm for f in dataclasses.fields(submodules)
+             if getattr(submodules, f.name) is WrappedTorchNorm}
+    return dataclasses.replace(submodules, **swaps) if swaps else submodules
 
 
 def _swap_attention(attn: Any) -> Any:
     if not isinstance(attn, ModuleSpec) or attn.submodules is None:
         return attn
     sub = attn.submodules
-    if getattr(sub, "core_attention", None) is not DotProductAttention:
-        return attn
-    return dataclasses.replace(attn, submodules=dataclasses.replace(sub, core_attention=TorchSDPAttention))
+    sub = _swap_norms(sub)
+    if getattr(sub, "core_attention", None) is DotProductAttention:
+        sub = dataclasses.replace(sub, core_attention=TorchSDPAttention)
+    return dataclasses.replace(attn, submodules=sub)
 
 
 def _swap_experts(mlp: Any) -> Any:
@@ -55,8 +68,8 @@ def _swap_experts(mlp: Any) -> Any:
 
 
 def torch_native_layer_spec(layer_spec: ModuleSpec) -> ModuleSpec:
-    """One ``TransformerLayer`` spec with SDPA core attention and grouped-GEMM experts."""
-    sub = layer_spec.submodules
+    """One ``TransformerLayer`` spec with SDPA core attention, grouped-GEMM experts, fused norms."""
+    sub = _swap_norms(layer_spec.submodules)
     new_sub = dataclasses.replace(
         sub, self_attention=_swap_attention(sub.self_attention), mlp=_swap_experts(sub.mlp)
     )
@@ -74,4 +87,5 @@ def get_torch_native_decoder_block_spec(
         if id(spec) not in memo:
             memo[id(spec)] = torch_native_layer_spec(spec)
         layers.append(memo[id(spec)])
-    return dataclasses.replace(local, layer_specs=layers)
+    layer_norm = TorchNativeNorm if local.layer_norm is WrappedTorchNorm else local.layer_norm
+    return dataclasses.replace(local, layer_specs=layers, layer_norm=layer_norm)
