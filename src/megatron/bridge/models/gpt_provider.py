@@ -46,7 +46,7 @@ class GPTModelProvider(TransformerConfig):
     parallel_output: bool = True
     layer_spec: LayerSpecName = "auto"
     """Layer implementation: ``auto`` (TE when it imports), ``transformer_engine``, ``local``
-    (plain megatron-core), ``torch_native`` (SDPA attention and grouped-GEMM experts)."""
+    (plain megatron-core), ``torch_native`` (SDPA attention, grouped-GEMM experts, compiled RMSNorm)."""
     moe_flex_dispatcher_backend: Optional[Literal["deepep", "hybridep", "ncclep"]] = None
     """Flex dispatcher backend; only meaningful with ``moe_token_dispatcher_type="flex"``.
     ``None`` (unlike megatron-core's ``"deepep"`` default) so that an unset backend is visible."""

@@ -41,8 +41,8 @@ def describe_layer_spec(requested: str) -> str:
         reason = "requested"
     elif resolved == "torch_native":
         reason = (
-            f"auto, Transformer Engine {describe_transformer_engine()}: SDPA attention and "
-            "grouped-GEMM experts on megatron-core layers"
+            f"auto, Transformer Engine {describe_transformer_engine()}: SDPA attention, "
+            "grouped-GEMM experts and compiled RMSNorm on megatron-core layers"
         )
     else:
         reason = f"auto, Transformer Engine {describe_transformer_engine()}"
