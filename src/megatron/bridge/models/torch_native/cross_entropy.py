@@ -88,7 +88,7 @@ if triton is not None:
 
     @triton.jit
     def _grad_kernel(logits_ptr, grad_ptr, target_ptr, lse_ptr, grad_loss_ptr,
-                     row_stride, vocab, vocab_start, BLOCK: tl.constexpr):
+                     row_stride, grad_row_stride, vocab, vocab_start, BLOCK: tl.constexpr):
         """grad[row] = (softmax(row) - onehot(target)) * grad_loss[row], in the logits' dtype."""
         row = tl.program_id(0).to(tl.int64)
         lse = tl.load(lse_ptr + row)
@@ -100,7 +100,8 @@ if triton is not None:
             x = tl.load(logits_ptr + row * row_stride + cols, mask=live, other=0.0).to(tl.float32)
             p = tl.exp(x - lse)
             p = tl.where(cols == target, p - 1.0, p)
-            tl.store(grad_ptr + row * row_stride + cols, (p * scale).to(grad_ptr.dtype.element_ty), mask=live)
+            tl.store(grad_ptr + row * grad_row_stride + cols, (p * scale).to(grad_ptr.dtype.element_ty),
+                     mask=live)
 
 
 _BLOCK = 4096
@@ -140,11 +141,11 @@ def _logits_grad(rows: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, gr
                  vocab_start: int, backend: str) -> torch.Tensor:
     """(softmax - onehot) * grad_loss per row, in the logits' dtype."""
     n, vocab = rows.shape
-    grad = torch.empty_like(rows)
+    grad = torch.empty((n, vocab), dtype=rows.dtype, device=rows.device)
     if backend == "triton":
         if n:
-            _grad_kernel[(n,)](rows, grad, target, lse, grad_loss, rows.stride(0), vocab, vocab_start,
-                               BLOCK=_BLOCK, num_warps=_NUM_WARPS)
+            _grad_kernel[(n,)](rows, grad, target, lse, grad_loss, rows.stride(0), grad.stride(0), vocab,
+                               vocab_start, BLOCK=_BLOCK, num_warps=_NUM_WARPS)
         return grad
     step = max(1, _TORCH_CHUNK_ELEMENTS // max(vocab, 1))
     cols = torch.arange(vocab, device=rows.device)
