@@ -22,8 +22,6 @@ Checkpoint compatibility with the plain spec:
 from __future__ import annotations
 
 import contextlib
-import logging
-import os
 import re
 from typing import Callable, List, Optional
 
@@ -40,9 +38,9 @@ from megatron.core.transformer.utils import (
     make_sharded_tensors_for_checkpoint,
 )
 
+from megatron.bridge.models.torch_native.compiled import LazyCompiled
 from megatron.bridge.models.torch_native.grouped_gemm import WgradStash, grouped_linear
 
-logger = logging.getLogger(__name__)
 
 _PLAIN_KEY = re.compile(r"^local_experts\.(\d+)\.linear_fc([12])\.(weight|_extra_state)$")
 
@@ -60,30 +58,19 @@ def _swiglu_probs(h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
     return (act * probs.unsqueeze(-1)).to(h.dtype)
 
 
-_COMPILE_STATE = {"fn": None, "disabled": os.environ.get("MBRIDGE_TORCH_NATIVE_COMPILE", "1") == "0"}
+# dynamic: the number of routed tokens changes every micro-batch
+_COMPILED_SWIGLU = LazyCompiled(_swiglu_probs, "experts SwiGLU", dynamic=True)
 
 
 def _compiled_swiglu_usable(config: TransformerConfig) -> bool:
     """Only the plain SwiGLU (Qwen3) is compiled; other activations take the eager path."""
     return (
-        not _COMPILE_STATE["disabled"]
+        _COMPILED_SWIGLU.enabled
         and config.gated_linear_unit
         and config.activation_func is torch.nn.functional.silu
         and getattr(config, "activation_func_clamp_value", None) is None
         and not getattr(config, "glu_linear_offset", 0.0)
     )
-
-
-def _compiled_swiglu(h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-    if _COMPILE_STATE["fn"] is None:
-        # dynamic: the number of routed tokens changes every micro-batch
-        _COMPILE_STATE["fn"] = torch.compile(_swiglu_probs, dynamic=True)
-    return _COMPILE_STATE["fn"](h, probs)
-
-
-def _disable_compiled_swiglu(exc: Exception) -> None:
-    _COMPILE_STATE["disabled"] = True
-    logger.warning("torch_native experts: torch.compile of the SwiGLU failed (%s); using eager ops", exc)
 
 
 class TorchGroupedMLP(MegatronModule):
@@ -221,10 +208,7 @@ class TorchGroupedMLP(MegatronModule):
     def _activation(self, h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         """GLU/activation then routing-prob scaling; one fused kernel on CUDA where possible."""
         if h.is_cuda and _compiled_swiglu_usable(self.config):
-            try:
-                return _compiled_swiglu(h, probs)
-            except Exception as exc:  # a compiler failure must not stop training: stay eager
-                _disable_compiled_swiglu(exc)
+            return _COMPILED_SWIGLU(self._activation_eager, h, probs)
         return self._activation_eager(h, probs)
 
     def _activation_eager(self, h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:

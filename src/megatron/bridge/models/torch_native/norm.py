@@ -8,21 +8,18 @@ proxy's GPU time. Here the same arithmetic is compiled with ``torch.compile`` (o
 kernel forward, one backward plus the weight-gradient reduction).
 
 The module is a ``torch.nn.RMSNorm`` (same ``weight`` parameter and checkpoint keys). CPU tensors,
-and any compile failure (logged once), take the eager ``torch.nn.RMSNorm`` path.
-``MBRIDGE_TORCH_NATIVE_COMPILE=0`` switches all torch-native compilation off.
+and any compile failure (see ``compiled.py``), take the eager ``torch.nn.RMSNorm`` path.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 from typing import Any
 
 import torch
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-logger = logging.getLogger(__name__)
+from megatron.bridge.models.torch_native.compiled import LazyCompiled
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -33,29 +30,20 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return (normed * weight.to(xf.dtype)).to(x.dtype)
 
 
-_COMPILE_STATE: dict[str, Any] = {
-    "fn": None,
-    "disabled": os.environ.get("MBRIDGE_TORCH_NATIVE_COMPILE", "1") == "0",
-}
-
-
-def _compiled_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if _COMPILE_STATE["fn"] is None:
-        _COMPILE_STATE["fn"] = torch.compile(rms_norm_reference, dynamic=False)
-    return _COMPILE_STATE["fn"](x, weight, eps)
+_COMPILED_RMS_NORM = LazyCompiled(rms_norm_reference, "RMSNorm", dynamic=False)
 
 
 class FusedRMSNorm(torch.nn.RMSNorm):
     """``torch.nn.RMSNorm`` whose CUDA forward/backward are one compiled kernel each."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        if x.is_cuda and self.weight is not None and not _COMPILE_STATE["disabled"]:
+        if x.is_cuda and self.weight is not None:
             eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-            try:
-                return _compiled_rms_norm(x, self.weight, eps)
-            except Exception as exc:  # a compiler failure must not stop training: stay eager
-                _COMPILE_STATE["disabled"] = True
-                logger.warning("torch_native RMSNorm: torch.compile failed (%s); using eager ops", exc)
+            return _COMPILED_RMS_NORM(self._eager, x, self.weight, eps)
+        return super().forward(x)
+
+    def _eager(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """torch's own RMSNorm (``weight`` and ``eps`` are this module's)."""
         return super().forward(x)
 
 
