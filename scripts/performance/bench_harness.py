@@ -293,6 +293,8 @@ def export_trace(model, batch, mask, path: str) -> Dict[str, Any]:
 
     from torch.profiler import ProfilerActivity, profile
 
+    from megatron.bridge.perf.overlap_analysis import total
+
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
         fwd_bwd(model, batch, mask)
@@ -304,13 +306,8 @@ def export_trace(model, batch, mask, path: str) -> Dict[str, Any]:
         for ev in json.load(f).get("traceEvents", []):
             if ev.get("cat") == "kernel" and "dur" in ev:
                 kernels.append((float(ev["ts"]), float(ev["ts"]) + float(ev["dur"])))
-    kernels.sort()
-    busy, end = 0.0, float("-inf")
-    for lo, hi in kernels:
-        if hi > end:
-            busy += hi - max(lo, end)
-            end = hi
-    span = (kernels[-1][1] - kernels[0][0]) if kernels else 0.0
+    busy = total(kernels)
+    span = (max(hi for _, hi in kernels) - min(lo for lo, _ in kernels)) if kernels else 0.0
     with open(raw, "rb") as src, gzip.open(raw + ".gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
     os.remove(raw)

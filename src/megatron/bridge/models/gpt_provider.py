@@ -88,9 +88,9 @@ class GPTModelProvider(TransformerConfig):
     def describe_loss(self, device_type: str) -> str:
         """One start-up line saying which cross-entropy implementation this run uses."""
         if self.uses_torch_native_loss:
-            from megatron.bridge.models.torch_native.cross_entropy import backend_for_device
+            from megatron.bridge.models.torch_native.cross_entropy import select_backend
 
-            return f"loss: torch_native fused cross-entropy ({backend_for_device(device_type)} kernels)"
+            return f"loss: torch_native fused cross-entropy ({select_backend(device_type)} kernels)"
         if self.cross_entropy_loss_fusion:
             return f"loss: megatron-core fused cross-entropy ({self.cross_entropy_fusion_impl})"
         return "loss: megatron-core unfused vocab-parallel cross-entropy (fp32 logits)"

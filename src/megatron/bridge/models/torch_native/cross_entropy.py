@@ -30,11 +30,12 @@ except ImportError:  # pragma: no cover - triton ships with CUDA builds of torch
     triton = None
 
 BACKENDS = ("auto", "triton", "torch")
-_TORCH_CHUNK_ELEMENTS = 1 << 26  # rows per chunk of the PyTorch path: at most 256 MiB of fp32
+_TORCH_CHUNK_ELEMENTS = 1 << 26  # elements per chunk of the PyTorch path: at most 256 MiB of fp32
 
 
-def select_backend(logits: torch.Tensor, requested: str = "auto") -> str:
-    """``triton`` for CUDA tensors when Triton imports, ``torch`` otherwise.
+def select_backend(device_type: str, requested: str = "auto") -> str:
+    """The backend for logits on ``device_type`` (``"cuda"``, ``"cpu"``, ...): ``triton`` on CUDA
+    (or under Triton's CPU interpreter) when Triton imports, ``torch`` otherwise.
 
     ``MBRIDGE_CROSS_ENTROPY_BACKEND`` overrides ``auto`` (A/B timing, debugging).
     """
@@ -47,16 +48,7 @@ def select_backend(logits: torch.Tensor, requested: str = "auto") -> str:
     if requested != "auto":
         return requested
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    return "triton" if triton is not None and (logits.is_cuda or interpret) else "torch"
-
-
-def backend_for_device(device_type: str) -> str:
-    """The backend ``auto`` picks for tensors on ``device_type`` (``cuda`` or ``cpu``)."""
-    probe = torch.empty(0, device="meta")
-    forced = os.environ.get("MBRIDGE_CROSS_ENTROPY_BACKEND", "auto")
-    if forced != "auto":
-        return select_backend(probe, forced)
-    return "triton" if triton is not None and device_type == "cuda" else "torch"
+    return "triton" if triton is not None and (device_type == "cuda" or interpret) else "torch"
 
 
 if triton is not None:
@@ -108,6 +100,11 @@ _BLOCK = 4096
 _NUM_WARPS = 8
 
 
+def _rows_per_chunk(vocab: int) -> int:
+    """Rows the PyTorch path handles at once, so its fp32 temporaries stay bounded."""
+    return max(1, _TORCH_CHUNK_ELEMENTS // max(vocab, 1))
+
+
 def _row_stats(rows: torch.Tensor, target: torch.Tensor, vocab_start: int,
                backend: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(max, sum of exp(x - max), target logit) per row of this rank's vocabulary shard, fp32."""
@@ -121,7 +118,7 @@ def _row_stats(rows: torch.Tensor, target: torch.Tensor, vocab_start: int,
                                     vocab_start, BLOCK=_BLOCK, num_warps=_NUM_WARPS)
         return row_max, row_sum, tgt
     maxes, sums, tgts = [], [], []
-    step = max(1, _TORCH_CHUNK_ELEMENTS // max(vocab, 1))
+    step = _rows_per_chunk(vocab)
     for lo in range(0, n, step):
         x = rows[lo:lo + step].float()
         local = target[lo:lo + step] - vocab_start
@@ -147,7 +144,7 @@ def _logits_grad(rows: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, gr
             _grad_kernel[(n,)](rows, grad, target, lse, grad_loss, rows.stride(0), grad.stride(0), vocab,
                                vocab_start, BLOCK=_BLOCK, num_warps=_NUM_WARPS)
         return grad
-    step = max(1, _TORCH_CHUNK_ELEMENTS // max(vocab, 1))
+    step = _rows_per_chunk(vocab)
     cols = torch.arange(vocab, device=rows.device)
     for lo in range(0, n, step):
         p = torch.exp(rows[lo:lo + step].float() - lse[lo:lo + step].unsqueeze(-1))
@@ -207,4 +204,4 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     """
     if logits.shape[:-1] != target.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and target {tuple(target.shape)} disagree")
-    return _VocabParallelCrossEntropy.apply(logits, target, group, select_backend(logits, backend))
+    return _VocabParallelCrossEntropy.apply(logits, target, group, select_backend(logits.device.type, backend))
