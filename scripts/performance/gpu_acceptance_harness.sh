@@ -23,13 +23,22 @@ common=(-m qwen -mr qwen3_30b_a3b --task pretrain -g h200 -c bf16 -mb 1 -sl 4096
 read -r -a ep2_extra <<< "${EP2_OVERRIDES:-}"
 status=0
 # Results are copied right after each stage, so a run cut short by a time limit keeps what finished.
+# collect_sweep NAME: $work/NAME/sweep.{md,png} -> NAME.{md,png}, each value's summary -> NAME_<value>_summary.json
 collect_sweep() {
-    cp "$work/sweep/sweep.md" "$work/sweep/sweep.png" "$results/" 2>/dev/null
-    for d in "$work"/sweep/*/; do
+    cp "$work/$1/sweep.md" "$results/$1.md" 2>/dev/null
+    cp "$work/$1/sweep.png" "$results/$1.png" 2>/dev/null
+    for d in "$work/$1"/*/; do
         [ -d "$d" ] || continue
         name=$(basename "$d" | tr -c 'A-Za-z0-9._\n-' '_')
-        cp "$d/summary.json" "$results/sweep_${name}_summary.json" 2>/dev/null
+        cp "$d/summary.json" "$results/$1_${name}_summary.json" 2>/dev/null
     done
+}
+# analyze_profile RUN PREFIX: rank 0's trace of $work/RUN -> PREFIXoverlap_analysis.{json,txt}
+analyze_profile() {
+    trace=$(ls "$work/$1"/profile/trace_rank0_*.json 2>/dev/null | head -1)
+    [ -n "$trace" ] || return 0
+    $py scripts/performance/analyze_overlap.py "$trace" --ep 2 --json "$results/$2overlap_analysis.json" \
+        | tee "$results/$2overlap_analysis.txt" || status=1
 }
 if [ -z "${SKIP_EP1:-}" ]; then
 echo "### 1. EP=1 proxy"
@@ -40,36 +49,22 @@ if [ -z "${SKIP_SWEEP:-}" ]; then
 echo "### 2. EP=2 (2 ranks on 1 GPU, gloo) sweep of EP overlap"
 $py scripts/performance/run_script.py "${common[@]}" "${ep2_extra[@]}" -ng 1 --procs_per_gpu 2 -ep 2 -gb 8 --max_steps 8 \
     -l "$work/sweep" --sweep comm_overlap.overlap_moe_expert_parallel_comm=false,true || status=1
-collect_sweep
+collect_sweep sweep
 fi
 if [ -n "${NCCL_EP2:-}" ]; then
 echo "### 4. EP=2 across two GPUs over NCCL: sweep of EP overlap, then a profile with it on"
 $py scripts/performance/run_script.py "${common[@]}" -ng 2 -ep 2 -gb 16 --max_steps 10 \
     -l "$work/nccl_sweep" --sweep comm_overlap.overlap_moe_expert_parallel_comm=false,true || status=1
-cp "$work/nccl_sweep/sweep.md" "$results/nccl_sweep.md" 2>/dev/null
-cp "$work/nccl_sweep/sweep.png" "$results/nccl_sweep.png" 2>/dev/null
-for d in "$work"/nccl_sweep/*/; do
-    [ -d "$d" ] || continue
-    name=$(basename "$d" | tr -c 'A-Za-z0-9._\n-' '_')
-    cp "$d/summary.json" "$results/nccl_sweep_${name}_summary.json" 2>/dev/null
-done
+collect_sweep nccl_sweep
 $py scripts/performance/run_script.py "${common[@]}" -ng 2 -ep 2 -gb 16 --max_steps 6 \
     --moe_a2a_overlap true --profile --profile_step_start 4 --profile_step_end 5 --profile_ranks 0 \
     -l "$work/nccl_profile" || status=1
-trace=$(ls "$work"/nccl_profile/profile/trace_rank0_*.json 2>/dev/null | head -1)
-if [ -n "$trace" ]; then
-    $py scripts/performance/analyze_overlap.py "$trace" --ep 2 --json "$results/nccl_overlap_analysis.json" \
-        | tee "$results/nccl_overlap_analysis.txt" || status=1
-fi
+analyze_profile nccl_profile nccl_
 fi
 [ -n "${SKIP_PROFILE:-}" ] && exit $status
 echo "### 3. profile, EP overlap on"
 $py scripts/performance/run_script.py "${common[@]}" "${ep2_extra[@]}" -ng 1 --procs_per_gpu 2 -ep 2 -gb 8 --max_steps 5 \
     --moe_a2a_overlap true --profile --profile_step_start 4 --profile_step_end 5 --profile_ranks 0 \
     -l "$work/profile" || status=1
-trace=$(ls "$work"/profile/profile/trace_rank0_*.json 2>/dev/null | head -1)
-if [ -n "$trace" ]; then
-    $py scripts/performance/analyze_overlap.py "$trace" --ep 2 --json "$results/overlap_analysis.json" \
-        | tee "$results/overlap_analysis.txt" || status=1
-fi
+analyze_profile profile ""
 exit $status
