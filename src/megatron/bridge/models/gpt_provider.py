@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Optional, Union
+from typing import TYPE_CHECKING, Literal, Optional, Union, get_args
 
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel
 
 logger = logging.getLogger(__name__)
+
+CrossEntropyImpl = Literal["native", "te", "torch_native"]
+CROSS_ENTROPY_IMPLS = get_args(CrossEntropyImpl)
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: int) -> int:
@@ -50,7 +53,7 @@ class GPTModelProvider(TransformerConfig):
     moe_flex_dispatcher_backend: Optional[Literal["deepep", "hybridep", "ncclep"]] = None
     """Flex dispatcher backend; only meaningful with ``moe_token_dispatcher_type="flex"``.
     ``None`` (unlike megatron-core's ``"deepep"`` default) so that an unset backend is visible."""
-    cross_entropy_fusion_impl: Literal["native", "te", "torch_native"] = "native"
+    cross_entropy_fusion_impl: CrossEntropyImpl = "native"
     """Fused cross-entropy used when ``cross_entropy_loss_fusion`` is true: megatron-core's
     ``native`` (TorchScript) or ``te`` (needs Transformer Engine), or ``torch_native`` (this
     package's streaming Triton/PyTorch loss over bf16 logits, any device and TP size)."""

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
+from megatron.bridge.models.gpt_provider import CROSS_ENTROPY_IMPLS
 from megatron.bridge.models.layer_specs import LAYER_SPEC_CHOICES
 from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES
 from megatron.bridge.training.rules import TE_VERSION_VALUE, Rule, RuleContext
-
-CROSS_ENTROPY_IMPLS = ("native", "te", "torch_native")
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

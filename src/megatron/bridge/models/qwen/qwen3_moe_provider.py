@@ -8,7 +8,7 @@ from typing import Callable, Literal, Optional
 import torch
 import torch.nn.functional as F
 
-from megatron.bridge.models.gpt_provider import GPTModelProvider
+from megatron.bridge.models.gpt_provider import CrossEntropyImpl, GPTModelProvider
 
 
 @dataclass
@@ -51,7 +51,7 @@ class Qwen3MoEModelProvider(GPTModelProvider):
     apply_rope_fusion: bool = False
     gradient_accumulation_fusion: bool = False
     cross_entropy_loss_fusion: bool = True
-    cross_entropy_fusion_impl: Literal["native", "te", "torch_native"] = "torch_native"
+    cross_entropy_fusion_impl: CrossEntropyImpl = "torch_native"
 
 
 @dataclass
