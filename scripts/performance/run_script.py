@@ -16,11 +16,11 @@ The logic lives in ``megatron.bridge.perf``.
 from __future__ import annotations
 
 import sys
-import warnings
+
+from megatron.bridge.utils.quiet import silence_harness_noise
 
 # megatron-core warns at import time about optional packages (TE, Apex, absl); not actionable here.
-warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core.*")
-warnings.filterwarnings("ignore", category=SyntaxWarning)
+silence_harness_noise()
 
 from megatron.bridge.perf.run import main  # noqa: E402
 

@@ -8,6 +8,7 @@ import pytest
 from megatron.bridge.perf.argument_parser import parse_args
 from megatron.bridge.perf.config_builder import build_config, gpus_visible, resolve
 from megatron.bridge.perf.run import main
+from megatron.bridge.perf.supervisor import JobOutcome
 
 
 def run(argv):
@@ -137,7 +138,7 @@ def test_sweep_keeps_environment_identical_across_values(tmp_path):
     assert "'gloo'  [computed]" in out
 
 
-def _fake_run_plan(plan, stream=None):
+def _fake_run_plan(plan, stream=None, verbose=False):
     """Stand-in for the launcher: 'trains' by writing a summary.json whose speed depends on the job."""
     import json
 
@@ -148,7 +149,7 @@ def _fake_run_plan(plan, stream=None):
         "step_times_s": times, "losses": [7.0 - 0.1 * i for i in range(8)], "world_size": plan.nprocs,
         "tokens_per_s": 1000.0, "tflops_per_gpu": 1.0, "peak_memory_gib": 0.5,
     }))
-    return 0
+    return JobOutcome(0)
 
 
 def test_sweep_runs_each_value_and_writes_outputs(tmp_path, monkeypatch):
@@ -186,6 +187,6 @@ def test_single_run_prints_results_table(tmp_path, monkeypatch):
 def test_failed_run_returns_its_exit_code(tmp_path, monkeypatch):
     import megatron.bridge.perf.run as run_module
 
-    monkeypatch.setattr(run_module, "run_plan", lambda plan, stream=None: 5)
+    monkeypatch.setattr(run_module, "run_plan", lambda plan, stream=None, verbose=False: JobOutcome(5))
     code, out = run(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "1", "-l", str(tmp_path / "r")])
     assert code == 5 and "Results" not in out

@@ -6,15 +6,16 @@ from pathlib import Path
 
 import pytest
 
+from megatron.bridge.perf.failure_report import failure_report
 from megatron.bridge.perf.launcher import (
     ENTRY_MODULE,
     choose_mode,
-    failure_report,
     plan_launch,
     run_plan,
 )
 
 PY = "/venv/bin/python"
+CHILDREN = Path(__file__).with_name("children")
 
 
 def plan(tmp_path, *, cpu=False, ng=1, gn=8, ppg=1, environ=None, **kw):
@@ -94,21 +95,25 @@ def test_failing_job_returns_its_code_and_tails_the_failing_rank(tmp_path, capsy
     (rank_dir / "stderr.log").write_text("ok line\nTraceback (most recent call last):\nValueError: boom on rank 1\n")
     (tmp_path / "torchrun" / "none_abc" / "attempt_0" / "0").mkdir()
     (tmp_path / "torchrun" / "none_abc" / "attempt_0" / "0" / "stderr.log").write_text("fine\n")
+    (tmp_path / "failures").mkdir()
+    (tmp_path / "failures" / "rank_00001.json").write_text('{"rank": 1, "time": 1.0, "error": "ValueError: boom on rank 1"}')
     p = plan(tmp_path, cpu=True, ng=2)
-    p.argv = [sys.executable, "-c", "import sys; sys.exit(7)"]
-    assert run_plan(p, stream=sys.stdout) == 7
-    out = capsys.readouterr().out
-    assert "exit code 7" in out and "rank 1" in out and "boom on rank 1" in out and "fine" not in out
+    p.argv = [sys.executable, str(CHILDREN / "exit_with.py"), "7"]
+    outcome = run_plan(p, stream=sys.stdout)
+    assert outcome.exit_code == 7 and not outcome.stopped
+    report = failure_report(tmp_path, outcome.exit_code, outcome.launcher_lines)
+    assert "exit code 7" in report and "rank 1 failed first" in report and "boom on rank 1" in report
+    assert "fine" not in report
 
 
 def test_failure_report_without_logs(tmp_path):
-    assert failure_report(tmp_path, 3) == "job failed with exit code 3"
+    assert failure_report(tmp_path, 3) == "job failed with exit code 3; no rank reported a failure"
 
 
 def test_successful_plan_returns_zero(tmp_path):
     p = plan(tmp_path, cpu=True, ng=1)
-    p.argv = [sys.executable, "-c", "pass"]
-    assert run_plan(p) == 0
+    p.argv = [sys.executable, str(CHILDREN / "exit_with.py"), "0"]
+    assert run_plan(p).exit_code == 0
 
 
 def test_sbatch_plan_is_not_run(tmp_path):

@@ -165,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="FIRST,LAST iterations of the steady-state mean (default 3,8)")
     io.add_argument("--sweep", default=None, metavar="KEY=V1,V2,...",
                     help="one-knob A/B sweep: each value of one dotted key runs as its own job")
+    io.add_argument("-v", "--verbose", action="store_true",
+                    help="before launching, print the full overlap report and every overlap-related value "
+                    "with its source (--dryrun always does); in the ranks, keep third-party warnings and "
+                    "megatron-core's INFO logs (the full launcher output is in <log_dir>/launch.log either way)")
 
     prof = p.add_argument_group("profiling")
     prof.add_argument("--profile", action="store_true", help="capture a torch profiler trace")

@@ -11,24 +11,32 @@ Modes, chosen by :func:`choose_mode`:
 Workers run ``python -m megatron.bridge.training.entry --config-file <log_dir>/config.yaml``.
 Their environment (``CUDA_DEVICE_MAX_CONNECTIONS`` and friends) is set in the launcher's child
 environment, i.e. before any worker initialises CUDA. ``torchrun`` tears the whole job down when one
-rank fails; the harness then returns that non-zero exit code and prints the tail of the failing
-rank's log (``--redirects 3 --tee 3`` keeps a per-rank copy under ``<log_dir>/torchrun``).
+rank fails; the harness then returns that non-zero exit code and prints the tail of the rank that
+failed first (``--redirects 3 --tee 3`` keeps a per-rank copy under ``<log_dir>/torchrun``).
+
+Stopping: SIGTERM/SIGINT to the harness reach the ranks as SIGTERM (``supervisor``); a batch
+script asks SLURM for SIGTERM ``SLURM_STOP_LEAD_S`` seconds before its time limit
+(``--signal=B:TERM@...``) and forwards it to ``srun``, which forwards it to every task. The ranks
+finish their step, save once and exit 0.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
-import signal
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Mapping, Optional, Sequence
+from typing import Literal, Mapping, Optional, Sequence, TextIO
+
+from megatron.bridge.perf.supervisor import JobOutcome, StopTarget, supervise
 
 ENTRY_MODULE = "megatron.bridge.training.entry"
 CONFIG_NAME = "config.yaml"
 SBATCH_NAME = "launch.sbatch"
+SLURM_STOP_LEAD_S = 120
+"""Seconds before the time limit at which SLURM sends the batch script SIGTERM: the ranks' time to
+finish the step and write a checkpoint before SLURM kills the job."""
 LaunchMode = Literal["torchrun", "srun", "sbatch", "cpu"]
 
 
@@ -52,9 +60,9 @@ class LaunchPlan:
         return (env + " " if env and self.mode != "sbatch" else "") + shlex.join(self.argv)
 
 
-def worker_argv(config_path: Path, python: str) -> list[str]:
+def worker_argv(config_path: Path, python: str, verbose: bool = False) -> list[str]:
     """The per-rank command (the training entry point on the resolved YAML)."""
-    return [python, "-m", ENTRY_MODULE, "--config-file", str(config_path)]
+    return [python, "-m", ENTRY_MODULE, "--config-file", str(config_path), *(["--verbose"] if verbose else [])]
 
 
 def choose_mode(*, cpu: bool, num_gpus: int, gpus_per_node: int, environ: Mapping[str, str]) -> LaunchMode:
@@ -118,15 +126,34 @@ def sbatch_script(
     lines += [f"#SBATCH --account={account}"] if account else []
     lines += [f"#SBATCH --partition={partition}"] if partition else []
     lines += [f"#SBATCH --time={time_limit}"] if time_limit else []
+    lines += [f"#SBATCH --signal=B:TERM@{SLURM_STOP_LEAD_S}"]
     lines += ["", "set -euo pipefail", f"cd {shlex.quote(str(workdir))}"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
     lines += [
         'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         'export MASTER_PORT="${MASTER_PORT:-29500}"',
-        f"srun --kill-on-bad-exit=1 --label --export=ALL {shlex.join(worker)}",
+        *_srun_with_stop_forwarding(f"srun --kill-on-bad-exit=1 --label --export=ALL {shlex.join(worker)}"),
         "",
     ]
     return "\n".join(lines)
+
+
+def _srun_with_stop_forwarding(srun_command: str) -> list[str]:
+    """Run ``srun`` in the background so that the script can forward SIGTERM (SLURM's pre-timeout
+    signal, ``scancel --signal=TERM --batch``) and SIGINT to it, then wait until it has ended."""
+    return [
+        f"{srun_command} &",
+        "srun_pid=$!",
+        "forward_stop() {",
+        '    echo "batch script: stop signal received, forwarding SIGTERM to srun (the ranks save and exit)"',
+        '    kill -TERM "$srun_pid" 2>/dev/null || true',
+        "}",
+        "trap forward_stop TERM INT",
+        "status=0",
+        "# wait returns early when a signal arrives; wait again until srun has really ended",
+        'while kill -0 "$srun_pid" 2>/dev/null; do wait "$srun_pid" && status=0 || status=$?; done',
+        'exit "$status"',
+    ]
 
 
 def plan_launch(
@@ -145,6 +172,7 @@ def plan_launch(
     environ: Optional[Mapping[str, str]] = None,
     python: Optional[str] = None,
     workdir: Optional[Path] = None,
+    verbose: bool = False,
 ) -> LaunchPlan:
     """Build (do not run) the launch for a job of ``num_gpus`` GPUs (processes in CPU mode)."""
     environ = os.environ if environ is None else environ
@@ -155,7 +183,7 @@ def plan_launch(
     tasks_per_node = per_node_gpus * (1 if cpu else procs_per_gpu)
     nprocs = num_gpus * (1 if cpu else procs_per_gpu)
     env = worker_env(cpu=cpu, cuda_device_max_connections=cuda_device_max_connections)
-    worker = worker_argv(config_path, python)
+    worker = worker_argv(config_path, python, verbose)
     plan = LaunchPlan(mode, [], env, nprocs, nodes, log_dir)
     if mode in ("cpu", "torchrun"):
         plan.argv = torchrun_argv(nprocs, log_dir, worker, python)
@@ -175,51 +203,15 @@ def plan_launch(
 
 
 # --------------------------------------------------------------------------------------------- running
-def failing_rank_logs(log_dir: Path) -> list[Path]:
-    """Per-rank logs (torchrun ``--redirects``) that contain a Python traceback or the entry point's
-    ``training failed`` line (ranks torchrun stopped afterwards show neither)."""
-    hits = []
-    for path in sorted((log_dir / "torchrun").rglob("*.log")) if (log_dir / "torchrun").is_dir() else []:
-        try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            continue
-        if "Traceback (most recent call last)" in text or "training failed" in text:
-            hits.append(path)
-    # stderr first: that is where the traceback is
-    return sorted(hits, key=lambda p: (p.name != "stderr.log", str(p)))
+def stop_target(plan: LaunchPlan) -> StopTarget:
+    """Who gets a stop request: the ranks themselves under torchrun (so that torchrun sees them
+    finish normally), ``srun`` itself under SLURM (it forwards SIGTERM to every task)."""
+    return "launcher" if plan.mode == "srun" else "ranks"
 
 
-def tail(path: Path, lines: int = 30) -> str:
-    """The last ``lines`` lines of a text file."""
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
-def failure_report(log_dir: Path, exit_code: int, max_logs: int = 2) -> str:
-    """What to print when the job failed: exit code and the failing ranks' log tails."""
-    out = [f"job failed with exit code {exit_code}"]
-    for path in failing_rank_logs(log_dir)[:max_logs]:
-        rank = path.parent.name
-        out.append(f"--- rank {rank}: last lines of {path} ---\n{tail(path)}")
-    return "\n".join(out)
-
-
-def run_plan(plan: LaunchPlan, *, stream=None) -> int:
-    """Run a local plan (``torchrun``/``cpu``/``srun``) to completion; returns the job's exit code.
-
-    Ctrl-C/SIGTERM is forwarded to the launcher, whose own handler stops every rank.
-    """
-    stream = stream or sys.stderr
+def run_plan(plan: LaunchPlan, *, stream: Optional[TextIO] = None, verbose: bool = False) -> JobOutcome:
+    """Run a local plan (``torchrun``/``cpu``/``srun``) to completion (see ``supervisor``)."""
     if plan.mode == "sbatch":
         raise ValueError("an sbatch plan is submitted by the user, not run by the harness")
-    plan.log_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **plan.env}
-    proc = subprocess.Popen(plan.argv, env=env)
-    try:
-        code = proc.wait()
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
-        code = proc.wait()
-    if code != 0:
-        print(failure_report(plan.log_dir, code), file=stream)
-    return code
+    return supervise(plan.argv, env, plan.log_dir, stop_target(plan), out=stream or sys.stdout, verbose=verbose)

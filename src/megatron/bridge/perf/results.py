@@ -19,7 +19,11 @@ SUMMARY_NAME = "summary.json"
 
 @dataclass(frozen=True)
 class SteadyState:
-    """Step-time statistics (seconds) over iterations ``first..last`` (1-based, inclusive)."""
+    """Step-time statistics (seconds) over the run's steps ``first..last`` (1-based, inclusive).
+
+    Steps count from the start of this run; after a resume they are not the iteration numbers,
+    which ``first_iteration``/``last_iteration`` hold when the summary lists them.
+    """
 
     first: int
     last: int
@@ -27,15 +31,41 @@ class SteadyState:
     min_s: float
     max_s: float
     count: int
+    first_iteration: Optional[int] = None
+    last_iteration: Optional[int] = None
+
+    def label(self) -> str:
+        """``iterations 8-13 (steps 3-8 of this run)`` after a resume, ``iterations 3-8`` otherwise."""
+        first_it = self.first if self.first_iteration is None else self.first_iteration
+        last_it = self.last if self.last_iteration is None else self.last_iteration
+        text = f"iterations {first_it}-{last_it}"
+        if (first_it, last_it) != (self.first, self.last):
+            text += f" (steps {self.first}-{self.last} of this run)"
+        return text
 
 
-def steady_state(step_times_s: Sequence[float], window: Sequence[int] = DEFAULT_WINDOW) -> Optional[SteadyState]:
-    """Statistics over the window, clipped to the iterations that ran; ``None`` when none did."""
+def steady_state(
+    step_times_s: Sequence[float], window: Sequence[int] = DEFAULT_WINDOW, iterations: Sequence[int] = ()
+) -> Optional[SteadyState]:
+    """Statistics over the window, clipped to the steps that ran; ``None`` when none did.
+
+    ``iterations`` (the summary's iteration numbers, one per step) labels the window.
+    """
     first, last = int(window[0]), int(window[1])
     chosen = list(step_times_s[first - 1 : last])
     if not chosen:
         return None
-    return SteadyState(first, first + len(chosen) - 1, statistics.fmean(chosen), min(chosen), max(chosen), len(chosen))
+    last = first + len(chosen) - 1
+    return SteadyState(
+        first, last, statistics.fmean(chosen), min(chosen), max(chosen), len(chosen),
+        *_iteration_numbers(iterations, first, last),
+    )
+
+
+def _iteration_numbers(iterations: Sequence[int], first: int, last: int) -> tuple[Optional[int], Optional[int]]:
+    if len(iterations) < last:
+        return None, None
+    return int(iterations[first - 1]), int(iterations[last - 1])
 
 
 def load_summary(path: "str | Path") -> dict[str, Any]:
@@ -51,17 +81,20 @@ def summary_steady_state(summary: dict[str, Any], window: Optional[Sequence[int]
     written = summary.get("steady_state_window")
     window = list(window or written or DEFAULT_WINDOW)
     times = summary.get("step_times_s") or []
+    iterations = summary.get("iterations") or []
     if written is not None and list(written) == window and summary.get("steady_state_mean_s") is not None:
         count = len(times[window[0] - 1 : window[1]]) or (window[1] - window[0] + 1)
+        last = window[0] + count - 1
         return SteadyState(
             window[0],
-            window[0] + count - 1,
+            last,
             float(summary["steady_state_mean_s"]),
             float(summary.get("steady_state_min_s", summary["steady_state_mean_s"])),
             float(summary.get("steady_state_max_s", summary["steady_state_mean_s"])),
             count,
+            *_iteration_numbers(iterations, window[0], last),
         )
-    return steady_state(times, window)
+    return steady_state(times, window, iterations)
 
 
 def _fmt(value: Any, pattern: str) -> str:
@@ -75,7 +108,7 @@ def format_results(summary: dict[str, Any], summary_path: "str | Path", window: 
         window_text, mean, lo, hi = "n/a", None, None, None
         note = f" (only {len(summary.get('step_times_s') or [])} iterations ran)"
     else:
-        window_text, mean, lo, hi, note = f"iterations {ss.first}-{ss.last}", ss.mean_s, ss.min_s, ss.max_s, ""
+        window_text, mean, lo, hi, note = ss.label(), ss.mean_s, ss.min_s, ss.max_s, ""
     rows = [
         ("steady-state window", window_text + note),
         ("step time mean", _fmt(mean, "{:.4f} s")),

@@ -2,12 +2,15 @@
 
 Exit codes: 0 success (or dry run / sbatch script written), 2 usage or configuration errors (every
 violation listed, nothing launched), 3 the machine cannot run the job (e.g. no GPU for a GPU run),
-otherwise the failing job's own exit code.
+128 + N when signal N stopped the job (the ranks finished their step and saved), otherwise the
+failing job's own exit code.
 """
 
 from __future__ import annotations
 
 import shlex
+import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -26,8 +29,11 @@ from megatron.bridge.perf.config_builder import (
     resolve,
     rule_context,
 )
+from megatron.bridge.perf.failure_report import failure_report
 from megatron.bridge.perf.launcher import CONFIG_NAME, LaunchPlan, plan_launch, run_plan
 from megatron.bridge.perf.results import SUMMARY_NAME, format_results, load_summary, summary_steady_state
+from megatron.bridge.perf.supervisor import LAUNCH_LOG, JobOutcome
+from megatron.bridge.training.entry import FAILURE_DIR
 from megatron.bridge.perf.sweep import SweepPoint, job_dirname, parse_sweep, write_sweep_outputs
 from megatron.bridge.training.overlap_report import build_overlap_report
 
@@ -43,12 +49,13 @@ class Job:
     resolved: object
     plan: LaunchPlan
     report: str
+    brief_report: str = ""
 
 
-def overlap_report(built: BuiltConfig, resolved) -> tuple[str, Optional[int]]:
-    """The start-up overlap report and the ``CUDA_DEVICE_MAX_CONNECTIONS`` the run needs."""
+def overlap_report(built: BuiltConfig, resolved) -> tuple[str, str, Optional[int]]:
+    """The overlap report (full and brief) and the ``CUDA_DEVICE_MAX_CONNECTIONS`` the run needs."""
     report = build_overlap_report(resolved, rule_context(built))
-    return report.format(), report.cuda_device_max_connections
+    return report.format(), report.format(brief=True), report.cuda_device_max_connections
 
 
 def make_job(built: BuiltConfig, args, max_connections: Optional[int] = None) -> Job:
@@ -58,7 +65,7 @@ def make_job(built: BuiltConfig, args, max_connections: Optional[int] = None) ->
     environment identical across values).
     """
     resolved = resolve(built)
-    report, needed = overlap_report(built, resolved)
+    report, brief, needed = overlap_report(built, resolved)
     plan = plan_launch(
         cpu=built.cpu,
         num_gpus=built.num_gpus,
@@ -71,8 +78,9 @@ def make_job(built: BuiltConfig, args, max_connections: Optional[int] = None) ->
         partition=args.partition,
         time_limit=args.time_limit,
         job_name=built.recipe.function_name.removesuffix("_config"),
+        verbose=args.verbose,
     )
-    return Job(built, resolved, plan, report)
+    return Job(built, resolved, plan, report, brief)
 
 
 def describe(job: Job, out: TextIO, *, verbose: bool = True) -> None:
@@ -85,6 +93,8 @@ def describe(job: Job, out: TextIO, *, verbose: bool = True) -> None:
         print(job.report, file=out)
         print("== effective overlap-related values [source]", file=out)
         print(format_effective_values(effective_values(job.built, job.resolved)), file=out)
+    else:
+        print("== " + job.brief_report, file=out)
     print(f"== launch ({job.plan.mode})", file=out)
     print(f"   {job.plan.shell()}", file=out)
     if job.plan.script_text:
@@ -107,30 +117,71 @@ def check_machine(job: Job) -> None:
 
 
 def prepare(job: Job) -> None:
-    """Write the config the workers load (and the sbatch script) into the log directory."""
-    job.built.log_dir.mkdir(parents=True, exist_ok=True)
-    job.built.cfg.to_yaml(job.built.log_dir / CONFIG_NAME)
+    """Write the config the workers load (and the sbatch script) into the log directory; remove
+    what an earlier run in the same directory left that this run's report would misread."""
+    log_dir = job.built.log_dir
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / SUMMARY_NAME).unlink(missing_ok=True)
+    (log_dir / LAUNCH_LOG).unlink(missing_ok=True)
+    shutil.rmtree(log_dir / FAILURE_DIR, ignore_errors=True)
+    job.built.cfg.to_yaml(log_dir / CONFIG_NAME)
     if job.plan.script_path is not None:
         job.plan.script_path.write_text(job.plan.script_text or "")
 
 
-def execute(job: Job, out: TextIO, window: Optional[Sequence[int]]) -> int:
-    """Launch and, on success, print the results table and where any profile traces are."""
-    code = run_plan(job.plan, stream=out)
+def stop_message(summary_path: Path, outcome: JobOutcome, save_dir: Optional[str]) -> str:
+    """``stopped by signal at iteration N; checkpoint at PATH``, from what the ranks wrote."""
+    from megatron.bridge.training.checkpointing import inspect_checkpoint_dir, iteration_dir
+
+    if not summary_path.is_file():
+        head = ("killed by a second signal before the ranks finished" if outcome.killed
+                else "stopped by signal before training started")
+        on_disk = inspect_checkpoint_dir(save_dir) if save_dir else None
+        if on_disk is not None and on_disk.resumable:
+            return f"{head}; latest checkpoint at {iteration_dir(save_dir, on_disk.iteration)}"
+        return f"{head}; no checkpoint written"
+    summary = load_summary(summary_path)
+    where = summary.get("checkpoint")
+    if where:
+        saved = f"checkpoint at {where}"
+    elif save_dir:
+        saved = "no checkpoint written (no step ran)"
+    else:
+        saved = "no checkpoint (checkpoint.save is not set)"
+    return f"stopped by signal at iteration {summary.get('final_iteration')}; {saved}"
+
+
+def execute(job: Job, out: TextIO, window: Optional[Sequence[int]], verbose: bool = False) -> tuple[int, bool]:
+    """Launch; print the results table (or how it stopped, or which rank failed first).
+
+    Returns the exit code for the harness and whether a signal stopped the job."""
+    print(f"== starting {job.plan.nprocs} rank(s): importing torch and megatron-core takes about a "
+          "minute on a small machine; Ctrl-C stops the job after the current step, with a checkpoint "
+          "when checkpoint.save is set", file=out, flush=True)
+    outcome = run_plan(job.plan, stream=out, verbose=verbose)
     summary_path = job.built.log_dir / SUMMARY_NAME
-    if code == 0 and summary_path.is_file():
+    if outcome.stopped:
+        if outcome.exit_code != 0 and not outcome.killed:
+            print(failure_report(job.built.log_dir, outcome.exit_code, outcome.launcher_lines), file=out)
+        print(stop_message(summary_path, outcome, job.resolved.checkpoint.save), file=out)
+        return 128 + outcome.stop_signal, True
+    if outcome.exit_code != 0:
+        print(failure_report(job.built.log_dir, outcome.exit_code, outcome.launcher_lines), file=out)
+    elif summary_path.is_file():
         print(format_results(load_summary(summary_path), summary_path, window), file=out)
-    elif code == 0:
+    else:
         print(f"warning: the run ended without writing {summary_path}", file=out)
+    if outcome.leftovers_killed:
+        print(f"note: killed {outcome.leftovers_killed} rank process(es) that outlived the launcher", file=out)
     traces = sorted(p for p in job.built.log_dir.rglob("*.json*") if "trace" in p.name)
     for trace in traces:
         print(f"profile trace: {trace}\n  analyse: uv run python scripts/performance/analyze_overlap.py {trace}", file=out)
-    return code
+    return outcome.exit_code, False
 
 
 def run_single(args, out: TextIO) -> int:
     job = make_job(build_config(args), args)
-    describe(job, out)
+    describe(job, out, verbose=args.verbose or args.dryrun)
     if args.save_config_filepath:
         job.built.cfg.to_yaml(args.save_config_filepath)
         print(f"== config written to {args.save_config_filepath}", file=out)
@@ -143,7 +194,7 @@ def run_single(args, out: TextIO) -> int:
     if job.plan.mode == "sbatch":
         print(f"== wrote {job.plan.script_path}\n   submit it with: sbatch {job.plan.script_path}", file=out)
         return 0
-    return execute(job, out, args.steady_state_window)
+    return execute(job, out, args.steady_state_window, args.verbose)[0]
 
 
 def sweep_root(args) -> Path:
@@ -186,7 +237,7 @@ def run_sweep(args, out: TextIO) -> int:
     jobs = same_environment(jobs, args, out)
     for value, job in zip(spec.values, jobs):
         print(f"== sweep {spec.key}={value}", file=out)
-        describe(job, out, verbose=job is jobs[0])
+        describe(job, out, verbose=(args.verbose or args.dryrun) and job is jobs[0])
     if args.save_config_filepath:
         jobs[0].built.cfg.to_yaml(args.save_config_filepath)
     if args.dryrun:
@@ -203,7 +254,10 @@ def run_sweep(args, out: TextIO) -> int:
     for value, job in zip(spec.values, jobs):
         print(f"== running {spec.key}={value} in {job.built.log_dir}", file=out)
         prepare(job)
-        code = execute(job, out, args.steady_state_window)
+        code, stopped = execute(job, out, args.steady_state_window, args.verbose)
+        if stopped:
+            print("== sweep stopped by signal: the remaining values were not run", file=out)
+            return code
         summary_path = job.built.log_dir / SUMMARY_NAME
         stats = None
         if code == 0 and summary_path.is_file():
@@ -234,3 +288,6 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> 
         print(f"error: {exc}", file=out)
         print("nothing was launched", file=out)
         return EXIT_CONFIG
+    except KeyboardInterrupt:  # Ctrl-C while the config was still being built
+        print("interrupted before launch: nothing was launched", file=out)
+        return 128 + signal.SIGINT

@@ -80,7 +80,7 @@ class SweepPoint:
 def sweep_markdown(spec: SweepSpec, points: Sequence[SweepPoint], command: str = "") -> str:
     """The ``sweep.md`` table: mean/min/max and speedup against the first value."""
     base = points[0].stats.mean_s if points and points[0].stats else None
-    window = next((f"{p.stats.first}-{p.stats.last}" for p in points if p.stats), "n/a")
+    window = next((p.stats.label().removeprefix("iterations ") for p in points if p.stats), "n/a")
     lines = [
         f"# Sweep of `{spec.key}`",
         "",

@@ -6,20 +6,29 @@ Layout under ``cfg.checkpoint.save``::
         ...                  model + optimizer shards, common state (scheduler, iteration,
                              consumed samples)
         rng/rank_00000.pt    per-rank RNG states (python, numpy, torch, CUDA tracker)
+        parallel_layout.json the layout that wrote it (a resume with another layout is refused)
     latest_checkpointed_iteration.txt
 
+A save never touches a published checkpoint while it writes: every rank writes into
+``iter_0000010.incomplete``, then rank 0 renames it to ``iter_0000010`` and only then replaces the
+tracker file (atomically). A save killed midway leaves the previous checkpoint and the tracker as
+they were; the next save of that iteration starts the staging directory afresh.
+
 ``load_checkpoint`` resumes from the iteration named in ``latest_checkpointed_iteration.txt`` in
-``cfg.checkpoint.load``. The tracker file is written last, by rank 0, after a barrier: a run killed
-while saving resumes from the previous complete checkpoint.
+``cfg.checkpoint.load``. :func:`inspect_checkpoint_dir` tells validation, before anything is
+launched, whether a directory holds a checkpoint, is empty, or is not a checkpoint directory.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import numpy as np
 import torch
@@ -31,7 +40,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TRACKER = "latest_checkpointed_iteration.txt"
-# DP-local optimizer shards: no gathers on save or load; resharding only across DP sizes.
+LAYOUT_FILE = "parallel_layout.json"
+STAGING_SUFFIX = ".incomplete"
+REPLACED_SUFFIX = ".replaced"
+# DP-local optimizer shards: no gathers on save or load.
 # ("fully_sharded_model_space", megatron's default, fails in 0.19.2: "ShardedTensor.flattened_range is
 # not supported".)
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable", "chained_optim_avoid_prefix": True}
@@ -50,6 +62,77 @@ def latest_iteration(root: Optional[str | os.PathLike]) -> Optional[int]:
         return None
     text = tracker.read_text().strip()
     return int(text) if text.isdigit() else None
+
+
+CheckpointDirKind = Literal["missing", "not_a_directory", "empty", "checkpoint", "bad_tracker",
+                            "tracker_without_iteration", "iteration_dir", "no_tracker"]
+
+
+@dataclass(frozen=True)
+class CheckpointDir:
+    """What a ``checkpoint.load`` directory holds, read without torch.distributed."""
+
+    path: Path
+    kind: CheckpointDirKind
+    iteration: Optional[int] = None
+    layout: Optional[dict[str, Any]] = None
+    """The parallel layout recorded with the latest checkpoint (``None`` when not recorded)."""
+
+    @property
+    def resumable(self) -> bool:
+        return self.kind == "checkpoint"
+
+
+def checkpoint_layout(cfg: "ConfigContainer", data_parallel_size: Optional[int]) -> dict[str, Optional[int]]:
+    """The parallel sizes that decide how model and optimizer state are sharded on disk.
+
+    Saved with every checkpoint and compared on resume: this package's optimizer format is only
+    loaded back under the layout that wrote it (resharding is not supported here).
+    """
+    m = cfg.model
+    return dict(
+        tp=m.tensor_model_parallel_size,
+        pp=m.pipeline_model_parallel_size,
+        vpp=m.virtual_pipeline_model_parallel_size,
+        cp=m.context_parallel_size,
+        ep=m.expert_model_parallel_size,
+        etp=m.expert_tensor_parallel_size or m.tensor_model_parallel_size,
+        dp=data_parallel_size,
+    )
+
+
+def _looks_like_iteration_dir(path: Path) -> bool:
+    return path.name.startswith("iter_") or (path / "metadata.json").is_file() or (path / "common.pt").is_file()
+
+
+def _read_layout(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        return json.loads((path / LAYOUT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def inspect_checkpoint_dir(root: str | os.PathLike) -> CheckpointDir:
+    """Classify ``root`` as a resume source (no process group, no torch I/O)."""
+    path = Path(root)
+    if not path.exists():
+        return CheckpointDir(path, "missing")
+    if not path.is_dir():
+        return CheckpointDir(path, "not_a_directory")
+    tracker = path / TRACKER
+    if tracker.is_file():
+        iteration = latest_iteration(path)
+        if iteration is None:
+            return CheckpointDir(path, "bad_tracker")
+        if not iteration_dir(path, iteration).is_dir():
+            return CheckpointDir(path, "tracker_without_iteration", iteration)
+        return CheckpointDir(path, "checkpoint", iteration, _read_layout(iteration_dir(path, iteration)))
+    if _looks_like_iteration_dir(path):
+        return CheckpointDir(path, "iteration_dir")
+    # Leftovers of a save killed before its first checkpoint was published count as empty.
+    if all(child.name.endswith(STAGING_SUFFIX) for child in path.iterdir()):
+        return CheckpointDir(path, "empty")
+    return CheckpointDir(path, "no_tracker")
 
 
 def _bare(model: list[Any]) -> list[Any]:
@@ -137,11 +220,55 @@ def _in_process_results_queue() -> None:
         filesystem_async._results_queue = queue.Queue()
 
 
+def _fsync_dir(path: Path) -> None:
+    """Make a rename inside ``path`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_tracker(root: Path, iteration: int) -> None:
+    """Point ``root``'s tracker at ``iteration`` atomically (a reader sees the old or the new one)."""
+    tmp = root / f"{TRACKER}.tmp"
+    with open(tmp, "w") as handle:
+        handle.write(str(iteration))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, root / TRACKER)
+    _fsync_dir(root)
+
+
+def publish(staging: Path, final: Path) -> None:
+    """Rename a completely written ``staging`` directory to ``final`` (rank 0, before the tracker).
+
+    An older ``final`` (a previous run's checkpoint of the same iteration in this directory) is
+    renamed aside first and deleted once the new one is in place.
+    """
+    replaced = final.with_name(final.name + REPLACED_SUFFIX)
+    if final.exists():
+        shutil.rmtree(replaced, ignore_errors=True)
+        os.rename(final, replaced)
+    os.rename(staging, final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(replaced, ignore_errors=True)
+
+
 def save_checkpoint(
     cfg: "ConfigContainer", model: list[Any], optimizer: Any, scheduler: Any, state: "TrainState"
 ) -> Path:
-    """Save model, optimizer, scheduler, iteration, data position and RNG at ``state.iteration``."""
+    """Save model, optimizer, scheduler, iteration, data position and RNG at ``state.iteration``.
+
+    Written into a staging directory, published by rename, tracker replaced last.
+    """
     from megatron.core import dist_checkpointing
+    from megatron.core import parallel_state as ps
 
     _without_psutil()
     _in_process_results_queue()
@@ -150,25 +277,30 @@ def save_checkpoint(
         for chunk in model:
             chunk.start_param_sync(force_sync=True)
     root = Path(cfg.checkpoint.save)
-    path = iteration_dir(root, state.iteration)
+    final = iteration_dir(root, state.iteration)
+    staging = final.with_name(final.name + STAGING_SUFFIX)
     rank = torch.distributed.get_rank()
     if rank == 0:
-        path.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)  # a save of this iteration that was killed
+        staging.mkdir(parents=True)
     torch.distributed.barrier()
     sharded = _sharded_state_dict(model, optimizer, is_loading=False)
     sharded["scheduler"] = scheduler.state_dict()
     sharded["iteration"] = state.iteration
     sharded["consumed_samples"] = state.consumed_samples
-    dist_checkpointing.save(sharded, str(path))
-    rng_dir = path / "rng"
+    dist_checkpointing.save(sharded, str(staging))
+    rng_dir = staging / "rng"
     rng_dir.mkdir(exist_ok=True)
     torch.save(_rng_state(), rng_dir / f"rank_{rank:05d}.pt")
     torch.distributed.barrier()
     if rank == 0:
-        (root / TRACKER).write_text(str(state.iteration))
-        print(f"[megatron.bridge] saved checkpoint at iteration {state.iteration} to {path}", flush=True)
+        layout = checkpoint_layout(cfg, ps.get_data_parallel_world_size())
+        (staging / LAYOUT_FILE).write_text(json.dumps(layout, indent=2))
+        publish(staging, final)
+        write_tracker(root, state.iteration)
+        print(f"[megatron.bridge] saved checkpoint at iteration {state.iteration} to {final}", flush=True)
     torch.distributed.barrier()
-    return path
+    return final
 
 
 def _prime_optimizer_state(optimizer: Any) -> None:
@@ -220,8 +352,9 @@ def _restore_adam_steps(optimizer: Any) -> None:
 
 def load_checkpoint(
     cfg: "ConfigContainer", model: list[Any], optimizer: Any, scheduler: Any
-) -> Optional["TrainState"]:
-    """Restore the latest checkpoint in ``cfg.checkpoint.load``; ``None`` when there is none."""
+) -> Optional[tuple["TrainState", Path]]:
+    """Restore the latest checkpoint in ``cfg.checkpoint.load``: the train state and the directory
+    it came from, or ``None`` when the directory holds no checkpoint yet."""
     from megatron.core import dist_checkpointing
 
     from megatron.bridge.training.pretrain import TrainState
@@ -246,4 +379,5 @@ def load_checkpoint(
     rng_file = path / "rng" / f"rank_{torch.distributed.get_rank():05d}.pt"
     if rng_file.is_file():
         _set_rng_state(torch.load(rng_file, weights_only=False))
-    return TrainState(iteration=int(common["iteration"]), consumed_samples=int(common["consumed_samples"]))
+    state = TrainState(iteration=int(common["iteration"]), consumed_samples=int(common["consumed_samples"]))
+    return state, path

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -276,7 +277,8 @@ def enable_cpu_compat() -> None:
     _patch_megatron()
     _ENABLED = True
     logger.warning(BANNER)
-    print(f"[megatron.bridge] {BANNER}", flush=True)
+    if os.environ.get("RANK", "0") == "0":  # once per job, not once per rank
+        print(f"[megatron.bridge] {BANNER}", flush=True)
 
 
 def seed_cpu_model_parallel(seed: int) -> None:

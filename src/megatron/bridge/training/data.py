@@ -18,6 +18,7 @@ sampler starts at ``consumed_samples``, which is what makes a resumed run see th
 from __future__ import annotations
 
 import logging
+import signal
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
@@ -125,6 +126,18 @@ class PretrainingSampler:
             start += step
 
 
+def _ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader workers leave SIGTERM/SIGINT to their rank.
+
+    SLURM and torchrun signal a rank's whole process group; a loader worker killed by that signal
+    would make the rank's next batch fail instead of letting it finish the step and save.
+    """
+    from megatron.bridge.training.stop_request import STOP_SIGNALS
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def build_train_iterator(cfg: "ConfigContainer", consumed_samples: int = 0) -> Iterator[dict]:
     """An endless-enough iterator of this rank's micro-batches (dicts of CPU tensors)."""
     from megatron.core import parallel_state
@@ -143,5 +156,6 @@ def build_train_iterator(cfg: "ConfigContainer", consumed_samples: int = 0) -> I
         num_workers=cfg.dataset.num_workers,
         pin_memory=cfg.dist.device == "cuda",
         persistent_workers=cfg.dataset.num_workers > 0,
+        worker_init_fn=_ignore_stop_signals if cfg.dataset.num_workers > 0 else None,
     )
     return iter(loader)

@@ -1,21 +1,35 @@
 """Process entry point the launchers start on every rank.
 
-    python -m megatron.bridge.training.entry --config-file RESOLVED.yaml
+    python -m megatron.bridge.training.entry --config-file RESOLVED.yaml [--verbose]
 
 (under ``torchrun``/``python -m torch.distributed.run`` or ``srun``). It loads the YAML written by
-``ConfigContainer.to_yaml`` and calls :func:`megatron.bridge.training.pretrain.pretrain`. A failing
-rank prints its error with its rank and exits non-zero, so the launcher stops the job; collectives
-use ``cfg.dist.distributed_timeout_minutes``, so the other ranks cannot hang forever.
+``ConfigContainer.to_yaml`` and calls :func:`megatron.bridge.training.pretrain.pretrain`.
+
+* SIGTERM/SIGINT are caught before anything else is imported: the ranks finish the step they are
+  in, save once and exit 0 (see ``stop_request``).
+* A failing rank prints its error with its rank, writes ``<log_dir>/failures/rank_<N>.json`` (the
+  time it failed, to the microsecond, and the error) and exits non-zero, so the launcher stops the
+  job and the harness can name the rank that failed first. Collectives use
+  ``cfg.dist.distributed_timeout_minutes``, so the other ranks cannot hang forever.
+* Without ``--verbose`` the known third-party warnings and megatron-core's INFO dumps are dropped
+  (``megatron.bridge.utils.quiet``).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
+import json
 import os
 import sys
+import time
 import traceback
+from pathlib import Path
 from typing import Optional, Sequence
+
+from megatron.bridge.training.stop_request import STOP
+from megatron.bridge.utils.quiet import configure_logging
+
+FAILURE_DIR = "failures"
 
 
 def _rank() -> str:
@@ -25,26 +39,59 @@ def _rank() -> str:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Run megatron-core training from a resolved config.")
     parser.add_argument("--config-file", required=True, help="YAML written by ConfigContainer.to_yaml()")
+    parser.add_argument("--verbose", action="store_true",
+                        help="keep third-party warnings, megatron-core's INFO logs and the full start-up report")
     return parser.parse_args(argv)
+
+
+def failure_record_path(log_dir: Path, rank: int) -> Path:
+    return log_dir / FAILURE_DIR / f"rank_{rank:05d}.json"
+
+
+def write_failure_record(log_dir: Path, exc: BaseException) -> None:
+    """What the harness needs to tell the first failing rank from the ones that failed after it."""
+    record = {
+        "rank": int(_rank()),
+        "pid": os.getpid(),
+        "time": time.time(),
+        "error": f"{type(exc).__name__}: {exc}",
+    }
+    path = failure_record_path(log_dir, record["rank"])
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+    except OSError as err:  # the report is a convenience; never hide the real error behind it
+        print(f"[rank {_rank()}] could not write {path}: {err}", file=sys.stderr)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Load the config, train, and return the process exit code."""
-    args = parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format=f"[rank {_rank()}] %(levelname)s %(name)s: %(message)s"
-    )
+    STOP.install()
+    try:
+        args = parse_args(argv)
+        configure_logging(verbose=args.verbose, rank=_rank(), main_rank=_rank() == "0")
+        return _run(args)
+    finally:
+        STOP.uninstall()
+
+
+def _run(args: argparse.Namespace) -> int:
+    log_dir = Path(args.config_file).resolve().parent
     try:
         from megatron.bridge.training.config import ConfigContainer
         from megatron.bridge.training.pretrain import pretrain
 
         cfg = ConfigContainer.from_yaml(args.config_file)
-        pretrain(cfg)
+        log_dir = Path(cfg.logger.log_dir) if cfg.logger.log_dir else log_dir
+        pretrain(cfg, verbose=args.verbose)
     except Exception as exc:  # report on this rank, exit non-zero: the launcher stops the job
         sys.stdout.flush()
         print(f"[rank {_rank()}] training failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         traceback.print_exc()
         sys.stderr.flush()
+        write_failure_record(log_dir, exc)
         return 1
     return 0
 

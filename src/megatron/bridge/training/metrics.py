@@ -146,6 +146,10 @@ class MetricsLogger:
     def summary(self, **context: Any) -> dict[str, Any]:
         """The ``summary.json`` content: raw series, steady-state statistics and ``context``."""
         stats = steady_state_stats(self.step_times_s, self.steady_state_window)
+        first, last = stats["steady_state_window"]
+        timed = self.iterations[first - 1 : last]
+        # After a resume the window's steps are not its iteration numbers: record both.
+        stats["steady_state_iterations"] = [timed[0], timed[-1]] if timed else None
         tp = throughput(stats["steady_state_mean_s"], self.tokens_per_step, self.flops_per_step, self.world_size)
         finite = [x for x in self.losses if math.isfinite(x)]
         return {

@@ -145,8 +145,10 @@ class OverlapReport:
             "notes": [v.rule for v in self.notes],
         }
 
-    def format(self) -> str:
-        """Multi-line text for the start-up log."""
+    def format(self, brief: bool = False) -> str:
+        """Multi-line text for the start-up log; ``brief`` leaves out the lines that only restate
+        the dispatcher, target GPU, layer spec and ``CUDA_DEVICE_MAX_CONNECTIONS`` (the start-up
+        lines show those), keeping what is active, refused, noted or in conflict."""
         lines = ["overlap report:"]
         lines.append(f"  active: {', '.join(self.active) or 'none'}")
         for f in self.refused:
@@ -156,16 +158,8 @@ class OverlapReport:
             if f.active and f.reasons:
                 lines.append(f"  note on {f.name}:")
                 lines += [f"    - {r}" for r in f.reasons]
-        backend = f", backend {self.flex_backend}" if self.flex_backend else ""
-        lines.append(f"  dispatcher: {self.dispatcher}{backend}")
-        lines.append(f"  target GPU: {self.target_gpu}")
-        lines.append(f"  {self.layer_spec}; Transformer Engine {self.transformer_engine}")
-        need = self.cuda_device_max_connections
-        lines.append(
-            f"  CUDA_DEVICE_MAX_CONNECTIONS: {'no requirement' if need is None else need} "
-            f"({self.cuda_device_max_connections_reason}); environment: "
-            f"{self.cuda_device_max_connections_env or 'unset'}"
-        )
+        if not brief:
+            lines += self._setting_lines()
         if self.cuda_device_max_connections_env_mismatch:
             lines.append(
                 f"  WARNING: CUDA_DEVICE_MAX_CONNECTIONS={self.cuda_device_max_connections_env} in the "
@@ -181,6 +175,18 @@ class OverlapReport:
             if not any(v.message in r for r in shown):
                 lines.append(f"  note: [{v.rule}] {v.message}")
         return "\n".join(lines)
+
+    def _setting_lines(self) -> list[str]:
+        backend = f", backend {self.flex_backend}" if self.flex_backend else ""
+        need = self.cuda_device_max_connections
+        return [
+            f"  dispatcher: {self.dispatcher}{backend}",
+            f"  target GPU: {self.target_gpu}",
+            f"  {self.layer_spec}; Transformer Engine {self.transformer_engine}",
+            f"  CUDA_DEVICE_MAX_CONNECTIONS: {'no requirement' if need is None else need} "
+            f"({self.cuda_device_max_connections_reason}); environment: "
+            f"{self.cuda_device_max_connections_env or 'unset'}",
+        ]
 
 
 def _jsonable(value: Any) -> Any:

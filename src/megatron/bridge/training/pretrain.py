@@ -179,38 +179,63 @@ class PretrainResult:
     stopped_by_signal: bool = False
 
 
-class _SigtermFlag:
-    """Remember a SIGTERM so that the loop can save a checkpoint and leave between two steps."""
+class _Saver:
+    """Saves each iteration at most once and remembers which checkpoint holds the current state.
 
-    def __init__(self) -> None:
-        self.received = False
-        self._previous: Any = None
+    The state a run resumes from is already on disk, so a run that resumes and stops (or ends)
+    without training writes nothing; a stop on a save-interval iteration saves that iteration once.
+    """
 
-    def __enter__(self) -> "_SigtermFlag":
-        try:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not the main thread
-            self._previous = None
-        return self
+    def __init__(self, resolved: "ConfigContainer", model: list[Any], optimizer: Any, scheduler: Any) -> None:
+        self.resolved, self.model, self.optimizer, self.scheduler = resolved, model, optimizer, scheduler
+        self.persisted_iteration = 0
+        self.path: Optional[Any] = None
 
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.received = True
+    def resume(self, announce: bool) -> TrainState:
+        """Load ``checkpoint.load`` when it holds a checkpoint; say what the run starts from."""
+        from megatron.bridge.training import checkpointing
 
-    def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        ckpt = self.resolved.checkpoint
+        loaded = checkpointing.load_checkpoint(self.resolved, self.model, self.optimizer, self.scheduler) if ckpt.load else None
+        if loaded is None:
+            if announce and ckpt.load:
+                print(f"[megatron.bridge] no checkpoint in {ckpt.load} yet: starting from iteration 0", flush=True)
+            return TrainState()
+        state, self.path = loaded
+        self.persisted_iteration = state.iteration
+        if announce:
+            print(f"[megatron.bridge] resumed from iteration {state.iteration} ({self.path})", flush=True)
+            if state.iteration >= self.resolved.train.train_iters:
+                print(f"[megatron.bridge] nothing to train: train.train_iters={self.resolved.train.train_iters}", flush=True)
+        return state
+
+    def interval_due(self, iteration: int) -> bool:
+        interval = self.resolved.checkpoint.save_interval
+        return bool(interval) and iteration % interval == 0
+
+    def exit_due(self, iteration: int) -> bool:
+        return self.resolved.checkpoint.save_on_exit or self.interval_due(iteration)
+
+    def save(self, state: TrainState) -> None:
+        """Save ``state`` unless it is already on disk (or no save directory is set)."""
+        from megatron.bridge.training import checkpointing
+
+        if not self.resolved.checkpoint.save or state.iteration == self.persisted_iteration:
+            return
+        self.path = checkpointing.save_checkpoint(self.resolved, self.model, self.optimizer, self.scheduler, state)
+        self.persisted_iteration = state.iteration
 
 
-def _stop_reason(
-    sigterm: _SigtermFlag, limit_min: Optional[float], start: float, device: torch.device
-) -> Optional[str]:
-    """Why all ranks must stop now (SIGTERM or ``train.exit_duration_in_mins`` on any rank), else
-    ``None``. One small all-reduce per step, so every rank stops at the same iteration."""
+def _stop_reason(limit_min: Optional[float], start: float, device: torch.device) -> Optional[str]:
+    """Why all ranks must stop now (a stop signal or ``train.exit_duration_in_mins`` on any rank),
+    else ``None``. One small all-reduce per step, so every rank stops at the same iteration."""
+    from megatron.bridge.training.stop_request import STOP
+
     out_of_time = bool(limit_min) and time.time() - start > 60.0 * limit_min
-    flags = torch.tensor([int(sigterm.received), int(out_of_time)], dtype=torch.int32, device=device)
+    flags = torch.tensor([STOP.signum or 0, int(out_of_time)], dtype=torch.int32, device=device)
     torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
     if flags[0]:
-        return "SIGTERM"
+        return signal.Signals(int(flags[0])).name
     if flags[1]:
         return "exit_duration_in_mins reached"
     return None
@@ -258,7 +283,9 @@ def _log_dir(resolved: "ConfigContainer") -> str:
     return resolved.logger.log_dir or default_log_dir()
 
 
-def _startup_lines(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, num_microbatches: int) -> list[str]:
+def _startup_lines(
+    resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, num_microbatches: int, verbose: bool
+) -> list[str]:
     from megatron.core import parallel_state as ps
 
     from megatron.bridge.models.layer_specs import describe_layer_spec
@@ -279,7 +306,7 @@ def _startup_lines(resolved: "ConfigContainer", report: Any, env: initialize.Lau
         + (f" (flex backend {m.moe_flex_dispatcher_backend})" if m.moe_token_dispatcher_type == "flex" else ""),
         f"schedule: {'combined 1F1B (EP overlap)' if m.overlap_moe_expert_parallel_comm else 'standard 1F1B'}",
         f"CUDA_DEVICE_MAX_CONNECTIONS={os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS', 'unset')}",
-        report.format(),
+        report.format(brief=not verbose),
     ]
 
 
@@ -309,9 +336,13 @@ def _resolved_config_text(resolved: "ConfigContainer") -> Any:
 
 
 def pretrain(
-    cfg: "ConfigContainer", forward_step_func: Optional[Callable[..., Any]] = None
+    cfg: "ConfigContainer", forward_step_func: Optional[Callable[..., Any]] = None, *, verbose: bool = False
 ) -> PretrainResult:
-    """Train ``cfg`` with megatron-core; returns the losses/step times (summary on rank 0)."""
+    """Train ``cfg`` with megatron-core; returns the losses/step times (summary on rank 0).
+
+    SIGTERM/SIGINT stop the run between two steps (all ranks at the same iteration) and save once.
+    ``verbose`` prints the full overlap report at start-up instead of its brief form.
+    """
     env = initialize.launch_env()
     resolved = cfg.validate(world_size=env.world_size)  # before any process group or CUDA work
     report = overlap_report(resolved)
@@ -334,7 +365,7 @@ def pretrain(
     try:
         initialize.initialize_model_parallel(resolved)
         initialize.set_seeds(resolved)
-        return _train(resolved, report, env, forward_step_func)
+        return _train(resolved, report, env, forward_step_func, verbose)
     finally:
         from megatron.core import parallel_state
 
@@ -343,11 +374,13 @@ def pretrain(
             torch.distributed.destroy_process_group()
 
 
-def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, forward_step_func: Callable[..., Any]) -> PretrainResult:
+def _train(
+    resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, forward_step_func: Callable[..., Any],
+    verbose: bool,
+) -> PretrainResult:
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from megatron.bridge.training import checkpointing
     from megatron.bridge.training.data import build_train_iterator
     from megatron.bridge.training.flops import flops_per_step
     from megatron.bridge.training.metrics import MetricsLogger
@@ -360,7 +393,7 @@ def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, 
     is_logging_rank = rank == 0
     device = _device(resolved)
     if is_logging_rank:
-        for line in _startup_lines(resolved, report, env, num_microbatches):
+        for line in _startup_lines(resolved, report, env, num_microbatches, verbose):
             print(f"[megatron.bridge] {line}", flush=True)
 
     model = build_model(resolved)
@@ -368,13 +401,8 @@ def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, 
     scheduler = build_scheduler(resolved, optimizer)
     wire_model_config(resolved, model, optimizer)
 
-    state = TrainState()
-    if resolved.checkpoint.load:
-        loaded = checkpointing.load_checkpoint(resolved, model, optimizer, scheduler)
-        if loaded is not None:
-            state = loaded
-            if is_logging_rank:
-                print(f"[megatron.bridge] resumed from iteration {state.iteration}", flush=True)
+    saver = _Saver(resolved, model, optimizer, scheduler)
+    state = saver.resume(is_logging_rank)
 
     vpp = resolved.model.virtual_pipeline_model_parallel_size
     if vpp is None:
@@ -406,13 +434,16 @@ def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, 
     # optimizer's step, data-parallel replicas of a parameter can still differ (the param all-gather
     # inside the step is not yet visible); a synchronous re-gather makes them identical again.
     resync_params = resolved.ddp.use_distributed_optimizer and resolved.dist.effective_backend == "gloo"
-    stopped = False
     if t.manual_gc:
         gc.disable()
         gc.collect()
     train_start = time.time()
-    with _SigtermFlag() as sigterm:
-        while state.iteration < t.train_iters:
+    from megatron.bridge.training.stop_request import STOP, STOP_SIGNAL_NAMES
+
+    with STOP.listening():
+        # A stop asked for during start-up ends the run before its first step.
+        reason = _stop_reason(t.exit_duration_in_mins, train_start, device)
+        while reason is None and state.iteration < t.train_iters:
             if resolved.dist.device == "cuda":
                 torch.cuda.synchronize()
             profiler.before_step(state.iteration + 1)
@@ -450,24 +481,20 @@ def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, 
             scalars.update(_moe_aux_losses(resolved, num_microbatches, state.iteration))
             metrics.record(state.iteration, loss, step_time, **scalars)
 
-            ckpt = resolved.checkpoint
-            if ckpt.save and ckpt.save_interval and state.iteration % ckpt.save_interval == 0 and state.iteration < t.train_iters:
-                checkpointing.save_checkpoint(resolved, model, optimizer, scheduler, state)
+            if saver.interval_due(state.iteration):
+                saver.save(state)
             if t.manual_gc and t.manual_gc_interval and state.iteration % t.manual_gc_interval == 0:
                 gc.collect()
-            reason = _stop_reason(sigterm, t.exit_duration_in_mins, train_start, device)
-            if reason is not None:
-                stopped = True
-                if is_logging_rank:
-                    print(f"[megatron.bridge] {reason}: saving and stopping at iteration {state.iteration}", flush=True)
-                break
+            reason = _stop_reason(t.exit_duration_in_mins, train_start, device)
+        stop_signal = reason if reason in STOP_SIGNAL_NAMES else None
+        if reason is not None and is_logging_rank:
+            print(f"[megatron.bridge] {reason}: stopping at iteration {state.iteration}", flush=True)
+        STOP.clear()
     profiler.close()
     if t.manual_gc:
         gc.enable()
-
-    ckpt = resolved.checkpoint
-    if ckpt.save and (ckpt.save_on_exit or (ckpt.save_interval and state.iteration % ckpt.save_interval == 0)):
-        checkpointing.save_checkpoint(resolved, model, optimizer, scheduler, state)
+    if saver.exit_due(state.iteration):
+        saver.save(state)
 
     summary_path = metrics.write_summary(
         parallel_layout=parallel_layout(resolved),
@@ -475,7 +502,11 @@ def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, 
         layer_spec=resolved.model.resolved_layer_spec,
         cuda_device_max_connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
         num_microbatches=num_microbatches,
-        stopped_by_signal=stopped,
+        start_iteration=metrics.start_iteration,
+        final_iteration=state.iteration,
+        stopped_by_signal=stop_signal is not None,
+        stop_reason=reason,
+        checkpoint=str(saver.path) if saver.path else None,
         resolved_config=_resolved_config_text(resolved),
     )
     torch.distributed.barrier()
@@ -484,5 +515,5 @@ def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, 
         losses=list(metrics.losses),
         step_times_s=list(metrics.step_times_s),
         summary_path=str(summary_path) if summary_path else None,
-        stopped_by_signal=stopped,
+        stopped_by_signal=stop_signal is not None,
     )

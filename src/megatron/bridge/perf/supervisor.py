@@ -1,0 +1,292 @@
+"""Run a launch plan (``torchrun``/``srun``) to its end: output, progress, stop signals, clean-up.
+
+* The launcher starts in its own session, so a Ctrl-C in the terminal reaches the harness only;
+  the harness decides what the job gets. On Linux the launcher also gets SIGTERM if the harness
+  itself dies (``PR_SET_PDEATHSIG``), so a killed harness cannot orphan a job.
+* SIGTERM or SIGINT to the harness becomes one SIGTERM to every rank (``torchrun`` mode: the
+  launcher's children) or to ``srun`` (which forwards it to its tasks). The ranks finish their step,
+  save once and exit 0; ``torchrun`` then ends normally. A second signal kills the job at once.
+* The launcher's output (ranks' lines and its own) passes through: all of it into
+  ``<log_dir>/launch.log``, the console without ``torchrun``'s own failure traceback (the harness
+  prints a shorter report naming the first failing rank) unless ``verbose``. While the ranks are
+  still starting, a progress line every ``PROGRESS_EVERY_S`` seconds of silence.
+* When the launcher has exited, any rank process still alive is killed: nothing stays behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional, TextIO
+
+from megatron.bridge.training.stop_request import STOP_SIGNALS
+
+LAUNCH_LOG = "launch.log"
+PROGRESS_EVERY_S = 15.0
+TICK_S = 0.5
+StopTarget = Literal["ranks", "launcher"]
+
+# torchrun's own lines: glog-style records of torch.distributed.elastic and its ChildFailedError
+# traceback (the ranks' lines carry a "[default<N>]:" prefix instead).
+_TORCHRUN_RECORD = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ .*torch/distributed/")
+_TRACEBACK_START = "Traceback (most recent call last):"
+_SRUN_LABEL = re.compile(r"^\s*\d+: ")
+
+
+@dataclass
+class JobOutcome:
+    """How a launched job ended."""
+
+    exit_code: int
+    stop_signal: Optional[int] = None
+    """The signal (SIGTERM/SIGINT) that asked the job to stop, if one did."""
+    killed: bool = False
+    """A second signal killed the job without a save."""
+    launcher_lines: list[str] = field(default_factory=list)
+    """The launcher's own output lines (not the ranks'): exit codes and pids of failed ranks."""
+    leftovers_killed: int = 0
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop_signal is not None
+
+
+# --------------------------------------------------------------------------------------------- processes
+def child_pids(pid: int) -> list[int]:
+    """Direct children of ``pid`` (Linux ``/proc``; empty elsewhere)."""
+    children = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read().decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 1 and fields[1] == str(pid):
+            children.append(int(entry))
+    return children
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its parent counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read().decode(errors="replace")
+        return stat[stat.rfind(")") + 2 :].split()[0] not in ("Z", "X")
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
+
+
+def _die_with_parent() -> None:
+    """In the launcher, before exec: SIGTERM when the harness dies (Linux; harmless elsewhere)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _signal(pid: int, sig: int, group: bool = False) -> None:
+    try:
+        os.killpg(pid, sig) if group else os.kill(pid, sig)
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------------------------- signals
+class StopForwarder:
+    """Turns SIGTERM/SIGINT to the harness into a graceful stop of the job (a second: a kill).
+
+    Installed before the launcher starts, so no signal finds the harness unguarded; a signal that
+    arrives before :meth:`attach` means nothing is launched at all.
+    """
+
+    def __init__(self, target: StopTarget, announce: Callable[[str], None]) -> None:
+        self.proc: Optional[subprocess.Popen] = None
+        self.target, self.announce = target, announce
+        self.signum: Optional[int] = None
+        self.killed = False
+        self.ranks: set[int] = set()
+        self._signalled: set[int] = set()
+        self._announced = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopForwarder":
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+
+    def attach(self, proc: subprocess.Popen) -> None:
+        """The launcher to act on from now on."""
+        self.proc = proc
+        self.track()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+            self.track()
+        elif not self.killed and self.proc is not None:
+            self.killed = True
+            self.announce(f"== second {signal.Signals(signum).name}: killing the job without saving")
+            self.kill()
+
+    def track(self) -> None:
+        """Remember the ranks started so far; a stop already asked for reaches late starters too."""
+        if self.proc is None:
+            return
+        if self.target == "ranks" and self.proc.poll() is None:
+            self.ranks.update(child_pids(self.proc.pid))
+        if self.signum is not None and not self.killed:
+            self._forward()
+
+    def _forward(self) -> None:
+        if not self._announced:
+            self._announced = True
+            self.announce(
+                f"== {signal.Signals(self.signum).name} received: asking the ranks to finish their step, "
+                "save and exit (send it again to kill the job without saving)"
+            )
+        # srun forwards SIGTERM to every task; torchrun would tear the ranks down itself, so the
+        # ranks are signalled directly and torchrun just sees them finish.
+        targets = {self.proc.pid} if self.target == "launcher" else self.ranks
+        for pid in targets - self._signalled:
+            _signal(pid, signal.SIGTERM)
+            self._signalled.add(pid)
+
+    def kill(self) -> None:
+        for pid in self.ranks | set(child_pids(self.proc.pid)):
+            _signal(pid, signal.SIGKILL, group=True)  # a rank leads its own process group
+        _signal(self.proc.pid, signal.SIGKILL)
+
+    def kill_leftovers(self) -> int:
+        """Kill rank processes that outlived the launcher; returns how many there were."""
+        left = [pid for pid in self.ranks if alive(pid)]
+        for pid in left:
+            _signal(pid, signal.SIGKILL, group=True)
+        return len(left)
+
+
+# --------------------------------------------------------------------------------------------- output
+class OutputPump:
+    """Copies the launcher's output to the console and ``launch.log``; keeps the launcher's lines."""
+
+    def __init__(self, out: TextIO, log_path: Path, verbose: bool) -> None:
+        self.out, self.verbose = out, verbose
+        self.log = open(log_path, "a", encoding="utf-8", errors="replace")
+        self.launcher_lines: list[str] = []
+        self.started = self.last_output = time.monotonic()
+        self.first_iteration_seen = False
+        self._held: Optional[list[str]] = None
+
+    def _emit(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+        self.last_output = time.monotonic()
+
+    def line(self, text: str) -> None:
+        self.log.write(text + "\n")
+        self.log.flush()
+        if is_rank_line(text):
+            self.first_iteration_seen = self.first_iteration_seen or "iteration " in text
+            self._emit(text)
+            return
+        self.launcher_lines.append(text)
+        if self.verbose:
+            self._emit(text)
+        elif self._held is not None or text.startswith(_TRACEBACK_START):
+            self._held = (self._held or []) + [text]  # decided at the end: torchrun's failure block?
+        elif not _TORCHRUN_RECORD.match(text):
+            self._emit(text)
+
+    def close(self) -> None:
+        """Show a held traceback unless it is torchrun's ChildFailedError (the harness reports that)."""
+        if self._held and not any("ChildFailedError" in text for text in self._held):
+            for text in self._held:
+                self._emit(text)
+        self._held = None
+        self.log.close()
+
+    def tick(self) -> None:
+        """A progress line when the ranks have been silent for a while before their first step."""
+        now = time.monotonic()
+        if not self.first_iteration_seen and now - self.last_output >= PROGRESS_EVERY_S:
+            self._emit(f"   ... ranks still starting ({now - self.started:.0f} s since launch)")
+
+
+def is_rank_line(text: str) -> bool:
+    """A line a rank printed: ``torchrun --tee`` prefixes ``[default<N>]:``, ``srun --label`` ``<N>: ``."""
+    return text.startswith("[default") or bool(_SRUN_LABEL.match(text))
+
+
+def _pump(proc: subprocess.Popen, pump: OutputPump, on_tick: Callable[[], None]) -> None:
+    fd = proc.stdout.fileno()
+    pending = b""
+    while True:
+        ready, _, _ = select.select([fd], [], [], TICK_S)
+        on_tick()
+        pump.tick()
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for raw in lines:
+            pump.line(raw.decode(errors="replace"))
+    if pending:
+        pump.line(pending.decode(errors="replace"))
+
+
+def supervise(
+    argv: list[str], env: dict[str, str], log_dir: Path, target: StopTarget, out: Optional[TextIO] = None,
+    verbose: bool = False,
+) -> JobOutcome:
+    """Start ``argv``, stream its output, forward stop signals; returns when it and its ranks are gone."""
+    out = out or sys.stdout
+    log_dir.mkdir(parents=True, exist_ok=True)
+    forwarder = StopForwarder(target, lambda text: print(text, file=out, flush=True))
+    with forwarder:
+        if forwarder.signum is not None:  # stopped while the config was being written
+            return JobOutcome(exit_code=0, stop_signal=forwarder.signum)
+        proc = subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, preexec_fn=_die_with_parent,
+        )
+        forwarder.attach(proc)
+        pump = OutputPump(out, log_dir / LAUNCH_LOG, verbose)
+        try:
+            _pump(proc, pump, forwarder.track)
+            code = proc.wait()
+        finally:
+            pump.close()
+            if proc.poll() is None:  # the harness itself is failing: take the job with it
+                forwarder.kill()
+                proc.wait()
+    return JobOutcome(
+        exit_code=code,
+        stop_signal=forwarder.signum,
+        killed=forwarder.killed,
+        launcher_lines=pump.launcher_lines,
+        leftovers_killed=forwarder.kill_leftovers(),
+    )
