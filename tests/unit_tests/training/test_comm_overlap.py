@@ -255,7 +255,7 @@ def test_overlap_and_general_violations_in_one_error() -> None:
     cfg = set_fields(ep_overlap_cfg(), {"model.expert_model_parallel_size": 1, "train.train_iters": 0})
     with pytest.raises(CommOverlapConfigError) as info:
         finalize(cfg)
-    assert {"ep-overlap-needs-expert-parallel", "train-iters-positive"} <= {v.rule for v in info.value.violations}
+    assert {"ep-overlap-needs-expert-parallel", "range:train.train_iters"} <= {v.rule for v in info.value.violations}
 
 
 def test_warnings_do_not_fail_validation(caplog) -> None:

@@ -197,13 +197,26 @@ ACCEPTED = [
 ]
 
 
+PACKAGE_REFUSALS = {"model.mtp_num_layers": "mtp-not-built", "model.cuda_graph_impl": "cuda-graphs-not-captured"}
+"""Settings the overlap rules (and megatron-core) accept but this package refuses as a whole: its
+provider builds no MTP block and its loop captures no CUDA graphs."""
+
+
 @pytest.mark.parametrize("change, context, te", ACCEPTED, ids=[str(i) for i in range(len(ACCEPTED))])
 def test_megatron_core_accepts_what_we_accept(change, context, te) -> None:
+    from megatron.bridge.training.errors import ConfigValidationError
+
     cfg = set_fields(ep_overlap_cfg(), change)
     rule_ctx = ctx(**context)
     errors = [v for v in violated_ids(cfg, rule_ctx) if not v.startswith(("delay-wgrad-no-op-with-local-layers", "flex-deep-ep"))]
     assert errors == []
     assert megatron_error(cfg, rule_ctx, te=te) is None
+    refused = {rule for key, rule in PACKAGE_REFUSALS.items() if key in change}
+    if refused:
+        with pytest.raises(ConfigValidationError) as info, emulated_versions(te=te):
+            finalize(cfg, rule_ctx)
+        assert {v.rule for v in info.value.violations} == refused
+        return
     with emulated_versions(te=te):
         resolved = finalize(cfg, rule_ctx)  # our finalize runs megatron-core's checks after ours
     assert resolved.model.overlap_moe_expert_parallel_comm is True

@@ -1,6 +1,7 @@
 """Every general rule has a passing and a failing case; all violations are reported together."""
 
 import dataclasses
+import json
 
 import pytest
 from packaging.version import Version
@@ -9,7 +10,8 @@ from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config, qwen3_mo
 from megatron.bridge.training.errors import ConfigValidationError
 from megatron.bridge.training.finalize import default_rule_context
 from megatron.bridge.training.rules import check_rules
-from megatron.bridge.training.validation import GENERAL_RULES
+from megatron.bridge.training.ranges import RANGES
+from megatron.bridge.training.validation import CHECKPOINT_RULES, GENERAL_RULES
 
 TE_ABSENT = dict(te_version=None)
 TE_PRESENT = dict(te_version=Version("2.12.0"))
@@ -30,6 +32,9 @@ def _set(**changes):
     return mutate
 
 
+INTERLEAVED = {"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 2,
+               "model.expert_model_parallel_size": 8}
+
 # rule id -> (context facts, mutation that breaks the rule, mutation that satisfies it)
 CASES = {
     "mixed-precision-known": ({}, _set(mixed_precision="bf17"), _set(mixed_precision="fp16_mixed")),
@@ -44,7 +49,6 @@ CASES = {
     "te-cross-entropy-needs-transformer-engine": (
         TE_ABSENT, _set(**{"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": "te"}),
         _set(**{"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": "torch_native"})),
-    "train-iters-positive": ({}, _set(**{"train.train_iters": 0}), _set(**{"train.train_iters": 1})),
     "lr-warmup-shorter-than-decay": (
         {}, _set(**{"scheduler.lr_warmup_iters": 500, "scheduler.lr_decay_iters": None, "train.train_iters": 8}),
         _set(**{"scheduler.lr_warmup_iters": 500, "scheduler.lr_decay_iters": 300_000, "train.train_iters": 8})),
@@ -85,11 +89,30 @@ CASES = {
         {}, _set(**{"profiling.use_pytorch_profiler": True, "profiling.profile_step_start": 6,
                     "profiling.profile_step_end": 5}),
         _set(**{"profiling.use_pytorch_profiler": True})),
+    "min-lr-not-above-lr": (
+        {}, _set(**{"optimizer.lr": 1e-4, "optimizer.min_lr": 1e-3}), _set(**{"optimizer.min_lr": 1e-5})),
+    "router-topk-within-experts": (
+        {}, _set(**{"model.moe_router_topk": 129}), _set(**{"model.moe_router_topk": 128})),
+    # PP2 x VPP2 on 16 GPUs with EP8: DP 8, micro-batch 1 -> M = global / 8 micro-batches per step.
+    "interleaved-pipeline-micro-batches": (
+        dict(world_size=16), _set(**INTERLEAVED, **{"train.global_batch_size": 24}),
+        _set(**INTERLEAVED, **{"train.global_batch_size": 32})),
+    "mtp-not-built": ({}, _set(**{"model.mtp_num_layers": 1}), _set(**{"model.mtp_num_layers": None})),
+    "cuda-graphs-not-captured": (
+        {}, _set(**{"model.cuda_graph_impl": "local"}), _set(**{"model.cuda_graph_impl": "none"})),
+    "cpu-mode-no-flex-dispatcher": (
+        {}, _set(**{"dist.device": "cpu", "model.moe_token_dispatcher_type": "flex",
+                    "model.moe_flex_dispatcher_backend": "deepep"}),
+        _set(**{"dist.device": "cpu"})),
 }
+
+CHECKPOINT_RULE_IDS = {rule.id for rule in CHECKPOINT_RULES}
+RANGE_RULE_IDS = {r.rule_id for r in RANGES}
 
 
 def test_every_general_rule_has_cases():
-    assert set(CASES) == {rule.id for rule in GENERAL_RULES}
+    assert set(CASES) | CHECKPOINT_RULE_IDS | RANGE_RULE_IDS == {rule.id for rule in GENERAL_RULES}
+    assert set(CHECKPOINT_CASES) == CHECKPOINT_RULE_IDS
 
 
 def _violated_ids(cfg, facts):
@@ -119,7 +142,7 @@ def test_validate_reports_all_violations_at_once_with_fields_values_and_fixes():
     with pytest.raises(ConfigValidationError) as info:
         cfg.validate()
     err = info.value
-    assert {v.rule for v in err.violations} >= {"train-iters-positive", "vocab-size-set", "steady-state-window"}
+    assert {v.rule for v in err.violations} >= {"range:train.train_iters", "vocab-size-set", "steady-state-window"}
     text = str(err)
     assert "train.train_iters=0" in text and "fix:" in text
     assert isinstance(err, ValueError)
@@ -138,3 +161,140 @@ def test_world_size_checks_are_skipped_without_a_world_size(monkeypatch):
     cfg.validate()  # EP16 needs 16 GPUs, but no world size is known yet
     with pytest.raises(ConfigValidationError, match="expert-layout-divides-world-size"):
         cfg.validate(world_size=8)
+
+
+# ------------------------------------------------------------------------------------------ ranges
+@pytest.mark.parametrize("field_range", RANGES, ids=lambda r: r.field)
+def test_value_outside_its_range_is_refused_with_the_range(field_range):
+    cfg = _set(**{field_range.field: field_range.example_outside()})(qwen3_30b_a3b_pretrain_config())
+    violations = [v for v in check_rules(GENERAL_RULES, cfg, default_rule_context(world_size=16))
+                  if v.rule == field_range.rule_id]
+    assert len(violations) == 1
+    assert field_range.describe() in violations[0].message and field_range.field in violations[0].fix
+
+
+@pytest.mark.parametrize("field_range", RANGES, ids=lambda r: r.field)
+def test_recipe_value_is_inside_its_range(field_range):
+    cfg = qwen3_30b_a3b_pretrain_config()
+    assert field_range.rule_id not in _violated_ids(cfg, dict(world_size=16))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"model.tensor_model_parallel_size": 0},
+        {"model.pipeline_model_parallel_size": 0, "model.virtual_pipeline_model_parallel_size": 0},
+        {"train.micro_batch_size": 0},
+        {"model.expert_model_parallel_size": -2},
+        {"model.seq_length": "long"},
+    ],
+)
+def test_out_of_range_sizes_give_a_violation_not_a_crash(changes):
+    """Rules that divide by a size skip it when its range rule already reports it."""
+    cfg = _set(**changes)(qwen3_30b_a3b_pretrain_config())
+    ids = _violated_ids(cfg, dict(world_size=16))
+    assert {f"range:{field}" for field in changes} <= ids
+
+
+def test_seq_length_and_lr_below_zero_are_refused_by_validate():
+    cfg = qwen3_moe_tiny_pretrain_config()
+    cfg.model.seq_length = -1
+    cfg.optimizer.lr = -1.0
+    with pytest.raises(ConfigValidationError) as info:
+        cfg.validate(world_size=1)
+    assert {"range:model.seq_length", "range:optimizer.lr"} <= {v.rule for v in info.value.violations}
+    assert "model.seq_length=-1" in str(info.value) and "optimizer.lr=-1.0" in str(info.value)
+
+
+def test_interleaved_rule_matches_megatron_core_0_19_2():
+    """P <= N <= M and (M % N == 0 or M % N >= P), N defaulting to P."""
+    from megatron.bridge.training.validation import interleaved_schedule_accepts
+    from megatron.bridge.training.rules import RuleContext
+
+    def accepts(gbs, group=None):
+        cfg = _set(**INTERLEAVED, **{"train.global_batch_size": gbs})(qwen3_30b_a3b_pretrain_config())
+        cfg.model.pipeline_model_parallel_size = 4
+        cfg.model.microbatch_group_size_per_vp_stage = group
+        return interleaved_schedule_accepts(cfg, RuleContext(world_size=32))  # DP = 32 / 4 = 8
+
+    assert [m for m in range(1, 13) if accepts(8 * m)] == [4, 8, 12]  # N = P = 4: multiples of 4
+    assert [m for m in range(1, 13) if accepts(8 * m, group=5)] == [5, 9, 10]  # 5 <= M; M % 5 in {0} or >= 4
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+def _tracker_dir(root, iteration=4, layout=None):
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    it = root / f"iter_{iteration:07d}"
+    it.mkdir(exist_ok=True)
+    if layout is not None:
+        (it / "parallel_layout.json").write_text(json.dumps(layout))
+    return root
+
+
+SAVED_EP8 = dict(tp=1, pp=1, vpp=None, cp=1, ep=8, etp=1, dp=16)
+
+def _dir_with(tmp, name, *files):
+    path = tmp / name
+    path.mkdir()
+    for file in files:
+        (path / file).write_text("x")
+    return path
+
+
+def _missing_iteration(tmp):
+    root = _tracker_dir(tmp / "ck", 4)
+    (root / "iter_0000004").rmdir()
+    return root
+
+
+# rule id -> (load directory that breaks the rule, (load, save) that satisfy it), built under tmp_path
+CHECKPOINT_CASES = {
+    "checkpoint-load-exists": (lambda tmp: tmp / "typo", lambda tmp: (_tracker_dir(tmp / "ck"), None)),
+    "checkpoint-load-empty-needs-save-there": (
+        lambda tmp: _dir_with(tmp, "empty"), lambda tmp: (_dir_with(tmp, "empty"),) * 2),
+    "checkpoint-load-is-iteration-dir": (
+        lambda tmp: _tracker_dir(tmp / "ck") / "iter_0000004", lambda tmp: (_tracker_dir(tmp / "ck"), None)),
+    "checkpoint-load-has-tracker": (
+        lambda tmp: _dir_with(tmp, "other", "notes.txt"), lambda tmp: (_tracker_dir(tmp / "ck"), None)),
+    "checkpoint-load-tracker-names-saved-iteration": (
+        _missing_iteration, lambda tmp: (_tracker_dir(tmp / "ck", 4), None)),
+    "resume-same-parallel-layout": (
+        lambda tmp: _tracker_dir(tmp / "ck", layout={**SAVED_EP8, "ep": 16}),
+        lambda tmp: (_tracker_dir(tmp / "ck", layout=SAVED_EP8), None)),
+}
+
+
+def _checkpoint_cfg(load, save=None):
+    cfg = qwen3_30b_a3b_pretrain_config()
+    cfg.model.expert_model_parallel_size = 8
+    cfg.checkpoint.load = str(load)
+    cfg.checkpoint.save = str(save) if save else None
+    return cfg
+
+
+@pytest.mark.parametrize("rule_id", sorted(CHECKPOINT_CASES))
+def test_checkpoint_rule_negative_case_is_reported(rule_id, tmp_path):
+    load = CHECKPOINT_CASES[rule_id][0](tmp_path)
+    assert rule_id in _violated_ids(_checkpoint_cfg(load), dict(world_size=16))
+
+
+@pytest.mark.parametrize("rule_id", sorted(CHECKPOINT_CASES))
+def test_checkpoint_rule_positive_case_passes(rule_id, tmp_path):
+    load, save = CHECKPOINT_CASES[rule_id][1](tmp_path)
+    ids = _violated_ids(_checkpoint_cfg(load, save), dict(world_size=16))
+    assert not ids & CHECKPOINT_RULE_IDS, ids
+
+
+def test_layout_violation_shows_saved_and_current_layout(tmp_path):
+    load = _tracker_dir(tmp_path / "ck", layout={**SAVED_EP8, "ep": 16})
+    ctx = dataclasses.replace(default_rule_context(), world_size=16)
+    (violation,) = [v for v in check_rules(CHECKPOINT_RULES, _checkpoint_cfg(load), ctx)]
+    text = violation.format()
+    assert "saved_layout=" in text and "'ep': 16" in text and "current_layout=" in text and "'ep': 8" in text
+
+
+def test_leftover_of_a_killed_first_save_counts_as_empty(tmp_path):
+    (tmp_path / "ck" / "iter_0000002.incomplete").mkdir(parents=True)
+    cfg = _checkpoint_cfg(tmp_path / "ck", tmp_path / "ck")
+    assert not _violated_ids(cfg, dict(world_size=16)) & CHECKPOINT_RULE_IDS

@@ -113,13 +113,33 @@ def _choice(options: Sequence[str], *, lower: bool = True):
     return parse
 
 
+HELP_EPILOG = """\
+checkpoint and resume:
+  checkpoint.save=DIR checkpoint.load=DIR [checkpoint.save_interval=N]
+      save into DIR (every N iterations and at the end) and resume from it: run the same command
+      again to continue. checkpoint.load must exist (mkdir -p DIR before the first run); an empty
+      DIR starts from iteration 0.
+stopping:
+  SIGTERM or Ctrl-C: the ranks finish the current step, save once (with checkpoint.save) and exit;
+  the harness prints where it stopped and exits 128+signal. A second signal kills the job at once.
+  Batch scripts ask SLURM for SIGTERM 120 s before the time limit and do the same.
+exit codes: 0 ok, 2 refused input (nothing launched), 3 machine cannot run it, 128+N stopped by
+  signal N, else the job's own code.
+"""
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown beside each flag; the epilog keeps its line breaks."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The harness parser; every default is ``None`` unless the flag is a plain switch."""
     p = argparse.ArgumentParser(
         prog="run_script.py",
         description="Megatron-Bridge-style performance harness for MoE EP-overlap runs. "
         "Precedence: recipe < --config_file < flags < dotted overrides (key=value).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
+        epilog=HELP_EPILOG,
     )
     run = p.add_argument_group("recipe and machine")
     run.add_argument("-m", "--model_family_name", default="qwen", help="recipe family (package under megatron.bridge.recipes)")

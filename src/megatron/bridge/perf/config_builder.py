@@ -7,7 +7,8 @@ Precedence (lowest first), each layer recorded in ``cfg.provenance``:
 3. ``flag``    - the harness flags (``-tp``, ``--max_steps``, ``--moe_a2a_overlap``, ...);
 4. ``cli``     - positional dotted overrides ``section.field=value``;
 5. ``computed``- only for keys no layer above set: the global batch scaled with the data-parallel
-   size, the log directory, the gloo backend when ranks share a GPU.
+   size, the log directory, the gloo backend when ranks share a GPU, the learning-rate schedule
+   scaled with a changed ``train.train_iters``.
 
 Flags are turned into dotted keys and applied through the same typed override machinery as YAML
 and CLI overrides, so a flag value is checked against the field type exactly like ``key=value``.
@@ -33,6 +34,7 @@ from megatron.bridge.perf.recipe_lookup import (
     minimum_world_size,
     scaled_global_batch_size,
 )
+from megatron.bridge.training.rules import read_field
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -204,6 +206,40 @@ def computed_values(cfg: "ConfigContainer", recipe: RecipeChoice, recipe_cfg: "C
     return values
 
 
+def schedule_values(cfg: "ConfigContainer", recipe_cfg: "ConfigContainer") -> tuple[dict[str, Any], list[str]]:
+    """Learning-rate schedule lengths scaled with a changed ``train.train_iters`` (``--max_steps``).
+
+    A recipe's warm-up and decay lengths are written for its own run length. When a layer changes
+    ``train.train_iters`` and leaves the schedule fields alone, the decay (when it spans the
+    recipe's run or more) and the warm-up are scaled by the same factor, so the run gets the
+    recipe's schedule shape instead of e.g. decaying over the first half and idling at the minimum
+    learning rate after it. Returns the computed values and the notes that say what happened.
+    """
+    given, sched = cfg.provenance, recipe_cfg.scheduler
+    old, new = recipe_cfg.train.train_iters, cfg.train.train_iters
+    if new == old or not (isinstance(new, int) and isinstance(old, int) and new >= 1 and old >= 1):
+        return {}, []
+    values: dict[str, Any] = {}
+    if "scheduler.lr_decay_iters" not in given and sched.lr_decay_iters is not None and sched.lr_decay_iters >= old:
+        values["scheduler.lr_decay_iters"] = max(1, round(sched.lr_decay_iters * new / old))
+    decay = values.get("scheduler.lr_decay_iters", cfg.scheduler.lr_decay_iters or new)
+    if "scheduler.lr_warmup_iters" not in given and sched.lr_warmup_iters:
+        values["scheduler.lr_warmup_iters"] = max(0, min(sched.lr_warmup_iters * new // old, decay - 1))
+    notes = []
+    if values:
+        changes = ", ".join(f"{k.split('.')[-1]} {read_field(recipe_cfg, k)} -> {v}" for k, v in values.items())
+        notes.append(
+            f"train.train_iters {old} -> {new}: learning-rate schedule scaled with it ({changes}); set "
+            "scheduler.lr_decay_iters / scheduler.lr_warmup_iters to keep other lengths"
+        )
+    if isinstance(decay, int) and decay < new:
+        notes.append(
+            f"scheduler.lr_decay_iters={decay} < train.train_iters={new}: iterations {decay + 1}-{new} run at "
+            "the minimum learning rate (optimizer.min_lr)"
+        )
+    return values, notes
+
+
 # --------------------------------------------------------------------------------------------- build
 def _gpus_per_node(args: Namespace, num_gpus: int, cpu: bool) -> int:
     if cpu:
@@ -265,7 +301,9 @@ def build_config(
             "drop dist.distributed_backend=nccl (gloo is chosen then) or use --procs_per_gpu 1"
         )
     computed = computed_values(cfg, recipe, recipe_cfg, built.world_size, procs_per_gpu, args.task)
-    built.cfg = apply_layer(cfg, computed, "computed")
+    schedule, schedule_notes = schedule_values(cfg, recipe_cfg)
+    built.cfg = apply_layer(cfg, {**computed, **schedule}, "computed")
+    built.notes += schedule_notes
     if "train.global_batch_size" in computed:
         built.notes.append(
             f"global batch scaled with data-parallel size: {cfg.train.global_batch_size} -> "
@@ -295,8 +333,6 @@ def resolve(built: BuiltConfig) -> "ConfigContainer":
 
 def source_of(key: str, merged: "ConfigContainer", resolved: "ConfigContainer") -> str:
     """Which layer set ``key``: the recorded one, ``computed`` if finalize changed it, else ``recipe``."""
-    from megatron.bridge.training.rules import read_field
-
     recorded = resolved.provenance.get(key) or merged.provenance.get(key)
     if recorded:
         return recorded
@@ -308,8 +344,6 @@ def source_of(key: str, merged: "ConfigContainer", resolved: "ConfigContainer") 
 
 def effective_values(built: BuiltConfig, resolved: "ConfigContainer") -> list[tuple[str, Any, str, str]]:
     """``(key, value, source, detail)`` for every overlap switch and overlap-related field."""
-    from megatron.bridge.training.rules import read_field
-
     from megatron.bridge.training.comm_overlap import effective_overlap_values
 
     rows = [

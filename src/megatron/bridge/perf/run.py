@@ -58,6 +58,21 @@ def overlap_report(built: BuiltConfig, resolved) -> tuple[str, str, Optional[int
     return report.format(), report.format(brief=True), report.cuda_device_max_connections
 
 
+def checkpoint_notes(resolved) -> list[str]:
+    """Where the run starts from, said before launch (validation has refused unusable directories)."""
+    from megatron.bridge.training.checkpointing import inspect_checkpoint_dir
+
+    ckpt = resolved.checkpoint
+    if not ckpt.load:
+        if ckpt.save:
+            return [f"starts from iteration 0; checkpoints go to {ckpt.save}"]
+        return ["no checkpoints (checkpoint.save=DIR checkpoint.load=DIR: save there, resume from there)"]
+    found = inspect_checkpoint_dir(ckpt.load)
+    if found.resumable:
+        return [f"resumes from iteration {found.iteration} in {ckpt.load}"]
+    return [f"{ckpt.load} holds no checkpoint yet: starts from iteration 0 and saves there"]
+
+
 def make_job(built: BuiltConfig, args, max_connections: Optional[int] = None) -> Job:
     """Resolve (raises ``ConfigError`` with every violation) and plan the launch.
 
@@ -86,7 +101,7 @@ def make_job(built: BuiltConfig, args, max_connections: Optional[int] = None) ->
 def describe(job: Job, out: TextIO, *, verbose: bool = True) -> None:
     """What will run: environment, notes, overlap report, effective values, launch command."""
     print(f"== {environment_summary(job.built)}", file=out)
-    for note in job.built.notes + job.plan.notes:
+    for note in job.built.notes + job.plan.notes + checkpoint_notes(job.resolved):
         print(f"   note: {note}", file=out)
     if verbose:
         print("== overlap report", file=out)

@@ -68,14 +68,18 @@ class Rule:
     group: str = "general"
     extra_values: tuple[tuple[str, Callable[[RuleContext], Any]], ...] = field(default=())
     """Non-config facts shown beside the field values (e.g. ``("transformer_engine", ...)``)."""
+    derived_values: tuple[tuple[str, Callable[["ConfigContainer", RuleContext], Any]], ...] = field(default=())
+    """Values computed from the config and the facts (e.g. the micro-batch count, a saved layout)."""
 
     def check(self, cfg: "ConfigContainer", ctx: RuleContext) -> Optional[Violation]:
         """The violation of this rule by ``cfg``, or ``None``."""
         if not self.applies(cfg, ctx) or self.holds(cfg, ctx):
             return None
-        names = self.fields + tuple(name for name, _ in self.extra_values)
-        values = tuple(read_field(cfg, f) for f in self.fields) + tuple(
-            getter(ctx) for _, getter in self.extra_values
+        names = self.fields + tuple(name for name, _ in self.extra_values + self.derived_values)
+        values = (
+            tuple(read_field(cfg, f) for f in self.fields)
+            + tuple(getter(ctx) for _, getter in self.extra_values)
+            + tuple(getter(cfg, ctx) for _, getter in self.derived_values)
         )
         return Violation(self.id, names, values, self.message, self.fix, self.severity)
 

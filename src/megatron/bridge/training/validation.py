@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from megatron.bridge.models.gpt_provider import CROSS_ENTROPY_IMPLS
 from megatron.bridge.models.layer_specs import LAYER_SPEC_CHOICES
+from megatron.bridge.training.checkpointing import CheckpointDir, checkpoint_layout, inspect_checkpoint_dir
 from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES
+from megatron.bridge.training.ranges import RANGE_RULES, within
 from megatron.bridge.training.rules import TE_VERSION_VALUE, Rule, RuleContext
 
 if TYPE_CHECKING:
@@ -68,6 +71,30 @@ def _is_moe(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     return bool(cfg.model.num_moe_experts)
 
 
+def _all_within(cfg: "ConfigContainer", ctx: RuleContext, *fields: str) -> bool:
+    """Whether every field is inside its range (rules that compute with it skip it otherwise: its
+    range rule already reports it, and a zero size would divide by zero)."""
+    return all(within(cfg, ctx, f) for f in fields)
+
+
+def _layout_within(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    return _all_within(cfg, ctx, *LAYOUT_FIELDS)
+
+
+def _dp_known(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    return ctx.world_size is not None and _layout_within(cfg, ctx) and data_parallel_size(cfg, ctx.world_size) is not None
+
+
+LAYOUT_FIELDS: tuple[str, ...] = (
+    "model.tensor_model_parallel_size",
+    "model.pipeline_model_parallel_size",
+    "model.virtual_pipeline_model_parallel_size",
+    "model.context_parallel_size",
+    "model.expert_model_parallel_size",
+    "model.expert_tensor_parallel_size",
+)
+
+
 GENERAL_RULES: tuple[Rule, ...] = (
     Rule(
         id="mixed-precision-known",
@@ -120,15 +147,10 @@ GENERAL_RULES: tuple[Rule, ...] = (
         extra_values=TE_VERSION_VALUE,
     ),
     Rule(
-        id="train-iters-positive",
-        fields=("train.train_iters",),
-        holds=lambda cfg, ctx: cfg.train.train_iters >= 1,
-        message="training needs at least one iteration",
-        fix="set train.train_iters (or --max_steps) to 1 or more",
-    ),
-    Rule(
         id="lr-warmup-shorter-than-decay",
         fields=("scheduler.lr_warmup_iters", "scheduler.lr_decay_iters", "train.train_iters"),
+        applies=lambda cfg, ctx: _all_within(cfg, ctx, "scheduler.lr_warmup_iters", "scheduler.lr_decay_iters",
+                                             "train.train_iters"),
         holds=lambda cfg, ctx: 0 <= cfg.scheduler.lr_warmup_iters < lr_decay_iters(cfg),
         message="the learning-rate warm-up must end before the decay does (megatron-core's "
         "scheduler asserts it); lr_decay_iters=null decays over train.train_iters",
@@ -137,8 +159,8 @@ GENERAL_RULES: tuple[Rule, ...] = (
     Rule(
         id="micro-batch-divides-global-batch",
         fields=("train.global_batch_size", "train.micro_batch_size"),
-        holds=lambda cfg, ctx: cfg.train.micro_batch_size >= 1
-        and cfg.train.global_batch_size >= cfg.train.micro_batch_size
+        applies=lambda cfg, ctx: _all_within(cfg, ctx, "train.global_batch_size", "train.micro_batch_size"),
+        holds=lambda cfg, ctx: cfg.train.global_batch_size >= cfg.train.micro_batch_size
         and cfg.train.global_batch_size % cfg.train.micro_batch_size == 0,
         message="the global batch must be a positive multiple of the micro batch",
         fix="choose train.global_batch_size as a multiple of train.micro_batch_size",
@@ -150,7 +172,7 @@ GENERAL_RULES: tuple[Rule, ...] = (
             "model.pipeline_model_parallel_size",
             "model.context_parallel_size",
         ),
-        applies=_has_world,
+        applies=lambda cfg, ctx: _has_world(cfg, ctx) and _layout_within(cfg, ctx),
         holds=lambda cfg, ctx: ctx.world_size % model_parallel_size(cfg) == 0,
         message="TP x PP x CP must divide the number of GPUs",
         fix="change the parallel sizes or the GPU count so that TP*PP*CP divides it",
@@ -163,7 +185,7 @@ GENERAL_RULES: tuple[Rule, ...] = (
             "model.expert_tensor_parallel_size",
             "model.pipeline_model_parallel_size",
         ),
-        applies=_has_world,
+        applies=lambda cfg, ctx: _has_world(cfg, ctx) and _layout_within(cfg, ctx),
         holds=lambda cfg, ctx: ctx.world_size % expert_parallel_span(cfg) == 0,
         message="expert TP x EP x PP must divide the number of GPUs",
         fix="change expert_model_parallel_size (or the GPU count) so that ETP*EP*PP divides it",
@@ -172,9 +194,8 @@ GENERAL_RULES: tuple[Rule, ...] = (
     Rule(
         id="data-parallel-divides-global-batch",
         fields=("train.global_batch_size", "train.micro_batch_size"),
-        applies=lambda cfg, ctx: ctx.world_size is not None
-        and data_parallel_size(cfg, ctx.world_size) is not None
-        and cfg.train.micro_batch_size >= 1,
+        applies=lambda cfg, ctx: _dp_known(cfg, ctx)
+        and _all_within(cfg, ctx, "train.global_batch_size", "train.micro_batch_size"),
         holds=lambda cfg, ctx: cfg.train.global_batch_size
         % (cfg.train.micro_batch_size * data_parallel_size(cfg, ctx.world_size))
         == 0,
@@ -185,7 +206,8 @@ GENERAL_RULES: tuple[Rule, ...] = (
     Rule(
         id="experts-divisible-by-ep",
         fields=("model.num_moe_experts", "model.expert_model_parallel_size"),
-        applies=_is_moe,
+        applies=lambda cfg, ctx: _is_moe(cfg, ctx)
+        and _all_within(cfg, ctx, "model.num_moe_experts", "model.expert_model_parallel_size"),
         holds=lambda cfg, ctx: cfg.model.num_moe_experts % cfg.model.expert_model_parallel_size == 0,
         message="each expert-parallel rank must hold the same number of experts",
         fix="choose expert_model_parallel_size as a divisor of num_moe_experts",
@@ -213,7 +235,8 @@ GENERAL_RULES: tuple[Rule, ...] = (
             "model.pipeline_model_parallel_size",
             "model.virtual_pipeline_model_parallel_size",
         ),
-        applies=lambda cfg, ctx: cfg.model.pipeline_model_parallel_size > 1
+        applies=lambda cfg, ctx: _layout_within(cfg, ctx) and _all_within(cfg, ctx, "model.num_layers")
+        and cfg.model.pipeline_model_parallel_size > 1
         and cfg.model.pipeline_model_parallel_layout is None
         and cfg.model.num_layers_in_first_pipeline_stage is None
         and cfg.model.num_layers_in_last_pipeline_stage is None,
@@ -258,9 +281,9 @@ GENERAL_RULES: tuple[Rule, ...] = (
         id="save-interval-needs-save-dir",
         fields=("checkpoint.save_interval", "checkpoint.save"),
         applies=lambda cfg, ctx: cfg.checkpoint.save_interval is not None,
-        holds=lambda cfg, ctx: bool(cfg.checkpoint.save) and cfg.checkpoint.save_interval >= 1,
-        message="periodic checkpoints need a directory and a positive interval",
-        fix="set checkpoint.save=/path/to/ckpt and checkpoint.save_interval >= 1",
+        holds=lambda cfg, ctx: bool(cfg.checkpoint.save),
+        message="periodic checkpoints need a directory",
+        fix="set checkpoint.save=/path/to/ckpt (or checkpoint.save_interval=null)",
     ),
     Rule(
         id="profile-steps-ordered",
@@ -271,3 +294,219 @@ GENERAL_RULES: tuple[Rule, ...] = (
         fix="e.g. profiling.profile_step_start=5 profiling.profile_step_end=6",
     ),
 )
+
+
+# ------------------------------------------------------------------------------------------------
+# Settings that would be accepted and then fail (or do nothing) inside the ranks
+
+
+def micro_batches_per_step(cfg: "ConfigContainer", ctx: RuleContext) -> Optional[int]:
+    """Micro-batches each data-parallel rank runs per step (``None`` without a world size)."""
+    if not _dp_known(cfg, ctx) or not _all_within(cfg, ctx, "train.global_batch_size", "train.micro_batch_size"):
+        return None
+    return cfg.train.global_batch_size // (cfg.train.micro_batch_size * data_parallel_size(cfg, ctx.world_size))
+
+
+def _microbatch_group(cfg: "ConfigContainer") -> int:
+    """megatron-core's ``microbatch_group_size_per_vp_stage`` (its default: the pipeline size)."""
+    return cfg.model.microbatch_group_size_per_vp_stage or cfg.model.pipeline_model_parallel_size
+
+
+def interleaved_schedule_accepts(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    """megatron-core 0.19.2's interleaved 1F1B check (``forward_backward_pipelining_with_interleaving``):
+    with M micro-batches, group size N and pipeline size P it raises unless P <= N <= M, and
+    unless M % N is 0 or at least P. With the default N = P: M must be a multiple of P."""
+    m, n, p = micro_batches_per_step(cfg, ctx), _microbatch_group(cfg), cfg.model.pipeline_model_parallel_size
+    return p <= n <= m and (m % n == 0 or m % n >= p)
+
+
+def _interleaved(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    m = cfg.model
+    return (
+        _layout_within(cfg, ctx)
+        and m.pipeline_model_parallel_size > 1
+        and m.virtual_pipeline_model_parallel_size is not None
+        and micro_batches_per_step(cfg, ctx) is not None
+    )
+
+
+def _flex_on_cpu(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    return cfg.dist.device == "cpu"
+
+
+def _load_dir(cfg: "ConfigContainer") -> CheckpointDir:
+    return inspect_checkpoint_dir(cfg.checkpoint.load)
+
+
+def _same_dir(a: Optional[str], b: Optional[str]) -> bool:
+    return bool(a) and bool(b) and Path(a).resolve() == Path(b).resolve()
+
+
+def _load_is(*kinds: str):
+    return lambda cfg, ctx: bool(cfg.checkpoint.load) and _load_dir(cfg).kind in kinds
+
+
+def _current_layout(cfg: "ConfigContainer", ctx: RuleContext) -> dict[str, Optional[int]]:
+    dp = data_parallel_size(cfg, ctx.world_size) if _dp_known(cfg, ctx) else None
+    return checkpoint_layout(cfg, dp)
+
+
+def _saved_layout(cfg: "ConfigContainer", ctx: RuleContext) -> Optional[dict]:
+    return _load_dir(cfg).layout
+
+
+def layout_matches_checkpoint(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    """Every recorded size equals the current one (DP only when the world size is known)."""
+    saved, current = _saved_layout(cfg, ctx), _current_layout(cfg, ctx)
+    return all(saved.get(k) == v for k, v in current.items() if v is not None and k in saved)
+
+
+def _resuming_with_layout(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    return (
+        bool(cfg.checkpoint.load)
+        and _layout_within(cfg, ctx)
+        and _load_dir(cfg).resumable
+        and _saved_layout(cfg, ctx) is not None
+    )
+
+
+_LOAD_FIX = ("correct checkpoint.load, or unset it to train from scratch; for a first run that "
+             "resumes later, point checkpoint.load and checkpoint.save at the same directory")
+
+CHECKPOINT_RULES: tuple[Rule, ...] = (
+    Rule(
+        id="checkpoint-load-exists",
+        fields=("checkpoint.load",),
+        applies=_load_is("missing", "not_a_directory"),
+        holds=lambda cfg, ctx: False,
+        message="checkpoint.load names no directory: a typo there would train from scratch without a word",
+        fix=_LOAD_FIX + " and create it first (mkdir -p)",
+        group="checkpoint",
+    ),
+    Rule(
+        id="checkpoint-load-empty-needs-save-there",
+        fields=("checkpoint.load", "checkpoint.save"),
+        applies=_load_is("empty"),
+        holds=lambda cfg, ctx: _same_dir(cfg.checkpoint.load, cfg.checkpoint.save),
+        message="checkpoint.load is an empty directory and this run saves elsewhere, so nothing "
+        "would ever be resumed from it (an empty directory is accepted as the start of an "
+        "auto-resuming run: checkpoint.load == checkpoint.save)",
+        fix=_LOAD_FIX,
+        group="checkpoint",
+    ),
+    Rule(
+        id="checkpoint-load-is-iteration-dir",
+        fields=("checkpoint.load",),
+        applies=_load_is("iteration_dir"),
+        holds=lambda cfg, ctx: False,
+        message="checkpoint.load points at one saved iteration (iter_NNNNNNN), not at the checkpoint "
+        "directory that holds latest_checkpointed_iteration.txt",
+        fix="set checkpoint.load to the parent directory (the run's checkpoint.save)",
+        group="checkpoint",
+    ),
+    Rule(
+        id="checkpoint-load-has-tracker",
+        fields=("checkpoint.load",),
+        applies=_load_is("no_tracker", "bad_tracker"),
+        holds=lambda cfg, ctx: False,
+        message="checkpoint.load holds files but no readable latest_checkpointed_iteration.txt: "
+        "it is not a checkpoint directory of this package",
+        fix=_LOAD_FIX,
+        group="checkpoint",
+    ),
+    Rule(
+        id="checkpoint-load-tracker-names-saved-iteration",
+        fields=("checkpoint.load",),
+        applies=_load_is("tracker_without_iteration"),
+        holds=lambda cfg, ctx: False,
+        message="latest_checkpointed_iteration.txt names an iteration whose iter_NNNNNNN directory is "
+        "missing (deleted or moved)",
+        fix="restore that directory, or write the number of a saved iteration into the tracker file",
+        derived_values=(("tracker_iteration", lambda cfg, ctx: _load_dir(cfg).iteration),),
+        group="checkpoint",
+    ),
+    Rule(
+        id="resume-same-parallel-layout",
+        fields=("checkpoint.load",),
+        applies=_resuming_with_layout,
+        holds=layout_matches_checkpoint,
+        message="the checkpoint was written with another parallel layout; its optimizer state loads "
+        "only into the layout that wrote it (resharding is not supported here)",
+        fix="resume with the saved layout (same -tp/-pp/-vp/-cp/-ep/-et and GPU count), or start a "
+        "new run without checkpoint.load",
+        derived_values=(("saved_layout", _saved_layout), ("current_layout", _current_layout)),
+        group="checkpoint",
+    ),
+)
+
+RUN_RULES: tuple[Rule, ...] = (
+    Rule(
+        id="min-lr-not-above-lr",
+        fields=("optimizer.min_lr", "optimizer.lr"),
+        applies=lambda cfg, ctx: cfg.optimizer.min_lr is not None
+        and _all_within(cfg, ctx, "optimizer.min_lr", "optimizer.lr"),
+        holds=lambda cfg, ctx: cfg.optimizer.min_lr <= cfg.optimizer.lr,
+        message="the schedule decays from optimizer.lr down to optimizer.min_lr (megatron-core's "
+        "scheduler asserts min_lr <= lr)",
+        fix="set optimizer.min_lr at or below optimizer.lr",
+    ),
+    Rule(
+        id="router-topk-within-experts",
+        fields=("model.moe_router_topk", "model.num_moe_experts"),
+        applies=lambda cfg, ctx: _is_moe(cfg, ctx)
+        and _all_within(cfg, ctx, "model.moe_router_topk", "model.num_moe_experts"),
+        holds=lambda cfg, ctx: cfg.model.moe_router_topk <= cfg.model.num_moe_experts,
+        message="each token is routed to top-k distinct experts; k cannot exceed the expert count",
+        fix="lower model.moe_router_topk to at most model.num_moe_experts",
+    ),
+    Rule(
+        id="interleaved-pipeline-micro-batches",
+        fields=(
+            "train.global_batch_size",
+            "train.micro_batch_size",
+            "model.pipeline_model_parallel_size",
+            "model.virtual_pipeline_model_parallel_size",
+            "model.microbatch_group_size_per_vp_stage",
+        ),
+        applies=_interleaved,
+        holds=interleaved_schedule_accepts,
+        message="megatron-core's interleaved pipeline schedule runs the M micro-batches of a step in "
+        "groups of N (microbatch_group_size_per_vp_stage, default: the pipeline size P) and fails "
+        "at step 1 on every rank unless P <= N <= M and M % N is 0 or >= P; with the default N = P, "
+        "M must be a multiple of P",
+        fix="choose train.global_batch_size so that global / (micro_batch_size x DP) is a multiple of "
+        "the pipeline size (and at least it)",
+        extra_values=(("world_size", _world),),
+        derived_values=(("micro_batches_per_step", micro_batches_per_step),),
+    ),
+    Rule(
+        id="mtp-not-built",
+        fields=("model.mtp_num_layers",),
+        applies=lambda cfg, ctx: cfg.model.mtp_num_layers not in (None, 0),
+        holds=lambda cfg, ctx: False,
+        message="multi-token prediction is not built here: the GPT provider gives megatron-core no "
+        "MTP block, so training with MTP layers fails in the first step",
+        fix="set model.mtp_num_layers=null",
+    ),
+    Rule(
+        id="cuda-graphs-not-captured",
+        fields=("model.cuda_graph_impl",),
+        applies=lambda cfg, ctx: cfg.model.cuda_graph_impl not in (None, "none"),
+        holds=lambda cfg, ctx: False,
+        message="this training loop does not capture CUDA graphs (megatron-core leaves the capture "
+        "call to the loop), so the setting would be accepted and have no effect",
+        fix="set model.cuda_graph_impl=none (--cuda_graph_impl none)",
+    ),
+    Rule(
+        id="cpu-mode-no-flex-dispatcher",
+        fields=("dist.device", "model.moe_token_dispatcher_type", "model.moe_flex_dispatcher_backend"),
+        applies=_flex_on_cpu,
+        holds=lambda cfg, ctx: cfg.model.moe_token_dispatcher_type != "flex",
+        message="the flex dispatcher's backends (DeepEP, HybridEP) are CUDA kernels from the deep_ep "
+        "package; the CPU smoke mode cannot run them",
+        fix="use plain alltoall in CPU mode (--moe_flex_dispatcher_backend None), or run on GPUs",
+    ),
+)
+
+GENERAL_RULES = RANGE_RULES + GENERAL_RULES + RUN_RULES + CHECKPOINT_RULES
+"""Every general rule: ranges first, then the rules above, then what would fail inside the ranks."""

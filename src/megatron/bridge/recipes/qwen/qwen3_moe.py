@@ -76,8 +76,8 @@ def _pretrain_config(
             clip_grad=1.0,
             use_distributed_optimizer=True,
         ),
-        # Decay length is fixed by the recipe, so shortening a run (--max_steps) keeps the same
-        # schedule shape instead of squeezing warm-up past the end of training.
+        # Warm-up and decay are written for this run length; the harness scales both when
+        # --max_steps changes it (perf.config_builder.schedule_values) and says so.
         scheduler=SchedulerConfig(
             lr_decay_style="cosine",
             lr_warmup_iters=min(lr_warmup_iters, train_iters // 10),

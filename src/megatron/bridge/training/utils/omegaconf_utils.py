@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Optional, Union
 
 import torch
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from megatron.bridge.training.errors import OverrideError, Violation
 
@@ -429,6 +431,22 @@ def process_config_with_overrides(
     return cfg
 
 
+def _yaml_violation(path: Path, exc: Exception) -> Violation:
+    """A malformed YAML file as one violation: where (line, column) and what the parser says."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return Violation(
+        "yaml-syntax",
+        ("config_file",),
+        (str(path),),
+        f"not valid YAML{where}: {problem}",
+        "fix the file there (indentation, a missing ':' after a key, an unclosed quote or bracket, "
+        "a key given twice); check it with: uv run python -c \"import yaml,sys; "
+        "yaml.safe_load(open(sys.argv[1]))\" FILE",
+    )
+
+
 def load_yaml(path: Union[str, Path]) -> dict[str, Any]:
     """A YAML file as a plain dict (interpolations resolved); a clear error when it is not a mapping."""
     path = Path(path)
@@ -437,7 +455,10 @@ def load_yaml(path: Union[str, Path]) -> dict[str, Any]:
             [Violation("yaml-missing", ("config_file",), (str(path),), "file not found", "check the path")],
             "cannot load YAML",
         )
-    data = _plain(OmegaConf.load(path))
+    try:
+        data = _plain(OmegaConf.load(path))
+    except (yaml.YAMLError, OmegaConfBaseException) as exc:
+        raise OverrideError([_yaml_violation(path, exc)], "cannot load YAML") from None
     if not isinstance(data, dict):
         raise OverrideError(
             [

@@ -1,0 +1,149 @@
+"""Allowed ranges of numeric settings: one table, turned into rules, docs rows and test cases.
+
+A value outside its range would otherwise pass validation and fail much later, inside a rank
+(``model.seq_length=-1`` ends in ``std::bad_array_new_length`` while building the model) or train
+something meaningless (``optimizer.lr=-1``). Each row says what the bound protects; the validator
+reports every violated row at once, before anything is launched.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from megatron.bridge.training.rules import Rule, RuleContext, read_field
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+
+@dataclass(frozen=True)
+class FieldRange:
+    """``low <= value <= high`` (``<`` where the bound is exclusive); ``None`` allowed if optional."""
+
+    field: str
+    low: Optional[float] = None
+    high: Optional[float] = None
+    low_inclusive: bool = True
+    high_inclusive: bool = True
+    optional: bool = False
+    why: str = ""
+
+    @property
+    def rule_id(self) -> str:
+        return f"range:{self.field}"
+
+    def describe(self) -> str:
+        """``>= 1``, ``> 0``, ``in [0, 1)``."""
+        if self.low is not None and self.high is not None:
+            left, right = "[" if self.low_inclusive else "(", "]" if self.high_inclusive else ")"
+            return f"in {left}{_num(self.low)}, {_num(self.high)}{right}"
+        if self.low is not None:
+            return f"{'>=' if self.low_inclusive else '>'} {_num(self.low)}"
+        return f"{'<=' if self.high_inclusive else '<'} {_num(self.high)}"
+
+    def allows(self, value: Any) -> bool:
+        if value is None:
+            return self.optional
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            return False
+        if self.low is not None and (value < self.low or (value == self.low and not self.low_inclusive)):
+            return False
+        return self.high is None or not (value > self.high or (value == self.high and not self.high_inclusive))
+
+    def example_outside(self) -> float:
+        """A value this range refuses (for the tests and the docs)."""
+        if self.low is not None:
+            return self.low - 1 if self.low_inclusive else self.low
+        return self.high + 1 if self.high_inclusive else self.high
+
+    def rule(self) -> Rule:
+        unset = " or null" if self.optional else ""
+        return Rule(
+            id=self.rule_id,
+            fields=(self.field,),
+            holds=lambda cfg, ctx: self.allows(read_field(cfg, self.field)),
+            message=f"{self.field} must be a number {self.describe()}{unset}" + (f": {self.why}" if self.why else ""),
+            fix=f"set {self.field} to a value {self.describe()}",
+            group="ranges",
+        )
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _positive_int(field: str, why: str, optional: bool = False) -> FieldRange:
+    return FieldRange(field, low=1, optional=optional, why=why)
+
+
+RANGES: tuple[FieldRange, ...] = (
+    _positive_int("model.seq_length", "a sequence needs at least one token"),
+    _positive_int("model.num_layers", "the model needs at least one layer"),
+    _positive_int("model.hidden_size", "the hidden size sizes every weight"),
+    _positive_int("model.num_attention_heads", "attention needs at least one head"),
+    _positive_int("model.num_query_groups", "grouped-query attention needs at least one group", optional=True),
+    _positive_int("model.kv_channels", "the per-head width sizes q, k and v", optional=True),
+    _positive_int("model.ffn_hidden_size", "the dense MLP width", optional=True),
+    _positive_int("model.num_moe_experts", "an MoE layer needs experts (null for a dense model)", optional=True),
+    _positive_int("model.moe_ffn_hidden_size", "the expert MLP width", optional=True),
+    _positive_int("model.moe_router_topk", "each token goes to at least one expert"),
+    _positive_int("model.make_vocab_size_divisible_by", "the vocabulary is padded to a multiple of it"),
+    _positive_int("model.tensor_model_parallel_size", "a parallel size counts GPUs"),
+    _positive_int("model.pipeline_model_parallel_size", "a parallel size counts GPUs"),
+    _positive_int("model.virtual_pipeline_model_parallel_size", "model chunks per pipeline stage", optional=True),
+    _positive_int("model.context_parallel_size", "a parallel size counts GPUs"),
+    _positive_int("model.expert_model_parallel_size", "a parallel size counts GPUs"),
+    _positive_int("model.expert_tensor_parallel_size", "a parallel size counts GPUs", optional=True),
+    FieldRange("model.hidden_dropout", low=0, high=1, why="a probability"),
+    FieldRange("model.attention_dropout", low=0, high=1, why="a probability"),
+    FieldRange("model.layernorm_epsilon", low=0, low_inclusive=False, why="it keeps the norm's division finite"),
+    FieldRange("model.init_method_std", low=0, why="a standard deviation"),
+    _positive_int("train.train_iters", "training needs at least one iteration (--max_steps)"),
+    _positive_int("train.global_batch_size", "samples per optimizer step"),
+    _positive_int("train.micro_batch_size", "samples per forward pass"),
+    _positive_int("train.eval_interval", "iterations between evaluations (null: none)", optional=True),
+    FieldRange("train.eval_iters", low=0, why="a count of batches"),
+    FieldRange("train.exit_duration_in_mins", low=0, low_inclusive=False, optional=True,
+               why="the run stops and saves after that many minutes (null: no limit)"),
+    FieldRange("train.manual_gc_interval", low=0, why="iterations between collections (0: never)"),
+    FieldRange("optimizer.lr", low=0, why="a negative learning rate climbs the loss"),
+    FieldRange("optimizer.min_lr", low=0, optional=True, why="the floor of the learning-rate schedule"),
+    FieldRange("optimizer.weight_decay", low=0, why="negative decay grows the weights"),
+    FieldRange("optimizer.clip_grad", low=0, why="a gradient-norm bound (0: no clipping)"),
+    FieldRange("optimizer.adam_beta1", low=0, high=1, high_inclusive=False, why="Adam's moment decay"),
+    FieldRange("optimizer.adam_beta2", low=0, high=1, high_inclusive=False, why="Adam's moment decay"),
+    FieldRange("optimizer.adam_eps", low=0, low_inclusive=False, why="it keeps Adam's division finite"),
+    FieldRange("scheduler.lr_warmup_iters", low=0, why="a count of iterations"),
+    FieldRange("scheduler.lr_warmup_init", low=0, why="the learning rate warm-up starts from"),
+    _positive_int("scheduler.lr_decay_iters", "iterations the learning rate decays over (null: train_iters)",
+                  optional=True),
+    FieldRange("scheduler.start_weight_decay", low=0, optional=True, why="negative decay grows the weights"),
+    FieldRange("scheduler.end_weight_decay", low=0, optional=True, why="negative decay grows the weights"),
+    _positive_int("checkpoint.save_interval", "iterations between checkpoints (null: none)", optional=True),
+    _positive_int("logger.log_interval", "iterations between log lines"),
+    _positive_int("dist.distributed_timeout_minutes", "how long a collective may wait for a peer"),
+    FieldRange("dataset.num_workers", low=0, why="data-loader processes per rank (0: in the rank)"),
+    _positive_int("tokenizer.vocab_size", "the NullTokenizer's vocabulary (null: model.vocab_size)", optional=True),
+    FieldRange("rng.seed", low=0, high=2**32 - 1, why="numpy accepts seeds in [0, 2^32 - 1]"),
+)
+"""Every numeric setting with a range, in the order they are reported and documented."""
+
+RANGE_RULES: tuple[Rule, ...] = tuple(r.rule() for r in RANGES)
+
+
+def ranges_markdown() -> str:
+    """The docs table of :data:`RANGES`."""
+    rows = [f"| `{r.field}` | {r.describe()}{' or null' if r.optional else ''} | {r.why} |" for r in RANGES]
+    return "| field | allowed | why |\n|---|---|---|\n" + "\n".join(rows) + "\n"
+
+
+def is_number(value: Any) -> bool:
+    """A real number (``True``/``False`` are not)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def within(cfg: "ConfigContainer", ctx: RuleContext, field: str) -> bool:
+    """Whether ``field`` satisfies its own range (other rules skip values the range rule reports)."""
+    return next(r for r in RANGES if r.field == field).allows(read_field(cfg, field))
