@@ -5,9 +5,13 @@ import cost ~30 s per process on a small CI machine, so they are paid once):
 
 1. overlap off, ``ITERS`` iterations;
 2. overlap on (megatron's combined-1F1B schedule), same iterations;
-3. overlap on with checkpointing, SIGTERM delivered during iteration ``STOP_AT`` on rank 0:
-   the run must save and stop cleanly;
-4. resume from that checkpoint to ``ITERS``.
+3. overlap on with checkpointing every ``STOP_AT`` iterations, SIGTERM delivered during iteration
+   ``STOP_AT`` on rank 0: the run must save that iteration once and stop cleanly;
+4. resume from that checkpoint to ``ITERS``;
+5. resume the finished run again: nothing to train, nothing saved;
+6. a fresh run saving every 2 iterations whose save of iteration 4 dies after writing its shards
+   and before publishing them;
+7. resume from what scenario 6 left: iteration 2, trained on to 4.
 
 Rank 0 writes ``results.json`` into the output directory given as the only argument.
 """
@@ -21,8 +25,10 @@ import sys
 from pathlib import Path
 
 import torch
+from megatron.core import dist_checkpointing
 
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
+from megatron.bridge.training import checkpointing
 from megatron.bridge.training.gpt_step import forward_step
 from megatron.bridge.training.pretrain import pretrain
 
@@ -41,6 +47,13 @@ def tiny_cfg(out: Path, name: str, overlap: bool):
     return cfg
 
 
+def resume_cfg(out: Path, name: str, ckpt: Path):
+    cfg = tiny_cfg(out, name, overlap=True)
+    cfg.checkpoint.load = str(ckpt)
+    cfg.checkpoint.save = str(ckpt)
+    return cfg
+
+
 def sigterm_at(iteration: int, num_microbatches: int):
     """A forward step that sends SIGTERM to this process in ``iteration`` (rank 0 only)."""
     calls = {"n": 0}
@@ -55,6 +68,32 @@ def sigterm_at(iteration: int, num_microbatches: int):
     return step
 
 
+class SaveLog:
+    """Records every checkpoint save (rank 0's view: the iterations); can make one save die."""
+
+    def __init__(self) -> None:
+        self.iterations: list[int] = []
+        self.die_at: int | None = None
+        self._save = checkpointing.save_checkpoint
+        self._write = dist_checkpointing.save
+        checkpointing.save_checkpoint = self.save
+        dist_checkpointing.save = self.write
+
+    def save(self, cfg, model, optimizer, scheduler, state):
+        self.iterations.append(state.iteration)
+        return self._save(cfg, model, optimizer, scheduler, state)
+
+    def write(self, sharded, path, *args, **kwargs):
+        result = self._write(sharded, path, *args, **kwargs)
+        if self.die_at is not None and self.iterations and self.iterations[-1] == self.die_at:
+            raise RuntimeError(f"simulated death while saving iteration {self.die_at}")
+        return result
+
+    def take(self) -> list[int]:
+        taken, self.iterations = self.iterations, []
+        return taken
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     # One process group for every scenario; pretrain() reuses it and leaves it alive.
@@ -63,22 +102,48 @@ def main() -> None:
     results["off"] = pretrain(tiny_cfg(out, "off", overlap=False)).losses
     results["on"] = pretrain(tiny_cfg(out, "on", overlap=True)).losses
 
+    saves = SaveLog()
     ckpt = out / "ckpt"
     cfg = tiny_cfg(out, "stopped", overlap=True)
     cfg.checkpoint.save = str(ckpt)
+    cfg.checkpoint.save_interval = STOP_AT
     world = torch.distributed.get_world_size()
     micro = cfg.train.global_batch_size // (cfg.train.micro_batch_size * world)
     stopped = pretrain(cfg, forward_step_func=sigterm_at(STOP_AT, micro))
     results["stopped"] = stopped.losses
     results["stopped_by_signal"] = stopped.stopped_by_signal
     results["stopped_iteration"] = stopped.state.iteration
+    results["stopped_saves"] = saves.take()
 
-    cfg = tiny_cfg(out, "resumed", overlap=True)
-    cfg.checkpoint.load = str(ckpt)
-    cfg.checkpoint.save = str(ckpt)
-    resumed = pretrain(cfg)
+    resumed = pretrain(resume_cfg(out, "resumed", ckpt))
     results["resumed"] = resumed.losses
     results["resumed_iteration"] = resumed.state.iteration
+    results["resumed_saves"] = saves.take()
+
+    finished = pretrain(resume_cfg(out, "finished", ckpt))
+    results["finished_iteration"] = finished.state.iteration
+    results["finished_saves"] = saves.take()
+
+    interrupted_dir = out / "ckpt_interrupted"
+    cfg = tiny_cfg(out, "interrupted", overlap=True)
+    cfg.train.train_iters = 4
+    cfg.checkpoint.save = str(interrupted_dir)
+    cfg.checkpoint.save_interval = 2
+    saves.die_at = 4
+    try:
+        pretrain(cfg)
+        results["interrupted_error"] = None
+    except RuntimeError as exc:
+        results["interrupted_error"] = str(exc)
+    saves.die_at = None
+    results["interrupted_saves"] = saves.take()
+    results["interrupted_left"] = sorted(p.name for p in interrupted_dir.iterdir())
+    cfg = resume_cfg(out, "after_interrupted", interrupted_dir)
+    cfg.train.train_iters = 4
+    after = pretrain(cfg)
+    results["after_interrupted"] = after.losses
+    results["after_interrupted_saves"] = saves.take()
+    results["after_interrupted_left"] = sorted(p.name for p in interrupted_dir.iterdir())
     if torch.distributed.get_rank() == 0:
         (out / "results.json").write_text(json.dumps(results, indent=2))
     torch.distributed.barrier()

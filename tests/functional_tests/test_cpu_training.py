@@ -73,16 +73,35 @@ def test_startup_log_says_what_runs(results: dict) -> None:
     assert "EP2" in out
 
 
-def test_sigterm_saves_and_stops(results: dict) -> None:
+def test_sigterm_on_a_save_interval_iteration_saves_it_once(results: dict) -> None:
     assert results["stopped_by_signal"] is True
     assert results["stopped_iteration"] == 5
     assert results["stopped"] == results["on"][:5]
+    assert results["stopped_saves"] == [5]  # the interval save; the stop does not save 5 again
     assert (Path(results["out"]) / "ckpt" / "iter_0000005").is_dir()
 
 
 def test_resume_reproduces_uninterrupted_run(results: dict) -> None:
     assert results["resumed_iteration"] == 10
     assert results["resumed"] == results["on"][5:]
+    assert results["resumed_saves"] == [10]
+
+
+def test_resuming_a_finished_run_saves_nothing(results: dict) -> None:
+    assert results["finished_iteration"] == 10
+    assert results["finished_saves"] == []
+
+
+def test_save_that_dies_before_publishing_leaves_the_previous_checkpoint(results: dict) -> None:
+    assert "simulated death while saving iteration 4" in results["interrupted_error"]
+    assert results["interrupted_saves"] == [2, 4]
+    # iteration 4 never became visible: only the staging directory and the tracker at 2
+    assert results["interrupted_left"] == ["iter_0000002", "iter_0000004.incomplete", "latest_checkpointed_iteration.txt"]
+    tracker = Path(results["out"]) / "ckpt_interrupted" / "latest_checkpointed_iteration.txt"
+    assert tracker.read_text() == "4"  # written again by the resumed run below
+    assert results["after_interrupted"] == results["on"][2:4]  # resumed bit-exactly from iteration 2
+    assert results["after_interrupted_saves"] == [4]
+    assert results["after_interrupted_left"] == ["iter_0000002", "iter_0000004", "latest_checkpointed_iteration.txt"]
 
 
 def test_summary_json(results: dict) -> None:

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 from packaging.version import Version
@@ -298,3 +299,10 @@ def test_leftover_of_a_killed_first_save_counts_as_empty(tmp_path):
     (tmp_path / "ck" / "iter_0000002.incomplete").mkdir(parents=True)
     cfg = _checkpoint_cfg(tmp_path / "ck", tmp_path / "ck")
     assert not _violated_ids(cfg, dict(world_size=16)) & CHECKPOINT_RULE_IDS
+
+
+def test_reliability_page_lists_every_range():
+    from megatron.bridge.training.ranges import DOCS_PATH, render_docs
+
+    page = (Path(__file__).resolve().parents[3] / DOCS_PATH).read_text()
+    assert page == render_docs(page), "run: uv run python -m megatron.bridge.training.ranges --write-docs"

@@ -178,6 +178,8 @@ def execute(job: Job, out: TextIO, window: Optional[Sequence[int]], verbose: boo
     if outcome.stopped:
         if outcome.exit_code != 0 and not outcome.killed:
             print(failure_report(job.built.log_dir, outcome.exit_code, outcome.launcher_lines), file=out)
+        if summary_path.is_file() and load_summary(summary_path).get("step_times_s"):
+            print(format_results(load_summary(summary_path), summary_path, window), file=out)
         print(stop_message(summary_path, outcome, job.resolved.checkpoint.save), file=out)
         return 128 + outcome.stop_signal, True
     if outcome.exit_code != 0:

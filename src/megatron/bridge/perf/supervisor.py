@@ -32,6 +32,7 @@ from megatron.bridge.training.stop_request import STOP_SIGNALS
 LAUNCH_LOG = "launch.log"
 PROGRESS_EVERY_S = 15.0
 TICK_S = 0.5
+DRAIN_S = 2.0
 StopTarget = Literal["ranks", "launcher"]
 
 # torchrun's own lines: glog-style records of torch.distributed.elastic and its ChildFailedError
@@ -179,11 +180,15 @@ class StopForwarder:
             _signal(pid, signal.SIGKILL, group=True)  # a rank leads its own process group
         _signal(self.proc.pid, signal.SIGKILL)
 
-    def kill_leftovers(self) -> int:
-        """Kill rank processes that outlived the launcher; returns how many there were."""
+    def kill_leftovers(self, wait_s: float = 5.0) -> int:
+        """Kill rank processes that outlived the launcher and wait until they are gone; returns
+        how many there were."""
         left = [pid for pid in self.ranks if alive(pid)]
         for pid in left:
             _signal(pid, signal.SIGKILL, group=True)
+        deadline = time.monotonic() + wait_s
+        while any(alive(pid) for pid in left) and time.monotonic() < deadline:
+            time.sleep(0.05)
         return len(left)
 
 
@@ -239,12 +244,17 @@ def is_rank_line(text: str) -> bool:
 
 
 def _pump(proc: subprocess.Popen, pump: OutputPump, on_tick: Callable[[], None]) -> None:
+    """Stream until the launcher's output ends, or until ``DRAIN_S`` after the launcher exited
+    (ranks that outlive it keep the pipe open; they are killed right after)."""
     fd = proc.stdout.fileno()
     pending = b""
-    while True:
+    exited_at: Optional[float] = None
+    while exited_at is None or time.monotonic() - exited_at < DRAIN_S:
         ready, _, _ = select.select([fd], [], [], TICK_S)
         on_tick()
         pump.tick()
+        if exited_at is None and proc.poll() is not None:
+            exited_at = time.monotonic()
         if not ready:
             continue
         chunk = os.read(fd, 65536)

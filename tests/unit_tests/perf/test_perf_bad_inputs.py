@@ -1,0 +1,127 @@
+"""Bad input to ``run_script.py`` is refused before anything is launched: exit 2, and the message
+names the field, the value, the rule and the fix. Each case is one a new user tried."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+import megatron.bridge.perf.run as run_module
+from megatron.bridge.perf.run import main
+
+TINY_CPU = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--max_steps", "3"]
+
+
+def _bad_yaml(tmp: Path) -> list[str]:
+    path = tmp / "bad.yaml"
+    path.write_text("model:\n  num_layers: 4\n bad: [1, 2\n")
+    return ["--config_file", str(path)]
+
+
+def _checkpoint(tmp: Path, layout: dict) -> Path:
+    root = tmp / "ckpt"
+    (root / "iter_0000003").mkdir(parents=True)
+    (root / "latest_checkpointed_iteration.txt").write_text("3")
+    (root / "iter_0000003" / "parallel_layout.json").write_text(json.dumps(layout))
+    return root
+
+
+def _other_layout(tmp: Path) -> list[str]:
+    root = _checkpoint(tmp, dict(tp=1, pp=1, vpp=None, cp=1, ep=2, etp=1, dp=2))
+    return ["-ep", "1", f"checkpoint.load={root}", f"checkpoint.save={root}"]
+
+
+# case -> (extra argv built under tmp_path, rule id, texts the message must contain)
+CASES = {
+    "malformed yaml": (_bad_yaml, "yaml-syntax", ["config_file=", "line 3, column 2", "fix:"]),
+    "deepep in cpu mode": (
+        lambda tmp: ["--moe_flex_dispatcher_backend", "deepep"], "cpu-mode-no-flex-dispatcher",
+        ["model.moe_token_dispatcher_type='flex'", "CUDA kernels", "--moe_flex_dispatcher_backend None"]),
+    "negative sequence length": (
+        lambda tmp: ["model.seq_length=-1"], "range:model.seq_length", ["model.seq_length=-1", ">= 1"]),
+    "negative learning rate": (
+        lambda tmp: ["optimizer.lr=-1"], "range:optimizer.lr", ["optimizer.lr=-1", ">= 0"]),
+    "resume with another layout": (
+        _other_layout, "resume-same-parallel-layout", ["saved_layout=", "'ep': 2", "current_layout=", "'ep': 1"]),
+    "interleaved pipeline with too few micro-batches": (
+        lambda tmp: ["-ep", "1", "-pp", "2", "-vp", "2", "-gb", "3", "model.num_layers=4"],
+        "interleaved-pipeline-micro-batches", ["micro_batches_per_step=3", "multiple of the pipeline size"]),
+    "mtp layers": (lambda tmp: ["model.mtp_num_layers=1"], "mtp-not-built", ["model.mtp_num_layers=1"]),
+    "transformer engine cuda graphs": (
+        lambda tmp: ["--cuda_graph_impl", "transformer_engine"], "cuda-graphs-not-captured",
+        ["model.cuda_graph_impl='transformer_engine'", "no effect"]),
+    "local cuda graphs": (
+        lambda tmp: ["--cuda_graph_impl", "local"], "cuda-graphs-not-captured", ["model.cuda_graph_impl='local'"]),
+    "checkpoint.load typo": (
+        lambda tmp: [f"checkpoint.load={tmp / 'ckpt_typo'}"], "checkpoint-load-exists", ["ckpt_typo", "mkdir"]),
+    "checkpoint.load at one iteration": (
+        lambda tmp: [f"checkpoint.load={_checkpoint(tmp, {}) / 'iter_0000003'}"], "checkpoint-load-is-iteration-dir",
+        ["iter_0000003", "parent directory"]),
+}
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Any launch attempt fails the test: refusals must come before it."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("launched although the input is bad")
+
+    monkeypatch.setattr(run_module, "run_plan", refuse)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_is_refused_before_launch(case, tmp_path, no_launch):
+    extra, rule, texts = CASES[case]
+    out = io.StringIO()
+    code = main([*TINY_CPU, "-l", str(tmp_path / "run"), *extra(tmp_path)], out=out)
+    text = out.getvalue()
+    assert code == 2, text
+    assert f"[{rule}]" in text and "nothing was launched" in text
+    for fragment in texts:
+        assert fragment in text, (fragment, text)
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_missing_deep_ep_on_a_gpu_host_is_refused_before_launch(tmp_path, no_launch, monkeypatch):
+    """A GPU machine without DeepEP: refused at validation, not by an ImportError in every rank."""
+    from megatron.bridge.training import finalize, flex_dispatcher_backend
+
+    monkeypatch.setattr(flex_dispatcher_backend, "visible_gpu", lambda: ((9, 0), "NVIDIA H100 80GB HBM3"))
+    monkeypatch.setattr(finalize, "have_deep_ep", lambda: False)
+    out = io.StringIO()
+    code = main(["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "2", "-ep", "2", "--moe_flex_dispatcher_backend",
+                 "deepep", "-l", str(tmp_path / "run")], out=out)
+    assert code == 2 and "[flex-needs-deep-ep]" in out.getvalue() and "deep_ep='not importable'" in out.getvalue()
+
+
+def test_empty_checkpoint_directory_starts_fresh_and_says_so(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    out = io.StringIO()
+    code = main([*TINY_CPU, "--dryrun", f"checkpoint.load={ckpt}", f"checkpoint.save={ckpt}"], out=out)
+    assert code == 0
+    assert f"{ckpt} holds no checkpoint yet: starts from iteration 0 and saves there" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    "extra, decay, warmup, says",
+    [
+        ([], 20, 2, "learning-rate schedule scaled with it (lr_decay_iters 10 -> 20, lr_warmup_iters 1 -> 2)"),
+        (["scheduler.lr_decay_iters=10"], 10, 2, "iterations 11-20 run at the minimum learning rate"),
+    ],
+    ids=["scaled", "kept-and-said"],
+)
+def test_max_steps_scales_the_schedule_or_says_what_it_does(tmp_path, extra, decay, warmup, says):
+    from megatron.bridge.perf.argument_parser import parse_args
+    from megatron.bridge.perf.config_builder import build_config
+
+    argv = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--max_steps", "20", *extra]
+    built = build_config(parse_args([*argv, "-l", str(tmp_path)]))
+    assert (built.cfg.scheduler.lr_decay_iters, built.cfg.scheduler.lr_warmup_iters) == (decay, warmup)
+    assert any(says in note for note in built.notes), built.notes
+    out = io.StringIO()
+    assert main([*argv, "--dryrun", "-l", str(tmp_path)], out=out) == 0 and says in out.getvalue()

@@ -1,0 +1,155 @@
+"""The supervisor with a stand-in launcher and ranks (``children/``): a stop signal reaches every
+rank once (not the launcher, which then ends normally), a second one kills the job, ``srun`` mode
+signals the launcher, nothing stays behind, silent start-up gets progress lines.
+
+The signals are sent to this test process while ``supervise`` runs in it, exactly as a user's
+signal reaches the harness; the end-to-end runs with torchrun are in ``functional_tests``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from megatron.bridge.perf import supervisor
+from megatron.bridge.perf.supervisor import LAUNCH_LOG, OutputPump, StopForwarder, alive, supervise
+
+CHILDREN = Path(__file__).with_name("children")
+
+
+@pytest.fixture
+def markers(tmp_path):
+    """Marker directory of the stand-ins; any of their processes still alive afterwards is killed
+    (and fails the test that left it)."""
+    path = tmp_path / "markers"
+    path.mkdir()
+    yield path
+    pids = [int(p.read_text()) for p in path.glob("*.pid") if p.read_text().strip()]
+    left = [pid for pid in pids if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
+
+
+def _launch(markers: Path, mode: str, target: str = "ranks", out=None):
+    argv = [sys.executable, str(CHILDREN / "fake_launcher.py"), "2", mode, str(markers)]
+    return supervise(argv, dict(os.environ), markers.parent / "log", target, out=out or io.StringIO())
+
+
+def _signal_me(markers: Path, *signums: int, gap_s: float = 0.3) -> threading.Thread:
+    """Once both stand-in ranks run, send ``signums`` to this process, ``gap_s`` apart."""
+
+    def send():
+        deadline = time.monotonic() + 30
+        while len(list(markers.glob("rank*.pid"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        for signum in signums:
+            os.kill(os.getpid(), signum)
+            time.sleep(gap_s)
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signal_reaches_each_rank_once_and_not_the_launcher(markers, signum):
+    _signal_me(markers, signum)
+    outcome = _launch(markers, "graceful")
+    assert outcome.stop_signal == signum and not outcome.killed
+    assert outcome.exit_code == 0  # the launcher saw its ranks finish normally
+    assert [(markers / f"rank{r}.stopped").read_text() for r in (0, 1)] == ["1", "1"]
+    assert not (markers / "launcher.term").exists()
+    assert outcome.leftovers_killed == 0
+
+
+def test_second_signal_kills_the_job_at_once(markers):
+    _signal_me(markers, signal.SIGTERM, signal.SIGTERM)
+    out = io.StringIO()
+    started = time.monotonic()
+    outcome = _launch(markers, "stubborn", out=out)
+    assert outcome.killed and outcome.stop_signal == signal.SIGTERM
+    assert time.monotonic() - started < 20
+    assert "second SIGTERM: killing the job without saving" in out.getvalue()
+    assert not list(markers.glob("rank*.stopped"))
+
+
+def test_srun_mode_sends_the_stop_to_the_launcher(markers):
+    """srun forwards SIGTERM to its tasks itself (the stand-in launcher does the same)."""
+    _signal_me(markers, signal.SIGTERM)
+    outcome = _launch(markers, "graceful", target="launcher")
+    assert (markers / "launcher.term").read_text() == "SIGTERM"
+    assert [(markers / f"rank{r}.stopped").read_text() for r in (0, 1)] == ["1", "1"]
+    assert outcome.stop_signal == signal.SIGTERM and outcome.exit_code == 0
+
+
+def test_ranks_that_outlive_their_launcher_are_killed(markers):
+    outcome = _launch(markers, "orphan")
+    assert outcome.exit_code == 0 and outcome.leftovers_killed == 2
+
+
+def test_signal_before_the_launcher_starts_launches_nothing(markers, monkeypatch):
+    enter = StopForwarder.__enter__
+
+    def enter_then_signal(self):
+        entered = enter(self)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return entered
+
+    monkeypatch.setattr(StopForwarder, "__enter__", enter_then_signal)
+    outcome = _launch(markers, "graceful")
+    assert outcome.stop_signal == signal.SIGTERM and not list(markers.glob("*.pid"))
+
+
+def test_progress_lines_while_the_ranks_are_silent(markers, monkeypatch):
+    monkeypatch.setattr(supervisor, "PROGRESS_EVERY_S", 0.4)
+    out = io.StringIO()
+    outcome = _launch(markers, "slow", out=out)
+    text = out.getvalue()
+    assert outcome.exit_code == 0
+    assert "ranks still starting" in text.split("[default")[0]  # before the first rank line
+    assert text.count("ranks still starting") == text.split("iteration 1")[0].count("ranks still starting")
+    assert (markers.parent / "log" / LAUNCH_LOG).read_text().count("[default") == 6
+
+
+TORCHRUN_FAILURE = [
+    "[default1]:training failed",
+    "E1201 00:39:59.018000 10545 .venv/lib/python3.12/site-packages/torch/distributed/elastic/"
+    "multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 10558)",
+    "Traceback (most recent call last):",
+    '  File "torch/distributed/run.py", line 1142, in <module>',
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    "=======================================================",
+    "  exitcode  : -9 (pid: 10558)",
+    "=======================================================",
+]
+OTHER_TRACEBACK = ["Traceback (most recent call last):", '  File "x.py", line 1', "OSError: address in use"]
+
+
+@pytest.mark.parametrize(
+    "lines, verbose, shown",
+    [
+        (TORCHRUN_FAILURE, False, ["[default1]:training failed"]),
+        (TORCHRUN_FAILURE, True, TORCHRUN_FAILURE),
+        (OTHER_TRACEBACK, False, OTHER_TRACEBACK),
+        (["0: iteration 1", "srun: error: node1: task 1: Killed"], False,
+         ["0: iteration 1", "srun: error: node1: task 1: Killed"]),
+    ],
+    ids=["torchrun-failure-hidden", "verbose-shows-all", "other-traceback-shown", "srun-lines-shown"],
+)
+def test_console_drops_only_torchruns_own_failure_block(tmp_path, lines, verbose, shown):
+    out = io.StringIO()
+    pump = OutputPump(out, tmp_path / LAUNCH_LOG, verbose)
+    for line in lines:
+        pump.line(line)
+    pump.close()
+    assert out.getvalue().splitlines() == shown
+    assert (tmp_path / LAUNCH_LOG).read_text().splitlines() == lines  # the log keeps everything
