@@ -105,8 +105,16 @@ def _die_with_parent() -> None:
 
 
 def _signal(pid: int, sig: int, group: bool = False) -> None:
+    """Signal ``pid`` (with ``group``: its whole process group when it leads one, as torchrun's
+    ranks do, so that their data-loader workers go too); a process already gone is no error."""
+    if group:
+        try:
+            os.killpg(pid, sig)
+            return
+        except OSError:
+            pass
     try:
-        os.killpg(pid, sig) if group else os.kill(pid, sig)
+        os.kill(pid, sig)
     except OSError:
         pass
 

@@ -311,20 +311,16 @@ def _startup_lines(
 
 
 def parallel_layout(resolved: "ConfigContainer") -> dict[str, Any]:
+    """The layout and batch shape for ``summary.json`` (the sizes are those a checkpoint records)."""
     from megatron.core import parallel_state as ps
 
-    m = resolved.model
+    from megatron.bridge.training.checkpointing import checkpoint_layout
+
     return dict(
-        tp=m.tensor_model_parallel_size,
-        pp=m.pipeline_model_parallel_size,
-        vpp=m.virtual_pipeline_model_parallel_size,
-        cp=m.context_parallel_size,
-        ep=m.expert_model_parallel_size,
-        etp=m.expert_tensor_parallel_size,
-        dp=ps.get_data_parallel_world_size(),
+        checkpoint_layout(resolved, ps.get_data_parallel_world_size()),
         micro_batch_size=resolved.train.micro_batch_size,
         global_batch_size=resolved.train.global_batch_size,
-        seq_length=m.seq_length,
+        seq_length=resolved.model.seq_length,
     )
 
 

@@ -10,7 +10,7 @@ from megatron.bridge.models.layer_specs import LAYER_SPEC_CHOICES
 from megatron.bridge.training.checkpointing import CheckpointDir, checkpoint_layout, inspect_checkpoint_dir
 from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES
 from megatron.bridge.training.ranges import RANGE_RULES, within
-from megatron.bridge.training.rules import TE_VERSION_VALUE, Rule, RuleContext
+from megatron.bridge.training.rules import TE_VERSION_VALUE, Rule, RuleContext, read_field
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -373,57 +373,43 @@ def _resuming_with_layout(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
 _LOAD_FIX = ("correct checkpoint.load, or unset it to train from scratch; for a first run that "
              "resumes later, point checkpoint.load and checkpoint.save at the same directory")
 
+def _load_dir_rule(rule_id: str, kinds: tuple[str, ...], message: str, fix: str = _LOAD_FIX, **kw) -> Rule:
+    """A ``checkpoint.load`` directory in one of ``kinds`` (see ``inspect_checkpoint_dir``) is refused."""
+    return Rule(id=rule_id, fields=kw.pop("fields", ("checkpoint.load",)), applies=_load_is(*kinds),
+                holds=kw.pop("holds", lambda cfg, ctx: False), message=message, fix=fix, group="checkpoint", **kw)
+
+
 CHECKPOINT_RULES: tuple[Rule, ...] = (
-    Rule(
-        id="checkpoint-load-exists",
-        fields=("checkpoint.load",),
-        applies=_load_is("missing", "not_a_directory"),
-        holds=lambda cfg, ctx: False,
-        message="checkpoint.load names no directory: a typo there would train from scratch without a word",
-        fix=_LOAD_FIX + " and create it first (mkdir -p)",
-        group="checkpoint",
+    _load_dir_rule(
+        "checkpoint-load-exists", ("missing", "not_a_directory"),
+        "checkpoint.load names no directory: a typo there would train from scratch without a word",
+        _LOAD_FIX + " and create it first (mkdir -p)",
     ),
-    Rule(
-        id="checkpoint-load-empty-needs-save-there",
+    _load_dir_rule(
+        "checkpoint-load-empty-needs-save-there", ("empty",),
+        "checkpoint.load is an empty directory and this run saves elsewhere, so nothing would ever be "
+        "resumed from it (an empty directory is accepted as the start of an auto-resuming run: "
+        "checkpoint.load == checkpoint.save)",
         fields=("checkpoint.load", "checkpoint.save"),
-        applies=_load_is("empty"),
         holds=lambda cfg, ctx: _same_dir(cfg.checkpoint.load, cfg.checkpoint.save),
-        message="checkpoint.load is an empty directory and this run saves elsewhere, so nothing "
-        "would ever be resumed from it (an empty directory is accepted as the start of an "
-        "auto-resuming run: checkpoint.load == checkpoint.save)",
-        fix=_LOAD_FIX,
-        group="checkpoint",
     ),
-    Rule(
-        id="checkpoint-load-is-iteration-dir",
-        fields=("checkpoint.load",),
-        applies=_load_is("iteration_dir"),
-        holds=lambda cfg, ctx: False,
-        message="checkpoint.load points at one saved iteration (iter_NNNNNNN), not at the checkpoint "
-        "directory that holds latest_checkpointed_iteration.txt",
-        fix="set checkpoint.load to the parent directory (the run's checkpoint.save)",
-        group="checkpoint",
+    _load_dir_rule(
+        "checkpoint-load-is-iteration-dir", ("iteration_dir",),
+        "checkpoint.load points at one saved iteration (iter_NNNNNNN), not at the checkpoint directory "
+        "that holds latest_checkpointed_iteration.txt",
+        "set checkpoint.load to the parent directory (the run's checkpoint.save)",
     ),
-    Rule(
-        id="checkpoint-load-has-tracker",
-        fields=("checkpoint.load",),
-        applies=_load_is("no_tracker", "bad_tracker"),
-        holds=lambda cfg, ctx: False,
-        message="checkpoint.load holds files but no readable latest_checkpointed_iteration.txt: "
-        "it is not a checkpoint directory of this package",
-        fix=_LOAD_FIX,
-        group="checkpoint",
+    _load_dir_rule(
+        "checkpoint-load-has-tracker", ("no_tracker", "bad_tracker"),
+        "checkpoint.load holds files but no readable latest_checkpointed_iteration.txt: it is not a "
+        "checkpoint directory of this package",
     ),
-    Rule(
-        id="checkpoint-load-tracker-names-saved-iteration",
-        fields=("checkpoint.load",),
-        applies=_load_is("tracker_without_iteration"),
-        holds=lambda cfg, ctx: False,
-        message="latest_checkpointed_iteration.txt names an iteration whose iter_NNNNNNN directory is "
-        "missing (deleted or moved)",
-        fix="restore that directory, or write the number of a saved iteration into the tracker file",
+    _load_dir_rule(
+        "checkpoint-load-tracker-names-saved-iteration", ("tracker_without_iteration",),
+        "latest_checkpointed_iteration.txt names an iteration whose iter_NNNNNNN directory is missing "
+        "(deleted or moved)",
+        "restore that directory, or write the number of a saved iteration into the tracker file",
         derived_values=(("tracker_iteration", lambda cfg, ctx: _load_dir(cfg).iteration),),
-        group="checkpoint",
     ),
     Rule(
         id="resume-same-parallel-layout",
@@ -438,6 +424,13 @@ CHECKPOINT_RULES: tuple[Rule, ...] = (
         group="checkpoint",
     ),
 )
+
+def _not_implemented(rule_id: str, field: str, accepted: tuple, message: str, fix: str) -> Rule:
+    """``field`` outside ``accepted`` asks for something this package does not do: refused, so that
+    no accepted setting goes without its effect."""
+    return Rule(id=rule_id, fields=(field,), applies=lambda cfg, ctx: read_field(cfg, field) not in accepted,
+                holds=lambda cfg, ctx: False, message=message, fix=fix)
+
 
 RUN_RULES: tuple[Rule, ...] = (
     Rule(
@@ -479,23 +472,17 @@ RUN_RULES: tuple[Rule, ...] = (
         extra_values=(("world_size", _world),),
         derived_values=(("micro_batches_per_step", micro_batches_per_step),),
     ),
-    Rule(
-        id="mtp-not-built",
-        fields=("model.mtp_num_layers",),
-        applies=lambda cfg, ctx: cfg.model.mtp_num_layers not in (None, 0),
-        holds=lambda cfg, ctx: False,
-        message="multi-token prediction is not built here: the GPT provider gives megatron-core no "
-        "MTP block, so training with MTP layers fails in the first step",
-        fix="set model.mtp_num_layers=null",
+    _not_implemented(
+        "mtp-not-built", "model.mtp_num_layers", (None, 0),
+        "multi-token prediction is not built here: the GPT provider gives megatron-core no MTP block, "
+        "so training with MTP layers fails in the first step",
+        "set model.mtp_num_layers=null",
     ),
-    Rule(
-        id="cuda-graphs-not-captured",
-        fields=("model.cuda_graph_impl",),
-        applies=lambda cfg, ctx: cfg.model.cuda_graph_impl not in (None, "none"),
-        holds=lambda cfg, ctx: False,
-        message="this training loop does not capture CUDA graphs (megatron-core leaves the capture "
-        "call to the loop), so the setting would be accepted and have no effect",
-        fix="set model.cuda_graph_impl=none (--cuda_graph_impl none)",
+    _not_implemented(
+        "cuda-graphs-not-captured", "model.cuda_graph_impl", (None, "none"),
+        "this training loop does not capture CUDA graphs (megatron-core leaves the capture call to the "
+        "loop), so the setting would be accepted and have no effect",
+        "set model.cuda_graph_impl=none (--cuda_graph_impl none)",
     ),
     Rule(
         id="cpu-mode-no-flex-dispatcher",
