@@ -1,50 +1,67 @@
-"""Sync-free token permutation for the torch-native MoE layer (EP=1, expert TP=1).
+"""Sync-free token dispatch for the torch-native MoE layer.
 
-megatron-core's alltoall dispatcher permutes with ``masked_select``/``nonzero`` over the routing map
-and copies the token counts to the host before the expert GEMMs: every MoE layer stalls the GPU
-behind a host sync. With one expert-parallel rank none of that is needed:
+megatron-core's alltoall dispatcher permutes with ``masked_select``/``nonzero`` over the routing map,
+copies the token counts to the host before every all-to-all (``all_to_all_single`` wants host split
+sizes) and, with more than one expert-parallel rank, re-sorts the received tokens by expert with a
+host-side loop over ``ep_size * num_local_experts`` chunks. Every MoE layer stalls the host behind
+the GPU, so the host never gets ahead and megatron's combined-1F1B schedule has little queued to
+overlap the all-to-all with. Here the host only enqueues work:
 
 * every token routes to exactly ``topk`` experts (megatron's top-k routers scatter ``topk`` ones per
   row), so the permuted buffer has the static size ``tokens * topk``;
 * a stable sort of the flattened ``[tokens, topk]`` expert ids gives megatron's order exactly
-  (expert-major, tokens ascending within an expert);
-* ``tokens_per_expert`` stays on the device (``routing_map.sum(0)``) and feeds
-  ``torch._grouped_mm``'s device offsets;
-* permute and unpermute are both gathers (forward and backward), no ``index_add`` atomics: the
-  unpermute sums each token's ``topk`` expert rows in expert order, which is also the order in
-  which megatron's ``scatter_add`` adds them.
+  (expert-major, tokens ascending within an expert), which is also destination-rank-major;
+* counts stay on the device; permute and unpermute are gathers in both directions (no atomics): the
+  unpermute sums each token's ``topk`` expert rows in expert order, as megatron's ``scatter_add``.
 
-:class:`TorchNativeMoELayer` is megatron's ``MoELayer`` whose dispatcher is swapped for
-:class:`SortedTokenDispatcher` when the configuration allows it (see :func:`fast_path_blockers`);
-otherwise megatron's dispatcher stays and the reason is logged once
-(``MBRIDGE_TORCH_NATIVE_SORTED_DISPATCH=0`` forces megatron's, for A/B timing). The dispatcher subclasses
-megatron's ``MoEAlltoAllTokenDispatcher`` and implements the same six stage methods the MoE layer
-and the fine-grained EP-overlap schedule call, so ``build_schedule_plan`` keeps working.
+With one expert-parallel rank (:class:`SortedTokenDispatcher`) nothing is exchanged. With several
+(:class:`ExpertParallelSortedDispatcher`) the per-expert counts are all-gathered over the EP group
+(a fixed-size collective: no host copy), rows travel through a :class:`RowExchange` into a buffer
+sized for the worst case (``ep_size * tokens * min(topk, local experts)`` rows, so no token is ever
+dropped), and one device-side gather re-sorts them by local expert (megatron's order after its
+second permutation). Rows past the received total are padding: the experts skip them
+(``tokens_per_expert`` does not cover them) and nothing sends them back.
+
+:class:`TorchNativeMoELayer` is megatron's ``MoELayer`` whose dispatcher is swapped according to
+``config.torch_native_dispatcher`` (``"auto"``, ``"sorted"`` or ``"megatron"``, see
+:func:`choose_dispatch`). Both dispatchers subclass megatron's ``MoEAlltoAllTokenDispatcher`` and
+implement the six stage methods that the MoE layer and the combined-1F1B schedule call, so
+``build_schedule_plan`` keeps working; state the backward needs lives in autograd contexts, so a
+forward of the next micro-batch may run between a forward and its backward.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from typing import List, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from megatron.bridge.models.gpt_provider import TORCH_NATIVE_DISPATCHERS
+from megatron.bridge.models.torch_native.token_exchange import (
+    RowExchange,
+    column,
+    exclusive_cumsum,
+    make_exchange,
+    row_bytes,
+    symmetric_memory_support,
+)
+
 logger = logging.getLogger(__name__)
 
-_REPORTED: set = set()
+MEGATRON_TRANSPORT = "all_to_all_single with host split sizes"
 
 
-def fast_path_blockers(config: TransformerConfig, ep_size: int, tp_size: int) -> List[str]:
-    """Why the sync-free dispatcher cannot replace megatron's (empty list: it can)."""
+
+def static_blockers(config: TransformerConfig, tp_size: int) -> List[str]:
+    """Settings under which the sorted dispatchers would not be exact (empty list: none)."""
     checks = (
-        (os.environ.get("MBRIDGE_TORCH_NATIVE_SORTED_DISPATCH", "1") == "0",
-         "MBRIDGE_TORCH_NATIVE_SORTED_DISPATCH=0"),
         (config.moe_token_dispatcher_type != "alltoall", "dispatcher is not alltoall"),
-        (ep_size != 1, f"expert parallel size {ep_size} > 1"),
         (tp_size != 1, f"expert tensor parallel size {tp_size} > 1"),
         (config.moe_expert_capacity_factor is not None, "token dropping (moe_expert_capacity_factor)"),
         (bool(config.moe_pad_expert_input_to_capacity), "moe_pad_expert_input_to_capacity"),
@@ -55,6 +72,76 @@ def fast_path_blockers(config: TransformerConfig, ep_size: int, tp_size: int) ->
         (getattr(config, "transformer_impl", "") == "inference_optimized", "inference_optimized"),
     )
     return [why for blocked, why in checks if blocked]
+
+
+def fast_path_blockers(config: TransformerConfig, ep_size: int, tp_size: int) -> List[str]:
+    """Why the sorted dispatcher cannot replace megatron's at this EP size (empty list: it can).
+
+    With EP > 1 the exchange transport is chosen separately (:func:`choose_dispatch`).
+    """
+    blockers = static_blockers(config, tp_size)
+    if ep_size > 1 and config.pipeline_model_parallel_size > 1:
+        blockers.append("pipeline parallelism with EP > 1 (symmetric buffers are allocated by every rank at once)")
+    return blockers
+
+
+@dataclass(frozen=True)
+class DispatchChoice:
+    """Which dispatcher an MoE layer runs, with which transport, and why."""
+
+    dispatcher: str  # "sorted" or "megatron"
+    transport: str  # what moves tokens between EP ranks ("none" for one rank)
+    sync_free: bool
+    reason: str
+
+    def describe(self) -> str:
+        if self.dispatcher == "megatron":
+            return f"megatron-core alltoall dispatcher ({self.reason})"
+        how = "sync-free" if self.sync_free else "host-synchronised"
+        return f"sorted dispatcher, {how}, transport: {self.transport} ({self.reason})"
+
+    def to_dict(self) -> dict:
+        return dict(dispatcher=self.dispatcher, transport=self.transport, sync_free=self.sync_free, reason=self.reason)
+
+
+def _run_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def choose_dispatch(
+    config: TransformerConfig, ep_size: int, tp_size: int, ep_group: Optional[dist.ProcessGroup] = None,
+    device: Optional[torch.device] = None,
+) -> DispatchChoice:
+    """Resolve ``config.torch_native_dispatcher`` for one MoE layer on this machine.
+
+    ``"auto"``: the sorted dispatcher where it is exact and, with EP > 1, where NVSHMEM symmetric
+    memory makes the exchange sync-free; megatron's otherwise. ``"sorted"``: the sorted dispatcher
+    (with EP > 1 and no NVSHMEM, over ``all_to_all_single`` with host split sizes, e.g. gloo on
+    CPU); an inexact setting is an error. ``"megatron"``: megatron-core's alltoall dispatcher.
+    """
+    requested = getattr(config, "torch_native_dispatcher", "auto")
+    if requested not in TORCH_NATIVE_DISPATCHERS:
+        raise ValueError(f"torch_native_dispatcher={requested!r} is not one of {TORCH_NATIVE_DISPATCHERS}")
+    if requested == "megatron":
+        return DispatchChoice("megatron", MEGATRON_TRANSPORT, False, "torch_native_dispatcher='megatron'")
+    blockers = fast_path_blockers(config, ep_size, tp_size)
+    if blockers:
+        if requested == "sorted":
+            raise ValueError("torch_native_dispatcher='sorted' cannot run here: " + "; ".join(blockers))
+        return DispatchChoice("megatron", MEGATRON_TRANSPORT, False, "; ".join(blockers))
+    if ep_size == 1:
+        return DispatchChoice("sorted", "none", True, "EP=1")
+    support = symmetric_memory_support(ep_group, device or _run_device())
+    if support.ok:
+        return DispatchChoice("sorted", "nvshmem", True, f"EP={ep_size}, {support.reason}")
+    if requested == "sorted":
+        return DispatchChoice("sorted", "collective", False, f"EP={ep_size}, requested; {support.reason}")
+    return DispatchChoice("megatron", MEGATRON_TRANSPORT, False, f"EP={ep_size}, {support.reason}")
+
+
+# ------------------------------------------------------------------------------ permutation
 
 
 def sorted_routing(routing_map: torch.Tensor, topk: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -122,6 +209,13 @@ def unpermute_sorted(y: torch.Tensor, state: Tuple[torch.Tensor, torch.Tensor]) 
     return _UnpermuteTokens.apply(y, src_token, pos)
 
 
+def _check_exactly_topk(tokens_per_expert: torch.Tensor, num_tokens: int, topk: int) -> None:
+    """Free on the host (CPU tensors): guard the every-token-has-``topk``-experts invariant."""
+    total = int(tokens_per_expert.sum())
+    if total != num_tokens * topk:
+        raise RuntimeError(f"routing map selects {total} token-expert pairs, expected {num_tokens} tokens x top-{topk}")
+
+
 class SortedTokenDispatcher(MoEAlltoAllTokenDispatcher):
     """Alltoall dispatcher for one EP rank: static-size sorted permutation, counts stay on device."""
 
@@ -133,11 +227,8 @@ class SortedTokenDispatcher(MoEAlltoAllTokenDispatcher):
         tokens = hidden_states.view(-1, self.hidden_shape[-1])
         self.hidden_shape_before_permute = tokens.shape
         self.tokens_per_expert = routing_map.sum(dim=0).long()
-        if not tokens.is_cuda:  # free on the host: guard the exactly-top-k invariant
-            total = int(self.tokens_per_expert.sum())
-            if total != tokens.shape[0] * self.config.moe_router_topk:
-                raise RuntimeError(f"routing map selects {total} token-expert pairs, expected "
-                                   f"{tokens.shape[0]} tokens x top-{self.config.moe_router_topk}")
+        if not tokens.is_cuda:
+            _check_exactly_topk(self.tokens_per_expert, tokens.shape[0], self.config.moe_router_topk)
         permuted, permuted_probs, self._perm_state = permute_sorted(
             tokens, routing_map, probs, self.config.moe_router_topk
         )
@@ -167,26 +258,249 @@ class SortedTokenDispatcher(MoEAlltoAllTokenDispatcher):
         return output.view(self.hidden_shape)
 
 
+# ------------------------------------------------------------------------------ EP > 1
+
+
+@dataclass
+class ExchangePlan:
+    """Everything about one micro-batch's exchange, computed on the device from the gathered counts.
+
+    Received rows arrive source-rank-major (all rows from rank 0, then rank 1, ...; within a
+    source, by local expert). ``to_source_major[i]`` is the received row that becomes row ``i`` in
+    expert-major order (megatron's order: by local expert, then by source rank); ``to_expert_major``
+    is its inverse. Both are permutations of ``range(capacity)``; padding rows map to themselves.
+    """
+
+    send_splits: torch.Tensor  # [ep] rows this rank sends to each rank
+    recv_splits: torch.Tensor  # [ep] rows this rank receives from each rank
+    tokens_per_expert: torch.Tensor  # [local experts]
+    to_source_major: torch.Tensor  # [capacity]
+    to_expert_major: torch.Tensor  # [capacity]
+    send_rows: int
+    capacity: int
+
+
+def exchange_plan(
+    all_counts: torch.Tensor, rank: int, num_local_experts: int, capacity: int, send_rows: int
+) -> ExchangePlan:
+    """``all_counts[s, e]``: tokens rank ``s`` routes to global expert ``e`` -> this rank's plan."""
+    ep, _ = all_counts.shape
+    mine = all_counts[:, rank * num_local_experts:(rank + 1) * num_local_experts]  # [src, local expert]
+    source_starts = exclusive_cumsum(mine.reshape(-1)).view(ep, num_local_experts)
+    expert_major = mine.t().reshape(-1)  # segment (expert e, source s) at e * ep + s
+    segment_ends = torch.cumsum(expert_major, 0)
+    segment_starts = segment_ends - expert_major
+    row = torch.arange(capacity, device=all_counts.device)
+    segment = torch.searchsorted(segment_ends, row, right=True)
+    valid = segment < expert_major.numel()
+    segment = segment.clamp(max=expert_major.numel() - 1)
+    expert, source = segment // ep, segment % ep
+    source_row = source_starts[source, expert] + (row - segment_starts[segment])
+    to_source_major = torch.where(valid, source_row, row)
+    to_expert_major = torch.empty_like(to_source_major).scatter_(0, to_source_major, row)
+    return ExchangePlan(
+        send_splits=all_counts[rank].view(ep, num_local_experts).sum(1),
+        recv_splits=mine.sum(1),
+        tokens_per_expert=mine.sum(0),
+        to_source_major=to_source_major,
+        to_expert_major=to_expert_major,
+        send_rows=send_rows,
+        capacity=capacity,
+    )
+
+
+class _DispatchExchange(torch.autograd.Function):
+    """Tokens and probs to the experts' ranks; received rows come back source-major ``[capacity, ...]``."""
+
+    @staticmethod
+    def forward(ctx, tokens, probs, plan: ExchangePlan, exchange: RowExchange, nbytes: int):  # noqa: D102
+        hidden = tokens.shape[1]
+        ctx.plan, ctx.exchange, ctx.nbytes = plan, exchange, nbytes
+        ctx.send_rows, ctx.dtypes = tokens.shape[0], (tokens.dtype, probs.dtype)
+        return exchange.exchange(
+            [tokens, probs.reshape(-1, 1)], plan.send_splits, plan.capacity,
+            lambda recv: _read_tokens_and_probs(recv, hidden, tokens.dtype, probs.dtype), nbytes,
+        )
+
+    @staticmethod
+    def backward(ctx, grad_tokens, grad_probs):  # noqa: D102
+        plan, (token_dtype, probs_dtype) = ctx.plan, ctx.dtypes
+        if grad_probs is None:
+            grad_probs = torch.zeros(plan.capacity, dtype=probs_dtype, device=grad_tokens.device)
+        grad_x, grad_p = ctx.exchange.exchange(
+            [grad_tokens, grad_probs.reshape(-1, 1)], plan.recv_splits, ctx.send_rows,
+            lambda recv: _read_tokens_and_probs(recv, grad_tokens.shape[1], token_dtype, probs_dtype), ctx.nbytes,
+        )
+        return grad_x, grad_p, None, None, None
+
+
+def _read_tokens_and_probs(recv: torch.Tensor, hidden: int, token_dtype: torch.dtype, probs_dtype: torch.dtype):
+    """Copy the token and prob columns out of a received byte buffer."""
+    tokens = column(recv, 0, hidden, token_dtype).clone()
+    probs = column(recv, hidden * tokens.element_size(), 1, probs_dtype).reshape(-1).clone()
+    return tokens, probs
+
+
+class _CombineExchange(torch.autograd.Function):
+    """Expert outputs (source-major ``[capacity, hidden]``) back to their tokens' ranks."""
+
+    @staticmethod
+    def forward(ctx, expert_out, plan: ExchangePlan, exchange: RowExchange, nbytes: int):  # noqa: D102
+        ctx.plan, ctx.exchange, ctx.nbytes = plan, exchange, nbytes
+        return exchange.exchange([expert_out], plan.recv_splits, plan.send_rows, _column_reader(expert_out), nbytes)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        plan = ctx.plan
+        grad_out = ctx.exchange.exchange([grad], plan.send_splits, plan.capacity, _column_reader(grad), ctx.nbytes)
+        return grad_out, None, None, None
+
+
+def _column_reader(like: torch.Tensor):
+    """Reads a ``like``-shaped (width and dtype) first column out of a received byte buffer."""
+    return lambda recv: column(recv, 0, like.shape[1], like.dtype).clone()
+
+
+class _ReorderRows(torch.autograd.Function):
+    """``x[order]`` for a permutation ``order``; backward gathers with its ``inverse``."""
+
+    @staticmethod
+    def forward(ctx, x, order, inverse):  # noqa: D102
+        ctx.save_for_backward(inverse)
+        return x.index_select(0, order)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        (inverse,) = ctx.saved_tensors
+        return grad.contiguous().index_select(0, inverse), None, None
+
+
+_EXCHANGES: Dict[Tuple[str, str], RowExchange] = {}
+
+
+def shared_exchange(group: dist.ProcessGroup, transport: str, device: torch.device) -> RowExchange:
+    """One exchange (and one set of buffers) per EP group and transport, shared by all layers."""
+    key = (group.group_name, transport)
+    if key not in _EXCHANGES:
+        _EXCHANGES[key] = make_exchange(group, device, prefer_symmetric=transport == "nvshmem")
+    return _EXCHANGES[key]
+
+
+class ExpertParallelSortedDispatcher(MoEAlltoAllTokenDispatcher):
+    """Alltoall dispatcher for EP > 1 (expert TP = 1) with device-side counts and static buffers."""
+
+    def __init__(self, *args, transport: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.transport = transport
+        self._plan: Optional[ExchangePlan] = None
+
+    def _exchange(self, device: torch.device) -> RowExchange:
+        return shared_exchange(self.ep_group, self.transport, device)
+
+    def _capacity(self, num_tokens: int) -> int:
+        """Worst-case rows one rank can receive: every source sends it each token's local experts."""
+        return self.ep_size * num_tokens * min(self.config.moe_router_topk, self.num_local_experts)
+
+    def dispatch_preprocess(self, hidden_states: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor):
+        """Permute by (global) expert, gather every rank's per-expert counts, plan the exchange."""
+        self.hidden_shape = hidden_states.shape
+        self.probs = probs
+        self.routing_map = routing_map
+        tokens = hidden_states.view(-1, self.hidden_shape[-1])
+        self.hidden_shape_before_permute = tokens.shape
+        counts = routing_map.sum(dim=0).long()
+        if not tokens.is_cuda:
+            _check_exactly_topk(counts, tokens.shape[0], self.config.moe_router_topk)
+        all_counts = torch.empty(self.ep_size * counts.numel(), dtype=counts.dtype, device=counts.device)
+        dist.all_gather_into_tensor(all_counts, counts, group=self.ep_group)
+        num_tokens, topk = tokens.shape[0], self.config.moe_router_topk
+        self._plan = exchange_plan(
+            all_counts.view(self.ep_size, -1), self.ep_rank, self.num_local_experts,
+            capacity=self._capacity(num_tokens), send_rows=num_tokens * topk,
+        )
+        permuted, permuted_probs, self._perm_state = permute_sorted(
+            tokens, routing_map, probs, self.config.moe_router_topk
+        )
+        return permuted, permuted_probs
+
+    def _row_bytes(self, tokens: torch.Tensor, probs: torch.Tensor) -> int:
+        # One row layout for dispatch and combine, so they share one set of buffers.
+        return row_bytes([(tokens.shape[1], tokens.dtype), (1, probs.dtype)])
+
+    def token_dispatch(self, permutated_local_input_tokens, permuted_probs):
+        """Send each token row (with its prob) to the rank of its expert; counts stay on device."""
+        tokens, probs = permutated_local_input_tokens, permuted_probs
+        self._nbytes = self._row_bytes(tokens, probs)
+        return _DispatchExchange.apply(tokens, probs, self._plan, self._exchange(tokens.device), self._nbytes)
+
+    def dispatch_postprocess(self, global_input_tokens, global_probs):
+        """Re-sort the received rows by local expert (megatron's order); padding rows stay last.
+
+        A new tensor on purpose: the combined-1F1B schedule frees this stage's input after the
+        forward, while the experts keep their input for the backward.
+        """
+        plan = self._plan
+        tokens = _ReorderRows.apply(global_input_tokens, plan.to_source_major, plan.to_expert_major)
+        probs = _ReorderRows.apply(global_probs, plan.to_source_major, plan.to_expert_major)
+        return tokens, plan.tokens_per_expert, probs
+
+    def combine_preprocess(self, hidden_states):
+        """Back to the order the rows arrived in (by source rank), ready to be sent home."""
+        plan = self._plan
+        return _ReorderRows.apply(hidden_states, plan.to_expert_major, plan.to_source_major)
+
+    def token_combine(self, hidden_states, async_finish: bool = True, allocate_on_comm_stream: bool = True):
+        """Send the expert outputs back; rows arrive in this rank's permuted order."""
+        return _CombineExchange.apply(hidden_states, self._plan, self._exchange(hidden_states.device), self._nbytes)
+
+    def combine_postprocess(self, permutated_local_input_tokens):
+        """Sum each token's expert outputs (gather, no atomics) and restore the input shape."""
+        output = unpermute_sorted(permutated_local_input_tokens, self._perm_state)
+        self._perm_state, self._plan = None, None
+        return output.view(self.hidden_shape)
+
+
+# ------------------------------------------------------------------------------ the MoE layer
+
+
+@dataclass
+class _Choices:
+    """What the MoE layers of this process run (for the start-up line and ``summary.json``)."""
+
+    seen: List[DispatchChoice] = field(default_factory=list)
+
+    def add(self, choice: DispatchChoice) -> bool:
+        if choice in self.seen:
+            return False
+        self.seen.append(choice)
+        return True
+
+
+_CHOICES = _Choices()
+
+
+def dispatch_choices() -> List[DispatchChoice]:
+    """Every distinct dispatcher choice made by MoE layers built in this process."""
+    return list(_CHOICES.seen)
+
+
 class TorchNativeMoELayer(MoELayer):
-    """megatron's ``MoELayer`` with :class:`SortedTokenDispatcher` where it applies."""
+    """megatron's ``MoELayer`` with the dispatcher :func:`choose_dispatch` picks."""
 
     def __init__(self, config: TransformerConfig, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
         old = self.token_dispatcher
-        blockers = fast_path_blockers(config, old.ep_size, old.tp_size)
-        if not blockers:
-            self.token_dispatcher = SortedTokenDispatcher(
-                self.num_local_experts, self.local_expert_indices, config=config,
-                pg_collection=_DispatcherGroups(old),
-            )
-        key = tuple(blockers)
-        if key not in _REPORTED:
-            _REPORTED.add(key)
-            if blockers:
-                logger.info("torch_native MoE: megatron's %s dispatcher (sync-free permutation off: %s)",
-                            config.moe_token_dispatcher_type, "; ".join(blockers))
+        choice = choose_dispatch(config, old.ep_size, old.tp_size, old.ep_group)
+        if choice.dispatcher == "sorted":
+            common = dict(config=config, pg_collection=_DispatcherGroups(old))
+            if old.ep_size == 1:
+                self.token_dispatcher = SortedTokenDispatcher(self.num_local_experts, self.local_expert_indices, **common)
             else:
-                logger.info("torch_native MoE: sync-free sorted token permutation (EP=1)")
+                self.token_dispatcher = ExpertParallelSortedDispatcher(
+                    self.num_local_experts, self.local_expert_indices, transport=choice.transport, **common
+                )
+        if _CHOICES.add(choice):
+            logger.info("torch_native MoE: %s", choice.describe())
 
 
 class _DispatcherGroups:
