@@ -1,6 +1,6 @@
 """Process entry point the launchers start on every rank.
 
-    python -m megatron.bridge.training.entry --config-file RESOLVED.yaml
+    python -m megatron.bridge.training.entry --config-file RESOLVED.yaml [--config-file NEXT.yaml ...]
 
 (under ``torchrun``/``python -m torch.distributed.run`` or ``srun``). It loads the YAML written by
 ``ConfigContainer.to_yaml`` and calls :func:`megatron.bridge.training.pretrain.pretrain`. A failing
@@ -11,11 +11,12 @@ use ``cfg.dist.distributed_timeout_minutes``, so the other ranks cannot hang for
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 import traceback
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 
 def _rank() -> str:
@@ -24,8 +25,29 @@ def _rank() -> str:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Run megatron-core training from a resolved config.")
-    parser.add_argument("--config-file", required=True, help="YAML written by ConfigContainer.to_yaml()")
+    parser.add_argument(
+        "--config-file", required=True, action="append",
+        help="YAML written by ConfigContainer.to_yaml(); repeat it to train several configs one after "
+        "another in the same processes (benchmarks: one start-up for many runs)",
+    )
     return parser.parse_args(argv)
+
+
+@contextlib.contextmanager
+def _one_process_group(configs: list) -> Iterator[None]:
+    """Several configs: create the default process group once, so every run reuses it (``pretrain``
+    leaves a group it did not create in place) and the job tears it down once at the end."""
+    if len(configs) < 2:
+        yield
+        return
+    from megatron.bridge.training import initialize
+
+    env = initialize.launch_env()
+    initialize.initialize_distributed(configs[0].validate(world_size=env.world_size), env)
+    try:
+        yield
+    finally:
+        initialize.teardown()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -38,8 +60,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from megatron.bridge.training.config import ConfigContainer
         from megatron.bridge.training.pretrain import pretrain
 
-        cfg = ConfigContainer.from_yaml(args.config_file)
-        pretrain(cfg)
+        configs = [ConfigContainer.from_yaml(path) for path in args.config_file]
+        with _one_process_group(configs):
+            for cfg in configs:
+                pretrain(cfg)
     except Exception as exc:  # report on this rank, exit non-zero: the launcher stops the job
         sys.stdout.flush()
         print(f"[rank {_rank()}] training failed: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -33,7 +33,7 @@ forward of the next micro-batch may run between a forward and its backward.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -42,104 +42,22 @@ from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from megatron.bridge.models.gpt_provider import TORCH_NATIVE_DISPATCHERS
+from megatron.bridge.models.torch_native.dispatch_policy import (  # noqa: F401 - re-exported
+    DispatchChoice,
+    apply_nvshmem_blocks,
+    choose_dispatch,
+    fast_path_blockers,
+    static_blockers,
+)
 from megatron.bridge.models.torch_native.token_exchange import (
     RowExchange,
-    column,
+    copy_column,
     exclusive_cumsum,
     make_exchange,
     row_bytes,
-    symmetric_memory_support,
 )
 
 logger = logging.getLogger(__name__)
-
-MEGATRON_TRANSPORT = "all_to_all_single with host split sizes"
-
-
-
-def static_blockers(config: TransformerConfig, tp_size: int) -> List[str]:
-    """Settings under which the sorted dispatchers would not be exact (empty list: none)."""
-    checks = (
-        (config.moe_token_dispatcher_type != "alltoall", "dispatcher is not alltoall"),
-        (tp_size != 1, f"expert tensor parallel size {tp_size} > 1"),
-        (config.moe_expert_capacity_factor is not None, "token dropping (moe_expert_capacity_factor)"),
-        (bool(config.moe_pad_expert_input_to_capacity), "moe_pad_expert_input_to_capacity"),
-        (bool(config.moe_router_padding_for_quantization), "moe_router_padding_for_quantization"),
-        (bool(config.moe_shared_expert_overlap), "moe_shared_expert_overlap"),
-        (getattr(config, "moe_latent_size", None) is not None, "moe_latent_size"),
-        (config.cuda_graph_impl != "none", "CUDA graphs"),
-        (getattr(config, "transformer_impl", "") == "inference_optimized", "inference_optimized"),
-    )
-    return [why for blocked, why in checks if blocked]
-
-
-def fast_path_blockers(config: TransformerConfig, ep_size: int, tp_size: int) -> List[str]:
-    """Why the sorted dispatcher cannot replace megatron's at this EP size (empty list: it can).
-
-    With EP > 1 the exchange transport is chosen separately (:func:`choose_dispatch`).
-    """
-    blockers = static_blockers(config, tp_size)
-    if ep_size > 1 and config.pipeline_model_parallel_size > 1:
-        blockers.append("pipeline parallelism with EP > 1 (symmetric buffers are allocated by every rank at once)")
-    return blockers
-
-
-@dataclass(frozen=True)
-class DispatchChoice:
-    """Which dispatcher an MoE layer runs, with which transport, and why."""
-
-    dispatcher: str  # "sorted" or "megatron"
-    transport: str  # what moves tokens between EP ranks ("none" for one rank)
-    sync_free: bool
-    reason: str
-
-    def describe(self) -> str:
-        if self.dispatcher == "megatron":
-            return f"megatron-core alltoall dispatcher ({self.reason})"
-        how = "sync-free" if self.sync_free else "host-synchronised"
-        return f"sorted dispatcher, {how}, transport: {self.transport} ({self.reason})"
-
-    def to_dict(self) -> dict:
-        return dict(dispatcher=self.dispatcher, transport=self.transport, sync_free=self.sync_free, reason=self.reason)
-
-
-def _run_device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def choose_dispatch(
-    config: TransformerConfig, ep_size: int, tp_size: int, ep_group: Optional[dist.ProcessGroup] = None,
-    device: Optional[torch.device] = None,
-) -> DispatchChoice:
-    """Resolve ``config.torch_native_dispatcher`` for one MoE layer on this machine.
-
-    ``"auto"``: the sorted dispatcher where it is exact and, with EP > 1, where NVSHMEM symmetric
-    memory makes the exchange sync-free; megatron's otherwise. ``"sorted"``: the sorted dispatcher
-    (with EP > 1 and no NVSHMEM, over ``all_to_all_single`` with host split sizes, e.g. gloo on
-    CPU); an inexact setting is an error. ``"megatron"``: megatron-core's alltoall dispatcher.
-    """
-    requested = getattr(config, "torch_native_dispatcher", "auto")
-    if requested not in TORCH_NATIVE_DISPATCHERS:
-        raise ValueError(f"torch_native_dispatcher={requested!r} is not one of {TORCH_NATIVE_DISPATCHERS}")
-    if requested == "megatron":
-        return DispatchChoice("megatron", MEGATRON_TRANSPORT, False, "torch_native_dispatcher='megatron'")
-    blockers = fast_path_blockers(config, ep_size, tp_size)
-    if blockers:
-        if requested == "sorted":
-            raise ValueError("torch_native_dispatcher='sorted' cannot run here: " + "; ".join(blockers))
-        return DispatchChoice("megatron", MEGATRON_TRANSPORT, False, "; ".join(blockers))
-    if ep_size == 1:
-        return DispatchChoice("sorted", "none", True, "EP=1")
-    support = symmetric_memory_support(ep_group, device or _run_device())
-    if support.ok:
-        return DispatchChoice("sorted", "nvshmem", True, f"EP={ep_size}, {support.reason}")
-    if requested == "sorted":
-        return DispatchChoice("sorted", "collective", False, f"EP={ep_size}, requested; {support.reason}")
-    return DispatchChoice("megatron", MEGATRON_TRANSPORT, False, f"EP={ep_size}, {support.reason}")
-
 
 # ------------------------------------------------------------------------------ permutation
 
@@ -336,8 +254,8 @@ class _DispatchExchange(torch.autograd.Function):
 
 def _read_tokens_and_probs(recv: torch.Tensor, hidden: int, token_dtype: torch.dtype, probs_dtype: torch.dtype):
     """Copy the token and prob columns out of a received byte buffer."""
-    tokens = column(recv, 0, hidden, token_dtype).clone()
-    probs = column(recv, hidden * tokens.element_size(), 1, probs_dtype).reshape(-1).clone()
+    tokens = copy_column(recv, 0, hidden, token_dtype)
+    probs = copy_column(recv, hidden * tokens.element_size(), 1, probs_dtype).reshape(-1)
     return tokens, probs
 
 
@@ -358,7 +276,7 @@ class _CombineExchange(torch.autograd.Function):
 
 def _column_reader(like: torch.Tensor):
     """Reads a ``like``-shaped (width and dtype) first column out of a received byte buffer."""
-    return lambda recv: column(recv, 0, like.shape[1], like.dtype).clone()
+    return lambda recv: copy_column(recv, 0, like.shape[1], like.dtype)
 
 
 class _ReorderRows(torch.autograd.Function):
@@ -379,11 +297,23 @@ _EXCHANGES: Dict[Tuple[str, str], RowExchange] = {}
 
 
 def shared_exchange(group: dist.ProcessGroup, transport: str, device: torch.device) -> RowExchange:
-    """One exchange (and one set of buffers) per EP group and transport, shared by all layers."""
-    key = (group.group_name, transport)
-    if key not in _EXCHANGES:
-        _EXCHANGES[key] = make_exchange(group, device, prefer_symmetric=transport == "nvshmem")
-    return _EXCHANGES[key]
+    """One exchange (and one set of buffers) per set of EP ranks and transport, shared by all layers.
+
+    Keyed by the ranks, not the group object: a process that trains several models one after
+    another (benchmarks) gets new groups of the same ranks each time and keeps its buffers.
+    """
+    key = (tuple(dist.get_process_group_ranks(group)), transport)
+    exchange = _EXCHANGES.get(key)
+    if exchange is None:
+        exchange = _EXCHANGES[key] = make_exchange(group, device, prefer_symmetric=transport == "nvshmem")
+    elif exchange.group is not group:
+        exchange.rebind(group)
+    return exchange
+
+
+def _configure_transport(config: TransformerConfig, choice: DispatchChoice) -> None:
+    if choice.transport == "nvshmem":
+        apply_nvshmem_blocks(getattr(config, "torch_native_nvshmem_blocks", None))
 
 
 class ExpertParallelSortedDispatcher(MoEAlltoAllTokenDispatcher):
@@ -463,25 +393,17 @@ class ExpertParallelSortedDispatcher(MoEAlltoAllTokenDispatcher):
 # ------------------------------------------------------------------------------ the MoE layer
 
 
-@dataclass
-class _Choices:
-    """What the MoE layers of this process run (for the start-up line and ``summary.json``)."""
-
-    seen: List[DispatchChoice] = field(default_factory=list)
-
-    def add(self, choice: DispatchChoice) -> bool:
-        if choice in self.seen:
-            return False
-        self.seen.append(choice)
-        return True
-
-
-_CHOICES = _Choices()
+_CHOICES: List[DispatchChoice] = []  # one entry per MoE layer built in this process
 
 
 def dispatch_choices() -> List[DispatchChoice]:
-    """Every distinct dispatcher choice made by MoE layers built in this process."""
-    return list(_CHOICES.seen)
+    """The distinct dispatcher choices of the MoE layers built since the last :func:`forget_dispatch_choices`."""
+    return list(dict.fromkeys(_CHOICES))
+
+
+def forget_dispatch_choices() -> None:
+    """Start a new record (a process may build several models, e.g. benchmark runs)."""
+    _CHOICES.clear()
 
 
 class TorchNativeMoELayer(MoELayer):
@@ -490,17 +412,25 @@ class TorchNativeMoELayer(MoELayer):
     def __init__(self, config: TransformerConfig, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
         old = self.token_dispatcher
-        choice = choose_dispatch(config, old.ep_size, old.tp_size, old.ep_group)
+        choice = choose_dispatch(config, old.ep_size, old.tp_size, old.ep_group, _run_device())
         if choice.dispatcher == "sorted":
             common = dict(config=config, pg_collection=_DispatcherGroups(old))
             if old.ep_size == 1:
                 self.token_dispatcher = SortedTokenDispatcher(self.num_local_experts, self.local_expert_indices, **common)
             else:
+                _configure_transport(config, choice)
                 self.token_dispatcher = ExpertParallelSortedDispatcher(
                     self.num_local_experts, self.local_expert_indices, transport=choice.transport, **common
                 )
-        if _CHOICES.add(choice):
+        if choice not in _CHOICES:
             logger.info("torch_native MoE: %s", choice.describe())
+        _CHOICES.append(choice)
+
+
+def _run_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 class _DispatcherGroups:

@@ -61,7 +61,30 @@ def column(buffer: torch.Tensor, start_byte: int, width: int, dtype: torch.dtype
     return buffer[:, start_byte:start_byte + nbytes].view(dtype)
 
 
-def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
+def _as_words(byte_columns: torch.Tensor) -> torch.Tensor:
+    """A ``[rows, nbytes]`` uint8 view as 8-byte words where alignment allows: a strided copy then
+    moves 8 bytes per element instead of one (an order of magnitude faster on GPUs)."""
+    if byte_columns.shape[1] % 8 == 0 and byte_columns.storage_offset() % 8 == 0 and byte_columns.stride(0) % 8 == 0:
+        return byte_columns.view(torch.int64)
+    return byte_columns
+
+
+def copy_column(buffer: torch.Tensor, start_byte: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous copy of :func:`column` (copied as 8-byte words where aligned)."""
+    nbytes = width * _itemsize(dtype)
+    return _as_words(buffer[:, start_byte:start_byte + nbytes]).clone().view(torch.uint8).view(dtype)
+
+
+def write_column(buffer: torch.Tensor, start_byte: int, src: torch.Tensor) -> int:
+    """Copy the 2-D ``src`` into the packed rows from byte ``start_byte``; returns its byte width."""
+    raw = src.contiguous().view(torch.uint8)
+    rows, nbytes = raw.shape
+    _as_words(buffer[:rows, start_byte:start_byte + nbytes]).copy_(_as_words(raw))
+    return nbytes
+
+
+def exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """``[0, x0, x0+x1, ...]`` without the total (offsets of consecutive blocks)."""
     return torch.cumsum(x, dim=0) - x
 
 
@@ -87,6 +110,10 @@ class RowExchange:
         self._row_bytes = 0
         self._slot = 0
         self._last_done: Optional[torch.cuda.Event] = None
+
+    def rebind(self, group: dist.ProcessGroup) -> None:
+        """Use a new group of the same ranks (the old one was destroyed), keeping the buffers."""
+        self.group = group
 
     # ---------------------------------------------------------------- subclass hooks
 
@@ -123,9 +150,7 @@ class RowExchange:
         send = self._send_buffer(slot)
         offset = 0
         for src in sources:
-            width = src.shape[1] * src.element_size()
-            send[:rows, offset:offset + width].copy_(src.contiguous().view(torch.uint8))
-            offset += width
+            offset += write_column(send, offset, src)
         recv = self._run(slot, send_splits)
         result = read(recv[:recv_rows])
         self._record_done(stream_ready)
@@ -185,12 +210,16 @@ class SymmetricMemoryExchange(RowExchange):
     def __init__(self, group: dist.ProcessGroup) -> None:
         super().__init__(group)
         self._group_name = group.group_name
+        self._retired: list = []
 
     def _allocate(self, rows: int, nbytes: int, device: torch.device) -> None:
-        # Earlier (smaller) buffers stay allocated: NVSHMEM frees are collective, and every rank
-        # grows at the same call anyway. Growth happens when a later run uses longer sequences.
+        # Earlier (smaller) buffers stay referenced: an NVSHMEM free is collective, so it must not
+        # happen whenever the garbage collector gets to it. Growth happens only when a later run
+        # in the same process uses more tokens per micro-batch.
         import torch.distributed._symmetric_memory as symm_mem
 
+        if self._capacity_rows:
+            self._retired.append((self._send, self._recv, self._splits, self._splits_offsets))
         ensure_symmetric_heap(3 * rows * nbytes + (1 << 20))
         def alloc(*shape, dtype=torch.uint8):
             t = symm_mem.empty(*shape, dtype=dtype, device=device)
@@ -200,6 +229,17 @@ class SymmetricMemoryExchange(RowExchange):
         self._recv = alloc(rows, nbytes)
         self._splits = [alloc(self.world, dtype=torch.int64) for _ in range(2)]
         self._splits_offsets = [alloc(2, self.world, dtype=torch.int64) for _ in range(2)]
+
+    def rebind(self, group: dist.ProcessGroup) -> None:
+        """Register the existing symmetric buffers with the new group (a collective, once)."""
+        import torch.distributed._symmetric_memory as symm_mem
+
+        super().rebind(group)
+        self._group_name = group.group_name
+        use_nvshmem_backend(group)
+        if self._capacity_rows:
+            for t in (*self._send, self._recv, *self._splits, *self._splits_offsets):
+                symm_mem.rendezvous(t, self._group_name)
 
     def _send_buffer(self, slot: int) -> torch.Tensor:
         return self._send[slot]
@@ -251,20 +291,20 @@ _BACKEND_SET = False
 
 
 def use_nvshmem_backend(group: dist.ProcessGroup) -> None:
-    """Select NVSHMEM for symmetric-memory allocations (once per process, before the first one)."""
+    """Select NVSHMEM for symmetric-memory allocations (once per process, before the first one) and
+    register ``group`` with symmetric memory."""
     global _BACKEND_SET
-    if _BACKEND_SET:
-        return
     import torch.distributed._symmetric_memory as symm_mem
 
-    if symm_mem.get_backend(torch.device("cuda")) != "NVSHMEM":
-        symm_mem.set_backend("NVSHMEM")
+    if not _BACKEND_SET:
+        if symm_mem.get_backend(torch.device("cuda")) != "NVSHMEM":
+            symm_mem.set_backend("NVSHMEM")
+        _BACKEND_SET = True
     enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
     if enable is not None:  # required by older torch releases, a deprecated no-op in newer ones
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             enable(group.group_name)
-    _BACKEND_SET = True
 
 
 def ensure_symmetric_heap(nbytes: int) -> None:
@@ -274,7 +314,7 @@ def ensure_symmetric_heap(nbytes: int) -> None:
     symmetric allocation; later calls cannot grow it.
     """
     if "NVSHMEM_SYMMETRIC_SIZE" not in os.environ:
-        os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(max(2 * nbytes, 1 << 30))
+        os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(max(2 * nbytes, 2 << 30))
 
 
 def make_exchange(group: dist.ProcessGroup, device: torch.device, prefer_symmetric: bool) -> RowExchange:
@@ -285,9 +325,6 @@ def make_exchange(group: dist.ProcessGroup, device: torch.device, prefer_symmetr
     return CollectiveExchange(group)
 
 
-def exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
-    """``[0, x0, x0+x1, ...]`` without the total (offsets of consecutive blocks)."""
-    return _exclusive_cumsum(x)
 
 
 __all__: List[str] = [
@@ -297,8 +334,10 @@ __all__: List[str] = [
     "SymmetricMemoryExchange",
     "SymmetricMemorySupport",
     "column",
+    "copy_column",
     "exclusive_cumsum",
     "make_exchange",
     "row_bytes",
     "symmetric_memory_support",
+    "write_column",
 ]
