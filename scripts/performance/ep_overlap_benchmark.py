@@ -296,7 +296,8 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--mbs", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--transports", nargs="+", default=["nvlink", "host_staged"], choices=["nvlink", "host_staged"])
+    p.add_argument("--transports", nargs="*", default=["nvlink", "host_staged"], choices=["nvlink", "host_staged"],
+                   help="EP=2 jobs to run after the EP=1 reference (none: the reference only)")
     p.add_argument("--override", action="append", default=[], help="extra dotted override for every case")
     p.add_argument("--job-timeout", type=float, default=420.0)
     p.add_argument("--publish", action="store_true", help="write docs/benchmarks/ep_overlap_results.json and the table in ep_overlap.md")
@@ -318,7 +319,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         ceiling_tflops=ceiling, window=[args.window_start, args.steps], exit_codes=codes,
         command="python scripts/performance/ep_overlap_benchmark.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
         harness_command_example="uv run python scripts/performance/run_script.py " + shlex.join(
-            harness_argv(jobs[next(t for t in jobs if t != "ep1")][1], args)),
+            harness_argv(jobs[list(jobs)[-1]][-1], args)),
         rows=rows(jobs),
     )
     (args.out / "results.json").write_text(json.dumps(result, indent=2))

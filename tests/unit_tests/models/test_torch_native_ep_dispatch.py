@@ -141,3 +141,13 @@ def test_ep2_sorted_dispatcher_equals_megatron_dispatcher(ep2_sorted_report, var
         assert rank["grad_diff"][variant] == 0.0
         transports = {c["dispatcher"]: c["transport"] for c in rank["choices"]}
         assert transports["sorted"] == "collective"
+
+
+def test_compiled_exchange_plan_equals_the_eager_one() -> None:
+    from megatron.bridge.models.torch_native.dispatcher import _plan_tensors
+
+    counts = torch.tensor([[1, 0, 2, 3], [0, 4, 1, 1]])
+    compiled = torch.compile(_plan_tensors, dynamic=False)
+    for rank in (0, 1):
+        for got, want in zip(compiled(counts, rank, 2, 12), _plan_tensors(counts, rank, 2, 12)):
+            assert torch.equal(got, want)

@@ -42,6 +42,7 @@ from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from megatron.bridge.models.torch_native.compiled import LazyCompiled
 from megatron.bridge.models.torch_native.dispatch_policy import (  # noqa: F401 - re-exported
     DispatchChoice,
     apply_nvshmem_blocks,
@@ -198,11 +199,9 @@ class ExchangePlan:
     capacity: int
 
 
-def exchange_plan(
-    all_counts: torch.Tensor, rank: int, num_local_experts: int, capacity: int, send_rows: int
-) -> ExchangePlan:
-    """``all_counts[s, e]``: tokens rank ``s`` routes to global expert ``e`` -> this rank's plan."""
-    ep, _ = all_counts.shape
+def _plan_tensors(all_counts: torch.Tensor, rank: int, num_local_experts: int, capacity: int):
+    """The device tensors of :class:`ExchangePlan` (one small fused computation on GPUs)."""
+    ep = all_counts.shape[0]
     mine = all_counts[:, rank * num_local_experts:(rank + 1) * num_local_experts]  # [src, local expert]
     source_starts = exclusive_cumsum(mine.reshape(-1)).view(ep, num_local_experts)
     expert_major = mine.t().reshape(-1)  # segment (expert e, source s) at e * ep + s
@@ -216,14 +215,25 @@ def exchange_plan(
     source_row = source_starts[source, expert] + (row - segment_starts[segment])
     to_source_major = torch.where(valid, source_row, row)
     to_expert_major = torch.empty_like(to_source_major).scatter_(0, to_source_major, row)
+    send_splits = all_counts[rank].view(ep, num_local_experts).sum(1)
+    return send_splits, mine.sum(1), mine.sum(0), to_source_major, to_expert_major
+
+
+# static shapes: one graph per (EP size, experts, capacity), i.e. per run
+_COMPILED_PLAN = LazyCompiled(_plan_tensors, "EP exchange plan", dynamic=False)
+
+
+def exchange_plan(
+    all_counts: torch.Tensor, rank: int, num_local_experts: int, capacity: int, send_rows: int
+) -> ExchangePlan:
+    """``all_counts[s, e]``: tokens rank ``s`` routes to global expert ``e`` -> this rank's plan."""
+    args = (all_counts, rank, num_local_experts, capacity)
+    tensors = _COMPILED_PLAN(_plan_tensors, *args) if all_counts.is_cuda else _plan_tensors(*args)
+    send_splits, recv_splits, tokens_per_expert, to_source_major, to_expert_major = tensors
     return ExchangePlan(
-        send_splits=all_counts[rank].view(ep, num_local_experts).sum(1),
-        recv_splits=mine.sum(1),
-        tokens_per_expert=mine.sum(0),
-        to_source_major=to_source_major,
-        to_expert_major=to_expert_major,
-        send_rows=send_rows,
-        capacity=capacity,
+        send_splits=send_splits, recv_splits=recv_splits, tokens_per_expert=tokens_per_expert,
+        to_source_major=to_source_major, to_expert_major=to_expert_major,
+        send_rows=send_rows, capacity=capacity,
     )
 
 
