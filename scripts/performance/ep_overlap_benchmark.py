@@ -300,6 +300,7 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="EP=2 jobs to run after the EP=1 reference (none: the reference only)")
     p.add_argument("--override", action="append", default=[], help="extra dotted override for every case")
     p.add_argument("--job-timeout", type=float, default=420.0)
+    p.add_argument("--commit", help="commit the run measures (default: git rev-parse HEAD of this checkout)")
     p.add_argument("--publish", action="store_true", help="write docs/benchmarks/ep_overlap_results.json and the table in ep_overlap.md")
     return p.parse_args(argv)
 
@@ -314,7 +315,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     import torch
 
     result = dict(
-        date=time.strftime("%Y-%m-%d"), commit=git_commit(),
+        date=time.strftime("%Y-%m-%d"), commit=args.commit or git_commit(),
         device=f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "no GPU",
         ceiling_tflops=ceiling, window=[args.window_start, args.steps], exit_codes=codes,
         command="python scripts/performance/ep_overlap_benchmark.py " + shlex.join(argv if argv is not None else sys.argv[1:]),

@@ -379,6 +379,8 @@ def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, 
     dispatcher_module = sys.modules.get(_DISPATCHER_MODULE)
     if dispatcher_module is not None:  # a model built earlier in this process recorded its choices
         dispatcher_module.forget_dispatch_choices()
+    if device.type == "cuda":  # a process may train several runs: each reports its own peak
+        torch.cuda.reset_peak_memory_stats()
     model = build_model(resolved)
     dispatch = moe_token_dispatch()
     if is_logging_rank:
