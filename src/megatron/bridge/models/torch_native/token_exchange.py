@@ -220,6 +220,9 @@ class SymmetricMemoryExchange(RowExchange):
 
         if self._capacity_rows:
             self._retired.append((self._send, self._recv, self._splits, self._splits_offsets))
+        # New buffers register with the live group (after a rebind, the old one may be gone).
+        self._group_name = self.group.group_name
+        use_nvshmem_backend(self.group)
         ensure_symmetric_heap(3 * rows * nbytes + (1 << 20))
         def alloc(*shape, dtype=torch.uint8):
             t = symm_mem.empty(*shape, dtype=dtype, device=device)
@@ -231,15 +234,10 @@ class SymmetricMemoryExchange(RowExchange):
         self._splits_offsets = [alloc(2, self.world, dtype=torch.int64) for _ in range(2)]
 
     def rebind(self, group: dist.ProcessGroup) -> None:
-        """Register the existing symmetric buffers with the new group (a collective, once)."""
-        import torch.distributed._symmetric_memory as symm_mem
-
-        super().rebind(group)
-        self._group_name = group.group_name
-        use_nvshmem_backend(group)
-        if self._capacity_rows:
-            for t in (*self._send, self._recv, *self._splits, *self._splits_offsets):
-                symm_mem.rendezvous(t, self._group_name)
+        """Keep the buffers and the group name they were registered under: the symmetric-memory
+        handles of those ranks stay valid after megatron destroys the group object, and reusing them
+        needs no new collective."""
+        super().rebind(group)  # buffers allocated later register with ``group``
 
     def _send_buffer(self, slot: int) -> torch.Tensor:
         return self._send[slot]
