@@ -387,12 +387,13 @@ def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, 
         for choice in dispatch:
             print(f"[megatron.bridge] MoE token dispatch: {choice['description']}", flush=True)
     optimizer = build_optimizer(resolved, model)
+    optimizer_kernels = "optimizer kernels: megatron-core's (CPU)"
     if resolved.dist.device == "cuda":
         from megatron.bridge.training.torch_optimizer import use_torch_fast_paths
 
-        kernels = use_torch_fast_paths(optimizer)
-        if is_logging_rank:
-            print(f"[megatron.bridge] {kernels}", flush=True)
+        optimizer_kernels = use_torch_fast_paths(optimizer)
+    if is_logging_rank:
+        print(f"[megatron.bridge] {optimizer_kernels}", flush=True)
     scheduler = build_scheduler(resolved, optimizer)
     wire_model_config(resolved, model, optimizer)
 
@@ -508,6 +509,7 @@ def _train(resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, 
         layer_spec=resolved.model.resolved_layer_spec,
         cuda_device_max_connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
         moe_token_dispatch=dispatch,
+        optimizer_kernels=optimizer_kernels,
         num_microbatches=num_microbatches,
         stopped_by_signal=stopped,
         resolved_config=_resolved_config_text(resolved),
