@@ -17,7 +17,7 @@ larger micro-batch first so the token buffers are sized once). The steady state 
 ``--publish``, ``docs/benchmarks/ep_overlap_results.json`` and the generated section of
 ``docs/benchmarks/ep_overlap.md``.
 
-    python scripts/performance/ep_overlap_benchmark.py --out /tmp/ep_overlap --publish
+    uv run python scripts/performance/ep_overlap_benchmark.py --out /tmp/ep_overlap --publish
 """
 
 from __future__ import annotations
@@ -34,13 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "src"))
+from megatron.bridge.perf.argument_parser import parse_args
+from megatron.bridge.perf.config_builder import build_config
+from megatron.bridge.perf.launcher import ENTRY_MODULE, torchrun_argv
+from megatron.bridge.perf.run import make_job, prepare
 
-from megatron.bridge.perf.argument_parser import parse_args  # noqa: E402
-from megatron.bridge.perf.config_builder import build_config  # noqa: E402
-from megatron.bridge.perf.launcher import ENTRY_MODULE, torchrun_argv  # noqa: E402
-from megatron.bridge.perf.run import make_job, prepare  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 NOMINAL_PEAK_TFLOPS = 989.5  # dense bf16, H100/H200 SXM datasheet
 RESULTS_JSON = REPO / "docs" / "benchmarks" / "ep_overlap_results.json"
@@ -125,7 +124,6 @@ def run_job(transport: str, cases: list[Case], args: argparse.Namespace) -> int:
         env.update(case.env)  # (CUDA_DEVICE_MAX_CONNECTIONS=32 for EP overlap)
     env.update(SAFE_ENV)
     env.update(TRANSPORT_ENV[transport])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
     log = args.out / f"job_{transport}.log"
     print(f"== job {transport}: {len(cases)} runs, log {log}", flush=True)
     start = time.time()
@@ -318,7 +316,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         date=time.strftime("%Y-%m-%d"), commit=args.commit or git_commit(),
         device=f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "no GPU",
         ceiling_tflops=ceiling, window=[args.window_start, args.steps], exit_codes=codes,
-        command="python scripts/performance/ep_overlap_benchmark.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        command="uv run python scripts/performance/ep_overlap_benchmark.py " + shlex.join(
+            a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--commit")),
         harness_command_example="uv run python scripts/performance/run_script.py " + shlex.join(
             harness_argv(jobs[list(jobs)[-1]][-1], args)),
         rows=rows(jobs),
