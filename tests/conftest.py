@@ -47,16 +47,18 @@ REPORT_PREFIX = "REPORT "
 
 @pytest.fixture(scope="session")
 def run_child_script():
-    """Run a test's child script on ``world_size`` processes (argv: ``RANK PORT``) and return each
-    rank's ``REPORT {json}`` line as a dict (its stdout under ``"stdout"``).
+    """Run a test's child program (a file, or program text) on ``world_size`` processes (argv:
+    ``RANK PORT``) and return each rank's ``REPORT {json}`` line as a dict (its stdout under
+    ``"stdout"``).
 
     For code that must not run in the test process: the CPU compatibility layer patches torch for
     the whole process, and multi-rank runs need their own processes.
     """
 
-    def run(script_text: str, workdir: Path, world_size: int = 1, timeout: float = 300) -> list[dict]:
-        script = workdir / "child.py"
-        script.write_text(script_text)
+    def run(script: "str | Path", workdir: Path, world_size: int = 1, timeout: float = 300) -> list[dict]:
+        if not isinstance(script, Path):  # program text: write it out
+            (workdir / "child.py").write_text(script)
+            script = workdir / "child.py"
         repo = Path(__file__).resolve().parents[1]
         env = dict(os.environ, PYTHONPATH=str(repo / "src"), CUDA_VISIBLE_DEVICES="")
         port = str(free_port())

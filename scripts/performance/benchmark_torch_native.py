@@ -13,7 +13,7 @@ every phase so a crash or timeout keeps what was measured):
 4. ``native_unfused_ce`` / ``native_ce_fusion``: the torch-native spec with megatron-core's unfused
    fp32 cross-entropy / its TorchScript fused one instead of the torch-native streaming loss.
    ``native_megatron_dispatch``: the torch-native spec with megatron's alltoall dispatcher instead of
-   the sync-free sorted permutation (A/B of ``MBRIDGE_TORCH_NATIVE_SORTED_DISPATCH=0``).
+   the sync-free sorted permutation (A/B against ``torch_native_dispatcher=megatron``).
 5. ``equivalence``: same weights and batch, bf16 loss and gradient differences native vs plain.
 6. ``ep2``: EP=2 as two processes on the one GPU (gloo), overlap off / on / on + delayed wgrad.
 
@@ -107,9 +107,8 @@ def _worker(args) -> Dict[str, Any]:
         return bh.run_timing(shape, "torch_native", args.device, warmup=args.warmup, micro_batches=args.micro_batches,
                              cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="native")
     if name == "native_megatron_dispatch":  # A/B: megatron's alltoall dispatcher instead of the sorted one
-        os.environ["MBRIDGE_TORCH_NATIVE_SORTED_DISPATCH"] = "0"
         return bh.run_timing(shape, "torch_native", args.device, warmup=args.warmup,
-                             micro_batches=args.micro_batches)
+                             micro_batches=args.micro_batches, torch_native_dispatcher="megatron")
     if name == "equivalence":
         if not args.tiny:
             shape.num_layers, shape.seq_length = args.equivalence_layers, args.equivalence_seq

@@ -716,7 +716,8 @@ def test_sorted_dispatcher_only_where_it_is_exact(model_parallel, no_dtoh_stream
     else:
         assert any(blocker in b for b in blockers)
         assert not isinstance(native.token_dispatcher, SortedTokenDispatcher)
-    assert fast_path_blockers(config, ep_size=2, tp_size=1) != []
+    assert fast_path_blockers(config, ep_size=2, tp_size=1) == blockers  # EP > 1: the transport decides
+    assert fast_path_blockers(config, ep_size=1, tp_size=2) != []
 
 
 def test_sorted_dispatcher_rejects_a_routing_map_without_exactly_topk(model_parallel, no_dtoh_stream, tiny_moe_config) -> None:

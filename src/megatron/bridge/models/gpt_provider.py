@@ -26,6 +26,9 @@ logger = logging.getLogger(__name__)
 
 CrossEntropyImpl = Literal["native", "te", "torch_native"]
 CROSS_ENTROPY_IMPLS = get_args(CrossEntropyImpl)
+TorchNativeDispatcher = Literal["auto", "sorted", "megatron"]
+TORCH_NATIVE_DISPATCHERS = get_args(TorchNativeDispatcher)
+TorchNativeEPTransport = Literal["auto", "nvshmem", "nccl"]
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: int) -> int:
@@ -57,6 +60,20 @@ class GPTModelProvider(TransformerConfig):
     """Fused cross-entropy used when ``cross_entropy_loss_fusion`` is true: megatron-core's
     ``native`` (TorchScript) or ``te`` (needs Transformer Engine), or ``torch_native`` (this
     package's streaming Triton/PyTorch loss over bf16 logits, any device and TP size)."""
+    torch_native_dispatcher: TorchNativeDispatcher = "auto"
+    """MoE token dispatch of the torch-native layers: ``sorted`` (static-size sorted permutation,
+    counts kept on the GPU; with EP > 1 the all-to-all runs on NVSHMEM symmetric memory, or over
+    ``all_to_all_single`` with host split sizes where NVSHMEM is absent), ``megatron`` (megatron-core's
+    alltoall dispatcher, which waits for the GPU before every all-to-all), or ``auto`` (``sorted``
+    where it is exact and, with EP > 1, sync-free; ``megatron`` otherwise). The start-up line names
+    the choice and the reason."""
+    torch_native_ep_transport: TorchNativeEPTransport = "auto"
+    """With EP > 1, how the sorted dispatcher exchanges tokens: ``nvshmem`` (symmetric-memory
+    all-to-all, split sizes stay on the GPU), ``nccl`` (``all_to_all_single``: the host waits for the
+    split sizes), or ``auto`` (``nvshmem`` where NVSHMEM runs, else the dispatcher falls back)."""
+    torch_native_nvshmem_blocks: Optional[int] = None
+    """Thread blocks per NVSHMEM all-to-all (``None``: torch's choice, up to 64). Fewer blocks start
+    sooner beside running GEMMs (the kernel needs all its blocks resident at once)."""
     cuda_graph_modules: Union[str, list[str]] = field(default_factory=list)
     """CUDA-graph capture scopes; empty captures the whole layer (megatron-core's ``"full"``
     default means the same but is deprecated and warns)."""

@@ -1,6 +1,6 @@
 """Process entry point the launchers start on every rank.
 
-    python -m megatron.bridge.training.entry --config-file RESOLVED.yaml [--verbose]
+    python -m megatron.bridge.training.entry --config-file RESOLVED.yaml [--config-file NEXT.yaml ...] [--verbose]
 
 (under ``torchrun``/``python -m torch.distributed.run`` or ``srun``). It loads the YAML written by
 ``ConfigContainer.to_yaml`` and calls :func:`megatron.bridge.training.pretrain.pretrain`.
@@ -18,13 +18,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from megatron.bridge.training.stop_request import STOP
 from megatron.bridge.utils.quiet import configure_logging
@@ -38,10 +39,31 @@ def _rank() -> str:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Run megatron-core training from a resolved config.")
-    parser.add_argument("--config-file", required=True, help="YAML written by ConfigContainer.to_yaml()")
+    parser.add_argument(
+        "--config-file", required=True, action="append",
+        help="YAML written by ConfigContainer.to_yaml(); repeat it to train several configs one after "
+        "another in the same processes (benchmarks: one start-up for many runs)",
+    )
     parser.add_argument("--verbose", action="store_true",
                         help="keep third-party warnings, megatron-core's INFO logs and the full start-up report")
     return parser.parse_args(argv)
+
+
+@contextlib.contextmanager
+def _one_process_group(configs: list) -> Iterator[None]:
+    """Several configs: create the default process group once, so every run reuses it (``pretrain``
+    leaves a group it did not create in place) and the job tears it down once at the end."""
+    if len(configs) < 2:
+        yield
+        return
+    from megatron.bridge.training import initialize
+
+    env = initialize.launch_env()
+    initialize.initialize_distributed(configs[0].validate(world_size=env.world_size), env)
+    try:
+        yield
+    finally:
+        initialize.teardown()
 
 
 def failure_record_path(log_dir: Path, rank: int) -> Path:
@@ -78,14 +100,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    log_dir = Path(args.config_file).resolve().parent
+    log_dir = Path(args.config_file[0]).resolve().parent
     try:
         from megatron.bridge.training.config import ConfigContainer
         from megatron.bridge.training.pretrain import pretrain
 
-        cfg = ConfigContainer.from_yaml(args.config_file)
-        log_dir = Path(cfg.logger.log_dir) if cfg.logger.log_dir else log_dir
-        pretrain(cfg, verbose=args.verbose)
+        configs = [ConfigContainer.from_yaml(path) for path in args.config_file]
+        with _one_process_group(configs):
+            for cfg in configs:
+                log_dir = Path(cfg.logger.log_dir) if cfg.logger.log_dir else log_dir
+                if pretrain(cfg, verbose=args.verbose).stopped_by_signal:
+                    break  # a stop ends the process, not only the current config
     except Exception as exc:  # report on this rank, exit non-zero: the launcher stops the job
         sys.stdout.flush()
         print(f"[rank {_rank()}] training failed: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -20,6 +20,7 @@ import gc
 import logging
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -324,6 +325,17 @@ def parallel_layout(resolved: "ConfigContainer") -> dict[str, Any]:
     )
 
 
+_DISPATCHER_MODULE = "megatron.bridge.models.torch_native.dispatcher"
+
+
+def moe_token_dispatch() -> list[dict[str, Any]]:
+    """The token dispatchers the torch-native MoE layers of this process chose, and why."""
+    module = sys.modules.get(_DISPATCHER_MODULE)
+    if module is None:  # no torch-native MoE layer was built
+        return []
+    return [dict(c.to_dict(), description=c.describe()) for c in module.dispatch_choices()]
+
+
 def _resolved_config_text(resolved: "ConfigContainer") -> Any:
     try:
         return resolved.to_yaml()
@@ -381,6 +393,7 @@ def _train(
     from megatron.bridge.training.flops import flops_per_step
     from megatron.bridge.training.metrics import MetricsLogger
     from megatron.bridge.training.profiling import StepProfiler
+    from megatron.bridge.training.step_timing import StepTimer
 
     t = resolved.train
     dp = ps.get_data_parallel_world_size()
@@ -392,8 +405,24 @@ def _train(
         for line in _startup_lines(resolved, report, env, num_microbatches, verbose):
             print(f"[megatron.bridge] {line}", flush=True)
 
+    dispatcher_module = sys.modules.get(_DISPATCHER_MODULE)
+    if dispatcher_module is not None:  # a model built earlier in this process recorded its choices
+        dispatcher_module.forget_dispatch_choices()
+    if device.type == "cuda":  # a process may train several runs: each reports its own peak
+        torch.cuda.reset_peak_memory_stats()
     model = build_model(resolved)
+    dispatch = moe_token_dispatch()
+    if is_logging_rank:
+        for choice in dispatch:
+            print(f"[megatron.bridge] MoE token dispatch: {choice['description']}", flush=True)
     optimizer = build_optimizer(resolved, model)
+    optimizer_kernels = "optimizer kernels: megatron-core's (CPU)"
+    if resolved.dist.device == "cuda":
+        from megatron.bridge.training.torch_optimizer import use_torch_fast_paths
+
+        optimizer_kernels = use_torch_fast_paths(optimizer)
+    if is_logging_rank:
+        print(f"[megatron.bridge] {optimizer_kernels}", flush=True)
     scheduler = build_scheduler(resolved, optimizer)
     wire_model_config(resolved, model, optimizer)
 
@@ -425,6 +454,7 @@ def _train(
     for chunk in model:
         chunk.train()
     profiler = StepProfiler(resolved.profiling, rank, log_dir, use_cuda=resolved.dist.device == "cuda")
+    timer = StepTimer(use_cuda=resolved.dist.device == "cuda")
 
     # Seen on CPU over gloo (megatron-core 0.19.2, torch 2.15): right after the distributed
     # optimizer's step, data-parallel replicas of a parameter can still differ (the param all-gather
@@ -447,6 +477,7 @@ def _train(
             for chunk in model:
                 chunk.zero_grad_buffer()
             optimizer.zero_grad()
+            timer.start()
             losses_reduced = forward_backward(
                 forward_step_func=forward_step_func,
                 data_iterator=data_iterator,
@@ -457,6 +488,7 @@ def _train(
                 decoder_seq_length=seq,
                 forward_only=False,
             )
+            timer.forward_backward_launched()
             update_ok, grad_norm, _ = optimizer.step()
             if resync_params:
                 force_param_sync(model)
@@ -465,6 +497,7 @@ def _train(
             if resolved.dist.device == "cuda":
                 torch.cuda.synchronize()
             step_time = time.perf_counter() - start
+            phases = timer.stop()
             state.iteration += 1
             trace = profiler.after_step(state.iteration)
             if trace is not None:
@@ -474,6 +507,7 @@ def _train(
             scalars = dict(lr=float(optimizer.param_groups[0]["lr"]))
             if grad_norm is not None:
                 scalars["grad_norm"] = float(grad_norm)
+            scalars.update(phases)
             scalars.update(_moe_aux_losses(resolved, num_microbatches, state.iteration))
             metrics.record(state.iteration, loss, step_time, **scalars)
 
@@ -497,6 +531,8 @@ def _train(
         overlap_report=report.to_dict(),
         layer_spec=resolved.model.resolved_layer_spec,
         cuda_device_max_connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+        moe_token_dispatch=dispatch,
+        optimizer_kernels=optimizer_kernels,
         num_microbatches=num_microbatches,
         start_iteration=metrics.start_iteration,
         final_iteration=state.iteration,

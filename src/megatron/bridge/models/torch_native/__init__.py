@@ -4,25 +4,30 @@ SDPA core attention (:class:`TorchSDPAttention`) and grouped-GEMM routed experts
 (:class:`TorchGroupedMLP`, ``torch._grouped_mm`` on Hopper bf16, a per-expert loop elsewhere),
 plugged into megatron-core's ``TransformerLayer``/``MoELayer`` through its spec mechanism.
 Select with ``model.layer_spec="torch_native"`` (``"auto"`` picks it when TE is absent).
+
+Names are imported on first use, so that light modules of this package (``dispatch_policy``, used
+by validation on login nodes) do not pull in megatron's layers.
 """
 
-from megatron.bridge.models.torch_native.attention import TorchSDPAttention, sdpa_core_attention
-from megatron.bridge.models.torch_native.dispatcher import SortedTokenDispatcher, TorchNativeMoELayer
-from megatron.bridge.models.torch_native.experts import TorchGroupedMLP
-from megatron.bridge.models.torch_native.grouped_gemm import grouped_linear, select_backend
-from megatron.bridge.models.torch_native.spec import (
-    get_torch_native_decoder_block_spec,
-    torch_native_layer_spec,
-)
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "TorchSDPAttention",
-    "SortedTokenDispatcher",
-    "TorchGroupedMLP",
-    "TorchNativeMoELayer",
-    "get_torch_native_decoder_block_spec",
-    "grouped_linear",
-    "sdpa_core_attention",
-    "select_backend",
-    "torch_native_layer_spec",
-]
+_EXPORTS = {
+    "TorchSDPAttention": "attention",
+    "sdpa_core_attention": "attention",
+    "SortedTokenDispatcher": "dispatcher",
+    "TorchNativeMoELayer": "dispatcher",
+    "TorchGroupedMLP": "experts",
+    "grouped_linear": "grouped_gemm",
+    "select_backend": "grouped_gemm",
+    "get_torch_native_decoder_block_spec": "spec",
+    "torch_native_layer_spec": "spec",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -1,60 +1,66 @@
-"""Sync-free token permutation for the torch-native MoE layer (EP=1, expert TP=1).
+"""Sync-free token dispatch for the torch-native MoE layer.
 
-megatron-core's alltoall dispatcher permutes with ``masked_select``/``nonzero`` over the routing map
-and copies the token counts to the host before the expert GEMMs: every MoE layer stalls the GPU
-behind a host sync. With one expert-parallel rank none of that is needed:
+megatron-core's alltoall dispatcher permutes with ``masked_select``/``nonzero`` over the routing map,
+copies the token counts to the host before every all-to-all (``all_to_all_single`` wants host split
+sizes) and, with more than one expert-parallel rank, re-sorts the received tokens by expert with a
+host-side loop over ``ep_size * num_local_experts`` chunks. Every MoE layer stalls the host behind
+the GPU, so the host never gets ahead and megatron's combined-1F1B schedule has little queued to
+overlap the all-to-all with. Here the host only enqueues work:
 
 * every token routes to exactly ``topk`` experts (megatron's top-k routers scatter ``topk`` ones per
   row), so the permuted buffer has the static size ``tokens * topk``;
 * a stable sort of the flattened ``[tokens, topk]`` expert ids gives megatron's order exactly
-  (expert-major, tokens ascending within an expert);
-* ``tokens_per_expert`` stays on the device (``routing_map.sum(0)``) and feeds
-  ``torch._grouped_mm``'s device offsets;
-* permute and unpermute are both gathers (forward and backward), no ``index_add`` atomics: the
-  unpermute sums each token's ``topk`` expert rows in expert order, which is also the order in
-  which megatron's ``scatter_add`` adds them.
+  (expert-major, tokens ascending within an expert), which is also destination-rank-major;
+* counts stay on the device; permute and unpermute are gathers in both directions (no atomics): the
+  unpermute sums each token's ``topk`` expert rows in expert order, as megatron's ``scatter_add``.
 
-:class:`TorchNativeMoELayer` is megatron's ``MoELayer`` whose dispatcher is swapped for
-:class:`SortedTokenDispatcher` when the configuration allows it (see :func:`fast_path_blockers`);
-otherwise megatron's dispatcher stays and the reason is logged once
-(``MBRIDGE_TORCH_NATIVE_SORTED_DISPATCH=0`` forces megatron's, for A/B timing). The dispatcher subclasses
-megatron's ``MoEAlltoAllTokenDispatcher`` and implements the same six stage methods the MoE layer
-and the fine-grained EP-overlap schedule call, so ``build_schedule_plan`` keeps working.
+With one expert-parallel rank (:class:`SortedTokenDispatcher`) nothing is exchanged. With several
+(:class:`ExpertParallelSortedDispatcher`) the per-expert counts are all-gathered over the EP group
+(a fixed-size collective: no host copy), rows travel through a :class:`RowExchange` into a buffer
+sized for the worst case (``ep_size * tokens * min(topk, local experts)`` rows, so no token is ever
+dropped), and one device-side gather re-sorts them by local expert (megatron's order after its
+second permutation). Rows past the received total are padding: the experts skip them
+(``tokens_per_expert`` does not cover them) and nothing sends them back.
+
+:class:`TorchNativeMoELayer` is megatron's ``MoELayer`` whose dispatcher is swapped according to
+``config.torch_native_dispatcher`` (``"auto"``, ``"sorted"`` or ``"megatron"``, see
+:func:`choose_dispatch`). Both dispatchers subclass megatron's ``MoEAlltoAllTokenDispatcher`` and
+implement the six stage methods that the MoE layer and the combined-1F1B schedule call, so
+``build_schedule_plan`` keeps working; state the backward needs lives in autograd contexts, so a
+forward of the next micro-batch may run between a forward and its backward.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from typing import List, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from megatron.bridge.models.torch_native.compiled import LazyCompiled
+from megatron.bridge.models.torch_native.dispatch_policy import (  # noqa: F401 - re-exported
+    DispatchChoice,
+    apply_nvshmem_blocks,
+    choose_dispatch,
+    fast_path_blockers,
+    static_blockers,
+)
+from megatron.bridge.models.torch_native.token_exchange import (
+    RowExchange,
+    copy_column,
+    exclusive_cumsum,
+    make_exchange,
+    row_bytes,
+)
+
 logger = logging.getLogger(__name__)
 
-_REPORTED: set = set()
-
-
-def fast_path_blockers(config: TransformerConfig, ep_size: int, tp_size: int) -> List[str]:
-    """Why the sync-free dispatcher cannot replace megatron's (empty list: it can)."""
-    checks = (
-        (os.environ.get("MBRIDGE_TORCH_NATIVE_SORTED_DISPATCH", "1") == "0",
-         "MBRIDGE_TORCH_NATIVE_SORTED_DISPATCH=0"),
-        (config.moe_token_dispatcher_type != "alltoall", "dispatcher is not alltoall"),
-        (ep_size != 1, f"expert parallel size {ep_size} > 1"),
-        (tp_size != 1, f"expert tensor parallel size {tp_size} > 1"),
-        (config.moe_expert_capacity_factor is not None, "token dropping (moe_expert_capacity_factor)"),
-        (bool(config.moe_pad_expert_input_to_capacity), "moe_pad_expert_input_to_capacity"),
-        (bool(config.moe_router_padding_for_quantization), "moe_router_padding_for_quantization"),
-        (bool(config.moe_shared_expert_overlap), "moe_shared_expert_overlap"),
-        (getattr(config, "moe_latent_size", None) is not None, "moe_latent_size"),
-        (config.cuda_graph_impl != "none", "CUDA graphs"),
-        (getattr(config, "transformer_impl", "") == "inference_optimized", "inference_optimized"),
-    )
-    return [why for blocked, why in checks if blocked]
+# ------------------------------------------------------------------------------ permutation
 
 
 def sorted_routing(routing_map: torch.Tensor, topk: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -122,6 +128,13 @@ def unpermute_sorted(y: torch.Tensor, state: Tuple[torch.Tensor, torch.Tensor]) 
     return _UnpermuteTokens.apply(y, src_token, pos)
 
 
+def _check_exactly_topk(tokens_per_expert: torch.Tensor, num_tokens: int, topk: int) -> None:
+    """Free on the host (CPU tensors): guard the every-token-has-``topk``-experts invariant."""
+    total = int(tokens_per_expert.sum())
+    if total != num_tokens * topk:
+        raise RuntimeError(f"routing map selects {total} token-expert pairs, expected {num_tokens} tokens x top-{topk}")
+
+
 class SortedTokenDispatcher(MoEAlltoAllTokenDispatcher):
     """Alltoall dispatcher for one EP rank: static-size sorted permutation, counts stay on device."""
 
@@ -133,11 +146,8 @@ class SortedTokenDispatcher(MoEAlltoAllTokenDispatcher):
         tokens = hidden_states.view(-1, self.hidden_shape[-1])
         self.hidden_shape_before_permute = tokens.shape
         self.tokens_per_expert = routing_map.sum(dim=0).long()
-        if not tokens.is_cuda:  # free on the host: guard the exactly-top-k invariant
-            total = int(self.tokens_per_expert.sum())
-            if total != tokens.shape[0] * self.config.moe_router_topk:
-                raise RuntimeError(f"routing map selects {total} token-expert pairs, expected "
-                                   f"{tokens.shape[0]} tokens x top-{self.config.moe_router_topk}")
+        if not tokens.is_cuda:
+            _check_exactly_topk(self.tokens_per_expert, tokens.shape[0], self.config.moe_router_topk)
         permuted, permuted_probs, self._perm_state = permute_sorted(
             tokens, routing_map, probs, self.config.moe_router_topk
         )
@@ -167,26 +177,270 @@ class SortedTokenDispatcher(MoEAlltoAllTokenDispatcher):
         return output.view(self.hidden_shape)
 
 
+# ------------------------------------------------------------------------------ EP > 1
+
+
+@dataclass
+class ExchangePlan:
+    """Everything about one micro-batch's exchange, computed on the device from the gathered counts.
+
+    Received rows arrive source-rank-major (all rows from rank 0, then rank 1, ...; within a
+    source, by local expert). ``to_source_major[i]`` is the received row that becomes row ``i`` in
+    expert-major order (megatron's order: by local expert, then by source rank); ``to_expert_major``
+    is its inverse. Both are permutations of ``range(capacity)``; padding rows map to themselves.
+    """
+
+    send_splits: torch.Tensor  # [ep] rows this rank sends to each rank
+    recv_splits: torch.Tensor  # [ep] rows this rank receives from each rank
+    tokens_per_expert: torch.Tensor  # [local experts]
+    to_source_major: torch.Tensor  # [capacity]
+    to_expert_major: torch.Tensor  # [capacity]
+    send_rows: int
+    capacity: int
+
+
+def _plan_tensors(all_counts: torch.Tensor, rank: int, num_local_experts: int, capacity: int):
+    """The device tensors of :class:`ExchangePlan` (one small fused computation on GPUs)."""
+    ep = all_counts.shape[0]
+    mine = all_counts[:, rank * num_local_experts:(rank + 1) * num_local_experts]  # [src, local expert]
+    source_starts = exclusive_cumsum(mine.reshape(-1)).view(ep, num_local_experts)
+    expert_major = mine.t().reshape(-1)  # segment (expert e, source s) at e * ep + s
+    segment_ends = torch.cumsum(expert_major, 0)
+    segment_starts = segment_ends - expert_major
+    row = torch.arange(capacity, device=all_counts.device)
+    segment = torch.searchsorted(segment_ends, row, right=True)
+    valid = segment < expert_major.numel()
+    segment = segment.clamp(max=expert_major.numel() - 1)
+    expert, source = segment // ep, segment % ep
+    source_row = source_starts[source, expert] + (row - segment_starts[segment])
+    to_source_major = torch.where(valid, source_row, row)
+    to_expert_major = torch.empty_like(to_source_major).scatter_(0, to_source_major, row)
+    send_splits = all_counts[rank].view(ep, num_local_experts).sum(1)
+    return send_splits, mine.sum(1), mine.sum(0), to_source_major, to_expert_major
+
+
+# static shapes: one graph per (EP size, experts, capacity), i.e. per run
+_COMPILED_PLAN = LazyCompiled(_plan_tensors, "EP exchange plan", dynamic=False)
+
+
+def exchange_plan(
+    all_counts: torch.Tensor, rank: int, num_local_experts: int, capacity: int, send_rows: int
+) -> ExchangePlan:
+    """``all_counts[s, e]``: tokens rank ``s`` routes to global expert ``e`` -> this rank's plan."""
+    args = (all_counts, rank, num_local_experts, capacity)
+    tensors = _COMPILED_PLAN(_plan_tensors, *args) if all_counts.is_cuda else _plan_tensors(*args)
+    send_splits, recv_splits, tokens_per_expert, to_source_major, to_expert_major = tensors
+    return ExchangePlan(
+        send_splits=send_splits, recv_splits=recv_splits, tokens_per_expert=tokens_per_expert,
+        to_source_major=to_source_major, to_expert_major=to_expert_major,
+        send_rows=send_rows, capacity=capacity,
+    )
+
+
+class _DispatchExchange(torch.autograd.Function):
+    """Tokens and probs to the experts' ranks; received rows come back source-major ``[capacity, ...]``."""
+
+    @staticmethod
+    def forward(ctx, tokens, probs, plan: ExchangePlan, exchange: RowExchange, nbytes: int):  # noqa: D102
+        hidden = tokens.shape[1]
+        ctx.plan, ctx.exchange, ctx.nbytes = plan, exchange, nbytes
+        ctx.send_rows, ctx.dtypes = tokens.shape[0], (tokens.dtype, probs.dtype)
+        return exchange.exchange(
+            [tokens, probs.reshape(-1, 1)], plan.send_splits, plan.capacity,
+            lambda recv: _read_tokens_and_probs(recv, hidden, tokens.dtype, probs.dtype), nbytes,
+        )
+
+    @staticmethod
+    def backward(ctx, grad_tokens, grad_probs):  # noqa: D102
+        plan, (token_dtype, probs_dtype) = ctx.plan, ctx.dtypes
+        if grad_probs is None:
+            grad_probs = torch.zeros(plan.capacity, dtype=probs_dtype, device=grad_tokens.device)
+        grad_x, grad_p = ctx.exchange.exchange(
+            [grad_tokens, grad_probs.reshape(-1, 1)], plan.recv_splits, ctx.send_rows,
+            lambda recv: _read_tokens_and_probs(recv, grad_tokens.shape[1], token_dtype, probs_dtype), ctx.nbytes,
+        )
+        return grad_x, grad_p, None, None, None
+
+
+def _read_tokens_and_probs(recv: torch.Tensor, hidden: int, token_dtype: torch.dtype, probs_dtype: torch.dtype):
+    """Copy the token and prob columns out of a received byte buffer."""
+    tokens = copy_column(recv, 0, hidden, token_dtype)
+    probs = copy_column(recv, hidden * tokens.element_size(), 1, probs_dtype).reshape(-1)
+    return tokens, probs
+
+
+class _CombineExchange(torch.autograd.Function):
+    """Expert outputs (source-major ``[capacity, hidden]``) back to their tokens' ranks."""
+
+    @staticmethod
+    def forward(ctx, expert_out, plan: ExchangePlan, exchange: RowExchange, nbytes: int):  # noqa: D102
+        ctx.plan, ctx.exchange, ctx.nbytes = plan, exchange, nbytes
+        return exchange.exchange([expert_out], plan.recv_splits, plan.send_rows, _column_reader(expert_out), nbytes)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        plan = ctx.plan
+        grad_out = ctx.exchange.exchange([grad], plan.send_splits, plan.capacity, _column_reader(grad), ctx.nbytes)
+        return grad_out, None, None, None
+
+
+def _column_reader(like: torch.Tensor):
+    """Reads a ``like``-shaped (width and dtype) first column out of a received byte buffer."""
+    return lambda recv: copy_column(recv, 0, like.shape[1], like.dtype)
+
+
+class _ReorderRows(torch.autograd.Function):
+    """``x[order]`` for a permutation ``order``; backward gathers with its ``inverse``."""
+
+    @staticmethod
+    def forward(ctx, x, order, inverse):  # noqa: D102
+        ctx.save_for_backward(inverse)
+        return x.index_select(0, order)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        (inverse,) = ctx.saved_tensors
+        return grad.contiguous().index_select(0, inverse), None, None
+
+
+_EXCHANGES: Dict[Tuple[str, str], RowExchange] = {}
+
+
+def shared_exchange(group: dist.ProcessGroup, transport: str, device: torch.device) -> RowExchange:
+    """One exchange (and one set of buffers) per set of EP ranks and transport, shared by all layers.
+
+    Keyed by the ranks, not the group object: a process that trains several models one after
+    another (benchmarks) gets new groups of the same ranks each time and keeps its buffers.
+    """
+    key = (tuple(dist.get_process_group_ranks(group)), transport)
+    exchange = _EXCHANGES.get(key)
+    if exchange is None:
+        exchange = _EXCHANGES[key] = make_exchange(group, device, prefer_symmetric=transport == "nvshmem")
+    elif exchange.group is not group:
+        exchange.rebind(group)
+    return exchange
+
+
+def _configure_transport(config: TransformerConfig, choice: DispatchChoice) -> None:
+    if choice.transport == "nvshmem":
+        apply_nvshmem_blocks(getattr(config, "torch_native_nvshmem_blocks", None))
+
+
+class ExpertParallelSortedDispatcher(MoEAlltoAllTokenDispatcher):
+    """Alltoall dispatcher for EP > 1 (expert TP = 1) with device-side counts and static buffers."""
+
+    def __init__(self, *args, transport: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.transport = transport
+        self._plan: Optional[ExchangePlan] = None
+
+    def _exchange(self, device: torch.device) -> RowExchange:
+        return shared_exchange(self.ep_group, self.transport, device)
+
+    def _capacity(self, num_tokens: int) -> int:
+        """Worst-case rows one rank can receive: every source sends it each token's local experts."""
+        return self.ep_size * num_tokens * min(self.config.moe_router_topk, self.num_local_experts)
+
+    def dispatch_preprocess(self, hidden_states: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor):
+        """Permute by (global) expert, gather every rank's per-expert counts, plan the exchange."""
+        self.hidden_shape = hidden_states.shape
+        self.probs = probs
+        self.routing_map = routing_map
+        tokens = hidden_states.view(-1, self.hidden_shape[-1])
+        self.hidden_shape_before_permute = tokens.shape
+        counts = routing_map.sum(dim=0).long()
+        if not tokens.is_cuda:
+            _check_exactly_topk(counts, tokens.shape[0], self.config.moe_router_topk)
+        all_counts = torch.empty(self.ep_size * counts.numel(), dtype=counts.dtype, device=counts.device)
+        dist.all_gather_into_tensor(all_counts, counts, group=self.ep_group)
+        num_tokens, topk = tokens.shape[0], self.config.moe_router_topk
+        self._plan = exchange_plan(
+            all_counts.view(self.ep_size, -1), self.ep_rank, self.num_local_experts,
+            capacity=self._capacity(num_tokens), send_rows=num_tokens * topk,
+        )
+        permuted, permuted_probs, self._perm_state = permute_sorted(
+            tokens, routing_map, probs, self.config.moe_router_topk
+        )
+        return permuted, permuted_probs
+
+    def _row_bytes(self, tokens: torch.Tensor, probs: torch.Tensor) -> int:
+        # One row layout for dispatch and combine, so they share one set of buffers.
+        return row_bytes([(tokens.shape[1], tokens.dtype), (1, probs.dtype)])
+
+    def token_dispatch(self, permutated_local_input_tokens, permuted_probs):
+        """Send each token row (with its prob) to the rank of its expert; counts stay on device."""
+        tokens, probs = permutated_local_input_tokens, permuted_probs
+        self._nbytes = self._row_bytes(tokens, probs)
+        return _DispatchExchange.apply(tokens, probs, self._plan, self._exchange(tokens.device), self._nbytes)
+
+    def dispatch_postprocess(self, global_input_tokens, global_probs):
+        """Re-sort the received rows by local expert (megatron's order); padding rows stay last.
+
+        A new tensor on purpose: the combined-1F1B schedule frees this stage's input after the
+        forward, while the experts keep their input for the backward.
+        """
+        plan = self._plan
+        tokens = _ReorderRows.apply(global_input_tokens, plan.to_source_major, plan.to_expert_major)
+        probs = _ReorderRows.apply(global_probs, plan.to_source_major, plan.to_expert_major)
+        return tokens, plan.tokens_per_expert, probs
+
+    def combine_preprocess(self, hidden_states):
+        """Back to the order the rows arrived in (by source rank), ready to be sent home."""
+        plan = self._plan
+        return _ReorderRows.apply(hidden_states, plan.to_expert_major, plan.to_source_major)
+
+    def token_combine(self, hidden_states, async_finish: bool = True, allocate_on_comm_stream: bool = True):
+        """Send the expert outputs back; rows arrive in this rank's permuted order."""
+        return _CombineExchange.apply(hidden_states, self._plan, self._exchange(hidden_states.device), self._nbytes)
+
+    def combine_postprocess(self, permutated_local_input_tokens):
+        """Sum each token's expert outputs (gather, no atomics) and restore the input shape."""
+        output = unpermute_sorted(permutated_local_input_tokens, self._perm_state)
+        self._perm_state, self._plan = None, None
+        return output.view(self.hidden_shape)
+
+
+# ------------------------------------------------------------------------------ the MoE layer
+
+
+_CHOICES: List[DispatchChoice] = []  # one entry per MoE layer built in this process
+
+
+def dispatch_choices() -> List[DispatchChoice]:
+    """The distinct dispatcher choices of the MoE layers built since the last :func:`forget_dispatch_choices`."""
+    return list(dict.fromkeys(_CHOICES))
+
+
+def forget_dispatch_choices() -> None:
+    """Start a new record (a process may build several models, e.g. benchmark runs)."""
+    _CHOICES.clear()
+
+
 class TorchNativeMoELayer(MoELayer):
-    """megatron's ``MoELayer`` with :class:`SortedTokenDispatcher` where it applies."""
+    """megatron's ``MoELayer`` with the dispatcher :func:`choose_dispatch` picks."""
 
     def __init__(self, config: TransformerConfig, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
         old = self.token_dispatcher
-        blockers = fast_path_blockers(config, old.ep_size, old.tp_size)
-        if not blockers:
-            self.token_dispatcher = SortedTokenDispatcher(
-                self.num_local_experts, self.local_expert_indices, config=config,
-                pg_collection=_DispatcherGroups(old),
-            )
-        key = tuple(blockers)
-        if key not in _REPORTED:
-            _REPORTED.add(key)
-            if blockers:
-                logger.info("torch_native MoE: megatron's %s dispatcher (sync-free permutation off: %s)",
-                            config.moe_token_dispatcher_type, "; ".join(blockers))
+        choice = choose_dispatch(config, old.ep_size, old.tp_size, old.ep_group, _run_device())
+        if choice.dispatcher == "sorted":
+            common = dict(config=config, pg_collection=_DispatcherGroups(old))
+            if old.ep_size == 1:
+                self.token_dispatcher = SortedTokenDispatcher(self.num_local_experts, self.local_expert_indices, **common)
             else:
-                logger.info("torch_native MoE: sync-free sorted token permutation (EP=1)")
+                _configure_transport(config, choice)
+                self.token_dispatcher = ExpertParallelSortedDispatcher(
+                    self.num_local_experts, self.local_expert_indices, transport=choice.transport, **common
+                )
+        if choice not in _CHOICES:
+            logger.info("torch_native MoE: %s", choice.describe())
+        _CHOICES.append(choice)
+
+
+def _run_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 class _DispatcherGroups:

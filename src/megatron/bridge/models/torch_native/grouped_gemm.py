@@ -2,6 +2,9 @@
 
 Tokens arrive sorted by local expert (megatron-core's dispatchers permute them so) with
 ``tokens_per_expert`` rows each. Weights are stacked ``[E, out, in]`` like ``nn.Linear`` weights.
+Rows past ``sum(tokens_per_expert)`` are padding (the EP>1 sorted dispatcher receives into a
+buffer of static, worst-case size): they belong to no expert, their outputs are unspecified (zero on
+the loop path) and they add nothing to weight gradients.
 
 ``GroupedLinearFunction`` owns the backward so that the weight-gradient GEMM can be deferred
 (``delay_wgrad_compute``): the backward then returns only the input gradient and leaves
@@ -48,24 +51,27 @@ def select_backend(x: torch.Tensor, requested: str = "auto") -> str:
 
 @functools.cache
 def _unaligned_groups_ok(device_index: int) -> bool:
-    """Once per process: does ``torch._grouped_mm`` handle group sizes that are not multiples of 16?
+    """Once per process: does ``torch._grouped_mm`` handle unaligned groups and a padding tail?
 
-    Some torch builds required 16-row aligned groups; where a tiny probe fails or disagrees with
-    per-expert matmuls, the ``grouped_mm_padded`` path pads each group instead.
+    Some torch builds required 16-row aligned groups, and the last offset may have to equal the
+    row count; where a tiny probe (group sizes that are not multiples of 16, then 5 padding rows)
+    fails or disagrees with per-expert matmuls, the ``grouped_mm_padded`` path pads each group.
     """
     dev = torch.device("cuda", device_index)
     g = torch.Generator(device="cpu").manual_seed(0)
     counts = torch.tensor([3, 0, 17, 1, 11])
-    x = torch.randn(int(counts.sum()), 64, generator=g).to(dev, torch.bfloat16)
+    valid, tail = int(counts.sum()), 5
+    x = torch.randn(valid + tail, 64, generator=g).to(dev, torch.bfloat16)
     w = torch.randn(len(counts), 32, 64, generator=g).to(dev, torch.bfloat16)
+    dy = torch.randn(valid + tail, 32, generator=g).to(dev, torch.bfloat16)
     try:
-        y = torch._grouped_mm(x, w.transpose(-2, -1), offs=_offsets(counts, dev)).float()
-        dw = torch._grouped_mm(y.to(torch.bfloat16).t(), x, offs=_offsets(counts, dev)).float()
+        y = torch._grouped_mm(x, w.transpose(-2, -1), offs=_offsets(counts, dev)).float()[:valid]
+        dw = torch._grouped_mm(dy.t(), x, offs=_offsets(counts, dev)).float()
     except Exception:
         return False
-    ref = reference_grouped_linear(x.float(), w.float(), counts.tolist())
-    chunks = torch.split(x.float(), counts.tolist())
-    ref_dw = torch.stack([r.t() @ c for r, c in zip(torch.split(y, counts.tolist()), chunks)])
+    ref = reference_grouped_linear(x[:valid].float(), w.float(), counts.tolist())
+    chunks = torch.split(x[:valid].float(), counts.tolist())
+    ref_dw = torch.stack([d.t() @ c for d, c in zip(torch.split(dy[:valid].float(), counts.tolist()), chunks)])
     ok_y = (y - ref).norm() <= 2e-2 * ref.norm()
     live = counts.to(dev) > 0
     ok_dw = (dw[live] - ref_dw[live]).norm() <= 2e-2 * ref_dw[live].norm()
@@ -84,8 +90,22 @@ def _strides_aligned(weight: torch.Tensor) -> bool:
     return all((d * size) % 16 == 0 for d in weight.shape[-2:])
 
 
-def _split_sizes(counts: torch.Tensor) -> List[int]:
-    return counts.tolist()
+def _split_sizes(counts: torch.Tensor, rows: int) -> List[int]:
+    """Per-expert row counts on the host, plus the padding rows past them (if any)."""
+    sizes = counts.tolist()
+    tail = rows - sum(sizes)
+    if tail < 0:
+        raise ValueError(f"tokens_per_expert sums to {sum(sizes)} but only {rows} rows were given")
+    return sizes + [tail] if tail else sizes
+
+
+def _per_expert(chunks: Sequence[torch.Tensor], num_experts: int, fn) -> torch.Tensor:
+    """``fn(e, chunk)`` per expert, concatenated, with zero rows for a padding tail."""
+    out = [fn(e, c) for e, c in enumerate(chunks[:num_experts])]
+    if len(chunks) > num_experts:
+        tail = chunks[num_experts]
+        out.append(tail.new_zeros(tail.shape[0], out[0].shape[1] if out else tail.shape[1]))
+    return torch.cat(out, dim=0)
 
 
 def _offsets(counts: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -100,13 +120,17 @@ def _padded_layout(counts: torch.Tensor, rows: int, device: torch.device):
     static bound (rows + 16 * groups) so the layout needs no device-to-host copy.
     """
     counts = counts.to(device=device, dtype=torch.int64)
+    num_experts = counts.numel()
+    # The padding tail (rows past the counts) is one more group, placed after the last offset.
+    counts = torch.cat([counts, (rows - counts.sum()).view(1)])
     padded = (counts + _ALIGN_ROWS - 1) // _ALIGN_ROWS * _ALIGN_ROWS
     starts = torch.cumsum(counts, 0) - counts
     padded_starts = torch.cumsum(padded, 0) - padded
-    expert_of_row = torch.repeat_interleave(torch.arange(counts.numel(), device=device), counts, output_size=rows)
+    expert_of_row = torch.repeat_interleave(torch.arange(num_experts + 1, device=device), counts, output_size=rows)
     row = torch.arange(rows, device=device)
     dest = padded_starts[expert_of_row] + (row - starts[expert_of_row])
-    return dest, torch.cumsum(padded, 0).to(torch.int32), rows + _ALIGN_ROWS * counts.numel()
+    offsets = torch.cumsum(padded[:num_experts], 0).to(torch.int32)
+    return dest, offsets, rows + _ALIGN_ROWS * (num_experts + 1)
 
 
 def _scatter_rows(x: torch.Tensor, dest: torch.Tensor, buffer_rows: int) -> torch.Tensor:
@@ -122,8 +146,8 @@ def grouped_fprop(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, backen
     if backend == "grouped_mm_padded":
         dest, offs, n = _padded_layout(counts, x.shape[0], x.device)
         return torch._grouped_mm(_scatter_rows(x, dest, n), w.transpose(-2, -1), offs=offs)[dest]
-    chunks = torch.split(x, _split_sizes(counts))
-    return torch.cat([c @ w[e].t() for e, c in enumerate(chunks)], dim=0)
+    chunks = torch.split(x, _split_sizes(counts, x.shape[0]))
+    return _per_expert(chunks, w.shape[0], lambda e, c: c @ w[e].t())
 
 
 def grouped_dgrad(dy: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, backend: str) -> torch.Tensor:
@@ -133,8 +157,8 @@ def grouped_dgrad(dy: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, backe
     if backend == "grouped_mm_padded":
         dest, offs, n = _padded_layout(counts, dy.shape[0], dy.device)
         return torch._grouped_mm(_scatter_rows(dy, dest, n), w, offs=offs)[dest]
-    chunks = torch.split(dy, _split_sizes(counts))
-    return torch.cat([c @ w[e] for e, c in enumerate(chunks)], dim=0)
+    chunks = torch.split(dy, _split_sizes(counts, dy.shape[0]))
+    return _per_expert(chunks, w.shape[0], lambda e, c: c @ w[e])
 
 
 def grouped_wgrad(
@@ -156,8 +180,9 @@ def grouped_wgrad(
             empty = counts.to(device=dw.device) == 0
             dw.masked_fill_(empty.view(-1, 1, 1), 0)
         return dw.to(out_dtype)
-    dy_chunks = torch.split(dy, _split_sizes(counts))
-    x_chunks = torch.split(x, _split_sizes(counts))
+    sizes = _split_sizes(counts, dy.shape[0])[:num_experts]
+    dy_chunks = torch.split(dy[:sum(sizes)], sizes)
+    x_chunks = torch.split(x[:sum(sizes)], sizes)
     dw = torch.stack([d.t() @ c for d, c in zip(dy_chunks, x_chunks)]) if num_experts else None
     return dw.to(out_dtype)
 

@@ -1,0 +1,333 @@
+"""EP overlap A/B on one host of two GPUs: the whole table of ``docs/benchmarks/ep_overlap.md`` in one run.
+
+Every case is built exactly as ``run_script.py`` builds it (the same flags and dotted overrides,
+the same validation) and trained by ``pretrain()`` with the optimizer. Cases that share a launch
+(the same GPUs and transport) run one after another inside one ``torchrun`` job, so the start-up
+cost is paid once per job, not per case:
+
+* ``ep1``: EP=1 on one GPU, the compute-only reference (same per-GPU work: 8 micro-batches);
+* ``nvlink``: EP=2 across both GPUs, NCCL and NVSHMEM over NVLink;
+* ``host_staged``: EP=2 with ``NCCL_P2P_DISABLE=1`` (NCCL stages through host memory: a stand-in
+  for slower inter-node links). NVSHMEM ignores that variable, so these cases run the token
+  exchange over NCCL (``model.torch_native_ep_transport=nccl``), which keeps the slow path honest.
+
+Within a job the cases are interleaved (for each repeat: MBS 2 off, on, then MBS 1 off, on; the
+larger micro-batch first so the token buffers are sized once). The steady state is iterations
+``--window-start``..``--steps`` of each case. Outputs: ``<out>/results.json`` plus, with
+``--publish``, ``docs/benchmarks/ep_overlap_results.json`` and the generated section of
+``docs/benchmarks/ep_overlap.md``.
+
+    uv run python scripts/performance/ep_overlap_benchmark.py --out /tmp/ep_overlap --publish
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from megatron.bridge.perf.argument_parser import parse_args
+from megatron.bridge.perf.config_builder import build_config
+from megatron.bridge.perf.launcher import ENTRY_MODULE, torchrun_argv
+from megatron.bridge.perf.run import make_job, prepare
+
+REPO = Path(__file__).resolve().parents[2]
+
+NOMINAL_PEAK_TFLOPS = 989.5  # dense bf16, H100/H200 SXM datasheet
+RESULTS_JSON = REPO / "docs" / "benchmarks" / "ep_overlap_results.json"
+RESULTS_MD = REPO / "docs" / "benchmarks" / "ep_overlap.md"
+BEGIN, END = "<!-- generated: begin -->", "<!-- generated: end -->"
+# Multicast stays off on shared hosts; also in the launched workers.
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+TRANSPORT_ENV = {"ep1": {}, "nvlink": {}, "host_staged": {"NCCL_P2P_DISABLE": "1"}}
+TRANSPORT_OVERRIDES = {"ep1": [], "nvlink": [], "host_staged": ["model.torch_native_ep_transport=nccl"]}
+
+
+@dataclass
+class Case:
+    """One training run: a transport (job), a micro-batch size, overlap on/off, a repeat index."""
+
+    transport: str
+    mbs: int
+    overlap: bool
+    repeat: int
+    log_dir: Path = field(default=Path())
+    env: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        kind = "ep1" if self.transport == "ep1" else f"{self.transport}_{'on' if self.overlap else 'off'}"
+        return f"{kind}_mbs{self.mbs}_r{self.repeat}"
+
+
+def harness_argv(case: Case, args: argparse.Namespace) -> list[str]:
+    """The ``run_script.py`` command line of one case (what a user would type)."""
+    ep = 1 if case.transport == "ep1" else 2
+    micro_batches = 8
+    argv = [
+        "-m", "qwen", "-mr", "qwen3_30b_a3b", "--task", "pretrain", "-g", "h200", "-c", "bf16",
+        "-ng", str(ep), "-ep", str(ep), "-mb", str(case.mbs), "-gb", str(case.mbs * micro_batches * ep),
+        "-sl", "4096", "--max_steps", str(args.steps), "--cuda_graph_impl", "none",
+        "--moe_flex_dispatcher_backend", "None", "--tokenizer_type", "NullTokenizer",
+        "--moe_a2a_overlap", "true" if case.overlap else "false", "-l", str(case.log_dir),
+        f"model.num_layers={args.layers}", "scheduler.lr_warmup_iters=2",
+        f"logger.steady_state_window=[{args.window_start},{args.steps}]",
+        *TRANSPORT_OVERRIDES[case.transport], *args.override,
+    ]
+    return argv
+
+
+def plan_cases(args: argparse.Namespace) -> dict[str, list[Case]]:
+    """Cases per job, interleaved: for each repeat, the larger MBS first, overlap off then on."""
+    mbs_list = sorted(args.mbs, reverse=True)
+    jobs: dict[str, list[Case]] = {}
+    for transport in ["ep1", *args.transports]:
+        cases = []
+        for repeat in range(args.repeats):
+            for mbs in mbs_list:
+                for overlap in ((False,) if transport == "ep1" else (False, True)):
+                    case = Case(transport, mbs, overlap, repeat)
+                    case.log_dir = args.out / case.name
+                    cases.append(case)
+        jobs[transport] = cases
+    return jobs
+
+
+def write_configs(cases: list[Case], args: argparse.Namespace) -> list[Path]:
+    """Resolve and validate each case through the harness; returns the YAML paths."""
+    paths = []
+    for case in cases:
+        parsed = parse_args(harness_argv(case, args))
+        job = make_job(build_config(parsed), parsed)
+        prepare(job)
+        paths.append(case.log_dir / "config.yaml")
+        case.env = dict(job.plan.env)
+    return paths
+
+
+def run_job(transport: str, cases: list[Case], args: argparse.Namespace) -> int:
+    """One ``torchrun`` job that trains ``cases`` in order."""
+    paths = write_configs(cases, args)
+    nprocs = 1 if transport == "ep1" else 2
+    worker = [sys.executable, "-m", ENTRY_MODULE] + [x for p in paths for x in ("--config-file", str(p))]
+    argv = torchrun_argv(nprocs, args.out / f"job_{transport}", worker, sys.executable)
+    env = dict(os.environ)
+    for case in cases:  # as the harness's sweeps: every run of a job gets what any run needs
+        env.update(case.env)  # (CUDA_DEVICE_MAX_CONNECTIONS=32 for EP overlap)
+    env.update(SAFE_ENV)
+    env.update(TRANSPORT_ENV[transport])
+    log = args.out / f"job_{transport}.log"
+    print(f"== job {transport}: {len(cases)} runs, log {log}", flush=True)
+    start = time.time()
+    with open(log, "w") as fh:
+        code = subprocess.run(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=args.job_timeout).returncode
+    print(f"   exit {code} after {time.time() - start:.0f} s", flush=True)
+    return code
+
+
+# ------------------------------------------------------------------------------ results
+
+
+def load_case(case: Case) -> Optional[dict]:
+    path = case.log_dir / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def case_stats(summary: dict) -> dict:
+    window = summary["steady_state_window"]
+    times = summary["step_times_s"][window[0] - 1: window[1]]
+    extra = summary.get("extra", {})
+
+    def mean_of(key: str) -> Optional[float]:
+        values = extra.get(key, [])[window[0] - 1: window[1]]
+        return statistics.fmean(values) if values else None
+
+    return dict(
+        step_s=summary["steady_state_mean_s"], min_s=min(times), max_s=max(times),
+        tflops_per_gpu=summary["tflops_per_gpu"], losses=summary["losses"],
+        host_fwd_bwd_s=mean_of("host_fwd_bwd_s"), gpu_fwd_bwd_s=mean_of("gpu_fwd_bwd_s"),
+        gpu_optimizer_s=mean_of("gpu_optimizer_s"), dispatch=summary.get("moe_token_dispatch"),
+        window=window,
+    )
+
+
+def mean(values: list[float]) -> Optional[float]:
+    return statistics.fmean(values) if values else None
+
+
+def rows(jobs: dict[str, list[Case]]) -> list[dict]:
+    """One row per (EP=2 transport, MBS): EP=1 reference, overlap off and on, all repeats."""
+    stats = {case.name: case_stats(s) for cases in jobs.values() for case in cases if (s := load_case(case))}
+
+    def runs(transport: str, mbs: int, overlap: bool) -> list[dict]:
+        return [stats[c.name] for c in jobs.get(transport, []) if c.mbs == mbs and c.overlap == overlap and c.name in stats]
+
+    out = []
+    for transport in (t for t in jobs if t != "ep1"):
+        for mbs in sorted({c.mbs for c in jobs[transport]}):
+            ep1, off, on = runs("ep1", mbs, False), runs(transport, mbs, False), runs(transport, mbs, True)
+            ep1_s, off_s, on_s = (mean([r["step_s"] for r in x]) for x in (ep1, off, on))
+            row = dict(
+                transport=transport, mbs=mbs, ep1_step_s=ep1_s, off_step_s=off_s, on_step_s=on_s,
+                ep1_runs_s=[r["step_s"] for r in ep1], off_runs_s=[r["step_s"] for r in off], on_runs_s=[r["step_s"] for r in on],
+                off_spread_s=[min(r["min_s"] for r in off), max(r["max_s"] for r in off)] if off else None,
+                on_spread_s=[min(r["min_s"] for r in on), max(r["max_s"] for r in on)] if on else None,
+                ep1_tflops_per_gpu=mean([r["tflops_per_gpu"] for r in ep1]),
+                off_tflops_per_gpu=mean([r["tflops_per_gpu"] for r in off]),
+                on_tflops_per_gpu=mean([r["tflops_per_gpu"] for r in on]),
+                phases={k: {p: mean([r[p] for r in x if r[p] is not None]) for p in ("host_fwd_bwd_s", "gpu_fwd_bwd_s", "gpu_optimizer_s")}
+                        for k, x in (("ep1", ep1), ("off", off), ("on", on))},
+                dispatch_on=on[0]["dispatch"] if on else None,
+                loss_diff_first4=max((abs(a - b) for x, y in zip(off, on) for a, b in zip(x["losses"][:4], y["losses"][:4])), default=None),
+            )
+            if ep1_s and off_s and on_s:
+                row["on_vs_off"] = off_s / on_s
+                row["on_vs_ep1"] = on_s / ep1_s
+                row["hidden_share"] = (off_s - on_s) / (off_s - ep1_s) if off_s > ep1_s else None
+            out.append(row)
+    return out
+
+
+def matmul_ceiling_tflops() -> Optional[float]:
+    """bf16 8192^3 matmul rate on GPU 0 (median of 20), the measured ceiling beside the nominal peak."""
+    try:
+        import torch
+
+        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        for _ in range(3):
+            a @ b
+        times = []
+        for _ in range(20):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            a @ b
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e) / 1e3)
+        return 2 * 8192**3 / statistics.median(times) / 1e12
+    except Exception as exc:  # a missing GPU only loses this column
+        print(f"matmul ceiling not measured: {exc}", flush=True)
+        return None
+
+
+def git_commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except OSError:
+        return "unknown"
+
+
+def fmt(x: Optional[float], digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def markdown_section(result: dict) -> str:
+    """The generated part of ``ep_overlap.md``: command, table, per-phase times."""
+    lines = [
+        f"Run: {result['date']}, commit `{result['commit']}`, {result['device']}; "
+        f"bf16 matmul ceiling measured in the run: {fmt(result['ceiling_tflops'], 0)} TFLOP/s (nominal peak {NOMINAL_PEAK_TFLOPS}).",
+        "",
+        "```bash",
+        result["command"],
+        "```",
+        "",
+        "| transport | MBS | EP=1 (compute only) | EP=2 overlap off | EP=2 overlap on | on vs off | on / EP=1 | EP overhead hidden | TFLOP/s per GPU (EP=1 / off / on) | MFU of 989.5 (on) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["rows"]:
+        runs = lambda xs: " / ".join(fmt(x) for x in xs)  # noqa: E731
+        lines.append(
+            f"| {r['transport']} | {r['mbs']} | {fmt(r['ep1_step_s'])} s ({runs(r['ep1_runs_s'])}) "
+            f"| {fmt(r['off_step_s'])} s ({runs(r['off_runs_s'])}) | {fmt(r['on_step_s'])} s ({runs(r['on_runs_s'])}) "
+            f"| {fmt(r.get('on_vs_off'), 2)}x | {fmt(r.get('on_vs_ep1'), 2)}x | "
+            f"{'-' if r.get('hidden_share') is None else f'{100 * r['hidden_share']:.0f}%'} "
+            f"| {fmt(r['ep1_tflops_per_gpu'], 0)} / {fmt(r['off_tflops_per_gpu'], 0)} / {fmt(r['on_tflops_per_gpu'], 0)} "
+            f"| {'-' if r['on_tflops_per_gpu'] is None else f'{100 * r['on_tflops_per_gpu'] / NOMINAL_PEAK_TFLOPS:.1f}%'} |"
+        )
+    lines += [
+        "",
+        "Step times are steady-state means (iterations "
+        f"{result['window'][0]}-{result['window'][1]}) per run, repeats in parentheses in run order. "
+        "Per-phase means (GPU forward+backward / GPU optimizer / host launch of forward+backward):",
+        "",
+    ]
+    for r in result["rows"]:
+        ph = r["phases"]
+        lines.append(
+            f"- {r['transport']} MBS {r['mbs']}: " + "; ".join(
+                f"{k} {fmt(v['gpu_fwd_bwd_s'])} / {fmt(v['gpu_optimizer_s'])} / {fmt(v['host_fwd_bwd_s'])} s" for k, v in ph.items()
+            ) + f"; largest loss difference off vs on over iterations 1-4: {fmt(r['loss_diff_first4'], 5)}"
+        )
+    dispatch = next((r["dispatch_on"] for r in result["rows"] if r["dispatch_on"]), None)
+    if dispatch:
+        lines += ["", "Token dispatch (overlap-on runs): " + "; ".join(
+            f"{r['transport']}: {r['dispatch_on'][0]['description']}" for r in result["rows"] if r["dispatch_on"] and r["mbs"] == result["rows"][0]["mbs"])]
+    return "\n".join(lines)
+
+
+def publish(result: dict) -> None:
+    RESULTS_JSON.write_text(json.dumps(result["rows"], indent=2) + "\n")
+    section = f"{BEGIN}\n{markdown_section(result)}\n{END}"
+    text = RESULTS_MD.read_text() if RESULTS_MD.is_file() else "# EP overlap on two GPUs\n\n" + f"{BEGIN}\n{END}\n"
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    RESULTS_MD.write_text(head + section + tail)
+    print(f"== wrote {RESULTS_JSON} and {RESULTS_MD}", flush=True)
+
+
+def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="working directory (logs, configs, results.json)")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--window-start", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--mbs", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--transports", nargs="*", default=["nvlink", "host_staged"], choices=["nvlink", "host_staged"],
+                   help="EP=2 jobs to run after the EP=1 reference (none: the reference only)")
+    p.add_argument("--override", action="append", default=[], help="extra dotted override for every case")
+    p.add_argument("--job-timeout", type=float, default=420.0)
+    p.add_argument("--commit", help="commit the run measures (default: git rev-parse HEAD of this checkout)")
+    p.add_argument("--publish", action="store_true", help="write docs/benchmarks/ep_overlap_results.json and the table in ep_overlap.md")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse(argv)
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    ceiling = matmul_ceiling_tflops()
+    jobs = plan_cases(args)
+    codes = {t: run_job(t, cases, args) for t, cases in jobs.items()}
+    import torch
+
+    result = dict(
+        date=time.strftime("%Y-%m-%d"), commit=args.commit or git_commit(),
+        device=f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "no GPU",
+        ceiling_tflops=ceiling, window=[args.window_start, args.steps], exit_codes=codes,
+        command="uv run python scripts/performance/ep_overlap_benchmark.py " + shlex.join(
+            a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--commit")),
+        harness_command_example="uv run python scripts/performance/run_script.py " + shlex.join(
+            harness_argv(jobs[list(jobs)[-1]][-1], args)),
+        rows=rows(jobs),
+    )
+    (args.out / "results.json").write_text(json.dumps(result, indent=2))
+    print(markdown_section(result), flush=True)
+    if args.publish:
+        publish(result)
+    return 0 if all(c == 0 for c in codes.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Which token dispatcher a torch-native MoE layer runs, over which transport, and why.
+
+Kept apart from the dispatchers themselves (no megatron MoE imports) so that validation rules and
+dry runs can ask the same questions on a CPU login node. Three model fields decide:
+
+* ``torch_native_dispatcher``: ``auto`` | ``sorted`` | ``megatron`` (see :func:`choose_dispatch`);
+* ``torch_native_ep_transport``: with EP > 1, how the sorted dispatcher moves rows between ranks:
+  ``nvshmem`` (torch's symmetric-memory ``all_to_all_vdev``: split sizes stay on the GPU, the host
+  never waits), ``nccl`` (``all_to_all_single``, which needs the split sizes on the host: one
+  device-to-host copy and wait per exchange), or ``auto`` (``nvshmem`` where it runs, else ``nccl``);
+* ``torch_native_nvshmem_blocks``: thread blocks of each NVSHMEM all-to-all (torch's
+  ``TORCH_SYMMMEM_NBLOCKS``; ``None`` keeps torch's choice, up to 64). The kernel is a cooperative
+  launch: all its blocks must be resident at once, so while large GEMMs fill the GPU, fewer blocks
+  start sooner and overlap better, at some cost in bandwidth.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, List, Optional, get_args
+
+import torch
+
+from megatron.bridge.models.gpt_provider import TORCH_NATIVE_DISPATCHERS, TorchNativeEPTransport
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+MEGATRON_TRANSPORT = "all_to_all_single with host split sizes"
+EP_TRANSPORTS = get_args(TorchNativeEPTransport)
+NVSHMEM_BLOCKS_ENV = "TORCH_SYMMMEM_NBLOCKS"
+MAX_NVSHMEM_BLOCKS = 64
+
+
+def static_blockers(config: Any, tp_size: int) -> List[str]:
+    """Settings under which the sorted dispatchers would not be exact (empty list: none)."""
+    checks = (
+        (config.moe_token_dispatcher_type != "alltoall", "dispatcher is not alltoall"),
+        (tp_size != 1, f"expert tensor parallel size {tp_size} > 1"),
+        (config.moe_expert_capacity_factor is not None, "token dropping (moe_expert_capacity_factor)"),
+        (bool(config.moe_pad_expert_input_to_capacity), "moe_pad_expert_input_to_capacity"),
+        (bool(config.moe_router_padding_for_quantization), "moe_router_padding_for_quantization"),
+        (bool(config.moe_shared_expert_overlap), "moe_shared_expert_overlap"),
+        (getattr(config, "moe_latent_size", None) is not None, "moe_latent_size"),
+        (config.cuda_graph_impl != "none", "CUDA graphs"),
+        (getattr(config, "transformer_impl", "") == "inference_optimized", "inference_optimized"),
+    )
+    return [why for blocked, why in checks if blocked]
+
+
+def fast_path_blockers(config: Any, ep_size: int, tp_size: int) -> List[str]:
+    """Why the sorted dispatcher cannot replace megatron's at this EP size (empty list: it can)."""
+    blockers = static_blockers(config, tp_size)
+    if ep_size > 1 and config.pipeline_model_parallel_size > 1:
+        blockers.append("pipeline parallelism with EP > 1 (symmetric buffers are allocated by every rank at once)")
+    return blockers
+
+
+@dataclass(frozen=True)
+class DispatchChoice:
+    """Which dispatcher an MoE layer runs, with which transport, and why."""
+
+    dispatcher: str  # "sorted" or "megatron"
+    transport: str  # what moves tokens between EP ranks ("none" for one rank)
+    sync_free: bool
+    reason: str
+
+    def describe(self) -> str:
+        if self.dispatcher == "megatron":
+            return f"megatron-core alltoall dispatcher ({self.reason})"
+        how = "sync-free" if self.sync_free else "host-synchronised"
+        return f"sorted dispatcher, {how}, transport: {self.transport} ({self.reason})"
+
+    def to_dict(self) -> dict:
+        return dict(dispatcher=self.dispatcher, transport=self.transport, sync_free=self.sync_free, reason=self.reason)
+
+
+def choose_dispatch(
+    config: Any, ep_size: int, tp_size: int, ep_group: Optional["dist.ProcessGroup"], device: torch.device
+) -> DispatchChoice:
+    """Resolve the dispatcher fields for one MoE layer on this machine.
+
+    ``"auto"``: the sorted dispatcher where it is exact and, with EP > 1, where its exchange is
+    sync-free (NVSHMEM, or an explicit ``torch_native_ep_transport``); megatron's otherwise.
+    ``"sorted"``: the sorted dispatcher; an inexact setting, or ``nvshmem`` requested where it cannot
+    run, is an error. ``"megatron"``: megatron-core's alltoall dispatcher.
+    """
+    requested = getattr(config, "torch_native_dispatcher", "auto")
+    transport = getattr(config, "torch_native_ep_transport", "auto")
+    if requested not in TORCH_NATIVE_DISPATCHERS:
+        raise ValueError(f"torch_native_dispatcher={requested!r} is not one of {TORCH_NATIVE_DISPATCHERS}")
+    if transport not in EP_TRANSPORTS:
+        raise ValueError(f"torch_native_ep_transport={transport!r} is not one of {EP_TRANSPORTS}")
+    if requested == "megatron":
+        return DispatchChoice("megatron", MEGATRON_TRANSPORT, False, "torch_native_dispatcher='megatron'")
+    blockers = fast_path_blockers(config, ep_size, tp_size)
+    if blockers:
+        if requested == "sorted":
+            raise ValueError("torch_native_dispatcher='sorted' cannot run here: " + "; ".join(blockers))
+        return DispatchChoice("megatron", MEGATRON_TRANSPORT, False, "; ".join(blockers))
+    if ep_size == 1:
+        return DispatchChoice("sorted", "none", True, "EP=1")
+    if transport == "nccl":
+        return DispatchChoice("sorted", "collective", False, f"EP={ep_size}, torch_native_ep_transport='nccl'")
+    from megatron.bridge.models.torch_native.token_exchange import symmetric_memory_support
+
+    support = symmetric_memory_support(ep_group, device)
+    if support.ok:
+        return DispatchChoice("sorted", "nvshmem", True, f"EP={ep_size}, {support.reason}")
+    if transport == "nvshmem":
+        raise ValueError(f"torch_native_ep_transport='nvshmem' cannot run here: {support.reason}")
+    if requested == "sorted":
+        return DispatchChoice("sorted", "collective", False, f"EP={ep_size}, {support.reason}")
+    return DispatchChoice("megatron", MEGATRON_TRANSPORT, False, f"EP={ep_size}, {support.reason}")
+
+
+def apply_nvshmem_blocks(blocks: Optional[int]) -> None:
+    """Set torch's NVSHMEM all-to-all block count before the first exchange of the process.
+
+    torch reads the variable once; a different value already in the environment is an error
+    rather than silently ignored.
+    """
+    if blocks is None:
+        return
+    current = os.environ.get(NVSHMEM_BLOCKS_ENV)
+    if current is not None and current != str(blocks):
+        raise ValueError(
+            f"torch_native_nvshmem_blocks={blocks} but {NVSHMEM_BLOCKS_ENV}={current} is already set in the "
+            "environment (torch reads it once per process); unset one of them"
+        )
+    os.environ[NVSHMEM_BLOCKS_ENV] = str(blocks)

@@ -1,0 +1,341 @@
+"""All-to-all of token rows between expert-parallel ranks, with split sizes that stay on the device.
+
+megatron-core's alltoall dispatcher hands ``torch.distributed.all_to_all_single`` split sizes that
+must be host integers, so every MoE layer copies the routing counts to the host and waits for the
+GPU to reach the router before it can launch the exchange. The host then never runs ahead of the
+GPU, and megatron's combined-1F1B schedule has nothing queued to overlap the exchange with.
+
+A :class:`RowExchange` moves rows into buffers of a static size instead. The split sizes go in as a
+device tensor, the receiver learns its counts on the device, and the caller reads the received rows
+with a device-side index. Two transports implement it:
+
+* :class:`SymmetricMemoryExchange`: torch's NVSHMEM-backed ``symm_mem.all_to_all_vdev``; the host
+  only enqueues kernels (no synchronisation).
+* :class:`CollectiveExchange`: ``all_to_all_single`` with the split sizes copied to the host. It is
+  not sync-free; it runs the same buffer layout over any process group (gloo on CPU), so the
+  dispatcher built on top is tested everywhere.
+
+Rows of several tensors travel side by side in one row of bytes (for the dispatch: the token's
+hidden state and its routing probability), padded to :data:`ROW_ALIGN_BYTES`. The NVSHMEM kernel
+splits each peer's bytes evenly over up to 64 thread blocks, so a row must hold a multiple of 64
+bytes for every row count to split exactly.
+
+Buffer reuse. The NVSHMEM exchange *reads* its input from the peers (``getmem``), so a rank may not
+overwrite its send buffer while a slower peer still copies from it. The exchange of step ``n+1``
+starts with a barrier inside its split-exchange kernel, which a peer reaches only after finishing
+step ``n``; the send buffers (and the split buffers the peers write into) therefore alternate
+between two slots, and step ``n+2`` reuses step ``n``'s slot safely. The receive buffer is written
+by this rank's own kernel and read right after it on the same stream, so one suffices. All
+exchanges of a rank run in host issue order, also across CUDA streams (each waits on the event of
+the previous one); every rank issues them in the same order, as collectives require.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
+
+import torch
+import torch.distributed as dist
+
+ROW_ALIGN_BYTES = 64
+T = TypeVar("T")
+
+
+def row_bytes(columns: Sequence[Tuple[int, torch.dtype]]) -> int:
+    """Bytes of one packed row holding ``columns`` (``(width, dtype)`` each), padded to 64 bytes."""
+    raw = sum(width * _itemsize(dtype) for width, dtype in columns)
+    return max(ROW_ALIGN_BYTES, math.ceil(raw / ROW_ALIGN_BYTES) * ROW_ALIGN_BYTES)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def column(buffer: torch.Tensor, start_byte: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[rows, width]`` view of ``dtype`` elements at byte ``start_byte`` of each packed row."""
+    nbytes = width * _itemsize(dtype)
+    return buffer[:, start_byte:start_byte + nbytes].view(dtype)
+
+
+def _as_words(byte_columns: torch.Tensor) -> torch.Tensor:
+    """A ``[rows, nbytes]`` uint8 view as 8-byte words where alignment allows: a strided copy then
+    moves 8 bytes per element instead of one (an order of magnitude faster on GPUs)."""
+    if byte_columns.shape[1] % 8 == 0 and byte_columns.storage_offset() % 8 == 0 and byte_columns.stride(0) % 8 == 0:
+        return byte_columns.view(torch.int64)
+    return byte_columns
+
+
+def copy_column(buffer: torch.Tensor, start_byte: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous copy of :func:`column` (copied as 8-byte words where aligned)."""
+    nbytes = width * _itemsize(dtype)
+    return _as_words(buffer[:, start_byte:start_byte + nbytes]).clone().view(torch.uint8).view(dtype)
+
+
+def write_column(buffer: torch.Tensor, start_byte: int, src: torch.Tensor) -> int:
+    """Copy the 2-D ``src`` into the packed rows from byte ``start_byte``; returns its byte width."""
+    raw = src.contiguous().view(torch.uint8)
+    rows, nbytes = raw.shape
+    _as_words(buffer[:rows, start_byte:start_byte + nbytes]).copy_(_as_words(raw))
+    return nbytes
+
+
+def exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """``[0, x0, x0+x1, ...]`` without the total (offsets of consecutive blocks)."""
+    return torch.cumsum(x, dim=0) - x
+
+
+class RowExchange:
+    """All-to-all of packed rows over ``group`` into static-size buffers.
+
+    ``exchange(sources, send_splits, recv_rows, read)`` packs the 2-D ``sources`` (same row count,
+    any dtypes) side by side into the send buffer, sends ``send_splits[d]`` consecutive rows to rank
+    ``d`` (in rank order), and calls ``read(recv)`` on the received ``[recv_rows, row_bytes]`` byte
+    buffer: rows from rank 0 first, then rank 1, ... Rows past the received total hold stale data.
+    ``read`` must copy what it keeps: the buffer is reused by the next exchange.
+    """
+
+    #: Whether the host enqueues the exchange without waiting for the GPU.
+    sync_free: bool = False
+    #: Name shown in the start-up line and ``summary.json``.
+    name: str = ""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self._capacity_rows = 0
+        self._row_bytes = 0
+        self._slot = 0
+        self._last_done: Optional[torch.cuda.Event] = None
+
+    def rebind(self, group: dist.ProcessGroup) -> None:
+        """Use a new group of the same ranks (the old one was destroyed), keeping the buffers."""
+        self.group = group
+
+    # ---------------------------------------------------------------- subclass hooks
+
+    def _allocate(self, rows: int, nbytes: int, device: torch.device) -> None:
+        raise NotImplementedError
+
+    def _send_buffer(self, slot: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _run(self, slot: int, send_splits: torch.Tensor) -> torch.Tensor:
+        """Exchange the packed rows of ``slot``; returns the receive buffer."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- public
+
+    def exchange(
+        self,
+        sources: Sequence[torch.Tensor],
+        send_splits: torch.Tensor,
+        recv_rows: int,
+        read: Callable[[torch.Tensor], T],
+        nbytes: Optional[int] = None,
+    ) -> T:
+        """Send rows of ``sources`` by ``send_splits`` and return ``read(received rows)``."""
+        rows = sources[0].shape[0]
+        if any(s.dim() != 2 or s.shape[0] != rows for s in sources):
+            raise ValueError("sources must be 2-D tensors with the same number of rows")
+        if nbytes is None:
+            nbytes = row_bytes([(s.shape[1], s.dtype) for s in sources])
+        self._reserve(max(rows, recv_rows), nbytes, sources[0].device)
+        stream_ready = self._wait_previous(sources[0])
+        slot = self._slot
+        self._slot ^= 1
+        send = self._send_buffer(slot)
+        offset = 0
+        for src in sources:
+            offset += write_column(send, offset, src)
+        recv = self._run(slot, send_splits)
+        result = read(recv[:recv_rows])
+        self._record_done(stream_ready)
+        return result
+
+    # ---------------------------------------------------------------- internals
+
+    def _reserve(self, rows: int, nbytes: int, device: torch.device) -> None:
+        if nbytes != self._row_bytes and self._row_bytes:
+            raise ValueError(f"row size changed from {self._row_bytes} to {nbytes} bytes; use one layout per exchange")
+        if rows <= self._capacity_rows:
+            return
+        self._allocate(rows, nbytes, device)
+        self._capacity_rows, self._row_bytes = rows, nbytes
+
+    def _wait_previous(self, like: torch.Tensor) -> bool:
+        """Order this exchange after the previous one, also when it ran on another stream."""
+        if not like.is_cuda:
+            return False
+        if self._last_done is not None:
+            torch.cuda.current_stream().wait_event(self._last_done)
+        return True
+
+    def _record_done(self, on_cuda: bool) -> None:
+        if on_cuda:
+            self._last_done = torch.cuda.current_stream().record_event()
+
+
+class CollectiveExchange(RowExchange):
+    """``all_to_all_single`` on plain buffers; split sizes go through the host (not sync-free)."""
+
+    name = "all_to_all_single with host split sizes"
+
+    def _allocate(self, rows: int, nbytes: int, device: torch.device) -> None:
+        self._send = [torch.empty(rows, nbytes, dtype=torch.uint8, device=device) for _ in range(2)]
+        self._recv = torch.empty(rows, nbytes, dtype=torch.uint8, device=device)
+
+    def _send_buffer(self, slot: int) -> torch.Tensor:
+        return self._send[slot]
+
+    def _run(self, slot: int, send_splits: torch.Tensor) -> torch.Tensor:
+        recv_splits = torch.empty_like(send_splits)
+        dist.all_to_all_single(recv_splits, send_splits.contiguous(), group=self.group)
+        send_list, recv_list = send_splits.tolist(), recv_splits.tolist()
+        dist.all_to_all_single(
+            self._recv[:sum(recv_list)], self._send[slot][:sum(send_list)], recv_list, send_list, group=self.group
+        )
+        return self._recv
+
+
+class SymmetricMemoryExchange(RowExchange):
+    """NVSHMEM ``all_to_all_vdev``: split sizes exchanged and consumed on the GPU."""
+
+    name = "NVSHMEM symmetric-memory all_to_all_vdev (device-side split sizes)"
+    sync_free = True
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        super().__init__(group)
+        self._group_name = group.group_name
+        self._retired: list = []
+
+    def _allocate(self, rows: int, nbytes: int, device: torch.device) -> None:
+        # Earlier (smaller) buffers stay referenced: an NVSHMEM free is collective, so it must not
+        # happen whenever the garbage collector gets to it. Growth happens only when a later run
+        # in the same process uses more tokens per micro-batch.
+        import torch.distributed._symmetric_memory as symm_mem
+
+        if self._capacity_rows:
+            self._retired.append((self._send, self._recv, self._splits, self._splits_offsets))
+        # New buffers register with the live group (after a rebind, the old one may be gone).
+        self._group_name = self.group.group_name
+        use_nvshmem_backend(self.group)
+        ensure_symmetric_heap(3 * rows * nbytes + (1 << 20))
+        def alloc(*shape, dtype=torch.uint8):
+            t = symm_mem.empty(*shape, dtype=dtype, device=device)
+            symm_mem.rendezvous(t, self._group_name)
+            return t
+        self._send = [alloc(rows, nbytes) for _ in range(2)]
+        self._recv = alloc(rows, nbytes)
+        self._splits = [alloc(self.world, dtype=torch.int64) for _ in range(2)]
+        self._splits_offsets = [alloc(2, self.world, dtype=torch.int64) for _ in range(2)]
+
+    def rebind(self, group: dist.ProcessGroup) -> None:
+        """Keep the buffers and the group name they were registered under: the symmetric-memory
+        handles of those ranks stay valid after megatron destroys the group object, and reusing them
+        needs no new collective."""
+        super().rebind(group)  # buffers allocated later register with ``group``
+
+    def _send_buffer(self, slot: int) -> torch.Tensor:
+        return self._send[slot]
+
+    def _run(self, slot: int, send_splits: torch.Tensor) -> torch.Tensor:
+        self._splits[slot].copy_(send_splits)
+        torch.ops.symm_mem.all_to_all_vdev(
+            self._send[slot], self._recv, self._splits[slot], self._splits_offsets[slot], self._group_name
+        )
+        return self._recv
+
+
+# ------------------------------------------------------------------------------ availability
+
+
+@dataclass(frozen=True)
+class SymmetricMemorySupport:
+    """Whether :class:`SymmetricMemoryExchange` can run here, and why not."""
+
+    ok: bool
+    reason: str
+
+
+def symmetric_memory_support(group: Optional[dist.ProcessGroup], device: torch.device) -> SymmetricMemorySupport:
+    """NVSHMEM present, CUDA tensors, torch's op registered, and the group spanning the whole job.
+
+    The last condition is conservative: NVSHMEM allocations are collective over every process of
+    the job, and torch builds differ in whether their kernels translate subgroup ranks.
+    """
+    if device.type != "cuda":
+        return SymmetricMemorySupport(False, "not on CUDA")
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+    except ImportError:  # pragma: no cover - torch builds without distributed
+        return SymmetricMemorySupport(False, "torch has no symmetric memory")
+    if not hasattr(torch.ops.symm_mem, "all_to_all_vdev"):
+        return SymmetricMemorySupport(False, "torch has no symm_mem.all_to_all_vdev")
+    if not symm_mem.is_nvshmem_available():
+        return SymmetricMemorySupport(False, "NVSHMEM is not available")
+    if group is None or dist.get_world_size(group) != dist.get_world_size():
+        return SymmetricMemorySupport(False, "the expert-parallel group does not span the whole job")
+    world = dist.get_world_size(group)
+    if world & (world - 1):
+        return SymmetricMemorySupport(False, f"expert-parallel size {world} is not a power of two")
+    return SymmetricMemorySupport(True, "NVSHMEM available")
+
+
+_BACKEND_SET = False
+
+
+def use_nvshmem_backend(group: dist.ProcessGroup) -> None:
+    """Select NVSHMEM for symmetric-memory allocations (once per process, before the first one) and
+    register ``group`` with symmetric memory."""
+    global _BACKEND_SET
+    import torch.distributed._symmetric_memory as symm_mem
+
+    if not _BACKEND_SET:
+        if symm_mem.get_backend(torch.device("cuda")) != "NVSHMEM":
+            symm_mem.set_backend("NVSHMEM")
+        _BACKEND_SET = True
+    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+    if enable is not None:  # required by older torch releases, a deprecated no-op in newer ones
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            enable(group.group_name)
+
+
+def ensure_symmetric_heap(nbytes: int) -> None:
+    """Size NVSHMEM's symmetric heap for ``nbytes`` (with headroom) unless the user chose a size.
+
+    NVSHMEM reads ``NVSHMEM_SYMMETRIC_SIZE`` once, when torch initialises it at the first
+    symmetric allocation; later calls cannot grow it.
+    """
+    if "NVSHMEM_SYMMETRIC_SIZE" not in os.environ:
+        os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(max(2 * nbytes, 2 << 30))
+
+
+def make_exchange(group: dist.ProcessGroup, device: torch.device, prefer_symmetric: bool) -> RowExchange:
+    """The NVSHMEM exchange where requested (the caller checked :func:`symmetric_memory_support`)."""
+    if prefer_symmetric:
+        use_nvshmem_backend(group)
+        return SymmetricMemoryExchange(group)
+    return CollectiveExchange(group)
+
+
+
+
+__all__: List[str] = [
+    "CollectiveExchange",
+    "ROW_ALIGN_BYTES",
+    "RowExchange",
+    "SymmetricMemoryExchange",
+    "SymmetricMemorySupport",
+    "column",
+    "copy_column",
+    "exclusive_cumsum",
+    "make_exchange",
+    "row_bytes",
+    "symmetric_memory_support",
+    "write_column",
+]

@@ -1,0 +1,153 @@
+"""The sorted dispatcher with EP > 1: exchange plan, static-buffer exchange, padding rows, and
+bitwise agreement with megatron-core's alltoall dispatcher (EP=2 over gloo on CPU, all schedules)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron.bridge.models.torch_native.dispatcher import DispatchChoice, choose_dispatch, exchange_plan
+from megatron.bridge.models.torch_native.grouped_gemm import grouped_linear, reference_grouped_linear
+from megatron.bridge.models.torch_native.token_exchange import ROW_ALIGN_BYTES, column, row_bytes
+
+CHILDREN = Path(__file__).parent / "children"
+
+
+def _naive_plan(all_counts: torch.Tensor, rank: int, local: int):
+    """Host reference: the received (source-major) row index of each expert-major row."""
+    ep = all_counts.shape[0]
+    mine = all_counts[:, rank * local:(rank + 1) * local].tolist()
+    source_major = [(s, e, j) for s in range(ep) for e in range(local) for j in range(mine[s][e])]
+    expert_major = sorted(source_major, key=lambda t: (t[1], t[0], t[2]))
+    position = {t: i for i, t in enumerate(source_major)}
+    return [position[t] for t in expert_major]
+
+
+@pytest.mark.parametrize(
+    "counts,rank,local",
+    [
+        ([[1, 0, 2, 3], [0, 4, 1, 1]], 0, 2),
+        ([[1, 0, 2, 3], [0, 4, 1, 1]], 1, 2),
+        ([[0, 0, 0, 0], [2, 2, 0, 0]], 1, 2),  # nothing for this rank
+        ([[3, 1, 0, 2], [0, 2, 1, 1], [5, 0, 0, 3], [1, 1, 2, 0]], 2, 1),  # four ranks, one expert each
+        ([[2, 0, 1, 4, 0, 3], [1, 1, 1, 1, 1, 1]], 0, 3),
+    ],
+)
+def test_exchange_plan_matches_a_host_reference(counts, rank, local) -> None:
+    all_counts = torch.tensor(counts)
+    total = int(all_counts[:, rank * local:(rank + 1) * local].sum())
+    capacity = total + 5
+    plan = exchange_plan(all_counts, rank, local, capacity=capacity, send_rows=int(all_counts[rank].sum()))
+    assert plan.to_source_major[:total].tolist() == _naive_plan(all_counts, rank, local)
+    assert plan.to_source_major[total:].tolist() == list(range(total, capacity))  # padding stays put
+    assert plan.to_expert_major[plan.to_source_major].tolist() == list(range(capacity))
+    ep = all_counts.shape[0]
+    assert plan.send_splits.tolist() == all_counts[rank].view(ep, local).sum(1).tolist()
+    assert plan.recv_splits.tolist() == all_counts[:, rank * local:(rank + 1) * local].sum(1).tolist()
+    assert plan.tokens_per_expert.tolist() == all_counts[:, rank * local:(rank + 1) * local].sum(0).tolist()
+
+
+@pytest.mark.parametrize("columns", [[(32, torch.bfloat16), (1, torch.float32)], [(7, torch.float32)], [(2048, torch.bfloat16), (1, torch.float32)]])
+def test_packed_rows_are_64_byte_multiples_and_columns_round_trip(columns) -> None:
+    nbytes = row_bytes(columns)
+    assert nbytes % ROW_ALIGN_BYTES == 0 and nbytes >= sum(w * torch.empty((), dtype=d).element_size() for w, d in columns)
+    buf = torch.zeros(3, nbytes, dtype=torch.uint8)
+    offset = 0
+    for width, dtype in columns:
+        value = torch.randn(3, width).to(dtype)
+        view = column(buf, offset, width, dtype)
+        view.copy_(value)
+        assert torch.equal(column(buf, offset, width, dtype), value)
+        offset += width * value.element_size()
+
+
+@pytest.mark.parametrize("counts,tail", [([3, 0, 5], 4), ([2, 2], 0), ([0, 0, 0], 6)])
+def test_grouped_linear_ignores_padding_rows(counts, tail) -> None:
+    torch.manual_seed(0)
+    valid = sum(counts)
+    x = torch.randn(valid + tail, 8, requires_grad=True)
+    w = torch.randn(len(counts), 6, 8, requires_grad=True)
+    y = grouped_linear(x, w, torch.tensor(counts))
+    assert y.shape == (valid + tail, 6)
+    assert torch.count_nonzero(y[valid:]) == 0
+    ref = reference_grouped_linear(x[:valid], w, counts)
+    torch.testing.assert_close(y[:valid], ref)
+    g = torch.randn_like(y)
+    (y * g).sum().backward()
+    xr, wr = x.detach()[:valid].clone().requires_grad_(), w.detach().clone().requires_grad_()
+    (reference_grouped_linear(xr, wr, counts) * g[:valid]).sum().backward()
+    torch.testing.assert_close(w.grad, wr.grad)
+    torch.testing.assert_close(x.grad[:valid], xr.grad)
+
+
+class _Config:
+    """The config fields :func:`choose_dispatch` reads."""
+
+    def __init__(self, **overrides):
+        self.torch_native_dispatcher = "auto"
+        self.moe_token_dispatcher_type = "alltoall"
+        self.moe_expert_capacity_factor = None
+        self.moe_pad_expert_input_to_capacity = False
+        self.moe_router_padding_for_quantization = False
+        self.moe_shared_expert_overlap = False
+        self.moe_latent_size = None
+        self.cuda_graph_impl = "none"
+        self.transformer_impl = "local"
+        self.pipeline_model_parallel_size = 1
+        self.__dict__.update(overrides)
+
+
+@pytest.mark.parametrize(
+    "requested,ep,overrides,expected",
+    [
+        ("auto", 1, {}, ("sorted", "none", True)),
+        ("auto", 2, {}, ("megatron", None, False)),  # CPU: no NVSHMEM, auto keeps megatron's
+        ("sorted", 2, {}, ("sorted", "collective", False)),
+        ("megatron", 1, {}, ("megatron", None, False)),
+        ("auto", 1, {"moe_token_dispatcher_type": "allgather"}, ("megatron", None, False)),
+        ("auto", 2, {"pipeline_model_parallel_size": 2}, ("megatron", None, False)),
+    ],
+)
+def test_dispatch_choice_on_cpu(requested, ep, overrides, expected) -> None:
+    choice = choose_dispatch(_Config(torch_native_dispatcher=requested, **overrides), ep, 1, None, torch.device("cpu"))
+    assert isinstance(choice, DispatchChoice)
+    dispatcher, transport, sync_free = expected
+    assert (choice.dispatcher, choice.sync_free) == (dispatcher, sync_free)
+    if transport is not None:
+        assert choice.transport == transport
+    assert choice.reason and choice.dispatcher in choice.describe() or "megatron-core" in choice.describe()
+
+
+@pytest.mark.parametrize("overrides,blocker", [({"moe_expert_capacity_factor": 1.0}, "token dropping"), ({"cuda_graph_impl": "local"}, "CUDA graphs")])
+def test_sorted_request_that_cannot_be_exact_is_an_error(overrides, blocker) -> None:
+    with pytest.raises(ValueError, match=blocker):
+        choose_dispatch(_Config(torch_native_dispatcher="sorted", **overrides), 2, 1, None, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def ep2_sorted_report(tmp_path_factory, run_child_script) -> list:
+    return run_child_script(CHILDREN / "ep_sorted_dispatch.py", tmp_path_factory.mktemp("ep_sorted"), world_size=2, timeout=400)
+
+
+@pytest.mark.functional
+@pytest.mark.parametrize("variant", ["sorted", "sorted_overlap", "sorted_overlap_delay_wgrad"])
+def test_ep2_sorted_dispatcher_equals_megatron_dispatcher(ep2_sorted_report, variant) -> None:
+    for rank in ep2_sorted_report:
+        assert rank["sorted_layers"][variant] == 2 and rank["sorted_layers"]["megatron"] == 0
+        assert rank["expert_grad_norm"] > 0
+        assert rank["losses"][variant] == rank["losses"]["megatron"]
+        assert rank["grad_diff"][variant] == 0.0
+        transports = {c["dispatcher"]: c["transport"] for c in rank["choices"]}
+        assert transports["sorted"] == "collective"
+
+
+def test_compiled_exchange_plan_equals_the_eager_one() -> None:
+    from megatron.bridge.models.torch_native.dispatcher import _plan_tensors
+
+    counts = torch.tensor([[1, 0, 2, 3], [0, 4, 1, 1]])
+    compiled = torch.compile(_plan_tensors, dynamic=False)
+    for rank in (0, 1):
+        for got, want in zip(compiled(counts, rank, 2, 12), _plan_tensors(counts, rank, 2, 12)):
+            assert torch.equal(got, want)

@@ -1,0 +1,70 @@
+"""The EP overlap benchmark's plan and result table, from synthetic run summaries (no GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "performance" / "ep_overlap_benchmark.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("ep_overlap_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def _summary(step_s: float, losses=(10.0, 9.0, 8.0, 7.0)) -> dict:
+    times = [5.0, 1.0, 1.0] + [step_s] * 9
+    return {
+        "steady_state_window": [4, 12], "steady_state_mean_s": step_s, "step_times_s": times,
+        "tflops_per_gpu": 100.0 / step_s, "losses": list(losses),
+        "extra": {"gpu_fwd_bwd_s": [0.8 * step_s] * 12, "gpu_optimizer_s": [0.1] * 12, "host_fwd_bwd_s": [0.5] * 12},
+        "moe_token_dispatch": [{"description": "sorted dispatcher, sync-free, transport: nvshmem"}],
+    }
+
+
+def test_cases_are_interleaved_larger_micro_batch_first(bench, tmp_path):
+    args = bench.parse(["--out", str(tmp_path), "--repeats", "2"])
+    jobs = bench.plan_cases(args)
+    assert list(jobs) == ["ep1", "nvlink", "host_staged"]
+    names = [c.name for c in jobs["nvlink"]]
+    assert names == ["nvlink_off_mbs2_r0", "nvlink_on_mbs2_r0", "nvlink_off_mbs1_r0", "nvlink_on_mbs1_r0",
+                     "nvlink_off_mbs2_r1", "nvlink_on_mbs2_r1", "nvlink_off_mbs1_r1", "nvlink_on_mbs1_r1"]
+    assert [c.name for c in jobs["ep1"]] == ["ep1_mbs2_r0", "ep1_mbs1_r0", "ep1_mbs2_r1", "ep1_mbs1_r1"]
+
+
+def test_host_staged_cases_exchange_tokens_over_nccl(bench, tmp_path):
+    args = bench.parse(["--out", str(tmp_path)])
+    case = bench.plan_cases(args)["host_staged"][1]
+    argv = bench.harness_argv(case, args)
+    assert "model.torch_native_ep_transport=nccl" in argv
+    assert argv[argv.index("--moe_a2a_overlap") + 1] == "true"
+    assert bench.TRANSPORT_ENV["host_staged"] == {"NCCL_P2P_DISABLE": "1"}
+
+
+def test_rows_average_repeats_and_compute_the_hidden_share(bench, tmp_path):
+    args = bench.parse(["--out", str(tmp_path), "--transports", "nvlink", "--mbs", "1"])
+    jobs = bench.plan_cases(args)
+    step = {"ep1_mbs1_r0": 0.50, "ep1_mbs1_r1": 0.50, "nvlink_off_mbs1_r0": 0.70, "nvlink_off_mbs1_r1": 0.70,
+            "nvlink_on_mbs1_r0": 0.58, "nvlink_on_mbs1_r1": 0.62}
+    for case in (c for cases in jobs.values() for c in cases):
+        case.log_dir.mkdir(parents=True)
+        (case.log_dir / "summary.json").write_text(json.dumps(_summary(step[case.name])))
+    (row,) = bench.rows(jobs)
+    assert row["transport"] == "nvlink" and row["mbs"] == 1
+    assert row["ep1_step_s"] == pytest.approx(0.5) and row["off_step_s"] == pytest.approx(0.7)
+    assert row["on_step_s"] == pytest.approx(0.6) and row["on_runs_s"] == [0.58, 0.62]
+    assert row["hidden_share"] == pytest.approx(0.5)  # (0.7 - 0.6) / (0.7 - 0.5)
+    assert row["on_vs_off"] == pytest.approx(0.7 / 0.6) and row["on_vs_ep1"] == pytest.approx(1.2)
+    assert row["loss_diff_first4"] == 0.0
+    result = dict(date="d", commit="c", device="dev", ceiling_tflops=750.0, window=[4, 12], command="cmd", rows=[row])
+    text = bench.markdown_section(result)
+    assert "| nvlink | 1 | 0.500 s" in text and "50%" in text and "cmd" in text
