@@ -64,11 +64,13 @@ def rank_pid(root: int, rank: int) -> Optional[int]:
 class HarnessProcess:
     """One harness run; ``lines`` fills while it runs."""
 
-    def __init__(self, *argv: str, env: Optional[dict] = None, command: Optional[list[str]] = None) -> None:
-        command = command or [sys.executable, str(SCRIPT)]
+    def __init__(self, *argv: str, env: Optional[dict] = None, via_uv: bool = False) -> None:
+        """``via_uv``: start it as users do, ``uv run python run_script.py ...``, in a session of its
+        own, so that :meth:`press_ctrl_c` reaches uv and the harness together, as a terminal does."""
+        command = ["uv", "run", "python", str(SCRIPT)] if via_uv else [sys.executable, str(SCRIPT)]
         self.proc = subprocess.Popen(
             [*command, *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=env or dict(os.environ),
+            env=env or dict(os.environ), start_new_session=via_uv,
         )
         self.lines: list[str] = []
         self.seen: set[int] = set()
@@ -95,6 +97,11 @@ class HarnessProcess:
     def send(self, signum: int) -> None:
         self.seen.update(descendants(self.proc.pid))
         self.proc.send_signal(signum)
+
+    def press_ctrl_c(self) -> None:
+        """SIGINT to the whole foreground process group (uv and the harness), like a terminal."""
+        self.seen.update(descendants(self.proc.pid))
+        os.killpg(self.proc.pid, signal.SIGINT)
 
     def finish(self, timeout: float = 300) -> int:
         code = self.proc.wait(timeout)

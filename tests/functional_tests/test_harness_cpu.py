@@ -101,16 +101,18 @@ def test_sigterm_to_the_harness_stops_the_job_after_the_step_with_one_save(sigte
     assert r["stop_s"] < 60
 
 
-def test_resume_then_ctrl_c_continues_labels_the_timed_iterations_and_stops_the_same_way(sigterm_run):
-    """The same directory again: the run resumes where the SIGTERM stop saved; Ctrl-C to the harness
-    stops it like SIGTERM did; the steady-state window (steps 2-3 of this run) is labelled with the
-    iteration numbers that were timed."""
+def test_resume_then_ctrl_c_under_uv_continues_labels_the_timed_iterations_and_stops_the_same_way(sigterm_run):
+    """The same directory again, started with ``uv run`` as users do: the run resumes where the
+    SIGTERM stop saved; Ctrl-C (SIGINT to uv and the harness at once, as from a terminal; uv also
+    passes its copy on) stops it like SIGTERM did, not as a second, killing signal; the steady-state
+    window (steps 2-3 of this run) is labelled with the iteration numbers that were timed."""
     ckpt = sigterm_run["ckpt"]
     start = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
     run = HarnessProcess(*TINY_SLOW, "--steady_state_window", "2,3", "-l", str(sigterm_run["tmp"] / "resumed"),
-                         f"checkpoint.save={ckpt}", f"checkpoint.load={ckpt}", "checkpoint.save_interval=1")
+                         f"checkpoint.save={ckpt}", f"checkpoint.load={ckpt}", "checkpoint.save_interval=1",
+                         via_uv=True)
     run.wait_for(f"iteration {start + 4:>6d}/")
-    run.send(signal.SIGINT)
+    run.press_ctrl_c()
     code = run.finish()
     out = run.output
     iteration = _check_clean_stop(run, code, ckpt, run.left_behind(), signal.SIGINT, fresh=False)

@@ -125,3 +125,13 @@ def test_max_steps_scales_the_schedule_or_says_what_it_does(tmp_path, extra, dec
     assert any(says in note for note in built.notes), built.notes
     out = io.StringIO()
     assert main([*argv, "--dryrun", "-l", str(tmp_path)], out=out) == 0 and says in out.getvalue()
+
+
+def test_resuming_says_the_checkpoints_schedule_continues(tmp_path):
+    """megatron-core's scheduler takes its lengths from the checkpoint: no scaling note, this one."""
+    from megatron.bridge.perf.config_builder import RESUMED_SCHEDULE_NOTE
+
+    root = _checkpoint(tmp_path, dict(tp=1, pp=1, vpp=None, cp=1, ep=2, etp=1, dp=2))
+    out = io.StringIO()
+    code = main([*TINY_CPU[:-1], "20", "--dryrun", f"checkpoint.load={root}", f"checkpoint.save={root}"], out=out)
+    assert code == 0 and RESUMED_SCHEDULE_NOTE in out.getvalue() and "scaled with it" not in out.getvalue()

@@ -71,8 +71,16 @@ def test_stop_signal_reaches_each_rank_once_and_not_the_launcher(markers, signum
     assert outcome.leftovers_killed == 0
 
 
+def test_the_same_signal_twice_at_once_is_one_request(markers):
+    """A terminal's Ctrl-C under ``uv run`` arrives twice within milliseconds: still a clean stop."""
+    _signal_me(markers, signal.SIGINT, signal.SIGINT, gap_s=0.05)
+    outcome = _launch(markers, "graceful")
+    assert outcome.stop_signal == signal.SIGINT and not outcome.killed and outcome.exit_code == 0
+    assert [(markers / f"rank{r}.stopped").read_text() for r in (0, 1)] == ["1", "1"]
+
+
 def test_second_signal_kills_the_job_at_once(markers):
-    _signal_me(markers, signal.SIGTERM, signal.SIGTERM)
+    _signal_me(markers, signal.SIGTERM, signal.SIGTERM, gap_s=supervisor.SAME_REQUEST_S + 0.3)
     out = io.StringIO()
     started = time.monotonic()
     outcome = _launch(markers, "stubborn", out=out)

@@ -121,7 +121,7 @@ checkpoint and resume:
       DIR starts from iteration 0.
 stopping:
   SIGTERM or Ctrl-C: the ranks finish the current step, save once (with checkpoint.save) and exit;
-  the harness prints where it stopped and exits 128+signal. A second signal kills the job at once.
+  the harness prints where it stopped and exits 128+signal. A later second signal kills the job.
   Batch scripts ask SLURM for SIGTERM 120 s before the time limit and do the same.
 exit codes: 0 ok, 2 refused input (nothing launched), 3 machine cannot run it, 128+N stopped by
   signal N, else the job's own code.

@@ -206,15 +206,27 @@ def computed_values(cfg: "ConfigContainer", recipe: RecipeChoice, recipe_cfg: "C
     return values
 
 
-def schedule_values(cfg: "ConfigContainer", recipe_cfg: "ConfigContainer") -> tuple[dict[str, Any], list[str]]:
+RESUMED_SCHEDULE_NOTE = (
+    "resuming: the learning-rate and weight-decay schedule continue as saved in the checkpoint "
+    "(megatron-core's use_checkpoint_opt_param_scheduler): optimizer.lr/min_lr/weight_decay and the "
+    "scheduler.* lengths and style of this config are not used"
+)
+
+
+def schedule_values(
+    cfg: "ConfigContainer", recipe_cfg: "ConfigContainer", resuming: bool = False
+) -> tuple[dict[str, Any], list[str]]:
     """Learning-rate schedule lengths scaled with a changed ``train.train_iters`` (``--max_steps``).
 
     A recipe's warm-up and decay lengths are written for its own run length. When a layer changes
     ``train.train_iters`` and leaves the schedule fields alone, the decay (when it spans the
     recipe's run or more) and the warm-up are scaled by the same factor, so the run gets the
     recipe's schedule shape instead of e.g. decaying over the first half and idling at the minimum
-    learning rate after it. Returns the computed values and the notes that say what happened.
+    learning rate after it. Returns the computed values and the notes that say what happened; a
+    run that resumes from a checkpoint keeps the checkpoint's schedule, and the note says so.
     """
+    if resuming:
+        return {}, [RESUMED_SCHEDULE_NOTE]
     given, sched = cfg.provenance, recipe_cfg.scheduler
     old, new = recipe_cfg.train.train_iters, cfg.train.train_iters
     if new == old or not (isinstance(new, int) and isinstance(old, int) and new >= 1 and old >= 1):
@@ -238,6 +250,12 @@ def schedule_values(cfg: "ConfigContainer", recipe_cfg: "ConfigContainer") -> tu
             "the minimum learning rate (optimizer.min_lr)"
         )
     return values, notes
+
+
+def _resumes(cfg: "ConfigContainer") -> bool:
+    from megatron.bridge.training.checkpointing import inspect_checkpoint_dir
+
+    return bool(cfg.checkpoint.load) and inspect_checkpoint_dir(cfg.checkpoint.load).resumable
 
 
 # --------------------------------------------------------------------------------------------- build
@@ -301,7 +319,7 @@ def build_config(
             "drop dist.distributed_backend=nccl (gloo is chosen then) or use --procs_per_gpu 1"
         )
     computed = computed_values(cfg, recipe, recipe_cfg, built.world_size, procs_per_gpu, args.task)
-    schedule, schedule_notes = schedule_values(cfg, recipe_cfg)
+    schedule, schedule_notes = schedule_values(cfg, recipe_cfg, resuming=_resumes(cfg))
     built.cfg = apply_layer(cfg, {**computed, **schedule}, "computed")
     built.notes += schedule_notes
     if "train.global_batch_size" in computed:

@@ -5,7 +5,8 @@
   itself dies (``PR_SET_PDEATHSIG``), so a killed harness cannot orphan a job.
 * SIGTERM or SIGINT to the harness becomes one SIGTERM to every rank (``torchrun`` mode: the
   launcher's children) or to ``srun`` (which forwards it to its tasks). The ranks finish their step,
-  save once and exit 0; ``torchrun`` then ends normally. A second signal kills the job at once.
+  save once and exit 0; ``torchrun`` then ends normally. A second signal, a second or more after
+  the first, kills the job at once (an earlier one is the same Ctrl-C delivered twice).
 * The launcher's output (ranks' lines and its own) passes through: all of it into
   ``<log_dir>/launch.log``, the console without ``torchrun``'s own failure traceback (the harness
   prints a shorter report naming the first failing rank) unless ``verbose``. While the ranks are
@@ -33,6 +34,9 @@ LAUNCH_LOG = "launch.log"
 PROGRESS_EVERY_S = 15.0
 TICK_S = 0.5
 DRAIN_S = 2.0
+SAME_REQUEST_S = 1.0
+"""A second signal within this time of the first is the same request (a terminal's Ctrl-C reaches
+both ``uv run`` and the harness, and ``uv run`` passes its copy on): only a later one kills."""
 StopTarget = Literal["ranks", "launcher"]
 
 # torchrun's own lines: glog-style records of torch.distributed.elastic and its ChildFailedError
@@ -135,6 +139,7 @@ class StopForwarder:
         self.ranks: set[int] = set()
         self._signalled: set[int] = set()
         self._announced = False
+        self._first_at = 0.0
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "StopForwarder":
@@ -154,7 +159,10 @@ class StopForwarder:
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is None:
             self.signum = signum
+            self._first_at = time.monotonic()
             self.track()
+        elif time.monotonic() - self._first_at < SAME_REQUEST_S:
+            return  # one Ctrl-C delivered twice: by the terminal and by `uv run` passing it on
         elif not self.killed and self.proc is not None:
             self.killed = True
             self.announce(f"== second {signal.Signals(signum).name}: killing the job without saving")

@@ -22,9 +22,12 @@ KNOWN_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     (UserWarning, r"MimoModelConfig is experimental"),
     (SyntaxWarning, r"invalid escape sequence"),
     (FutureWarning, r"Please use DTensor instead and we are deprecating ShardedTensor"),
+    (UserWarning, r"The argument order of load has been changed"),
+    (UserWarning, r"torch\.distributed is disabled, unavailable or uninitialized, assuming the intent is to load"),
 )
 """(category, message regex) of warnings raised while importing megatron-core without TE/Apex, and
-torch's deprecation notice that megatron-core's checkpoint loader triggers on every load."""
+the notices of torch's distributed checkpoint that megatron-core's loader triggers on every load
+(it reads the common state on each rank, as intended)."""
 
 KNOWN_LOG_RECORDS: tuple[tuple[str, str], ...] = (
     ("megatron.core.models.gpt.gpt_model", "GPTModel IS DEPRECATED"),
