@@ -37,9 +37,11 @@ KNOWN_LOG_RECORDS: tuple[tuple[str, str], ...] = (
     ("megatron.core.rerun_state_machine", "RerunStateMachine initialized in mode"),
     ("megatron.core.dist_checkpointing.strategies.torch", "MCore's async save is deprecated"),
     ("megatron.bridge.training.cpu_compat", "CPU smoke mode: megatron-core CUDA calls mapped to CPU"),
+    ("megatron.bridge.models.torch_native.dispatcher", "torch_native MoE: "),
 )
 """(logger name, message text) of log records that repeat on every rank and need no action
-(the CPU smoke-mode banner is also printed once by rank 0, so its log copy goes)."""
+(the CPU smoke-mode banner and the MoE dispatcher choice are also printed once by rank 0's start-up
+lines, so their log copies go)."""
 
 THIRD_PARTY_LOGGERS: tuple[str, ...] = ("megatron.core",)
 """Loggers whose INFO records (config dumps, bucket listings) are shown only with ``--verbose``."""
