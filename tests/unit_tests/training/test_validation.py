@@ -295,9 +295,11 @@ def test_layout_violation_shows_saved_and_current_layout(tmp_path):
     assert "saved_layout=" in text and "'ep': 16" in text and "current_layout=" in text and "'ep': 8" in text
 
 
-def test_leftover_of_a_killed_first_save_counts_as_empty(tmp_path):
-    (tmp_path / "ck" / "iter_0000002.incomplete").mkdir(parents=True)
-    cfg = _checkpoint_cfg(tmp_path / "ck", tmp_path / "ck")
+@pytest.mark.parametrize("name", ["ck", "iter_runs"])
+def test_leftover_of_a_killed_first_save_counts_as_empty(tmp_path, name):
+    (tmp_path / name / "iter_0000002.incomplete").mkdir(parents=True)
+    (tmp_path / name / "latest_checkpointed_iteration.txt.tmp").write_text("2")
+    cfg = _checkpoint_cfg(tmp_path / name, tmp_path / name)
     assert not _violated_ids(cfg, dict(world_size=16)) & CHECKPOINT_RULE_IDS
 
 

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,7 +103,15 @@ def checkpoint_layout(cfg: "ConfigContainer", data_parallel_size: Optional[int])
 
 
 def _looks_like_iteration_dir(path: Path) -> bool:
-    return path.name.startswith("iter_") or (path / "metadata.json").is_file() or (path / "common.pt").is_file()
+    """Named like one saved iteration, or holding what dist_checkpointing writes into one."""
+    return bool(re.fullmatch(r"iter_\d{7}", path.name)) or any(
+        (path / name).is_file() for name in ("metadata.json", "common.pt")
+    )
+
+
+def _leftover(child: Path) -> bool:
+    """What a save killed before publishing its first checkpoint leaves behind."""
+    return child.name.endswith(STAGING_SUFFIX) or child.name == f"{TRACKER}.tmp"
 
 
 def _read_layout(path: Path) -> Optional[dict[str, Any]]:
@@ -129,8 +138,7 @@ def inspect_checkpoint_dir(root: str | os.PathLike) -> CheckpointDir:
         return CheckpointDir(path, "checkpoint", iteration, _read_layout(iteration_dir(path, iteration)))
     if _looks_like_iteration_dir(path):
         return CheckpointDir(path, "iteration_dir")
-    # Leftovers of a save killed before its first checkpoint was published count as empty.
-    if all(child.name.endswith(STAGING_SUFFIX) for child in path.iterdir()):
+    if all(_leftover(child) for child in path.iterdir()):
         return CheckpointDir(path, "empty")
     return CheckpointDir(path, "no_tracker")
 
