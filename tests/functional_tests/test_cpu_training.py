@@ -1,7 +1,8 @@
 """CPU smoke training of the tiny Qwen3-MoE recipe: EP=2 over two gloo processes, ~10 iterations.
 
 One ``torch.distributed.run`` launch (see ``cpu_training_driver.py``) runs overlap off, overlap on
-(megatron-core's combined-1F1B schedule), a run stopped by SIGTERM at iteration 5 and its resume.
+(megatron-core's combined-1F1B schedule), a run stopped by SIGTERM at iteration 5 and its resume,
+a second resume of the finished run, and a run whose save dies before publishing plus its resume.
 A second, single-process launch goes through the YAML entry point the launchers use.
 """
 

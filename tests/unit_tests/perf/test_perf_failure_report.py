@@ -15,7 +15,7 @@ def torchrun_summary(*failures: tuple[int, int, int]) -> list[str]:
     """torchrun's ChildFailedError block for (rank, exit code, pid) failures."""
     lines = ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "=" * 40, "Failures:"]
     for i, (rank, code, pid) in enumerate(failures):
-        lines += [f"[{i}]:", "  time      : 2026-12-01_00:39:59", "  host      : localhost",
+        lines += [f"[{i}]:", "  time      : 2026-12-01_00:39:59", "  host      : node1",
                   f"  rank      : {rank} (local_rank: {rank})", f"  exitcode  : {code} (pid: {pid})"]
     return lines + ["=" * 40]
 
