@@ -380,11 +380,6 @@ def pretrain(
         parallel_state.destroy_model_parallel()
         if created_group and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-        # megatron's DDP hooks keep the model and optimizer in reference cycles; collect them now so
-        # that a process training several runs (benchmarks, notebooks) gets the GPU memory back.
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
 
 
 def _train(
