@@ -8,8 +8,12 @@ cost is paid once per job, not per case:
 * ``ep1``: EP=1 on one GPU, the compute-only reference (same per-GPU work: 8 micro-batches);
 * ``nvlink``: EP=2 across both GPUs, NCCL and NVSHMEM over NVLink;
 * ``host_staged``: EP=2 with ``NCCL_P2P_DISABLE=1`` (NCCL stages through host memory: a stand-in
-  for slower inter-node links). NVSHMEM ignores that variable, so these cases run the token
-  exchange over NCCL (``model.torch_native_ep_transport=nccl``), which keeps the slow path honest.
+  for slower inter-node links).
+
+``--ep-dispatch`` picks the EP=2 token dispatch: ``auto`` (the product default: megatron-core's
+alltoall dispatcher) or ``sorted`` (the torch-native sorted dispatcher: NVSHMEM over NVLink; in the
+host-staged cases over NCCL, ``model.torch_native_ep_transport=nccl``, because NVSHMEM ignores
+``NCCL_P2P_DISABLE`` and would not be slowed down).
 
 Within a job the cases are interleaved (for each repeat: MBS 2 off, on, then MBS 1 off, on; the
 larger micro-batch first so the token buffers are sized once). The steady state is iterations
@@ -48,7 +52,15 @@ BEGIN, END = "<!-- generated: begin -->", "<!-- generated: end -->"
 # Multicast stays off on shared hosts; also in the launched workers.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 TRANSPORT_ENV = {"ep1": {}, "nvlink": {}, "host_staged": {"NCCL_P2P_DISABLE": "1"}}
-TRANSPORT_OVERRIDES = {"ep1": [], "nvlink": [], "host_staged": ["model.torch_native_ep_transport=nccl"]}
+# EP=2 dispatch -> transport -> extra overrides
+DISPATCH_OVERRIDES = {
+    "auto": {"ep1": [], "nvlink": [], "host_staged": []},
+    "sorted": {
+        "ep1": [],
+        "nvlink": ["model.torch_native_dispatcher=sorted"],
+        "host_staged": ["model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nccl"],
+    },
+}
 
 
 @dataclass
@@ -80,7 +92,7 @@ def harness_argv(case: Case, args: argparse.Namespace) -> list[str]:
         "--moe_a2a_overlap", "true" if case.overlap else "false", "-l", str(case.log_dir),
         f"model.num_layers={args.layers}", "scheduler.lr_warmup_iters=2",
         f"logger.steady_state_window=[{args.window_start},{args.steps}]",
-        *TRANSPORT_OVERRIDES[case.transport], *args.override,
+        *DISPATCH_OVERRIDES[args.ep_dispatch][case.transport], *args.override,
     ]
     return argv
 
@@ -276,9 +288,12 @@ def markdown_section(result: dict) -> str:
     return "\n".join(lines)
 
 
-def publish(result: dict) -> None:
-    RESULTS_JSON.write_text(json.dumps(result["rows"], indent=2) + "\n")
-    section = f"{BEGIN}\n{markdown_section(result)}\n{END}"
+def publish(results: list[dict]) -> None:
+    """Write the results rows (each with its run's commit and command) and the generated tables."""
+    rows_out = [dict(row, commit=res["commit"], command=res["command"]) for res in results for row in res["rows"]]
+    RESULTS_JSON.write_text(json.dumps(rows_out, indent=2) + "\n")
+    tables = "\n\n".join(markdown_section(res) for res in results)
+    section = f"{BEGIN}\n{tables}\n{END}"
     text = RESULTS_MD.read_text() if RESULTS_MD.is_file() else "# EP overlap on two GPUs\n\n" + f"{BEGIN}\n{END}\n"
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)
@@ -288,7 +303,9 @@ def publish(result: dict) -> None:
 
 def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="working directory (logs, configs, results.json)")
+    p.add_argument("--out", type=Path, help="working directory (logs, configs, results.json)")
+    p.add_argument("--republish", type=Path, nargs="+", metavar="RESULTS_JSON",
+                   help="only re-render the committed results from saved results.json files, in order (no runs)")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--window-start", type=int, default=4)
     p.add_argument("--repeats", type=int, default=2)
@@ -296,6 +313,8 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--mbs", type=int, nargs="+", default=[1, 2])
     p.add_argument("--transports", nargs="*", default=["nvlink", "host_staged"], choices=["nvlink", "host_staged"],
                    help="EP=2 jobs to run after the EP=1 reference (none: the reference only)")
+    p.add_argument("--ep-dispatch", choices=sorted(DISPATCH_OVERRIDES), default="auto",
+                   help="EP=2 token dispatch: the product default (auto) or the torch-native sorted dispatcher")
     p.add_argument("--override", action="append", default=[], help="extra dotted override for every case")
     p.add_argument("--job-timeout", type=float, default=420.0)
     p.add_argument("--commit", help="commit the run measures (default: git rev-parse HEAD of this checkout)")
@@ -305,6 +324,11 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse(argv)
+    if args.republish:
+        publish([json.loads(path.read_text()) for path in args.republish])
+        return 0
+    if args.out is None:
+        raise SystemExit("--out is required to run the benchmark")
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     ceiling = matmul_ceiling_tflops()
@@ -325,7 +349,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     (args.out / "results.json").write_text(json.dumps(result, indent=2))
     print(markdown_section(result), flush=True)
     if args.publish:
-        publish(result)
+        publish([result])
     return 0 if all(c == 0 for c in codes.values()) else 1
 
 

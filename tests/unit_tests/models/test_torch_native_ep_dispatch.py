@@ -87,6 +87,7 @@ class _Config:
 
     def __init__(self, **overrides):
         self.torch_native_dispatcher = "auto"
+        self.torch_native_ep_transport = "auto"
         self.moe_token_dispatcher_type = "alltoall"
         self.moe_expert_capacity_factor = None
         self.moe_pad_expert_input_to_capacity = False
@@ -103,7 +104,8 @@ class _Config:
     "requested,ep,overrides,expected",
     [
         ("auto", 1, {}, ("sorted", "none", True)),
-        ("auto", 2, {}, ("megatron", None, False)),  # CPU: no NVSHMEM, auto keeps megatron's
+        ("auto", 2, {}, ("megatron", None, False)),  # EP > 1: megatron's measured faster
+        ("auto", 2, {"torch_native_ep_transport": "nccl"}, ("sorted", "collective", False)),
         ("sorted", 2, {}, ("sorted", "collective", False)),
         ("megatron", 1, {}, ("megatron", None, False)),
         ("auto", 1, {"moe_token_dispatcher_type": "allgather"}, ("megatron", None, False)),
@@ -151,3 +153,14 @@ def test_compiled_exchange_plan_equals_the_eager_one() -> None:
     for rank in (0, 1):
         for got, want in zip(compiled(counts, rank, 2, 12), _plan_tensors(counts, rank, 2, 12)):
             assert torch.equal(got, want)
+
+
+def test_auto_with_several_ep_ranks_keeps_megatron_even_where_nvshmem_runs(monkeypatch) -> None:
+    from megatron.bridge.models.torch_native import token_exchange
+    from megatron.bridge.models.torch_native.token_exchange import SymmetricMemorySupport
+
+    monkeypatch.setattr(token_exchange, "symmetric_memory_support", lambda g, d: SymmetricMemorySupport(True, "NVSHMEM available"))
+    auto = choose_dispatch(_Config(), 2, 1, None, torch.device("cuda"))
+    assert auto.dispatcher == "megatron" and "measured faster" in auto.reason
+    chosen = choose_dispatch(_Config(torch_native_dispatcher="sorted"), 2, 1, None, torch.device("cuda"))
+    assert (chosen.dispatcher, chosen.transport, chosen.sync_free) == ("sorted", "nvshmem", True)

@@ -41,11 +41,15 @@ def test_cases_are_interleaved_larger_micro_batch_first(bench, tmp_path):
     assert [c.name for c in jobs["ep1"]] == ["ep1_mbs2_r0", "ep1_mbs1_r0", "ep1_mbs2_r1", "ep1_mbs1_r1"]
 
 
-def test_host_staged_cases_exchange_tokens_over_nccl(bench, tmp_path):
-    args = bench.parse(["--out", str(tmp_path)])
+@pytest.mark.parametrize("dispatch,expected", [
+    ("auto", []),
+    ("sorted", ["model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nccl"]),
+])
+def test_host_staged_sorted_cases_exchange_tokens_over_nccl(bench, tmp_path, dispatch, expected):
+    args = bench.parse(["--out", str(tmp_path), "--ep-dispatch", dispatch])
     case = bench.plan_cases(args)["host_staged"][1]
     argv = bench.harness_argv(case, args)
-    assert "model.torch_native_ep_transport=nccl" in argv
+    assert [a for a in argv if a.startswith("model.torch_native")] == expected
     assert argv[argv.index("--moe_a2a_overlap") + 1] == "true"
     assert bench.TRANSPORT_ENV["host_staged"] == {"NCCL_P2P_DISABLE": "1"}
 

@@ -7,7 +7,8 @@ dry runs can ask the same questions on a CPU login node. Three model fields deci
 * ``torch_native_ep_transport``: with EP > 1, how the sorted dispatcher moves rows between ranks:
   ``nvshmem`` (torch's symmetric-memory ``all_to_all_vdev``: split sizes stay on the GPU, the host
   never waits), ``nccl`` (``all_to_all_single``, which needs the split sizes on the host: one
-  device-to-host copy and wait per exchange), or ``auto`` (``nvshmem`` where it runs, else ``nccl``);
+  device-to-host copy and wait per exchange), or ``auto`` (``nvshmem`` where it runs, else ``nccl``).
+  Setting it explicitly asks for the sorted dispatcher;
 * ``torch_native_nvshmem_blocks``: thread blocks of each NVSHMEM all-to-all (torch's
   ``TORCH_SYMMMEM_NBLOCKS``; ``None`` keeps torch's choice, up to 64). The kernel is a cooperative
   launch: all its blocks must be resident at once, so while large GEMMs fill the GPU, fewer blocks
@@ -28,6 +29,10 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 MEGATRON_TRANSPORT = "all_to_all_single with host split sizes"
+AUTO_EP_REASON = (
+    "measured faster than the sorted dispatcher's exchange on two H200s over NVLink; "
+    "torch_native_dispatcher=sorted selects the sorted one"
+)
 EP_TRANSPORTS = get_args(TorchNativeEPTransport)
 NVSHMEM_BLOCKS_ENV = "TORCH_SYMMMEM_NBLOCKS"
 MAX_NVSHMEM_BLOCKS = 64
@@ -81,10 +86,12 @@ def choose_dispatch(
 ) -> DispatchChoice:
     """Resolve the dispatcher fields for one MoE layer on this machine.
 
-    ``"auto"``: the sorted dispatcher where it is exact and, with EP > 1, where its exchange is
-    sync-free (NVSHMEM, or an explicit ``torch_native_ep_transport``); megatron's otherwise.
-    ``"sorted"``: the sorted dispatcher; an inexact setting, or ``nvshmem`` requested where it cannot
-    run, is an error. ``"megatron"``: megatron-core's alltoall dispatcher.
+    ``"auto"``: with one EP rank the sorted dispatcher where it is exact; with EP > 1 megatron's,
+    which measured faster (see ``docs/benchmarks/ep_overlap.md``), unless a
+    ``torch_native_ep_transport`` is set, which asks for the sorted dispatcher over that transport.
+    ``"sorted"``: the sorted dispatcher (NVSHMEM where it runs, else ``all_to_all_single``); an
+    inexact setting, or ``nvshmem`` requested where it cannot run, is an error. ``"megatron"``:
+    megatron-core's alltoall dispatcher.
     """
     requested = getattr(config, "torch_native_dispatcher", "auto")
     transport = getattr(config, "torch_native_ep_transport", "auto")
@@ -101,6 +108,8 @@ def choose_dispatch(
         return DispatchChoice("megatron", MEGATRON_TRANSPORT, False, "; ".join(blockers))
     if ep_size == 1:
         return DispatchChoice("sorted", "none", True, "EP=1")
+    if requested == "auto" and transport == "auto":
+        return DispatchChoice("megatron", MEGATRON_TRANSPORT, False, f"EP={ep_size}: {AUTO_EP_REASON}")
     if transport == "nccl":
         return DispatchChoice("sorted", "collective", False, f"EP={ep_size}, torch_native_ep_transport='nccl'")
     from megatron.bridge.models.torch_native.token_exchange import symmetric_memory_support
