@@ -3,6 +3,7 @@
 import dataclasses
 
 import pytest
+from overlap_helpers import set_fields
 from packaging.version import Version
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
@@ -16,16 +17,8 @@ TE_PRESENT = dict(te_version=Version("2.12.0"))
 
 
 def _set(**changes):
-    def mutate(cfg):
-        for dotted, value in changes.items():
-            *parents, leaf = dotted.split(".")
-            target = cfg
-            for p in parents:
-                target = getattr(target, p)
-            setattr(target, leaf, value)
-        return cfg
-
-    return mutate
+    """A mutation for the table: dotted path -> value."""
+    return lambda cfg: set_fields(cfg, changes)
 
 
 M = "model."
