@@ -175,6 +175,7 @@ def _startup_lines(
     from megatron.bridge.models.layer_specs import describe_layer_spec
 
     m = resolved.model
+    kernels = [m.describe_torch_native_kernels()] if m.resolved_layer_spec == "torch_native" else []
     return [
         f"launch: {env.launcher}, world size {torch.distributed.get_world_size()}, backend "
         f"{resolved.dist.effective_backend}, device {resolved.dist.device}",
@@ -185,6 +186,7 @@ def _startup_lines(
         f"batch: global {resolved.train.global_batch_size}, micro {resolved.train.micro_batch_size}, "
         f"{num_microbatches} micro-batches per step, seq {m.seq_length}",
         describe_layer_spec(m.layer_spec),
+        *kernels,
         m.describe_loss(resolved.dist.device),
         f"dispatcher: {m.moe_token_dispatcher_type}"
         + (f" (flex backend {m.moe_flex_dispatcher_backend})" if m.moe_token_dispatcher_type == "flex" else ""),
@@ -438,6 +440,7 @@ class Trainer:
             parallel_layout=parallel_layout(self.resolved),
             overlap_report=self.report.to_dict(),
             layer_spec=self.resolved.model.resolved_layer_spec,
+            torch_native_kernels=self.resolved.model.torch_native_kernels(),
             cuda_device_max_connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
             moe_token_dispatch=self.dispatch,
             optimizer_kernels=self.optimizer_kernels,
