@@ -21,7 +21,7 @@ larger micro-batch first so the token buffers are sized once). The steady state 
 ``--publish``, ``docs/benchmarks/ep_overlap_results.json`` and the generated section of
 ``docs/benchmarks/ep_overlap.md``.
 
-    uv run python scripts/performance/ep_overlap_benchmark.py --out /tmp/ep_overlap --publish
+    uv run python scripts/performance/ep_overlap_benchmark.py --out runs/ep_overlap --publish
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Performance harness: familiar flags + dotted overrides, dry run, launch, results, sweeps.
 
-Example (the SPEC's command; add --dryrun on a machine without GPUs):
+Example (EP overlap on 16 H100s; add --dryrun on a machine without GPUs):
 
     uv run python scripts/performance/run_script.py -m qwen -mr qwen3_30b_a3b --task pretrain \\
         -g h100 -c bf16 -ng 16 -gn 8 --max_steps 8 --cuda_graph_impl none \\

@@ -113,7 +113,7 @@ def test_summary_json(results: dict) -> None:
     assert summary["parallel_layout"]["ep"] == 2
     assert summary["steady_state_min_s"] <= summary["steady_state_mean_s"] <= summary["steady_state_max_s"]
     assert summary["tokens_per_s"] > 0 and summary["tflops_per_gpu"] > 0
-    for key in ("overlap_report", "resolved_config", "peak_memory_gib", "step_times_s"):
+    for key in ("overlap_report", "resolved_config", "peak_memory_gib", "step_times_s", "torch_native_kernels"):
         assert key in summary
 
 

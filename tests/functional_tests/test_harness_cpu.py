@@ -34,9 +34,12 @@ def harness(*argv, timeout=600):
 def test_cpu_sweep_trains_each_value_and_writes_summary_markdown_and_plot(tmp_path):
     """``-g cpu -ng 2 -mr qwen3_moe_tiny`` trains (once per swept value), writes ``summary.json``,
     prints the results table, then writes ``sweep.md`` and ``sweep.png``. One test, two trainings:
-    the launcher dominates the cost on a 2-core CI machine."""
+    the launcher dominates the cost on a 2-core CI machine. The torch-native kernel settings given
+    as overrides reach the start-up lines and ``summary.json``."""
     root = tmp_path / "sweep"
+    kernels = dict(compile=True, grouped_gemm_backend="loop", cross_entropy_backend="torch")
     proc = harness(*TINY, "-l", str(root), "--steady_state_window", "2,3",
+                   "model.torch_native_grouped_gemm_backend=loop", "model.torch_native_cross_entropy_backend=torch",
                    "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     losses = []
@@ -44,11 +47,14 @@ def test_cpu_sweep_trains_each_value_and_writes_summary_markdown_and_plot(tmp_pa
         summary = json.loads((root / sub / "summary.json").read_text())
         losses.append(summary["losses"])
         assert summary["world_size"] == 2 and len(summary["losses"]) == 3
+        assert summary["torch_native_kernels"] == kernels
         assert all(loss == loss and loss < 20 for loss in summary["losses"])  # finite
         assert (root / sub / "config.yaml").is_file()
         assert str(root / sub / "summary.json") in proc.stdout
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)  # the overlap schedule changes timing, not maths
     assert proc.stdout.count("Results") == 2 and "iterations 2-3" in proc.stdout
+    assert proc.stdout.count("torch-native kernels: torch.compile on, grouped GEMM loop, cross-entropy torch") == 2
+    assert proc.stdout.count("loss: torch_native fused cross-entropy (torch kernels)") == 2
     md = (root / "sweep.md").read_text()
     assert "| `false` |" in md and "| `true` |" in md and "1.000x" in md
     assert (root / "sweep.png").read_bytes()[:4] == b"\x89PNG"

@@ -147,8 +147,7 @@ def test_unaligned_shapes_fall_back_to_the_loop() -> None:
     torch.testing.assert_close(out, grouped_gemm.reference_grouped_linear(x, w, [2, 3]))
 
 
-def test_backend_choice_on_cpu_is_the_loop(monkeypatch) -> None:
-    monkeypatch.delenv("MBRIDGE_GROUPED_GEMM_BACKEND", raising=False)
+def test_backend_choice_on_cpu_is_the_loop() -> None:
     assert grouped_gemm.select_backend(torch.zeros(1, dtype=torch.bfloat16)) == "loop"
     assert grouped_gemm.select_backend(torch.zeros(1), "grouped_mm") == "grouped_mm"
     with pytest.raises(ValueError):
@@ -194,6 +193,18 @@ def test_grouped_experts_match_sequential_mlp(model_parallel, counts: list, tiny
         torch.testing.assert_close(native.weight2.grad[e], expert.linear_fc2.weight.grad, atol=ATOL, rtol=1e-5)
         if counts[e] == 0:
             assert torch.count_nonzero(native.weight1.grad[e]) == 0
+
+
+@pytest.mark.parametrize("backend", ["auto", "loop"])
+def test_experts_run_the_configured_grouped_gemm_backend(model_parallel, tiny_moe_config, monkeypatch, backend) -> None:
+    config = tiny_moe_config()
+    config.torch_native_grouped_gemm_backend = backend  # the provider's field
+    _, native = _expert_pair(config)
+    seen = []
+    original = grouped_gemm.select_backend
+    monkeypatch.setattr(grouped_gemm, "select_backend", lambda x, requested="auto": seen.append(requested) or original(x, requested))
+    native(torch.randn(3, config.hidden_size), torch.tensor([1, 2, 0, 0]), torch.rand(3))
+    assert seen == [backend, backend]  # fc1 and fc2
 
 
 def test_expert_parameters_are_marked_for_expert_data_parallel(model_parallel, tiny_moe_config) -> None:

@@ -36,10 +36,39 @@ def test_compiler_failure_goes_eager_for_good(monkeypatch, caplog):
     assert fn(_eager, 3) == 1003  # stays eager
 
 
-@pytest.mark.parametrize("value, enabled", [("0", False), ("1", True)])
-def test_environment_switch(monkeypatch, value, enabled):
-    monkeypatch.setenv("MBRIDGE_TORCH_NATIVE_COMPILE", value)
+@pytest.fixture
+def compile_switch_restored():
+    """The switch is process-wide: put it back for the tests that follow."""
+    yield
+    compiled.set_compile_enabled(True)
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_the_process_switch_turns_compiled_paths_off_and_on(monkeypatch, compile_switch_restored, allowed):
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
-    fn = compiled.LazyCompiled(_double, "test")
-    assert fn.enabled is enabled
-    assert fn(_eager, 3) == (6 if enabled else 1003)
+    fn = compiled.LazyCompiled(_double, "test")  # created before the switch, like the module-level ones
+    compiled.set_compile_enabled(allowed)
+    assert fn.enabled is allowed
+    assert fn(_eager, 3) == (6 if allowed else 1003)
+
+
+@pytest.mark.parametrize("setting", [False, True])
+def test_the_provider_applies_torch_native_compile_to_the_model_it_builds(
+    monkeypatch, model_parallel, compile_switch_restored, setting
+):
+    """``model.torch_native_compile`` is in force while the model's layers are built and after."""
+    from megatron.bridge.models import gpt_provider
+    from megatron.bridge.models.qwen import Qwen3MoEModelProvider
+
+    compiled.set_compile_enabled(not setting)
+    seen = {}
+
+    class Model:
+        def __init__(self, **kwargs):
+            seen["while_building"] = compiled.compile_enabled()
+
+    monkeypatch.setattr(gpt_provider, "build_decoder_block_spec", lambda config, vp_stage=None: None)
+    provider = Qwen3MoEModelProvider(vocab_size=128, layer_spec="torch_native", torch_native_compile=setting)
+    monkeypatch.setattr(provider, "model_class", lambda: Model)
+    provider.provide(pre_process=True, post_process=True)
+    assert seen["while_building"] is setting and compiled.compile_enabled() is setting

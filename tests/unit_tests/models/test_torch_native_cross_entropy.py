@@ -7,6 +7,8 @@ and tensor parallelism over two gloo ranks holding vocabulary shards.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -71,23 +73,40 @@ def test_shape_mismatch_is_rejected():
 
 
 @pytest.mark.parametrize(
-    "env, device, expected",
+    "requested, device, expected",
     [
         ("auto", "cpu", "torch"),
         ("auto", "cuda", "triton" if ce.triton is not None else "torch"),
         ("torch", "cuda", "torch"),
     ],
 )
-def test_backend_choice(monkeypatch, env, device, expected):
-    monkeypatch.setenv("MBRIDGE_CROSS_ENTROPY_BACKEND", env)
+def test_backend_choice(monkeypatch, requested, device, expected):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert ce.select_backend(device) == expected
+    assert ce.select_backend(device, requested) == expected
 
 
-def test_unknown_backend_is_rejected(monkeypatch):
-    monkeypatch.setenv("MBRIDGE_CROSS_ENTROPY_BACKEND", "cuda-graphs")
+def test_unknown_backend_is_rejected():
     with pytest.raises(ValueError, match="not one of"):
-        ce.select_backend("cpu")
+        ce.select_backend("cpu", "cuda-graphs")
+
+
+class _LossModelStandIn:
+    """What ``compute_language_model_loss`` reads of the model: its config and TP group."""
+
+    def __init__(self, backend):
+        self.config, self.tp_group = SimpleNamespace(torch_native_cross_entropy_backend=backend), None
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_the_model_runs_the_configured_backend(monkeypatch, backend):
+    from megatron.bridge.models.torch_native.gpt_model import TorchNativeLossGPTModel
+
+    seen = []
+    original = ce.select_backend
+    monkeypatch.setattr(ce, "select_backend", lambda device, requested="auto": seen.append(requested) or original(device, requested))
+    logits, labels = torch.randn(4, 2, 10), torch.randint(0, 10, (2, 4))
+    loss = TorchNativeLossGPTModel.compute_language_model_loss(_LossModelStandIn(backend), labels, logits)
+    assert loss.shape == (2, 4) and seen == [backend]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,10 +219,17 @@ def test_tensor_parallel_shards_match_full_vocabulary(child_reports, backend):
 def test_provider_loss_selection(monkeypatch, fusion, impl, model_class, line):
     from megatron.bridge.models.qwen import Qwen3MoEModelProvider
 
-    monkeypatch.delenv("MBRIDGE_CROSS_ENTROPY_BACKEND", raising=False)
     provider = Qwen3MoEModelProvider(cross_entropy_loss_fusion=fusion, cross_entropy_fusion_impl=impl)
     assert provider.model_class().__name__ == model_class
     assert provider.describe_loss("cpu") == line
+
+
+def test_start_up_line_names_the_configured_backend():
+    from megatron.bridge.models.qwen import Qwen3MoEModelProvider
+
+    provider = Qwen3MoEModelProvider(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="torch_native",
+                                     torch_native_cross_entropy_backend="torch")
+    assert provider.describe_loss("cuda") == "loss: torch_native fused cross-entropy (torch kernels)"
 
 
 def test_qwen3_recipes_default_to_the_torch_native_loss():

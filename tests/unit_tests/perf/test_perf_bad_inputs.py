@@ -57,6 +57,15 @@ CASES = {
         lambda tmp: ["--cuda_graph_impl", "local"], "cuda-graphs-not-captured", ["model.cuda_graph_impl='local'"]),
     "checkpoint.load typo": (
         lambda tmp: [f"checkpoint.load={tmp / 'ckpt_typo'}"], "checkpoint-load-exists", ["ckpt_typo", "mkdir"]),
+    "triton cross-entropy in cpu mode": (
+        lambda tmp: ["model.torch_native_cross_entropy_backend=triton"], "triton-cross-entropy-needs-cuda",
+        ["model.torch_native_cross_entropy_backend='triton'", "dist.device='cpu'", "CUDA tensors only"]),
+    "compile switched off in cpu mode": (
+        lambda tmp: ["model.torch_native_compile=false"], "torch-native-compile-off-needs-cuda",
+        ["model.torch_native_compile=False", "no effect"]),
+    "grouped_mm in cpu mode": (
+        lambda tmp: ["model.torch_native_grouped_gemm_backend=grouped_mm"], "grouped-mm-needs-hopper-bf16",
+        ["model.torch_native_grouped_gemm_backend='grouped_mm'", "compute capability 9.0"]),
     "checkpoint.load at one iteration": (
         lambda tmp: [f"checkpoint.load={_checkpoint(tmp, {}) / 'iter_0000003'}"], "checkpoint-load-is-iteration-dir",
         ["iter_0000003", "parent directory"]),

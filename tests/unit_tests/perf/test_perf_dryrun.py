@@ -1,4 +1,4 @@
-"""``run_script.py`` end to end without launching: the SPEC's command, exit codes, outputs."""
+"""``run_script.py`` end to end without launching: the README's command, exit codes, outputs."""
 
 import io
 from pathlib import Path
@@ -18,13 +18,13 @@ def run(argv):
 
 
 @pytest.fixture(scope="module")
-def spec_resolved(tmp_path_factory, spec_argv):
-    built = build_config(parse_args([*spec_argv, "-l", str(tmp_path_factory.mktemp("spec"))]))
+def readme_resolved(tmp_path_factory, readme_argv):
+    built = build_config(parse_args([*readme_argv, "-l", str(tmp_path_factory.mktemp("spec"))]))
     return built, resolve(built)
 
 
-def test_spec_command_resolves_as_documented(spec_resolved):
-    built, r = spec_resolved
+def test_readme_command_resolves_as_documented(readme_resolved):
+    built, r = readme_resolved
     assert r.model.overlap_moe_expert_parallel_comm is True          # CLI override beats --moe_a2a_overlap false
     assert r.comm_overlap.overlap_moe_expert_parallel_comm is True
     assert r.model.delay_wgrad_compute is False and r.ddp.delay_wgrad_compute is False
@@ -38,10 +38,10 @@ def test_spec_command_resolves_as_documented(spec_resolved):
     assert built.cfg.provenance["comm_overlap.delay_wgrad_compute"] == "cli"
 
 
-def test_spec_command_dry_run_prints_everything(spec_command):
-    code, out = run([*spec_command, "--dryrun"])
+def test_readme_command_dry_run_prints_everything(readme_command):
+    code, out = run([*readme_command, "--dryrun"])
     assert code == 0, out
-    log_dir = Path(spec_command[-1])
+    log_dir = Path(readme_command[-1])
     assert not log_dir.exists(), "a dry run writes nothing"
     assert "== overlap report" in out and "dry run: nothing launched" in out
     assert "comm_overlap.overlap_moe_expert_parallel_comm" in out and "[cli]" in out
@@ -50,14 +50,14 @@ def test_spec_command_dry_run_prints_everything(spec_command):
     assert "16 GPUs on 2 node(s)" in out
 
 
-def test_spec_command_with_ep1_exits_2_naming_the_field(spec_command):
-    code, out = run([*spec_command, "--dryrun", "-ep", "1"])
+def test_readme_command_with_ep1_exits_2_naming_the_field(readme_command):
+    code, out = run([*readme_command, "--dryrun", "-ep", "1"])
     assert code == 2
     assert "expert_model_parallel_size" in out and "nothing was launched" in out
 
 
-def test_moe_a2a_overlap_false_alone_turns_overlap_off(tmp_path, spec_argv):
-    argv = [a for a in spec_argv if "=" not in a] + ["-l", str(tmp_path)]
+def test_moe_a2a_overlap_false_alone_turns_overlap_off(tmp_path, readme_argv):
+    argv = [a for a in readme_argv if "=" not in a] + ["-l", str(tmp_path)]
     built = build_config(parse_args(argv))
     r = resolve(built)
     assert r.model.overlap_moe_expert_parallel_comm is False and r.model.delay_wgrad_compute is False
@@ -65,17 +65,17 @@ def test_moe_a2a_overlap_false_alone_turns_overlap_off(tmp_path, spec_argv):
     assert code == 0 and "comm_overlap.overlap_moe_expert_parallel_comm" in out and "False  [flag]" in out
 
 
-def test_all_violations_reported_at_once(spec_command):
-    code, out = run([*spec_command, "--dryrun", "-ep", "1", "train.train_iters=0"])
+def test_all_violations_reported_at_once(readme_command):
+    code, out = run([*readme_command, "--dryrun", "-ep", "1", "train.train_iters=0"])
     assert code == 2
     assert "expert_model_parallel_size" in out and "train.train_iters" in out
 
 
-def test_save_config_filepath_round_trips(spec_command, tmp_path):
+def test_save_config_filepath_round_trips(readme_command, tmp_path):
     from megatron.bridge.training.utils.omegaconf_utils import config_from_yaml
 
     path = tmp_path / "resolved.yaml"
-    code, out = run([*spec_command, "--dryrun", "--save_config_filepath", str(path)])
+    code, out = run([*readme_command, "--dryrun", "--save_config_filepath", str(path)])
     assert code == 0, out
     cfg = config_from_yaml(path)
     assert cfg.comm_overlap.overlap_moe_expert_parallel_comm is True
@@ -83,10 +83,10 @@ def test_save_config_filepath_round_trips(spec_command, tmp_path):
     assert cfg.provenance["comm_overlap.overlap_moe_expert_parallel_comm"] == "cli"
 
 
-def test_multi_node_without_dryrun_writes_sbatch_script(spec_command):
-    code, out = run(spec_command)
+def test_multi_node_without_dryrun_writes_sbatch_script(readme_command):
+    code, out = run(readme_command)
     assert code == 0, out
-    log_dir = Path(spec_command[-1])
+    log_dir = Path(readme_command[-1])
     script = log_dir / "launch.sbatch"
     assert script.is_file() and (log_dir / "config.yaml").is_file()
     assert f"sbatch {script}" in out

@@ -266,7 +266,7 @@ def test_warnings_do_not_fail_validation(caplog) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# "Done when": the SPEC snippet on the 30B recipe, and each unmet prerequisite via cfg.validate()
+# The README's Python snippet on the 30B recipe, and each unmet prerequisite via cfg.validate()
 # --------------------------------------------------------------------------------------------
 
 

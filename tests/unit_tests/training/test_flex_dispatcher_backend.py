@@ -20,7 +20,7 @@ from megatron.bridge.training.flex_dispatcher_backend import (
     validate_flex_dispatcher_backend,
 )
 
-# The SPEC's support matrix: DeepEP on Ampere, Hopper, B200/B300; HybridEP on Ampere, Hopper,
+# The documented support matrix: DeepEP on Ampere, Hopper, B200/B300; HybridEP on Ampere, Hopper,
 # Blackwell including GB200/GB300 NVL72.
 SUPPORT = {
     "a100": {"deepep": True, "hybridep": True},
@@ -188,7 +188,7 @@ def test_deep_ep_present_on_gpu_host(model, monkeypatch) -> None:
 
 
 def test_backend_without_flex_dispatcher_is_reported(model, cpu_host) -> None:
-    """Pitfall 3: a backend alone does not activate flex dispatch."""
+    """A backend alone does not activate flex dispatch: it would silently do nothing, so it is refused."""
     model.moe_flex_dispatcher_backend = "deepep"
     with pytest.raises(FlexDispatcherBackendError) as info:
         validate_flex_dispatcher_backend(model, device_name="h100")

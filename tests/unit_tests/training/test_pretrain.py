@@ -15,7 +15,8 @@ from megatron.bridge.training import entry
 from megatron.bridge.training.data import PretrainingSampler, _blend
 from megatron.bridge.training.errors import ConfigError
 from megatron.bridge.training.initialize import launch_env
-from megatron.bridge.training.pretrain import pretrain, set_cuda_device_max_connections
+from megatron.bridge.training.platform import set_cuda_device_max_connections
+from megatron.bridge.training.pretrain import pretrain
 
 
 @pytest.mark.parametrize(

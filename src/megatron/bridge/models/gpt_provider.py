@@ -18,6 +18,7 @@ from megatron.bridge.models.layer_specs import (
     build_decoder_block_spec,
     resolve_layer_spec,
 )
+from megatron.bridge.models.torch_native.backends import CrossEntropyBackend, GroupedGemmBackend
 
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel
@@ -74,6 +75,16 @@ class GPTModelProvider(TransformerConfig):
     torch_native_nvshmem_blocks: Optional[int] = None
     """Thread blocks per NVSHMEM all-to-all (``None``: torch's choice, up to 64). Fewer blocks start
     sooner beside running GEMMs (the kernel needs all its blocks resident at once)."""
+    torch_native_compile: bool = True
+    """``torch.compile`` the torch-native layers' small fused functions on CUDA (RMSNorm, the experts'
+    SwiGLU, the EP exchange plan); ``false`` runs them eagerly (A/B timing, debugging)."""
+    torch_native_grouped_gemm_backend: GroupedGemmBackend = "auto"
+    """Expert GEMMs of the torch-native layers: ``grouped_mm`` (``torch._grouped_mm``, bf16 on
+    compute capability 9.0+), ``grouped_mm_padded`` (the same with each expert's rows padded to 16),
+    ``loop`` (one matmul per expert), or ``auto`` (the first of those that runs here)."""
+    torch_native_cross_entropy_backend: CrossEntropyBackend = "auto"
+    """Kernels of the torch-native cross-entropy: ``triton`` (CUDA), ``torch`` (chunked PyTorch),
+    or ``auto`` (Triton on CUDA where it imports, PyTorch elsewhere)."""
     cuda_graph_modules: Union[str, list[str]] = field(default_factory=list)
     """CUDA-graph capture scopes; empty captures the whole layer (megatron-core's ``"full"``
     default means the same but is deprecated and warns)."""
@@ -110,10 +121,27 @@ class GPTModelProvider(TransformerConfig):
         if self.uses_torch_native_loss:
             from megatron.bridge.models.torch_native.cross_entropy import select_backend
 
-            return f"loss: torch_native fused cross-entropy ({select_backend(device_type)} kernels)"
+            backend = select_backend(device_type, self.torch_native_cross_entropy_backend)
+            return f"loss: torch_native fused cross-entropy ({backend} kernels)"
         if self.cross_entropy_loss_fusion:
             return f"loss: megatron-core fused cross-entropy ({self.cross_entropy_fusion_impl})"
         return "loss: megatron-core unfused vocab-parallel cross-entropy (fp32 logits)"
+
+    def torch_native_kernels(self) -> dict[str, object]:
+        """The torch-native kernel settings as configured (``summary.json`` and the start-up line)."""
+        return dict(
+            compile=self.torch_native_compile,
+            grouped_gemm_backend=self.torch_native_grouped_gemm_backend,
+            cross_entropy_backend=self.torch_native_cross_entropy_backend,
+        )
+
+    def describe_torch_native_kernels(self) -> str:
+        """One start-up line with the torch-native kernel settings."""
+        k = self.torch_native_kernels()
+        return (
+            f"torch-native kernels: torch.compile {'on' if k['compile'] else 'off'}, grouped GEMM "
+            f"{k['grouped_gemm_backend']}, cross-entropy {k['cross_entropy_backend']}"
+        )
 
     def model_class(self) -> type:
         """megatron-core's ``GPTModel``, or its subclass with the torch-native loss."""
@@ -131,8 +159,16 @@ class GPTModelProvider(TransformerConfig):
         post_process: Optional[bool] = None,
         vp_stage: Optional[int] = None,
     ) -> "GPTModel":
-        """Build this rank's ``GPTModel`` chunk (model-parallel state must be initialised)."""
+        """Build this rank's ``GPTModel`` chunk (model-parallel state must be initialised).
+
+        ``torch_native_compile`` applies to the whole process: the compiled functions are shared by
+        every torch-native layer, so the model built last decides.
+        """
         from megatron.core import parallel_state
+
+        from megatron.bridge.models.torch_native.compiled import set_compile_enabled
+
+        set_compile_enabled(self.torch_native_compile)
         if pre_process is None:
             pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
         if post_process is None:

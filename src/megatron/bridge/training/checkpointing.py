@@ -15,7 +15,8 @@ tracker file (atomically). A save killed midway leaves the previous checkpoint a
 they were; the next save of that iteration starts the staging directory afresh.
 
 ``load_checkpoint`` resumes from the iteration named in ``latest_checkpointed_iteration.txt`` in
-``cfg.checkpoint.load``. :func:`inspect_checkpoint_dir` tells validation, before anything is
+``cfg.checkpoint.load``; :class:`CheckpointSaver` is a run's cadence (save interval, save on exit,
+each iteration at most once). :func:`inspect_checkpoint_dir` tells validation, before anything is
 launched, whether a directory holds a checkpoint, is empty, or is not a checkpoint directory.
 """
 
@@ -36,7 +37,6 @@ import torch
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
-    from megatron.bridge.training.pretrain import TrainState
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,14 @@ REPLACED_SUFFIX = ".replaced"
 # ("fully_sharded_model_space", megatron's default, fails in 0.19.2: "ShardedTensor.flattened_range is
 # not supported".)
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable", "chained_optim_avoid_prefix": True}
+
+
+@dataclass
+class TrainState:
+    """What a checkpoint must restore besides model and optimizer."""
+
+    iteration: int = 0
+    consumed_samples: int = 0
 
 
 def iteration_dir(root: str | os.PathLike, iteration: int) -> Path:
@@ -365,8 +373,6 @@ def load_checkpoint(
     it came from, or ``None`` when the directory holds no checkpoint yet."""
     from megatron.core import dist_checkpointing
 
-    from megatron.bridge.training.pretrain import TrainState
-
     iteration = latest_iteration(cfg.checkpoint.load)
     if iteration is None:
         return None
@@ -389,3 +395,52 @@ def load_checkpoint(
         _set_rng_state(torch.load(rng_file, weights_only=False))
     state = TrainState(iteration=int(common["iteration"]), consumed_samples=int(common["consumed_samples"]))
     return state, path
+
+
+def _announce(line: str) -> None:
+    print(f"[megatron.bridge] {line}", flush=True)
+
+
+
+
+class CheckpointSaver:
+    """Saves each iteration at most once and remembers which checkpoint holds the current state.
+
+    The state a run resumes from is already on disk, so a run that resumes and stops (or ends)
+    without training writes nothing; a stop on a save-interval iteration saves that iteration once.
+    """
+
+    def __init__(self, resolved: "ConfigContainer", model: list[Any], optimizer: Any, scheduler: Any) -> None:
+        self.resolved, self.model, self.optimizer, self.scheduler = resolved, model, optimizer, scheduler
+        self.persisted_iteration = 0
+        self.path: Optional[Any] = None
+
+    def resume(self, announce: bool) -> TrainState:
+        """Load ``checkpoint.load`` when it holds a checkpoint; say what the run starts from."""
+        ckpt = self.resolved.checkpoint
+        loaded = load_checkpoint(self.resolved, self.model, self.optimizer, self.scheduler) if ckpt.load else None
+        if loaded is None:
+            if announce and ckpt.load:
+                _announce(f"no checkpoint in {ckpt.load} yet: starting from iteration 0")
+            return TrainState()
+        state, self.path = loaded
+        self.persisted_iteration = state.iteration
+        if announce:
+            _announce(f"resumed from iteration {state.iteration} ({self.path})")
+            if state.iteration >= self.resolved.train.train_iters:
+                _announce(f"nothing to train: train.train_iters={self.resolved.train.train_iters}")
+        return state
+
+    def interval_due(self, iteration: int) -> bool:
+        interval = self.resolved.checkpoint.save_interval
+        return bool(interval) and iteration % interval == 0
+
+    def exit_due(self, iteration: int) -> bool:
+        return self.resolved.checkpoint.save_on_exit or self.interval_due(iteration)
+
+    def save(self, state: TrainState) -> None:
+        """Save ``state`` unless it is already on disk (or no save directory is set)."""
+        if not self.resolved.checkpoint.save or state.iteration == self.persisted_iteration:
+            return
+        self.path = save_checkpoint(self.resolved, self.model, self.optimizer, self.scheduler, state)
+        self.persisted_iteration = state.iteration

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 
+from megatron.bridge.training.platform import Platform, select_platform
+
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
@@ -57,7 +59,7 @@ def _blend(data_paths: Optional[list[str]]) -> Optional[tuple[list[str], Optiona
         return (list(data_paths), None)
 
 
-def gpt_dataset_config(cfg: "ConfigContainer", tokenizer: Any) -> Any:
+def gpt_dataset_config(cfg: "ConfigContainer", tokenizer: Any, platform: Optional[Platform] = None) -> Any:
     """The ``GPTDatasetConfig`` for this run (mock when no data paths are given)."""
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 
@@ -73,12 +75,11 @@ def gpt_dataset_config(cfg: "ConfigContainer", tokenizer: Any) -> Any:
         reset_position_ids=ds.reset_position_ids,
         reset_attention_mask=ds.reset_attention_mask,
         eod_mask_loss=ds.eod_mask_loss,
-        # CPU: an explicit causal mask (megatron's default mask is built on "cuda").
-        create_attention_mask=cfg.dist.device == "cpu" or ds.reset_attention_mask,
+        create_attention_mask=(platform or select_platform(cfg)).explicit_causal_mask or ds.reset_attention_mask,
     )
 
 
-def build_train_dataset(cfg: "ConfigContainer") -> Any:
+def build_train_dataset(cfg: "ConfigContainer", platform: Optional[Platform] = None) -> Any:
     """The training split, sized for ``train_iters * global_batch_size`` samples."""
     from megatron.core.datasets.blended_megatron_dataset_builder import (
         BlendedMegatronDatasetBuilder,
@@ -86,7 +87,7 @@ def build_train_dataset(cfg: "ConfigContainer") -> Any:
     from megatron.core.datasets.gpt_dataset import GPTDataset, MockGPTDataset
 
     tokenizer = build_tokenizer(cfg)
-    ds_cfg = gpt_dataset_config(cfg, tokenizer)
+    ds_cfg = gpt_dataset_config(cfg, tokenizer, platform)
     cls = MockGPTDataset if cfg.dataset.is_mock else GPTDataset
     train_samples = cfg.train.train_iters * cfg.train.global_batch_size
     eval_samples = max(cfg.train.eval_iters, 1) * cfg.train.global_batch_size
@@ -138,11 +139,14 @@ def _ignore_stop_signals(worker_id: int) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def build_train_iterator(cfg: "ConfigContainer", consumed_samples: int = 0) -> Iterator[dict]:
+def build_train_iterator(
+    cfg: "ConfigContainer", consumed_samples: int = 0, platform: Optional[Platform] = None
+) -> Iterator[dict]:
     """An endless-enough iterator of this rank's micro-batches (dicts of CPU tensors)."""
     from megatron.core import parallel_state
 
-    dataset = build_train_dataset(cfg)
+    platform = platform or select_platform(cfg)
+    dataset = build_train_dataset(cfg, platform)
     sampler = PretrainingSampler(
         total_samples=len(dataset),
         consumed_samples=consumed_samples,
@@ -154,7 +158,7 @@ def build_train_iterator(cfg: "ConfigContainer", consumed_samples: int = 0) -> I
         dataset,
         batch_sampler=sampler,
         num_workers=cfg.dataset.num_workers,
-        pin_memory=cfg.dist.device == "cuda",
+        pin_memory=platform.uses_cuda,
         persistent_workers=cfg.dataset.num_workers > 0,
         worker_init_fn=_ignore_stop_signals if cfg.dataset.num_workers > 0 else None,
     )

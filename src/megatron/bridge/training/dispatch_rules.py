@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
 
-def _torch_native_layers(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def uses_torch_native_layers(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    """Whether the run builds the torch-native layers (``auto`` resolved for the target's TE)."""
     return resolve_layer_spec(cfg.model.layer_spec, te_available=ctx.te_version is not None) == "torch_native"
 
 
@@ -63,7 +64,7 @@ TORCH_NATIVE_DISPATCH_RULES: tuple[Rule, ...] = (
         fields=("model.layer_spec", "model.torch_native_dispatcher", "model.torch_native_ep_transport",
                 "model.torch_native_nvshmem_blocks"),
         applies=_dispatch_fields_set,
-        holds=_torch_native_layers,
+        holds=uses_torch_native_layers,
         message="the torch_native_* dispatch settings only act on the torch-native layers; with this "
         "layer spec they would have no effect",
         fix="set model.layer_spec=torch_native, or leave the torch_native_* dispatch fields at their defaults",

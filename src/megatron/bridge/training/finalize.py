@@ -15,6 +15,7 @@ from megatron.bridge.training.errors import (
     Violation,
 )
 from megatron.bridge.training.dispatch_rules import TORCH_NATIVE_DISPATCH_RULES
+from megatron.bridge.training.kernel_rules import TORCH_NATIVE_KERNEL_RULES
 from megatron.bridge.training.mixed_precision import apply_mixed_precision
 from megatron.bridge.training.rules import RuleContext, check_rules
 from megatron.bridge.training.validation import GENERAL_RULES
@@ -66,7 +67,7 @@ def finalize_config(
     ctx = ctx or default_rule_context(world_size, target_gpu=getattr(cfg.dist, "target_gpu", None))
     apply_mixed_precision(cfg)
     overlap_violations = comm_overlap.resolve_comm_overlap(cfg, ctx)
-    violations: list[Violation] = list(overlap_violations) + check_rules(GENERAL_RULES + TORCH_NATIVE_DISPATCH_RULES, cfg, ctx)
+    violations: list[Violation] = list(overlap_violations) + check_rules(GENERAL_RULES + TORCH_NATIVE_DISPATCH_RULES + TORCH_NATIVE_KERNEL_RULES, cfg, ctx)
     for warning in (v for v in violations if v.severity != "error"):
         logger.warning("config: %s", warning.format())
     errors = [v for v in violations if v.severity == "error"]

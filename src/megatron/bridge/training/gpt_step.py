@@ -9,27 +9,22 @@ and share the loss function, which is why the two schedules produce the same los
 
 from __future__ import annotations
 
-import sys
 from functools import partial
 from typing import Any, Iterator, Optional
 
 import torch
 
 
-def _device() -> torch.device:
-    # Look the compat layer up without importing it: GPU processes never load it.
-    compat = sys.modules.get("megatron.bridge.training.cpu_compat")
-    if (compat is not None and compat.cpu_compat_enabled()) or not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda", torch.cuda.current_device())
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where ``model`` computes: the device its parameters live on (the run's platform put them there)."""
+    return next(model.parameters()).device
 
 
-def get_batch(data_iterator: Optional[Iterator[dict]]) -> dict[str, Optional[torch.Tensor]]:
-    """Next micro-batch on this rank's device. Stages without data (middle PP stages) get Nones."""
+def get_batch(data_iterator: Optional[Iterator[dict]], device: torch.device) -> dict[str, Optional[torch.Tensor]]:
+    """Next micro-batch on ``device``. Stages without data (middle PP stages) get Nones."""
     if data_iterator is None:
         return dict(tokens=None, labels=None, loss_mask=None, position_ids=None, attention_mask=None)
     batch = next(data_iterator)
-    device = _device()
     out: dict[str, Optional[torch.Tensor]] = {}
     for key in ("tokens", "labels", "loss_mask", "position_ids", "attention_mask"):
         value = batch.get(key)
@@ -57,7 +52,7 @@ def forward_step(
     data_iterator: Optional[Iterator[dict]], model: Any, return_schedule_plan: bool = False
 ) -> tuple[Any, Any]:
     """One micro-batch: the model's output (or its schedule plan) and the loss function."""
-    batch = get_batch(data_iterator)
+    batch = get_batch(data_iterator, model_device(model))
     args = (batch["tokens"], batch["position_ids"], batch["attention_mask"])
     kwargs = dict(labels=batch["labels"], loss_mask=batch["loss_mask"])
     if return_schedule_plan:

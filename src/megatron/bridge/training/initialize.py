@@ -1,8 +1,8 @@
 """Process-group, model-parallel and RNG set-up for :func:`megatron.bridge.training.pretrain.pretrain`.
 
 Every parallel size comes from one owner, ``cfg.model.*_parallel_size``: the same values are given
-to ``initialize_model_parallel`` and are what the model config carries. If the two disagreed (the
-SPEC pitfall), DDP would silently average gradients of different experts across ranks.
+to ``initialize_model_parallel`` and are what the model config carries. If the two disagreed, DDP
+would silently average gradients of different experts across ranks.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
+
+from megatron.bridge.training.platform import Platform, select_platform
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -50,15 +52,16 @@ def launch_env(environ: Optional[dict] = None) -> LaunchEnv:
     return LaunchEnv(0, 1, 0, "single")
 
 
-def initialize_distributed(cfg: "ConfigContainer", env: Optional[LaunchEnv] = None) -> LaunchEnv:
+def initialize_distributed(
+    cfg: "ConfigContainer", env: Optional[LaunchEnv] = None, platform: Optional[Platform] = None
+) -> LaunchEnv:
     """Create the default process group (or reuse an existing one) with ``cfg.dist``'s backend/timeout.
 
-    On GPUs each rank binds to ``cuda:LOCAL_RANK`` modulo the visible devices, so several ranks can
-    share one GPU when the backend allows it (gloo: the one-GPU EP=2 acceptance run).
+    The platform binds the rank's device first: on GPUs ``cuda:LOCAL_RANK`` modulo the visible
+    devices, so several ranks can share one GPU when the backend allows it (gloo).
     """
     env = env or launch_env()
-    if cfg.dist.device == "cuda":
-        torch.cuda.set_device(env.local_rank % max(torch.cuda.device_count(), 1))
+    (platform or select_platform(cfg)).bind_device(env.local_rank)
     if torch.distributed.is_initialized():
         return LaunchEnv(
             torch.distributed.get_rank(), torch.distributed.get_world_size(), env.local_rank, "existing"
@@ -96,26 +99,20 @@ def initialize_model_parallel(cfg: "ConfigContainer") -> None:
         )
 
 
-def set_seeds(cfg: "ConfigContainer") -> None:
+def set_seeds(cfg: "ConfigContainer", platform: Optional[Platform] = None) -> None:
     """Seed Python, numpy, torch and megatron's model-parallel RNG tracker.
 
     The pipeline rank offsets the seed (different layers per stage); data-parallel ranks share it
     unless ``rng.data_parallel_random_init``.
     """
-    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core import parallel_state
 
     seed = cfg.rng.seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
     if cfg.rng.data_parallel_random_init:
         seed += 10 * parallel_state.get_data_parallel_rank()
     random.seed(seed)
     np.random.seed(seed)
-    if cfg.dist.device == "cpu":
-        from megatron.bridge.training.cpu_compat import seed_cpu_model_parallel
-
-        seed_cpu_model_parallel(seed)
-        return
-    torch.manual_seed(seed)
-    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    (platform or select_platform(cfg)).seed_model_parallel(seed)
 
 
 def teardown() -> None:

@@ -12,7 +12,7 @@ combined with three all-reduces over the tensor-parallel group (the same maths a
 ``vocab_parallel_cross_entropy``, which this matches to fp32 rounding).
 
 Backends: Triton kernels for CUDA tensors when Triton imports, a chunked PyTorch version elsewhere
-(CPU, or ``MBRIDGE_CROSS_ENTROPY_BACKEND=torch`` for A/B timing).
+(CPU, or ``model.torch_native_cross_entropy_backend=torch`` for A/B timing).
 """
 
 from __future__ import annotations
@@ -23,24 +23,21 @@ from typing import Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from megatron.bridge.models.torch_native.backends import CROSS_ENTROPY_BACKENDS as BACKENDS
+
 try:
     import triton
     import triton.language as tl
 except ImportError:  # pragma: no cover - triton ships with CUDA builds of torch
     triton = None
 
-BACKENDS = ("auto", "triton", "torch")
 _TORCH_CHUNK_ELEMENTS = 1 << 26  # elements per chunk of the PyTorch path: at most 256 MiB of fp32
 
 
 def select_backend(device_type: str, requested: str = "auto") -> str:
-    """The backend for logits on ``device_type`` (``"cuda"``, ``"cpu"``, ...): ``triton`` on CUDA
-    (or under Triton's CPU interpreter) when Triton imports, ``torch`` otherwise.
-
-    ``MBRIDGE_CROSS_ENTROPY_BACKEND`` overrides ``auto`` (A/B timing, debugging).
-    """
-    if requested == "auto":
-        requested = os.environ.get("MBRIDGE_CROSS_ENTROPY_BACKEND", "auto")
+    """The backend for logits on ``device_type`` (``"cuda"``, ``"cpu"``, ...): ``requested``
+    (``model.torch_native_cross_entropy_backend``), or for ``auto``: ``triton`` on CUDA (or under
+    Triton's CPU interpreter) when Triton imports, ``torch`` otherwise."""
     if requested not in BACKENDS:
         raise ValueError(f"cross-entropy backend {requested!r} is not one of {BACKENDS}")
     if requested == "triton" and triton is None:

@@ -237,9 +237,11 @@ class TorchGroupedMLP(MegatronModule):
             counts = counts.to(hidden.device, non_blocking=True)
         stash1 = self.stashes["weight1"] if self._delay_wgrad else None
         stash2 = self.stashes["weight2"] if self._delay_wgrad else None
-        h = grouped_linear(hidden, self.weight1, counts, stash=stash1)
+        # A plain TransformerConfig (modules built without the provider) has no such field.
+        backend = getattr(self.config, "torch_native_grouped_gemm_backend", "auto")
+        h = grouped_linear(hidden, self.weight1, counts, backend=backend, stash=stash1)
         h = self._activation(h, permuted_probs)
-        out = grouped_linear(h, self.weight2, counts, stash=stash2)
+        out = grouped_linear(h, self.weight2, counts, backend=backend, stash=stash2)
         return out, None
 
     # ------------------------------------------------------------------ delayed wgrad

@@ -19,5 +19,7 @@ class TorchNativeLossGPTModel(GPTModel):
 
     def compute_language_model_loss(self, labels: Tensor, logits: Tensor) -> Tensor:
         """Per-token loss ``[b, s]`` from ``labels [b, s]`` and vocab-sharded ``logits [s, b, v]``."""
-        loss = vocab_parallel_cross_entropy(logits, labels.transpose(0, 1), group=self.tp_group)
+        # A plain TransformerConfig (a model built without the provider) has no such field.
+        backend = getattr(self.config, "torch_native_cross_entropy_backend", "auto")
+        loss = vocab_parallel_cross_entropy(logits, labels.transpose(0, 1), group=self.tp_group, backend=backend)
         return loss.transpose(0, 1).contiguous()

@@ -14,13 +14,12 @@ the loop path) and they add nothing to weight gradients.
 from __future__ import annotations
 
 import functools
-import os
 from collections import deque
 from typing import Deque, List, Optional, Sequence, Tuple
 
 import torch
 
-BACKENDS = ("auto", "grouped_mm", "grouped_mm_padded", "loop")
+from megatron.bridge.models.torch_native.backends import GROUPED_GEMM_BACKENDS as BACKENDS
 _ALIGN_ROWS = 16
 
 
@@ -34,12 +33,8 @@ def _device_has_grouped_mm(device_index: int) -> bool:
 
 
 def select_backend(x: torch.Tensor, requested: str = "auto") -> str:
-    """``grouped_mm`` for bf16 CUDA tensors on sm90+, ``loop`` otherwise (CPU, fp32, older GPUs).
-
-    ``MBRIDGE_GROUPED_GEMM_BACKEND`` overrides ``auto`` (for A/B timing and debugging).
-    """
-    if requested == "auto":
-        requested = os.environ.get("MBRIDGE_GROUPED_GEMM_BACKEND", "auto")
+    """``requested`` (``model.torch_native_grouped_gemm_backend``), or for ``auto``: ``grouped_mm``
+    for bf16 CUDA tensors on sm90+, ``loop`` otherwise (CPU, fp32, older GPUs)."""
     if requested not in BACKENDS:
         raise ValueError(f"grouped GEMM backend {requested!r} is not one of {BACKENDS}")
     if requested != "auto":

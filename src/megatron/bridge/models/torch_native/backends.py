@@ -1,0 +1,22 @@
+"""Names of the kernel choices of the torch-native layers, defined once.
+
+The provider's fields (``model.torch_native_grouped_gemm_backend``,
+``model.torch_native_cross_entropy_backend``), the kernels that act on them and the rules that
+check them all read these; the module imports nothing heavy, so validation can use it anywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+GroupedGemmBackend = Literal["auto", "grouped_mm", "grouped_mm_padded", "loop"]
+"""``grouped_mm``: ``torch._grouped_mm`` (bf16 on CUDA compute capability 9.0 or newer);
+``grouped_mm_padded``: the same with every expert's rows padded to a multiple of 16 (torch builds
+that need aligned groups); ``loop``: one matmul per expert; ``auto``: the first that runs here."""
+GROUPED_GEMM_BACKENDS: tuple[str, ...] = get_args(GroupedGemmBackend)
+GROUPED_MM_BACKENDS: tuple[str, ...] = ("grouped_mm", "grouped_mm_padded")
+
+CrossEntropyBackend = Literal["auto", "triton", "torch"]
+"""``triton``: the streaming Triton kernels (CUDA); ``torch``: the chunked PyTorch version;
+``auto``: Triton on CUDA where it imports, PyTorch elsewhere."""
+CROSS_ENTROPY_BACKENDS: tuple[str, ...] = get_args(CrossEntropyBackend)

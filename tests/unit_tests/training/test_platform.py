@@ -1,0 +1,94 @@
+"""The platform of a run (GPUs or CPU smoke mode): chosen once from the config, and each of its
+device-dependent steps."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+from typing import Optional
+
+import pytest
+import torch
+
+from megatron.bridge.training import gpt_step
+from megatron.bridge.training.platform import CpuPlatform, CudaPlatform, select_platform
+
+
+def _cfg(device: str, backend: Optional[str] = None, distributed_optimizer: bool = True) -> SimpleNamespace:
+    effective = backend or ("gloo" if device == "cpu" else "nccl")
+    return SimpleNamespace(
+        dist=SimpleNamespace(device=device, effective_backend=effective),
+        ddp=SimpleNamespace(use_distributed_optimizer=distributed_optimizer),
+    )
+
+
+@pytest.mark.parametrize(
+    "device,backend,distributed_optimizer,kind,resync",
+    [
+        ("cpu", None, True, CpuPlatform, True),  # gloo: the optimizer's param gather needs a re-sync
+        ("cpu", None, False, CpuPlatform, False),
+        ("cuda", None, True, CudaPlatform, False),  # NCCL
+        ("cuda", "gloo", True, CudaPlatform, True),  # several ranks on one GPU
+        ("cuda", "gloo", False, CudaPlatform, False),
+    ],
+)
+def test_platform_is_chosen_from_device_and_backend(device, backend, distributed_optimizer, kind, resync) -> None:
+    chosen = select_platform(_cfg(device, backend, distributed_optimizer))
+    assert type(chosen) is kind
+    assert chosen.resync_params is resync
+    assert chosen.device_type == device
+
+
+@pytest.mark.parametrize(
+    "kind,uses_cuda,explicit_causal_mask",
+    [(CpuPlatform, False, True), (CudaPlatform, True, False)],
+)
+def test_what_the_loop_and_data_ask_of_each_platform(kind, uses_cuda, explicit_causal_mask) -> None:
+    chosen = kind(_cfg(kind.device_type))
+    assert chosen.uses_cuda is uses_cuda  # CUDA timing events, profiler activity, pinned memory
+    assert chosen.explicit_causal_mask is explicit_causal_mask
+
+
+class _Chunk:
+    def __init__(self) -> None:
+        self.synced: list[bool] = []
+
+    def start_param_sync(self, force_sync: bool = False) -> None:
+        self.synced.append(force_sync)
+
+
+@pytest.mark.parametrize("backend,expected", [("gloo", [True]), ("nccl", [])])
+def test_parameters_are_regathered_after_the_optimizer_step_only_over_gloo(backend, expected) -> None:
+    chunks = [_Chunk(), _Chunk()]
+    CudaPlatform(_cfg("cuda", backend)).after_optimizer_step(chunks)
+    assert [c.synced for c in chunks] == [expected, expected]
+
+
+@pytest.mark.parametrize("backend,compat_enabled", [("gloo", True), ("nccl", False)])
+def test_gpu_process_preparation(monkeypatch, backend, compat_enabled) -> None:
+    from megatron.bridge.training import gloo_cuda_compat
+
+    calls = []
+    monkeypatch.setattr(gloo_cuda_compat, "enable_gloo_cuda_compat", lambda: calls.append("gloo"))
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    CudaPlatform(_cfg("cuda", backend)).prepare_process(SimpleNamespace(cuda_device_max_connections=32))
+    assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
+    assert calls == (["gloo"] if compat_enabled else [])
+
+
+def test_cpu_platform_keeps_megatrons_optimizer_and_the_cpu_device() -> None:
+    chosen = CpuPlatform(_cfg("cpu"))
+    assert chosen.device == torch.device("cpu")
+    assert chosen.fast_optimizer_kernels(object()) == "optimizer kernels: megatron-core's (CPU)"
+    module = torch.nn.Linear(2, 2)
+    assert chosen.place(module) is module
+
+
+def test_the_batch_goes_to_the_device_of_the_model() -> None:
+    batch = {"tokens": torch.ones(1, 4, dtype=torch.long), "labels": torch.ones(1, 4, dtype=torch.long)}
+    model = torch.nn.Linear(2, 2).to(torch.float64)
+    moved = gpt_step.get_batch(iter([batch]), gpt_step.model_device(model))
+    assert moved["tokens"].device == next(model.parameters()).device
+    assert moved["position_ids"] is None  # keys the data does not carry stay empty
+    assert gpt_step.get_batch(None, torch.device("cpu"))["tokens"] is None  # a stage without data
+

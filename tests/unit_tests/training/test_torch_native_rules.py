@@ -1,0 +1,116 @@
+"""Every rule of the torch-native fields (token dispatch and kernels) has a passing and a failing case
+(table-driven, as the general rules)."""
+
+import dataclasses
+
+import pytest
+from overlap_helpers import set_fields
+from packaging.version import Version
+
+from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
+from megatron.bridge.training.dispatch_rules import TORCH_NATIVE_DISPATCH_RULES
+from megatron.bridge.training.errors import ConfigValidationError
+from megatron.bridge.training.finalize import default_rule_context
+from megatron.bridge.training.kernel_rules import TORCH_NATIVE_KERNEL_RULES
+from megatron.bridge.training.rules import check_rules
+
+RULES = TORCH_NATIVE_DISPATCH_RULES + TORCH_NATIVE_KERNEL_RULES
+TE_ABSENT = dict(te_version=None)
+TE_PRESENT = dict(te_version=Version("2.12.0"))
+HOPPER = dict(te_version=None, device_capability=(9, 0))
+AMPERE = dict(te_version=None, device_capability=(8, 0))
+
+
+def _set(**changes):
+    """A mutation of a recipe config: dotted path -> value."""
+    return lambda cfg: set_fields(cfg, changes)
+
+
+M = "model."
+GG, CE, COMPILE = M + "torch_native_grouped_gemm_backend", M + "torch_native_cross_entropy_backend", M + "torch_native_compile"
+BF16 = {M + "bf16": True}
+# rule id -> (context facts, mutation that breaks the rule, mutation that satisfies it)
+CASES = {
+    "torch-native-dispatcher-known": (
+        TE_ABSENT, _set(**{M + "torch_native_dispatcher": "fast"}), _set(**{M + "torch_native_dispatcher": "megatron"})),
+    "torch-native-ep-transport-known": (
+        TE_ABSENT, _set(**{M + "torch_native_ep_transport": "ib"}), _set(**{M + "torch_native_ep_transport": "nccl"})),
+    "torch-native-dispatch-needs-torch-native-layers": (
+        TE_PRESENT, _set(**{M + "torch_native_dispatcher": "sorted"}),
+        _set(**{M + "torch_native_dispatcher": "sorted", M + "layer_spec": "torch_native"})),
+    "sorted-dispatch-must-be-exact": (
+        TE_ABSENT, _set(**{M + "torch_native_dispatcher": "sorted", M + "moe_expert_capacity_factor": 1.25}),
+        _set(**{M + "torch_native_dispatcher": "sorted"})),
+    "ep-transport-needs-sorted-ep-dispatch": (
+        TE_ABSENT, _set(**{M + "torch_native_ep_transport": "nvshmem", M + "torch_native_dispatcher": "megatron"}),
+        _set(**{M + "torch_native_ep_transport": "nvshmem"})),
+    "nvshmem-blocks-in-range": (
+        TE_ABSENT, _set(**{M + "torch_native_nvshmem_blocks": 12}), _set(**{M + "torch_native_nvshmem_blocks": 16})),
+    "torch-native-grouped-gemm-backend-known": (TE_ABSENT, _set(**{GG: "cutlass"}), _set(**{GG: "loop"})),
+    "torch-native-cross-entropy-backend-known": (TE_ABSENT, _set(**{CE: "cudnn"}), _set(**{CE: "torch"})),
+    "torch-native-kernel-settings-need-torch-native-layers": (
+        TE_PRESENT, _set(**{COMPILE: False}), _set(**{COMPILE: False, M + "layer_spec": "torch_native"})),
+    "torch-native-compile-off-needs-cuda": (
+        TE_ABSENT, _set(**{COMPILE: False, "dist.device": "cpu"}), _set(**{COMPILE: False})),
+    "grouped-mm-needs-hopper-bf16": (AMPERE, _set(**{GG: "grouped_mm", **BF16}), _set(**{GG: "loop", **BF16})),
+    "cross-entropy-backend-needs-torch-native-loss": (
+        TE_ABSENT, _set(**{CE: "torch", M + "cross_entropy_fusion_impl": "native"}), _set(**{CE: "torch"})),
+    "triton-cross-entropy-needs-cuda": (
+        TE_ABSENT, _set(**{CE: "triton", "dist.device": "cpu"}), _set(**{CE: "triton"})),
+}
+
+
+def test_every_rule_has_cases():
+    assert set(CASES) == {rule.id for rule in RULES}
+
+
+def _violated_ids(cfg, facts):
+    ctx = dataclasses.replace(default_rule_context(), **facts)
+    return {v.rule for v in check_rules(RULES, cfg, ctx)}
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_negative_case_is_reported(rule_id):
+    facts, breaks, _ = CASES[rule_id]
+    assert rule_id in _violated_ids(breaks(qwen3_30b_a3b_pretrain_config()), facts)
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_positive_case_passes(rule_id):
+    facts, _, satisfies = CASES[rule_id]
+    assert rule_id not in _violated_ids(satisfies(qwen3_30b_a3b_pretrain_config()), facts)
+
+
+def test_validate_refuses_a_transport_that_would_have_no_effect():
+    cfg = qwen3_30b_a3b_pretrain_config()
+    cfg.model.expert_model_parallel_size = 1
+    cfg.model.torch_native_ep_transport = "nccl"
+    with pytest.raises(ConfigValidationError, match="ep-transport-needs-sorted-ep-dispatch"):
+        cfg.validate()
+
+
+@pytest.mark.parametrize(
+    "facts,changes,refused",
+    [
+        (HOPPER, {GG: "grouped_mm", **BF16}, False),
+        (HOPPER, {GG: "grouped_mm_padded", **BF16}, False),
+        (dict(te_version=None, device_capability=None), {GG: "grouped_mm", **BF16}, False),  # unknown GPU
+        (HOPPER, {GG: "grouped_mm", M + "bf16": False}, True),  # fp32/fp16: no grouped_mm kernel
+        (HOPPER, {GG: "grouped_mm", "dist.device": "cpu", **BF16}, True),
+    ],
+)
+def test_grouped_mm_needs_bf16_on_a_capable_gpu(facts, changes, refused):
+    cfg = _set(**changes)(qwen3_30b_a3b_pretrain_config())
+    assert ("grouped-mm-needs-hopper-bf16" in _violated_ids(cfg, facts)) is refused
+
+
+def test_validate_refuses_a_kernel_setting_that_would_have_no_effect():
+    cfg = qwen3_30b_a3b_pretrain_config()
+    cfg.model.layer_spec = "local"
+    cfg.model.torch_native_grouped_gemm_backend = "loop"
+    with pytest.raises(ConfigValidationError, match="torch-native-kernel-settings-need-torch-native-layers"):
+        cfg.validate()
+
+
+def test_the_defaults_pass_every_rule():
+    assert _violated_ids(qwen3_30b_a3b_pretrain_config(), TE_ABSENT) == set()
