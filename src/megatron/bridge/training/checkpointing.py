@@ -36,7 +36,7 @@ import torch
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
-    from megatron.bridge.training.pretrain import TrainState
+    from megatron.bridge.training.train_state import TrainState
 
 logger = logging.getLogger(__name__)
 
@@ -365,7 +365,7 @@ def load_checkpoint(
     it came from, or ``None`` when the directory holds no checkpoint yet."""
     from megatron.core import dist_checkpointing
 
-    from megatron.bridge.training.pretrain import TrainState
+    from megatron.bridge.training.train_state import TrainState
 
     iteration = latest_iteration(cfg.checkpoint.load)
     if iteration is None:

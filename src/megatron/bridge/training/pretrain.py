@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from megatron.bridge.training import initialize
+from megatron.bridge.training.train_state import TrainState
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -38,13 +39,6 @@ logger = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------------------------------
 # Overlap report and CUDA_DEVICE_MAX_CONNECTIONS
-
-
-def overlap_report(resolved: "ConfigContainer") -> "OverlapReport":
-    """The start-up overlap report (what is active, what was refused, connections needed)."""
-    from megatron.bridge.training.overlap_report import build_overlap_report
-
-    return build_overlap_report(resolved)
 
 
 def set_cuda_device_max_connections(report: "OverlapReport") -> Optional[str]:
@@ -159,14 +153,6 @@ def force_param_sync(model: list[Any]) -> None:
 
 # --------------------------------------------------------------------------------------------------
 # The loop
-
-
-@dataclass
-class TrainState:
-    """What a checkpoint must restore besides model and optimizer."""
-
-    iteration: int = 0
-    consumed_samples: int = 0
 
 
 @dataclass
@@ -352,8 +338,8 @@ def pretrain(
     ``verbose`` prints the full overlap report at start-up instead of its brief form.
     """
     env = initialize.launch_env()
-    resolved = cfg.validate(world_size=env.world_size)  # before any process group or CUDA work
-    report = overlap_report(resolved)
+    resolution = cfg.resolve(world_size=env.world_size)  # once, before any process group or CUDA work
+    resolved, report = resolution.config, resolution.report
     if resolved.dist.device == "cpu":
         from megatron.bridge.training.cpu_compat import enable_cpu_compat
 
