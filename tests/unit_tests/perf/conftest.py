@@ -1,8 +1,8 @@
-"""Shared pieces of the harness tests: the SPEC's exact command line."""
+"""Shared pieces of the harness tests: the command line the README and the harness page document."""
 
 import pytest
 
-SPEC_COMMAND = [
+DOCUMENTED_COMMAND = [
     "-m", "qwen", "-mr", "qwen3_30b_a3b", "--task", "pretrain", "-g", "h100", "-c", "bf16",
     "-ng", "16", "-gn", "8", "--max_steps", "8", "--cuda_graph_impl", "none",
     "--moe_flex_dispatcher_backend", "None", "--moe_a2a_overlap", "false",
@@ -14,12 +14,12 @@ SPEC_COMMAND = [
 
 
 @pytest.fixture(scope="session")
-def spec_argv():
-    """The SPEC's command exactly as written."""
-    return list(SPEC_COMMAND)
+def documented_argv():
+    """The documented command exactly as written."""
+    return list(DOCUMENTED_COMMAND)
 
 
 @pytest.fixture
-def spec_command(tmp_path):
-    """The SPEC's command with the log directory pointed at a temporary folder."""
-    return [*SPEC_COMMAND, "-l", str(tmp_path / "run")]
+def documented_command(tmp_path):
+    """The documented command with the log directory pointed at a temporary folder."""
+    return [*DOCUMENTED_COMMAND, "-l", str(tmp_path / "run")]

@@ -88,9 +88,9 @@ def test_bad_input_is_refused_before_launch(case, tmp_path, no_launch):
 
 def test_missing_deep_ep_on_a_gpu_host_is_refused_before_launch(tmp_path, no_launch, monkeypatch):
     """A GPU machine without DeepEP: refused at validation, not by an ImportError in every rank."""
-    from megatron.bridge.training import finalize, flex_dispatcher_backend
+    from megatron.bridge.training import finalize, gpu_catalog
 
-    monkeypatch.setattr(flex_dispatcher_backend, "visible_gpu", lambda: ((9, 0), "NVIDIA H100 80GB HBM3"))
+    monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: ((9, 0), "NVIDIA H100 80GB HBM3"))
     monkeypatch.setattr(finalize, "have_deep_ep", lambda: False)
     out = io.StringIO()
     code = main(["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "2", "-ep", "2", "--moe_flex_dispatcher_backend",

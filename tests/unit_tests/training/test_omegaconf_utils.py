@@ -39,10 +39,12 @@ def _error_for(cfg, *overrides) -> OverrideError:
      qwen3_235b_a22b_pretrain_config, qwen3_moe_tiny_pretrain_config],
 )
 def test_yaml_round_trip_gives_an_equal_config(recipe, tmp_path):
+    """Every setting loads back as written; the copies load as their owners give them."""
     cfg = recipe()
     path = tmp_path / "cfg.yaml"
     cfg.to_yaml(path)
     loaded = ConfigContainer.from_yaml(path)
+    cfg.validate(), loaded.validate()  # both write the effective values into their copies
     assert loaded == cfg
     assert type(loaded.model) is type(cfg.model)
 
