@@ -1,6 +1,6 @@
-"""Command-line flags of the performance harness (the reference's familiar names, without sentinels).
+"""Command-line flags of the performance harness (Megatron-Bridge's familiar names, without sentinels).
 
-Conventions that differ from the reference on purpose:
+Conventions that differ from Megatron-Bridge's harness on purpose:
 
 * "not given" is always ``None``; no ``-1`` or ``"None"`` placeholders reach the config layer;
 * boolean flags take an explicit value (``true/false/1/0/yes/no``, any case) and reject anything else,

@@ -3,7 +3,7 @@
 A recipe named ``<mr>_<task>_<ng>gpu_config`` in ``megatron.bridge.recipes.<family>`` is used when
 it exists for the requested GPU count (its layout and batch are tuned for that count). Otherwise
 the generic ``<mr>_<task>_config`` is used, its parallel layout must divide ``-ng``, and its global
-batch is scaled with the data-parallel size the way the reference harness does: the recipe's batch
+batch is scaled with the data-parallel size the way Megatron-Bridge's harness does: the recipe's batch
 is meant for the recipe's own reference GPU count.
 """
 
