@@ -604,6 +604,15 @@ def test_no_bare_assert_in_validation_code(module) -> None:
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.Assert)]
 
 
+def test_overlap_error_is_importable_where_the_config_is() -> None:
+    from megatron.bridge.training import errors
+    from megatron.bridge.training.comm_overlap import CommOverlapConfigError as public
+
+    assert public is errors.CommOverlapConfigError
+    with pytest.raises(public):
+        set_fields(ep_overlap_cfg(), {"model.expert_model_parallel_size": 1}).validate(world_size=WORLD)
+
+
 def test_general_errors_keep_their_type() -> None:
     cfg = ep_overlap_cfg()
     cfg.train.train_iters = 0

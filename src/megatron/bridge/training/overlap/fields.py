@@ -122,7 +122,7 @@ def _megatron_default(target: Optional[str]) -> ComputeFn:
     """The default of ``target``'s own class (``None`` without a target)."""
     return lambda cfg, partial, ctx: (
         field_default(cfg, target) if target else None,
-        "megatron-core's default",
+        "framework default",
     )
 
 
