@@ -21,7 +21,6 @@ from overlap_helpers import ctx, ep_overlap_cfg, finalize, set_fields, violated_
 from packaging.version import Version
 
 from megatron.bridge.training.comm_overlap import OVERLAP_RULES
-from megatron.bridge.training.errors import CommOverlapConfigError
 from megatron.bridge.training.finalize import resolve_config
 
 

@@ -103,6 +103,7 @@ def _effective_config(cfg: "ConfigContainer", ctx: RuleContext) -> tuple["Config
     values = overlap_resolution.resolve_overlap_values(work, ctx)
     apply_mixed_precision(work)
     overlap_resolution.apply_overlap_values(work, values)
+    ownership.remember_copies(work)
     return work, values, ownership.direct_write_violations(written, work)
 
 

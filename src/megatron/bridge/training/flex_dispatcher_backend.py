@@ -119,6 +119,7 @@ def _host_text(ctx: RuleContext) -> str:
 
 _PLAIN_ALLTOALL = "plain alltoall (moe_flex_dispatcher_backend=null; harness: --moe_flex_dispatcher_backend None)"
 _SUPPORT_TEXT = "; ".join(b.describe() for b in FLEX_BACKEND_SUPPORT.values())
+_NVL72_BACKENDS = " or ".join(b.name for b in FLEX_BACKEND_SUPPORT.values() if b.nvl72)
 
 FLEX_RULES: tuple[Rule, ...] = (
     Rule(
@@ -157,7 +158,7 @@ FLEX_RULES: tuple[Rule, ...] = (
         applies=lambda cfg, ctx: _backend_known(cfg),
         holds=lambda cfg, ctx: _support(cfg, ctx)[0] is not False,
         message=f"this flex backend does not support the target GPU ({_SUPPORT_TEXT})",
-        fix=f"choose a backend that supports the target GPU (hybridep on GB200/GB300), or {_PLAIN_ALLTOALL}",
+        fix=f"choose a backend that supports the target GPU ({_NVL72_BACKENDS} on GB200/GB300), or {_PLAIN_ALLTOALL}",
         extra_values=(("target_gpu", _gpu_text),),
     ),
     Rule(

@@ -160,11 +160,7 @@ def accepted_copies(cfg: "ConfigContainer", written: Iterable[str]) -> dict[str,
 
 def directly_written(cfg: "ConfigContainer") -> dict[str, Any]:
     """Copies of ``cfg`` that a user wrote in Python, with their values (owner not :data:`FREE`)."""
-    return {
-        owned.target: read_field(cfg, owned.target)
-        for owned in OWNED_FIELDS
-        if expected_value(cfg, owned) is not FREE and written_directly(cfg, owned)
-    }
+    return {owned.target: read_field(cfg, owned.target) for owned in _owned_copies(cfg) if written_directly(cfg, owned)}
 
 
 def direct_write_violations(written: dict[str, Any], resolved: "ConfigContainer") -> list[Violation]:
@@ -192,17 +188,22 @@ def concerns_overlap(violation: Violation) -> bool:
     return violation.rule in OWNERSHIP_RULE_IDS and owned is not None and owned.owner.startswith("comm_overlap.")
 
 
+def _owned_copies(cfg: "ConfigContainer") -> list[OwnedField]:
+    """The copies of ``cfg`` whose owner decides them (not left to the user)."""
+    return [owned for owned in OWNED_FIELDS if expected_value(cfg, owned) is not FREE]
+
+
+def remember_copies(cfg: "ConfigContainer") -> None:
+    """Record the copies of a resolved ``cfg`` as written by their owners."""
+    remember(cfg, {owned.target: read_field(cfg, owned.target) for owned in _owned_copies(cfg)})
+
+
 def write_copies(user_cfg: "ConfigContainer", resolved: "ConfigContainer") -> None:
     """Give the copies of the caller's config the effective values of ``resolved`` (owners untouched)."""
-    values = {}
-    for owned in OWNED_FIELDS:
-        if expected_value(user_cfg, owned) is FREE:
-            continue
-        value = read_field(resolved, owned.target)
+    for owned in _owned_copies(user_cfg):
         holder_path, _, name = owned.target.rpartition(".")
-        setattr(read_field(user_cfg, holder_path), name, value)
-        values[owned.target] = value
-    remember(user_cfg, values)
+        setattr(read_field(user_cfg, holder_path), name, read_field(resolved, owned.target))
+    remember_copies(user_cfg)
 
 
 def serialized_copies(cfg: "ConfigContainer") -> tuple[dict[str, Any], set[str]]:

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Optional
 
-from megatron.bridge.training.flex_dispatcher_backend import render_support_table
+from megatron.bridge.training.flex_dispatcher_backend import FLEX_BACKENDS, render_support_table
 from megatron.bridge.training.overlap.fields import OVERLAP_FIELDS
 from megatron.bridge.training.overlap.rules import OVERLAP_RULES
 from megatron.bridge.training.ownership import OWNED_FIELDS
@@ -79,7 +79,7 @@ a copy changed directly in Python is refused by `validate()`, both naming the ow
 |---|---|---|
 """
 
-_DOC_FOOTER = """
+_DOC_FOOTER = f"""
 ## Where this table and megatron-core 0.19.2 differ
 
 megatron-core re-checks the EP-overlap rules in `TransformerConfig.__post_init__` with bare
@@ -120,7 +120,7 @@ the value the run needs and reports the conflict when both apply.
 ## Flex dispatcher backends
 
 Setting `model.moe_flex_dispatcher_backend` alone does not activate flex dispatch; use
-`--moe_flex_dispatcher_backend deepep|hybridep|None` (or `apply_flex_dispatcher_backend`), which
+`--moe_flex_dispatcher_backend {'|'.join(FLEX_BACKENDS)}|None` (or `apply_flex_dispatcher_backend`), which
 sets `model.moe_token_dispatcher_type=flex`, the backend and `model.moe_shared_expert_overlap=false`
 (`None`: `alltoall` and no backend). Whether the backend runs on the target GPU is the rule
 `flex-backend-supported-on-gpu`, the same for `validate()`, the flag and
