@@ -98,6 +98,11 @@ def expected_value(cfg: "ConfigContainer", owned: OwnedField) -> Any:
     return owned.derive(owner_value(cfg, owned))
 
 
+def _owned_copies(cfg: "ConfigContainer") -> list[OwnedField]:
+    """The copies of ``cfg`` whose owner decides them (not left to the user)."""
+    return [owned for owned in OWNED_FIELDS if expected_value(cfg, owned) is not FREE]
+
+
 def _snapshot(cfg: "ConfigContainer") -> dict[str, Any]:
     return vars(cfg).setdefault(_SNAPSHOT_ATTR, {})
 
@@ -155,7 +160,8 @@ def override_violations(cfg: "ConfigContainer", written: Iterable[str]) -> list[
 
 def accepted_copies(cfg: "ConfigContainer", written: Iterable[str]) -> dict[str, Any]:
     """The copies in ``written`` that an override set to their owner's value (to :func:`remember`)."""
-    return {key: read_field(cfg, key) for key in written if key in OWNER_OF and expected_value(cfg, OWNER_OF[key]) is not FREE}
+    owned_keys = {owned.target for owned in _owned_copies(cfg)}
+    return {key: read_field(cfg, key) for key in written if key in owned_keys}
 
 
 def directly_written(cfg: "ConfigContainer") -> dict[str, Any]:
@@ -186,11 +192,6 @@ def concerns_overlap(violation: Violation) -> bool:
     """An ownership violation about a copy of an overlap switch."""
     owned = OWNER_OF.get(violation.fields[0]) if violation.fields else None
     return violation.rule in OWNERSHIP_RULE_IDS and owned is not None and owned.owner.startswith("comm_overlap.")
-
-
-def _owned_copies(cfg: "ConfigContainer") -> list[OwnedField]:
-    """The copies of ``cfg`` whose owner decides them (not left to the user)."""
-    return [owned for owned in OWNED_FIELDS if expected_value(cfg, owned) is not FREE]
 
 
 def remember_copies(cfg: "ConfigContainer") -> None:
