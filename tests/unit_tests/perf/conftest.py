@@ -1,8 +1,8 @@
-"""Shared pieces of the harness tests: the command line the README and the harness page document."""
+"""Shared pieces of the harness tests: the EP-overlap command of the README and the harness page."""
 
 import pytest
 
-DOCUMENTED_COMMAND = [
+README_COMMAND = [
     "-m", "qwen", "-mr", "qwen3_30b_a3b", "--task", "pretrain", "-g", "h100", "-c", "bf16",
     "-ng", "16", "-gn", "8", "--max_steps", "8", "--cuda_graph_impl", "none",
     "--moe_flex_dispatcher_backend", "None", "--moe_a2a_overlap", "false",
@@ -14,12 +14,12 @@ DOCUMENTED_COMMAND = [
 
 
 @pytest.fixture(scope="session")
-def documented_argv():
-    """The documented command exactly as written."""
-    return list(DOCUMENTED_COMMAND)
+def readme_argv():
+    """The command exactly as the README writes it."""
+    return list(README_COMMAND)
 
 
 @pytest.fixture
-def documented_command(tmp_path):
-    """The documented command with the log directory pointed at a temporary folder."""
-    return [*DOCUMENTED_COMMAND, "-l", str(tmp_path / "run")]
+def readme_command(tmp_path):
+    """The README's command with the log directory pointed at a temporary folder."""
+    return [*README_COMMAND, "-l", str(tmp_path / "run")]

@@ -1,4 +1,4 @@
-"""``run_script.py`` end to end without launching: the documented command, exit codes, outputs."""
+"""``run_script.py`` end to end without launching: the README's command, exit codes, outputs."""
 
 import io
 from pathlib import Path
@@ -18,13 +18,13 @@ def run(argv):
 
 
 @pytest.fixture(scope="module")
-def documented_resolved(tmp_path_factory, documented_argv):
-    built = build_config(parse_args([*documented_argv, "-l", str(tmp_path_factory.mktemp("documented"))]))
+def readme_resolved(tmp_path_factory, readme_argv):
+    built = build_config(parse_args([*readme_argv, "-l", str(tmp_path_factory.mktemp("spec"))]))
     return built, resolve(built).config
 
 
-def test_documented_command_resolves_as_documented(documented_resolved):
-    built, r = documented_resolved
+def test_readme_command_resolves_as_documented(readme_resolved):
+    built, r = readme_resolved
     assert r.model.overlap_moe_expert_parallel_comm is True          # CLI override beats --moe_a2a_overlap false
     assert r.comm_overlap.overlap_moe_expert_parallel_comm is True
     assert r.model.delay_wgrad_compute is False and r.ddp.delay_wgrad_compute is False
@@ -38,10 +38,10 @@ def test_documented_command_resolves_as_documented(documented_resolved):
     assert built.cfg.provenance["comm_overlap.delay_wgrad_compute"] == "cli"
 
 
-def test_documented_command_dry_run_prints_everything(documented_command):
-    code, out = run([*documented_command, "--dryrun"])
+def test_readme_command_dry_run_prints_everything(readme_command):
+    code, out = run([*readme_command, "--dryrun"])
     assert code == 0, out
-    log_dir = Path(documented_command[-1])
+    log_dir = Path(readme_command[-1])
     assert not log_dir.exists(), "a dry run writes nothing"
     assert "== overlap report" in out and "dry run: nothing launched" in out
     assert "comm_overlap.overlap_moe_expert_parallel_comm" in out and "[cli]" in out
@@ -50,14 +50,14 @@ def test_documented_command_dry_run_prints_everything(documented_command):
     assert "16 GPUs on 2 node(s)" in out
 
 
-def test_documented_command_with_ep1_exits_2_naming_the_field(documented_command):
-    code, out = run([*documented_command, "--dryrun", "-ep", "1"])
+def test_readme_command_with_ep1_exits_2_naming_the_field(readme_command):
+    code, out = run([*readme_command, "--dryrun", "-ep", "1"])
     assert code == 2
     assert "expert_model_parallel_size" in out and "nothing was launched" in out
 
 
-def test_moe_a2a_overlap_false_alone_turns_overlap_off(tmp_path, documented_argv):
-    argv = [a for a in documented_argv if "=" not in a] + ["-l", str(tmp_path)]
+def test_moe_a2a_overlap_false_alone_turns_overlap_off(tmp_path, readme_argv):
+    argv = [a for a in readme_argv if "=" not in a] + ["-l", str(tmp_path)]
     built = build_config(parse_args(argv))
     r = resolve(built).config
     assert r.model.overlap_moe_expert_parallel_comm is False and r.model.delay_wgrad_compute is False
@@ -65,17 +65,17 @@ def test_moe_a2a_overlap_false_alone_turns_overlap_off(tmp_path, documented_argv
     assert code == 0 and "comm_overlap.overlap_moe_expert_parallel_comm" in out and "False  [flag]" in out
 
 
-def test_all_violations_reported_at_once(documented_command):
-    code, out = run([*documented_command, "--dryrun", "-ep", "1", "train.train_iters=0"])
+def test_all_violations_reported_at_once(readme_command):
+    code, out = run([*readme_command, "--dryrun", "-ep", "1", "train.train_iters=0"])
     assert code == 2
     assert "expert_model_parallel_size" in out and "train.train_iters" in out
 
 
-def test_save_config_filepath_round_trips(documented_command, tmp_path):
+def test_save_config_filepath_round_trips(readme_command, tmp_path):
     from megatron.bridge.training.utils.omegaconf_utils import config_from_yaml
 
     path = tmp_path / "resolved.yaml"
-    code, out = run([*documented_command, "--dryrun", "--save_config_filepath", str(path)])
+    code, out = run([*readme_command, "--dryrun", "--save_config_filepath", str(path)])
     assert code == 0, out
     cfg = config_from_yaml(path)
     assert cfg.comm_overlap.overlap_moe_expert_parallel_comm is True
@@ -83,10 +83,10 @@ def test_save_config_filepath_round_trips(documented_command, tmp_path):
     assert cfg.provenance["comm_overlap.overlap_moe_expert_parallel_comm"] == "cli"
 
 
-def test_dry_run_resolves_the_configuration_once(documented_command, resolution_counter, tmp_path):
+def test_dry_run_resolves_the_configuration_once(readme_command, resolution_counter, tmp_path):
     """The dry-run table, the overlap report, the saved YAML and the launch command all come from one
     resolution."""
-    code, out = run([*documented_command, "--dryrun", "-v", "--save_config_filepath", str(tmp_path / "saved.yaml")])
+    code, out = run([*readme_command, "--dryrun", "-v", "--save_config_filepath", str(tmp_path / "saved.yaml")])
     assert code == 0, out
     assert "== overlap report" in out and "effective overlap-related values" in out
     assert len(resolution_counter) == 1
@@ -105,18 +105,18 @@ def _owned_values(data: dict) -> dict[str, tuple]:
     return {o.target: (get(o.target), get(o.owner)) for o in OWNED_FIELDS if o.owner.startswith("comm_overlap.")}
 
 
-def test_saved_config_and_launch_config_carry_the_effective_values(documented_command, tmp_path):
+def test_saved_config_and_launch_config_carry_the_effective_values(readme_command, tmp_path):
     """What a user reads in the saved YAML is what the ranks load and what the run uses: every
     megatron-facing copy equals its owner's effective value."""
     import yaml
 
     saved = tmp_path / "saved.yaml"
-    code, out = run([*documented_command, "--save_config_filepath", str(saved)])  # multi-node: sbatch script
+    code, out = run([*readme_command, "--save_config_filepath", str(saved)])  # multi-node: sbatch script
     assert code == 0, out
-    launched = Path(documented_command[-1]) / "config.yaml"
+    launched = Path(readme_command[-1]) / "config.yaml"
     assert saved.read_text() == launched.read_text()
     data = yaml.safe_load(saved.read_text())
-    built = build_config(parse_args(documented_command))
+    built = build_config(parse_args(readme_command))
     effective = resolve(built).values
     for target, (copy_value, owner_value) in _owned_values(data).items():
         assert copy_value == owner_value, target
@@ -126,10 +126,10 @@ def test_saved_config_and_launch_config_carry_the_effective_values(documented_co
     assert data["model"]["bf16"] is True and data["optimizer"]["bf16"] is True
 
 
-def test_multi_node_without_dryrun_writes_sbatch_script(documented_command):
-    code, out = run(documented_command)
+def test_multi_node_without_dryrun_writes_sbatch_script(readme_command):
+    code, out = run(readme_command)
     assert code == 0, out
-    log_dir = Path(documented_command[-1])
+    log_dir = Path(readme_command[-1])
     script = log_dir / "launch.sbatch"
     assert script.is_file() and (log_dir / "config.yaml").is_file()
     assert f"sbatch {script}" in out

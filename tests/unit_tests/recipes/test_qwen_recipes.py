@@ -17,7 +17,7 @@ ALL_RECIPES = [
     qwen3_moe_tiny_pretrain_config,
 ]
 
-# Public model cards.
+# The Qwen3 model cards' shapes.
 SHAPES = {
     "30b": dict(num_layers=48, hidden_size=2048, num_attention_heads=32, num_query_groups=4,
                 kv_channels=128, ffn_hidden_size=6144, moe_ffn_hidden_size=768,

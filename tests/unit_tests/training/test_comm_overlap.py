@@ -284,11 +284,11 @@ def test_warnings_do_not_fail_validation(caplog) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# The documented snippet on the 30B recipe, and each unmet prerequisite via cfg.validate()
+# The README's Python snippet on the 30B recipe, and each unmet prerequisite via cfg.validate()
 # --------------------------------------------------------------------------------------------
 
 
-def _readme_snippet_cfg():
+def _spec_snippet_cfg():
     cfg = qwen3_30b_a3b_pretrain_config()
     cfg.comm_overlap.overlap_moe_expert_parallel_comm = True
     cfg.comm_overlap.delay_wgrad_compute = True
@@ -296,8 +296,8 @@ def _readme_snippet_cfg():
     return cfg
 
 
-def test_readme_snippet_validates_without_gpu() -> None:
-    resolved = _readme_snippet_cfg().validate()
+def test_spec_snippet_validates_without_gpu() -> None:
+    resolved = _spec_snippet_cfg().validate()
     assert resolved.model.overlap_moe_expert_parallel_comm is True
     assert resolved.model.delay_wgrad_compute is True and resolved.ddp.delay_wgrad_compute is True
 
@@ -321,7 +321,7 @@ PREREQUISITES = [
 
 @pytest.mark.parametrize("field_name, change", PREREQUISITES, ids=[f"{p[0]}={list(p[1].values())[-1]}" for p in PREREQUISITES])
 def test_each_unmet_prerequisite_fails_validate(field_name: str, change: dict[str, Any]) -> None:
-    cfg = set_fields(_readme_snippet_cfg(), change)
+    cfg = set_fields(_spec_snippet_cfg(), change)
     with pytest.raises(CommOverlapConfigError) as info:
         cfg.validate()
     assert field_name in info.value.fields
@@ -330,7 +330,7 @@ def test_each_unmet_prerequisite_fails_validate(field_name: str, change: dict[st
 def test_old_torch_fails_validate(monkeypatch) -> None:
     monkeypatch.setattr(torch, "__version__", "2.5.1+cpu")
     with pytest.raises(CommOverlapConfigError) as info:
-        _readme_snippet_cfg().validate()
+        _spec_snippet_cfg().validate()
     assert [v.rule for v in info.value.violations] == ["ep-overlap-needs-torch-2.6"]
 
 
@@ -515,7 +515,7 @@ def test_override_giving_a_copy_its_owners_value_is_accepted() -> None:
 
 def test_validate_writes_effective_values_into_the_callers_copies() -> None:
     """The copies of the config a user holds say what the run uses; the owners stay as written."""
-    cfg = _readme_snippet_cfg()
+    cfg = _spec_snippet_cfg()
     resolved = cfg.validate(world_size=16)
     for spec in OVERLAP_FIELDS:
         for target in spec.targets:
@@ -526,7 +526,7 @@ def test_validate_writes_effective_values_into_the_callers_copies() -> None:
 
 
 def test_owner_changed_after_validate_moves_the_copies_with_it() -> None:
-    cfg = _readme_snippet_cfg()
+    cfg = _spec_snippet_cfg()
     cfg.validate(world_size=16)
     cfg.comm_overlap.overlap_moe_expert_parallel_comm = False
     cfg.comm_overlap.delay_wgrad_compute = False

@@ -191,7 +191,7 @@ def test_deep_ep_present_on_gpu_host(model, monkeypatch) -> None:
 
 
 def test_backend_without_flex_dispatcher_is_reported(model, cpu_host) -> None:
-    """A backend alone does not activate flex dispatch: refused, not ignored."""
+    """A backend alone does not activate flex dispatch: it would silently do nothing, so it is refused."""
     model.moe_flex_dispatcher_backend = "deepep"
     with pytest.raises(FlexDispatcherBackendError) as info:
         validate_flex_dispatcher_backend(model, device_name="h100")

@@ -124,7 +124,7 @@ def test_flex_backend_and_gpu_in_report() -> None:
     assert "dispatcher: flex, backend hybridep" in report.format()
 
 
-def test_backend_without_flex_dispatcher_is_refused() -> None:
+def test_flex_backend_without_flex_dispatcher_is_refused() -> None:
     cfg = set_fields(ep_overlap_cfg(), {"model.moe_flex_dispatcher_backend": "deepep"})
     report = build_overlap_report(cfg, ctx(**H100))
     assert [f.name for f in report.refused] == ["flex_dispatcher"]

@@ -189,7 +189,7 @@ class OverlapAnalysis:
         return self.exposed_ms / self.step_time_ms if self.step_time_ms else 0.0
 
     def decision(self) -> str:
-        """The quick decision: overlap pays when EP>1 and exposed a2a is a visible slice."""
+        """A quick decision: overlap pays when EP>1 and the exposed all-to-all is a visible slice of the step."""
         ep = self.expert_parallel_size
         if ep is not None and ep <= 1:
             return "EP=1: tokens never leave the GPU, EP overlap has nothing to hide; leave it off."

@@ -36,7 +36,6 @@ import torch
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
-    from megatron.bridge.training.train_state import TrainState
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +47,14 @@ REPLACED_SUFFIX = ".replaced"
 # ("fully_sharded_model_space", megatron's default, fails in 0.19.2: "ShardedTensor.flattened_range is
 # not supported".)
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable", "chained_optim_avoid_prefix": True}
+
+
+@dataclass
+class TrainState:
+    """What a checkpoint must restore besides model and optimizer."""
+
+    iteration: int = 0
+    consumed_samples: int = 0
 
 
 def iteration_dir(root: str | os.PathLike, iteration: int) -> Path:
@@ -364,8 +371,6 @@ def load_checkpoint(
     """Restore the latest checkpoint in ``cfg.checkpoint.load``: the train state and the directory
     it came from, or ``None`` when the directory holds no checkpoint yet."""
     from megatron.core import dist_checkpointing
-
-    from megatron.bridge.training.train_state import TrainState
 
     iteration = latest_iteration(cfg.checkpoint.load)
     if iteration is None:

@@ -1,8 +1,8 @@
 """Process-group, model-parallel and RNG set-up for :func:`megatron.bridge.training.pretrain.pretrain`.
 
 Every parallel size comes from one owner, ``cfg.model.*_parallel_size``: the same values are given
-to ``initialize_model_parallel`` and are what the model config carries. If the two disagreed,
-DDP would silently average gradients of different experts across ranks.
+to ``initialize_model_parallel`` and are what the model config carries. If the two disagreed, DDP
+would silently average gradients of different experts across ranks.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from megatron.bridge.training import initialize
-from megatron.bridge.training.train_state import TrainState
+from megatron.bridge.training.checkpointing import TrainState
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
