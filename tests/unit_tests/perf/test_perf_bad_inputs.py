@@ -44,6 +44,15 @@ CASES = {
         lambda tmp: ["model.seq_length=-1"], "range:model.seq_length", ["model.seq_length=-1", ">= 1"]),
     "negative learning rate": (
         lambda tmp: ["optimizer.lr=-1"], "range:optimizer.lr", ["optimizer.lr=-1", ">= 0"]),
+    "copy of an overlap switch set by override": (
+        lambda tmp: ["model.overlap_moe_expert_parallel_comm=true"], "override-owned-field",
+        ["model.overlap_moe_expert_parallel_comm=True", "comm_overlap.overlap_moe_expert_parallel_comm",
+         "set comm_overlap.overlap_moe_expert_parallel_comm=true instead"]),
+    "precision flag against the precision recipe": (
+        lambda tmp: ["model.fp16=true"], "override-owned-field", ["model.fp16=True", "mixed_precision=null"]),
+    "ep overlap off by flag with delayed wgrad on": (
+        lambda tmp: ["--moe_a2a_overlap", "false", "comm_overlap.delay_wgrad_compute=true"],
+        "delay-wgrad-needs-ep-overlap", ["comm_overlap.delay_wgrad_compute=True", "--moe_a2a_overlap false sets only"]),
     "resume with another layout": (
         _other_layout, "resume-same-parallel-layout", ["saved_layout=", "'ep': 2", "current_layout=", "'ep': 1"]),
     "interleaved pipeline with too few micro-batches": (
@@ -57,15 +66,6 @@ CASES = {
         lambda tmp: ["--cuda_graph_impl", "local"], "cuda-graphs-not-captured", ["model.cuda_graph_impl='local'"]),
     "checkpoint.load typo": (
         lambda tmp: [f"checkpoint.load={tmp / 'ckpt_typo'}"], "checkpoint-load-exists", ["ckpt_typo", "mkdir"]),
-    "copy of an overlap switch set by override": (
-        lambda tmp: ["model.overlap_moe_expert_parallel_comm=true"], "override-owned-field",
-        ["model.overlap_moe_expert_parallel_comm=True", "comm_overlap.overlap_moe_expert_parallel_comm",
-         "set comm_overlap.overlap_moe_expert_parallel_comm=true instead"]),
-    "precision flag against the precision recipe": (
-        lambda tmp: ["model.fp16=true"], "override-owned-field", ["model.fp16=True", "mixed_precision=null"]),
-    "ep overlap off by flag with delayed wgrad on": (
-        lambda tmp: ["--moe_a2a_overlap", "false", "comm_overlap.delay_wgrad_compute=true"],
-        "delay-wgrad-needs-ep-overlap", ["comm_overlap.delay_wgrad_compute=True", "--moe_a2a_overlap false sets only"]),
     "checkpoint.load at one iteration": (
         lambda tmp: [f"checkpoint.load={_checkpoint(tmp, {}) / 'iter_0000003'}"], "checkpoint-load-is-iteration-dir",
         ["iter_0000003", "parent directory"]),

@@ -99,7 +99,7 @@ def test_moe_a2a_overlap_flag_is_an_alias_of_one_field(tmp_path, yaml_data, flag
 def test_moe_a2a_overlap_false_really_off_after_resolve(tmp_path):
     built = build(tmp_path, "--moe_a2a_overlap", "false", "-ep", "1",
                   yaml_data={"comm_overlap": {"overlap_moe_expert_parallel_comm": True}})
-    resolved = resolve(built).config
+    resolved = resolve(built)
     assert resolved.model.overlap_moe_expert_parallel_comm is False
     assert resolved.model.delay_wgrad_compute is False and resolved.ddp.delay_wgrad_compute is False
 

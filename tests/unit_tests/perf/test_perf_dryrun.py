@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from megatron.bridge.perf.argument_parser import parse_args
-from megatron.bridge.perf.config_builder import build_config, gpus_visible, resolve
+from megatron.bridge.perf.config_builder import build_config, gpus_visible, resolution_of, resolve
 from megatron.bridge.perf.run import main
 from megatron.bridge.perf.supervisor import JobOutcome
 
@@ -20,7 +20,7 @@ def run(argv):
 @pytest.fixture(scope="module")
 def readme_resolved(tmp_path_factory, readme_argv):
     built = build_config(parse_args([*readme_argv, "-l", str(tmp_path_factory.mktemp("spec"))]))
-    return built, resolve(built).config
+    return built, resolve(built)
 
 
 def test_readme_command_resolves_as_documented(readme_resolved):
@@ -59,7 +59,7 @@ def test_readme_command_with_ep1_exits_2_naming_the_field(readme_command):
 def test_moe_a2a_overlap_false_alone_turns_overlap_off(tmp_path, readme_argv):
     argv = [a for a in readme_argv if "=" not in a] + ["-l", str(tmp_path)]
     built = build_config(parse_args(argv))
-    r = resolve(built).config
+    r = resolve(built)
     assert r.model.overlap_moe_expert_parallel_comm is False and r.model.delay_wgrad_compute is False
     code, out = run([*argv, "--dryrun"])
     assert code == 0 and "comm_overlap.overlap_moe_expert_parallel_comm" in out and "False  [flag]" in out
@@ -117,7 +117,7 @@ def test_saved_config_and_launch_config_carry_the_effective_values(readme_comman
     assert saved.read_text() == launched.read_text()
     data = yaml.safe_load(saved.read_text())
     built = build_config(parse_args(readme_command))
-    effective = resolve(built).values
+    effective = resolution_of(built).values
     for target, (copy_value, owner_value) in _owned_values(data).items():
         assert copy_value == owner_value, target
     assert data["model"]["overlap_moe_expert_parallel_comm"] is True

@@ -328,11 +328,16 @@ def rule_context(built: BuiltConfig) -> "RuleContext":
     return default_rule_context(built.world_size, target_gpu=built.target_gpu)
 
 
-def resolve(built: BuiltConfig) -> "Resolution":
+def resolution_of(built: BuiltConfig) -> "Resolution":
     """The one resolution of the job's config; raises ``ConfigError`` listing every violation."""
     from megatron.bridge.training.finalize import resolve_config
 
     return resolve_config(built.cfg, ctx=rule_context(built)).raise_for_errors()
+
+
+def resolve(built: BuiltConfig) -> "ConfigContainer":
+    """The finalized config of the job (what the ranks train); raises like :func:`resolution_of`."""
+    return resolution_of(built).config
 
 
 def source_of(key: str, merged: "ConfigContainer", resolved: "ConfigContainer") -> str:

@@ -26,7 +26,7 @@ from megatron.bridge.perf.config_builder import (
     environment_summary,
     format_effective_values,
     gpus_visible,
-    resolve,
+    resolution_of,
 )
 from megatron.bridge.perf.failure_report import failure_report
 from megatron.bridge.perf.launcher import CONFIG_NAME, LaunchPlan, plan_launch, run_plan
@@ -88,7 +88,7 @@ def checkpoint_notes(resolved) -> list[str]:
 
 def make_job(built: BuiltConfig, args, max_connections: Optional[int] = None) -> Job:
     """Resolve once (raises ``ConfigError`` with every violation) and plan the launch."""
-    resolution = resolve(built)
+    resolution = resolution_of(built)
     return Job(built, resolution, plan_job(built, resolution, args, max_connections))
 
 
