@@ -63,7 +63,7 @@ def test_pretrain_resolves_once_and_starts_from_that_resolution(monkeypatch, res
 
     seen = {}
 
-    def stop(resolved, env):
+    def stop(resolved, *launch):
         seen["resolved"] = resolved
         raise _StopBeforeProcessGroup
 
