@@ -1,7 +1,8 @@
 """Test-wide settings and fixtures.
 
 Quiets megatron-core's import-time warnings about missing TE/Apex, and offers ``gloo_world``: a
-world-size-1 gloo process group for in-process tests of distributed code.
+world-size-1 gloo process group for in-process tests of distributed code, and
+``resolution_counter``: how often a configuration is resolved.
 """
 
 import json
@@ -40,6 +41,24 @@ def gloo_world() -> Iterator[None]:
     yield
     if created and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def resolution_counter(monkeypatch) -> list:
+    """Counts how often the overlap switches are resolved (every reference to the resolving
+    function in a loaded module is wrapped, so no caller escapes the count)."""
+    from megatron.bridge.training.overlap import resolution
+
+    original, calls = resolution.resolve_overlap_values, []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return original(*args, **kwargs)
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "resolve_overlap_values", None) is original:
+            monkeypatch.setattr(module, "resolve_overlap_values", counted)
+    return calls
 
 
 REPORT_PREFIX = "REPORT "

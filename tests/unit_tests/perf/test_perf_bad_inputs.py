@@ -44,6 +44,15 @@ CASES = {
         lambda tmp: ["model.seq_length=-1"], "range:model.seq_length", ["model.seq_length=-1", ">= 1"]),
     "negative learning rate": (
         lambda tmp: ["optimizer.lr=-1"], "range:optimizer.lr", ["optimizer.lr=-1", ">= 0"]),
+    "copy of an overlap switch set by override": (
+        lambda tmp: ["model.overlap_moe_expert_parallel_comm=true"], "override-owned-field",
+        ["model.overlap_moe_expert_parallel_comm=True", "comm_overlap.overlap_moe_expert_parallel_comm",
+         "set comm_overlap.overlap_moe_expert_parallel_comm=true instead"]),
+    "precision flag against the precision recipe": (
+        lambda tmp: ["model.fp16=true"], "override-owned-field", ["model.fp16=True", "mixed_precision=null"]),
+    "ep overlap off by flag with delayed wgrad on": (
+        lambda tmp: ["--moe_a2a_overlap", "false", "comm_overlap.delay_wgrad_compute=true"],
+        "delay-wgrad-needs-ep-overlap", ["comm_overlap.delay_wgrad_compute=True", "--moe_a2a_overlap false sets only"]),
     "resume with another layout": (
         _other_layout, "resume-same-parallel-layout", ["saved_layout=", "'ep': 2", "current_layout=", "'ep': 1"]),
     "interleaved pipeline with too few micro-batches": (
@@ -97,9 +106,9 @@ def test_bad_input_is_refused_before_launch(case, tmp_path, no_launch):
 
 def test_missing_deep_ep_on_a_gpu_host_is_refused_before_launch(tmp_path, no_launch, monkeypatch):
     """A GPU machine without DeepEP: refused at validation, not by an ImportError in every rank."""
-    from megatron.bridge.training import finalize, flex_dispatcher_backend
+    from megatron.bridge.training import finalize, gpu_catalog
 
-    monkeypatch.setattr(flex_dispatcher_backend, "visible_gpu", lambda: ((9, 0), "NVIDIA H100 80GB HBM3"))
+    monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: ((9, 0), "NVIDIA H100 80GB HBM3"))
     monkeypatch.setattr(finalize, "have_deep_ep", lambda: False)
     out = io.StringIO()
     code = main(["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "2", "-ep", "2", "--moe_flex_dispatcher_backend",

@@ -5,7 +5,7 @@ import yaml
 
 from megatron.bridge.perf.argument_parser import parse_args
 from megatron.bridge.perf.config_builder import HarnessError, build_config, resolve
-from megatron.bridge.training.errors import ConfigError, OverrideError
+from megatron.bridge.training.errors import CommOverlapConfigError, ConfigError, OverrideError
 from megatron.bridge.training.rules import read_field
 from megatron.bridge.utils.import_utils import have_transformer_engine
 
@@ -69,6 +69,7 @@ def test_precedence(tmp_path, with_yaml, argv, key, value, source):
         (["--profile_step_end", "4"], "profiling.profile_step_end", 4),
         (["--profile_ranks", "0,1"], "profiling.profile_ranks", [0, 1]),
         ([], "dist.device", "cpu"),
+        (["--moe_a2a_overlap", "false"], "comm_overlap.overlap_moe_expert_parallel_comm", False),
     ],
 )
 def test_flag_maps_to_field(tmp_path, flags, key, value):
@@ -82,23 +83,36 @@ def test_flag_maps_to_field(tmp_path, flags, key, value):
     [
         (None, "true", True, False),
         (None, "false", False, False),
-        ({"comm_overlap": {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True}}, "false", False, False),
+        ({"comm_overlap": {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True}}, "false", False, True),
         ({"comm_overlap": {"delay_wgrad_compute": True}}, "true", True, True),
     ],
 )
-def test_moe_a2a_overlap_flag(tmp_path, yaml_data, flag, ep, dw):
+def test_moe_a2a_overlap_flag_is_an_alias_of_one_field(tmp_path, yaml_data, flag, ep, dw):
+    """``--moe_a2a_overlap`` sets the EP-overlap switch and nothing else (delayed wgrad keeps its value)."""
     built = build(tmp_path, "--moe_a2a_overlap", flag, yaml_data=yaml_data)
     co = built.cfg.comm_overlap
     assert (co.overlap_moe_expert_parallel_comm, co.delay_wgrad_compute) == (ep, dw)
     assert built.cfg.provenance["comm_overlap.overlap_moe_expert_parallel_comm"] == "flag"
+    assert built.cfg.provenance.get("comm_overlap.delay_wgrad_compute") in (None, "yaml")
 
 
 def test_moe_a2a_overlap_false_really_off_after_resolve(tmp_path):
     built = build(tmp_path, "--moe_a2a_overlap", "false", "-ep", "1",
-                  yaml_data={"comm_overlap": {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True}})
+                  yaml_data={"comm_overlap": {"overlap_moe_expert_parallel_comm": True}})
     resolved = resolve(built)
     assert resolved.model.overlap_moe_expert_parallel_comm is False
     assert resolved.model.delay_wgrad_compute is False and resolved.ddp.delay_wgrad_compute is False
+
+
+def test_moe_a2a_overlap_false_does_not_clear_delayed_wgrad_silently(tmp_path):
+    """Delayed wgrad on and the flag turning EP overlap off: refused, with both ways out."""
+    built = build(tmp_path, "--moe_a2a_overlap", "false", "-ep", "1",
+                  yaml_data={"comm_overlap": {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True}})
+    with pytest.raises(CommOverlapConfigError) as info:
+        resolve(built)
+    (violation,) = info.value.violations
+    assert violation.rule == "delay-wgrad-needs-ep-overlap"
+    assert "comm_overlap.delay_wgrad_compute=false" in violation.fix and "--moe_a2a_overlap" in violation.fix
 
 
 @pytest.mark.parametrize(
@@ -116,8 +130,9 @@ def test_flex_backend_flag(tmp_path, backend, gpu, dispatcher, value):
 
 def test_flex_backend_refused_on_unsupported_gpu(tmp_path):
     argv = ["-mr", "qwen3_30b_a3b", "-g", "gb200", "-ng", "16", "-l", str(tmp_path), "--moe_flex_dispatcher_backend", "deepep"]
-    with pytest.raises(ConfigError, match="GB200"):
-        build_config(parse_args(argv))
+    with pytest.raises(ConfigError, match="GB200") as info:
+        resolve(build_config(parse_args(argv)))
+    assert [v.rule for v in info.value.violations] == ["flex-backend-supported-on-gpu"]
 
 
 def test_cli_override_beats_flex_flag(tmp_path):

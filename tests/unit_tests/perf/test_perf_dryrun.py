@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from megatron.bridge.perf.argument_parser import parse_args
-from megatron.bridge.perf.config_builder import build_config, gpus_visible, resolve
+from megatron.bridge.perf.config_builder import build_config, gpus_visible, resolution_of, resolve
 from megatron.bridge.perf.run import main
 from megatron.bridge.perf.supervisor import JobOutcome
 
@@ -190,3 +190,46 @@ def test_failed_run_returns_its_exit_code(tmp_path, monkeypatch):
     monkeypatch.setattr(run_module, "run_plan", lambda plan, stream=None, verbose=False: JobOutcome(5))
     code, out = run(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "1", "-l", str(tmp_path / "r")])
     assert code == 5 and "Results" not in out
+
+
+def test_dry_run_resolves_the_configuration_once(readme_command, resolution_counter, tmp_path):
+    """The dry-run table, the overlap report, the saved YAML and the launch command all come from one
+    resolution."""
+    code, out = run([*readme_command, "--dryrun", "-v", "--save_config_filepath", str(tmp_path / "saved.yaml")])
+    assert code == 0, out
+    assert "== overlap report" in out and "effective overlap-related values" in out
+    assert len(resolution_counter) == 1
+
+
+def _owned_values(data: dict) -> dict[str, tuple]:
+    """Copy -> (its value, its owner's value) in a saved config (plain YAML data)."""
+    from megatron.bridge.training.ownership import OWNED_FIELDS
+
+    def get(dotted):
+        node = data
+        for part in dotted.split("."):
+            node = node[part]
+        return node
+
+    return {o.target: (get(o.target), get(o.owner)) for o in OWNED_FIELDS if o.owner.startswith("comm_overlap.")}
+
+
+def test_saved_config_and_launch_config_carry_the_effective_values(readme_command, tmp_path):
+    """What a user reads in the saved YAML is what the ranks load and what the run uses: every
+    megatron-facing copy equals its owner's effective value."""
+    import yaml
+
+    saved = tmp_path / "saved.yaml"
+    code, out = run([*readme_command, "--save_config_filepath", str(saved)])  # multi-node: sbatch script
+    assert code == 0, out
+    launched = Path(readme_command[-1]) / "config.yaml"
+    assert saved.read_text() == launched.read_text()
+    data = yaml.safe_load(saved.read_text())
+    built = build_config(parse_args(readme_command))
+    effective = resolution_of(built).values
+    for target, (copy_value, owner_value) in _owned_values(data).items():
+        assert copy_value == owner_value, target
+    assert data["model"]["overlap_moe_expert_parallel_comm"] is True
+    assert data["comm_overlap"]["overlap_moe_expert_parallel_comm"] is True
+    assert data["ddp"]["overlap_grad_reduce"] == effective["overlap_grad_reduce"].value is True
+    assert data["model"]["bf16"] is True and data["optimizer"]["bf16"] is True

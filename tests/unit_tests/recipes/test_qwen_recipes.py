@@ -77,14 +77,15 @@ def test_recipe_returns_a_fresh_config_each_call(recipe):
     assert second.comm_overlap.overlap_moe_expert_parallel_comm is False
 
 
-def test_validate_leaves_the_users_config_untouched_and_sees_later_edits():
+def test_validate_keeps_the_users_settings_and_sees_later_edits():
     cfg = qwen3_30b_a3b_pretrain_config()
     resolved = cfg.validate()
     assert resolved is not cfg
-    assert cfg.model.bf16 is False  # precision flags are derived only on the resolved copy
     assert resolved.model.bf16 is True
+    assert cfg.mixed_precision == "bf16_mixed" and cfg.comm_overlap.overlap_grad_reduce is None  # owners as set
+    assert cfg.model.bf16 is True  # the copy shows what the run uses
     cfg.mixed_precision = "fp32"
-    assert cfg.validate().model.bf16 is False
+    assert cfg.validate().model.bf16 is False and cfg.model.bf16 is False
 
 
 def test_done_when_command_prints_128_on_cpu():

@@ -8,10 +8,8 @@ from typing import Any, Optional
 from packaging.version import Version
 
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
-from megatron.bridge.training.comm_overlap import resolve_comm_overlap
 from megatron.bridge.training.config import ConfigContainer
-from megatron.bridge.training.finalize import finalize_config
-from megatron.bridge.training.mixed_precision import apply_mixed_precision
+from megatron.bridge.training.finalize import finalize_config, resolve_config
 from megatron.bridge.training.rules import RuleContext, read_field
 
 WORLD = 2
@@ -51,10 +49,9 @@ def set_fields(cfg: ConfigContainer, values: dict[str, Any]) -> ConfigContainer:
 
 
 def overlap_violations(cfg: ConfigContainer, context: Optional[RuleContext] = None):
-    """The overlap violations of a private copy of ``cfg`` (precision derived first, as finalize does)."""
-    work = copy.deepcopy(cfg)
-    apply_mixed_precision(work)
-    return resolve_comm_overlap(work, context or ctx())
+    """The overlap violations (errors and warnings) of one resolution of ``cfg``."""
+    report = resolve_config(cfg, ctx=context or ctx()).report
+    return list(report.errors + report.notes)
 
 
 def violated_ids(cfg: ConfigContainer, context: Optional[RuleContext] = None) -> set[str]:

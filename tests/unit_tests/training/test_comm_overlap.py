@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import copy
 import inspect
+import runpy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,21 +25,37 @@ from megatron.bridge.recipes.qwen import (
     qwen3_30b_a3b_pretrain_8gpu_config,
     qwen3_30b_a3b_pretrain_config,
 )
-from megatron.bridge.training import comm_overlap, flex_dispatcher_backend, overlap_report
+from megatron.bridge.training import (
+    comm_overlap,
+    finalize as finalize_module,
+    flex_dispatcher_backend,
+    gpu_catalog,
+    ownership,
+    overlap_report,
+)
 from megatron.bridge.training.comm_overlap import (
     BOOL_SWITCHES,
     DEFAULT_BUCKET_SIZE,
     OVERLAP_FIELDS,
     OVERLAP_RULES,
     CommOverlapConfig,
-    effective_overlap_values,
     format_effective_values,
-    graph_modules,
-    render_docs,
 )
-from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError
+from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError, OverrideError
+from megatron.bridge.training.finalize import resolve_config
+from megatron.bridge.training.megatron_compat import graph_modules
+from megatron.bridge.training.overlap import docs as overlap_docs
+from megatron.bridge.training.overlap import facts, fields, resolution, rules
+from megatron.bridge.training.overlap.docs import render_docs
+from megatron.bridge.training.rules import read_field
+from megatron.bridge.training.utils.omegaconf_utils import apply_overrides
 
 REPO = Path(__file__).resolve().parents[3]
+
+
+def effective_overlap_values(cfg, context=None):
+    """Each switch's effective value and source, from one resolution of ``cfg``."""
+    return resolve_config(cfg, ctx=context or ctx()).values
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,6 +185,7 @@ CASES: list[Case] = [
           "model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 2}),
     Case("defer-embedding-wgrad-needs-grad-accum-fusion", {"comm_overlap.defer_embedding_wgrad_compute": True},
          {"comm_overlap.defer_embedding_wgrad_compute": True, "model.gradient_accumulation_fusion": True}),
+    Case("flex-backend-known", {**FLEX, "model.moe_flex_dispatcher_backend": "ncclep"}, FLEX, H100, H100),
     Case("flex-backend-needs-flex-dispatcher", {"model.moe_flex_dispatcher_backend": "deepep"}, FLEX, {}, H100),
     Case("flex-dispatcher-needs-backend", {"model.moe_token_dispatcher_type": "flex"},
          {**FLEX, "model.moe_flex_dispatcher_backend": "hybridep"}),
@@ -328,6 +346,12 @@ def test_dataclass_is_keyword_only_and_all_unset() -> None:
     assert {f.name for f in OVERLAP_FIELDS} == set(CommOverlapConfig.__dataclass_fields__)
 
 
+def test_bool_switches_are_the_dataclass_bool_fields() -> None:
+    """The field table says which switches are booleans; the dataclass annotations must agree."""
+    annotated = {name for name, f in CommOverlapConfig.__dataclass_fields__.items() if f.type == "Optional[bool]"}
+    assert set(BOOL_SWITCHES) == annotated
+
+
 @pytest.mark.parametrize(
     "pp, vpp, expect_overlap, expect_batch",
     [(1, None, False, False), (2, None, False, True), (2, 2, True, False)],
@@ -392,7 +416,7 @@ def test_values_applied_to_model_ddp_optimizer_once() -> None:
     assert resolved.comm_overlap.overlap_grad_reduce is resolved.ddp.overlap_grad_reduce is True
 
 
-def test_user_config_untouched_and_later_edits_take_effect() -> None:
+def test_user_owners_untouched_and_later_edits_take_effect() -> None:
     cfg = ep_overlap_cfg()
     cfg.comm_overlap.overlap_moe_expert_parallel_comm = False
     first = cfg.validate(world_size=WORLD)
@@ -401,7 +425,8 @@ def test_user_config_untouched_and_later_edits_take_effect() -> None:
     cfg.comm_overlap.delay_wgrad_compute = True
     second = cfg.validate(world_size=WORLD)
     assert second.model.overlap_moe_expert_parallel_comm is True and second.ddp.delay_wgrad_compute is True
-    assert cfg.model.overlap_moe_expert_parallel_comm is False and cfg.comm_overlap.overlap_grad_reduce is None
+    assert cfg.comm_overlap.overlap_grad_reduce is None  # the owner stays "framework decides"
+    assert cfg.model.overlap_moe_expert_parallel_comm is True and cfg.ddp.overlap_grad_reduce is True  # copies
     cfg.model.recompute_granularity = "full"
     with pytest.raises(CommOverlapConfigError):
         cfg.validate(world_size=WORLD)
@@ -412,82 +437,104 @@ def test_resolution_is_idempotent_on_resolved_copy() -> None:
     again = finalize(resolved, ctx(world_size=8))
     for spec in OVERLAP_FIELDS:
         assert getattr(again.comm_overlap, spec.name) == getattr(resolved.comm_overlap, spec.name)
-    values = effective_overlap_values(resolved)
+    values = effective_overlap_values(resolved, ctx(world_size=8))
     assert values["overlap_grad_reduce"].value is True and values["overlap_grad_reduce"].source == "computed"
     assert "comm_overlap.bucket_size" in format_effective_values(values)
 
 
 # --------------------------------------------------------------------------------------------
-# Ownership: comm_overlap owns the switch; never a silent reset
+# Ownership: comm_overlap owns the switch; its megatron-facing copies are never inputs
 # --------------------------------------------------------------------------------------------
 
 
-def test_model_value_honoured_when_owner_unset() -> None:
-    cfg = ep_overlap_cfg()
-    cfg.comm_overlap.overlap_moe_expert_parallel_comm = None
-    cfg.model.overlap_moe_expert_parallel_comm = True
-    cfg.provenance["model.overlap_moe_expert_parallel_comm"] = "cli"
-    resolved = finalize(cfg)
-    assert resolved.model.overlap_moe_expert_parallel_comm is True
-    assert resolved.comm_overlap.overlap_moe_expert_parallel_comm is True
-    value = effective_overlap_values(cfg, ctx())["overlap_moe_expert_parallel_comm"]
-    assert value.source == "cli" and "model.overlap_moe_expert_parallel_comm" in value.detail
+@dataclass(frozen=True)
+class DirectWrite:
+    """A copy written in Python before ``validate()``: refused unless it equals the effective value."""
+
+    owner_value: Any
+    copies: dict[str, Any]
+    refused: tuple[str, ...]
+    name: str
 
 
-def test_model_value_conflicting_with_owner_is_an_error() -> None:
+DIRECT_WRITES = [
+    DirectWrite(False, {"model.overlap_moe_expert_parallel_comm": True}, ("model.overlap_moe_expert_parallel_comm",),
+                "copy-against-recipe-owner"),
+    DirectWrite(None, {"model.overlap_moe_expert_parallel_comm": True}, ("model.overlap_moe_expert_parallel_comm",),
+                "copy-while-owner-unset-is-not-an-alias"),
+    DirectWrite(True, {"model.overlap_moe_expert_parallel_comm": True}, (), "copy-equal-to-owner"),
+    DirectWrite(False, {"ddp.delay_wgrad_compute": True}, ("ddp.delay_wgrad_compute",), "ddp-copy"),
+    DirectWrite(None, {"ddp.delay_wgrad_compute": True, "model.delay_wgrad_compute": False}, ("ddp.delay_wgrad_compute",),
+                "disagreeing-copies"),
+]
+
+
+@pytest.mark.parametrize("case", DIRECT_WRITES, ids=lambda c: c.name)
+def test_copy_written_in_python_is_refused_naming_the_owner(case: DirectWrite) -> None:
     cfg = ep_overlap_cfg()
-    cfg.comm_overlap.overlap_moe_expert_parallel_comm = False  # the recipe's value
-    cfg.model.overlap_moe_expert_parallel_comm = True  # set directly by the user
+    switch = next(iter(case.copies)).split(".")[1]
+    setattr(cfg.comm_overlap, switch, case.owner_value)
+    set_fields(cfg, case.copies)
+    if not case.refused:
+        assert finalize(cfg).comm_overlap.overlap_moe_expert_parallel_comm is True
+        return
     with pytest.raises(CommOverlapConfigError) as info:
         finalize(cfg)
+    assert [v.rule for v in info.value.violations] == ["owned-field-set-directly"] * len(case.refused)
+    assert {v.fields[0] for v in info.value.violations} == set(case.refused)
+    assert all(v.fields[1] == f"comm_overlap.{switch}" for v in info.value.violations)
+    assert f"set comm_overlap.{switch}=" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, refused",
+    [
+        (["model.overlap_moe_expert_parallel_comm=false"], "model.overlap_moe_expert_parallel_comm"),
+        (["comm_overlap.delay_wgrad_compute=null", "ddp.delay_wgrad_compute=true"], "ddp.delay_wgrad_compute"),
+        (["optimizer.overlap_param_gather=true"], "optimizer.overlap_param_gather"),
+        (["model.bf16=false"], "model.bf16"),
+    ],
+    ids=["against-owner", "owner-null", "optimizer-copy", "precision-flag"],
+)
+def test_override_writing_a_copy_fails_when_parsed_with_the_owner(overrides, refused) -> None:
+    with pytest.raises(OverrideError) as info:
+        apply_overrides(ep_overlap_cfg(), overrides)
     (violation,) = info.value.violations
-    assert violation.rule == "overlap-owner-conflict"
-    assert set(violation.fields) == {
-        "comm_overlap.overlap_moe_expert_parallel_comm",
-        "model.overlap_moe_expert_parallel_comm",
-    }
+    owner = ownership.OWNER_OF[refused].owner
+    assert violation.rule == "override-owned-field" and violation.fields == (refused, owner)
+    assert owner in violation.message and owner in violation.fix
 
 
-def test_model_value_conflict_detected_via_provenance() -> None:
-    cfg = ep_overlap_cfg()  # owner True
-    cfg.model.overlap_moe_expert_parallel_comm = False  # the default value, but set by a CLI override
-    cfg.provenance["model.overlap_moe_expert_parallel_comm"] = "cli"
-    with pytest.raises(CommOverlapConfigError) as info:
-        finalize(cfg)
-    assert info.value.violations[0].rule == "overlap-owner-conflict"
-
-
-def test_matching_model_value_is_fine() -> None:
-    cfg = ep_overlap_cfg()
-    cfg.model.overlap_moe_expert_parallel_comm = True
-    assert finalize(cfg).model.overlap_moe_expert_parallel_comm is True
-
-
-def test_disagreeing_targets_are_an_error() -> None:
-    cfg = ep_overlap_cfg()
-    cfg.comm_overlap.delay_wgrad_compute = None
-    cfg.ddp.delay_wgrad_compute = True
-    cfg.model.delay_wgrad_compute = False
-    cfg.provenance["model.delay_wgrad_compute"] = "yaml"
-    with pytest.raises(CommOverlapConfigError) as info:
-        finalize(cfg)
-    (violation,) = info.value.violations
-    assert violation.rule == "overlap-target-conflict"
-    assert set(violation.fields) == {"ddp.delay_wgrad_compute", "model.delay_wgrad_compute"}
-
-
-def test_ddp_value_set_alone_is_honoured_when_owner_unset() -> None:
-    cfg = set_fields(ep_overlap_cfg(), {"comm_overlap.delay_wgrad_compute": None, "ddp.delay_wgrad_compute": True})
+def test_override_giving_a_copy_its_owners_value_is_accepted() -> None:
+    """A saved config carries the copies with their owners' values and must load back."""
+    cfg = apply_overrides(ep_overlap_cfg(), ["comm_overlap.delay_wgrad_compute=true", "model.delay_wgrad_compute=true",
+                                             "ddp.delay_wgrad_compute=true", "model.bf16=true"])
     resolved = finalize(cfg)
     assert resolved.model.delay_wgrad_compute is True and resolved.ddp.delay_wgrad_compute is True
 
 
-def test_ddp_value_against_recipe_owner_is_an_error() -> None:
-    cfg = ep_overlap_cfg()  # the recipe sets comm_overlap.delay_wgrad_compute=False
-    cfg.ddp.delay_wgrad_compute = True
-    with pytest.raises(CommOverlapConfigError) as info:
-        finalize(cfg)
-    assert info.value.violations[0].rule == "overlap-owner-conflict"
+def test_validate_writes_effective_values_into_the_callers_copies() -> None:
+    """The copies of the config a user holds say what the run uses; the owners stay as written."""
+    cfg = _spec_snippet_cfg()
+    resolved = cfg.validate(world_size=16)
+    for spec in OVERLAP_FIELDS:
+        for target in spec.targets:
+            assert read_field(cfg, target) == read_field(resolved, target) == getattr(resolved.comm_overlap, spec.name)
+    assert cfg.model.overlap_moe_expert_parallel_comm is True and cfg.ddp.delay_wgrad_compute is True
+    assert cfg.comm_overlap.overlap_grad_reduce is None and cfg.ddp.overlap_grad_reduce is True
+    assert cfg.model.bf16 is True and cfg.optimizer.params_dtype is torch.bfloat16
+
+
+def test_owner_changed_after_validate_moves_the_copies_with_it() -> None:
+    cfg = _spec_snippet_cfg()
+    cfg.validate(world_size=16)
+    cfg.comm_overlap.overlap_moe_expert_parallel_comm = False
+    cfg.comm_overlap.delay_wgrad_compute = False
+    assert cfg.validate(world_size=16).model.overlap_moe_expert_parallel_comm is False
+    assert cfg.model.overlap_moe_expert_parallel_comm is False and cfg.ddp.delay_wgrad_compute is False
+    cfg.model.overlap_moe_expert_parallel_comm = True  # a direct write after a validate is still seen
+    with pytest.raises(CommOverlapConfigError, match="owned-field-set-directly"):
+        cfg.validate(world_size=16)
 
 
 def test_recipe_leaves_ep_overlap_off_but_switchable() -> None:
@@ -529,21 +576,41 @@ def test_graph_modules_reads_normalised_enums() -> None:
 
 
 def test_docs_page_is_generated_from_the_table() -> None:
-    page = (REPO / comm_overlap.DOCS_PATH).read_text()
+    page = (REPO / overlap_docs.DOCS_PATH).read_text()
     assert page == render_docs(), "run: uv run python -m megatron.bridge.training.comm_overlap --write-docs"
     for rule in OVERLAP_RULES:
         assert rule.id in page or rule.group == "types"
+    for rule_id, _ in overlap_docs.OWNERSHIP_CHECKS:
+        assert rule_id in ownership.OWNERSHIP_RULE_IDS and rule_id in page
 
 
-def test_docs_cli_writes_page(tmp_path) -> None:
-    assert comm_overlap._main(["--write-docs", "--root", str(tmp_path)]) == 0
-    assert (tmp_path / comm_overlap.DOCS_PATH).read_text() == render_docs()
+def test_docs_command_of_the_public_module_writes_page(tmp_path, monkeypatch) -> None:
+    """``python -m megatron.bridge.training.comm_overlap --write-docs`` (the command the page names)."""
+    monkeypatch.setattr("sys.argv", ["comm_overlap", "--write-docs", "--root", str(tmp_path)])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_module("megatron.bridge.training.comm_overlap", run_name="__main__")
+    assert done.value.code == 0
+    assert (tmp_path / overlap_docs.DOCS_PATH).read_text() == render_docs()
 
 
-@pytest.mark.parametrize("module", [comm_overlap, flex_dispatcher_backend, overlap_report])
+@pytest.mark.parametrize(
+    "module",
+    [comm_overlap, flex_dispatcher_backend, overlap_report, finalize_module, gpu_catalog, ownership,
+     fields, resolution, rules, facts, overlap_docs],
+    ids=lambda m: m.__name__.rsplit(".", 1)[-1],
+)
 def test_no_bare_assert_in_validation_code(module) -> None:
     tree = ast.parse(inspect.getsource(module))
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.Assert)]
+
+
+def test_overlap_error_is_importable_where_the_config_is() -> None:
+    from megatron.bridge.training import errors
+    from megatron.bridge.training.comm_overlap import CommOverlapConfigError as public
+
+    assert public is errors.CommOverlapConfigError
+    with pytest.raises(public):
+        set_fields(ep_overlap_cfg(), {"model.expert_model_parallel_size": 1}).validate(world_size=WORLD)
 
 
 def test_general_errors_keep_their_type() -> None:
@@ -561,7 +628,7 @@ def test_comm_overlap_none_means_all_unset() -> None:
     assert resolved.model.overlap_moe_expert_parallel_comm is False
     assert resolved.ddp.overlap_grad_reduce is True
     assert effective_overlap_values(cfg, ctx())["overlap_moe_expert_parallel_comm"].value is False
-    assert "moe_ep_overlap" not in overlap_report.build_overlap_report(cfg, ctx()).active
+    assert "moe_ep_overlap" not in resolve_config(cfg, ctx=ctx()).report.active
 
 
 def test_gloo_on_gpus_computes_dp_overlap_off() -> None:

@@ -1,4 +1,4 @@
-"""Flex dispatcher backends: GPU table, apply/validate on every GPU generation, CPU-host dry runs."""
+"""Flex dispatcher backends: support table, apply/validate on every GPU generation, CPU-host dry runs."""
 
 from __future__ import annotations
 
@@ -8,17 +8,20 @@ import pytest
 from overlap_helpers import ep_overlap_cfg
 
 from megatron.bridge.models.qwen import Qwen3MoEModelProvider
+from megatron.bridge.perf.argument_parser import GPU_CHOICES, build_parser
 from megatron.bridge.training import finalize as finalize_module
 from megatron.bridge.training import flex_dispatcher_backend as fdb
+from megatron.bridge.training import gpu_catalog
 from megatron.bridge.training.errors import CommOverlapConfigError
 from megatron.bridge.training.flex_dispatcher_backend import (
-    GPU_TYPES,
+    FLEX_BACKENDS,
+    FLEX_RULES,
     FlexDispatcherBackendError,
     apply_flex_dispatcher_backend,
     backend_support,
-    resolve_gpu_target,
     validate_flex_dispatcher_backend,
 )
+from megatron.bridge.training.gpu_catalog import GPU_TYPES, resolve_gpu_target
 
 # The documented support matrix: DeepEP on Ampere, Hopper, B200/B300; HybridEP on Ampere, Hopper,
 # Blackwell including GB200/GB300 NVL72.
@@ -44,7 +47,7 @@ def model() -> Qwen3MoEModelProvider:
 @pytest.fixture
 def cpu_host(monkeypatch):
     """No visible GPU and no deep_ep, whatever machine the tests run on."""
-    monkeypatch.setattr(fdb, "visible_gpu", lambda: (None, None))
+    monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: (None, None))
     monkeypatch.setattr(fdb, "have_deep_ep", lambda: False)
     monkeypatch.setattr(finalize_module, "have_deep_ep", lambda: False)
 
@@ -52,7 +55,7 @@ def cpu_host(monkeypatch):
 @pytest.fixture
 def gpu_host(monkeypatch):
     """A visible H200 without deep_ep."""
-    monkeypatch.setattr(fdb, "visible_gpu", lambda: ((9, 0), "NVIDIA H200"))
+    monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: ((9, 0), "NVIDIA H200"))
     monkeypatch.setattr(fdb, "have_deep_ep", lambda: False)
     monkeypatch.setattr(finalize_module, "have_deep_ep", lambda: False)
 
@@ -148,7 +151,7 @@ def test_capability_without_system_name_cannot_decide_deepep(model, cpu_host, ca
     assert supported is None and "GB200" in reason
     with caplog.at_level(logging.WARNING):
         assert apply_flex_dispatcher_backend(model, "deepep", device_capability=(10, 0)) == "deepep"
-    assert "validate again" in caplog.text
+    assert "[flex-backend-gpu-not-checked]" in caplog.text and "NVL72 system is unknown" in caplog.text
 
 
 def test_target_from_visible_gpu(gpu_host) -> None:
@@ -180,7 +183,7 @@ def test_missing_deep_ep_on_gpu_host_fails_with_install_hint(model, gpu_host) ->
 
 
 def test_deep_ep_present_on_gpu_host(model, monkeypatch) -> None:
-    monkeypatch.setattr(fdb, "visible_gpu", lambda: ((9, 0), "NVIDIA H100"))
+    monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: ((9, 0), "NVIDIA H100"))
     monkeypatch.setattr(fdb, "have_deep_ep", lambda: True)
     model.moe_token_dispatcher_type = "flex"
     model.moe_flex_dispatcher_backend = "deepep"
@@ -240,6 +243,38 @@ def test_support_table_in_docs() -> None:
     assert "| `gb200` | 10.0 | Blackwell | yes | no | yes |" in table
 
 
+def test_one_table_feeds_backend_names_rules_and_flag_choices() -> None:
+    """Backend names come from the support table only: the model field, the flag and the rules."""
+    from typing import get_args, get_type_hints
+
+    from megatron.bridge.models.gpt_provider import GPTModelProvider
+
+    field_type = get_type_hints(GPTModelProvider)["moe_flex_dispatcher_backend"]
+    assert set(get_args(get_args(field_type)[0])) == set(FLEX_BACKENDS) == set(fdb.FLEX_BACKEND_SUPPORT)
+    assert set(GPU_CHOICES) == set(GPU_TYPES) | {"cpu"}
+    flag = next(a for a in build_parser()._actions if a.dest == "moe_flex_dispatcher_backend")
+    assert all(name in flag.help for name in FLEX_BACKENDS)
+    supported_rule = next(r for r in FLEX_RULES if r.id == "flex-backend-supported-on-gpu")
+    assert all(b.describe() in supported_rule.message for b in fdb.FLEX_BACKEND_SUPPORT.values())
+
+
+@pytest.mark.parametrize("gpu", ["gb200", "gb300"])
+def test_selection_and_validation_refuse_with_one_rule_and_one_message(gpu, model, cpu_host) -> None:
+    """``apply_flex_dispatcher_backend`` and ``cfg.validate()`` give the same violation, whose fix
+    speaks of settings (no Python keyword argument)."""
+    with pytest.raises(FlexDispatcherBackendError) as applied:
+        apply_flex_dispatcher_backend(model, "deepep", device_name=gpu)
+    cfg = ep_overlap_cfg()
+    cfg.dist.target_gpu = gpu
+    cfg.model.moe_token_dispatcher_type, cfg.model.moe_flex_dispatcher_backend = "flex", "deepep"
+    with pytest.raises(CommOverlapConfigError) as validated:
+        cfg.validate(world_size=2)
+    (a,), (v,) = applied.value.violations, validated.value.violations
+    assert (a.rule, a.message, a.fix) == (v.rule, v.message, v.fix) == (
+        "flex-backend-supported-on-gpu", v.message, v.fix)
+    assert "fallback" not in v.fix and "--moe_flex_dispatcher_backend None" in v.fix
+
+
 @pytest.mark.parametrize(
     "text, expected",
     [
@@ -251,4 +286,4 @@ def test_support_table_in_docs() -> None:
 )
 def test_parse_nvidia_smi(text, expected) -> None:
     """The visible GPU is read without initialising CUDA (CUDA_DEVICE_MAX_CONNECTIONS comes later)."""
-    assert fdb.parse_nvidia_smi(text) == expected
+    assert gpu_catalog.parse_nvidia_smi(text) == expected

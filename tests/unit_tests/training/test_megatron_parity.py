@@ -12,7 +12,6 @@ Installed versions are emulated by patching megatron-core's ``is_te_min_version`
 from __future__ import annotations
 
 import contextlib
-import copy
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -21,9 +20,8 @@ from megatron.core.transformer import transformer_config as mcore_tc
 from overlap_helpers import ctx, ep_overlap_cfg, finalize, set_fields, violated_ids
 from packaging.version import Version
 
-from megatron.bridge.training.comm_overlap import OVERLAP_RULES, apply_overlap_values, resolve_overlap_values
-from megatron.bridge.training.errors import CommOverlapConfigError
-from megatron.bridge.training.mixed_precision import apply_mixed_precision
+from megatron.bridge.training.comm_overlap import OVERLAP_RULES
+from megatron.bridge.training.finalize import resolve_config
 
 
 @contextlib.contextmanager
@@ -42,11 +40,7 @@ def emulated_versions(te: Optional[str] = None, torch: Optional[str] = None):
 
 def megatron_error(cfg, context, te: Optional[str] = None, torch: Optional[str] = None) -> Optional[str]:
     """megatron-core's verdict on the model config our resolution produces (``None``: accepted)."""
-    work = copy.deepcopy(cfg)
-    apply_mixed_precision(work)
-    effective, conflicts = resolve_overlap_values(work, context)
-    assert not conflicts
-    apply_overlap_values(work, effective)
+    work = resolve_config(cfg, ctx=context).effective
     with emulated_versions(te=te, torch=torch):
         try:
             work.model.finalize()
@@ -139,12 +133,12 @@ OURS_ONLY: dict[str, tuple[str, ParityCase]] = {
                    "", ctx={"te_version": "2.11"}, te="2.11"),
     ),
     "delay-wgrad-graph-scope-needs-grad-accum-fusion": (
-        "part of the reference's TE >= 2.12 graph-scope rule; not in megatron-core 0.19.2",
+        "part of the documented TE >= 2.12 graph-scope rule; not in megatron-core 0.19.2",
         ParityCase("delay-wgrad-graph-scope-needs-grad-accum-fusion",
                    {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["attn"]}, "", ctx={"te_version": "2.12"}, te="2.12"),
     ),
     "delay-wgrad-graph-scope-no-attention-bias": (
-        "part of the reference's TE >= 2.12 graph-scope rule; not in megatron-core 0.19.2",
+        "part of the documented TE >= 2.12 graph-scope rule; not in megatron-core 0.19.2",
         ParityCase("delay-wgrad-graph-scope-no-attention-bias",
                    {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["attn"], "model.add_qkv_bias": True,
                     "model.gradient_accumulation_fusion": True},

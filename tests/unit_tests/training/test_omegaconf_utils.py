@@ -39,12 +39,29 @@ def _error_for(cfg, *overrides) -> OverrideError:
      qwen3_235b_a22b_pretrain_config, qwen3_moe_tiny_pretrain_config],
 )
 def test_yaml_round_trip_gives_an_equal_config(recipe, tmp_path):
+    """Every setting loads back as written; the copies load as their owners give them."""
     cfg = recipe()
     path = tmp_path / "cfg.yaml"
     cfg.to_yaml(path)
     loaded = ConfigContainer.from_yaml(path)
+    cfg.validate(), loaded.validate()  # both write the effective values into their copies
     assert loaded == cfg
     assert type(loaded.model) is type(cfg.model)
+
+
+def test_saved_copies_never_contradict_their_owners(cfg, tmp_path):
+    """Saved before any validate(): a copy is written as its owner gives it, and left out while
+    its owner is null (decided at finalize), so the file never shows a stale value."""
+    import yaml
+
+    cfg.comm_overlap.overlap_moe_expert_parallel_comm = True
+    data = yaml.safe_load(cfg.to_yaml())
+    assert data["model"]["overlap_moe_expert_parallel_comm"] is True  # stale False in memory until validate()
+    assert data["model"]["bf16"] is True and data["optimizer"]["params_dtype"] == "torch.bfloat16"
+    assert data["comm_overlap"]["overlap_grad_reduce"] is None and "overlap_grad_reduce" not in data["ddp"]
+    path = tmp_path / "cfg.yaml"
+    path.write_text(cfg.to_yaml())
+    assert ConfigContainer.from_yaml(path).validate().model.overlap_moe_expert_parallel_comm is True
 
 
 def test_dtype_and_callable_survive_the_round_trip(cfg, tmp_path):

@@ -54,6 +54,29 @@ def test_bad_config_fails_before_any_process_group(monkeypatch) -> None:
     assert compat is None or not compat.cpu_compat_enabled()  # nothing was patched either
 
 
+class _StopBeforeProcessGroup(Exception):
+    pass
+
+
+def test_pretrain_resolves_once_and_starts_from_that_resolution(monkeypatch, resolution_counter) -> None:
+    """The finalized config and the start-up report pretrain uses come from one resolution."""
+    from megatron.bridge.training import initialize
+
+    seen = {}
+
+    def stop(resolved, *launch):
+        seen["resolved"] = resolved
+        raise _StopBeforeProcessGroup
+
+    monkeypatch.setattr(initialize, "initialize_distributed", stop)
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    cfg = qwen3_moe_tiny_pretrain_config()
+    with pytest.raises(_StopBeforeProcessGroup):
+        pretrain(cfg)
+    assert len(resolution_counter) == 1
+    assert seen["resolved"].model.overlap_moe_expert_parallel_comm is cfg.model.overlap_moe_expert_parallel_comm
+
+
 def test_entry_exits_nonzero_with_the_error(tmp_path, capsys) -> None:
     path = tmp_path / "bad.yaml"
     _bad_cfg().to_yaml(path)

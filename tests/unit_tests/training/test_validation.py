@@ -38,9 +38,12 @@ INTERLEAVED = {"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_
 
 # rule id -> (context facts, mutation that breaks the rule, mutation that satisfies it)
 CASES = {
-    "mixed-precision-known": ({}, _set(mixed_precision="bf17"), _set(mixed_precision="fp16_mixed")),
+    "mixed-precision-known": ({}, _set(mixed_precision="bf17"), _set(mixed_precision=None)),
     "fp8-needs-transformer-engine": (
         TE_ABSENT, _set(mixed_precision="bf16_with_fp8_delayed_scaling_mixed"), _set(mixed_precision="bf16_mixed")),
+    "own-precision-flags-agree": (
+        {}, _set(**{"mixed_precision": None, "model.bf16": True}),
+        _set(**{"mixed_precision": None, "model.bf16": True, "optimizer.bf16": True})),
     "layer-spec-known": ({}, _set(**{"model.layer_spec": "triton"}), _set(**{"model.layer_spec": "local"})),
     "te-layer-spec-needs-transformer-engine": (
         TE_ABSENT, _set(**{"model.layer_spec": "transformer_engine"}), _set(**{"model.layer_spec": "auto"})),

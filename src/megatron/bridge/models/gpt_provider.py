@@ -19,6 +19,7 @@ from megatron.bridge.models.layer_specs import (
     resolve_layer_spec,
 )
 from megatron.bridge.models.torch_native.backends import CrossEntropyBackend, GroupedGemmBackend
+from megatron.bridge.training.flex_dispatcher_backend import FlexBackend
 
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel
@@ -54,9 +55,10 @@ class GPTModelProvider(TransformerConfig):
     layer_spec: LayerSpecName = "auto"
     """Layer implementation: ``auto`` (TE when it imports), ``transformer_engine``, ``local``
     (plain megatron-core), ``torch_native`` (SDPA attention, grouped-GEMM experts, compiled RMSNorm)."""
-    moe_flex_dispatcher_backend: Optional[Literal["deepep", "hybridep", "ncclep"]] = None
+    moe_flex_dispatcher_backend: Optional[FlexBackend] = None
     """Flex dispatcher backend; only meaningful with ``moe_token_dispatcher_type="flex"``.
-    ``None`` (unlike megatron-core's ``"deepep"`` default) so that an unset backend is visible."""
+    ``None`` (unlike megatron-core's ``"deepep"`` default) so that an unset backend is visible. The
+    backends with a GPU-support table (``flex_dispatcher_backend.FLEX_BACKENDS``)."""
     cross_entropy_fusion_impl: CrossEntropyImpl = "native"
     """Fused cross-entropy used when ``cross_entropy_loss_fusion`` is true: megatron-core's
     ``native`` (TorchScript) or ``te`` (needs Transformer Engine), or ``torch_native`` (this

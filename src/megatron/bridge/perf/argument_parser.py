@@ -1,6 +1,6 @@
-"""Command-line flags of the performance harness (the reference's familiar names, without sentinels).
+"""Command-line flags of the performance harness (Megatron-Bridge's familiar names, without sentinels).
 
-Conventions that differ from the reference on purpose:
+Conventions that differ from Megatron-Bridge's harness on purpose:
 
 * "not given" is always ``None``; no ``-1`` or ``"None"`` placeholders reach the config layer;
 * boolean flags take an explicit value (``true/false/1/0/yes/no``, any case) and reject anything else,
@@ -16,14 +16,11 @@ import argparse
 import re
 from typing import Optional, Sequence
 
-from megatron.bridge.training.flex_dispatcher_backend import GPU_TYPES
+from megatron.bridge.training.flex_dispatcher_backend import FLEX_BACKENDS
+from megatron.bridge.training.gpu_catalog import GPU_TYPES
 
 PLAIN_ALLTOALL = "alltoall"
 """Parsed value of ``--moe_flex_dispatcher_backend None``: plain alltoall, no flex backend."""
-
-FLEX_BACKENDS = ("deepep", "hybridep")
-
-
 
 GPU_CHOICES = (*GPU_TYPES, "cpu")
 """Target GPU types accepted by ``-g`` (``cpu`` selects the CPU smoke mode)."""
@@ -158,9 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--max_steps", type=positive_int, default=None, help="train.train_iters")
     model.add_argument("--cuda_graph_impl", type=_choice(CUDA_GRAPH_IMPLS), default=None, help="model.cuda_graph_impl")
     model.add_argument("--moe_flex_dispatcher_backend", type=flex_backend, default=None,
-                       help="deepep|hybridep (flex dispatch) or None (plain alltoall)")
+                       help=f"{'|'.join(FLEX_BACKENDS)}: model.moe_token_dispatcher_type=flex with that "
+                       "model.moe_flex_dispatcher_backend (and model.moe_shared_expert_overlap=false); "
+                       "None: model.moe_token_dispatcher_type=alltoall, no backend")
     model.add_argument("--moe_a2a_overlap", type=str_to_bool, default=None,
-                       help="true: EP overlap on; false: EP overlap and delayed wgrad off")
+                       help="comm_overlap.overlap_moe_expert_parallel_comm (EP overlap on/off); delayed "
+                       "wgrad stays comm_overlap.delay_wgrad_compute, and on without EP overlap is refused")
     model.add_argument("--tokenizer_type", type=_choice(TOKENIZER_TYPES, lower=False), default=None,
                        help="tokenizer.tokenizer_type")
     for short, long, field in (

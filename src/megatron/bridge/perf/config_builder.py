@@ -17,8 +17,6 @@ and CLI overrides, so a flag value is checked against the field type exactly lik
 from __future__ import annotations
 
 import copy
-import dataclasses
-import inspect
 import os
 import time
 from argparse import Namespace
@@ -38,6 +36,7 @@ from megatron.bridge.training.rules import read_field
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
+    from megatron.bridge.training.finalize import Resolution
     from megatron.bridge.training.rules import RuleContext
 
 DEFAULT_GPUS_PER_NODE = 8
@@ -59,8 +58,12 @@ FLAG_FIELDS: dict[str, str] = {
     "profile_step_start": "profiling.profile_step_start",
     "profile_step_end": "profiling.profile_step_end",
     "profile_ranks": "profiling.profile_ranks",
+    "moe_a2a_overlap": "comm_overlap.overlap_moe_expert_parallel_comm",
 }
-"""Flags that set exactly one config field (argparse dest -> dotted key)."""
+"""Flags that are aliases of exactly one config field (argparse dest -> dotted key). The other
+flags: ``-c`` (``mixed_precision``, by name), ``-g`` (``dist.target_gpu``; ``cpu``: ``dist.device``),
+``--moe_flex_dispatcher_backend`` (the dispatcher choice of ``dispatcher_fields``), ``--profile``,
+``-l``."""
 
 OVERLAP_RELATED_KEYS: tuple[str, ...] = (
     "model.expert_model_parallel_size",
@@ -147,11 +150,8 @@ def flag_values(args: Namespace) -> dict[str, Any]:
     values = {key: getattr(args, dest) for dest, key in FLAG_FIELDS.items() if getattr(args, dest, None) is not None}
     if args.compute_dtype is not None:
         values["mixed_precision"] = COMPUTE_DTYPES[args.compute_dtype]
-    if args.moe_a2a_overlap is True:
-        values["comm_overlap.overlap_moe_expert_parallel_comm"] = True
-    elif args.moe_a2a_overlap is False:
-        values["comm_overlap.overlap_moe_expert_parallel_comm"] = False
-        values["comm_overlap.delay_wgrad_compute"] = False
+    if args.moe_flex_dispatcher_backend is not None:
+        values.update(flex_dispatcher_values(args.moe_flex_dispatcher_backend))
     if args.gpu == "cpu":
         values["dist.device"] = "cpu"
     elif args.gpu is not None:
@@ -163,22 +163,14 @@ def flag_values(args: Namespace) -> dict[str, Any]:
     return values
 
 
-def flex_dispatcher_values(cfg: "ConfigContainer", backend: Optional[str], target_gpu: Optional[str]) -> dict[str, Any]:
-    """Model fields ``apply_flex_dispatcher_backend`` changes for ``--moe_flex_dispatcher_backend``.
+def flex_dispatcher_values(backend: str) -> dict[str, Any]:
+    """Model fields of ``--moe_flex_dispatcher_backend``: the dispatcher choice of
+    ``dispatcher_fields`` (flex with the backend, or plain alltoall). Whether the backend runs on the
+    target GPU is checked with every other rule when the config is resolved."""
+    from megatron.bridge.training.flex_dispatcher_backend import dispatcher_fields
 
-    The function runs on a copy of the model; the fields it changed become flag-layer values, so
-    they are typed, recorded in provenance and still overridable by dotted CLI overrides.
-    """
-    from megatron.bridge.training.flex_dispatcher_backend import apply_flex_dispatcher_backend
-
-    model = copy.deepcopy(cfg.model)
-    before = {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}
-    apply_flex_dispatcher_backend(model, None if backend == PLAIN_ALLTOALL else backend, device_name=target_gpu)
-    changed = {name: getattr(model, name) for name, old in before.items() if getattr(model, name) != old}
-    # Always record the dispatcher and backend: the user asked for them explicitly.
-    for name in ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend"):
-        changed.setdefault(name, getattr(model, name))
-    return {f"model.{name}": value for name, value in changed.items()}
+    chosen = dispatcher_fields(None if backend == PLAIN_ALLTOALL else backend)
+    return {f"model.{name}": value for name, value in chosen.items()}
 
 
 def default_log_dir(recipe: RecipeChoice, task: str) -> Path:
@@ -274,7 +266,7 @@ def build_config(
     """Recipe < ``--config_file`` < flags < dotted overrides (+ ``extra_overrides``) < computed.
 
     ``log_dir`` (used by sweeps) pins the job's log directory as a flag-layer value.
-    Raises ``HarnessError`` (recipe/layout), ``OverrideError`` or flex-backend errors.
+    Raises ``HarnessError`` (recipe/layout) or ``OverrideError``.
     """
     from megatron.bridge.training.utils.omegaconf_utils import load_yaml
 
@@ -292,9 +284,6 @@ def build_config(
     if log_dir is not None:
         flags["logger.log_dir"] = str(Path(log_dir).resolve())
     cfg = apply_layer(cfg, flags, "flag")
-    if args.moe_flex_dispatcher_backend is not None:
-        target = None if cpu else cfg.dist.target_gpu
-        cfg = apply_layer(cfg, flex_dispatcher_values(cfg, args.moe_flex_dispatcher_backend, target), "flag")
     cfg = apply_layer(cfg, [*args.overrides, *extra_overrides], "cli")
 
     num_gpus = args.num_gpus or recipe.reference_num_gpus or minimum_world_size(cfg)
@@ -336,21 +325,23 @@ def rule_context(built: BuiltConfig) -> "RuleContext":
     """Validation facts: world size of the job and the ``-g`` target GPU (not this machine's)."""
     from megatron.bridge.training.finalize import default_rule_context
 
-    params = inspect.signature(default_rule_context).parameters
-    if "target_gpu" in params:
-        return default_rule_context(built.world_size, target_gpu=built.target_gpu)
-    return default_rule_context(built.world_size)  # pragma: no cover - older finalize
+    return default_rule_context(built.world_size, target_gpu=built.target_gpu)
+
+
+def resolution_of(built: BuiltConfig) -> "Resolution":
+    """The one resolution of the job's config; raises ``ConfigError`` listing every violation."""
+    from megatron.bridge.training.finalize import resolve_config
+
+    return resolve_config(built.cfg, ctx=rule_context(built)).raise_for_errors()
 
 
 def resolve(built: BuiltConfig) -> "ConfigContainer":
-    """The finalized, validated copy; raises ``ConfigError`` listing every violation."""
-    from megatron.bridge.training.finalize import finalize_config
-
-    return finalize_config(copy.deepcopy(built.cfg), world_size=built.world_size, ctx=rule_context(built))
+    """The finalized config of the job (what the ranks train); raises like :func:`resolution_of`."""
+    return resolution_of(built).config
 
 
 def source_of(key: str, merged: "ConfigContainer", resolved: "ConfigContainer") -> str:
-    """Which layer set ``key``: the recorded one, ``computed`` if finalize changed it, else ``recipe``."""
+    """Which layer set ``key``: the recorded one, ``computed`` if resolving changed it, else ``recipe``."""
     recorded = resolved.provenance.get(key) or merged.provenance.get(key)
     if recorded:
         return recorded
@@ -360,20 +351,15 @@ def source_of(key: str, merged: "ConfigContainer", resolved: "ConfigContainer") 
         return "recipe"
 
 
-def effective_values(built: BuiltConfig, resolved: "ConfigContainer") -> list[tuple[str, Any, str, str]]:
+def effective_values(built: BuiltConfig, resolution: "Resolution") -> list[tuple[str, Any, str, str]]:
     """``(key, value, source, detail)`` for every overlap switch and overlap-related field."""
-    from megatron.bridge.training.comm_overlap import effective_overlap_values
-
-    rows = [
-        (v.key, v.value, v.source, v.detail)
-        for v in effective_overlap_values(built.cfg, rule_context(built)).values()
-    ]
+    rows = [(v.key, v.value, v.source, v.detail) for v in resolution.values.values()]
     for key in OVERLAP_RELATED_KEYS:
         try:
-            value = read_field(resolved, key)
+            value = read_field(resolution.effective, key)
         except AttributeError:
             continue
-        rows.append((key, value, source_of(key, built.cfg, resolved), ""))
+        rows.append((key, value, source_of(key, built.cfg, resolution.effective), ""))
     return rows
 
 

@@ -3,7 +3,7 @@
 A recipe named ``<mr>_<task>_<ng>gpu_config`` in ``megatron.bridge.recipes.<family>`` is used when
 it exists for the requested GPU count (its layout and batch are tuned for that count). Otherwise
 the generic ``<mr>_<task>_config`` is used, its parallel layout must divide ``-ng``, and its global
-batch is scaled with the data-parallel size the way the reference harness does: the recipe's batch
+batch is scaled with the data-parallel size the way Megatron-Bridge's harness does: the recipe's batch
 is meant for the recipe's own reference GPU count.
 """
 
@@ -117,7 +117,7 @@ def lookup_recipe(family: str, recipe: str, task: str, num_gpus: Optional[int] =
 
 def minimum_world_size(cfg: "ConfigContainer") -> int:
     """Smallest GPU count the layout fits: a multiple of TP*PP*CP and of ETP*EP*PP."""
-    from megatron.bridge.training.validation import expert_parallel_span, model_parallel_size
+    from megatron.bridge.training.layout import expert_parallel_span, model_parallel_size
 
     return math.lcm(model_parallel_size(cfg), expert_parallel_span(cfg))
 
@@ -131,7 +131,7 @@ def fitting_gpu_counts(cfg: "ConfigContainer", upto: int) -> list[int]:
 
 def layout_problem(cfg: "ConfigContainer", num_gpus: int) -> Optional[str]:
     """Why the layout does not fit ``num_gpus`` (naming the sizes that do), or ``None``."""
-    from megatron.bridge.training.validation import expert_parallel_span, model_parallel_size
+    from megatron.bridge.training.layout import expert_parallel_span, model_parallel_size
 
     m = cfg.model
     if num_gpus % model_parallel_size(cfg) == 0 and num_gpus % expert_parallel_span(cfg) == 0:
@@ -154,7 +154,7 @@ def scaled_global_batch_size(
     DP = GPUs / (TP*PP*CP). The recipe's batch belongs to ``reference_gpus`` with the recipe's
     layout; the result keeps the per-replica batch (and so the number of micro-batches) unchanged.
     """
-    from megatron.bridge.training.validation import model_parallel_size
+    from megatron.bridge.training.layout import model_parallel_size
 
     ref_gpus = reference_gpus or minimum_world_size(recipe_cfg)
     ref_dp = max(1, ref_gpus // model_parallel_size(recipe_cfg))

@@ -1,7 +1,7 @@
 """End-of-run table from a run's ``summary.json`` (written by the training loop on rank 0).
 
 The steady-state numbers are the mean/min/max step time over a window of iterations (1-based,
-inclusive; 3-8 by default, the reference's method). When the summary already carries them for the
+inclusive; 3-8 by default, Megatron-Bridge's method). When the summary already carries them for the
 requested window they are used as written; otherwise they are recomputed from ``step_times_s``.
 """
 

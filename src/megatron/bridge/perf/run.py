@@ -13,9 +13,9 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional, Sequence, TextIO
+from typing import TYPE_CHECKING, Optional, Sequence, TextIO
 
 from megatron.bridge.perf.argument_parser import parse_args
 from megatron.bridge.perf.config_builder import (
@@ -26,8 +26,7 @@ from megatron.bridge.perf.config_builder import (
     environment_summary,
     format_effective_values,
     gpus_visible,
-    resolve,
-    rule_context,
+    resolution_of,
 )
 from megatron.bridge.perf.failure_report import failure_report
 from megatron.bridge.perf.launcher import CONFIG_NAME, LaunchPlan, plan_launch, run_plan
@@ -35,7 +34,10 @@ from megatron.bridge.perf.results import SUMMARY_NAME, format_results, load_summ
 from megatron.bridge.perf.supervisor import LAUNCH_LOG, JobOutcome
 from megatron.bridge.training.entry import FAILURE_DIR
 from megatron.bridge.perf.sweep import SweepPoint, job_dirname, parse_sweep, write_sweep_outputs
-from megatron.bridge.training.overlap_report import build_overlap_report
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+    from megatron.bridge.training.finalize import Resolution
 
 EXIT_CONFIG = 2
 EXIT_ENVIRONMENT = 3
@@ -43,19 +45,30 @@ EXIT_ENVIRONMENT = 3
 
 @dataclass
 class Job:
-    """One resolved, launchable run."""
+    """One resolved, launchable run: everything it shows, saves and launches comes from ``resolution``."""
 
     built: BuiltConfig
-    resolved: object
+    resolution: "Resolution"
     plan: LaunchPlan
-    report: str
-    brief_report: str = ""
 
+    @property
+    def resolved(self) -> "ConfigContainer":
+        """The finalized config the ranks will train."""
+        return self.resolution.config
 
-def overlap_report(built: BuiltConfig, resolved) -> tuple[str, str, Optional[int]]:
-    """The overlap report (full and brief) and the ``CUDA_DEVICE_MAX_CONNECTIONS`` the run needs."""
-    report = build_overlap_report(resolved, rule_context(built))
-    return report.format(), report.format(brief=True), report.cuda_device_max_connections
+    @property
+    def report(self) -> str:
+        """The full overlap report."""
+        return self.resolution.report.format()
+
+    @property
+    def brief_report(self) -> str:
+        """The overlap report without the lines the ranks' start-up repeats."""
+        return self.resolution.report.format(brief=True)
+
+    def save_config(self, path: "str | Path") -> None:
+        """Write the effective config (what the ranks load; copies equal the effective values)."""
+        self.resolution.effective.to_yaml(path)
 
 
 def checkpoint_notes(resolved) -> list[str]:
@@ -74,14 +87,16 @@ def checkpoint_notes(resolved) -> list[str]:
 
 
 def make_job(built: BuiltConfig, args, max_connections: Optional[int] = None) -> Job:
-    """Resolve (raises ``ConfigError`` with every violation) and plan the launch.
+    """Resolve once (raises ``ConfigError`` with every violation) and plan the launch."""
+    resolution = resolution_of(built)
+    return Job(built, resolution, plan_job(built, resolution, args, max_connections))
 
-    ``max_connections`` replaces the report's ``CUDA_DEVICE_MAX_CONNECTIONS`` (sweeps keep the
-    environment identical across values).
-    """
-    resolved = resolve(built)
-    report, brief, needed = overlap_report(built, resolved)
-    plan = plan_launch(
+
+def plan_job(built: BuiltConfig, resolution: "Resolution", args, max_connections: Optional[int] = None) -> LaunchPlan:
+    """The launch of a resolved job. ``max_connections`` replaces the report's
+    ``CUDA_DEVICE_MAX_CONNECTIONS`` (sweeps keep the environment identical across values)."""
+    needed = resolution.report.cuda_device_max_connections
+    return plan_launch(
         cpu=built.cpu,
         num_gpus=built.num_gpus,
         gpus_per_node=built.gpus_per_node,
@@ -95,7 +110,6 @@ def make_job(built: BuiltConfig, args, max_connections: Optional[int] = None) ->
         job_name=built.recipe.function_name.removesuffix("_config"),
         verbose=args.verbose,
     )
-    return Job(built, resolved, plan, report, brief)
 
 
 def describe(job: Job, out: TextIO, *, verbose: bool = True) -> None:
@@ -107,7 +121,7 @@ def describe(job: Job, out: TextIO, *, verbose: bool = True) -> None:
         print("== overlap report", file=out)
         print(job.report, file=out)
         print("== effective overlap-related values [source]", file=out)
-        print(format_effective_values(effective_values(job.built, job.resolved)), file=out)
+        print(format_effective_values(effective_values(job.built, job.resolution)), file=out)
     else:
         print("== " + job.brief_report, file=out)
     print(f"== launch ({job.plan.mode})", file=out)
@@ -139,7 +153,7 @@ def prepare(job: Job) -> None:
     (log_dir / SUMMARY_NAME).unlink(missing_ok=True)
     (log_dir / LAUNCH_LOG).unlink(missing_ok=True)
     shutil.rmtree(log_dir / FAILURE_DIR, ignore_errors=True)
-    job.built.cfg.to_yaml(log_dir / CONFIG_NAME)
+    job.save_config(log_dir / CONFIG_NAME)
     if job.plan.script_path is not None:
         job.plan.script_path.write_text(job.plan.script_text or "")
 
@@ -200,7 +214,7 @@ def run_single(args, out: TextIO) -> int:
     job = make_job(build_config(args), args)
     describe(job, out, verbose=args.verbose or args.dryrun)
     if args.save_config_filepath:
-        job.built.cfg.to_yaml(args.save_config_filepath)
+        job.save_config(args.save_config_filepath)
         print(f"== config written to {args.save_config_filepath}", file=out)
     if args.dryrun:
         print("== dry run: nothing launched", file=out)
@@ -234,7 +248,10 @@ def same_environment(jobs: list[Job], args, out: TextIO) -> list[Job]:
             print(f"   note: sweep values need different {key} ({sorted(needs)}); kept per job", file=out)
         return jobs
     value = int(needs.pop())
-    return [job if job.plan.env.get(key) == str(value) else make_job(job.built, args, value) for job in jobs]
+    return [
+        job if job.plan.env.get(key) == str(value) else replace(job, plan=plan_job(job.built, job.resolution, args, value))
+        for job in jobs
+    ]
 
 
 def run_sweep(args, out: TextIO) -> int:
@@ -256,7 +273,7 @@ def run_sweep(args, out: TextIO) -> int:
         print(f"== sweep {spec.key}={value}", file=out)
         describe(job, out, verbose=(args.verbose or args.dryrun) and job is jobs[0])
     if args.save_config_filepath:
-        jobs[0].built.cfg.to_yaml(args.save_config_filepath)
+        jobs[0].save_config(args.save_config_filepath)
     if args.dryrun:
         print("== dry run: nothing launched", file=out)
         return 0

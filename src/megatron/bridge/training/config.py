@@ -2,15 +2,17 @@
 
 Every setting has exactly one owner in this tree. Values that other layers need (for example the
 sequence length the dataset builder uses, or the precision flags of the optimizer) are *derived*
-from their owner when the tree is finalized, never copied back the other way.
+from their owner when the tree is resolved, never copied back the other way; the megatron-core
+fields that are such copies are listed in :mod:`megatron.bridge.training.ownership`.
 
-``ConfigContainer.finalize()`` works on a deep copy: the container a user holds stays exactly as
-they wrote it, so an edit made after one ``validate()`` is seen by the next one.
+``ConfigContainer.resolve()`` (and ``finalize()``/``validate()``, which return its finalized
+config) works on a deep copy and then writes the effective values into the copies of the container
+a user holds; everything a user sets (the owners) stays exactly as written, so an edit made after
+one ``validate()`` is seen by the next one.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Optional
 
@@ -18,7 +20,10 @@ from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
 
 from megatron.bridge.models.gpt_provider import GPTModelProvider
+from megatron.bridge.training import ownership
 from megatron.bridge.training.comm_overlap import CommOverlapConfig
+from megatron.bridge.training.finalize import Resolution, resolve_config
+from megatron.bridge.training.utils.yaml_io import config_to_yaml, container_from_dict, load_yaml
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -181,36 +186,40 @@ class ConfigContainer:
     dist: DistributedInitConfig = field(default_factory=DistributedInitConfig)
     rng: RNGConfig = field(default_factory=RNGConfig)
     profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
-    mixed_precision: MixedPrecisionName = "bf16_mixed"
-    """Owner of the precision flags of model, optimizer and DDP (derived at finalize)."""
+    mixed_precision: Optional[MixedPrecisionName] = "bf16_mixed"
+    """Owner of the precision flags of model, optimizer and DDP (derived at finalize). ``None``:
+    no precision recipe; the model's, optimizer's and DDP's own dtype flags stand as set."""
     comm_overlap: CommOverlapConfig = field(default_factory=CommOverlapConfig)
     provenance: dict[str, str] = field(default_factory=dict)
     """Dotted key -> the layer that set it (``yaml``, ``flag``, ``cli``). Unlisted keys come from
     the recipe or a default; the resolved copy also marks ``computed`` values."""
 
-    def finalize(self, world_size: Optional[int] = None) -> "ConfigContainer":
-        """Return a resolved and validated deep copy; raise a typed error listing all problems.
+    def resolve(self, world_size: Optional[int] = None) -> Resolution:
+        """Resolve once: the effective config, each overlap value and its source, the start-up
+        report and the finalized config; raise a typed error listing all problems.
 
         ``world_size`` enables the checks that need the data-parallel size; ``None`` reads
-        ``WORLD_SIZE`` from the environment and skips them when it is unset.
+        ``WORLD_SIZE`` from the environment and skips them when it is unset. On success the
+        megatron-facing copies of this container (``model.overlap_moe_expert_parallel_comm``,
+        ``ddp.delay_wgrad_compute``, the precision flags, ...) receive the effective values.
         """
-        from megatron.bridge.training.finalize import finalize_config
+        resolution = resolve_config(self, world_size=world_size).raise_for_errors()
+        ownership.write_copies(self, resolution.effective)
+        return resolution
 
-        return finalize_config(copy.deepcopy(self), world_size=world_size)
+    def finalize(self, world_size: Optional[int] = None) -> "ConfigContainer":
+        """Return a resolved and validated deep copy; raise a typed error listing all problems."""
+        return self.resolve(world_size=world_size).config
 
     def validate(self, world_size: Optional[int] = None) -> "ConfigContainer":
         """Finalize and validate without a GPU or a process group; returns the resolved copy."""
         return self.finalize(world_size=world_size)
 
     def to_yaml(self, path: "Optional[str | Path]" = None) -> str:
-        """Serialize to YAML (and write it to ``path`` when given)."""
-        from megatron.bridge.training.utils.omegaconf_utils import config_to_yaml
-
+        """Serialize to YAML (and write it to ``path`` when given); copies as their owners give them."""
         return config_to_yaml(self, path)
 
     @classmethod
     def from_yaml(cls, path: "str | Path") -> "ConfigContainer":
         """Load a container written by :meth:`to_yaml`."""
-        from megatron.bridge.training.utils.omegaconf_utils import config_from_yaml
-
-        return config_from_yaml(path)
+        return container_from_dict(cls, load_yaml(path))

@@ -1,22 +1,33 @@
-"""Turn a user's ``ConfigContainer`` into a resolved, validated one, in a fixed order, in one place."""
+"""Resolve a user's ``ConfigContainer`` once, in a fixed order, into everything a run needs.
+
+:func:`resolve_config` returns one :class:`Resolution`: the effective configuration (precision
+flags and overlap switches decided, copies written, provenance recorded), each overlap switch with
+its source, every violation and warning, the start-up overlap report and the finalized config that
+trains. The harness (dry-run table, saved YAML, launch), the start-up report and ``pretrain`` all
+read it, so they cannot disagree and nothing is resolved twice.
+"""
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 import torch
 from packaging.version import Version
 
-from megatron.bridge.training.errors import (
-    CommOverlapConfigError,
-    ConfigValidationError,
-    Violation,
-)
+from megatron.bridge.training import gpu_catalog, ownership
+from megatron.bridge.training.comm_overlap import CommOverlapConfig
 from megatron.bridge.training.dispatch_rules import TORCH_NATIVE_DISPATCH_RULES
 from megatron.bridge.training.kernel_rules import TORCH_NATIVE_KERNEL_RULES
+from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError, Violation
 from megatron.bridge.training.mixed_precision import apply_mixed_precision
+from megatron.bridge.training.overlap import resolution as overlap_resolution
+from megatron.bridge.training.overlap.resolution import EffectiveValue
+from megatron.bridge.training.overlap.rules import OVERLAP_RULES
+from megatron.bridge.training.overlap_report import OverlapReport, report_from
 from megatron.bridge.training.rules import RuleContext, check_rules
 from megatron.bridge.training.validation import GENERAL_RULES
 from megatron.bridge.utils.import_utils import have_deep_ep, transformer_engine_version
@@ -25,6 +36,8 @@ if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
 logger = logging.getLogger(__name__)
+
+_OVERLAP_RULE_IDS = frozenset(r.id for r in OVERLAP_RULES)
 
 
 def default_rule_context(
@@ -35,12 +48,10 @@ def default_rule_context(
     The target GPU is ``target_gpu`` (a ``-g`` type such as ``h100``/``gb200``), else the visible
     GPU, else unknown (a CPU host validates what it can and says so).
     """
-    from megatron.bridge.training.flex_dispatcher_backend import resolve_gpu_target, visible_gpu
-
     if world_size is None and os.environ.get("WORLD_SIZE"):
         world_size = int(os.environ["WORLD_SIZE"])
-    visible_capability, _ = visible_gpu()
-    target = resolve_gpu_target(device_name=target_gpu) if target_gpu else resolve_gpu_target()
+    visible_capability, _ = gpu_catalog.visible_gpu()
+    target = gpu_catalog.resolve_gpu_target(device_name=target_gpu) if target_gpu else gpu_catalog.resolve_gpu_target()
     facts = dict(
         te_version=transformer_engine_version(),
         torch_version=Version(torch.__version__.split("+")[0]),
@@ -54,47 +65,98 @@ def default_rule_context(
     return RuleContext(**facts)
 
 
+@dataclass(frozen=True)
+class Resolution:
+    """One resolution of a user's config: what every consumer of the run reads."""
+
+    effective: "ConfigContainer"
+    """The user's config with every derived value decided and written (precision flags, overlap
+    switches on their owners and copies), provenance recorded; serialisable (the saved YAML)."""
+    values: dict[str, EffectiveValue]
+    """Each overlap switch: value, the layer that set it, why."""
+    errors: tuple[Violation, ...]
+    warnings: tuple[Violation, ...]
+    report: OverlapReport
+    context: RuleContext
+    config: Optional["ConfigContainer"]
+    """``effective`` after megatron-core's own deferred checks: what trains (``None`` with errors)."""
+
+    @property
+    def error_type(self) -> type:
+        """``CommOverlapConfigError`` when an overlap rule or a copy of an overlap switch is involved."""
+        overlap = any(v.rule in _OVERLAP_RULE_IDS or ownership.concerns_overlap(v) for v in self.errors)
+        return CommOverlapConfigError if overlap else ConfigValidationError
+
+    def raise_for_errors(self) -> "Resolution":
+        """Raise the typed error listing every problem; return ``self`` when there is none."""
+        if self.errors:
+            raise self.error_type(list(self.errors))
+        return self
+
+
+def _effective_config(cfg: "ConfigContainer", ctx: RuleContext) -> tuple["ConfigContainer", dict, list[Violation]]:
+    """A private copy with every derived value written, the overlap values, and the copies a user
+    wrote directly that disagree with them."""
+    work = copy.deepcopy(cfg)
+    if work.comm_overlap is None:  # an old recipe or YAML: every switch unset
+        work.comm_overlap = CommOverlapConfig()
+    written = ownership.directly_written(work)
+    values = overlap_resolution.resolve_overlap_values(work, ctx)
+    apply_mixed_precision(work)
+    overlap_resolution.apply_overlap_values(work, values)
+    ownership.remember_copies(work)
+    return work, values, ownership.direct_write_violations(written, work)
+
+
+def resolve_config(
+    cfg: "ConfigContainer", world_size: Optional[int] = None, ctx: Optional[RuleContext] = None
+) -> Resolution:
+    """Resolve ``cfg`` (not changed) for the machine ``ctx`` describes; never raises for a rule.
+
+    Order: precision flags and overlap switches, then every rule at once, then megatron-core's own
+    deferred ``__post_init__`` (only when our rules pass; its complaints become a violation).
+    """
+    ctx = ctx or default_rule_context(world_size, target_gpu=getattr(cfg.dist, "target_gpu", None))
+    effective, values, violations = _effective_config(cfg, ctx)
+    violations += check_rules(OVERLAP_RULES + GENERAL_RULES + TORCH_NATIVE_DISPATCH_RULES + TORCH_NATIVE_KERNEL_RULES, effective, ctx)
+    warnings = [v for v in violations if v.severity != "error"]
+    for warning in warnings:
+        logger.warning("config: %s", warning.format())
+    errors = [v for v in violations if v.severity == "error"]
+    config = None
+    if not errors:
+        config = copy.deepcopy(effective)
+        post_init_problem = run_megatron_post_init(config)
+        if post_init_problem is not None:
+            errors, config = [post_init_problem], None
+    return Resolution(
+        effective=effective,
+        values=values,
+        errors=tuple(errors),
+        warnings=tuple(warnings),
+        report=report_from(effective, values, violations, ctx),
+        context=ctx,
+        config=config,
+    )
+
+
 def finalize_config(
     cfg: "ConfigContainer", world_size: Optional[int] = None, ctx: Optional[RuleContext] = None
 ) -> "ConfigContainer":
-    """Resolve derived values on ``cfg`` (a private copy) and raise if any rule is broken.
-
-    Order: precision flags, then overlap settings, then every rule at once, then megatron-core's
-    own deferred ``__post_init__`` (which only runs once our rules have passed).
-    """
-    from megatron.bridge.training import comm_overlap
-
-    ctx = ctx or default_rule_context(world_size, target_gpu=getattr(cfg.dist, "target_gpu", None))
-    apply_mixed_precision(cfg)
-    overlap_violations = comm_overlap.resolve_comm_overlap(cfg, ctx)
-    violations: list[Violation] = list(overlap_violations) + check_rules(GENERAL_RULES + TORCH_NATIVE_DISPATCH_RULES + TORCH_NATIVE_KERNEL_RULES, cfg, ctx)
-    for warning in (v for v in violations if v.severity != "error"):
-        logger.warning("config: %s", warning.format())
-    errors = [v for v in violations if v.severity == "error"]
-    if errors:
-        error_type = (
-            CommOverlapConfigError
-            if any(v in overlap_violations for v in errors)
-            else ConfigValidationError
-        )
-        raise error_type(errors)
-    run_megatron_post_init(cfg)
-    return cfg
+    """The finalized copy of ``cfg``; raises the typed error listing every problem."""
+    return resolve_config(cfg, world_size, ctx).raise_for_errors().config
 
 
-def run_megatron_post_init(cfg: "ConfigContainer") -> None:
-    """Run megatron-core's deferred checks; turn its bare ``assert``s into a typed error."""
+def run_megatron_post_init(cfg: "ConfigContainer") -> Optional[Violation]:
+    """Run megatron-core's deferred checks on ``cfg``; its bare ``assert``s become a violation."""
     try:
         cfg.model.finalize()
     except (AssertionError, ValueError) as exc:
-        raise ConfigValidationError(
-            [
-                Violation(
-                    rule="megatron-core-post-init",
-                    fields=("model",),
-                    values=(type(cfg.model).__name__,),
-                    message=f"megatron-core rejected the model config: {exc}",
-                    fix="change the model fields named in the message",
-                )
-            ]
-        ) from exc
+        return Violation(
+            rule="megatron-core-post-init",
+            fields=("model",),
+            values=(type(cfg.model).__name__,),
+            message=f"megatron-core rejected the model config: {exc}",
+            fix="change the model fields named in the message",
+        )
+    return None

@@ -1,36 +1,30 @@
-"""Flex token-dispatcher backends (DeepEP, HybridEP): selection and validation against a target GPU.
+"""Flex token-dispatcher backends (DeepEP, HybridEP): one support table, the rules, and selection.
 
-The target GPU comes from the caller (the harness's ``-g`` GPU type, e.g. ``h100`` or ``gb200``),
-else from the visible GPU, else it is unknown and only GPU-independent checks run (a dry run on a
-CPU login node must not fail because the login node has no GPU).
+:data:`FLEX_BACKEND_SUPPORT` says which GPUs each backend runs on. Everything else reads it: the
+rules in :data:`FLEX_RULES` (which ``cfg.validate()`` checks against the target GPU, the harness's
+``-g``), the selection :func:`apply_flex_dispatcher_backend` (which refuses through the same rules),
+the model field's allowed values, the harness's ``--moe_flex_dispatcher_backend`` choices and the
+docs table. The GPU types themselves are in :mod:`megatron.bridge.training.gpu_catalog`.
 
-Architecture is read from the compute capability, never from a name prefix. The only thing a
-capability cannot tell is a B200/B300 board from a GB200/GB300 NVL72 system (same SM), which is
-why the system name is kept beside it.
-
-The same facts feed ``cfg.validate()``: ``finalize`` puts the target GPU into ``RuleContext``
-and the rules in ``comm_overlap.FLEX_RULES`` call :func:`backend_support`.
+Setting ``moe_flex_dispatcher_backend`` alone does not activate flex dispatch: the dispatcher type
+must be ``flex`` as well. A dispatcher choice therefore sets the fields :func:`dispatcher_fields`
+lists, and a backend without the flex dispatcher is an error (``flex-backend-needs-flex-dispatcher``).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import re
-import shutil
-import subprocess
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import Any, Literal, Optional
 
+from megatron.bridge.training import gpu_catalog
 from megatron.bridge.training.errors import CommOverlapConfigError, Violation
+from megatron.bridge.training.gpu_catalog import GpuTarget, architecture_name, gpu_target_from_context, target_of
+from megatron.bridge.training.rules import Rule, RuleContext
 from megatron.bridge.utils.import_utils import have_deep_ep
-
-if TYPE_CHECKING:
-    from megatron.bridge.training.rules import RuleContext
 
 logger = logging.getLogger(__name__)
 
-FlexBackend = Literal["deepep", "hybridep"]
 Fallback = Optional[Literal["alltoall"]]
 
 
@@ -39,207 +33,193 @@ class FlexDispatcherBackendError(CommOverlapConfigError):
 
 
 @dataclass(frozen=True)
-class GpuType:
-    """A GPU type the harness's ``-g`` accepts."""
+class BackendSupport:
+    """Where one flex backend runs: capability majors, and whether GB200/GB300 NVL72 systems count."""
 
     name: str
-    capability: tuple[int, int]
-    architecture: str
-    nvl72: bool = False
-    """Part of a GB200/GB300 NVL72 rack-scale system (multi-node NVLink domain)."""
-
-
-GPU_TYPES: dict[str, GpuType] = {
-    "a100": GpuType("a100", (8, 0), "Ampere"),
-    "h100": GpuType("h100", (9, 0), "Hopper"),
-    "h200": GpuType("h200", (9, 0), "Hopper"),
-    "b200": GpuType("b200", (10, 0), "Blackwell"),
-    # B300/GB300 (Blackwell Ultra) report compute capability 10.3 (sm_103).
-    "b300": GpuType("b300", (10, 3), "Blackwell"),
-    "gb200": GpuType("gb200", (10, 0), "Blackwell", nvl72=True),
-    "gb300": GpuType("gb300", (10, 3), "Blackwell", nvl72=True),
-}
-"""``-g`` GPU types. B300/GB300 are listed as (10, 3): that is what the chips report."""
-
-
-@dataclass(frozen=True)
-class GpuTarget:
-    """The GPU a run is validated for, and where that knowledge came from."""
-
-    capability: Optional[tuple[int, int]] = None
-    name: Optional[str] = None
-    nvl72: Optional[bool] = None
-    """``None``: unknown (a Blackwell capability without a system name)."""
-    source: str = "unknown"
-    """``argument``, ``visible GPU`` or ``unknown``."""
-
-    @property
-    def known(self) -> bool:
-        """Whether anything is known about the target."""
-        return self.capability is not None
-
-    @property
-    def architecture(self) -> Optional[str]:
-        """Ampere/Hopper/Blackwell/... from the capability major."""
-        if self.capability is None:
-            return None
-        return {8: "Ampere", 9: "Hopper", 10: "Blackwell", 12: "Blackwell (consumer)"}.get(
-            self.capability[0], f"sm_{self.capability[0]}{self.capability[1]}"
-        )
+    label: str
+    majors: tuple[int, ...]
+    nvl72: bool
+    """Runs on GB200/GB300 NVL72 systems (same capability as B200/B300 boards)."""
 
     def describe(self) -> str:
-        """For messages: ``gb200 (10.0, Blackwell, NVL72; argument)``."""
-        if not self.known:
-            return "unknown (no GPU type given and no visible GPU)"
-        major, minor = self.capability
-        system = {True: ", NVL72", False: "", None: ", NVL72 unknown"}[self.nvl72]
-        label = self.name or "GPU"
-        return f"{label} ({major}.{minor}, {self.architecture}{system}; {self.source})"
+        """``DeepEP: Ampere, Hopper, Blackwell B200/B300 (not GB200/GB300 NVL72)``."""
+        archs = ", ".join(architecture_name(m) for m in self.majors)
+        systems = "incl. GB200/GB300 NVL72" if self.nvl72 else "B200/B300 (not GB200/GB300 NVL72)"
+        return f"{self.label}: {archs} {systems}"
 
-
-_NVL72_NAME = re.compile(r"\bgb[23]00\b")
-
-
-def gpu_type(name: str) -> Optional[GpuType]:
-    """The table entry for a ``-g`` value or a device name (``"NVIDIA GB200"`` -> ``gb200``)."""
-    key = name.strip().lower()
-    if key in GPU_TYPES:
-        return GPU_TYPES[key]
-    for token in re.findall(r"[a-z]+\d+", key):
-        if token in GPU_TYPES:
-            return GPU_TYPES[token]
-    return None
-
-
-def _nvl72_from_name(name: Optional[str], capability: tuple[int, int]) -> Optional[bool]:
-    if capability[0] != 10:
-        return False
-    if not name:
-        return None
-    entry = gpu_type(name)
-    if entry is not None:
-        return entry.nvl72
-    return bool(_NVL72_NAME.search(name.lower())) or None
-
-
-def visible_gpu() -> tuple[Optional[tuple[int, int]], Optional[str]]:
-    """Capability and name of GPU 0, or ``(None, None)`` on a machine without a usable GPU.
-
-    Validation runs before training sets ``CUDA_DEVICE_MAX_CONNECTIONS``, which CUDA reads when it
-    initialises; so unless CUDA is already initialised, ask ``nvidia-smi`` rather than torch.
-    """
-    return _probe_visible_gpu()
-
-
-@functools.cache
-def _probe_visible_gpu() -> tuple[Optional[tuple[int, int]], Optional[str]]:
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return None, None
-        if not torch.cuda.is_initialized():
-            found = _query_nvidia_smi()
-            if found[0] is not None:
-                return found
-        return tuple(torch.cuda.get_device_capability(0)), torch.cuda.get_device_name(0)
-    except Exception:  # a broken driver is "no GPU" for validation purposes
-        return None, None
-
-
-def _query_nvidia_smi() -> tuple[Optional[tuple[int, int]], Optional[str]]:
-    """``(capability, name)`` of GPU 0 from ``nvidia-smi`` (does not initialise CUDA here)."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None, None
-    try:
-        out = subprocess.run(
-            [exe, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=True,
-        ).stdout
-        return parse_nvidia_smi(out)
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-
-
-def parse_nvidia_smi(text: str) -> tuple[Optional[tuple[int, int]], Optional[str]]:
-    """Parse ``NVIDIA H100 80GB HBM3, 9.0`` (first line) into ``((9, 0), "NVIDIA H100 80GB HBM3")``."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines or "," not in lines[0]:
-        return None, None
-    name, _, cap = lines[0].rpartition(",")
-    major, _, minor = cap.strip().partition(".")
-    if not (major.isdigit() and minor.isdigit()):
-        return None, None
-    return (int(major), int(minor)), name.strip()
-
-
-def resolve_gpu_target(
-    device_capability: Optional[tuple[int, int]] = None,
-    device_name: Optional[str] = None,
-    *,
-    detect: bool = True,
-) -> GpuTarget:
-    """The target GPU: from the arguments, else the visible GPU (when ``detect``), else unknown.
-
-    ``device_name`` may be a ``-g`` type (``h100``) or a device name (``NVIDIA H100 80GB HBM3``);
-    an explicit ``device_capability`` wins over the table's.
-    """
-    source = "argument"
-    if device_capability is None and device_name is None and detect:
-        device_capability, device_name = visible_gpu()
-        source = "visible GPU"
-    entry = gpu_type(device_name) if device_name else None
-    capability = tuple(device_capability) if device_capability is not None else (
-        entry.capability if entry else None
-    )
-    if capability is None:
-        return GpuTarget(name=device_name, source="unknown")
-    label = entry.name if entry else device_name
-    return GpuTarget(capability, label, _nvl72_from_name(device_name, capability), source)
-
-
-def gpu_target_from_context(ctx: "RuleContext") -> GpuTarget:
-    """The target described by a ``RuleContext`` (``finalize`` already chose argument vs visible)."""
-    return resolve_gpu_target(ctx.device_capability, ctx.device_name, detect=False)
-
-
-def _deepep_support(target: GpuTarget) -> tuple[Optional[bool], str]:
-    major = target.capability[0]
-    if major in (8, 9):
-        return True, f"DeepEP supports {target.architecture}"
-    if major == 10:
+    def support(self, target: GpuTarget) -> tuple[Optional[bool], str]:
+        """``True``/``False``, or ``None`` when the target cannot tell (Blackwell of unknown system)."""
+        if not target.known:
+            return None, "target GPU unknown: support not checked"
+        arch = target.architecture
+        if target.capability[0] not in self.majors:
+            return False, f"{self.describe()}; not {arch}"
+        if self.nvl72 or target.nvl72 is False:
+            return True, f"{self.label} supports {arch}" + (" incl. NVL72" if target.nvl72 else "")
         if target.nvl72 is None:
-            return None, "DeepEP supports B200/B300 but not GB200/GB300 NVL72; which one is unknown"
-        if target.nvl72:
-            return False, "DeepEP does not support GB200/GB300 NVL72 systems (use hybridep)"
-        return True, "DeepEP supports B200/B300"
-    return False, f"DeepEP supports Ampere, Hopper and B200/B300, not {target.architecture}"
+            return None, f"{self.describe()}; whether the target is an NVL72 system is unknown"
+        return False, f"{self.label} does not support GB200/GB300 NVL72 systems ({self.describe()})"
 
 
-def _hybridep_support(target: GpuTarget) -> tuple[Optional[bool], str]:
-    major = target.capability[0]
-    if major in (8, 9, 10):
-        return True, f"HybridEP supports {target.architecture}"
-    return False, f"HybridEP supports Ampere, Hopper and Blackwell, not {target.architecture}"
+FLEX_BACKEND_SUPPORT: dict[str, BackendSupport] = {
+    "deepep": BackendSupport("deepep", "DeepEP", (8, 9, 10), nvl72=False),
+    "hybridep": BackendSupport("hybridep", "HybridEP", (8, 9, 10), nvl72=True),
+}
+"""Flex backend -> the GPUs it supports. The only place backend names are defined."""
 
-
-BACKEND_SUPPORT = {"deepep": _deepep_support, "hybridep": _hybridep_support}
-"""Backend -> ``support(target) -> (True | False | None, reason)``; ``None`` means cannot tell."""
+FLEX_BACKENDS: tuple[str, ...] = tuple(FLEX_BACKEND_SUPPORT)
+FlexBackend = Literal[FLEX_BACKENDS]  # type: ignore[valid-type]
 
 
 def backend_support(backend: Optional[str], target: GpuTarget) -> tuple[Optional[bool], str]:
     """Whether ``backend`` runs on ``target``: ``True``, ``False``, or ``None`` when unknown."""
-    if backend not in BACKEND_SUPPORT:
+    if backend not in FLEX_BACKEND_SUPPORT:
         return None, f"no GPU-support table for backend {backend!r}"
-    if not target.known:
-        return None, "target GPU unknown: support not checked"
-    return BACKEND_SUPPORT[backend](target)
+    return FLEX_BACKEND_SUPPORT[backend].support(target)
 
 
-def _violation(rule: str, fields: tuple[str, ...], values: tuple[Any, ...], message: str, fix: str,
-               severity: str = "error") -> Violation:
-    return Violation(rule, fields, values, message, fix, severity)
+def dispatcher_fields(backend: Optional[str]) -> dict[str, Any]:
+    """Model fields of a dispatcher choice: a flex backend, or ``None`` for plain ``alltoall``.
+
+    A flex backend also turns shared-expert overlap off, as the upstream selection does.
+    """
+    if backend is None:
+        return {"moe_token_dispatcher_type": "alltoall", "moe_flex_dispatcher_backend": None}
+    return {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": backend, "moe_shared_expert_overlap": False}
+
+
+# --------------------------------------------------------------------------------------------
+# Rules (read by cfg.validate() through the overlap rules table, and by the selection below)
+
+
+def _flex(cfg: Any) -> bool:
+    return cfg.model.moe_token_dispatcher_type == "flex"
+
+
+def _backend_known(cfg: Any) -> bool:
+    return _flex(cfg) and cfg.model.moe_flex_dispatcher_backend in FLEX_BACKEND_SUPPORT
+
+
+def _support(cfg: Any, ctx: RuleContext) -> tuple[Optional[bool], str]:
+    return backend_support(cfg.model.moe_flex_dispatcher_backend, gpu_target_from_context(ctx))
+
+
+def _gpu_text(ctx: RuleContext) -> str:
+    return gpu_target_from_context(ctx).describe()
+
+
+def _deep_ep_text(ctx: RuleContext) -> str:
+    return {True: "importable", False: "not importable", None: "unknown"}[ctx.deep_ep_available]
+
+
+def _host_text(ctx: RuleContext) -> str:
+    return "GPU host" if ctx.cuda_available else "CPU host (dry run)"
+
+
+_PLAIN_ALLTOALL = "plain alltoall (moe_flex_dispatcher_backend=null; harness: --moe_flex_dispatcher_backend None)"
+_SUPPORT_TEXT = "; ".join(b.describe() for b in FLEX_BACKEND_SUPPORT.values())
+_NVL72_BACKENDS = " or ".join(b.name for b in FLEX_BACKEND_SUPPORT.values() if b.nvl72)
+
+FLEX_RULES: tuple[Rule, ...] = (
+    Rule(
+        id="flex-backend-known",
+        group="flex-dispatcher",
+        fields=("model.moe_flex_dispatcher_backend",),
+        applies=lambda cfg, ctx: cfg.model.moe_flex_dispatcher_backend is not None,
+        holds=lambda cfg, ctx: cfg.model.moe_flex_dispatcher_backend in FLEX_BACKEND_SUPPORT,
+        message="unknown flex dispatcher backend (only backends with a GPU-support table are accepted)",
+        fix=f"use one of {', '.join(FLEX_BACKENDS)}, or {_PLAIN_ALLTOALL}",
+    ),
+    Rule(
+        id="flex-backend-needs-flex-dispatcher",
+        group="flex-dispatcher",
+        fields=("model.moe_flex_dispatcher_backend", "model.moe_token_dispatcher_type"),
+        applies=lambda cfg, ctx: cfg.model.moe_flex_dispatcher_backend is not None,
+        holds=lambda cfg, ctx: _flex(cfg),
+        message="a flex backend does nothing while the dispatcher is not flex: megatron-core reads the "
+        "backend only inside the flex dispatcher",
+        fix="set model.moe_token_dispatcher_type=flex (or use --moe_flex_dispatcher_backend, which "
+        "sets both), or model.moe_flex_dispatcher_backend=null for plain alltoall",
+    ),
+    Rule(
+        id="flex-dispatcher-needs-backend",
+        group="flex-dispatcher",
+        fields=("model.moe_token_dispatcher_type", "model.moe_flex_dispatcher_backend"),
+        applies=lambda cfg, ctx: _flex(cfg),
+        holds=lambda cfg, ctx: cfg.model.moe_flex_dispatcher_backend is not None,
+        message="the flex dispatcher needs an explicit backend (no hidden megatron-core default)",
+        fix=f"set model.moe_flex_dispatcher_backend to one of {', '.join(FLEX_BACKENDS)}",
+    ),
+    Rule(
+        id="flex-backend-supported-on-gpu",
+        group="flex-dispatcher",
+        fields=("model.moe_flex_dispatcher_backend",),
+        applies=lambda cfg, ctx: _backend_known(cfg),
+        holds=lambda cfg, ctx: _support(cfg, ctx)[0] is not False,
+        message=f"this flex backend does not support the target GPU ({_SUPPORT_TEXT})",
+        fix=f"choose a backend that supports the target GPU ({_NVL72_BACKENDS} on GB200/GB300), or {_PLAIN_ALLTOALL}",
+        extra_values=(("target_gpu", _gpu_text),),
+    ),
+    Rule(
+        id="flex-backend-gpu-not-checked",
+        group="flex-dispatcher",
+        severity="warning",
+        fields=("model.moe_flex_dispatcher_backend",),
+        applies=lambda cfg, ctx: _backend_known(cfg),
+        holds=lambda cfg, ctx: _support(cfg, ctx)[0] is not None,
+        message="backend support on the target GPU could not be decided (no GPU type given and no "
+        "visible GPU, or a Blackwell capability without the system name)",
+        fix="pass the GPU type (-g h100/b200/gb200...) to validate against the cluster's GPUs",
+        extra_values=(("target_gpu", _gpu_text),),
+        derived_values=(("support", lambda cfg, ctx: _support(cfg, ctx)[1]),),
+    ),
+    Rule(
+        id="flex-needs-deep-ep",
+        group="flex-dispatcher",
+        fields=("model.moe_token_dispatcher_type", "model.moe_flex_dispatcher_backend"),
+        applies=lambda cfg, ctx: _backend_known(cfg) and bool(ctx.cuda_available),
+        holds=lambda cfg, ctx: ctx.deep_ep_available is not False,
+        message="the flex dispatcher backends need the deep_ep package, which does not import here",
+        fix="install DeepEP on the GPU machines (see https://github.com/deepseek-ai/DeepEP, hybrid-ep "
+        f"branch for hybridep), or use {_PLAIN_ALLTOALL}",
+        extra_values=(("deep_ep", _deep_ep_text), ("host", _host_text)),
+    ),
+    Rule(
+        id="flex-deep-ep-not-checked-on-cpu-host",
+        group="flex-dispatcher",
+        severity="warning",
+        fields=("model.moe_token_dispatcher_type", "model.moe_flex_dispatcher_backend"),
+        applies=lambda cfg, ctx: _backend_known(cfg) and not ctx.cuda_available,
+        holds=lambda cfg, ctx: ctx.deep_ep_available is not False,
+        message="note: deep_ep does not import on this CPU host; the GPU machines must have it",
+        fix="make sure DeepEP is installed where the job runs",
+        extra_values=(("deep_ep", _deep_ep_text), ("host", _host_text)),
+    ),
+)
+"""Flex-dispatcher prerequisites, evaluated against the target GPU of a ``RuleContext``."""
+
+
+# --------------------------------------------------------------------------------------------
+# Python API on a bare model config
+
+
+@dataclass
+class _ModelOnly:
+    """Lets the config-level rules read a bare model config (``cfg.model.<field>``)."""
+
+    model: Any
+
+
+@dataclass
+class _ModelWith:
+    """A model config seen with some fields replaced (the choice being checked), unchanged itself."""
+
+    base: Any
+    fields: dict[str, Any]
+
+    def __getattr__(self, name: str) -> Any:
+        return self.fields[name] if name in self.fields else getattr(self.base, name)
 
 
 def flex_dispatcher_violations(
@@ -254,11 +234,8 @@ def flex_dispatcher_violations(
     ``gpu_host``: whether this process runs on a GPU machine (default: a GPU is visible). A missing
     ``deep_ep`` is an error there and a note on a CPU host (dry run).
     """
-    from megatron.bridge.training.comm_overlap import FLEX_RULES
-    from megatron.bridge.training.rules import RuleContext
-
     if gpu_host is None:
-        gpu_host = visible_gpu()[0] is not None
+        gpu_host = gpu_catalog.visible_gpu()[0] is not None
     if deep_ep_available is None:
         deep_ep_available = have_deep_ep()
     ctx = RuleContext(
@@ -269,13 +246,6 @@ def flex_dispatcher_violations(
     )
     shim = _ModelOnly(model_config)
     return [v for v in (rule.check(shim, ctx) for rule in FLEX_RULES) if v is not None]
-
-
-@dataclass
-class _ModelOnly:
-    """Lets the config-level rules read a bare model config (``cfg.model.<field>``)."""
-
-    model: Any
 
 
 def validate_flex_dispatcher_backend(
@@ -289,7 +259,7 @@ def validate_flex_dispatcher_backend(
     Call it before the model is built: megatron-core only notices a missing ``deep_ep`` when it
     builds the MoE layer.
     """
-    target = resolve_gpu_target(device_capability, device_name)
+    target = gpu_catalog.resolve_gpu_target(device_capability, device_name)
     found = flex_dispatcher_violations(model_config, target)
     errors = [v for v in found if v.severity == "error"]
     if errors:
@@ -307,75 +277,44 @@ def apply_flex_dispatcher_backend(
     device_name: Optional[str] = None,
     fallback: Fallback = None,
 ) -> Optional[str]:
-    """Select a dispatcher backend on ``model_config``; return the backend in effect (``None`` = alltoall).
+    """Select a dispatcher on ``model_config``; return the backend in effect (``None`` = alltoall).
 
-    A backend sets dispatcher ``flex``, the backend and ``moe_shared_expert_overlap=False``;
-    ``None`` sets plain ``alltoall``. A backend the target GPU does not support raises
-    ``FlexDispatcherBackendError`` unless ``fallback="alltoall"``, which is then logged.
+    Sets the fields of :func:`dispatcher_fields`. The choice is checked with :data:`FLEX_RULES` for
+    the target GPU (``deep_ep`` is checked by ``validate``, where the job runs): a backend the GPU
+    does not support raises ``FlexDispatcherBackendError`` naming the rule, unless
+    ``fallback="alltoall"``, which then selects plain alltoall and logs why.
     """
     if fallback not in (None, "alltoall"):
         raise ValueError(f"fallback must be None or 'alltoall', got {fallback!r}")
-    if moe_flex_dispatcher_backend is None:
-        _set_alltoall(model_config)
-        return None
-    if moe_flex_dispatcher_backend not in BACKEND_SUPPORT:
-        raise FlexDispatcherBackendError(
-            [
-                _violation(
-                    "flex-backend-known",
-                    ("model.moe_flex_dispatcher_backend",),
-                    (moe_flex_dispatcher_backend,),
-                    "unknown flex dispatcher backend",
-                    f"use one of {sorted(BACKEND_SUPPORT)} or None (plain alltoall)",
-                )
-            ]
-        )
-    target = resolve_gpu_target(device_capability, device_name)
-    supported, reason = backend_support(moe_flex_dispatcher_backend, target)
-    if supported is False:
-        if fallback == "alltoall":
-            logger.warning(
-                "flex backend %s refused on %s (%s); falling back to plain alltoall as requested",
-                moe_flex_dispatcher_backend, target.describe(), reason,
-            )
-            _set_alltoall(model_config)
-            return None
-        raise FlexDispatcherBackendError(
-            [
-                _violation(
-                    "flex-backend-supported-on-gpu",
-                    ("model.moe_flex_dispatcher_backend", "target_gpu"),
-                    (moe_flex_dispatcher_backend, target.describe()),
-                    reason,
-                    "use hybridep on GB200/GB300, plain alltoall (None), or pass fallback='alltoall'",
-                )
-            ]
-        )
-    if supported is None:
-        logger.warning("flex backend %s: %s; validate again with the GPU type", moe_flex_dispatcher_backend, reason)
-    if getattr(model_config, "moe_shared_expert_overlap", False):
-        logger.warning("flex backend %s: turning moe_shared_expert_overlap off", moe_flex_dispatcher_backend)
-    model_config.moe_token_dispatcher_type = "flex"
-    model_config.moe_flex_dispatcher_backend = moe_flex_dispatcher_backend
-    model_config.moe_shared_expert_overlap = False
-    return moe_flex_dispatcher_backend
-
-
-def _set_alltoall(model_config: Any) -> None:
-    model_config.moe_token_dispatcher_type = "alltoall"
-    model_config.moe_flex_dispatcher_backend = None
+    choice = dispatcher_fields(moe_flex_dispatcher_backend)
+    target = gpu_catalog.resolve_gpu_target(device_capability, device_name)
+    found = flex_dispatcher_violations(_ModelWith(model_config, choice), target, deep_ep_available=True)
+    errors = [v for v in found if v.severity == "error"]
+    if errors and fallback == "alltoall" and all(v.rule == "flex-backend-supported-on-gpu" for v in errors):
+        logger.warning("flex dispatcher: %s\nfalling back to plain alltoall as requested", errors[0].format())
+        choice, found, errors = dispatcher_fields(None), [], []
+    if errors:
+        raise FlexDispatcherBackendError(errors, title="flex dispatcher cannot run as requested")
+    for note in found:
+        logger.warning("flex dispatcher: %s", note.format())
+    for name, value in choice.items():
+        setattr(model_config, name, value)
+    return choice["moe_flex_dispatcher_backend"]
 
 
 def render_support_table() -> str:
     """Markdown table of GPU types x backends, for the docs page."""
-    header = "| `-g` | capability | architecture | NVL72 | deepep | hybridep |\n|---|---|---|---|---|---|\n"
+    names = list(FLEX_BACKEND_SUPPORT)
+    header = (
+        "| `-g` | capability | architecture | NVL72 | " + " | ".join(names) + " |\n"
+        + "|---|---|---|---|" + "---|" * len(names) + "\n"
+    )
     rows = []
-    for entry in GPU_TYPES.values():
-        target = GpuTarget(entry.capability, entry.name, entry.nvl72, "argument")
-        cells = ["yes" if backend_support(b, target)[0] else "no" for b in BACKEND_SUPPORT]
+    for entry in gpu_catalog.GPU_TYPES.values():
+        cells = ["yes" if backend_support(b, target_of(entry))[0] else "no" for b in names]
         major, minor = entry.capability
         rows.append(
             f"| `{entry.name}` | {major}.{minor} | {entry.architecture} | "
-            f"{'yes' if entry.nvl72 else 'no'} | {cells[0]} | {cells[1]} |"
+            f"{'yes' if entry.nvl72 else 'no'} | " + " | ".join(cells) + " |"
         )
     return header + "\n".join(rows) + "\n"

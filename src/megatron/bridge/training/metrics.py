@@ -1,6 +1,6 @@
 """Per-iteration console lines, progress, ``summary.json`` and optional TensorBoard events (rank 0).
 
-The steady-state window is 1-based and inclusive (iterations 3-8 by default, the reference's
+The steady-state window is 1-based and inclusive (iterations 3-8 by default, Megatron-Bridge's
 method): early iterations include one-off costs (allocator warm-up, first-touch, compile).
 """
 

@@ -1,12 +1,14 @@
 """Named precision recipes. ``cfg.mixed_precision`` owns the precision flags of model, optimizer and DDP.
 
-The flags on the model/optimizer/DDP configs are derived from the name when the tree is finalized.
+The flags on the model/optimizer/DDP configs (:data:`PRECISION_TARGETS`) are derived from the name
+when the tree is finalized. ``mixed_precision=None`` means no recipe: the flags are the user's own
+and stand as set (as in upstream Megatron-Bridge).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -47,22 +49,43 @@ MIXED_PRECISION_RECIPES: dict[str, MixedPrecisionRecipe] = {
 }
 
 
-def mixed_precision_recipe(name: str) -> Optional[MixedPrecisionRecipe]:
-    """The recipe for ``name``, or ``None`` when unknown (a validation rule reports that)."""
-    return MIXED_PRECISION_RECIPES.get(name)
+PRECISION_TARGETS: dict[str, str] = {
+    "model.bf16": "bf16",
+    "model.fp16": "fp16",
+    "model.params_dtype": "params_dtype",
+    "model.pipeline_dtype": "params_dtype",
+    "model.fp8": "fp8",
+    "model.fp8_recipe": "fp8_recipe",
+    "optimizer.bf16": "bf16",
+    "optimizer.fp16": "fp16",
+    "optimizer.params_dtype": "params_dtype",
+    "ddp.grad_reduce_in_fp32": "grad_reduce_in_fp32",
+}
+"""Field a recipe sets -> the recipe attribute it takes."""
+
+LEFT_TO_USER = object()
+"""What :func:`precision_value` returns for a field the recipe does not set."""
+
+
+def mixed_precision_recipe(name: Optional[str]) -> Optional[MixedPrecisionRecipe]:
+    """The recipe for ``name``, or ``None`` for no recipe or an unknown name (a rule reports that)."""
+    return MIXED_PRECISION_RECIPES.get(name) if name is not None else None
+
+
+def precision_value(name: Optional[str], target: str) -> Any:
+    """What recipe ``name`` sets ``target`` to, or :data:`LEFT_TO_USER`: no recipe (``None``, or an
+    unknown name), or ``fp8_recipe`` under a recipe without FP8."""
+    recipe = mixed_precision_recipe(name)
+    if recipe is None:
+        return LEFT_TO_USER
+    value = getattr(recipe, PRECISION_TARGETS[target])
+    return LEFT_TO_USER if value is None and target == "model.fp8_recipe" else value
 
 
 def apply_mixed_precision(cfg: "ConfigContainer") -> None:
     """Derive the precision flags of ``cfg.model``, ``cfg.optimizer`` and ``cfg.ddp`` from the name."""
-    recipe = mixed_precision_recipe(cfg.mixed_precision)
-    if recipe is None:
-        return
-    for target in (cfg.model, cfg.optimizer):
-        target.bf16 = recipe.bf16
-        target.fp16 = recipe.fp16
-        target.params_dtype = recipe.params_dtype
-    cfg.model.pipeline_dtype = recipe.params_dtype
-    cfg.model.fp8 = recipe.fp8
-    if recipe.fp8_recipe is not None:
-        cfg.model.fp8_recipe = recipe.fp8_recipe
-    cfg.ddp.grad_reduce_in_fp32 = recipe.grad_reduce_in_fp32
+    for target in PRECISION_TARGETS:
+        value = precision_value(cfg.mixed_precision, target)
+        if value is not LEFT_TO_USER:
+            holder, _, name = target.rpartition(".")
+            setattr(getattr(cfg, holder), name, value)

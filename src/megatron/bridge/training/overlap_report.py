@@ -1,30 +1,25 @@
 """Start-up overlap report: which overlap features are active, which were refused and why.
 
-The training start-up logs ``build_overlap_report(resolved_cfg).format()`` so that a clean start-up
-confirms the feature is on (the SPEC's "verification"), and sets ``CUDA_DEVICE_MAX_CONNECTIONS``
-from ``report.cuda_device_max_connections`` before CUDA initialises. ``--dryrun`` prints the same
-report on a CPU host; there it may also list refused features (the config would not validate).
+Every resolution (``finalize.resolve_config``) carries one report. The training start-up logs
+``report.format()``, so that a clean start-up confirms the feature is on, and sets
+``CUDA_DEVICE_MAX_CONNECTIONS`` from ``report.cuda_device_max_connections`` before CUDA
+initialises. ``--dryrun`` prints the same report on a CPU host; a report on a config that does not
+validate lists the refused features and why.
 """
 
 from __future__ import annotations
 
-import copy
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
-from megatron.bridge.training.comm_overlap import (
-    OVERLAP_RULES,
-    CommOverlapConfig,
-    EffectiveValue,
-    resolved_layer_spec,
-    resolve_comm_overlap,
-    resolve_overlap_values,
-)
 from megatron.bridge.training.errors import Violation
-from megatron.bridge.training.flex_dispatcher_backend import gpu_target_from_context
-from megatron.bridge.training.mixed_precision import apply_mixed_precision
-from megatron.bridge.training.rules import RuleContext, te_version_text
+from megatron.bridge.training.gpu_catalog import gpu_target_from_context
+from megatron.bridge.training.overlap.facts import resolved_layer_spec
+from megatron.bridge.training.overlap.resolution import EffectiveValue
+from megatron.bridge.training.overlap.rules import OVERLAP_RULES
+from megatron.bridge.training.ownership import OWNERSHIP_RULE_IDS, concerns_overlap
+from megatron.bridge.training.rules import RuleContext, read_field, te_version_text
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -193,21 +188,15 @@ def _jsonable(value: Any) -> Any:
     return value if isinstance(value, (bool, int, float, str, type(None))) else repr(value)
 
 
-def _switch_value(cfg: "ConfigContainer", switch: str) -> Any:
-    from megatron.bridge.training.rules import read_field
-
-    return read_field(cfg, switch)
-
-
 def _requested(cfg: "ConfigContainer", spec: FeatureSpec) -> bool:
-    if spec.name == "flex_dispatcher":  # a backend alone is a (refused) request too: pitfall 3
+    if spec.name == "flex_dispatcher":  # a backend without the flex dispatcher is a (refused) request too
         return cfg.model.moe_token_dispatcher_type == "flex" or cfg.model.moe_flex_dispatcher_backend is not None
-    return bool(_switch_value(cfg, spec.switch))
+    return bool(read_field(cfg, spec.switch))
 
 
 def _belongs(v: Violation, spec: FeatureSpec) -> bool:
     return _GROUP_OF.get(v.rule) in spec.groups or (
-        v.rule.startswith("overlap-") and spec.switch in v.fields
+        (v.rule.startswith("overlap-") or v.rule in OWNERSHIP_RULE_IDS) and spec.switch in v.fields
     )
 
 
@@ -267,34 +256,24 @@ def _layer_spec_text(cfg: "ConfigContainer", ctx: RuleContext) -> str:
     return f"layer spec: {resolved_layer_spec(cfg, ctx)} (auto, Transformer Engine {te_version_text(ctx)})"
 
 
-def build_overlap_report(
-    cfg: "ConfigContainer", ctx: Optional[RuleContext] = None
+def report_from(
+    cfg: "ConfigContainer", effective: dict[str, EffectiveValue], violations: list[Violation], ctx: RuleContext
 ) -> OverlapReport:
-    """Report on ``cfg`` (resolved or not; it is not changed) for the machine ``ctx`` describes.
-
-    ``ctx`` defaults to this machine with ``cfg.dist.target_gpu`` as the target GPU.
-    """
-    from megatron.bridge.training.finalize import default_rule_context
-
-    ctx = ctx or default_rule_context(target_gpu=getattr(cfg.dist, "target_gpu", None))
-    work = copy.deepcopy(cfg)
-    if work.comm_overlap is None:
-        work.comm_overlap = CommOverlapConfig()
-    effective, _ = resolve_overlap_values(work, ctx)
-    apply_mixed_precision(work)
-    violations = resolve_comm_overlap(work, ctx)
-    features = _feature_states(work, effective, violations)
+    """The report on a resolved ``cfg`` (``finalize.resolve_config`` builds it once per resolution):
+    ``effective`` are its overlap values, ``violations`` everything its rules found."""
+    violations = [v for v in violations if v.rule in _GROUP_OF or concerns_overlap(v)]
+    features = _feature_states(cfg, effective, violations)
     states = {f.name: f for f in features}
     need, why, conflict = _max_connections(
-        work, ctx, states["moe_ep_overlap"].active, states["tp_comm_overlap"].active
+        cfg, ctx, states["moe_ep_overlap"].active, states["tp_comm_overlap"].active
     )
-    dispatcher = work.model.moe_token_dispatcher_type
+    dispatcher = cfg.model.moe_token_dispatcher_type
     return OverlapReport(
         features=features,
         dispatcher=dispatcher,
-        flex_backend=work.model.moe_flex_dispatcher_backend if dispatcher == "flex" else None,
+        flex_backend=cfg.model.moe_flex_dispatcher_backend if dispatcher == "flex" else None,
         target_gpu=gpu_target_from_context(ctx).describe(),
-        layer_spec=_layer_spec_text(work, ctx),
+        layer_spec=_layer_spec_text(cfg, ctx),
         transformer_engine=te_version_text(ctx),
         cuda_device_max_connections=need,
         cuda_device_max_connections_reason=why,

@@ -2,8 +2,9 @@
 
 Order of work, chosen so that mistakes cost seconds, not a cluster allocation:
 
-1. ``cfg.validate()`` (every rule, no process group, no CUDA);
-2. the overlap report; the platform (``platform.py``: GPUs or CPU smoke mode) prepares the
+1. ``cfg.resolve()``: one resolution with every rule checked and the overlap report (no process
+   group, no CUDA);
+2. the platform (``platform.py``: GPUs or CPU smoke mode) prepares the
    process: ``CUDA_DEVICE_MAX_CONNECTIONS`` from the report *before* CUDA initialises (in CPU
    smoke mode instead: the CPU compatibility layer, loudly);
 3. ``torch.distributed`` from the torchrun/SLURM environment, megatron's parallel groups sized from
@@ -41,11 +42,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["PretrainResult", "TrainState", "Trainer", "pretrain"]
 
 
-def overlap_report(resolved: "ConfigContainer") -> "OverlapReport":
-    """The start-up overlap report (what is active, what was refused, connections needed)."""
-    from megatron.bridge.training.overlap_report import build_overlap_report
-
-    return build_overlap_report(resolved)
 
 
 @dataclass
@@ -68,8 +64,8 @@ def pretrain(
     ``verbose`` prints the full overlap report at start-up instead of its brief form.
     """
     env = initialize.launch_env()
-    resolved = cfg.validate(world_size=env.world_size)  # before any process group or CUDA work
-    report = overlap_report(resolved)
+    resolution = cfg.resolve(world_size=env.world_size)  # once, before any process group or CUDA work
+    resolved, report = resolution.config, resolution.report
     platform = select_platform(resolved)
     platform.prepare_process(report)
 

@@ -7,6 +7,7 @@ GPU, the world size), so a CPU login node can validate against the cluster's GPU
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
 from dataclasses import dataclass, field
@@ -52,6 +53,20 @@ TE_VERSION_VALUE: tuple[tuple[str, Callable[[RuleContext], Any]], ...] = (
 def read_field(cfg: Any, dotted: str) -> Any:
     """Value at a dotted path such as ``model.num_moe_experts``."""
     return functools.reduce(getattr, dotted.split("."), cfg)
+
+
+def field_default(cfg: Any, dotted: str) -> Any:
+    """The dataclass default of the field at ``dotted`` (the holder's own class, so a subclass's
+    preset counts); ``dataclasses.MISSING`` when the field has none."""
+    holder_path, _, name = dotted.rpartition(".")
+    holder = read_field(cfg, holder_path) if holder_path else cfg
+    for f in dataclasses.fields(holder):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+    return dataclasses.MISSING
 
 
 @dataclass(frozen=True)

@@ -1,53 +1,29 @@
-"""General (non-overlap) rules of a run, as data. The overlap rules live in ``comm_overlap``."""
+"""General (non-overlap) rules of a run, as data. The overlap rules live in ``overlap.rules``."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from megatron.bridge.models.gpt_provider import CROSS_ENTROPY_IMPLS
 from megatron.bridge.models.layer_specs import LAYER_SPEC_CHOICES
-from megatron.bridge.training.checkpointing import CheckpointDir, checkpoint_layout, inspect_checkpoint_dir
+from megatron.bridge.training.checkpoint_rules import CHECKPOINT_RULES
+from megatron.bridge.training.layout import (
+    all_within,
+    data_parallel_size,
+    dp_known,
+    expert_parallel_span,
+    layout_within,
+    lr_decay_iters,
+    micro_batches_per_step,
+    model_parallel_size,
+    pipeline_split_layers,
+)
 from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES
-from megatron.bridge.training.ranges import RANGE_RULES, within
+from megatron.bridge.training.ranges import RANGE_RULES
 from megatron.bridge.training.rules import TE_VERSION_VALUE, Rule, RuleContext, read_field
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
-
-
-def model_parallel_size(cfg: "ConfigContainer") -> int:
-    """GPUs one model replica spans (TP x PP x CP)."""
-    m = cfg.model
-    return m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
-
-
-def expert_parallel_span(cfg: "ConfigContainer") -> int:
-    """GPUs one expert replica spans (expert TP x EP x PP)."""
-    m = cfg.model
-    etp = m.expert_tensor_parallel_size or m.tensor_model_parallel_size
-    return etp * m.expert_model_parallel_size * m.pipeline_model_parallel_size
-
-
-def data_parallel_size(cfg: "ConfigContainer", world_size: int) -> Optional[int]:
-    """Data-parallel size for ``world_size`` GPUs, ``None`` when the layout does not divide it."""
-    span = model_parallel_size(cfg)
-    return world_size // span if world_size % span == 0 else None
-
-
-def pipeline_split_layers(cfg: "ConfigContainer") -> int:
-    """Layers the pipeline split counts: decoder layers plus embedding/loss stages when accounted."""
-    m = cfg.model
-    return (
-        m.num_layers
-        + int(m.account_for_embedding_in_pipeline_split)
-        + int(m.account_for_loss_in_pipeline_split)
-    )
-
-
-def lr_decay_iters(cfg: "ConfigContainer") -> int:
-    """Iterations the learning rate decays over (``train.train_iters`` when not set)."""
-    return cfg.scheduler.lr_decay_iters or cfg.train.train_iters
 
 
 def _world(ctx: RuleContext) -> Optional[int]:
@@ -58,8 +34,12 @@ def _has_world(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     return ctx.world_size is not None
 
 
-def _precision(cfg: "ConfigContainer"):
-    return MIXED_PRECISION_RECIPES.get(cfg.mixed_precision)
+def _uses_fp8(cfg: "ConfigContainer") -> bool:
+    """FP8 from the precision recipe, or with ``mixed_precision=null`` from ``model.fp8``."""
+    if cfg.mixed_precision is None:
+        return cfg.model.fp8 is not None
+    recipe = MIXED_PRECISION_RECIPES.get(cfg.mixed_precision)
+    return recipe is not None and recipe.needs_transformer_engine
 
 
 def _window_ok(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
@@ -71,46 +51,38 @@ def _is_moe(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     return bool(cfg.model.num_moe_experts)
 
 
-def _all_within(cfg: "ConfigContainer", ctx: RuleContext, *fields: str) -> bool:
-    """Whether every field is inside its range (rules that compute with it skip it otherwise: its
-    range rule already reports it, and a zero size would divide by zero)."""
-    return all(within(cfg, ctx, f) for f in fields)
-
-
-def _layout_within(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
-    return _all_within(cfg, ctx, *LAYOUT_FIELDS)
-
-
-def _dp_known(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
-    return ctx.world_size is not None and _layout_within(cfg, ctx) and data_parallel_size(cfg, ctx.world_size) is not None
-
-
-LAYOUT_FIELDS: tuple[str, ...] = (
-    "model.tensor_model_parallel_size",
-    "model.pipeline_model_parallel_size",
-    "model.virtual_pipeline_model_parallel_size",
-    "model.context_parallel_size",
-    "model.expert_model_parallel_size",
-    "model.expert_tensor_parallel_size",
-)
-
-
 GENERAL_RULES: tuple[Rule, ...] = (
     Rule(
         id="mixed-precision-known",
         fields=("mixed_precision",),
-        holds=lambda cfg, ctx: cfg.mixed_precision in MIXED_PRECISION_RECIPES,
+        holds=lambda cfg, ctx: cfg.mixed_precision is None or cfg.mixed_precision in MIXED_PRECISION_RECIPES,
         message="unknown mixed-precision recipe",
-        fix=f"use one of {sorted(MIXED_PRECISION_RECIPES)}",
+        fix=f"use one of {sorted(MIXED_PRECISION_RECIPES)}, or null (no recipe: the dtype flags of "
+        "model, optimizer and DDP stand as set)",
     ),
     Rule(
         id="fp8-needs-transformer-engine",
-        fields=("mixed_precision",),
-        applies=lambda cfg, ctx: (p := _precision(cfg)) is not None and p.needs_transformer_engine,
+        fields=("mixed_precision", "model.fp8"),
+        applies=lambda cfg, ctx: _uses_fp8(cfg),
         holds=lambda cfg, ctx: ctx.te_version is not None,
         message="FP8 compute needs Transformer Engine, which does not import here",
         fix="use mixed_precision=bf16_mixed (-c bf16), or install the 'te' extra on the GPU machine",
         extra_values=TE_VERSION_VALUE,
+    ),
+    Rule(
+        id="own-precision-flags-agree",
+        fields=("model.bf16", "model.fp16", "model.params_dtype", "optimizer.bf16", "optimizer.fp16",
+                "optimizer.params_dtype"),
+        applies=lambda cfg, ctx: cfg.mixed_precision is None,
+        holds=lambda cfg, ctx: all(
+            read_field(cfg, f"model.{name}") == read_field(cfg, f"optimizer.{name}")
+            for name in ("bf16", "fp16", "params_dtype")
+        ),
+        message="with mixed_precision=null the dtype flags are yours, and model and optimizer must agree: "
+        "megatron-core wraps the model from model.bf16/fp16 but builds the optimizer (with or without "
+        "fp32 main weights) from optimizer.bf16/fp16/params_dtype",
+        fix="give optimizer.bf16, optimizer.fp16 and optimizer.params_dtype the model's values, or "
+        "choose a precision recipe (mixed_precision=bf16_mixed, -c bf16)",
     ),
     Rule(
         id="layer-spec-known",
@@ -149,7 +121,7 @@ GENERAL_RULES: tuple[Rule, ...] = (
     Rule(
         id="lr-warmup-shorter-than-decay",
         fields=("scheduler.lr_warmup_iters", "scheduler.lr_decay_iters", "train.train_iters"),
-        applies=lambda cfg, ctx: _all_within(cfg, ctx, "scheduler.lr_warmup_iters", "scheduler.lr_decay_iters",
+        applies=lambda cfg, ctx: all_within(cfg, ctx, "scheduler.lr_warmup_iters", "scheduler.lr_decay_iters",
                                              "train.train_iters"),
         holds=lambda cfg, ctx: 0 <= cfg.scheduler.lr_warmup_iters < lr_decay_iters(cfg),
         message="the learning-rate warm-up must end before the decay does (megatron-core's "
@@ -159,7 +131,7 @@ GENERAL_RULES: tuple[Rule, ...] = (
     Rule(
         id="micro-batch-divides-global-batch",
         fields=("train.global_batch_size", "train.micro_batch_size"),
-        applies=lambda cfg, ctx: _all_within(cfg, ctx, "train.global_batch_size", "train.micro_batch_size"),
+        applies=lambda cfg, ctx: all_within(cfg, ctx, "train.global_batch_size", "train.micro_batch_size"),
         holds=lambda cfg, ctx: cfg.train.global_batch_size >= cfg.train.micro_batch_size
         and cfg.train.global_batch_size % cfg.train.micro_batch_size == 0,
         message="the global batch must be a positive multiple of the micro batch",
@@ -172,7 +144,7 @@ GENERAL_RULES: tuple[Rule, ...] = (
             "model.pipeline_model_parallel_size",
             "model.context_parallel_size",
         ),
-        applies=lambda cfg, ctx: _has_world(cfg, ctx) and _layout_within(cfg, ctx),
+        applies=lambda cfg, ctx: _has_world(cfg, ctx) and layout_within(cfg, ctx),
         holds=lambda cfg, ctx: ctx.world_size % model_parallel_size(cfg) == 0,
         message="TP x PP x CP must divide the number of GPUs",
         fix="change the parallel sizes or the GPU count so that TP*PP*CP divides it",
@@ -185,7 +157,7 @@ GENERAL_RULES: tuple[Rule, ...] = (
             "model.expert_tensor_parallel_size",
             "model.pipeline_model_parallel_size",
         ),
-        applies=lambda cfg, ctx: _has_world(cfg, ctx) and _layout_within(cfg, ctx),
+        applies=lambda cfg, ctx: _has_world(cfg, ctx) and layout_within(cfg, ctx),
         holds=lambda cfg, ctx: ctx.world_size % expert_parallel_span(cfg) == 0,
         message="expert TP x EP x PP must divide the number of GPUs",
         fix="change expert_model_parallel_size (or the GPU count) so that ETP*EP*PP divides it",
@@ -194,8 +166,8 @@ GENERAL_RULES: tuple[Rule, ...] = (
     Rule(
         id="data-parallel-divides-global-batch",
         fields=("train.global_batch_size", "train.micro_batch_size"),
-        applies=lambda cfg, ctx: _dp_known(cfg, ctx)
-        and _all_within(cfg, ctx, "train.global_batch_size", "train.micro_batch_size"),
+        applies=lambda cfg, ctx: dp_known(cfg, ctx)
+        and all_within(cfg, ctx, "train.global_batch_size", "train.micro_batch_size"),
         holds=lambda cfg, ctx: cfg.train.global_batch_size
         % (cfg.train.micro_batch_size * data_parallel_size(cfg, ctx.world_size))
         == 0,
@@ -207,7 +179,7 @@ GENERAL_RULES: tuple[Rule, ...] = (
         id="experts-divisible-by-ep",
         fields=("model.num_moe_experts", "model.expert_model_parallel_size"),
         applies=lambda cfg, ctx: _is_moe(cfg, ctx)
-        and _all_within(cfg, ctx, "model.num_moe_experts", "model.expert_model_parallel_size"),
+        and all_within(cfg, ctx, "model.num_moe_experts", "model.expert_model_parallel_size"),
         holds=lambda cfg, ctx: cfg.model.num_moe_experts % cfg.model.expert_model_parallel_size == 0,
         message="each expert-parallel rank must hold the same number of experts",
         fix="choose expert_model_parallel_size as a divisor of num_moe_experts",
@@ -235,7 +207,7 @@ GENERAL_RULES: tuple[Rule, ...] = (
             "model.pipeline_model_parallel_size",
             "model.virtual_pipeline_model_parallel_size",
         ),
-        applies=lambda cfg, ctx: _layout_within(cfg, ctx) and _all_within(cfg, ctx, "model.num_layers")
+        applies=lambda cfg, ctx: layout_within(cfg, ctx) and all_within(cfg, ctx, "model.num_layers")
         and cfg.model.pipeline_model_parallel_size > 1
         and cfg.model.pipeline_model_parallel_layout is None
         and cfg.model.num_layers_in_first_pipeline_stage is None
@@ -300,13 +272,6 @@ GENERAL_RULES: tuple[Rule, ...] = (
 # Settings that would be accepted and then fail (or do nothing) inside the ranks
 
 
-def micro_batches_per_step(cfg: "ConfigContainer", ctx: RuleContext) -> Optional[int]:
-    """Micro-batches each data-parallel rank runs per step (``None`` without a world size)."""
-    if not _dp_known(cfg, ctx) or not _all_within(cfg, ctx, "train.global_batch_size", "train.micro_batch_size"):
-        return None
-    return cfg.train.global_batch_size // (cfg.train.micro_batch_size * data_parallel_size(cfg, ctx.world_size))
-
-
 def _microbatch_group(cfg: "ConfigContainer") -> int:
     """megatron-core's ``microbatch_group_size_per_vp_stage`` (its default: the pipeline size)."""
     return cfg.model.microbatch_group_size_per_vp_stage or cfg.model.pipeline_model_parallel_size
@@ -323,7 +288,7 @@ def interleaved_schedule_accepts(cfg: "ConfigContainer", ctx: RuleContext) -> bo
 def _interleaved(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     m = cfg.model
     return (
-        _layout_within(cfg, ctx)
+        layout_within(cfg, ctx)
         and m.pipeline_model_parallel_size > 1
         and m.virtual_pipeline_model_parallel_size is not None
         and micro_batches_per_step(cfg, ctx) is not None
@@ -333,97 +298,6 @@ def _interleaved(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
 def _flex_on_cpu(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     return cfg.dist.device == "cpu"
 
-
-def _load_dir(cfg: "ConfigContainer") -> CheckpointDir:
-    return inspect_checkpoint_dir(cfg.checkpoint.load)
-
-
-def _same_dir(a: Optional[str], b: Optional[str]) -> bool:
-    return bool(a) and bool(b) and Path(a).resolve() == Path(b).resolve()
-
-
-def _load_is(*kinds: str):
-    return lambda cfg, ctx: bool(cfg.checkpoint.load) and _load_dir(cfg).kind in kinds
-
-
-def _current_layout(cfg: "ConfigContainer", ctx: RuleContext) -> dict[str, Optional[int]]:
-    dp = data_parallel_size(cfg, ctx.world_size) if _dp_known(cfg, ctx) else None
-    return checkpoint_layout(cfg, dp)
-
-
-def _saved_layout(cfg: "ConfigContainer", ctx: RuleContext) -> Optional[dict]:
-    return _load_dir(cfg).layout
-
-
-def layout_matches_checkpoint(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
-    """Every recorded size equals the current one (DP only when the world size is known)."""
-    saved, current = _saved_layout(cfg, ctx), _current_layout(cfg, ctx)
-    return all(saved.get(k) == v for k, v in current.items() if v is not None and k in saved)
-
-
-def _resuming_with_layout(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
-    return (
-        bool(cfg.checkpoint.load)
-        and _layout_within(cfg, ctx)
-        and _load_dir(cfg).resumable
-        and _saved_layout(cfg, ctx) is not None
-    )
-
-
-_LOAD_FIX = ("correct checkpoint.load, or unset it to train from scratch; for a first run that "
-             "resumes later, point checkpoint.load and checkpoint.save at the same directory")
-
-def _load_dir_rule(rule_id: str, kinds: tuple[str, ...], message: str, fix: str = _LOAD_FIX, **kw) -> Rule:
-    """A ``checkpoint.load`` directory in one of ``kinds`` (see ``inspect_checkpoint_dir``) is refused."""
-    return Rule(id=rule_id, fields=kw.pop("fields", ("checkpoint.load",)), applies=_load_is(*kinds),
-                holds=kw.pop("holds", lambda cfg, ctx: False), message=message, fix=fix, group="checkpoint", **kw)
-
-
-CHECKPOINT_RULES: tuple[Rule, ...] = (
-    _load_dir_rule(
-        "checkpoint-load-exists", ("missing", "not_a_directory"),
-        "checkpoint.load names no directory: a typo there would train from scratch without a word",
-        _LOAD_FIX + " and create it first (mkdir -p)",
-    ),
-    _load_dir_rule(
-        "checkpoint-load-empty-needs-save-there", ("empty",),
-        "checkpoint.load is an empty directory and this run saves elsewhere, so nothing would ever be "
-        "resumed from it (an empty directory is accepted as the start of an auto-resuming run: "
-        "checkpoint.load == checkpoint.save)",
-        fields=("checkpoint.load", "checkpoint.save"),
-        holds=lambda cfg, ctx: _same_dir(cfg.checkpoint.load, cfg.checkpoint.save),
-    ),
-    _load_dir_rule(
-        "checkpoint-load-is-iteration-dir", ("iteration_dir",),
-        "checkpoint.load points at one saved iteration (iter_NNNNNNN), not at the checkpoint directory "
-        "that holds latest_checkpointed_iteration.txt",
-        "set checkpoint.load to the parent directory (the run's checkpoint.save)",
-    ),
-    _load_dir_rule(
-        "checkpoint-load-has-tracker", ("no_tracker", "bad_tracker"),
-        "checkpoint.load holds files but no readable latest_checkpointed_iteration.txt: it is not a "
-        "checkpoint directory of this package",
-    ),
-    _load_dir_rule(
-        "checkpoint-load-tracker-names-saved-iteration", ("tracker_without_iteration",),
-        "latest_checkpointed_iteration.txt names an iteration whose iter_NNNNNNN directory is missing "
-        "(deleted or moved)",
-        "restore that directory, or write the number of a saved iteration into the tracker file",
-        derived_values=(("tracker_iteration", lambda cfg, ctx: _load_dir(cfg).iteration),),
-    ),
-    Rule(
-        id="resume-same-parallel-layout",
-        fields=("checkpoint.load",),
-        applies=_resuming_with_layout,
-        holds=layout_matches_checkpoint,
-        message="the checkpoint was written with another parallel layout; its optimizer state loads "
-        "only into the layout that wrote it (resharding is not supported here)",
-        fix="resume with the saved layout (same -tp/-pp/-vp/-cp/-ep/-et and GPU count), or start a "
-        "new run without checkpoint.load",
-        derived_values=(("saved_layout", _saved_layout), ("current_layout", _current_layout)),
-        group="checkpoint",
-    ),
-)
 
 def _not_implemented(rule_id: str, field: str, accepted: tuple, message: str, fix: str) -> Rule:
     """``field`` outside ``accepted`` asks for something this package does not do: refused, so that
@@ -437,7 +311,7 @@ RUN_RULES: tuple[Rule, ...] = (
         id="min-lr-not-above-lr",
         fields=("optimizer.min_lr", "optimizer.lr"),
         applies=lambda cfg, ctx: cfg.optimizer.min_lr is not None
-        and _all_within(cfg, ctx, "optimizer.min_lr", "optimizer.lr"),
+        and all_within(cfg, ctx, "optimizer.min_lr", "optimizer.lr"),
         holds=lambda cfg, ctx: cfg.optimizer.min_lr <= cfg.optimizer.lr,
         message="the schedule decays from optimizer.lr down to optimizer.min_lr (megatron-core's "
         "scheduler asserts min_lr <= lr)",
@@ -447,7 +321,7 @@ RUN_RULES: tuple[Rule, ...] = (
         id="router-topk-within-experts",
         fields=("model.moe_router_topk", "model.num_moe_experts"),
         applies=lambda cfg, ctx: _is_moe(cfg, ctx)
-        and _all_within(cfg, ctx, "model.moe_router_topk", "model.num_moe_experts"),
+        and all_within(cfg, ctx, "model.moe_router_topk", "model.num_moe_experts"),
         holds=lambda cfg, ctx: cfg.model.moe_router_topk <= cfg.model.num_moe_experts,
         message="each token is routed to top-k distinct experts; k cannot exceed the expert count",
         fix="lower model.moe_router_topk to at most model.num_moe_experts",

@@ -1,0 +1,109 @@
+"""Rules for ``checkpoint.load``: a directory that cannot be resumed from is refused before launch.
+
+Each kind of unusable directory (see ``checkpointing.inspect_checkpoint_dir``) is one rule; resuming
+with another parallel layout than the one that saved is refused too, showing both layouts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from megatron.bridge.training.checkpointing import CheckpointDir, checkpoint_layout, inspect_checkpoint_dir
+from megatron.bridge.training.layout import data_parallel_size, dp_known, layout_within
+from megatron.bridge.training.rules import Rule, RuleContext
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+
+def _load_dir(cfg: "ConfigContainer") -> CheckpointDir:
+    return inspect_checkpoint_dir(cfg.checkpoint.load)
+
+
+def _same_dir(a: Optional[str], b: Optional[str]) -> bool:
+    return bool(a) and bool(b) and Path(a).resolve() == Path(b).resolve()
+
+
+def _load_is(*kinds: str):
+    return lambda cfg, ctx: bool(cfg.checkpoint.load) and _load_dir(cfg).kind in kinds
+
+
+def _current_layout(cfg: "ConfigContainer", ctx: RuleContext) -> dict[str, Optional[int]]:
+    dp = data_parallel_size(cfg, ctx.world_size) if dp_known(cfg, ctx) else None
+    return checkpoint_layout(cfg, dp)
+
+
+def _saved_layout(cfg: "ConfigContainer", ctx: RuleContext) -> Optional[dict]:
+    return _load_dir(cfg).layout
+
+
+def layout_matches_checkpoint(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    """Every recorded size equals the current one (DP only when the world size is known)."""
+    saved, current = _saved_layout(cfg, ctx), _current_layout(cfg, ctx)
+    return all(saved.get(k) == v for k, v in current.items() if v is not None and k in saved)
+
+
+def _resuming_with_layout(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    return (
+        bool(cfg.checkpoint.load)
+        and layout_within(cfg, ctx)
+        and _load_dir(cfg).resumable
+        and _saved_layout(cfg, ctx) is not None
+    )
+
+
+_LOAD_FIX = ("correct checkpoint.load, or unset it to train from scratch; for a first run that "
+             "resumes later, point checkpoint.load and checkpoint.save at the same directory")
+
+def _load_dir_rule(rule_id: str, kinds: tuple[str, ...], message: str, fix: str = _LOAD_FIX, **kw) -> Rule:
+    """A ``checkpoint.load`` directory in one of ``kinds`` (see ``inspect_checkpoint_dir``) is refused."""
+    return Rule(id=rule_id, fields=kw.pop("fields", ("checkpoint.load",)), applies=_load_is(*kinds),
+                holds=kw.pop("holds", lambda cfg, ctx: False), message=message, fix=fix, group="checkpoint", **kw)
+
+
+CHECKPOINT_RULES: tuple[Rule, ...] = (
+    _load_dir_rule(
+        "checkpoint-load-exists", ("missing", "not_a_directory"),
+        "checkpoint.load names no directory: a typo there would train from scratch without a word",
+        _LOAD_FIX + " and create it first (mkdir -p)",
+    ),
+    _load_dir_rule(
+        "checkpoint-load-empty-needs-save-there", ("empty",),
+        "checkpoint.load is an empty directory and this run saves elsewhere, so nothing would ever be "
+        "resumed from it (an empty directory is accepted as the start of an auto-resuming run: "
+        "checkpoint.load == checkpoint.save)",
+        fields=("checkpoint.load", "checkpoint.save"),
+        holds=lambda cfg, ctx: _same_dir(cfg.checkpoint.load, cfg.checkpoint.save),
+    ),
+    _load_dir_rule(
+        "checkpoint-load-is-iteration-dir", ("iteration_dir",),
+        "checkpoint.load points at one saved iteration (iter_NNNNNNN), not at the checkpoint directory "
+        "that holds latest_checkpointed_iteration.txt",
+        "set checkpoint.load to the parent directory (the run's checkpoint.save)",
+    ),
+    _load_dir_rule(
+        "checkpoint-load-has-tracker", ("no_tracker", "bad_tracker"),
+        "checkpoint.load holds files but no readable latest_checkpointed_iteration.txt: it is not a "
+        "checkpoint directory of this package",
+    ),
+    _load_dir_rule(
+        "checkpoint-load-tracker-names-saved-iteration", ("tracker_without_iteration",),
+        "latest_checkpointed_iteration.txt names an iteration whose iter_NNNNNNN directory is missing "
+        "(deleted or moved)",
+        "restore that directory, or write the number of a saved iteration into the tracker file",
+        derived_values=(("tracker_iteration", lambda cfg, ctx: _load_dir(cfg).iteration),),
+    ),
+    Rule(
+        id="resume-same-parallel-layout",
+        fields=("checkpoint.load",),
+        applies=_resuming_with_layout,
+        holds=layout_matches_checkpoint,
+        message="the checkpoint was written with another parallel layout; its optimizer state loads "
+        "only into the layout that wrote it (resharding is not supported here)",
+        fix="resume with the saved layout (same -tp/-pp/-vp/-cp/-ep/-et and GPU count), or start a "
+        "new run without checkpoint.load",
+        derived_values=(("saved_layout", _saved_layout), ("current_layout", _current_layout)),
+        group="checkpoint",
+    ),
+)

@@ -1,0 +1,179 @@
+"""YAML in and out: load a YAML file, write a config tree, rebuild a container from plain data.
+
+A written config loads back equal (``ConfigContainer.from_yaml``); dtypes, enums and importable
+callables are written as text; model providers carry their class in ``_target_``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+
+import torch
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from megatron.bridge.training import ownership
+from megatron.bridge.training.errors import OverrideError, Violation
+from megatron.bridge.training.utils.overrides import TARGET_KEY, apply_overrides, class_from_target, plain
+from megatron.bridge.training.utils.typed_values import field_annotations, import_object
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+
+def _yaml_violation(path: Path, exc: Exception) -> Violation:
+    """A malformed YAML file as one violation: where (line, column) and what the parser says."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return Violation(
+        "yaml-syntax",
+        ("config_file",),
+        (str(path),),
+        f"not valid YAML{where}: {problem}",
+        "fix the file there (indentation, a missing ':' after a key, an unclosed quote or bracket, "
+        "a key given twice); check it with: uv run python -c \"import yaml,sys; "
+        "yaml.safe_load(open(sys.argv[1]))\" FILE",
+    )
+
+
+def load_yaml(path: Union[str, Path]) -> dict[str, Any]:
+    """A YAML file as a plain dict (interpolations resolved); a clear error when it is not a mapping."""
+    path = Path(path)
+    if not path.is_file():
+        raise OverrideError(
+            [Violation("yaml-missing", ("config_file",), (str(path),), "file not found", "check the path")],
+            "cannot load YAML",
+        )
+    try:
+        data = plain(OmegaConf.load(path))
+    except (yaml.YAMLError, OmegaConfBaseException) as exc:
+        raise OverrideError([_yaml_violation(path, exc)], "cannot load YAML") from None
+    if not isinstance(data, dict):
+        raise OverrideError(
+            [
+                Violation(
+                    "yaml-not-mapping",
+                    ("config_file",),
+                    (str(path),),
+                    "the YAML file must hold a mapping of config sections",
+                    "write e.g. 'model:\\n  num_layers: 4'",
+                )
+            ],
+            "cannot load YAML",
+        )
+    return data
+
+
+def _encode(value: Any) -> Any:
+    """A YAML-safe form of one value (dtypes, enums, callables as text)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return config_to_dict(value)
+    if isinstance(value, torch.dtype):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, (list, tuple)):
+        return [_encode(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _encode(v) for k, v in value.items()}
+    if callable(value) and not isinstance(value, type):
+        return _callable_path(value)
+    return value
+
+
+def _callable_path(fn: Callable) -> str:
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if module and qualname and "<" not in qualname:
+        path = f"{module}.{qualname}"
+        try:
+            if import_object(path) is fn:
+                return path
+        except (ImportError, AttributeError):
+            pass
+    raise OverrideError(
+        [
+            Violation(
+                "yaml-callable",
+                ("callable",),
+                (repr(fn),),
+                "only importable module-level functions can be written to YAML",
+                "use a named function (e.g. torch.nn.functional.silu) instead of a lambda/partial",
+            )
+        ],
+        "cannot serialize config",
+    )
+
+
+def config_to_dict(obj: Any) -> dict[str, Any]:
+    """Init fields of a dataclass tree as plain data; model providers carry ``_target_``.
+
+    For a whole ``ConfigContainer``, the fields that are copies of another field are written as
+    their owner gives them (see :func:`ownership.serialized_copies`), so a saved config never shows
+    a copy that contradicts its owner.
+    """
+    from megatron.bridge.models.gpt_provider import GPTModelProvider
+
+    data: dict[str, Any] = {}
+    if isinstance(obj, GPTModelProvider):
+        data[TARGET_KEY] = f"{type(obj).__module__}.{type(obj).__qualname__}"
+    for name in field_annotations(type(obj)):
+        data[name] = _encode(getattr(obj, name))
+    if _is_container(obj):
+        _write_copies(obj, data)
+    return data
+
+
+def _is_container(obj: Any) -> bool:
+    """The root of a run's configuration (the one dataclass that records provenance)."""
+    return dataclasses.is_dataclass(obj) and "provenance" in {f.name for f in dataclasses.fields(obj)}
+
+
+def _write_copies(cfg: Any, data: dict[str, Any]) -> None:
+    values, left_out = ownership.serialized_copies(cfg)
+    for dotted in [*values, *left_out]:
+        section, _, name = dotted.rpartition(".")
+        node = data.get(section)
+        if not isinstance(node, dict):
+            continue
+        if dotted in left_out:
+            node.pop(name, None)
+        else:
+            node[name] = _encode(values[dotted])
+
+
+def config_to_yaml(cfg: "ConfigContainer", path: Optional[Union[str, Path]] = None) -> str:
+    """YAML text of ``cfg`` (written to ``path`` when given); loads back equal via ``config_from_yaml``."""
+    text = OmegaConf.to_yaml(OmegaConf.create(config_to_dict(cfg)))
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+    return text
+
+
+def container_from_dict(container_cls: type, data: Mapping[str, Any]) -> "ConfigContainer":
+    """Rebuild a ``container_cls`` (a ``ConfigContainer``) from :func:`config_to_dict` output.
+
+    Typed, every error at once; the saved provenance is restored as it was written.
+    """
+    from megatron.bridge.models.gpt_provider import GPTModelProvider
+
+    model_data = dict(data.get("model") or {})
+    errors: list[Violation] = []
+    model_cls = GPTModelProvider
+    if TARGET_KEY in model_data:
+        model_cls = class_from_target(model_data.pop(TARGET_KEY), GPTModelProvider, "model", errors) or model_cls
+    if errors:
+        raise OverrideError(errors, "invalid YAML config")
+    base = container_cls(model=model_cls())
+    saved_provenance = dict(data.get("provenance") or {})
+    rest = {k: v for k, v in data.items() if k not in ("model", "provenance")}
+    result = apply_overrides(base, {"model": model_data, **rest}, source="yaml")
+    loaded = dataclasses.replace(result, provenance=saved_provenance)
+    ownership.carry_memory(result, loaded)
+    return loaded
