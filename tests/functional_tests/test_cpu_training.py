@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("cpu_training_driver.py")
@@ -115,6 +116,9 @@ def test_summary_json(results: dict) -> None:
     assert summary["tokens_per_s"] > 0 and summary["tflops_per_gpu"] > 0
     for key in ("overlap_report", "resolved_config", "peak_memory_gib", "step_times_s", "torch_native_kernels"):
         assert key in summary
+    config = yaml.safe_load(summary["resolved_config"])  # the effective config, not an error text
+    assert config["model"]["expert_model_parallel_size"] == 2
+    assert config["comm_overlap"]["overlap_moe_expert_parallel_comm"] is True
 
 
 def test_entry_point_runs_a_resolved_yaml(tmp_path: Path) -> None:

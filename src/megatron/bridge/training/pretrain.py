@@ -77,7 +77,8 @@ def pretrain(
     try:
         initialize.initialize_model_parallel(resolved)
         initialize.set_seeds(resolved, platform)
-        return Trainer(resolved, report, env, platform, forward_step_func, verbose).run()
+        config_text = _resolved_config_text(resolution.effective)
+        return Trainer(resolved, report, env, platform, forward_step_func, verbose, config_text).run()
     finally:
         from megatron.core import parallel_state
 
@@ -224,9 +225,10 @@ def _forget_dispatch_choices() -> None:
         module.forget_dispatch_choices()
 
 
-def _resolved_config_text(resolved: "ConfigContainer") -> Any:
+def _resolved_config_text(effective: "ConfigContainer") -> str:
+    """The effective config as YAML (the finalized one holds megatron's callables and cannot be written)."""
     try:
-        return resolved.to_yaml()
+        return effective.to_yaml()
     except Exception as exc:  # the YAML writer is optional for training; keep the run going
         return f"<config could not be serialised: {exc}>"
 
@@ -244,11 +246,12 @@ class Trainer:
 
     def __init__(
         self, resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, platform: Platform,
-        forward_step_func: Callable[..., Any], verbose: bool,
+        forward_step_func: Callable[..., Any], verbose: bool, config_text: str,
     ) -> None:
         from megatron.core import parallel_state as ps
 
         self.resolved, self.report, self.env, self.platform = resolved, report, env, platform
+        self.config_text = config_text  # the effective config as YAML, for summary.json
         self.forward_step_func, self.verbose = forward_step_func, verbose
         t = resolved.train
         self.num_microbatches = t.global_batch_size // (t.micro_batch_size * ps.get_data_parallel_world_size())
@@ -446,7 +449,7 @@ class Trainer:
             stopped_by_signal=stopped_by_signal,
             stop_reason=reason,
             checkpoint=str(self.saver.path) if self.saver.path else None,
-            resolved_config=_resolved_config_text(self.resolved),
+            resolved_config=self.config_text,
         )
         torch.distributed.barrier()
         return PretrainResult(
