@@ -303,7 +303,7 @@ class _ReorderRows(torch.autograd.Function):
         return grad.contiguous().index_select(0, inverse), None, None
 
 
-_EXCHANGES: Dict[Tuple[str, str], RowExchange] = {}
+_EXCHANGES: Dict[Tuple[Tuple[int, ...], str], RowExchange] = {}  # (EP ranks, transport) -> exchange
 
 
 def shared_exchange(group: dist.ProcessGroup, transport: str, device: torch.device) -> RowExchange:
