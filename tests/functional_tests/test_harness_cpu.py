@@ -37,7 +37,8 @@ def test_cpu_sweep_trains_each_value_and_writes_summary_markdown_and_plot(tmp_pa
     the launcher dominates the cost on a 2-core CI machine. The torch-native kernel settings given
     as overrides reach the start-up lines and ``summary.json``."""
     root = tmp_path / "sweep"
-    kernels = dict(compile=True, grouped_gemm_backend="loop", cross_entropy_backend="torch")
+    kernels = dict(compile=True, grouped_gemm_backend="loop", cross_entropy_backend="torch",
+                   wgrad_accumulation="auto")
     proc = harness(*TINY, "-l", str(root), "--steady_state_window", "2,3",
                    "model.torch_native_grouped_gemm_backend=loop", "model.torch_native_cross_entropy_backend=torch",
                    "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true")
@@ -48,6 +49,7 @@ def test_cpu_sweep_trains_each_value_and_writes_summary_markdown_and_plot(tmp_pa
         losses.append(summary["losses"])
         assert summary["world_size"] == 2 and len(summary["losses"]) == 3
         assert summary["torch_native_kernels"] == kernels
+        assert summary["expert_wgrad_accumulation"]["path"] == "unfused"  # no CUDA main_grad on CPU
         assert all(loss == loss and loss < 20 for loss in summary["losses"])  # finite
         assert (root / sub / "config.yaml").is_file()
         assert str(root / sub / "summary.json") in proc.stdout

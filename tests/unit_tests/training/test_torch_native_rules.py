@@ -28,6 +28,7 @@ def _set(**changes):
 
 M = "model."
 GG, CE, COMPILE = M + "torch_native_grouped_gemm_backend", M + "torch_native_cross_entropy_backend", M + "torch_native_compile"
+WA = M + "torch_native_wgrad_accumulation"
 BF16 = {M + "bf16": True}
 # rule id -> (context facts, mutation that breaks the rule, mutation that satisfies it)
 CASES = {
@@ -57,6 +58,12 @@ CASES = {
         TE_ABSENT, _set(**{CE: "torch", M + "cross_entropy_fusion_impl": "native"}), _set(**{CE: "torch"})),
     "triton-cross-entropy-needs-cuda": (
         TE_ABSENT, _set(**{CE: "triton", "dist.device": "cpu"}), _set(**{CE: "triton"})),
+    "torch-native-wgrad-accumulation-known": (TE_ABSENT, _set(**{WA: "apex"}), _set(**{WA: "unfused"})),
+    "fused-wgrad-accumulation-needs-cuda": (
+        TE_ABSENT, _set(**{WA: "fused", "dist.device": "cpu"}), _set(**{WA: "fused"})),
+    "fused-wgrad-accumulation-needs-fp32-main-grad": (
+        TE_ABSENT, _set(**{WA: "fused", "ddp.grad_reduce_in_fp32": False}),
+        _set(**{WA: "fused", "ddp.grad_reduce_in_fp32": True})),
 }
 
 

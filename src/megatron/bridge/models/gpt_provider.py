@@ -18,7 +18,11 @@ from megatron.bridge.models.layer_specs import (
     build_decoder_block_spec,
     resolve_layer_spec,
 )
-from megatron.bridge.models.torch_native.backends import CrossEntropyBackend, GroupedGemmBackend
+from megatron.bridge.models.torch_native.backends import (
+    CrossEntropyBackend,
+    GroupedGemmBackend,
+    WgradAccumulation,
+)
 from megatron.bridge.training.flex_dispatcher_backend import FlexBackend
 
 if TYPE_CHECKING:
@@ -87,6 +91,11 @@ class GPTModelProvider(TransformerConfig):
     torch_native_cross_entropy_backend: CrossEntropyBackend = "auto"
     """Kernels of the torch-native cross-entropy: ``triton`` (CUDA), ``torch`` (chunked PyTorch),
     or ``auto`` (Triton on CUDA where it imports, PyTorch elsewhere)."""
+    torch_native_wgrad_accumulation: WgradAccumulation = "auto"
+    """How the experts' weight gradients reach DDP's fp32 ``main_grad``: ``fused`` (a Triton grouped
+    GEMM adds its fp32 product into ``main_grad``: less memory traffic per micro-batch, no bf16
+    rounding of each micro-batch's gradient), ``unfused`` (a bf16 gradient that DDP's hook adds),
+    ``auto`` (``fused`` where ``main_grad`` is fp32 on CUDA and Triton imports)."""
     cuda_graph_modules: Union[str, list[str]] = field(default_factory=list)
     """CUDA-graph capture scopes; empty captures the whole layer (megatron-core's ``"full"``
     default means the same but is deprecated and warns)."""
@@ -135,6 +144,7 @@ class GPTModelProvider(TransformerConfig):
             compile=self.torch_native_compile,
             grouped_gemm_backend=self.torch_native_grouped_gemm_backend,
             cross_entropy_backend=self.torch_native_cross_entropy_backend,
+            wgrad_accumulation=self.torch_native_wgrad_accumulation,
         )
 
     def describe_torch_native_kernels(self) -> str:

@@ -1,5 +1,6 @@
 """Rules for the torch-native kernel fields (``model.torch_native_compile``,
-``model.torch_native_grouped_gemm_backend``, ``model.torch_native_cross_entropy_backend``), as data.
+``model.torch_native_grouped_gemm_backend``, ``model.torch_native_cross_entropy_backend``,
+``model.torch_native_wgrad_accumulation``), as data.
 
 These settings pick kernels for A/B timing and debugging. A value that names no kernel, a kernel
 that cannot run on the target, and a setting that would change nothing in this run (another layer
@@ -14,6 +15,7 @@ from megatron.bridge.models.torch_native.backends import (
     CROSS_ENTROPY_BACKENDS,
     GROUPED_GEMM_BACKENDS,
     GROUPED_MM_BACKENDS,
+    WGRAD_ACCUMULATIONS,
 )
 from megatron.bridge.training.dispatch_rules import uses_torch_native_layers
 from megatron.bridge.training.rules import Rule, RuleContext
@@ -26,7 +28,8 @@ GROUPED_MM_MIN_CAPABILITY = (9, 0)
 
 def _layer_kernel_fields_set(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     m = cfg.model
-    return not m.torch_native_compile or m.torch_native_grouped_gemm_backend != "auto"
+    return (not m.torch_native_compile or m.torch_native_grouped_gemm_backend != "auto"
+            or m.torch_native_wgrad_accumulation != "auto")
 
 
 def _grouped_mm_runs(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
@@ -52,13 +55,14 @@ TORCH_NATIVE_KERNEL_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         id="torch-native-kernel-settings-need-torch-native-layers",
-        fields=("model.layer_spec", "model.torch_native_compile", "model.torch_native_grouped_gemm_backend"),
+        fields=("model.layer_spec", "model.torch_native_compile", "model.torch_native_grouped_gemm_backend",
+                "model.torch_native_wgrad_accumulation"),
         applies=_layer_kernel_fields_set,
         holds=uses_torch_native_layers,
-        message="torch_native_compile and torch_native_grouped_gemm_backend only act on the torch-native "
-        "layers; with this layer spec they would have no effect",
-        fix="set model.layer_spec=torch_native, or leave model.torch_native_compile=true and "
-        "model.torch_native_grouped_gemm_backend=auto",
+        message="torch_native_compile, torch_native_grouped_gemm_backend and torch_native_wgrad_accumulation "
+        "only act on the torch-native layers; with this layer spec they would have no effect",
+        fix="set model.layer_spec=torch_native, or leave model.torch_native_compile=true, "
+        "model.torch_native_grouped_gemm_backend=auto and model.torch_native_wgrad_accumulation=auto",
     ),
     Rule(
         id="torch-native-compile-off-needs-cuda",
@@ -95,5 +99,29 @@ TORCH_NATIVE_KERNEL_RULES: tuple[Rule, ...] = (
         holds=lambda cfg, ctx: cfg.dist.device == "cuda",
         message="the Triton cross-entropy kernels run on CUDA tensors only",
         fix="use model.torch_native_cross_entropy_backend=auto or torch in CPU smoke mode",
+    ),
+    Rule(
+        id="torch-native-wgrad-accumulation-known",
+        fields=("model.torch_native_wgrad_accumulation",),
+        holds=lambda cfg, ctx: cfg.model.torch_native_wgrad_accumulation in WGRAD_ACCUMULATIONS,
+        message=f"the expert weight-gradient accumulation is one of {', '.join(WGRAD_ACCUMULATIONS)}",
+        fix="use auto (fused where it runs), fused or unfused",
+    ),
+    Rule(
+        id="fused-wgrad-accumulation-needs-cuda",
+        fields=("model.torch_native_wgrad_accumulation", "dist.device"),
+        applies=lambda cfg, ctx: cfg.model.torch_native_wgrad_accumulation == "fused",
+        holds=lambda cfg, ctx: cfg.dist.device == "cuda",
+        message="the fused expert weight-gradient accumulation is a Triton kernel on CUDA tensors",
+        fix="use model.torch_native_wgrad_accumulation=auto or unfused in CPU smoke mode",
+    ),
+    Rule(
+        id="fused-wgrad-accumulation-needs-fp32-main-grad",
+        fields=("model.torch_native_wgrad_accumulation", "ddp.grad_reduce_in_fp32"),
+        applies=lambda cfg, ctx: cfg.model.torch_native_wgrad_accumulation == "fused",
+        holds=lambda cfg, ctx: bool(cfg.ddp.grad_reduce_in_fp32),
+        message="the fused expert weight-gradient accumulation adds into an fp32 main_grad; with "
+        "ddp.grad_reduce_in_fp32=false the gradient buffers are bf16",
+        fix="set ddp.grad_reduce_in_fp32=true, or model.torch_native_wgrad_accumulation=auto or unfused",
     ),
 )

@@ -218,6 +218,12 @@ def moe_token_dispatch() -> list[dict[str, Any]]:
     return [dict(c.to_dict(), description=c.describe()) for c in module.dispatch_choices()]
 
 
+def _expert_wgrad_accumulation(model: list) -> Optional[dict[str, str]]:
+    """How the torch-native experts' weight gradients reach DDP's main_grad (None: no such experts)."""
+    module = sys.modules.get("megatron.bridge.models.torch_native.experts")
+    return None if module is None else module.expert_wgrad_accumulation(model)
+
+
 def _forget_dispatch_choices() -> None:
     """A model built earlier in this process recorded its choices; this run reports its own."""
     module = sys.modules.get(_DISPATCHER_MODULE)
@@ -285,9 +291,12 @@ class Trainer:
         self.platform.start_run()
         self.model = build_model(self.resolved, self.platform)
         self.dispatch = moe_token_dispatch()
+        self.wgrad_accumulation = _expert_wgrad_accumulation(self.model)
         if self.is_logging_rank:
             for choice in self.dispatch:
                 _say(f"MoE token dispatch: {choice['description']}")
+            if self.wgrad_accumulation:
+                _say(self.wgrad_accumulation["description"])
         self.optimizer = build_optimizer(self.resolved, self.model)
         self.optimizer_kernels = self.platform.fast_optimizer_kernels(self.optimizer)
         if self.is_logging_rank:
@@ -442,6 +451,7 @@ class Trainer:
             torch_native_kernels=self.resolved.model.torch_native_kernels(),
             cuda_device_max_connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
             moe_token_dispatch=self.dispatch,
+            expert_wgrad_accumulation=self.wgrad_accumulation,
             optimizer_kernels=self.optimizer_kernels,
             num_microbatches=self.num_microbatches,
             start_iteration=self.metrics.start_iteration,

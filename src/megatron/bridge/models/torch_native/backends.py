@@ -1,7 +1,7 @@
 """Names of the kernel choices of the torch-native layers, defined once.
 
 The provider's fields (``model.torch_native_grouped_gemm_backend``,
-``model.torch_native_cross_entropy_backend``), the kernels that act on them and the rules that
+``model.torch_native_cross_entropy_backend``, ``model.torch_native_wgrad_accumulation``), the kernels that act on them and the rules that
 check them all read these; the module imports nothing heavy, so validation can use it anywhere.
 """
 
@@ -20,3 +20,9 @@ CrossEntropyBackend = Literal["auto", "triton", "torch"]
 """``triton``: the streaming Triton kernels (CUDA); ``torch``: the chunked PyTorch version;
 ``auto``: Triton on CUDA where it imports, PyTorch elsewhere."""
 CROSS_ENTROPY_BACKENDS: tuple[str, ...] = get_args(CrossEntropyBackend)
+
+WgradAccumulation = Literal["auto", "fused", "unfused"]
+"""How expert weight gradients reach megatron DDP's fp32 ``main_grad``: ``fused`` (one Triton kernel
+adds the grouped GEMM's fp32 product straight into ``main_grad``), ``unfused`` (a bf16 gradient that
+DDP's hook adds), ``auto`` (``fused`` where ``main_grad`` is an fp32 CUDA tensor and Triton imports)."""
+WGRAD_ACCUMULATIONS: tuple[str, ...] = get_args(WgradAccumulation)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Callable, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 import torch
 from megatron.core import tensor_parallel
@@ -40,6 +40,7 @@ from megatron.core.transformer.utils import (
 
 from megatron.bridge.models.torch_native.compiled import LazyCompiled
 from megatron.bridge.models.torch_native.grouped_gemm import WgradStash, grouped_linear
+from megatron.bridge.models.torch_native.wgrad_accumulate import can_fuse
 
 
 _PLAIN_KEY = re.compile(r"^local_experts\.(\d+)\.linear_fc([12])\.(weight|_extra_state)$")
@@ -239,9 +240,10 @@ class TorchGroupedMLP(MegatronModule):
         stash2 = self.stashes["weight2"] if self._delay_wgrad else None
         # A plain TransformerConfig (modules built without the provider) has no such field.
         backend = getattr(self.config, "torch_native_grouped_gemm_backend", "auto")
-        h = grouped_linear(hidden, self.weight1, counts, backend=backend, stash=stash1)
+        accumulation = getattr(self.config, "torch_native_wgrad_accumulation", "auto")
+        h = grouped_linear(hidden, self.weight1, counts, backend, stash1, accumulation)
         h = self._activation(h, permuted_probs)
-        out = grouped_linear(h, self.weight2, counts, backend=backend, stash=stash2)
+        out = grouped_linear(h, self.weight2, counts, backend, stash2, accumulation)
         return out, None
 
     # ------------------------------------------------------------------ delayed wgrad
@@ -267,3 +269,25 @@ class TorchGroupedMLP(MegatronModule):
         if ran:
             for hook in self._wgrad_hooks:
                 hook()
+
+
+def expert_wgrad_accumulation(model_chunks: Iterable[torch.nn.Module]) -> Optional[Dict[str, str]]:
+    """Which weight-gradient accumulation the grouped experts of these (DDP-wrapped) chunks use.
+
+    Read from the built parameters (their ``main_grad``), so the start-up line and ``summary.json``
+    say what runs, not only what was asked for. ``None`` when there are no torch-native experts.
+    """
+    experts = next((m for chunk in model_chunks for m in chunk.modules() if isinstance(m, TorchGroupedMLP)), None)
+    if experts is None:
+        return None
+    setting = getattr(experts.config, "torch_native_wgrad_accumulation", "auto")
+    main_grad = getattr(experts.weight1, "main_grad", None)
+    fused = setting != "unfused" and main_grad is not None and can_fuse(main_grad)
+    if fused:
+        how = "fused: a Triton grouped GEMM adds into the fp32 main_grad"
+    elif main_grad is None:
+        how = "unfused: no DDP main_grad"
+    else:
+        how = f"unfused: bf16 gradient added by DDP's hook into a {str(main_grad.dtype).replace('torch.', '')} main_grad"
+    return {"setting": setting, "path": "fused" if fused else "unfused",
+            "description": f"expert weight gradients {how} (torch_native_wgrad_accumulation={setting!r})"}

@@ -20,6 +20,8 @@ from typing import Deque, List, Optional, Sequence, Tuple
 import torch
 
 from megatron.bridge.models.torch_native.backends import GROUPED_GEMM_BACKENDS as BACKENDS
+from megatron.bridge.models.torch_native.wgrad_accumulate import accumulate_grouped_wgrad, can_fuse
+
 _ALIGN_ROWS = 16
 
 
@@ -182,29 +184,59 @@ def grouped_wgrad(
     return dw.to(out_dtype)
 
 
+def _wants_fused(weight: torch.Tensor, accumulation: str) -> bool:
+    """Whether this weight's gradient goes straight into its ``main_grad`` (see ``wgrad_accumulate``)."""
+    main_grad = getattr(weight, "main_grad", None)
+    if accumulation == "unfused" or main_grad is None:
+        return False
+    if accumulation == "fused" and not can_fuse(main_grad):
+        raise RuntimeError(
+            f"model.torch_native_wgrad_accumulation='fused' needs an fp32 CUDA main_grad and Triton; this "
+            f"weight's main_grad is {main_grad.dtype} on {main_grad.device}. Use auto or unfused."
+        )
+    return can_fuse(main_grad)
+
+
+def weight_gradient(
+    dy: torch.Tensor, x: torch.Tensor, counts: torch.Tensor, weight: torch.Tensor, backend: str, accumulation: str
+) -> torch.Tensor:
+    """The gradient autograd hands to ``weight``: the grouped GEMM's result, or, fused, a placeholder.
+
+    Fused, the product is already in ``weight.main_grad`` and ``grad_added_to_main_grad`` tells DDP's
+    hook not to add the placeholder (the hook still wants a gradient to see, so an uninitialised one
+    of the right shape is returned, as megatron-core's fused linear layers do).
+    """
+    if _wants_fused(weight, accumulation):
+        accumulate_grouped_wgrad(dy, x, counts, weight.main_grad)
+        weight.grad_added_to_main_grad = True
+        return torch.empty_like(weight)
+    return grouped_wgrad(dy, x, counts, backend, weight.dtype)
+
+
 class WgradStash:
     """FIFO of deferred weight-gradient work for one stacked weight (one entry per backward)."""
 
     def __init__(self) -> None:
         self.enabled = False
-        self._pending: Deque[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]] = deque()
+        self._pending: Deque[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, str, str]] = deque()
 
-    def push(self, dy: torch.Tensor, x: torch.Tensor, counts: torch.Tensor, backend: str) -> None:
-        self._pending.append((dy, x, counts, backend))
+    def push(self, dy: torch.Tensor, x: torch.Tensor, counts: torch.Tensor, backend: str, accumulation: str) -> None:
+        self._pending.append((dy, x, counts, backend, accumulation))
 
     def __len__(self) -> int:
         return len(self._pending)
 
     def compute(self, weight: torch.nn.Parameter) -> bool:
-        """Run the oldest deferred wgrad GEMM and accumulate it into ``weight.grad``.
+        """Run the oldest deferred wgrad GEMM and accumulate it into ``weight.grad`` (or ``main_grad``).
 
         Returns False when nothing was pending (e.g. a layer whose backward did not run).
         """
         if not self._pending:
             return False
-        dy, x, counts, backend = self._pending.popleft()
-        dw = grouped_wgrad(dy, x, counts, backend, weight.dtype)
-        if weight.grad is None:
+        dy, x, counts, backend, accumulation = self._pending.popleft()
+        fused = _wants_fused(weight, accumulation)
+        dw = weight_gradient(dy, x, counts, weight, backend, accumulation)
+        if weight.grad is None or fused:  # fused: a placeholder, the gradient is in main_grad
             weight.grad = dw
         else:
             weight.grad.add_(dw)
@@ -218,10 +250,11 @@ class GroupedLinearFunction(torch.autograd.Function):
     """Autograd for a grouped, bias-free linear layer with an optional deferred weight gradient."""
 
     @staticmethod
-    def forward(ctx, x, weight, counts, backend: str, stash: Optional[WgradStash]):  # noqa: D102
+    def forward(ctx, x, weight, counts, backend: str, stash: Optional[WgradStash], accumulation: str):  # noqa: D102
         ctx.save_for_backward(x, weight, counts)
         ctx.backend = backend
         ctx.stash = stash
+        ctx.accumulation = accumulation
         return grouped_fprop(x, weight, counts, backend)
 
     @staticmethod
@@ -232,10 +265,10 @@ class GroupedLinearFunction(torch.autograd.Function):
         dw = None
         if ctx.needs_input_grad[1]:
             if ctx.stash is not None and ctx.stash.enabled:
-                ctx.stash.push(dy, x, counts, ctx.backend)
+                ctx.stash.push(dy, x, counts, ctx.backend, ctx.accumulation)
             else:
-                dw = grouped_wgrad(dy, x, counts, ctx.backend, weight.dtype)
-        return dx, dw, None, None, None
+                dw = weight_gradient(dy, x, counts, weight, ctx.backend, ctx.accumulation)
+        return dx, dw, None, None, None, None
 
 
 def grouped_linear(
@@ -244,8 +277,13 @@ def grouped_linear(
     tokens_per_expert: torch.Tensor,
     backend: str = "auto",
     stash: Optional[WgradStash] = None,
+    wgrad_accumulation: str = "auto",
 ) -> torch.Tensor:
-    """Grouped ``x @ weight[e].T`` over expert row blocks, differentiable in ``x`` and ``weight``."""
+    """Grouped ``x @ weight[e].T`` over expert row blocks, differentiable in ``x`` and ``weight``.
+
+    ``wgrad_accumulation`` (``model.torch_native_wgrad_accumulation``): where the weight has an fp32
+    ``main_grad`` (megatron DDP), ``auto``/``fused`` add the weight gradient into it directly.
+    """
     if x.dim() != 2 or weight.dim() != 3:
         raise ValueError(f"expected x [T, in] and weight [E, out, in], got {tuple(x.shape)}, {tuple(weight.shape)}")
     if tokens_per_expert.numel() != weight.shape[0]:
@@ -255,7 +293,7 @@ def grouped_linear(
     backend = select_backend(x, backend)
     if backend.startswith("grouped_mm") and not _strides_aligned(weight):
         backend = "loop"
-    return GroupedLinearFunction.apply(x.contiguous(), weight, tokens_per_expert, backend, stash)
+    return GroupedLinearFunction.apply(x.contiguous(), weight, tokens_per_expert, backend, stash, wgrad_accumulation)
 
 
 def reference_grouped_linear(x: torch.Tensor, weight: torch.Tensor, tokens_per_expert: Sequence[int]) -> torch.Tensor:
