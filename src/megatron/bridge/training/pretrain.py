@@ -265,15 +265,26 @@ class Trainer:
         self.is_logging_rank = self.rank == 0
         self.device = platform.device
         self.state = TrainState()
+        self.model: list = []  # model chunks, from build()
 
     def run(self) -> PretrainResult:
         """Every step of the run, in order; the result this rank returns."""
         self.announce()
-        self.build()
-        self.resume()
-        reason = self.train()
-        self.save_on_exit()
-        return self.finish(reason)
+        try:
+            self.build()
+            self.resume()
+            reason = self.train()
+            self.save_on_exit()
+            return self.finish(reason)
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Let go of the model and optimizer (also after an error), so a later run has the memory."""
+        from megatron.bridge.training.teardown import release_model
+
+        model, self.model, self.optimizer, self.saver = self.model, [], None, None
+        release_model(model)
 
     # ---------------------------------------------------------------- build
 

@@ -1,0 +1,50 @@
+"""Release a finished run's model so that a second ``pretrain()`` in the same process has its memory.
+
+megatron-core's token dispatchers keep the last micro-batch's routing probabilities (``probs``) as
+attributes, with their autograd graph. That graph holds the autograd accumulator nodes of the
+router weights, those hold DDP's gradient hooks, and the hooks hold DDP, the model and the
+optimizer: a reference cycle through C++ that Python's garbage collector cannot see, so without
+this every further run in one process (a notebook, a benchmark job) keeps the previous run's
+weights, gradients and optimizer state on the GPU.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Iterable
+
+import torch
+
+
+def _holders(model_chunks: Iterable[torch.nn.Module]) -> Iterable[object]:
+    """Every module of the chunks and every plain object a module keeps as an attribute."""
+    for chunk in model_chunks:
+        for module in chunk.modules():
+            yield module
+            for value in vars(module).values():
+                if not isinstance(value, (torch.nn.Module, torch.Tensor)) and hasattr(value, "__dict__"):
+                    yield value
+
+
+def drop_autograd_graphs(model_chunks: Iterable[torch.nn.Module]) -> int:
+    """Set every tensor attribute that still carries an autograd graph to ``None``; returns how many.
+
+    Only for a model whose training is over: the attributes are per-step state that the next
+    forward would overwrite anyway.
+    """
+    dropped = 0
+    for holder in _holders(model_chunks):
+        attributes = vars(holder)
+        for name, value in list(attributes.items()):
+            if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+                attributes[name] = None
+                dropped += 1
+    return dropped
+
+
+def release_model(model_chunks: Iterable[torch.nn.Module]) -> None:
+    """Drop the graphs that pin the model, then collect, so its memory is free when ``pretrain`` returns."""
+    drop_autograd_graphs(model_chunks)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

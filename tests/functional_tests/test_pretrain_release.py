@@ -1,0 +1,19 @@
+"""``pretrain()`` lets go of its model when it returns, so runs can follow each other in one process."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+CHILD = Path(__file__).parent / "pretrain_twice.py"
+
+
+def test_a_finished_run_frees_its_model_for_the_next(tmp_path):
+    """Before the fix every parameter of the first run stayed alive (held through DDP's gradient
+    hooks by the routing probabilities the dispatchers keep with their autograd graph)."""
+    proc = subprocess.run([sys.executable, str(CHILD), str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    report = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("REPORT ")).removeprefix("REPORT "))
+    for run in ("first", "second"):
+        assert report[run]["losses"] == 2
+        assert report[run]["watched"] > 0 and report[run]["alive"] == 0, report
