@@ -341,7 +341,8 @@ class Trainer:
             steady_state_window=self.resolved.logger.steady_state_window,
             log_interval=self.resolved.logger.log_interval,
             is_logging_rank=self.is_logging_rank,
-            tensorboard=self.resolved.logger.tensorboard,
+            tensorboard=self.resolved.logger.tensorboard or self.resolved.logger.tensorboard_dir is not None,
+            tensorboard_dir=self.resolved.logger.tensorboard_dir,
             start_iteration=self.state.iteration,
         )
 
