@@ -352,3 +352,53 @@ def test_helpers_work_on_any_config_dataclass():
     assert apply_overrides(TrainingConfig(), ["global_batch_size=16"]).global_batch_size == 16
     with pytest.raises(OverrideError, match="did you mean train_iters"):
         apply_overrides(TrainingConfig(), ["train_iter=1"])
+
+
+# ------------------------------------------------------------------------------------------------
+# Forward step signatures (the training run with each: tests/functional_tests/test_cpu_training.py)
+# ------------------------------------------------------------------------------------------------
+
+
+def ours(data_iterator, model, return_schedule_plan=False):
+    return ("ours", data_iterator, model, return_schedule_plan)
+
+
+def state_first(state, data_iterator, model, return_schedule_plan=False):
+    return ("state", state, data_iterator, model, return_schedule_plan)
+
+
+class GlobalState:  # the annotation Megatron-Bridge scripts use
+    pass
+
+
+def annotated(st: GlobalState, data_iterator, model, return_schedule_plan=False):
+    return ("annotated", st, data_iterator, model, return_schedule_plan)
+
+
+def two_arguments(data_iterator, model):
+    return ("two", data_iterator, model)
+
+
+@pytest.mark.parametrize(
+    "func, expected",
+    [
+        (ours, ("ours", "it", "m", True)),
+        (state_first, ("state", "S", "it", "m", True)),
+        (annotated, ("annotated", "S", "it", "m", True)),
+    ],
+    ids=["ours", "state-first", "annotated-state"],
+)
+def test_forward_step_signature_is_detected_from_the_callable(func, expected):
+    from megatron.bridge.training.forward_step import bind_forward_step
+
+    bound = bind_forward_step(func, "S")
+    assert bound("it", "m", return_schedule_plan=True) == expected
+
+
+def test_forward_step_without_schedule_plan_is_refused_under_ep_overlap():
+    from megatron.bridge.training.errors import ConfigError
+    from megatron.bridge.training.forward_step import check_forward_step
+
+    check_forward_step(two_arguments, ep_overlap=False)
+    with pytest.raises(ConfigError, match="return_schedule_plan"):
+        check_forward_step(two_arguments, ep_overlap=True)
