@@ -20,13 +20,13 @@ import dataclasses
 import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from megatron.bridge.training.errors import OverrideError, Violation
-from megatron.bridge.training.utils.overrides import is_container, plain, with_overrides
+from megatron.bridge.training.utils.overrides import has_hydra_prefix, is_container, plain, with_overrides
 from megatron.bridge.training.utils.typed_values import field_annotations
 from megatron.bridge.training.utils.yaml_io import encode_value
 
@@ -254,3 +254,28 @@ def _restore(cfg: Any, excluded_fields: Mapping[str, Any], changes: Mapping[str,
             holder = getattr(holder, part)
         if getattr(holder, parts[-1]) is not value:
             setattr(holder, parts[-1], value)
+
+
+def apply_overrides(
+    cfg: Any,
+    overrides: Union[Mapping[str, Any], Sequence[str]],
+    excluded_fields: Optional[Mapping[str, Any]] = None,
+    *,
+    source: str = "cli",
+) -> Any:
+    """``cfg`` (a ``ConfigContainer`` or any config dataclass) with ``overrides`` applied, typed.
+
+    ``overrides`` is a nested mapping or dotted strings (Hydra's ``+key=``, ``++key=`` and ``~key``
+    forms included). Raises ``OverrideError`` listing every problem (a write to a copy whose owner
+    gives it another value included); on error ``cfg`` is unchanged.
+
+    Two forms: ``apply_overrides(cfg, overrides)`` returns an updated copy and leaves ``cfg`` as it
+    is. ``apply_overrides(cfg, overrides, excluded_fields)`` (Megatron-Bridge's form, with what
+    :func:`create_omegaconf_dict_config` returned) updates ``cfg`` itself and returns it: only the
+    values that differ from ``cfg`` are applied, and the excluded fields keep their values.
+    """
+    if excluded_fields is not None:
+        return apply_in_place(cfg, overrides, excluded_fields, source=source)
+    if not isinstance(overrides, Mapping) and has_hydra_prefix(overrides):
+        overrides = hydra_changes(cfg, overrides)
+    return with_overrides(cfg, overrides, source)

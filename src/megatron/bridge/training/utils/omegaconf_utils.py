@@ -23,8 +23,12 @@ from typing import Any, Optional, Union
 
 from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.errors import OverrideError, OverridesError
-from megatron.bridge.training.utils.hydra_overrides import create_omegaconf_dict_config, parse_hydra_overrides
-from megatron.bridge.training.utils.overrides import apply_overrides, parse_dotlist
+from megatron.bridge.training.utils.hydra_overrides import (
+    apply_overrides,
+    create_omegaconf_dict_config,
+    parse_hydra_overrides,
+)
+from megatron.bridge.training.utils.overrides import parse_dotlist
 from megatron.bridge.training.utils.typed_values import convert_value, field_annotations, type_name
 from megatron.bridge.training.utils.yaml_io import config_to_dict, config_to_yaml, container_from_dict, load_yaml
 

@@ -207,42 +207,19 @@ def parse_dotlist(overrides: Sequence[str]) -> dict[str, Any]:
     return plain(OmegaConf.from_dotlist(list(overrides)))
 
 
-def apply_overrides(
-    cfg: Any,
-    overrides: Union[Mapping[str, Any], Sequence[str]],
-    excluded_fields: Optional[Mapping[str, Any]] = None,
-    *,
-    source: str = "cli",
-) -> Any:
-    """``cfg`` (a ``ConfigContainer`` or any config dataclass) with ``overrides`` applied, typed.
-
-    ``overrides`` is a nested mapping or dotted strings (Hydra's ``+key=``, ``++key=`` and ``~key``
-    forms included). Raises ``OverrideError`` listing every problem (a write to a copy whose owner
-    gives it another value included); on error ``cfg`` is unchanged.
-
-    Two forms: ``apply_overrides(cfg, overrides)`` returns an updated copy and leaves ``cfg`` as it
-    is. ``apply_overrides(cfg, overrides, excluded_fields)`` (Megatron-Bridge's form, with what
-    :func:`create_omegaconf_dict_config` returned) updates ``cfg`` itself and returns it: only the
-    values that differ from ``cfg`` are applied, and the excluded fields keep their values.
-    """
-    if excluded_fields is not None:
-        from megatron.bridge.training.utils.hydra_overrides import apply_in_place
-
-        return apply_in_place(cfg, overrides, excluded_fields, source=source)
-    if not isinstance(overrides, Mapping) and has_hydra_prefix(overrides):
-        from megatron.bridge.training.utils.hydra_overrides import hydra_changes
-
-        overrides = hydra_changes(cfg, overrides)
-    return with_overrides(cfg, overrides, source)
-
-
 def has_hydra_prefix(overrides: Sequence[str]) -> bool:
     """Whether any dotted override uses Hydra's ``+``, ``++`` or ``~`` form."""
     return any(str(item).lstrip().startswith(("+", "~")) for item in overrides)
 
 
-def with_overrides(cfg: Any, overrides: Union[Mapping[str, Any], Sequence[str]], source: str) -> Any:
-    """A copy of ``cfg`` with ``overrides`` applied; provenance and copy ownership for a container."""
+def with_overrides(cfg: Any, overrides: Union[Mapping[str, Any], Sequence[str]], source: str = "cli") -> Any:
+    """A copy of ``cfg`` (a ``ConfigContainer`` or any config dataclass) with ``overrides`` (nested
+    mapping or dotted strings) applied, typed; ``cfg`` itself is never modified.
+
+    For a container every accepted leaf is recorded in ``provenance`` under ``source``. Raises
+    ``OverrideError`` listing every problem (a write to a copy whose owner gives it another value
+    included).
+    """
     changes = parse_dotlist(overrides) if not isinstance(overrides, Mapping) else plain(overrides)
     if not is_container(cfg):
         layer = _Layer(source, {})

@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from megatron.bridge.training import ownership
 from megatron.bridge.training.errors import OverrideError, Violation
-from megatron.bridge.training.utils.overrides import TARGET_KEY, apply_overrides, class_from_target, is_container, plain
+from megatron.bridge.training.utils.overrides import TARGET_KEY, class_from_target, is_container, plain, with_overrides
 from megatron.bridge.training.utils.typed_values import field_annotations, import_object
 
 if TYPE_CHECKING:
@@ -168,7 +168,7 @@ def container_from_dict(container_cls: type, data: Mapping[str, Any]) -> "Config
     base = container_cls(model=model_cls())
     saved_provenance = dict(data.get("provenance") or {})
     rest = {k: v for k, v in data.items() if k not in ("model", "provenance")}
-    result = apply_overrides(base, {"model": model_data, **rest}, source="yaml")
+    result = with_overrides(base, {"model": model_data, **rest}, source="yaml")
     loaded = dataclasses.replace(result, provenance=saved_provenance)
     ownership.carry_memory(result, loaded)
     return loaded
