@@ -11,7 +11,8 @@ import cost ~30 s per process on a small CI machine, so they are paid once):
 5. resume the finished run again: nothing to train, nothing saved;
 6. a fresh run saving every 2 iterations whose save of iteration 4 dies after writing its shards
    and before publishing them;
-7. resume from what scenario 6 left: iteration 2, trained on to 4.
+7. resume from what scenario 6 left: iteration 2, trained on to 4;
+8. a forward step in Megatron-Bridge's signature ``(state, data_iterator, model, ...)``, overlap on.
 
 Rank 0 writes ``results.json`` into the output directory given as the only argument.
 """
@@ -144,6 +145,16 @@ def main() -> None:
     results["after_interrupted"] = after.losses
     results["after_interrupted_saves"] = saves.take()
     results["after_interrupted_left"] = sorted(p.name for p in interrupted_dir.iterdir())
+    seen_iterations: list[int] = []
+
+    def state_first_step(state, data_iterator, model, return_schedule_plan=False):
+        seen_iterations.append(state.train_state.iteration)
+        return forward_step(data_iterator, model, return_schedule_plan)
+
+    cfg = tiny_cfg(out, "state_first_step", overlap=True)
+    cfg.train.train_iters = 3
+    results["state_first_step"] = pretrain(cfg, forward_step_func=state_first_step).losses
+    results["state_first_step_iterations"] = sorted(set(seen_iterations))
     if torch.distributed.get_rank() == 0:
         (out / "results.json").write_text(json.dumps(results, indent=2))
     torch.distributed.barrier()

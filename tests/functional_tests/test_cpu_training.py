@@ -67,6 +67,13 @@ def test_overlap_schedule_matches_plain_schedule(results: dict) -> None:
         assert on == pytest.approx(off, abs=1e-6)
 
 
+def test_state_first_forward_step_trains(results: dict) -> None:
+    """Megatron-Bridge's forward-step signature gets the run's state and trains as ours does."""
+    assert results["state_first_step_iterations"] == [0, 1, 2]
+    assert len(results["state_first_step"]) == 3
+    assert results["state_first_step"][0] == pytest.approx(results["on"][0], abs=1e-6)
+
+
 def test_startup_log_says_what_runs(results: dict) -> None:
     out = results["stdout"]
     assert "CPU smoke mode: megatron-core CUDA calls mapped to CPU" in out

@@ -129,3 +129,9 @@ def test_readme_command_parses(readme_argv):
     assert (args.num_gpus, args.gpus_per_node, args.max_steps) == (16, 8, 8)
     assert args.moe_a2a_overlap is False and args.moe_flex_dispatcher_backend == PLAIN_ALLTOALL
     assert len(args.overrides) == 3
+
+
+@pytest.mark.parametrize("override", ["+tokenizer.hf_tokenizer_kwargs.use_fast=true", "++logger.log_interval=2",
+                                      "~tokenizer.hf_tokenizer_kwargs.use_fast"])
+def test_hydra_override_forms_are_accepted(override):
+    assert parse_args(["-mr", "qwen3_moe_tiny", override]).overrides == [override]

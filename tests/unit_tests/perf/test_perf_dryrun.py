@@ -233,3 +233,19 @@ def test_saved_config_and_launch_config_carry_the_effective_values(readme_comman
     assert data["comm_overlap"]["overlap_moe_expert_parallel_comm"] is True
     assert data["ddp"]["overlap_grad_reduce"] == effective["overlap_grad_reduce"].value is True
     assert data["model"]["bf16"] is True and data["optimizer"]["bf16"] is True
+
+
+def test_users_data_path_is_shown_before_launch(readme_command, tmp_path):
+    prefix = tmp_path / "corpus_text_document"
+    for suffix in (".bin", ".idx"):
+        prefix.with_name(prefix.name + suffix).write_bytes(b"")
+    code, out = run([*readme_command, "--dryrun", f"dataset.data_path={prefix}"])
+    assert code == 0, out
+    assert f"dataset.data_paths=['{prefix}'] (alias dataset.data_path)" in out
+
+
+def test_missing_data_path_exits_2_naming_field_and_files(readme_command, tmp_path):
+    missing = tmp_path / "nowhere" / "corpus_text_document"
+    code, out = run([*readme_command, "--dryrun", f"dataset.data_path={missing}"])
+    assert code == 2
+    assert "dataset-files-exist" in out and f"{missing}.bin" in out and "nothing was launched" in out

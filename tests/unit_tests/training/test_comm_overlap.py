@@ -158,6 +158,12 @@ CASES: list[Case] = [
     Case("tp-overlap-needs-sequence-parallel", {**TP_OVERLAP, "model.sequence_parallel": False}, TP_OVERLAP,
          {"te_version": "2.12"}, {"te_version": "2.12"}),
     Case("tp-overlap-needs-te", TP_OVERLAP, TP_OVERLAP, {}, {"te_version": "2.12"}),
+    Case("tp-overlap-userbuffers-not-initialised", TP_OVERLAP, {**TP_OVERLAP, "comm_overlap.tp_comm_overlap": False},
+         {"te_version": "2.12"}, {"te_version": "2.12"}),
+    Case("tp-overlap-cfg-needs-tp-overlap", {"comm_overlap.tp_comm_overlap_cfg": {"qkv_fprop": {"method": "ring_exchange"}}},
+         {"comm_overlap.tp_comm_overlap_cfg": None}),
+    Case("data-parallel-size-matches-layout", {"comm_overlap.data_parallel_size": 4},
+         {"comm_overlap.data_parallel_size": 2}),
     Case("tp-comm-bootstrap-backend-known", {"comm_overlap.tp_comm_bootstrap_backend": "ucx"},
          {"comm_overlap.tp_comm_bootstrap_backend": "gloo"}),
     Case("p2p-overlap-needs-interleaved-pipeline", {"comm_overlap.overlap_p2p_comm": True},
@@ -343,7 +349,8 @@ def test_dataclass_is_keyword_only_and_all_unset() -> None:
     with pytest.raises(TypeError):
         CommOverlapConfig(True)  # type: ignore[misc]
     assert all(getattr(CommOverlapConfig(), f.name) is None for f in OVERLAP_FIELDS)
-    assert {f.name for f in OVERLAP_FIELDS} == set(CommOverlapConfig.__dataclass_fields__)
+    # data_parallel_size is what the switches are decided for, not a switch
+    assert {f.name for f in OVERLAP_FIELDS} == set(CommOverlapConfig.__dataclass_fields__) - {"data_parallel_size"}
 
 
 def test_bool_switches_are_the_dataclass_bool_fields() -> None:

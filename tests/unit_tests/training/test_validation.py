@@ -44,6 +44,16 @@ CASES = {
     "own-precision-flags-agree": (
         {}, _set(**{"mixed_precision": None, "model.bf16": True}),
         _set(**{"mixed_precision": None, "model.bf16": True, "optimizer.bf16": True})),
+    "dataset-files-exist": (
+        {}, _set(**{"dataset.data_path": "/nonexistent/corpus_text_document"}), _set(**{"dataset.data_path": None})),
+    "dataset-seq-length-matches-model": (
+        {}, _set(**{"dataset.seq_length": 8192}), _set(**{"dataset.seq_length": 4096})),
+    "hf-tokenizer-kwargs-need-hf-tokenizer": (
+        {}, _set(**{"tokenizer.hf_tokenizer_kwargs": {"use_fast": True}}),
+        _set(**{"tokenizer.hf_tokenizer_kwargs": {"use_fast": True}, "tokenizer.tokenizer_type": "HuggingFaceTokenizer",
+                "tokenizer.tokenizer_model": "Qwen/Qwen3-30B-A3B"})),
+    "te-rng-tracker-needs-transformer-engine": (
+        TE_ABSENT, _set(**{"rng.te_rng_tracker": True}), _set(**{"rng.te_rng_tracker": False})),
     "layer-spec-known": ({}, _set(**{"model.layer_spec": "triton"}), _set(**{"model.layer_spec": "local"})),
     "te-layer-spec-needs-transformer-engine": (
         TE_ABSENT, _set(**{"model.layer_spec": "transformer_engine"}), _set(**{"model.layer_spec": "auto"})),

@@ -24,6 +24,7 @@ from megatron.bridge.models.torch_native.backends import (
     WgradAccumulation,
 )
 from megatron.bridge.training.flex_dispatcher_backend import FlexBackend
+from megatron.bridge.training.strict_fields import StrictFields
 
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel
@@ -44,7 +45,7 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: 
 
 
 @dataclass
-class GPTModelProvider(TransformerConfig):
+class GPTModelProvider(StrictFields, TransformerConfig):
     """GPT model settings plus ``provide()``; ``finalize()`` runs megatron-core's deferred checks."""
 
     seq_length: int = 1024

@@ -41,7 +41,12 @@ TOKENIZER_TYPES = ("NullTokenizer", "HuggingFaceTokenizer")
 
 _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
-_OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+=.*$", re.S)
+_OVERRIDE = re.compile(
+    r"^((\+\+|\+)?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+=.*"
+    r"|~[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+(=.*)?)$",
+    re.S,
+)
+"""A dotted override, in Hydra's forms too: ``key=v``, ``+key=v``, ``++key=v``, ``~key``."""
 
 
 def str_to_bool(text: str) -> bool:

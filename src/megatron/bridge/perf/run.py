@@ -86,6 +86,15 @@ def checkpoint_notes(resolved) -> list[str]:
     return [f"{ckpt.load} holds no checkpoint yet: starts from iteration 0 and saves there"]
 
 
+def data_notes(resolved) -> list[str]:
+    """Which data trains, said before launch when it is not mock data (``dataset.data_path`` is the
+    alias that writes ``dataset.data_paths``)."""
+    ds = resolved.dataset
+    if ds.is_mock:
+        return []
+    return [f"data: indexed dataset dataset.data_paths={ds.data_paths} (alias dataset.data_path)"]
+
+
 def make_job(built: BuiltConfig, args, max_connections: Optional[int] = None) -> Job:
     """Resolve once (raises ``ConfigError`` with every violation) and plan the launch."""
     resolution = resolution_of(built)
@@ -115,7 +124,7 @@ def plan_job(built: BuiltConfig, resolution: "Resolution", args, max_connections
 def describe(job: Job, out: TextIO, *, verbose: bool = True) -> None:
     """What will run: environment, notes, overlap report, effective values, launch command."""
     print(f"== {environment_summary(job.built)}", file=out)
-    for note in job.built.notes + job.plan.notes + checkpoint_notes(job.resolved):
+    for note in job.built.notes + job.plan.notes + checkpoint_notes(job.resolved) + data_notes(job.resolved):
         print(f"   note: {note}", file=out)
     if verbose:
         print("== overlap report", file=out)

@@ -23,10 +23,11 @@ from megatron.bridge.training.errors import CommOverlapConfigError
 from megatron.bridge.training.overlap.fields import BOOL_SWITCHES, DEFAULT_BUCKET_SIZE, OVERLAP_FIELDS, OverlapField
 from megatron.bridge.training.overlap.resolution import EffectiveValue, format_effective_values
 from megatron.bridge.training.overlap.rules import OVERLAP_RULES
+from megatron.bridge.training.strict_fields import StrictFields
 
 
 @dataclass(kw_only=True)
-class CommOverlapConfig:
+class CommOverlapConfig(StrictFields):
     """User-facing overlap switches. ``None`` means "let the framework decide" (see OVERLAP_FIELDS).
 
     An explicit value always wins and is never silently changed: if it cannot be honoured,
@@ -61,6 +62,10 @@ class CommOverlapConfig:
     """Overlap the MoE expert-parallel dispatch/combine all-to-all with compute of another micro-batch."""
     delay_wgrad_compute: Optional[bool] = None
     """Delay expert weight-gradient GEMMs so they overlap the combine all-to-all (needs EP overlap)."""
+    data_parallel_size: Optional[int] = None
+    """Data-parallel size the computed overlap defaults are decided for. ``None``: from the world
+    size (``validate(world_size=...)`` or ``WORLD_SIZE``). Given without a world size it stands in
+    for one; given with one it must agree with the parallel layout."""
 
 
 __all__ = [

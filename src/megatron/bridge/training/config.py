@@ -14,7 +14,7 @@ one ``validate()`` is seen by the next one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Optional, Union
 
 from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
@@ -23,14 +23,26 @@ from megatron.bridge.models.gpt_provider import GPTModelProvider
 from megatron.bridge.training import ownership
 from megatron.bridge.training.comm_overlap import CommOverlapConfig
 from megatron.bridge.training.finalize import Resolution, resolve_config
+from megatron.bridge.training.mixed_precision import MixedPrecisionConfig
+from megatron.bridge.training.strict_fields import StrictFields, make_strict, register_strict
 from megatron.bridge.training.utils.yaml_io import config_to_yaml, container_from_dict, load_yaml
 
 if TYPE_CHECKING:
     from pathlib import Path
 
 
+@register_strict
+class StrictOptimizerConfig(StrictFields, OptimizerConfig):
+    """megatron-core's ``OptimizerConfig`` refusing unknown attributes (what a container holds)."""
+
+
+@register_strict
+class StrictDistributedDataParallelConfig(StrictFields, DistributedDataParallelConfig):
+    """megatron-core's ``DistributedDataParallelConfig`` refusing unknown attributes."""
+
+
 @dataclass(kw_only=True)
-class TrainingConfig:
+class TrainingConfig(StrictFields):
     """Loop length and batch shape."""
 
     train_iters: int = 10
@@ -46,7 +58,7 @@ class TrainingConfig:
 
 
 @dataclass(kw_only=True)
-class SchedulerConfig:
+class SchedulerConfig(StrictFields):
     """Learning-rate and weight-decay schedule (megatron-core ``OptimizerParamScheduler``)."""
 
     lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = "cosine"
@@ -60,11 +72,21 @@ class SchedulerConfig:
     weight_decay_incr_style: Literal["constant", "linear", "cosine"] = "constant"
 
 
+def data_paths_from_alias(value: Any) -> Optional[list[str]]:
+    """``dataset.data_path`` as ``data_paths``: a string is one prefix, a list is a blend list."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        return [str(value)]
+    return [str(v) for v in value]
+
+
 @dataclass(kw_only=True)
-class DatasetConfig:
+class DatasetConfig(StrictFields):
     """Training data. Mock data (megatron-core ``MockGPTDataset``) when ``data_paths`` is ``None``.
 
-    The sequence length is owned by ``model.seq_length`` and the seed by ``rng.seed``.
+    ``data_path`` is an alias of ``data_paths`` (Megatron-Bridge's name). The sequence length is
+    owned by ``model.seq_length``; ``seq_length`` here may repeat it and must then agree.
     """
 
     data_paths: Optional[list[str]] = None
@@ -77,6 +99,26 @@ class DatasetConfig:
     eod_mask_loss: bool = False
     mmap_bin_files: bool = True
     path_to_cache: Optional[str] = None
+    seq_length: Optional[int] = None
+    """``None``: ``model.seq_length``. When set it must equal ``model.seq_length`` (one sequence
+    length per run; Megatron-Bridge scripts set both)."""
+    random_seed: Optional[int] = None
+    """Seed of the dataset's sample shuffling; ``None`` uses ``rng.seed``."""
+
+    FIELD_ALIASES: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
+        "data_path": ("data_paths", data_paths_from_alias),
+    }
+    """Another name -> (the field it writes, how its value becomes that field's value). Overrides
+    and YAML accept the alias as Python does (the ``data_path`` property)."""
+
+    @property
+    def data_path(self) -> Optional[list[str]]:
+        """Alias of :attr:`data_paths`: one prefix (a string) or a blend list."""
+        return self.data_paths
+
+    @data_path.setter
+    def data_path(self, value: "Optional[str | list[str]]") -> None:
+        self.data_paths = data_paths_from_alias(value)
 
     @property
     def is_mock(self) -> bool:
@@ -85,7 +127,7 @@ class DatasetConfig:
 
 
 @dataclass(kw_only=True)
-class TokenizerConfig:
+class TokenizerConfig(StrictFields):
     """Tokenizer. ``NullTokenizer`` needs no files: token ids are used as they are."""
 
     tokenizer_type: Literal["NullTokenizer", "HuggingFaceTokenizer"] = "NullTokenizer"
@@ -93,23 +135,27 @@ class TokenizerConfig:
     """Path or name of a Hugging Face tokenizer (only for ``HuggingFaceTokenizer``)."""
     vocab_size: Optional[int] = None
     """Vocabulary of the ``NullTokenizer``; ``None`` uses ``model.vocab_size``."""
+    hf_tokenizer_kwargs: Optional[dict[str, Any]] = None
+    """Extra keyword arguments for the Hugging Face tokenizer (only for ``HuggingFaceTokenizer``)."""
 
 
 @dataclass(kw_only=True)
-class LoggerConfig:
+class LoggerConfig(StrictFields):
     """Console, summary and TensorBoard logging."""
 
     log_interval: int = 1
     log_dir: Optional[str] = None
     """Directory for ``summary.json`` and TensorBoard events; ``None`` writes under ``runs/``."""
     tensorboard: bool = False
+    tensorboard_dir: Optional[str] = None
+    """Directory for TensorBoard events; setting it turns TensorBoard on. ``None``: ``log_dir``."""
     steady_state_window: list[int] = field(default_factory=lambda: [3, 8])
     """First and last iteration (1-based, inclusive) of the steady-state step-time window."""
     log_memory: bool = True
 
 
 @dataclass(kw_only=True)
-class CheckpointConfig:
+class CheckpointConfig(StrictFields):
     """megatron-core ``dist_checkpointing`` save/resume."""
 
     save: Optional[str] = None
@@ -121,7 +167,7 @@ class CheckpointConfig:
 
 
 @dataclass(kw_only=True)
-class DistributedInitConfig:
+class DistributedInitConfig(StrictFields):
     """Process-group set-up."""
 
     device: Literal["cuda", "cpu"] = "cuda"
@@ -142,15 +188,17 @@ class DistributedInitConfig:
 
 
 @dataclass(kw_only=True)
-class RNGConfig:
+class RNGConfig(StrictFields):
     """Seeds."""
 
     seed: int = 1234
     data_parallel_random_init: bool = False
+    te_rng_tracker: bool = False
+    """Use Transformer Engine's RNG tracker for the model-parallel RNG states (needs TE)."""
 
 
 @dataclass(kw_only=True)
-class ProfilingConfig:
+class ProfilingConfig(StrictFields):
     """torch profiler capture of a few steps on a few ranks."""
 
     use_pytorch_profiler: bool = False
@@ -170,15 +218,19 @@ MixedPrecisionName = Literal[
 ]
 
 
+_STRICT_SUB_CONFIGS = frozenset({"optimizer", "ddp"})
+"""Sub-configs of megatron-core classes that a container makes refuse unknown attributes."""
+
+
 @dataclass(kw_only=True)
-class ConfigContainer:
+class ConfigContainer(StrictFields):
     """The whole run. ``finalize()`` returns a resolved, validated copy; ``validate()`` too."""
 
     model: GPTModelProvider
     train: TrainingConfig = field(default_factory=TrainingConfig)
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    optimizer: OptimizerConfig = field(default_factory=StrictOptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    ddp: DistributedDataParallelConfig = field(default_factory=DistributedDataParallelConfig)
+    ddp: DistributedDataParallelConfig = field(default_factory=StrictDistributedDataParallelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -186,13 +238,20 @@ class ConfigContainer:
     dist: DistributedInitConfig = field(default_factory=DistributedInitConfig)
     rng: RNGConfig = field(default_factory=RNGConfig)
     profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
-    mixed_precision: Optional[MixedPrecisionName] = "bf16_mixed"
-    """Owner of the precision flags of model, optimizer and DDP (derived at finalize). ``None``:
-    no precision recipe; the model's, optimizer's and DDP's own dtype flags stand as set."""
+    mixed_precision: Union[MixedPrecisionName, MixedPrecisionConfig, None] = "bf16_mixed"
+    """Owner of the precision flags of model, optimizer and DDP (derived at finalize): a recipe name
+    or a ``MixedPrecisionConfig``. ``None``: no precision recipe; the model's, optimizer's and
+    DDP's own dtype flags stand as set."""
     comm_overlap: CommOverlapConfig = field(default_factory=CommOverlapConfig)
     provenance: dict[str, str] = field(default_factory=dict)
     """Dotted key -> the layer that set it (``yaml``, ``flag``, ``cli``). Unlisted keys come from
     the recipe or a default; the resolved copy also marks ``computed`` values."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Unknown names are refused; megatron-core optimizer/DDP configs become their strict kind."""
+        if name in _STRICT_SUB_CONFIGS:
+            value = make_strict(value)
+        super().__setattr__(name, value)
 
     def resolve(self, world_size: Optional[int] = None) -> Resolution:
         """Resolve once: the effective config, each overlap value and its source, the start-up

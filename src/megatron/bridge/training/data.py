@@ -7,7 +7,7 @@
 
 The tokenizer is megatron-core's ``NullTokenizer`` (no files, no downloads) unless a Hugging Face
 tokenizer is configured. The sequence length comes from ``cfg.model.seq_length`` and the shuffle
-seed from ``cfg.rng.seed`` (single owners). The compiled dataset helper ships with the wheel, so
+seed from ``cfg.dataset.random_seed``, else ``cfg.rng.seed``. The compiled dataset helper ships with the wheel, so
 ``compile_helpers()`` is never called.
 
 Batches are drawn like megatron's pretraining sampler: consecutive slices of
@@ -43,7 +43,8 @@ def build_tokenizer(cfg: "ConfigContainer") -> Any:
         )
     if tok.tokenizer_type == "HuggingFaceTokenizer":
         return MegatronTokenizer.from_pretrained(
-            tokenizer_path=tok.tokenizer_model, metadata_path={"library": "huggingface"}
+            tokenizer_path=tok.tokenizer_model, metadata_path={"library": "huggingface"},
+            **(tok.hf_tokenizer_kwargs or {}),
         )
     raise ValueError(f"tokenizer.tokenizer_type={tok.tokenizer_type!r} is not supported")
 
@@ -59,13 +60,32 @@ def _blend(data_paths: Optional[list[str]]) -> Optional[tuple[list[str], Optiona
         return (list(data_paths), None)
 
 
+def dataset_seed(cfg: "ConfigContainer") -> int:
+    """``dataset.random_seed`` when set, else ``rng.seed``."""
+    return cfg.dataset.random_seed if cfg.dataset.random_seed is not None else cfg.rng.seed
+
+
+def data_prefixes(data_paths: Optional[list[str]]) -> list[str]:
+    """The dataset prefixes of ``data_paths`` (a blend list's weights left out)."""
+    blend = _blend(data_paths)
+    return list(blend[0]) if blend else []
+
+
+def missing_data_files(data_paths: Optional[list[str]]) -> list[str]:
+    """The ``.bin``/``.idx`` files of ``data_paths`` that do not exist."""
+    from pathlib import Path
+
+    return [f"{p}{suffix}" for p in data_prefixes(data_paths) for suffix in (".bin", ".idx")
+            if not Path(f"{p}{suffix}").is_file()]
+
+
 def gpt_dataset_config(cfg: "ConfigContainer", tokenizer: Any, platform: Optional[Platform] = None) -> Any:
     """The ``GPTDatasetConfig`` for this run (mock when no data paths are given)."""
     from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 
     ds = cfg.dataset
     return GPTDatasetConfig(
-        random_seed=cfg.rng.seed,
+        random_seed=dataset_seed(cfg),
         sequence_length=cfg.model.seq_length,
         blend=_blend(ds.data_paths),
         split=ds.split,

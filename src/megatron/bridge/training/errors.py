@@ -51,3 +51,18 @@ class CommOverlapConfigError(ConfigValidationError):
 
 class OverrideError(ConfigError):
     """A YAML or dotted CLI override could not be applied; the input config is left unchanged."""
+
+
+OverridesError = OverrideError
+"""Megatron-Bridge's name of the override error: one class, so either name catches it."""
+
+
+class UnknownFieldError(ConfigError, AttributeError):
+    """A config dataclass was given an attribute it does not have (a typo would be silently ignored).
+
+    Also an ``AttributeError``, which is what Python raises for a missing attribute.
+    """
+
+    def __init__(self, violations: Sequence[Violation], title: str, obj_name: str = "") -> None:
+        super().__init__(violations, title)
+        self.name = obj_name

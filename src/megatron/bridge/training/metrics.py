@@ -97,6 +97,8 @@ class MetricsLogger:
     log_interval: int = 1
     is_logging_rank: bool = True
     tensorboard: bool = False
+    tensorboard_dir: Optional[str] = None
+    """Where TensorBoard events go; ``None``: ``log_dir``."""
     start_iteration: int = 0
     step_times_s: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
@@ -109,7 +111,7 @@ class MetricsLogger:
         if self.is_logging_rank:
             Path(self.log_dir).mkdir(parents=True, exist_ok=True)
             if self.tensorboard:
-                self._writer = open_tensorboard(self.log_dir)
+                self._writer = open_tensorboard(self.tensorboard_dir or self.log_dir)
 
     def record(self, iteration: int, loss: float, step_time_s: float, **scalars: float) -> None:
         """Store one iteration; print its line (and progress) every ``log_interval`` iterations."""

@@ -116,7 +116,7 @@ class CudaPlatform(Platform):
         from megatron.core import tensor_parallel
 
         torch.manual_seed(seed)
-        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        tensor_parallel.model_parallel_cuda_manual_seed(seed, te_rng_tracker=self.resolved.rng.te_rng_tracker)
 
     def place(self, module: torch.nn.Module) -> torch.nn.Module:
         return module.cuda(torch.cuda.current_device())

@@ -31,6 +31,7 @@ import torch
 
 from megatron.bridge.training import initialize
 from megatron.bridge.training.checkpointing import CheckpointSaver, TrainState
+from megatron.bridge.training.forward_step import StepState, bind_forward_step, check_forward_step
 from megatron.bridge.training.platform import Platform, select_platform
 
 if TYPE_CHECKING:
@@ -62,6 +63,8 @@ def pretrain(
 
     SIGTERM/SIGINT stop the run between two steps (all ranks at the same iteration) and save once.
     ``verbose`` prints the full overlap report at start-up instead of its brief form.
+    ``forward_step_func`` may take ``(data_iterator, model, return_schedule_plan=False)`` or, as in
+    Megatron-Bridge, ``(state, data_iterator, model, return_schedule_plan=False)``.
     """
     env = initialize.launch_env()
     resolution = cfg.resolve(world_size=env.world_size)  # once, before any process group or CUDA work
@@ -71,6 +74,7 @@ def pretrain(
 
     if forward_step_func is None:
         from megatron.bridge.training.gpt_step import forward_step as forward_step_func
+    check_forward_step(forward_step_func, ep_overlap=bool(resolved.comm_overlap.overlap_moe_expert_parallel_comm))
 
     created_group = not torch.distributed.is_initialized()
     env = initialize.initialize_distributed(resolved, env, platform)
@@ -361,7 +365,8 @@ class Trainer:
             steady_state_window=self.resolved.logger.steady_state_window,
             log_interval=self.resolved.logger.log_interval,
             is_logging_rank=self.is_logging_rank,
-            tensorboard=self.resolved.logger.tensorboard,
+            tensorboard=self.resolved.logger.tensorboard or self.resolved.logger.tensorboard_dir is not None,
+            tensorboard_dir=self.resolved.logger.tensorboard_dir,
             start_iteration=self.state.iteration,
         )
 
@@ -411,7 +416,7 @@ class Trainer:
         self.optimizer.zero_grad()
         self.timer.start()
         losses_reduced = self.forward_backward(
-            forward_step_func=self.forward_step_func,
+            forward_step_func=bind_forward_step(self.forward_step_func, StepState(self.resolved, self.state)),
             data_iterator=self.data_iterator,
             model=self.model,
             num_microbatches=self.num_microbatches,

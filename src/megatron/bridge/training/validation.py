@@ -18,7 +18,8 @@ from megatron.bridge.training.layout import (
     model_parallel_size,
     pipeline_split_layers,
 )
-from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES
+from megatron.bridge.training.data import missing_data_files
+from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, is_known_setting, mixed_precision_recipe
 from megatron.bridge.training.ranges import RANGE_RULES
 from megatron.bridge.training.rules import TE_VERSION_VALUE, Rule, RuleContext, read_field
 
@@ -38,7 +39,7 @@ def _uses_fp8(cfg: "ConfigContainer") -> bool:
     """FP8 from the precision recipe, or with ``mixed_precision=null`` from ``model.fp8``."""
     if cfg.mixed_precision is None:
         return cfg.model.fp8 is not None
-    recipe = MIXED_PRECISION_RECIPES.get(cfg.mixed_precision)
+    recipe = mixed_precision_recipe(cfg.mixed_precision)
     return recipe is not None and recipe.needs_transformer_engine
 
 
@@ -55,10 +56,10 @@ GENERAL_RULES: tuple[Rule, ...] = (
     Rule(
         id="mixed-precision-known",
         fields=("mixed_precision",),
-        holds=lambda cfg, ctx: cfg.mixed_precision is None or cfg.mixed_precision in MIXED_PRECISION_RECIPES,
+        holds=lambda cfg, ctx: is_known_setting(cfg.mixed_precision),
         message="unknown mixed-precision recipe",
-        fix=f"use one of {sorted(MIXED_PRECISION_RECIPES)}, or null (no recipe: the dtype flags of "
-        "model, optimizer and DDP stand as set)",
+        fix=f"use one of {sorted(MIXED_PRECISION_RECIPES)}, a MixedPrecisionConfig, or null (no recipe: "
+        "the dtype flags of model, optimizer and DDP stand as set)",
     ),
     Rule(
         id="fp8-needs-transformer-engine",
@@ -83,6 +84,42 @@ GENERAL_RULES: tuple[Rule, ...] = (
         "fp32 main weights) from optimizer.bf16/fp16/params_dtype",
         fix="give optimizer.bf16, optimizer.fp16 and optimizer.params_dtype the model's values, or "
         "choose a precision recipe (mixed_precision=bf16_mixed, -c bf16)",
+    ),
+    Rule(
+        id="dataset-files-exist",
+        fields=("dataset.data_paths",),
+        applies=lambda cfg, ctx: not cfg.dataset.is_mock,
+        holds=lambda cfg, ctx: not missing_data_files(cfg.dataset.data_paths),
+        message="the indexed dataset is not there: every prefix needs its .bin and .idx file (a run "
+        "never falls back to mock data)",
+        fix="give dataset.data_path / dataset.data_paths the prefix of existing files (without "
+        ".bin/.idx), or leave them null for mock data",
+        derived_values=(("missing", lambda cfg, ctx: missing_data_files(cfg.dataset.data_paths)),),
+    ),
+    Rule(
+        id="dataset-seq-length-matches-model",
+        fields=("dataset.seq_length", "model.seq_length"),
+        applies=lambda cfg, ctx: cfg.dataset.seq_length is not None,
+        holds=lambda cfg, ctx: cfg.dataset.seq_length == cfg.model.seq_length,
+        message="a run has one sequence length: the samples the dataset cuts must fit the model",
+        fix="give dataset.seq_length the value of model.seq_length (or leave it null)",
+    ),
+    Rule(
+        id="hf-tokenizer-kwargs-need-hf-tokenizer",
+        fields=("tokenizer.hf_tokenizer_kwargs", "tokenizer.tokenizer_type"),
+        applies=lambda cfg, ctx: bool(cfg.tokenizer.hf_tokenizer_kwargs),
+        holds=lambda cfg, ctx: cfg.tokenizer.tokenizer_type == "HuggingFaceTokenizer",
+        message="hf_tokenizer_kwargs are only passed to a Hugging Face tokenizer: here they would do nothing",
+        fix="set tokenizer.tokenizer_type=HuggingFaceTokenizer, or tokenizer.hf_tokenizer_kwargs=null",
+    ),
+    Rule(
+        id="te-rng-tracker-needs-transformer-engine",
+        fields=("rng.te_rng_tracker",),
+        applies=lambda cfg, ctx: bool(cfg.rng.te_rng_tracker),
+        holds=lambda cfg, ctx: ctx.te_version is not None and cfg.dist.device == "cuda",
+        message="Transformer Engine's RNG tracker needs Transformer Engine on GPUs",
+        fix="set rng.te_rng_tracker=false, or install the 'te' extra on the GPU machine",
+        extra_values=TE_VERSION_VALUE,
     ),
     Rule(
         id="layer-spec-known",

@@ -53,9 +53,10 @@ def _pipeline(cfg: "ConfigContainer") -> tuple[int, Optional[int]]:
 
 
 def data_parallel(cfg: "ConfigContainer", ctx: RuleContext) -> Optional[int]:
-    """Data-parallel size for the context's world size (``None`` when unknown)."""
+    """Data-parallel size for the context's world size, else ``comm_overlap.data_parallel_size``
+    (``None`` when neither is known)."""
     if ctx.world_size is None:
-        return None
+        return cfg.comm_overlap.data_parallel_size
     return data_parallel_size(cfg, ctx.world_size)
 
 

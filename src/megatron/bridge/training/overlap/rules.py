@@ -24,7 +24,7 @@ from megatron.bridge.training.overlap.facts import (
 )
 from megatron.bridge.training.overlap.fields import BOOL_SWITCHES, gloo_on_cuda
 from megatron.bridge.training.rules import TE_VERSION_VALUE, Rule
-from megatron.bridge.training.layout import micro_batches_per_step
+from megatron.bridge.training.layout import data_parallel_size, micro_batches_per_step
 
 _TE = TE_VERSION_VALUE
 _RECOMPUTE_FIX = "use selective recompute (recompute_granularity=selective, e.g. recompute_modules=[moe_act])"
@@ -329,6 +329,29 @@ TP_OVERLAP_RULES: tuple[Rule, ...] = (
         extra_values=_TE,
     ),
     Rule(
+        id="tp-overlap-userbuffers-not-initialised",
+        group="tp-overlap",
+        fields=("comm_overlap.tp_comm_overlap",),
+        applies=_TP_ON,
+        holds=lambda cfg, ctx: False,
+        message="TP comm overlap needs Transformer Engine's userbuffers initialised before the model is "
+        "built, which this package does not do: with Transformer Engine the layers would fail or run "
+        "without overlap (refused, not silently ignored)",
+        fix="set comm_overlap.tp_comm_overlap=false; overlap tensor-parallel communication is not "
+        "available here (the MoE expert-parallel and data-parallel overlaps are)",
+        extra_values=_TE,
+    ),
+    Rule(
+        id="tp-overlap-cfg-needs-tp-overlap",
+        group="tp-overlap",
+        fields=("comm_overlap.tp_comm_overlap_cfg", "comm_overlap.tp_comm_overlap"),
+        applies=lambda cfg, ctx: cfg.comm_overlap.tp_comm_overlap_cfg is not None,
+        holds=lambda cfg, ctx: bool(cfg.comm_overlap.tp_comm_overlap),
+        message="tp_comm_overlap_cfg configures the TP-overlap userbuffers only: without TP comm "
+        "overlap it would do nothing",
+        fix="set comm_overlap.tp_comm_overlap_cfg=null",
+    ),
+    Rule(
         id="tp-comm-bootstrap-backend-known",
         group="tp-overlap",
         fields=("comm_overlap.tp_comm_bootstrap_backend",),
@@ -346,7 +369,26 @@ def _dp_overlap_on(cfg, ctx) -> bool:
     return bool(cfg.comm_overlap.overlap_grad_reduce or cfg.comm_overlap.overlap_param_gather)
 
 
+def _layout_dp(cfg, ctx):
+    return data_parallel_size(cfg, ctx.world_size) if ctx.world_size is not None else None
+
+
 PIPELINE_DP_RULES: tuple[Rule, ...] = (
+    Rule(
+        id="data-parallel-size-matches-layout",
+        group="data-parallel",
+        fields=("comm_overlap.data_parallel_size",),
+        applies=lambda cfg, ctx: cfg.comm_overlap.data_parallel_size is not None,
+        holds=lambda cfg, ctx: isinstance(cfg.comm_overlap.data_parallel_size, int)
+        and cfg.comm_overlap.data_parallel_size >= 1
+        and (ctx.world_size is None or cfg.comm_overlap.data_parallel_size == _layout_dp(cfg, ctx)),
+        message="comm_overlap.data_parallel_size must be a positive integer and, with a world size, the "
+        "data-parallel size of the layout (world size / (TP x PP x CP)): the overlap defaults are "
+        "decided for it",
+        fix="give comm_overlap.data_parallel_size the layout's data-parallel size, or null (derived)",
+        extra_values=(("world_size", lambda ctx: ctx.world_size),),
+        derived_values=(("layout data-parallel size", _layout_dp),),
+    ),
     Rule(
         id="p2p-overlap-needs-interleaved-pipeline",
         group="pipeline",

@@ -8,8 +8,11 @@ and ``=1`` on a bool field is a real ``True``. A field that is a copy of another
 cannot be set to anything but its owner's value: the override is refused with the owner's name.
 
 Every entry point works on a copy and returns it: on error the caller's config is unchanged, and
-all problems are reported together in one :class:`OverrideError`. The work is done by
-``typed_values`` (one value), ``overrides`` (a layer of overrides) and ``yaml_io`` (files).
+all problems are reported together in one :class:`OverrideError` (also importable under
+Megatron-Bridge's name, ``OverridesError``). The work is done by ``typed_values`` (one value),
+``overrides`` (a layer of overrides), ``yaml_io`` (files) and ``hydra_overrides`` (Megatron-Bridge's
+helpers: ``create_omegaconf_dict_config``, ``parse_hydra_overrides``, Hydra's ``+``/``++``/``~``
+forms, and ``apply_overrides(cfg, overrides, excluded_fields)``, which updates ``cfg`` itself).
 """
 
 from __future__ import annotations
@@ -19,8 +22,13 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from megatron.bridge.training.config import ConfigContainer
-from megatron.bridge.training.errors import OverrideError
-from megatron.bridge.training.utils.overrides import apply_overrides, parse_dotlist
+from megatron.bridge.training.errors import OverrideError, OverridesError
+from megatron.bridge.training.utils.hydra_overrides import (
+    apply_overrides,
+    create_omegaconf_dict_config,
+    parse_hydra_overrides,
+)
+from megatron.bridge.training.utils.overrides import parse_dotlist
 from megatron.bridge.training.utils.typed_values import convert_value, field_annotations, type_name
 from megatron.bridge.training.utils.yaml_io import config_to_dict, config_to_yaml, container_from_dict, load_yaml
 
@@ -55,7 +63,10 @@ def describe_field_type(cls: type, name: str) -> str:
 
 __all__ = [
     "OverrideError",
+    "OverridesError",
     "apply_overrides",
+    "create_omegaconf_dict_config",
+    "parse_hydra_overrides",
     "config_from_dict",
     "config_from_yaml",
     "config_to_dict",

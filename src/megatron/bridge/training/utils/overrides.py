@@ -91,6 +91,9 @@ def _apply_tree(obj: Any, changes: Mapping[str, Any], path: str, layer: _Layer) 
     for key, raw in changes.items():
         if key == TARGET_KEY:
             continue
+        owner = getattr(cls, "FIELD_ALIASES", {}).get(key)
+        if owner is not None:  # another name of one field (e.g. Megatron-Bridge's spelling)
+            key, raw = owner[0], owner[1](raw)
         dotted = f"{path}.{key}" if path else key
         if key not in annotations:
             errors.append(
@@ -108,7 +111,7 @@ def _apply_tree(obj: Any, changes: Mapping[str, Any], path: str, layer: _Layer) 
         sub_cls = dataclass_in(annotation)
         current = getattr(obj, key)
         if sub_cls is not None and isinstance(raw, Mapping):
-            base = current if current is not None else _default_instance(sub_cls, dotted, errors)
+            base = _base_instance(current, sub_cls, dotted, errors)
             if base is not None:
                 updates[key] = _apply_tree(base, raw, dotted, layer)
             continue
@@ -143,6 +146,19 @@ def _retarget(obj: Any, target_cls: type) -> Any:
     names = set(field_annotations(target_cls))
     kept = {k: getattr(obj, k) for k in field_annotations(type(obj)) if k in names}
     return target_cls(**kept)
+
+
+def _base_instance(current: Any, cls: type, path: str, errors: list[Violation]) -> Any:
+    """What a mapping of overrides for ``path`` is applied to: the current sub-config, one built
+    from a name the field holds (``mixed_precision: bf16_mixed`` -> its object form), or a default."""
+    if isinstance(current, cls):
+        return current
+    if isinstance(current, str) and hasattr(cls, "from_name"):
+        try:
+            return cls.from_name(current)
+        except KeyError:
+            pass
+    return _default_instance(cls, path, errors)
 
 
 def _default_instance(cls: type, path: str, errors: list[Violation]) -> Any:
@@ -191,18 +207,26 @@ def parse_dotlist(overrides: Sequence[str]) -> dict[str, Any]:
     return plain(OmegaConf.from_dotlist(list(overrides)))
 
 
-def apply_overrides(
-    cfg: "ConfigContainer",
-    overrides: Union[Mapping[str, Any], Sequence[str]],
-    source: str = "cli",
-) -> "ConfigContainer":
-    """A copy of ``cfg`` with ``overrides`` (nested mapping or dotted strings) applied, typed.
+def has_hydra_prefix(overrides: Sequence[str]) -> bool:
+    """Whether any dotted override uses Hydra's ``+``, ``++`` or ``~`` form."""
+    return any(str(item).lstrip().startswith(("+", "~")) for item in overrides)
 
-    Every accepted leaf is recorded in ``provenance`` under ``source``. Raises ``OverrideError``
-    listing every problem (a write to a copy whose owner gives it another value included);
-    ``cfg`` itself is never modified.
+
+def with_overrides(cfg: Any, overrides: Union[Mapping[str, Any], Sequence[str]], source: str = "cli") -> Any:
+    """A copy of ``cfg`` (a ``ConfigContainer`` or any config dataclass) with ``overrides`` (nested
+    mapping or dotted strings) applied, typed; ``cfg`` itself is never modified.
+
+    For a container every accepted leaf is recorded in ``provenance`` under ``source``. Raises
+    ``OverrideError`` listing every problem (a write to a copy whose owner gives it another value
+    included).
     """
     changes = parse_dotlist(overrides) if not isinstance(overrides, Mapping) else plain(overrides)
+    if not is_container(cfg):
+        layer = _Layer(source, {})
+        result = _apply_tree(copy.deepcopy(cfg), changes, "", layer)
+        if layer.errors:
+            raise OverrideError(layer.errors, f"invalid {source} overrides")
+        return result
     layer = _Layer(source, dict(cfg.provenance))
     changes = {k: v for k, v in changes.items() if k != "provenance"}
     result = _apply_tree(copy.deepcopy(cfg), changes, "", layer)
@@ -213,3 +237,8 @@ def apply_overrides(
     ownership.carry_memory(cfg, out)
     ownership.remember(out, ownership.accepted_copies(out, layer.written))
     return out
+
+
+def is_container(obj: Any) -> bool:
+    """The root of a run's configuration (the one dataclass that records provenance)."""
+    return dataclasses.is_dataclass(obj) and "provenance" in {f.name for f in dataclasses.fields(obj)}

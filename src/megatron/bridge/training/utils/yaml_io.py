@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from megatron.bridge.training import ownership
 from megatron.bridge.training.errors import OverrideError, Violation
-from megatron.bridge.training.utils.overrides import TARGET_KEY, apply_overrides, class_from_target, plain
+from megatron.bridge.training.utils.overrides import TARGET_KEY, class_from_target, is_container, plain, with_overrides
 from megatron.bridge.training.utils.typed_values import field_annotations, import_object
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def load_yaml(path: Union[str, Path]) -> dict[str, Any]:
     return data
 
 
-def _encode(value: Any) -> Any:
+def encode_value(value: Any) -> Any:
     """A YAML-safe form of one value (dtypes, enums, callables as text)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return config_to_dict(value)
@@ -79,9 +79,9 @@ def _encode(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.name
     if isinstance(value, (list, tuple)):
-        return [_encode(v) for v in value]
+        return [encode_value(v) for v in value]
     if isinstance(value, Mapping):
-        return {str(k): _encode(v) for k, v in value.items()}
+        return {str(k): encode_value(v) for k, v in value.items()}
     if callable(value) and not isinstance(value, type):
         return _callable_path(value)
     return value
@@ -123,15 +123,10 @@ def config_to_dict(obj: Any) -> dict[str, Any]:
     if isinstance(obj, GPTModelProvider):
         data[TARGET_KEY] = f"{type(obj).__module__}.{type(obj).__qualname__}"
     for name in field_annotations(type(obj)):
-        data[name] = _encode(getattr(obj, name))
-    if _is_container(obj):
+        data[name] = encode_value(getattr(obj, name))
+    if is_container(obj):
         _write_copies(obj, data)
     return data
-
-
-def _is_container(obj: Any) -> bool:
-    """The root of a run's configuration (the one dataclass that records provenance)."""
-    return dataclasses.is_dataclass(obj) and "provenance" in {f.name for f in dataclasses.fields(obj)}
 
 
 def _write_copies(cfg: Any, data: dict[str, Any]) -> None:
@@ -144,7 +139,7 @@ def _write_copies(cfg: Any, data: dict[str, Any]) -> None:
         if dotted in left_out:
             node.pop(name, None)
         else:
-            node[name] = _encode(values[dotted])
+            node[name] = encode_value(values[dotted])
 
 
 def config_to_yaml(cfg: "ConfigContainer", path: Optional[Union[str, Path]] = None) -> str:
@@ -173,7 +168,7 @@ def container_from_dict(container_cls: type, data: Mapping[str, Any]) -> "Config
     base = container_cls(model=model_cls())
     saved_provenance = dict(data.get("provenance") or {})
     rest = {k: v for k, v in data.items() if k not in ("model", "provenance")}
-    result = apply_overrides(base, {"model": model_data, **rest}, source="yaml")
+    result = with_overrides(base, {"model": model_data, **rest}, source="yaml")
     loaded = dataclasses.replace(result, provenance=saved_provenance)
     ownership.carry_memory(result, loaded)
     return loaded
