@@ -100,6 +100,8 @@ def test_bool_words(text, value):
         ["--steady_state_window", "3"],
         ["--profile_step_start", "6", "--profile_step_end", "5"],
         ["--sweep", "noequals"],
+        ["--sweep_repeats", "2"],
+        ["--sweep", "model.bf16=true,false", "--sweep_repeats", "0"],
         ["not_an_override"],
         ["model=1"],
         ["-g", "cpu", "--procs_per_gpu", "2"],

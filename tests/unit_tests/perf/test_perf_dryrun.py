@@ -1,6 +1,7 @@
 """``run_script.py`` end to end without launching: the README's command, exit codes, outputs."""
 
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -173,6 +174,26 @@ def test_sweep_runs_each_value_and_writes_outputs(tmp_path, monkeypatch):
 
     on = config_from_yaml(root / "01_overlap_moe_expert_parallel_comm=true" / "config.yaml")
     assert on.comm_overlap.overlap_moe_expert_parallel_comm is True and on.train.train_iters == 8
+
+
+def test_sweep_repeats_interleave_the_values_and_report_each_round(tmp_path, monkeypatch):
+    import megatron.bridge.perf.run as run_module
+
+    monkeypatch.setattr(run_module, "run_plan", _fake_run_plan)
+    root = tmp_path / "s"
+    argv = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--max_steps", "8", "-l", str(root),
+            "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true", "--sweep_repeats", "2"]
+    code, out = run(argv)
+    assert code == 0, out
+    order = re.findall(r"^== running comm_overlap\.overlap_moe_expert_parallel_comm=(\w+) \(round", out, re.M)
+    assert order == ["false", "true", "false", "true"]
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == [
+        "00_overlap_moe_expert_parallel_comm=false_r1", "00_overlap_moe_expert_parallel_comm=false_r2",
+        "01_overlap_moe_expert_parallel_comm=true_r1", "01_overlap_moe_expert_parallel_comm=true_r2"]
+    md = (root / "sweep.md").read_text()
+    assert "2 rounds run interleaved" in md
+    assert "| `true` | 0.8000 | 0.8000 | 0.8000 | 1.250x | 0.8000 / 0.8000 | 0.0000 |" in md
+    assert "--sweep_repeats 2" in md
 
 
 def test_single_run_prints_results_table(tmp_path, monkeypatch):

@@ -190,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="FIRST,LAST iterations of the steady-state mean (default 3,8)")
     io.add_argument("--sweep", default=None, metavar="KEY=V1,V2,...",
                     help="one-knob A/B sweep: each value of one dotted key runs as its own job")
+    io.add_argument("--sweep_repeats", type=positive_int, default=1, metavar="N",
+                    help="run the sweep's values in N interleaved rounds (v1, v2, v1, v2, ...); sweep.md shows "
+                    "each round's mean and their spread")
     io.add_argument("-v", "--verbose", action="store_true",
                     help="before launching, print the full overlap report and every overlap-related value "
                     "with its source (--dryrun always does); in the ranks, keep third-party warnings and "
@@ -219,6 +222,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error(f"dotted overrides look like section.field=value; got {bad}")
     if args.sweep is not None and not _OVERRIDE.match(args.sweep):
         parser.error(f"--sweep expects dotted.key=v1,v2,...; got {args.sweep!r}")
+    if args.sweep_repeats > 1 and args.sweep is None:
+        parser.error("--sweep_repeats repeats a sweep; give --sweep dotted.key=v1,v2,... too")
     if args.profile_step_start and args.profile_step_end and args.profile_step_start > args.profile_step_end:
         parser.error("--profile_step_start must be <= --profile_step_end")
     if args.gpu == "cpu" and args.procs_per_gpu != 1:

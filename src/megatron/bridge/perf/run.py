@@ -33,7 +33,7 @@ from megatron.bridge.perf.launcher import CONFIG_NAME, LaunchPlan, plan_launch, 
 from megatron.bridge.perf.results import SUMMARY_NAME, format_results, load_summary, summary_steady_state
 from megatron.bridge.perf.supervisor import LAUNCH_LOG, JobOutcome
 from megatron.bridge.training.entry import FAILURE_DIR
-from megatron.bridge.perf.sweep import SweepPoint, job_dirname, parse_sweep, write_sweep_outputs
+from megatron.bridge.perf.sweep import combine_rounds, job_dirname, parse_sweep, write_sweep_outputs
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -273,13 +273,16 @@ def run_sweep(args, out: TextIO) -> int:
     shadowed = [o for o in args.overrides if o.partition("=")[0].strip() == spec.key]
     if shadowed:
         print(f"   note: the swept values replace {', '.join(shadowed)} given on the command line", file=out)
+    rounds = args.sweep_repeats
+    plan = [(r, i, v) for r in range(1, rounds + 1) for i, v in enumerate(spec.values)]  # interleaved
     jobs = [
-        make_job(build_config(args, extra_overrides=[spec.override(v)], log_dir=root / job_dirname(spec, i, v)), args)
-        for i, v in enumerate(spec.values)
+        make_job(build_config(args, extra_overrides=[spec.override(v)],
+                              log_dir=root / job_dirname(spec, i, v, r if rounds > 1 else None)), args)
+        for r, i, v in plan
     ]
     jobs = same_environment(jobs, args, out)
-    for value, job in zip(spec.values, jobs):
-        print(f"== sweep {spec.key}={value}", file=out)
+    for value, job in zip(spec.values, jobs):  # the rounds repeat the first round's jobs
+        print(f"== sweep {spec.key}={value}" + (f" ({rounds} rounds, interleaved)" if rounds > 1 else ""), file=out)
         describe(job, out, verbose=(args.verbose or args.dryrun) and job is jobs[0])
     if args.save_config_filepath:
         jobs[0].save_config(args.save_config_filepath)
@@ -293,9 +296,11 @@ def run_sweep(args, out: TextIO) -> int:
         print("   after the jobs finish, each directory holds its summary.json", file=out)
         return 0
     check_machine(jobs[0])
-    points, worst = [], 0
-    for value, job in zip(spec.values, jobs):
-        print(f"== running {spec.key}={value} in {job.built.log_dir}", file=out)
+    outcomes: dict[int, list] = {i: [] for i in range(len(spec.values))}
+    worst = 0
+    for (round_number, index, value), job in zip(plan, jobs):
+        label = f" (round {round_number} of {rounds})" if rounds > 1 else ""
+        print(f"== running {spec.key}={value}{label} in {job.built.log_dir}", file=out)
         prepare(job)
         code, stopped = execute(job, out, args.steady_state_window, args.verbose)
         if stopped:
@@ -305,8 +310,9 @@ def run_sweep(args, out: TextIO) -> int:
         stats = None
         if code == 0 and summary_path.is_file():
             stats = summary_steady_state(load_summary(summary_path), args.steady_state_window)
-        points.append(SweepPoint(value, str(job.built.log_dir), stats, code))
+        outcomes[index].append((str(job.built.log_dir), stats, code))
         worst = worst or code
+    points = [combine_rounds(v, *map(list, zip(*outcomes[i]))) for i, v in enumerate(spec.values)]
     command = shlex.join(["uv", "run", "python", "scripts/performance/run_script.py", *args.argv])
     md, png = write_sweep_outputs(spec, points, root, command)
     print(md.read_text(), file=out)

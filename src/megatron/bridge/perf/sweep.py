@@ -1,8 +1,10 @@
-"""One-knob A/B sweeps: ``--sweep dotted.key=v1,v2,...``.
+"""One-knob A/B sweeps: ``--sweep dotted.key=v1,v2,...`` (``--sweep_repeats N`` for N rounds).
 
 Every value runs as its own job with everything else fixed (one sub-directory of the log directory
-per value); afterwards ``sweep.md`` (mean/min/max step time, speedup against the first value) and
-``sweep.png`` (bars with min-max whiskers) are written next to them.
+per value and round); afterwards ``sweep.md`` (mean/min/max step time, speedup against the first
+value) and ``sweep.png`` (bars with min-max whiskers) are written next to them. With several
+rounds the values run interleaved (v1, v2, v1, v2, ...), so a drift of the machine over time
+touches every value alike, and the table shows each round's mean and their spread.
 """
 
 from __future__ import annotations
@@ -61,20 +63,45 @@ def parse_sweep(text: str) -> SweepSpec:
     return SweepSpec(key, tuple(values))
 
 
-def job_dirname(spec: SweepSpec, index: int, value: str) -> str:
-    """A filesystem-safe sub-directory per value, ordered by position."""
+def job_dirname(spec: SweepSpec, index: int, value: str, round_number: Optional[int] = None) -> str:
+    """A filesystem-safe sub-directory per value (and round, when there are several), ordered by position."""
     safe = re.sub(r"[^A-Za-z0-9_.+-]+", "_", value).strip("_") or "value"
-    return f"{index:02d}_{spec.key.rsplit('.', 1)[-1]}={safe}"
+    name = f"{index:02d}_{spec.key.rsplit('.', 1)[-1]}={safe}"
+    return name if round_number is None else f"{name}_r{round_number}"
 
 
 @dataclass(frozen=True)
 class SweepPoint:
-    """Outcome of one value: its steady-state statistics, or why there are none."""
+    """Outcome of one value: its steady-state statistics, or why there are none.
+
+    With several rounds, ``rounds`` holds each round's statistics (``None`` for a failed one) and
+    ``stats`` combines them: the mean of the round means, the extremes of all steps.
+    """
 
     value: str
     log_dir: str
     stats: Optional[SteadyState]
     exit_code: int = 0
+    rounds: tuple[Optional[SteadyState], ...] = ()
+
+    def round_means(self) -> list[float]:
+        return [r.mean_s for r in self.rounds if r is not None]
+
+
+def combine_rounds(value: str, log_dirs: Sequence[str], rounds: Sequence[Optional[SteadyState]],
+                   exit_codes: Sequence[int]) -> SweepPoint:
+    """One value's point from its rounds (a failed round keeps its exit code in the point)."""
+    done = [r for r in rounds if r is not None]
+    stats = None
+    if done:
+        stats = SteadyState(
+            first=done[0].first, last=done[0].last, mean_s=sum(r.mean_s for r in done) / len(done),
+            min_s=min(r.min_s for r in done), max_s=max(r.max_s for r in done), count=sum(r.count for r in done),
+            first_iteration=done[0].first_iteration, last_iteration=done[0].last_iteration,
+        )
+    code = next((c for c in exit_codes if c != 0), 0)
+    log_dir = log_dirs[0] if len(log_dirs) == 1 else ", ".join(log_dirs)
+    return SweepPoint(value, log_dir, stats, code, tuple(rounds) if len(rounds) > 1 else ())
 
 
 def sweep_markdown(spec: SweepSpec, points: Sequence[SweepPoint], command: str = "") -> str:
@@ -89,14 +116,24 @@ def sweep_markdown(spec: SweepSpec, points: Sequence[SweepPoint], command: str =
         f"| {spec.key} | mean (s) | min (s) | max (s) | speedup vs `{spec.values[0]}` | run |",
         "|---|---|---|---|---|---|",
     ]
+    rounds = max((len(p.rounds) for p in points), default=0)
+    if rounds > 1:
+        lines[2] = (f"Steady-state step time over iterations {window}, {rounds} rounds run interleaved; mean = mean "
+                    "of the round means, min/max over all steps, spread = largest minus smallest round mean; "
+                    "speedup = first value's mean / this mean.")
+        lines[4] = lines[4].replace(" | run |", " | round means (s) | spread (s) | runs |")
+        lines[5] += "---|---|"
     for p in points:
         if p.stats is None:
-            lines.append(f"| `{p.value}` | failed (exit {p.exit_code}) | | | | `{p.log_dir}` |")
+            lines.append(f"| `{p.value}` | failed (exit {p.exit_code}) | | | |{' | |' if rounds > 1 else ''} `{p.log_dir}` |")
             continue
         speed = f"{base / p.stats.mean_s:.3f}x" if base and p.stats.mean_s else "n/a"
-        lines.append(
-            f"| `{p.value}` | {p.stats.mean_s:.4f} | {p.stats.min_s:.4f} | {p.stats.max_s:.4f} | {speed} | `{p.log_dir}` |"
-        )
+        row = f"| `{p.value}` | {p.stats.mean_s:.4f} | {p.stats.min_s:.4f} | {p.stats.max_s:.4f} | {speed} |"
+        if rounds > 1:
+            means = p.round_means()
+            per_round = " / ".join(f"{r.mean_s:.4f}" if r is not None else "failed" for r in p.rounds)
+            row += f" {per_round} | {max(means) - min(means):.4f} |"
+        lines.append(f"{row} `{p.log_dir}` |")
     if command:
         lines += ["", "Command:", "", "```bash", command, "```"]
     return "\n".join(lines) + "\n"
