@@ -301,6 +301,19 @@ def publish(results: list[dict]) -> None:
     print(f"== wrote {RESULTS_JSON} and {RESULTS_MD}", flush=True)
 
 
+def rerun_argv(argv: list[str]) -> list[str]:
+    """The arguments that re-run this benchmark: ``--commit`` (what was measured) left out, with its value."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--commit":
+            skip = True
+        elif not arg.startswith("--commit="):
+            kept.append(arg)
+    return kept
+
+
 def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, help="working directory (logs, configs, results.json)")
@@ -341,7 +354,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         device=f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "no GPU",
         ceiling_tflops=ceiling, window=[args.window_start, args.steps], exit_codes=codes,
         command="uv run python scripts/performance/ep_overlap_benchmark.py " + shlex.join(
-            a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--commit")),
+            rerun_argv(argv if argv is not None else sys.argv[1:])),
         harness_command_example="uv run python scripts/performance/run_script.py " + shlex.join(
             harness_argv(jobs[list(jobs)[-1]][-1], args)),
         rows=rows(jobs),

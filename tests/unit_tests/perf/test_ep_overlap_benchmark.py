@@ -72,3 +72,12 @@ def test_rows_average_repeats_and_compute_the_hidden_share(bench, tmp_path):
     result = dict(date="d", commit="c", device="dev", ceiling_tflops=750.0, window=[4, 12], command="cmd", rows=[row])
     text = bench.markdown_section(result)
     assert "| nvlink | 1 | 0.500 s" in text and "50%" in text and "cmd" in text
+
+
+@pytest.mark.parametrize("argv, kept", [
+    (["--out", "o", "--commit", "abc123", "--mbs", "1"], ["--out", "o", "--mbs", "1"]),
+    (["--commit=abc123", "--publish"], ["--publish"]),
+    (["--transports", "--mbs", "1", "2"], ["--transports", "--mbs", "1", "2"]),
+])
+def test_recorded_command_leaves_out_the_measured_commit(bench, argv, kept):
+    assert bench.rerun_argv(argv) == kept

@@ -14,12 +14,26 @@ from megatron.bridge.training import gpt_step
 from megatron.bridge.training.platform import CpuPlatform, CudaPlatform, select_platform
 
 
-def _cfg(device: str, backend: Optional[str] = None, distributed_optimizer: bool = True) -> SimpleNamespace:
+def _cfg(device: str, backend: Optional[str] = None, distributed_optimizer: bool = True,
+         te_rng_tracker: bool = False) -> SimpleNamespace:
     effective = backend or ("gloo" if device == "cpu" else "nccl")
     return SimpleNamespace(
         dist=SimpleNamespace(device=device, effective_backend=effective),
         ddp=SimpleNamespace(use_distributed_optimizer=distributed_optimizer),
+        rng=SimpleNamespace(te_rng_tracker=te_rng_tracker),
     )
+
+
+@pytest.mark.parametrize("te_rng_tracker", [False, True])
+def test_gpu_seeding_hands_megatron_the_rng_tracker_setting(monkeypatch, te_rng_tracker) -> None:
+    """The GPU path's seeding runs here against a stand-in for megatron's CUDA seeding."""
+    from megatron.core import tensor_parallel
+
+    calls = []
+    monkeypatch.setattr(tensor_parallel, "model_parallel_cuda_manual_seed",
+                        lambda seed, **kwargs: calls.append((seed, kwargs)))
+    CudaPlatform(_cfg("cuda", te_rng_tracker=te_rng_tracker)).seed_model_parallel(1234)
+    assert calls == [(1234, {"te_rng_tracker": te_rng_tracker})]
 
 
 @pytest.mark.parametrize(

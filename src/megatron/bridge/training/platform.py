@@ -53,6 +53,7 @@ class Platform:
         # optimizer's step, data-parallel replicas of a parameter can still differ (the param
         # all-gather inside the step is not yet visible); a synchronous re-gather makes them equal.
         self.resync_params = resolved.ddp.use_distributed_optimizer and self.backend == "gloo"
+        self.te_rng_tracker = bool(resolved.rng.te_rng_tracker)
 
     def prepare_process(self, report: "OverlapReport") -> None:
         """Process-wide set-up before any process group or CUDA context exists."""
@@ -116,7 +117,7 @@ class CudaPlatform(Platform):
         from megatron.core import tensor_parallel
 
         torch.manual_seed(seed)
-        tensor_parallel.model_parallel_cuda_manual_seed(seed, te_rng_tracker=self.resolved.rng.te_rng_tracker)
+        tensor_parallel.model_parallel_cuda_manual_seed(seed, te_rng_tracker=self.te_rng_tracker)
 
     def place(self, module: torch.nn.Module) -> torch.nn.Module:
         return module.cuda(torch.cuda.current_device())
