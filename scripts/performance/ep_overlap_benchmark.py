@@ -176,16 +176,20 @@ def mean(values: list[float]) -> Optional[float]:
 
 
 def rows(jobs: dict[str, list[Case]]) -> list[dict]:
-    """One row per (EP=2 transport, MBS): EP=1 reference, overlap off and on, all repeats."""
+    """One row per (EP=2 transport, MBS): EP=1 reference, overlap off and on, all repeats.
+
+    Without EP=2 jobs (``--transports`` with no value: one GPU), one ``ep1`` row per MBS.
+    """
     stats = {case.name: case_stats(s) for cases in jobs.values() for case in cases if (s := load_case(case))}
 
     def runs(transport: str, mbs: int, overlap: bool) -> list[dict]:
         return [stats[c.name] for c in jobs.get(transport, []) if c.mbs == mbs and c.overlap == overlap and c.name in stats]
 
     out = []
-    for transport in (t for t in jobs if t != "ep1"):
+    for transport in [t for t in jobs if t != "ep1"] or ["ep1"]:
         for mbs in sorted({c.mbs for c in jobs[transport]}):
-            ep1, off, on = runs("ep1", mbs, False), runs(transport, mbs, False), runs(transport, mbs, True)
+            ep1 = runs("ep1", mbs, False)
+            off, on = (runs(transport, mbs, False), runs(transport, mbs, True)) if transport != "ep1" else ([], [])
             ep1_s, off_s, on_s = (mean([r["step_s"] for r in x]) for x in (ep1, off, on))
             row = dict(
                 transport=transport, mbs=mbs, ep1_step_s=ep1_s, off_step_s=off_s, on_step_s=on_s,
@@ -244,6 +248,10 @@ def fmt(x: Optional[float], digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def mfu(tflops: Optional[float]) -> str:
+    return "-" if tflops is None else f"{100 * tflops / NOMINAL_PEAK_TFLOPS:.1f}%"
+
+
 def markdown_section(result: dict) -> str:
     """The generated part of ``ep_overlap.md``: command, table, per-phase times."""
     lines = [
@@ -254,7 +262,7 @@ def markdown_section(result: dict) -> str:
         result["command"],
         "```",
         "",
-        "| transport | MBS | EP=1 (compute only) | EP=2 overlap off | EP=2 overlap on | on vs off | on / EP=1 | EP overhead hidden | TFLOP/s per GPU (EP=1 / off / on) | MFU of 989.5 (on) |",
+        "| transport | MBS | EP=1 (compute only) | EP=2 overlap off | EP=2 overlap on | on vs off | on / EP=1 | EP overhead hidden | TFLOP/s per GPU (EP=1 / off / on) | MFU of 989.5 (on; ep1 rows: EP=1) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
@@ -265,7 +273,7 @@ def markdown_section(result: dict) -> str:
             f"| {fmt(r.get('on_vs_off'), 2)}x | {fmt(r.get('on_vs_ep1'), 2)}x | "
             f"{'-' if r.get('hidden_share') is None else f'{100 * r['hidden_share']:.0f}%'} "
             f"| {fmt(r['ep1_tflops_per_gpu'], 0)} / {fmt(r['off_tflops_per_gpu'], 0)} / {fmt(r['on_tflops_per_gpu'], 0)} "
-            f"| {'-' if r['on_tflops_per_gpu'] is None else f'{100 * r['on_tflops_per_gpu'] / NOMINAL_PEAK_TFLOPS:.1f}%'} |"
+            f"| {mfu(r['on_tflops_per_gpu'] or r['ep1_tflops_per_gpu'])} |"
         )
     lines += [
         "",

@@ -81,3 +81,18 @@ def test_rows_average_repeats_and_compute_the_hidden_share(bench, tmp_path):
 ])
 def test_recorded_command_leaves_out_the_measured_commit(bench, argv, kept):
     assert bench.rerun_argv(argv) == kept
+
+
+def test_one_gpu_run_gives_one_ep1_row_per_micro_batch(bench, tmp_path):
+    args = bench.parse(["--out", str(tmp_path), "--transports", "--mbs", "1", "2"])
+    jobs = bench.plan_cases(args)
+    assert list(jobs) == ["ep1"]
+    for case in jobs["ep1"]:
+        case.log_dir.mkdir(parents=True)
+        (case.log_dir / "summary.json").write_text(json.dumps(_summary(0.4 * case.mbs)))
+    rows = bench.rows(jobs)
+    assert [(r["transport"], r["mbs"]) for r in rows] == [("ep1", 1), ("ep1", 2)]
+    assert rows[0]["ep1_step_s"] == pytest.approx(0.4) and rows[0]["off_step_s"] is None
+    text = bench.markdown_section(dict(date="d", commit="c", device="dev", ceiling_tflops=None, window=[4, 12],
+                                       command="cmd", rows=rows))
+    assert "| ep1 | 1 | 0.400 s (0.400 / 0.400) | - s () |" in text and "25.3%" in text  # 250 TFLOP/s
