@@ -248,6 +248,15 @@ def fmt(x: Optional[float], digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def step_cell(mean_s: Optional[float], runs_s: list[float]) -> str:
+    """``0.430 s (0.432 / 0.428)``: the mean and each run in run order; ``-`` when nothing ran."""
+    return f"{fmt(mean_s)} s ({' / '.join(fmt(x) for x in runs_s)})" if runs_s else "-"
+
+
+def ratio(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
 def mfu(tflops: Optional[float]) -> str:
     return "-" if tflops is None else f"{100 * tflops / NOMINAL_PEAK_TFLOPS:.1f}%"
 
@@ -266,11 +275,10 @@ def markdown_section(result: dict) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
-        runs = lambda xs: " / ".join(fmt(x) for x in xs)  # noqa: E731
         lines.append(
-            f"| {r['transport']} | {r['mbs']} | {fmt(r['ep1_step_s'])} s ({runs(r['ep1_runs_s'])}) "
-            f"| {fmt(r['off_step_s'])} s ({runs(r['off_runs_s'])}) | {fmt(r['on_step_s'])} s ({runs(r['on_runs_s'])}) "
-            f"| {fmt(r.get('on_vs_off'), 2)}x | {fmt(r.get('on_vs_ep1'), 2)}x | "
+            f"| {r['transport']} | {r['mbs']} | {step_cell(r['ep1_step_s'], r['ep1_runs_s'])} "
+            f"| {step_cell(r['off_step_s'], r['off_runs_s'])} | {step_cell(r['on_step_s'], r['on_runs_s'])} "
+            f"| {ratio(r.get('on_vs_off'))} | {ratio(r.get('on_vs_ep1'))} | "
             f"{'-' if r.get('hidden_share') is None else f'{100 * r['hidden_share']:.0f}%'} "
             f"| {fmt(r['ep1_tflops_per_gpu'], 0)} / {fmt(r['off_tflops_per_gpu'], 0)} / {fmt(r['on_tflops_per_gpu'], 0)} "
             f"| {mfu(r['on_tflops_per_gpu'] or r['ep1_tflops_per_gpu'])} |"

@@ -95,4 +95,4 @@ def test_one_gpu_run_gives_one_ep1_row_per_micro_batch(bench, tmp_path):
     assert rows[0]["ep1_step_s"] == pytest.approx(0.4) and rows[0]["off_step_s"] is None
     text = bench.markdown_section(dict(date="d", commit="c", device="dev", ceiling_tflops=None, window=[4, 12],
                                        command="cmd", rows=rows))
-    assert "| ep1 | 1 | 0.400 s (0.400 / 0.400) | - s () |" in text and "25.3%" in text  # 250 TFLOP/s
+    assert "| ep1 | 1 | 0.400 s (0.400 / 0.400) | - | - | - | - | - |" in text and "25.3%" in text  # 250 TFLOP/s
