@@ -103,6 +103,13 @@ CASES = {
         {}, _set(**{"profiling.use_pytorch_profiler": True, "profiling.profile_step_start": 6,
                     "profiling.profile_step_end": 5}),
         _set(**{"profiling.use_pytorch_profiler": True})),
+    "gpu-park-steps-after-window": (
+        {}, _set(**{"train.train_iters": 14, "logger.steady_state_window": [4, 12], "profiling.gpu_park_steps": [12]}),
+        _set(**{"train.train_iters": 14, "logger.steady_state_window": [4, 12], "profiling.gpu_park_steps": [13, 14]})),
+    "gpu-park-needs-cuda": (
+        {}, _set(**{"train.train_iters": 14, "logger.steady_state_window": [4, 12], "profiling.gpu_park_steps": [13],
+                    "dist.device": "cpu", "dist.distributed_backend": None}),
+        _set(**{"train.train_iters": 14, "logger.steady_state_window": [4, 12], "profiling.gpu_park_steps": [13]})),
     "min-lr-not-above-lr": (
         {}, _set(**{"optimizer.lr": 1e-4, "optimizer.min_lr": 1e-3}), _set(**{"optimizer.min_lr": 1e-5})),
     "router-topk-within-experts": (

@@ -205,6 +205,15 @@ class ProfilingConfig(StrictFields):
     profile_step_start: int = 5
     profile_step_end: int = 6
     profile_ranks: list[int] = field(default_factory=lambda: [0])
+    gpu_park_steps: list[int] = field(default_factory=list)
+    """Steps (1-based) that start with the GPU parked for ``gpu_park_s`` (a sleep kernel), so the host
+    has queued the whole forward+backward before the GPU starts it. Their ``gpu_work_s`` in
+    ``summary.json`` is the forward+backward's GPU time with the host out of the way; next to
+    ``gpu_fwd_bwd_s`` of the other steps it shows what the host costs. These steps are slow by
+    the park, so they must come after ``logger.steady_state_window``."""
+    gpu_park_s: float = 0.5
+    """How long a parked step holds the GPU before its forward+backward (longer than the host needs
+    to queue one)."""
     record_shapes: bool = False
 
 

@@ -270,6 +270,7 @@ class Trainer:
         self.device = platform.device
         self.state = TrainState()
         self.model: list = []  # model chunks, from build()
+        self.parked_steps: list[dict[str, float]] = []  # profiling.gpu_park_steps, as measured
 
     def run(self) -> PretrainResult:
         """Every step of the run, in order; the result this rank returns."""
@@ -414,7 +415,8 @@ class Trainer:
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        self.timer.start()
+        prof = self.resolved.profiling
+        self.timer.start(park_s=prof.gpu_park_s if self.state.iteration + 1 in prof.gpu_park_steps else 0.0)
         losses_reduced = self.forward_backward(
             forward_step_func=bind_forward_step(self.forward_step_func, StepState(self.resolved, self.state)),
             data_iterator=self.data_iterator,
@@ -436,6 +438,9 @@ class Trainer:
         scalars = dict(lr=float(self.optimizer.param_groups[0]["lr"]))
         if grad_norm is not None:
             scalars["grad_norm"] = float(grad_norm)
+        if "gpu_work_s" in phases:  # a parked step: kept apart, its step time is not a training speed
+            self.parked_steps.append(dict(iteration=self.state.iteration, **phases))
+            phases = {k: v for k, v in phases.items() if k not in ("gpu_parked_s", "gpu_work_s")}
         scalars.update(phases)
         scalars.update(_moe_aux_losses(self.resolved, self.num_microbatches, self.state.iteration))
         self.metrics.record(self.state.iteration, loss, step_time, **scalars)
@@ -468,6 +473,7 @@ class Trainer:
             cuda_device_max_connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
             moe_token_dispatch=self.dispatch,
             expert_wgrad_accumulation=self.wgrad_accumulation,
+            gpu_parked_steps=self.parked_steps,
             optimizer_kernels=self.optimizer_kernels,
             num_microbatches=self.num_microbatches,
             start_iteration=self.metrics.start_iteration,

@@ -3,52 +3,82 @@
 CUDA events are recorded on the current stream before the forward+backward, between it and the
 optimizer, and at the end of the step; they are read after the step's closing synchronisation, so
 timing adds no synchronisation of its own. Next to them, the host's own time for launching the
-forward+backward. When the host needs about as long to launch the forward+backward as the GPU
-takes to run it (``host_fwd_bwd_s`` close to ``gpu_fwd_bwd_s``), the GPU waited for the host: the
-step is host-bound and faster kernels will not shorten it.
+forward+backward (``host_fwd_bwd_s``).
+
+``host_fwd_bwd_s`` close to ``gpu_fwd_bwd_s`` does not by itself mean the step is host-bound: any
+synchronisation inside the forward+backward makes the host wait for the GPU (megatron-core's DDP
+checks the gradients for NaN when it starts the gradient reduction, and that check reads a GPU
+value). Parked steps (``profiling.gpu_park_steps``) answer the question: the GPU first runs a
+sleep kernel long enough for the host to queue the whole forward+backward, so the GPU time after
+the sleep (``gpu_work_s``) is the forward+backward with the host out of the way. If it is about
+``gpu_fwd_bwd_s`` of normal steps the GPU is the bottleneck; the difference is what the host costs.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Optional
 
 import torch
 
 
+@functools.cache
+def _sleep_cycles_per_second() -> float:
+    """Clock rate of ``torch.cuda._sleep`` on this GPU, measured once (about 2e9 on an H200)."""
+    cycles = 50_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(cycles)  # warm-up
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / (start.elapsed_time(end) / 1e3)
+
+
 class StepTimer:
     """Phase times of one step (seconds): ``host_fwd_bwd_s`` and, on CUDA, ``gpu_fwd_bwd_s`` and
-    ``gpu_optimizer_s``."""
+    ``gpu_optimizer_s``; on parked steps also ``gpu_parked_s`` and ``gpu_work_s``."""
 
     def __init__(self, use_cuda: bool) -> None:
         self.use_cuda = use_cuda and torch.cuda.is_available()
         self._events: list = []
+        self._park_events: Optional[tuple] = None
         self._host_start: Optional[float] = None
         self._host_fwd_bwd: Optional[float] = None
 
-    def _mark(self) -> None:
-        if self.use_cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self._events.append(event)
+    def _mark(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
-    def start(self) -> None:
-        """Before the forward+backward."""
-        self._events = []
-        self._mark()
+    def start(self, park_s: float = 0.0) -> None:
+        """Before the forward+backward; ``park_s`` > 0 first holds the GPU that long (CUDA only)."""
+        self._events, self._park_events = [], None
+        if self.use_cuda:
+            self._events.append(self._mark())
+            if park_s > 0:
+                torch.cuda._sleep(int(park_s * _sleep_cycles_per_second()))
+                self._park_events = (self._events[0], self._mark())
         self._host_start = time.perf_counter()
 
     def forward_backward_launched(self) -> None:
         """After the forward+backward call returned (its work may still run on the GPU)."""
         self._host_fwd_bwd = time.perf_counter() - self._host_start
-        self._mark()
+        if self.use_cuda:
+            self._events.append(self._mark())
 
     def stop(self) -> dict[str, float]:
         """After the optimizer step and the step's closing synchronisation."""
-        self._mark()
         phases = {"host_fwd_bwd_s": self._host_fwd_bwd}
         if self.use_cuda:
+            self._events.append(self._mark())
+            self._events[-1].synchronize()
             start, middle, end = self._events
             phases["gpu_fwd_bwd_s"] = start.elapsed_time(middle) / 1e3
             phases["gpu_optimizer_s"] = middle.elapsed_time(end) / 1e3
+            if self._park_events is not None:
+                parked_start, parked_end = self._park_events
+                phases["gpu_parked_s"] = parked_start.elapsed_time(parked_end) / 1e3
+                phases["gpu_work_s"] = parked_end.elapsed_time(middle) / 1e3
         return phases

@@ -302,6 +302,24 @@ GENERAL_RULES: tuple[Rule, ...] = (
         message="profiling captures steps start..end (1-based), start <= end",
         fix="e.g. profiling.profile_step_start=5 profiling.profile_step_end=6",
     ),
+    Rule(
+        id="gpu-park-steps-after-window",
+        fields=("profiling.gpu_park_steps", "logger.steady_state_window", "train.train_iters"),
+        applies=lambda cfg, ctx: bool(cfg.profiling.gpu_park_steps),
+        holds=lambda cfg, ctx: all(cfg.logger.steady_state_window[-1] < s <= cfg.train.train_iters
+                                   for s in cfg.profiling.gpu_park_steps),
+        message="parked steps are slow by the park: they must lie after the steady-state window and "
+        "within the run",
+        fix="e.g. --max_steps 14 logger.steady_state_window=[4,12] profiling.gpu_park_steps=[13,14]",
+    ),
+    Rule(
+        id="gpu-park-needs-cuda",
+        fields=("profiling.gpu_park_steps", "profiling.gpu_park_s", "dist.device"),
+        applies=lambda cfg, ctx: bool(cfg.profiling.gpu_park_steps),
+        holds=lambda cfg, ctx: cfg.dist.device == "cuda" and 0 < cfg.profiling.gpu_park_s <= 10,
+        message="parking holds a GPU with a sleep kernel for 0 < gpu_park_s <= 10 seconds",
+        fix="run on GPUs with e.g. profiling.gpu_park_s=0.5, or leave profiling.gpu_park_steps=[]",
+    ),
 )
 
 
