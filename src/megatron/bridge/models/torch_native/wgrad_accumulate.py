@@ -63,7 +63,7 @@ def _kernel():
     def grouped_wgrad_accumulate_kernel(
         dy_ptr, x_ptr, offsets_ptr, main_grad_ptr,
         n_out, n_in, stride_dy, stride_x,
-        BLOCK_OUT: tl.constexpr, BLOCK_IN: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+        BLOCK_OUT: tl.constexpr, BLOCK_IN: tl.constexpr, BLOCK_ROWS: tl.constexpr, EXACT_FP32: tl.constexpr,
     ):
         # Axis 0 walks the tiles of one expert so that neighbouring programs share its rows in L2.
         tile = tl.program_id(0)
@@ -82,7 +82,10 @@ def _kernel():
                              mask=live[:, None] & (out_idx[None, :] < n_out), other=0.0)
                 x = tl.load(x_ptr + rows[:, None] * stride_x + in_idx[None, :],
                             mask=live[:, None] & (in_idx[None, :] < n_in), other=0.0)
-                acc = tl.dot(tl.trans(dy), x, acc)
+                if EXACT_FP32:  # fp32 inputs: no TF32 rounding (torch's matmuls do not use it by default)
+                    acc = tl.dot(tl.trans(dy), x, acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(tl.trans(dy), x, acc)
             target = (main_grad_ptr + expert.to(tl.int64) * n_out * n_in
                       + out_idx[:, None].to(tl.int64) * n_in + in_idx[None, :])
             inside = (out_idx[:, None] < n_out) & (in_idx[None, :] < n_in)
@@ -121,7 +124,7 @@ def accumulate_grouped_wgrad(
     tiles = _cdiv(n_out, _BLOCK_OUT) * _cdiv(n_in, _BLOCK_IN)
     _kernel()[(tiles, num_experts)](
         dy, x, offsets, main_grad, n_out, n_in, dy.stride(0), x.stride(0),
-        BLOCK_OUT=_BLOCK_OUT, BLOCK_IN=_BLOCK_IN, BLOCK_ROWS=_BLOCK_ROWS,
+        BLOCK_OUT=_BLOCK_OUT, BLOCK_IN=_BLOCK_IN, BLOCK_ROWS=_BLOCK_ROWS, EXACT_FP32=dy.dtype == torch.float32,
         num_warps=_NUM_WARPS, num_stages=_NUM_STAGES,
     )
 
