@@ -270,7 +270,7 @@ def run_sweep(args, out: TextIO) -> int:
     except ValueError as exc:
         raise HarnessError(str(exc)) from None
     root = sweep_root(args)
-    shadowed = [o for o in args.overrides if o.partition("=")[0].strip() == spec.key]
+    shadowed = [o for o in args.overrides if o.partition("=")[0].strip().lstrip("+~") == spec.key]  # Hydra forms too
     if shadowed:
         print(f"   note: the swept values replace {', '.join(shadowed)} given on the command line", file=out)
     rounds = args.sweep_repeats
