@@ -66,25 +66,23 @@ REPORT_PREFIX = "REPORT "
 
 @pytest.fixture(scope="session")
 def run_child_script():
-    """Run a test's child program (a file, or program text) on ``world_size`` processes (argv:
+    """Run a test's child program (a file) on ``world_size`` processes (argv:
     ``RANK PORT``) and return each rank's ``REPORT {json}`` line as a dict (its stdout under
     ``"stdout"``).
 
     For code that must not run in the test process: the CPU compatibility layer patches torch for
-    the whole process, and multi-rank runs need their own processes.
+    the whole process, and multi-rank runs need their own processes. The children run in
+    ``workdir``, so whatever they write stays out of the repository.
     """
 
-    def run(script: "str | Path", workdir: Path, world_size: int = 1, timeout: float = 300) -> list[dict]:
-        if not isinstance(script, Path):  # program text: write it out
-            (workdir / "child.py").write_text(script)
-            script = workdir / "child.py"
+    def run(script: Path, workdir: Path, world_size: int = 1, timeout: float = 300) -> list[dict]:
         repo = Path(__file__).resolve().parents[1]
         env = dict(os.environ, PYTHONPATH=str(repo / "src"), CUDA_VISIBLE_DEVICES="")
         port = str(free_port())
         procs = [
             subprocess.Popen(
                 [sys.executable, str(script), str(rank), port],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=workdir,
             )
             for rank in range(world_size)
         ]

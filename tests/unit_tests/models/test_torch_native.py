@@ -4,6 +4,7 @@ grouped experts vs megatron's ``SequentialMLP``, checkpoint layout, delayed wgra
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pytest
 import torch
@@ -335,90 +336,7 @@ def test_auto_resolution_prefers_torch_native_without_te(monkeypatch, requested,
 # Full tiny model: the plain megatron-core spec vs the torch-native spec, same weights and data.
 # Needs the CPU compatibility layer, which patches torch process-wide: run in a child process.
 
-FULL_MODEL_CHILD = r'''
-import json, os, sys
-import torch
-import torch.distributed as dist
-from megatron.bridge.training import cpu_compat
-cpu_compat.enable_cpu_compat()
-os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-os.environ["MASTER_PORT"] = sys.argv[2]
-dist.init_process_group("gloo", rank=0, world_size=1)
-from megatron.core import parallel_state as ps
-from megatron.bridge.models.qwen import Qwen3MoEModelProvider
-
-ps.initialize_model_parallel(1, 1, expert_model_parallel_size=1)
-
-def build(spec):
-    provider = Qwen3MoEModelProvider(
-        num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, kv_channels=16,
-        ffn_hidden_size=128, moe_ffn_hidden_size=32, num_moe_experts=8, moe_router_topk=2,
-        vocab_size=256, seq_length=32, make_vocab_size_divisible_by=128, layer_spec=spec,
-        use_cpu_initialization=True, params_dtype=torch.float32, bf16=False,
-        moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False,
-        # plain: megatron-core's unfused loss; native: the torch-native streaming cross-entropy
-        cross_entropy_loss_fusion=spec != "local",
-    )
-    provider.finalize()
-    cpu_compat.seed_cpu_model_parallel(1234)
-    return provider.provide()
-
-plain, native = build("local"), build("torch_native")
-missing = native.load_state_dict(plain.state_dict(), strict=True)
-report = {"experts_type": type(native.decoder.layers[0].mlp.experts).__name__,
-          "attn_type": type(native.decoder.layers[0].self_attention.core_attention).__name__,
-          "dispatcher_type": type(native.decoder.layers[0].mlp.token_dispatcher).__name__,
-          "model_types": [type(plain).__name__, type(native).__name__]}
-seq, b = 32, 2
-g = torch.Generator().manual_seed(0)
-batches = [torch.randint(0, 256, (b, seq), generator=g) for _ in range(6)]
-# make one expert idle in the first batch is not controllable via routing; check tokens_per_expert
-pos = torch.arange(seq).unsqueeze(0).expand(b, -1)
-mask = torch.triu(torch.ones(1, 1, seq, seq, dtype=torch.bool), diagonal=1)
-
-def loss_of(model, tokens):
-    return model(tokens, pos, mask, labels=tokens).float().mean()
-
-def grads(model):
-    out = {}
-    for name, p in model.named_parameters():
-        if p.grad is None:
-            continue
-        if name.endswith("experts.weight1") or name.endswith("experts.weight2"):
-            fc = "linear_fc1" if name.endswith("1") else "linear_fc2"
-            for e in range(p.shape[0]):
-                out[name.rsplit(".", 1)[0] + f".local_experts.{e}.{fc}.weight"] = p.grad[e]
-        else:
-            out[name] = p.grad
-    return out
-
-# Forward and gradients on one batch.
-lp, ln = loss_of(plain, batches[0]), loss_of(native, batches[0])
-lp.backward(); ln.backward()
-gp, gn = grads(plain), grads(native)
-report["loss_plain"], report["loss_native"] = float(lp), float(ln)
-report["grad_keys_equal"] = sorted(gp) == sorted(gn)
-report["grad_max_abs_diff"] = max(float((gp[k] - gn[k]).abs().max()) for k in gp)
-report["grad_max_abs"] = max(float(v.abs().max()) for v in gp.values())
-
-# A short training run: same optimiser, same data, loss curves side by side.
-curves = {}
-for label, model in (("plain", plain), ("native", native)):
-    model.zero_grad(set_to_none=True)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    curve = []
-    for tokens in batches:
-        opt.zero_grad(set_to_none=True)
-        loss = loss_of(model, tokens)
-        loss.backward()
-        opt.step()
-        curve.append(float(loss))
-    curves[label] = curve
-report["curves"] = curves
-ps.destroy_model_parallel()
-dist.destroy_process_group()
-print("REPORT " + json.dumps(report))
-'''
+FULL_MODEL_CHILD = Path(__file__).parent / "children" / "torch_native_full_model.py"
 
 
 @pytest.fixture(scope="module")
@@ -453,104 +371,7 @@ def test_short_run_loss_curves_agree(full_model_report: dict) -> None:
 # torch-native experts, and delayed expert wgrad (backward_dw) inside that schedule. Gradients
 # must equal the non-overlapped schedule's.
 
-EP2_CHILD = r'''
-import json, os, sys
-import torch
-import torch.distributed as dist
-from megatron.bridge.training import cpu_compat
-cpu_compat.enable_cpu_compat()
-rank, port = int(sys.argv[1]), sys.argv[2]
-dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
-from megatron.core import parallel_state as ps
-from megatron.core.pipeline_parallel import get_forward_backward_func
-from megatron.bridge.models.qwen import Qwen3MoEModelProvider
-
-SEQ, MB = 16, 3
-# name: (overlap, delayed wgrad, wrapped in megatron's DDP)
-VARIANTS = {
-    "off": (False, False, False),
-    "overlap": (True, False, False),
-    "overlap_delay_wgrad": (True, True, False),
-    "ddp_off": (False, False, True),
-    "ddp_overlap_delay_wgrad": (True, True, True),
-}
-
-def loss_func(out):
-    loss = out.float().mean()
-    return loss, {"loss": loss.detach()}
-
-def forward_step(it, model, return_schedule_plan=False):
-    from megatron.core.utils import get_attr_wrapped_model
-    tokens = next(it)
-    pos = torch.arange(SEQ).unsqueeze(0)
-    mask = torch.triu(torch.ones(1, 1, SEQ, SEQ, dtype=torch.bool), diagonal=1)
-    if return_schedule_plan:
-        plan = get_attr_wrapped_model(model, "build_schedule_plan")(tokens, pos, mask, labels=tokens)
-        return plan, loss_func
-    return model(tokens, pos, mask, labels=tokens), loss_func
-
-grads, losses, n_dw = {}, {}, {}
-for name, (overlap, delay, ddp) in VARIANTS.items():
-    ps.initialize_model_parallel(1, 1, expert_model_parallel_size=2)
-    provider = Qwen3MoEModelProvider(
-        num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2, kv_channels=8,
-        ffn_hidden_size=64, moe_ffn_hidden_size=16, num_moe_experts=4, moe_router_topk=2,
-        vocab_size=128, seq_length=SEQ, make_vocab_size_divisible_by=128, layer_spec="torch_native",
-        use_cpu_initialization=True, params_dtype=torch.float32, bf16=True,
-        expert_model_parallel_size=2, moe_token_dispatcher_type="alltoall",
-        overlap_moe_expert_parallel_comm=overlap, delay_wgrad_compute=delay, moe_aux_loss_coeff=0.0,
-    )
-    provider.finalize()
-    cpu_compat.seed_cpu_model_parallel(1234)
-    model = provider.provide()
-    experts = [l.mlp.experts for l in model.decoder.layers]
-    calls = [0]
-    for e in experts:
-        original = e.backward_dw
-        def counted(original=original):
-            calls[0] += 1
-            original()
-        e.backward_dw = counted
-    run_model = model
-    if ddp:
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-        ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=True,
-                                                delay_wgrad_compute=delay, bucket_size=None)
-        run_model = DistributedDataParallel(provider, ddp_cfg, model)
-        provider.finalize_model_grads_func = finalize_model_grads
-        provider.no_sync_func = run_model.no_sync
-        provider.grad_sync_func = None
-        run_model.zero_grad_buffer()
-    g = torch.Generator().manual_seed(10 + rank)
-    data = [torch.randint(0, 128, (1, SEQ), generator=g) for _ in range(MB)]
-    out = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(data), model=[run_model],
-                                      num_microbatches=MB, seq_length=SEQ, micro_batch_size=1, forward_only=False)
-    losses[name] = [float(o["loss"]) for o in out]
-    if ddp:  # what the optimizer would read: DDP's (reduced) fp32 main grads
-        grads[name] = {k: p.main_grad.clone() for k, p in model.named_parameters()}
-    else:
-        grads[name] = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
-    n_dw[name] = calls[0]
-    ps.destroy_model_parallel()
-
-def max_diff(a, b):
-    assert sorted(a) == sorted(b), (sorted(a), sorted(b))
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
-
-report = {
-    "losses": losses,
-    "n_grads": {k: len(v) for k, v in grads.items()},
-    "backward_dw_calls": n_dw,
-    "grad_diff_overlap": max_diff(grads["overlap"], grads["off"]),
-    "grad_diff_delay": max_diff(grads["overlap_delay_wgrad"], grads["off"]),
-    "grad_diff_ddp_delay": max_diff(grads["ddp_overlap_delay_wgrad"], grads["ddp_off"]),
-    "ddp_expert_main_grad_norm": float(sum(v.norm() ** 2 for k, v in grads["ddp_off"].items() if "experts" in k) ** 0.5),
-    "expert_grad_norm": float(sum(v.norm() ** 2 for k, v in grads["off"].items() if "experts" in k) ** 0.5),
-}
-dist.destroy_process_group()
-print("REPORT " + json.dumps(report))
-'''
+EP2_CHILD = Path(__file__).parent / "children" / "torch_native_ep2_schedules.py"
 
 
 @pytest.fixture(scope="module")
