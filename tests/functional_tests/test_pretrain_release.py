@@ -9,8 +9,10 @@ CHILD = Path(__file__).parent / "pretrain_twice.py"
 
 
 def test_a_finished_run_frees_its_model_for_the_next(tmp_path):
-    """Before the fix every parameter of the first run stayed alive (held through DDP's gradient
-    hooks by the routing probabilities the dispatchers keep with their autograd graph)."""
+    """Checked the moment pretrain returns, with no garbage collection of the caller's. Before the
+    fix every parameter of the first run stayed alive: held through DDP's gradient hooks by the
+    routing probabilities the dispatchers keep with their autograd graph, and, until the next
+    garbage collection, by the cycles through the model config's schedule hooks."""
     proc = subprocess.run([sys.executable, str(CHILD), str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     report = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("REPORT ")).removeprefix("REPORT "))

@@ -79,6 +79,13 @@ def build_scheduler(resolved: "ConfigContainer", optimizer: Any) -> Any:
     )
 
 
+def unwire_model_config(resolved: "ConfigContainer") -> None:
+    """Undo :func:`wire_model_config`: its hooks are bound methods of the optimizer and the DDP
+    chunks, and would keep them alive as long as the config lives (it outlives the run)."""
+    config = resolved.model
+    config.grad_scale_func = config.no_sync_func = config.grad_sync_func = config.param_sync_func = None
+
+
 def _one_or_list(hooks: list[Any]) -> Any:
     """megatron takes one hook for one chunk and a list of hooks for several."""
     return hooks[0] if len(hooks) == 1 else hooks

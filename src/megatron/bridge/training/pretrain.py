@@ -33,6 +33,7 @@ from megatron.bridge.training import initialize
 from megatron.bridge.training.checkpointing import CheckpointSaver, TrainState
 from megatron.bridge.training.forward_step import StepState, bind_forward_step, check_forward_step
 from megatron.bridge.training.platform import Platform, select_platform
+from megatron.bridge.training.teardown import free_memory
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -89,6 +90,7 @@ def pretrain(
         parallel_state.destroy_model_parallel()
         if created_group and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+        free_memory()  # the trainer is gone: its model's memory is free when pretrain returns
 
 
 # --------------------------------------------------------------------------------------------------
@@ -286,10 +288,12 @@ class Trainer:
 
     def release(self) -> None:
         """Let go of the model and optimizer (also after an error), so a later run has the memory."""
-        from megatron.bridge.training.teardown import release_model
+        from megatron.bridge.training.builders import unwire_model_config
+        from megatron.bridge.training.teardown import drop_autograd_graphs
 
-        model, self.model, self.optimizer, self.saver = self.model, [], None, None
-        release_model(model)
+        drop_autograd_graphs(self.model)
+        unwire_model_config(self.resolved)
+        self.model, self.optimizer, self.scheduler, self.saver = [], None, None, None
 
     # ---------------------------------------------------------------- build
 

@@ -1,11 +1,19 @@
 """Release a finished run's model so that a second ``pretrain()`` in the same process has its memory.
 
-megatron-core's token dispatchers keep the last micro-batch's routing probabilities (``probs``) as
-attributes, with their autograd graph. That graph holds the autograd accumulator nodes of the
-router weights, those hold DDP's gradient hooks, and the hooks hold DDP, the model and the
-optimizer: a reference cycle through C++ that Python's garbage collector cannot see, so without
-this every further run in one process (a notebook, a benchmark job) keeps the previous run's
-weights, gradients and optimizer state on the GPU.
+Two things tie a finished model to what outlives it, and without undoing them every further run in
+one process (a notebook, a benchmark job) starts with the previous run's weights, gradients and
+optimizer state still on the GPU:
+
+* megatron-core's token dispatchers keep the last micro-batch's routing probabilities (``probs``)
+  as attributes, with their autograd graph. That graph holds the autograd accumulator nodes of the
+  router weights, those hold DDP's gradient hooks, and the hooks hold DDP, the model and the
+  optimizer: a reference cycle through C++ that Python's garbage collector cannot see.
+* the model config (which the caller's config object keeps) holds the optimizer's and DDP's
+  methods as schedule hooks (``builders.unwire_model_config`` clears them).
+
+What is left are ordinary reference cycles; :func:`free_memory` collects them once ``pretrain``
+has let go of its trainer, so the memory is free when ``pretrain`` returns, not at some later
+garbage collection.
 """
 
 from __future__ import annotations
@@ -42,9 +50,8 @@ def drop_autograd_graphs(model_chunks: Iterable[torch.nn.Module]) -> int:
     return dropped
 
 
-def release_model(model_chunks: Iterable[torch.nn.Module]) -> None:
-    """Drop the graphs that pin the model, then collect, so its memory is free when ``pretrain`` returns."""
-    drop_autograd_graphs(model_chunks)
+def free_memory() -> None:
+    """Collect the reference cycles a released model leaves and hand cached GPU memory back."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
