@@ -39,8 +39,7 @@ from megatron.core.transformer.utils import (
 )
 
 from megatron.bridge.models.torch_native.compiled import LazyCompiled
-from megatron.bridge.models.torch_native.grouped_gemm import WgradStash, grouped_linear
-from megatron.bridge.models.torch_native.wgrad_accumulate import can_fuse
+from megatron.bridge.models.torch_native.grouped_gemm import WgradStash, fuses_into_main_grad, grouped_linear
 
 
 _PLAIN_KEY = re.compile(r"^local_experts\.(\d+)\.linear_fc([12])\.(weight|_extra_state)$")
@@ -282,7 +281,7 @@ def expert_wgrad_accumulation(model_chunks: Iterable[torch.nn.Module]) -> Option
         return None
     setting = getattr(experts.config, "torch_native_wgrad_accumulation", "auto")
     main_grad = getattr(experts.weight1, "main_grad", None)
-    fused = setting != "unfused" and main_grad is not None and can_fuse(main_grad)
+    fused = fuses_into_main_grad(experts.weight1, setting)
     if fused:
         how = "fused: a Triton grouped GEMM adds into the fp32 main_grad"
     elif main_grad is None:

@@ -184,29 +184,35 @@ def grouped_wgrad(
     return dw.to(out_dtype)
 
 
-def _wants_fused(weight: torch.Tensor, accumulation: str) -> bool:
-    """Whether this weight's gradient goes straight into its ``main_grad`` (see ``wgrad_accumulate``)."""
+def fuses_into_main_grad(weight: torch.Tensor, accumulation: str) -> bool:
+    """Whether this weight's gradient goes straight into its ``main_grad`` (see ``wgrad_accumulate``).
+
+    ``accumulation`` is ``model.torch_native_wgrad_accumulation``; an explicit ``fused`` that cannot
+    run on this ``main_grad`` is an error, not a silent fallback.
+    """
     main_grad = getattr(weight, "main_grad", None)
     if accumulation == "unfused" or main_grad is None:
         return False
-    if accumulation == "fused" and not can_fuse(main_grad):
+    fusable = can_fuse(main_grad)
+    if accumulation == "fused" and not fusable:
         raise RuntimeError(
             f"model.torch_native_wgrad_accumulation='fused' needs an fp32 CUDA main_grad and Triton; this "
             f"weight's main_grad is {main_grad.dtype} on {main_grad.device}. Use auto or unfused."
         )
-    return can_fuse(main_grad)
+    return fusable
 
 
 def weight_gradient(
-    dy: torch.Tensor, x: torch.Tensor, counts: torch.Tensor, weight: torch.Tensor, backend: str, accumulation: str
+    dy: torch.Tensor, x: torch.Tensor, counts: torch.Tensor, weight: torch.Tensor, backend: str, fused: bool
 ) -> torch.Tensor:
     """The gradient autograd hands to ``weight``: the grouped GEMM's result, or, fused, a placeholder.
 
-    Fused, the product is already in ``weight.main_grad`` and ``grad_added_to_main_grad`` tells DDP's
-    hook not to add the placeholder (the hook still wants a gradient to see, so an uninitialised one
-    of the right shape is returned, as megatron-core's fused linear layers do).
+    Fused (:func:`fuses_into_main_grad`), the product is already in ``weight.main_grad`` and
+    ``grad_added_to_main_grad`` tells DDP's hook not to add the placeholder (the hook still wants a
+    gradient to see, so an uninitialised one of the right shape is returned, as megatron-core's
+    fused linear layers do).
     """
-    if _wants_fused(weight, accumulation):
+    if fused:
         accumulate_grouped_wgrad(dy, x, counts, weight.main_grad)
         weight.grad_added_to_main_grad = True
         return torch.empty_like(weight)
@@ -234,8 +240,8 @@ class WgradStash:
         if not self._pending:
             return False
         dy, x, counts, backend, accumulation = self._pending.popleft()
-        fused = _wants_fused(weight, accumulation)
-        dw = weight_gradient(dy, x, counts, weight, backend, accumulation)
+        fused = fuses_into_main_grad(weight, accumulation)
+        dw = weight_gradient(dy, x, counts, weight, backend, fused)
         if weight.grad is None or fused:  # fused: a placeholder, the gradient is in main_grad
             weight.grad = dw
         else:
@@ -267,7 +273,8 @@ class GroupedLinearFunction(torch.autograd.Function):
             if ctx.stash is not None and ctx.stash.enabled:
                 ctx.stash.push(dy, x, counts, ctx.backend, ctx.accumulation)
             else:
-                dw = weight_gradient(dy, x, counts, weight, ctx.backend, ctx.accumulation)
+                fused = fuses_into_main_grad(weight, ctx.accumulation)
+                dw = weight_gradient(dy, x, counts, weight, ctx.backend, fused)
         return dx, dw, None, None, None, None
 
 
