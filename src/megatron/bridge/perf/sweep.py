@@ -104,36 +104,35 @@ def combine_rounds(value: str, log_dirs: Sequence[str], rounds: Sequence[Optiona
     return SweepPoint(value, log_dir, stats, code, tuple(rounds) if len(rounds) > 1 else ())
 
 
+def _table_row(cells: Sequence[str]) -> str:
+    return "|" + "|".join(f" {c} " if c else " " for c in cells) + "|"
+
+
 def sweep_markdown(spec: SweepSpec, points: Sequence[SweepPoint], command: str = "") -> str:
-    """The ``sweep.md`` table: mean/min/max and speedup against the first value."""
+    """The ``sweep.md`` table: mean/min/max and speedup against the first value (with several
+    rounds also each round's mean and their spread)."""
     base = points[0].stats.mean_s if points and points[0].stats else None
     window = next((p.stats.label().removeprefix("iterations ") for p in points if p.stats), "n/a")
-    lines = [
-        f"# Sweep of `{spec.key}`",
-        "",
-        f"Steady-state step time over iterations {window}; speedup = first value's mean / this mean.",
-        "",
-        f"| {spec.key} | mean (s) | min (s) | max (s) | speedup vs `{spec.values[0]}` | run |",
-        "|---|---|---|---|---|---|",
-    ]
     rounds = max((len(p.rounds) for p in points), default=0)
+    how = f"Steady-state step time over iterations {window}"
     if rounds > 1:
-        lines[2] = (f"Steady-state step time over iterations {window}, {rounds} rounds run interleaved; mean = mean "
-                    "of the round means, min/max over all steps, spread = largest minus smallest round mean; "
-                    "speedup = first value's mean / this mean.")
-        lines[4] = lines[4].replace(" | run |", " | round means (s) | spread (s) | runs |")
-        lines[5] += "---|---|"
+        how += (f", {rounds} rounds run interleaved; mean = mean of the round means, min/max over all steps, "
+                "spread = largest minus smallest round mean")
+    columns = [spec.key, "mean (s)", "min (s)", "max (s)", f"speedup vs `{spec.values[0]}`"]
+    columns += ["round means (s)", "spread (s)", "runs"] if rounds > 1 else ["run"]
+    lines = [f"# Sweep of `{spec.key}`", "", f"{how}; speedup = first value's mean / this mean.", "",
+             _table_row(columns), "|" + "---|" * len(columns)]
     for p in points:
         if p.stats is None:
-            lines.append(f"| `{p.value}` | failed (exit {p.exit_code}) | | | |{' | |' if rounds > 1 else ''} `{p.log_dir}` |")
-            continue
-        speed = f"{base / p.stats.mean_s:.3f}x" if base and p.stats.mean_s else "n/a"
-        row = f"| `{p.value}` | {p.stats.mean_s:.4f} | {p.stats.min_s:.4f} | {p.stats.max_s:.4f} | {speed} |"
-        if rounds > 1:
-            means = p.round_means()
-            per_round = " / ".join(f"{r.mean_s:.4f}" if r is not None else "failed" for r in p.rounds)
-            row += f" {per_round} | {max(means) - min(means):.4f} |"
-        lines.append(f"{row} `{p.log_dir}` |")
+            cells = [f"`{p.value}`", f"failed (exit {p.exit_code})"] + [""] * (len(columns) - 3)
+        else:
+            speed = f"{base / p.stats.mean_s:.3f}x" if base and p.stats.mean_s else "n/a"
+            cells = [f"`{p.value}`", f"{p.stats.mean_s:.4f}", f"{p.stats.min_s:.4f}", f"{p.stats.max_s:.4f}", speed]
+            if rounds > 1:
+                means = p.round_means()
+                cells += [" / ".join(f"{r.mean_s:.4f}" if r is not None else "failed" for r in p.rounds),
+                          f"{max(means) - min(means):.4f}"]
+        lines.append(_table_row(cells + [f"`{p.log_dir}`"]))
     if command:
         lines += ["", "Command:", "", "```bash", command, "```"]
     return "\n".join(lines) + "\n"
