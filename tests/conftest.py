@@ -95,3 +95,21 @@ def run_child_script():
         return reports
 
     return run
+
+
+@pytest.fixture
+def indexed_corpus(tmp_path) -> str:
+    """A small indexed dataset (``.bin``/``.idx``, 64 documents of 300 tokens below 1000) as
+    megatron-core's preprocessing writes it; returns its path prefix."""
+    import numpy as np
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    prefix = str(tmp_path / "corpus_text_document")
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.int32)
+    rng = np.random.default_rng(0)
+    for _ in range(64):
+        builder.add_item(torch.from_numpy(rng.integers(0, 1000, size=300, dtype=np.int32)))
+        builder.end_document()
+    builder.finalize(prefix + ".idx")
+    return prefix

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -40,17 +39,8 @@ def test_mock_data_shape_seed_and_cpu_mask(tmp_path) -> None:
     assert not torch.equal(build_train_dataset(other)[3]["tokens"], ds[3]["tokens"])
 
 
-def test_indexed_dataset(tmp_path) -> None:
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
-    prefix = str(tmp_path / "corpus")
-    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.int32)
-    rng = np.random.default_rng(0)
-    for _ in range(64):
-        builder.add_item(torch.from_numpy(rng.integers(0, 1000, size=300, dtype=np.int32)))
-        builder.end_document()
-    builder.finalize(prefix + ".idx")
-    cfg = _cfg(tmp_path, data_paths=[prefix], split="100,0,0")
+def test_indexed_dataset(tmp_path, indexed_corpus) -> None:
+    cfg = _cfg(tmp_path, data_paths=[indexed_corpus], split="100,0,0")
     ds = build_train_dataset(cfg)
     sample = ds[0]
     assert sample["tokens"].shape == (cfg.model.seq_length,)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -30,18 +29,9 @@ from megatron.bridge.training.utils.omegaconf_utils import (
 
 
 @pytest.fixture
-def corpus(tmp_path) -> str:
-    """A small indexed dataset (``.bin``/``.idx``) as megatron-core's preprocessing writes it."""
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
-    prefix = str(tmp_path / "corpus_text_document")
-    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.int32)
-    rng = np.random.default_rng(0)
-    for _ in range(64):
-        builder.add_item(torch.from_numpy(rng.integers(0, 1000, size=300, dtype=np.int32)))
-        builder.end_document()
-    builder.finalize(prefix + ".idx")
-    return prefix
+def corpus(indexed_corpus) -> str:
+    """The user's data: a small indexed dataset as megatron-core's preprocessing writes it."""
+    return indexed_corpus
 
 
 def documented_qwen3_30b_a3b_script(data_path: str, tmp_path) -> ConfigContainer:
