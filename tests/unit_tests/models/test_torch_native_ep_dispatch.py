@@ -104,6 +104,7 @@ class _Config:
     "requested,ep,overrides,expected",
     [
         ("auto", 1, {}, ("sorted", "none", True)),
+        ("auto", 1, {"cuda_graph_impl": "full_iteration"}, ("sorted", "none", True)),  # captured as it is
         ("auto", 2, {}, ("megatron", None, False)),  # EP > 1: megatron's measured faster
         ("auto", 2, {"torch_native_ep_transport": "nccl"}, ("sorted", "collective", False)),
         ("sorted", 2, {}, ("sorted", "collective", False)),
@@ -122,7 +123,7 @@ def test_dispatch_choice_on_cpu(requested, ep, overrides, expected) -> None:
     assert choice.reason and choice.dispatcher in choice.describe() or "megatron-core" in choice.describe()
 
 
-@pytest.mark.parametrize("overrides,blocker", [({"moe_expert_capacity_factor": 1.0}, "token dropping"), ({"cuda_graph_impl": "local"}, "CUDA graphs")])
+@pytest.mark.parametrize("overrides,blocker", [({"moe_expert_capacity_factor": 1.0}, "token dropping"), ({"cuda_graph_impl": "local"}, "per-layer CUDA graphs")])
 def test_sorted_request_that_cannot_be_exact_is_an_error(overrides, blocker) -> None:
     with pytest.raises(ValueError, match=blocker):
         choose_dispatch(_Config(torch_native_dispatcher="sorted", **overrides), 2, 1, None, torch.device("cpu"))

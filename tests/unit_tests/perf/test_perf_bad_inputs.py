@@ -60,10 +60,13 @@ CASES = {
         "interleaved-pipeline-micro-batches", ["micro_batches_per_step=3", "multiple of the pipeline size"]),
     "mtp layers": (lambda tmp: ["model.mtp_num_layers=1"], "mtp-not-built", ["model.mtp_num_layers=1"]),
     "transformer engine cuda graphs": (
-        lambda tmp: ["--cuda_graph_impl", "transformer_engine"], "cuda-graphs-not-captured",
-        ["model.cuda_graph_impl='transformer_engine'", "no effect"]),
+        lambda tmp: ["--cuda_graph_impl", "transformer_engine"], "cuda-graph-impl-captured",
+        ["model.cuda_graph_impl='transformer_engine'", "no effect", "full_iteration"]),
     "local cuda graphs": (
-        lambda tmp: ["--cuda_graph_impl", "local"], "cuda-graphs-not-captured", ["model.cuda_graph_impl='local'"]),
+        lambda tmp: ["--cuda_graph_impl", "local"], "cuda-graph-impl-captured", ["model.cuda_graph_impl='local'"]),
+    "whole-iteration graph with the NaN check": (
+        lambda tmp: ["--cuda_graph_impl", "full_iteration"], "full-iteration-graph-no-nan-check",
+        ["ddp.check_for_nan_in_grad=True", "ddp.check_for_nan_in_grad=false"]),
     "checkpoint.load typo": (
         lambda tmp: [f"checkpoint.load={tmp / 'ckpt_typo'}"], "checkpoint-load-exists", ["ckpt_typo", "mkdir"]),
     "triton cross-entropy in cpu mode": (

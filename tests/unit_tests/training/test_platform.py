@@ -15,25 +15,32 @@ from megatron.bridge.training.platform import CpuPlatform, CudaPlatform, select_
 
 
 def _cfg(device: str, backend: Optional[str] = None, distributed_optimizer: bool = True,
-         te_rng_tracker: bool = False) -> SimpleNamespace:
+         te_rng_tracker: bool = False, cuda_graph_impl: str = "none") -> SimpleNamespace:
     effective = backend or ("gloo" if device == "cpu" else "nccl")
     return SimpleNamespace(
         dist=SimpleNamespace(device=device, effective_backend=effective),
         ddp=SimpleNamespace(use_distributed_optimizer=distributed_optimizer),
         rng=SimpleNamespace(te_rng_tracker=te_rng_tracker),
+        model=SimpleNamespace(cuda_graph_impl=cuda_graph_impl),
     )
 
 
-@pytest.mark.parametrize("te_rng_tracker", [False, True])
-def test_gpu_seeding_hands_megatron_the_rng_tracker_setting(monkeypatch, te_rng_tracker) -> None:
-    """The GPU path's seeding runs here against a stand-in for megatron's CUDA seeding."""
+@pytest.mark.parametrize(
+    "te_rng_tracker,cuda_graph_impl,graph_safe",
+    [(False, "none", False), (True, "none", False), (False, "full_iteration", True)],
+)
+def test_gpu_seeding_hands_megatron_the_rng_tracker_settings(monkeypatch, te_rng_tracker, cuda_graph_impl,
+                                                             graph_safe) -> None:
+    """The GPU path's seeding runs here against a stand-in for megatron's CUDA seeding; a captured
+    graph needs megatron's graph-safe RNG tracker (a plain one fails the capture)."""
     from megatron.core import tensor_parallel
 
     calls = []
     monkeypatch.setattr(tensor_parallel, "model_parallel_cuda_manual_seed",
                         lambda seed, **kwargs: calls.append((seed, kwargs)))
-    CudaPlatform(_cfg("cuda", te_rng_tracker=te_rng_tracker)).seed_model_parallel(1234)
-    assert calls == [(1234, {"te_rng_tracker": te_rng_tracker})]
+    cfg = _cfg("cuda", te_rng_tracker=te_rng_tracker, cuda_graph_impl=cuda_graph_impl)
+    CudaPlatform(cfg).seed_model_parallel(1234)
+    assert calls == [(1234, {"te_rng_tracker": te_rng_tracker, "use_cudagraphable_rng": graph_safe})]
 
 
 @pytest.mark.parametrize(

@@ -119,8 +119,6 @@ CASES = {
         dict(world_size=16), _set(**INTERLEAVED, **{"train.global_batch_size": 24}),
         _set(**INTERLEAVED, **{"train.global_batch_size": 32})),
     "mtp-not-built": ({}, _set(**{"model.mtp_num_layers": 1}), _set(**{"model.mtp_num_layers": None})),
-    "cuda-graphs-not-captured": (
-        {}, _set(**{"model.cuda_graph_impl": "local"}), _set(**{"model.cuda_graph_impl": "none"})),
     "cpu-mode-no-flex-dispatcher": (
         {}, _set(**{"dist.device": "cpu", "model.moe_token_dispatcher_type": "flex",
                     "model.moe_flex_dispatcher_backend": "deepep"}),

@@ -36,7 +36,7 @@ COMPUTE_DTYPES: dict[str, str] = {
 """``-c`` value -> ``cfg.mixed_precision`` recipe name."""
 
 TASKS = ("pretrain", "sft", "peft")
-CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine")
+CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
 TOKENIZER_TYPES = ("NullTokenizer", "HuggingFaceTokenizer")
 
 _TRUE = frozenset({"true", "1", "yes"})

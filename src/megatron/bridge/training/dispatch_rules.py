@@ -77,7 +77,7 @@ TORCH_NATIVE_DISPATCH_RULES: tuple[Rule, ...] = (
         applies=lambda cfg, ctx: cfg.model.torch_native_dispatcher == "sorted" and bool(cfg.model.num_moe_experts),
         holds=lambda cfg, ctx: not _sorted_blockers(cfg),
         message="the sorted dispatcher is exact only for the dropless alltoall dispatcher with expert TP 1, "
-        "no shared-expert overlap or CUDA graphs, and (with EP > 1) no pipeline parallelism",
+        "no shared-expert overlap or per-layer CUDA graphs, and (with EP > 1) no pipeline parallelism",
         fix="use model.torch_native_dispatcher=auto (it falls back to megatron's dispatcher and says why) or megatron",
     ),
     Rule(

@@ -20,6 +20,7 @@ from packaging.version import Version
 
 from megatron.bridge.training import gpu_catalog, ownership
 from megatron.bridge.training.comm_overlap import CommOverlapConfig
+from megatron.bridge.training.cuda_graph_rules import CUDA_GRAPH_RULES
 from megatron.bridge.training.dispatch_rules import TORCH_NATIVE_DISPATCH_RULES
 from megatron.bridge.training.kernel_rules import TORCH_NATIVE_KERNEL_RULES
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError, Violation
@@ -118,7 +119,10 @@ def resolve_config(
     """
     ctx = ctx or default_rule_context(world_size, target_gpu=getattr(cfg.dist, "target_gpu", None))
     effective, values, violations = _effective_config(cfg, ctx)
-    violations += check_rules(OVERLAP_RULES + GENERAL_RULES + TORCH_NATIVE_DISPATCH_RULES + TORCH_NATIVE_KERNEL_RULES, effective, ctx)
+    violations += check_rules(
+        OVERLAP_RULES + GENERAL_RULES + CUDA_GRAPH_RULES + TORCH_NATIVE_DISPATCH_RULES + TORCH_NATIVE_KERNEL_RULES,
+        effective, ctx,
+    )
     warnings = [v for v in violations if v.severity != "error"]
     for warning in warnings:
         logger.warning("config: %s", warning.format())

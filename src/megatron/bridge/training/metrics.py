@@ -59,6 +59,25 @@ def throughput(step_time_s: Optional[float], tokens_per_step: int, flops_per_ste
     )
 
 
+def moe_aux_losses(model_cfg: Any, num_microbatches: int, iteration: int) -> dict[str, float]:
+    """megatron's MoE metrics tracker (load-balancing and z-losses), reduced across ranks and cleared
+    for the next step; empty for dense models."""
+    if not model_cfg.num_moe_experts:
+        return {}
+    from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
+
+    totals: dict[str, Any] = {}
+    get_moe_metrics_tracker().report(
+        loss_scale=1.0 / num_microbatches,
+        iteration=iteration,
+        total_loss_dict=totals,
+        num_layers=model_cfg.num_layers,
+        moe_layer_freq=model_cfg.moe_layer_freq,
+        mtp_num_layers=model_cfg.mtp_num_layers,
+    )
+    return {k.replace(" ", "_"): float(v) for k, v in totals.items()}
+
+
 def peak_memory_gib(device: str) -> float:
     """Peak allocated accelerator memory (GiB); on CPU the process's peak resident set size."""
     if device == "cuda" and torch.cuda.is_available():

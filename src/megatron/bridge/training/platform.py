@@ -54,6 +54,8 @@ class Platform:
         # all-gather inside the step is not yet visible); a synchronous re-gather makes them equal.
         self.resync_params = resolved.ddp.use_distributed_optimizer and self.backend == "gloo"
         self.te_rng_tracker = bool(resolved.rng.te_rng_tracker)
+        # A captured graph must advance the RNG on the GPU (megatron-core's graph-safe tracker).
+        self.graph_safe_rng = resolved.model.cuda_graph_impl not in (None, "none")
 
     def prepare_process(self, report: "OverlapReport") -> None:
         """Process-wide set-up before any process group or CUDA context exists."""
@@ -117,7 +119,9 @@ class CudaPlatform(Platform):
         from megatron.core import tensor_parallel
 
         torch.manual_seed(seed)
-        tensor_parallel.model_parallel_cuda_manual_seed(seed, te_rng_tracker=self.te_rng_tracker)
+        tensor_parallel.model_parallel_cuda_manual_seed(
+            seed, te_rng_tracker=self.te_rng_tracker, use_cudagraphable_rng=self.graph_safe_rng
+        )
 
     def place(self, module: torch.nn.Module) -> torch.nn.Module:
         return module.cuda(torch.cuda.current_device())

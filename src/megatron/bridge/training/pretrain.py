@@ -11,8 +11,9 @@ Order of work, chosen so that mistakes cost seconds, not a cluster allocation:
    ``cfg.model`` (the single owner of parallel sizes), seeds;
 4. :class:`Trainer`, in named steps: *build* (model chunks, optimizer, scheduler: ``builders.py``),
    *resume* (checkpoint, data, metrics), *train* (the loop over ``get_forward_backward_func()``;
-   with ``overlap_moe_expert_parallel_comm`` the schedule is megatron's combined 1F1B), *save* on
-   exit, *report* (``summary.json``).
+   with ``overlap_moe_expert_parallel_comm`` the schedule is megatron's combined 1F1B; with
+   ``cuda_graph_impl="full_iteration"`` it is captured once and replayed, ``cuda_graphs.py``), *save*
+   on exit, *report* (``summary.json``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ import torch
 
 from megatron.bridge.training import initialize
 from megatron.bridge.training.checkpointing import CheckpointSaver, TrainState
+from megatron.bridge.training.cuda_graphs import IterationGraph
 from megatron.bridge.training.forward_step import StepState, bind_forward_step, check_forward_step
+from megatron.bridge.training.metrics import moe_aux_losses
 from megatron.bridge.training.platform import Platform, select_platform
 from megatron.bridge.training.teardown import free_memory
 
@@ -42,8 +45,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["PretrainResult", "TrainState", "Trainer", "pretrain"]
-
-
 
 
 @dataclass
@@ -125,25 +126,6 @@ def _reduce_loss(losses_reduced: list[dict], device: torch.device) -> float:
     # Non-last stages contribute zeros; TP/CP duplicates cancel in the ratio.
     torch.distributed.all_reduce(total)
     return float(total[0] / total[1].clamp(min=1.0))
-
-
-def _moe_aux_losses(resolved: "ConfigContainer", num_microbatches: int, iteration: int) -> dict[str, float]:
-    """megatron's MoE metrics tracker, reduced across ranks; empty for dense models."""
-    m = resolved.model
-    if not m.num_moe_experts:
-        return {}
-    from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
-
-    totals: dict[str, Any] = {}
-    get_moe_metrics_tracker().report(
-        loss_scale=1.0 / num_microbatches,
-        iteration=iteration,
-        total_loss_dict=totals,
-        num_layers=m.num_layers,
-        moe_layer_freq=m.moe_layer_freq,
-        mtp_num_layers=m.mtp_num_layers,
-    )
-    return {k.replace(" ", "_"): float(v) for k, v in totals.items()}
 
 
 @contextlib.contextmanager
@@ -273,6 +255,7 @@ class Trainer:
         self.state = TrainState()
         self.model: list = []  # model chunks, from build()
         self.parked_steps: list[dict[str, float]] = []  # profiling.gpu_park_steps, as measured
+        self.graph = IterationGraph.from_model_config(resolved.model)
 
     def run(self) -> PretrainResult:
         """Every step of the run, in order; the result this rank returns."""
@@ -293,14 +276,16 @@ class Trainer:
 
         drop_autograd_graphs(self.model)
         unwire_model_config(self.resolved)
+        self.graph.release()
         self.model, self.optimizer, self.scheduler, self.saver = [], None, None, None
 
     # ---------------------------------------------------------------- build
 
     def announce(self) -> None:
-        """The start-up lines: launch, layout, batch, layers, loss, dispatcher, schedule, overlap."""
+        """The start-up lines: launch, layout, batch, layers, loss, dispatcher, schedule, CUDA graph, overlap."""
         if self.is_logging_rank:
-            for line in _startup_lines(self.resolved, self.report, self.env, self.num_microbatches, self.verbose):
+            lines = _startup_lines(self.resolved, self.report, self.env, self.num_microbatches, self.verbose)
+            for line in (*lines[:-1], self.graph.describe(), lines[-1]):
                 _say(line)
 
     def build(self) -> None:
@@ -309,7 +294,8 @@ class Trainer:
 
         _forget_dispatch_choices()
         self.platform.start_run()
-        self.model = build_model(self.resolved, self.platform)
+        with self.graph.model_build_stream():
+            self.model = build_model(self.resolved, self.platform)
         self.dispatch = moe_token_dispatch()
         self.wgrad_accumulation = _expert_wgrad_accumulation(self.model)
         if self.is_logging_rank:
@@ -338,7 +324,7 @@ class Trainer:
         self.data_iterator = self._data_iterator()
         log_dir = _log_dir(self.resolved)
         self.metrics = self._metrics(log_dir)
-        self.forward_backward = get_forward_backward_func()
+        self.forward_backward = self.graph.wrap(get_forward_backward_func(), first_iteration=self.state.iteration + 1)
         for chunk in self.model:
             chunk.train()
         uses_cuda = self.platform.uses_cuda
@@ -446,7 +432,7 @@ class Trainer:
             self.parked_steps.append(dict(iteration=self.state.iteration, **phases))
             phases = {k: v for k, v in phases.items() if k not in ("gpu_parked_s", "gpu_work_s")}
         scalars.update(phases)
-        scalars.update(_moe_aux_losses(self.resolved, self.num_microbatches, self.state.iteration))
+        scalars.update(moe_aux_losses(self.resolved.model, self.num_microbatches, self.state.iteration))
         self.metrics.record(self.state.iteration, loss, step_time, **scalars)
 
     def after_step(self) -> None:
@@ -478,6 +464,7 @@ class Trainer:
             moe_token_dispatch=self.dispatch,
             expert_wgrad_accumulation=self.wgrad_accumulation,
             gpu_parked_steps=self.parked_steps,
+            cuda_graph=self.graph.summary(self.state.iteration),
             optimizer_kernels=self.optimizer_kernels,
             num_microbatches=self.num_microbatches,
             start_iteration=self.metrics.start_iteration,

@@ -407,12 +407,6 @@ RUN_RULES: tuple[Rule, ...] = (
         "so training with MTP layers fails in the first step",
         "set model.mtp_num_layers=null",
     ),
-    _not_implemented(
-        "cuda-graphs-not-captured", "model.cuda_graph_impl", (None, "none"),
-        "this training loop does not capture CUDA graphs (megatron-core leaves the capture call to the "
-        "loop), so the setting would be accepted and have no effect",
-        "set model.cuda_graph_impl=none (--cuda_graph_impl none)",
-    ),
     Rule(
         id="cpu-mode-no-flex-dispatcher",
         fields=("dist.device", "model.moe_token_dispatcher_type", "model.moe_flex_dispatcher_backend"),

@@ -36,6 +36,9 @@ AUTO_EP_REASON = (
 EP_TRANSPORTS = get_args(TorchNativeEPTransport)
 NVSHMEM_BLOCKS_ENV = "TORCH_SYMMMEM_NBLOCKS"
 MAX_NVSHMEM_BLOCKS = 64
+PER_LAYER_GRAPH_IMPLS = ("local", "transformer_engine")
+"""CUDA graphs that capture parts of a layer around megatron's dispatcher; the whole-iteration graph
+(``full_iteration``) captures the sorted dispatcher's sync-free step as it is."""
 
 
 def static_blockers(config: Any, tp_size: int) -> List[str]:
@@ -48,7 +51,7 @@ def static_blockers(config: Any, tp_size: int) -> List[str]:
         (bool(config.moe_router_padding_for_quantization), "moe_router_padding_for_quantization"),
         (bool(config.moe_shared_expert_overlap), "moe_shared_expert_overlap"),
         (getattr(config, "moe_latent_size", None) is not None, "moe_latent_size"),
-        (config.cuda_graph_impl != "none", "CUDA graphs"),
+        (config.cuda_graph_impl in PER_LAYER_GRAPH_IMPLS, "per-layer CUDA graphs"),
         (getattr(config, "transformer_impl", "") == "inference_optimized", "inference_optimized"),
     )
     return [why for blocked, why in checks if blocked]

@@ -1,0 +1,143 @@
+"""Rules for CUDA graphs (``model.cuda_graph_impl`` and its companions), as data.
+
+This training loop captures one kind of graph: megatron-core's whole-iteration graph
+(``cuda_graph_impl="full_iteration"``: the forward and backward of every micro-batch of a step, the
+optimizer stays eager; see ``cuda_graphs.py``). A captured graph replays fixed kernels on fixed
+buffers, so everything inside the step must run without the host reading a GPU value. The rules
+below refuse, before launch, the settings under which the capture would fail at its first step or
+the setting would have no effect.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from megatron.bridge.models.torch_native.dispatch_policy import fast_path_blockers
+from megatron.bridge.training.dispatch_rules import uses_torch_native_layers
+from megatron.bridge.training.rules import Rule, RuleContext
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+CAPTURED_IMPLS: tuple[str, ...] = ("none", "full_iteration")
+"""The ``model.cuda_graph_impl`` values this loop acts on (``none``: no graph)."""
+
+
+def captures_full_iteration(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    return cfg.model.cuda_graph_impl == "full_iteration"
+
+
+def capture_iteration(cfg: "ConfigContainer") -> int:
+    """The iteration (1-based, in a fresh run) whose step captures the graph: after the warm-up steps."""
+    return int(cfg.model.cuda_graph_warmup_steps) + 1
+
+
+def moe_step_is_sync_free(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    """Whether each MoE layer routes its tokens without the host reading a GPU value.
+
+    True for dense models; for MoE, the torch-native sorted dispatcher at EP=1 (its permutation
+    stays on the GPU) or megatron-core's drop-and-pad mode (a fixed capacity per expert). The
+    dropless megatron dispatchers read the token counts on the host in every micro-batch.
+    """
+    m = cfg.model
+    if not m.num_moe_experts:
+        return True
+    if m.expert_model_parallel_size != 1:
+        return False
+    etp = m.expert_tensor_parallel_size or m.tensor_model_parallel_size
+    sorted_dispatch = (uses_torch_native_layers(cfg, ctx) and m.torch_native_dispatcher != "megatron"
+                       and not fast_path_blockers(m, 1, etp))
+    drop_and_pad = m.moe_expert_capacity_factor is not None and bool(m.moe_pad_expert_input_to_capacity)
+    return sorted_dispatch or drop_and_pad
+
+
+def _warmup_in_range(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    warmup = cfg.model.cuda_graph_warmup_steps
+    return isinstance(warmup, int) and 1 <= warmup < cfg.train.train_iters
+
+
+def _capture_outside_window(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    first, last = cfg.logger.steady_state_window
+    return not first <= capture_iteration(cfg) <= last
+
+
+CUDA_GRAPH_RULES: tuple[Rule, ...] = (
+    Rule(
+        id="cuda-graph-impl-captured",
+        fields=("model.cuda_graph_impl",),
+        holds=lambda cfg, ctx: cfg.model.cuda_graph_impl in CAPTURED_IMPLS,
+        message="this training loop captures megatron-core's whole-iteration graph only; per-layer graphs "
+        "('local', 'transformer_engine') need capture calls this loop does not make, so the setting would "
+        "be accepted and have no effect",
+        fix="set model.cuda_graph_impl=full_iteration (--cuda_graph_impl full_iteration) or none",
+        group="cuda-graph",
+    ),
+    Rule(
+        id="full-iteration-graph-needs-cuda",
+        fields=("model.cuda_graph_impl", "dist.device"),
+        applies=captures_full_iteration,
+        holds=lambda cfg, ctx: cfg.dist.device == "cuda",
+        message="a CUDA graph needs CUDA; the CPU smoke mode has nothing to capture",
+        fix="set model.cuda_graph_impl=none for CPU runs",
+        group="cuda-graph",
+    ),
+    Rule(
+        id="full-iteration-graph-no-nan-check",
+        fields=("model.cuda_graph_impl", "ddp.check_for_nan_in_grad"),
+        applies=captures_full_iteration,
+        holds=lambda cfg, ctx: not cfg.ddp.check_for_nan_in_grad,
+        message="megatron-core's gradient NaN check reads each bucket's gradient norm on the host at the end "
+        "of the backward, which cannot happen inside a captured graph (megatron-core's own training refuses "
+        "the pair too)",
+        fix="set ddp.check_for_nan_in_grad=false, or model.cuda_graph_impl=none",
+        group="cuda-graph",
+    ),
+    Rule(
+        id="full-iteration-graph-sync-free-moe",
+        fields=("model.cuda_graph_impl", "model.expert_model_parallel_size", "model.layer_spec",
+                "model.torch_native_dispatcher", "model.moe_expert_capacity_factor",
+                "model.moe_pad_expert_input_to_capacity"),
+        applies=captures_full_iteration,
+        holds=moe_step_is_sync_free,
+        message="the captured step must route tokens without the host reading a GPU value: megatron-core's "
+        "dropless dispatchers copy each micro-batch's token counts to the host. Captured MoE steps run "
+        "with the torch-native sorted dispatcher at EP=1, or megatron's drop-and-pad mode at EP=1; "
+        "EP > 1 is not captured by this loop yet",
+        fix="use model.layer_spec=torch_native with EP=1 and model.torch_native_dispatcher=auto, or set "
+        "model.cuda_graph_impl=none",
+        group="cuda-graph",
+    ),
+    Rule(
+        id="full-iteration-graph-no-pipeline",
+        fields=("model.cuda_graph_impl", "model.pipeline_model_parallel_size"),
+        applies=captures_full_iteration,
+        holds=lambda cfg, ctx: cfg.model.pipeline_model_parallel_size == 1,
+        message="this loop captures the step of one pipeline stage only; pipeline-parallel capture (its "
+        "point-to-point exchanges inside the graph) is not supported here",
+        fix="set model.pipeline_model_parallel_size=1, or model.cuda_graph_impl=none",
+        group="cuda-graph",
+    ),
+    Rule(
+        id="full-iteration-graph-warmup-in-run",
+        fields=("model.cuda_graph_impl", "model.cuda_graph_warmup_steps", "train.train_iters"),
+        applies=captures_full_iteration,
+        holds=_warmup_in_range,
+        message="the graph is captured in the step after model.cuda_graph_warmup_steps eager steps; at least "
+        "one eager step must come first (torch.compile and Triton pick their kernels there, which cannot "
+        "happen during a capture), and with warm-up >= train.train_iters nothing would be captured",
+        fix="set model.cuda_graph_warmup_steps between 1 and train.train_iters - 1 (e.g. 2)",
+        group="cuda-graph",
+    ),
+    Rule(
+        id="full-iteration-capture-outside-steady-window",
+        fields=("model.cuda_graph_impl", "model.cuda_graph_warmup_steps", "logger.steady_state_window"),
+        applies=captures_full_iteration,
+        holds=_capture_outside_window,
+        message="the step that captures the graph (iteration warm-up + 1) is slower than the others and "
+        "falls inside the steady-state window, so the reported step time includes the capture",
+        fix="start logger.steady_state_window after the capture, or lower model.cuda_graph_warmup_steps",
+        severity="warning",
+        group="cuda-graph",
+    ),
+)
+"""Every CUDA-graph rule, in the order they are reported."""

@@ -1,0 +1,112 @@
+"""The whole-iteration CUDA graph of a run (``model.cuda_graph_impl="full_iteration"``).
+
+Why: at EP=1 a step of the Qwen3-MoE proxy launches about 7,000 kernels, and the host spends about
+as long issuing them as the GPU spends running them, so the GPU waits on Python between kernels. A
+graph captured once replays every kernel of the forward and backward with one launch per step.
+
+megatron-core provides the capture (``megatron.core.full_cuda_graph.FullCudaGraphWrapper``: eager
+warm-up steps, then one capture, then replays, with the micro-batches copied into static buffers)
+and leaves the rest to the training loop, which this module does:
+
+* the DDP wrapper is built on the capture stream: DDP's gradient hooks create the parameters'
+  gradient-accumulation nodes, and a node created on another stream makes the backward wait on
+  that stream, which a capture cannot do;
+* megatron's RNG tracker is made graph-safe at seeding (``Platform.seed_model_parallel``);
+* the wrapper keeps its graph, step counter and input buffers on the class, so a run releases them
+  when it ends, or the next ``pretrain()`` in the process would replay the previous run's graph.
+
+The rules that keep the captured step free of host reads are in ``cuda_graph_rules.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Optional
+
+import torch
+
+IMPL = "full_iteration"
+
+
+@dataclass
+class IterationGraph:
+    """Whether this run captures its forward+backward, and the bookkeeping around the capture."""
+
+    enabled: bool
+    warmup_steps: int
+    use_single_mempool: bool
+    first_iteration: int = 1
+    """The first iteration this process trains (after a resume, not 1)."""
+    _wrapper: Optional[Any] = None
+
+    @classmethod
+    def from_model_config(cls, model_cfg: Any) -> "IterationGraph":
+        return cls(
+            enabled=model_cfg.cuda_graph_impl == IMPL,
+            warmup_steps=int(model_cfg.cuda_graph_warmup_steps),
+            use_single_mempool=bool(model_cfg.cuda_graph_use_single_mempool),
+        )
+
+    @property
+    def capture_iteration(self) -> Optional[int]:
+        """The iteration whose step captures the graph (``None`` without a graph)."""
+        return self.first_iteration + self.warmup_steps if self.enabled else None
+
+    def model_build_stream(self) -> ContextManager:
+        """Where the DDP wrapper is built: the capture stream when capturing, else as usual."""
+        if not self.enabled:
+            return contextlib.nullcontext()
+        return _on_capture_stream()
+
+    def wrap(self, forward_backward: Callable[..., Any], first_iteration: int) -> Callable[..., Any]:
+        """megatron's schedule, captured after the warm-up steps when enabled; unchanged otherwise."""
+        self.first_iteration = first_iteration
+        if not self.enabled:
+            return forward_backward
+        from megatron.core.full_cuda_graph import FullCudaGraphWrapper
+
+        self.release()  # a graph left by an earlier run in this process must not be replayed
+        self._wrapper = FullCudaGraphWrapper(
+            forward_backward, cuda_graph_warmup_steps=self.warmup_steps, use_single_mempool=self.use_single_mempool
+        )
+        return self._wrapper
+
+    def describe(self) -> str:
+        """The start-up line."""
+        if not self.enabled:
+            return "CUDA graph: none (every kernel launched from Python)"
+        return (
+            f"CUDA graph: whole iteration (megatron-core FullCudaGraphWrapper): forward+backward captured in "
+            f"the step after {self.warmup_steps} eager warm-up step(s), replayed after; optimizer eager"
+        )
+
+    def summary(self, final_iteration: int) -> dict[str, Any]:
+        """``summary.json`` ``cuda_graph``: the setting and whether (and when) the capture happened."""
+        captured = self.enabled and final_iteration >= self.capture_iteration
+        return dict(
+            impl=IMPL if self.enabled else "none",
+            warmup_steps=self.warmup_steps if self.enabled else None,
+            captured_iteration=self.capture_iteration if captured else None,
+        )
+
+    def release(self) -> None:
+        """Drop megatron's class-level graph, step counter and static input buffers."""
+        if not self.enabled:
+            return
+        from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
+
+        FullCudaGraphWrapper.reset_cuda_graph(self._wrapper)  # class state; the instance is not read
+        StaticBufferLoader.static_buffers = {"training": [], "validation": []}
+        self._wrapper = None
+
+
+@contextlib.contextmanager
+def _on_capture_stream():
+    from megatron.core.full_cuda_graph import get_shared_capture_stream
+
+    stream = get_shared_capture_stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        yield
+    torch.cuda.current_stream().wait_stream(stream)

@@ -1,0 +1,156 @@
+"""The whole-iteration CUDA graph (``model.cuda_graph_impl="full_iteration"``): its rules (each with a
+failing and a passing case) and the run's bookkeeping around megatron-core's capture wrapper.
+
+The capture itself needs a GPU; what a CPU can check is that only sync-free steps are accepted, that
+megatron-core accepts what the rules accept, and that a run leaves no graph behind for the next."""
+
+import dataclasses
+
+import pytest
+from overlap_helpers import set_fields
+
+from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
+from megatron.bridge.training.cuda_graph_rules import CUDA_GRAPH_RULES
+from megatron.bridge.training.cuda_graphs import IterationGraph
+from megatron.bridge.training.errors import ConfigValidationError
+from megatron.bridge.training.finalize import default_rule_context
+from megatron.bridge.training.rules import check_rules
+
+CAPTURED = {
+    "model.cuda_graph_impl": "full_iteration",
+    "model.expert_model_parallel_size": 1,
+    "ddp.check_for_nan_in_grad": False,
+    "model.cuda_graph_warmup_steps": 2,
+    "train.train_iters": 12,
+    "logger.steady_state_window": [4, 12],
+}
+"""The EP=1 torch-native MoE step, captured: what the benchmark runs."""
+
+
+def _captured(**changes):
+    return lambda cfg: set_fields(cfg, {**CAPTURED, **changes})
+
+
+# rule id -> (mutation that breaks the rule, mutation that satisfies it)
+CASES = {
+    "cuda-graph-impl-captured": (_captured(**{"model.cuda_graph_impl": "local"}), _captured()),
+    "full-iteration-graph-needs-cuda": (_captured(**{"dist.device": "cpu"}), _captured()),
+    "full-iteration-graph-no-nan-check": (_captured(**{"ddp.check_for_nan_in_grad": True}), _captured()),
+    "full-iteration-graph-sync-free-moe": (_captured(**{"model.expert_model_parallel_size": 2}), _captured()),
+    "full-iteration-graph-no-pipeline": (_captured(**{"model.pipeline_model_parallel_size": 2}), _captured()),
+    "full-iteration-graph-warmup-in-run": (_captured(**{"model.cuda_graph_warmup_steps": 0}), _captured()),
+    "full-iteration-capture-outside-steady-window": (
+        _captured(**{"model.cuda_graph_warmup_steps": 3}), _captured()),
+}
+
+
+def _violated_ids(cfg, **facts):
+    ctx = dataclasses.replace(default_rule_context(), te_version=None, **facts)
+    return {v.rule for v in check_rules(CUDA_GRAPH_RULES, cfg, ctx)}
+
+
+def test_every_rule_has_cases():
+    assert set(CASES) == {rule.id for rule in CUDA_GRAPH_RULES}
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_negative_case_is_reported(rule_id):
+    breaks, _ = CASES[rule_id]
+    assert rule_id in _violated_ids(breaks(qwen3_30b_a3b_pretrain_config()))
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_positive_case_passes(rule_id):
+    _, satisfies = CASES[rule_id]
+    assert rule_id not in _violated_ids(satisfies(qwen3_30b_a3b_pretrain_config()))
+
+
+@pytest.mark.parametrize(
+    "changes,sync_free",
+    [
+        ({}, True),  # torch-native sorted dispatcher at EP=1
+        ({"model.torch_native_dispatcher": "megatron"}, False),  # dropless megatron: counts read on the host
+        ({"model.layer_spec": "local"}, False),  # megatron's layers, megatron's dispatcher
+        ({"model.layer_spec": "local", "model.moe_expert_capacity_factor": 1.0,
+          "model.moe_pad_expert_input_to_capacity": True}, True),  # megatron's drop-and-pad: fixed shapes
+        ({"model.moe_expert_capacity_factor": 1.0}, False),  # dropping without padding: counts vary
+        ({"model.num_moe_experts": None, "model.moe_router_topk": 2}, True),  # dense
+    ],
+)
+def test_only_sync_free_moe_steps_are_captured(changes, sync_free):
+    cfg = _captured(**changes)(qwen3_30b_a3b_pretrain_config())
+    assert ("full-iteration-graph-sync-free-moe" not in _violated_ids(cfg)) is sync_free
+
+
+def test_megatron_core_accepts_the_captured_config():
+    """``validate()`` runs every rule and megatron-core's own checks of the model config."""
+    cfg = _captured()(qwen3_30b_a3b_pretrain_config())
+    cfg.validate()
+    assert cfg.model.cuda_graph_impl == "full_iteration"
+
+
+def test_captured_config_with_nan_check_is_refused_naming_both_fields():
+    cfg = _captured(**{"ddp.check_for_nan_in_grad": True})(qwen3_30b_a3b_pretrain_config())
+    with pytest.raises(ConfigValidationError) as err:
+        cfg.validate()
+    assert "ddp.check_for_nan_in_grad=True" in str(err.value) and "model.cuda_graph_impl" in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------ run bookkeeping
+
+
+@pytest.fixture
+def megatron_graph_state():
+    """megatron-core's class-level capture state, restored after the test."""
+    from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
+
+    saved = (dict(FullCudaGraphWrapper.cuda_graph), dict(FullCudaGraphWrapper.curr_iteration),
+             dict(FullCudaGraphWrapper.result), StaticBufferLoader.static_buffers)
+    yield FullCudaGraphWrapper, StaticBufferLoader
+    (FullCudaGraphWrapper.cuda_graph, FullCudaGraphWrapper.curr_iteration, FullCudaGraphWrapper.result,
+     StaticBufferLoader.static_buffers) = saved
+
+
+def _graph(impl="full_iteration", warmup=2):
+    model = qwen3_30b_a3b_pretrain_config().model
+    model.cuda_graph_impl, model.cuda_graph_warmup_steps = impl, warmup
+    return IterationGraph.from_model_config(model)
+
+
+def test_release_leaves_no_graph_for_the_next_run(megatron_graph_state):
+    """A graph, step counter or input buffer left on megatron's classes would make the next
+    ``pretrain()`` in the process replay the previous run's graph on the previous run's buffers."""
+    wrapper_cls, loader_cls = megatron_graph_state
+    wrapper_cls.cuda_graph["training"] = object()
+    wrapper_cls.curr_iteration["training"] = 7
+    wrapper_cls.result["training"] = [{"lm loss": 1.0}]
+    loader_cls.static_buffers["training"].append({"tokens": None})
+    _graph().release()
+    assert wrapper_cls.cuda_graph["training"] is None
+    assert wrapper_cls.curr_iteration["training"] == 0
+    assert wrapper_cls.result["training"] is None
+    assert loader_cls.static_buffers == {"training": [], "validation": []}
+
+
+def test_without_a_graph_the_schedule_is_unchanged(megatron_graph_state):
+    graph = _graph(impl="none")
+
+    def schedule(**kwargs):
+        return []
+
+    assert graph.wrap(schedule, first_iteration=1) is schedule
+    with graph.model_build_stream():
+        pass
+    assert graph.describe().startswith("CUDA graph: none")
+    assert graph.summary(final_iteration=12) == dict(impl="none", warmup_steps=None, captured_iteration=None)
+
+
+@pytest.mark.parametrize(
+    "first_iteration,final_iteration,captured",
+    [(1, 12, 3), (1, 2, None), (11, 20, 13)],  # a fresh run; stopped before the capture; resumed at 10
+)
+def test_summary_says_when_the_graph_was_captured(first_iteration, final_iteration, captured):
+    graph = _graph(warmup=2)
+    graph.first_iteration = first_iteration
+    assert graph.summary(final_iteration) == dict(impl="full_iteration", warmup_steps=2, captured_iteration=captured)
+    assert "after 2 eager warm-up step(s)" in graph.describe()
