@@ -71,9 +71,9 @@ def test_rule_positive_case_passes(rule_id):
         ({}, True),  # torch-native sorted dispatcher at EP=1
         ({"model.torch_native_dispatcher": "megatron"}, False),  # dropless megatron: counts read on the host
         ({"model.layer_spec": "local"}, False),  # megatron's layers, megatron's dispatcher
-        ({"model.layer_spec": "local", "model.moe_expert_capacity_factor": 1.0,
-          "model.moe_pad_expert_input_to_capacity": True}, True),  # megatron's drop-and-pad: fixed shapes
-        ({"model.moe_expert_capacity_factor": 1.0}, False),  # dropping without padding: counts vary
+        # megatron's drop-and-pad: fixed shapes, but a host-to-GPU copy in the step (its capture failed)
+        ({"model.moe_expert_capacity_factor": 1.0, "model.moe_pad_expert_input_to_capacity": True}, False),
+        ({"model.moe_expert_capacity_factor": 1.0}, False),  # dropping: megatron's dispatcher
         ({"model.num_moe_experts": None, "model.moe_router_topk": 2}, True),  # dense
     ],
 )
@@ -102,13 +102,14 @@ def test_captured_config_with_nan_check_is_refused_naming_both_fields():
 @pytest.fixture
 def megatron_graph_state():
     """megatron-core's class-level capture state, restored after the test."""
+    from megatron.core import full_cuda_graph
     from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
 
     saved = (dict(FullCudaGraphWrapper.cuda_graph), dict(FullCudaGraphWrapper.curr_iteration),
-             dict(FullCudaGraphWrapper.result), StaticBufferLoader.static_buffers)
-    yield FullCudaGraphWrapper, StaticBufferLoader
+             dict(FullCudaGraphWrapper.result), StaticBufferLoader.static_buffers, full_cuda_graph._shared_graph_pool)
+    yield full_cuda_graph
     (FullCudaGraphWrapper.cuda_graph, FullCudaGraphWrapper.curr_iteration, FullCudaGraphWrapper.result,
-     StaticBufferLoader.static_buffers) = saved
+     StaticBufferLoader.static_buffers, full_cuda_graph._shared_graph_pool) = saved
 
 
 def _graph(impl="full_iteration", warmup=2):
@@ -119,8 +120,10 @@ def _graph(impl="full_iteration", warmup=2):
 
 def test_release_leaves_no_graph_for_the_next_run(megatron_graph_state):
     """A graph, step counter or input buffer left on megatron's classes would make the next
-    ``pretrain()`` in the process replay the previous run's graph on the previous run's buffers."""
-    wrapper_cls, loader_cls = megatron_graph_state
+    ``pretrain()`` in the process replay the previous run's graph on the previous run's buffers; a
+    stale shared pool handle made the next capture fail inside torch's allocator."""
+    wrapper_cls, loader_cls = megatron_graph_state.FullCudaGraphWrapper, megatron_graph_state.StaticBufferLoader
+    megatron_graph_state._shared_graph_pool = (0, 1)
     wrapper_cls.cuda_graph["training"] = object()
     wrapper_cls.curr_iteration["training"] = 7
     wrapper_cls.result["training"] = [{"lm loss": 1.0}]
@@ -130,6 +133,7 @@ def test_release_leaves_no_graph_for_the_next_run(megatron_graph_state):
     assert wrapper_cls.curr_iteration["training"] == 0
     assert wrapper_cls.result["training"] is None
     assert loader_cls.static_buffers == {"training": [], "validation": []}
+    assert megatron_graph_state._shared_graph_pool is None
 
 
 def test_without_a_graph_the_schedule_is_unchanged(megatron_graph_state):

@@ -35,9 +35,11 @@ def capture_iteration(cfg: "ConfigContainer") -> int:
 def moe_step_is_sync_free(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     """Whether each MoE layer routes its tokens without the host reading a GPU value.
 
-    True for dense models; for MoE, the torch-native sorted dispatcher at EP=1 (its permutation
-    stays on the GPU) or megatron-core's drop-and-pad mode (a fixed capacity per expert). The
-    dropless megatron dispatchers read the token counts on the host in every micro-batch.
+    True for dense models; for MoE, only the torch-native sorted dispatcher at EP=1 (its
+    permutation stays on the GPU). megatron-core's dropless dispatcher reads the token counts on the
+    host in every micro-batch, and its drop-and-pad mode (``moe_pad_expert_input_to_capacity``)
+    copies a host tensor to the GPU inside the step: a capture of it failed on an H200 with
+    megatron-core 0.19.2.
     """
     m = cfg.model
     if not m.num_moe_experts:
@@ -45,10 +47,8 @@ def moe_step_is_sync_free(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     if m.expert_model_parallel_size != 1:
         return False
     etp = m.expert_tensor_parallel_size or m.tensor_model_parallel_size
-    sorted_dispatch = (uses_torch_native_layers(cfg, ctx) and m.torch_native_dispatcher != "megatron"
-                       and not fast_path_blockers(m, 1, etp))
-    drop_and_pad = m.moe_expert_capacity_factor is not None and bool(m.moe_pad_expert_input_to_capacity)
-    return sorted_dispatch or drop_and_pad
+    return (uses_torch_native_layers(cfg, ctx) and m.torch_native_dispatcher != "megatron"
+            and not fast_path_blockers(m, 1, etp))
 
 
 def _warmup_in_range(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
@@ -95,14 +95,13 @@ CUDA_GRAPH_RULES: tuple[Rule, ...] = (
     Rule(
         id="full-iteration-graph-sync-free-moe",
         fields=("model.cuda_graph_impl", "model.expert_model_parallel_size", "model.layer_spec",
-                "model.torch_native_dispatcher", "model.moe_expert_capacity_factor",
-                "model.moe_pad_expert_input_to_capacity"),
+                "model.torch_native_dispatcher", "model.moe_expert_capacity_factor"),
         applies=captures_full_iteration,
         holds=moe_step_is_sync_free,
-        message="the captured step must route tokens without the host reading a GPU value: megatron-core's "
-        "dropless dispatchers copy each micro-batch's token counts to the host. Captured MoE steps run "
-        "with the torch-native sorted dispatcher at EP=1, or megatron's drop-and-pad mode at EP=1; "
-        "EP > 1 is not captured by this loop yet",
+        message="the captured step must route tokens without the host touching GPU values: megatron-core's "
+        "dispatchers copy token counts to the host (dropless) or a host tensor to the GPU (drop-and-pad) in "
+        "every micro-batch. Captured MoE steps run with the torch-native sorted dispatcher at EP=1 (exact: "
+        "dropless, expert TP 1); EP > 1 is not captured by this loop yet",
         fix="use model.layer_spec=torch_native with EP=1 and model.torch_native_dispatcher=auto, or set "
         "model.cuda_graph_impl=none",
         group="cuda-graph",

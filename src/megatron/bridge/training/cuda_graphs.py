@@ -12,8 +12,9 @@ and leaves the rest to the training loop, which this module does:
   gradient-accumulation nodes, and a node created on another stream makes the backward wait on
   that stream, which a capture cannot do;
 * megatron's RNG tracker is made graph-safe at seeding (``Platform.seed_model_parallel``);
-* the wrapper keeps its graph, step counter and input buffers on the class, so a run releases them
-  when it ends, or the next ``pretrain()`` in the process would replay the previous run's graph.
+* the wrapper keeps its graph, step counter and input buffers on the class, and the shared memory
+  pool in its module, so a run releases them when it ends; otherwise the next ``pretrain()`` in the
+  process would replay the previous run's graph, or fail to capture into a freed pool.
 
 The rules that keep the captured step free of host reads are in ``cuda_graph_rules.py``.
 """
@@ -94,10 +95,15 @@ class IterationGraph:
         """Drop megatron's class-level graph, step counter and static input buffers."""
         if not self.enabled:
             return
+        from megatron.core import full_cuda_graph
         from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
 
         FullCudaGraphWrapper.reset_cuda_graph(self._wrapper)  # class state; the instance is not read
         StaticBufferLoader.static_buffers = {"training": [], "validation": []}
+        # The process-wide memory pool of cuda_graph_use_single_mempool dies with the graph that used
+        # it; a capture into its stale handle fails inside torch's allocator (seen on an H200 in the
+        # second run of one process), so the next run's capture gets a pool of its own.
+        full_cuda_graph._shared_graph_pool = None
         self._wrapper = None
 
 
