@@ -350,6 +350,9 @@ def test_full_model_uses_torch_native_modules(full_model_report: dict) -> None:
     assert full_model_report["attn_type"] == "TorchSDPAttention"
     assert full_model_report["dispatcher_type"] == "SortedTokenDispatcher"
     assert full_model_report["model_types"] == ["GPTModel", "TorchNativeLossGPTModel"]
+    # Attention projections and the output layer add their weight gradient into main_grad.
+    assert full_model_report["linear_types"] == ["MainGradColumnParallelLinear", "MainGradRowParallelLinear"]
+    assert full_model_report["plain_linear_types"] == ["ColumnParallelLinear", "RowParallelLinear"]
 
 
 def test_full_model_forward_and_gradients_match_plain_spec(full_model_report: dict) -> None:

@@ -93,10 +93,11 @@ class GPTModelProvider(StrictFields, TransformerConfig):
     """Kernels of the torch-native cross-entropy: ``triton`` (CUDA), ``torch`` (chunked PyTorch),
     or ``auto`` (Triton on CUDA where it imports, PyTorch elsewhere)."""
     torch_native_wgrad_accumulation: WgradAccumulation = "auto"
-    """How the experts' weight gradients reach DDP's fp32 ``main_grad``: ``fused`` (a Triton grouped
-    GEMM adds its fp32 product into ``main_grad``: less memory traffic per micro-batch, no bf16
-    rounding of each micro-batch's gradient), ``unfused`` (a bf16 gradient that DDP's hook adds),
-    ``auto`` (``fused`` where ``main_grad`` is fp32 on CUDA and Triton imports)."""
+    """How the torch-native model's weight gradients reach DDP's fp32 ``main_grad``: ``fused`` (the
+    experts' Triton grouped GEMM, and at tensor-parallel size 1 the dense projections' and output
+    layer's cuBLAS GEMM, add their fp32 product into ``main_grad``: less memory traffic per
+    micro-batch, no bf16 rounding of each micro-batch's gradient), ``unfused`` (a bf16 gradient that
+    DDP's hook adds), ``auto`` (``fused`` where ``main_grad`` is fp32 on CUDA and the kernel runs)."""
     cuda_graph_modules: Union[str, list[str]] = field(default_factory=list)
     """CUDA-graph capture scopes; empty captures the whole layer (megatron-core's ``"full"``
     default means the same but is deprecated and warns)."""
@@ -186,7 +187,7 @@ class GPTModelProvider(StrictFields, TransformerConfig):
             pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
         if post_process is None:
             post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
-        return self.model_class()(
+        model = self.model_class()(
             config=self,
             transformer_layer_spec=build_decoder_block_spec(self, vp_stage=vp_stage),
             vocab_size=self.padded_vocab_size(),
@@ -201,3 +202,9 @@ class GPTModelProvider(StrictFields, TransformerConfig):
             rotary_base=int(self.rotary_base),
             vp_stage=vp_stage,
         )
+        if self.resolved_layer_spec == "torch_native":
+            from megatron.bridge.models.torch_native import linear
+
+            if linear.reroutes_dense_layers(self):
+                linear.route_weight_gradients_into_main_grad(model)
+        return model

@@ -206,10 +206,16 @@ def moe_token_dispatch() -> list[dict[str, Any]]:
     return [dict(c.to_dict(), description=c.describe()) for c in module.dispatch_choices()]
 
 
-def _expert_wgrad_accumulation(model: list) -> Optional[dict[str, str]]:
-    """How the torch-native experts' weight gradients reach DDP's main_grad (None: no such experts)."""
-    module = sys.modules.get("megatron.bridge.models.torch_native.experts")
-    return None if module is None else module.expert_wgrad_accumulation(model)
+def _wgrad_accumulation(model: list) -> dict[str, Optional[dict[str, Any]]]:
+    """How the torch-native layers' weight gradients reach DDP's main_grad, per kind of layer (from the
+    built parameters; empty when no torch-native layer was built)."""
+    readers = {"expert_wgrad_accumulation": ("experts", "expert_wgrad_accumulation"),
+               "dense_wgrad_accumulation": ("linear", "dense_wgrad_accumulation")}
+    found = {}
+    for key, (module_name, reader) in readers.items():
+        module = sys.modules.get(f"megatron.bridge.models.torch_native.{module_name}")
+        found[key] = None if module is None else getattr(module, reader)(model)
+    return found
 
 
 def _forget_dispatch_choices() -> None:
@@ -297,12 +303,12 @@ class Trainer:
         with self.graph.model_build_stream():
             self.model = build_model(self.resolved, self.platform)
         self.dispatch = moe_token_dispatch()
-        self.wgrad_accumulation = _expert_wgrad_accumulation(self.model)
+        self.wgrad_accumulation = _wgrad_accumulation(self.model)
         if self.is_logging_rank:
             for choice in self.dispatch:
                 _say(f"MoE token dispatch: {choice['description']}")
-            if self.wgrad_accumulation:
-                _say(self.wgrad_accumulation["description"])
+            for how in filter(None, self.wgrad_accumulation.values()):
+                _say(how["description"])
         self.optimizer = build_optimizer(self.resolved, self.model)
         self.optimizer_kernels = self.platform.fast_optimizer_kernels(self.optimizer)
         if self.is_logging_rank:
@@ -462,7 +468,7 @@ class Trainer:
             torch_native_kernels=self.resolved.model.torch_native_kernels(),
             cuda_device_max_connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
             moe_token_dispatch=self.dispatch,
-            expert_wgrad_accumulation=self.wgrad_accumulation,
+            **self.wgrad_accumulation,
             gpu_parked_steps=self.parked_steps,
             cuda_graph=self.graph.summary(self.state.iteration),
             optimizer_kernels=self.optimizer_kernels,

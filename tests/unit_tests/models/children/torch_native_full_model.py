@@ -34,7 +34,9 @@ missing = native.load_state_dict(plain.state_dict(), strict=True)
 report = {"experts_type": type(native.decoder.layers[0].mlp.experts).__name__,
           "attn_type": type(native.decoder.layers[0].self_attention.core_attention).__name__,
           "dispatcher_type": type(native.decoder.layers[0].mlp.token_dispatcher).__name__,
-          "model_types": [type(plain).__name__, type(native).__name__]}
+          "model_types": [type(plain).__name__, type(native).__name__],
+          "linear_types": sorted({type(m).__name__ for m in native.modules() if "ParallelLinear" in type(m).__name__}),
+          "plain_linear_types": sorted({type(m).__name__ for m in plain.modules() if "ParallelLinear" in type(m).__name__})}
 seq, b = 32, 2
 g = torch.Generator().manual_seed(0)
 batches = [torch.randint(0, 256, (b, seq), generator=g) for _ in range(6)]

@@ -1,0 +1,163 @@
+"""Dense linear layers whose weight gradient lands straight in megatron DDP's fp32 ``main_grad``.
+
+Why: megatron-core's ``ColumnParallelLinear``/``RowParallelLinear`` fuse the weight-gradient
+accumulation only with Apex's CUDA extension (``gradient_accumulation_fusion``). Without it every
+backward writes a bf16 weight gradient, and DDP's hook reads it back and adds it into the fp32
+``main_grad``: for the Qwen3-30B-A3B output layer (311 M weights) about 0.6 ms per micro-batch on
+an H200. Here one cuBLAS GEMM with an fp32 result adds ``dy^T x`` into ``main_grad`` in place
+(``torch.addmm(..., out_dtype=torch.float32)``), so the gradient is also never rounded to bf16.
+
+Only calls this module can take over exactly are rerouted: tensor-parallel size 1 (no sequence
+parallelism, no all-reduce of the input gradient), no deferred embedding wgrad, a trainable
+weight, and megatron's own fusion off. Every other call runs megatron-core's function unchanged.
+The forward and the input gradient are the same matmuls megatron-core runs.
+
+:func:`route_weight_gradients_into_main_grad` gives a built model these layers; the setting is
+``model.torch_native_wgrad_accumulation`` (the same one the grouped experts read).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Dict, Iterable, Optional
+
+import torch
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+
+@functools.cache
+def addmm_out_dtype_available() -> bool:
+    """Whether this torch has ``addmm(..., out_dtype=)`` (bf16 inputs, fp32 result); checked on meta tensors."""
+    acc = torch.empty(2, 2, device="meta")
+    half = torch.empty(2, 2, device="meta", dtype=torch.bfloat16)
+    try:
+        torch.addmm(acc, half, half, out_dtype=torch.float32)
+    except (TypeError, RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+def can_fuse(main_grad: torch.Tensor) -> bool:
+    """Whether :func:`accumulate_dense_wgrad` runs for this ``main_grad`` (fp32, contiguous, CUDA)."""
+    return (main_grad.dtype == torch.float32 and main_grad.is_contiguous() and main_grad.is_cuda
+            and addmm_out_dtype_available())
+
+
+def accumulate_dense_wgrad(dy: torch.Tensor, x: torch.Tensor, main_grad: torch.Tensor) -> None:
+    """``main_grad += dy^T @ x`` for 2-D ``dy [T, out]`` and ``x [T, in]``, product kept in fp32."""
+    torch.addmm(main_grad, dy.t(), x, out_dtype=torch.float32, out=main_grad)
+
+
+def fuses_into_main_grad(weight: torch.Tensor, accumulation: str) -> bool:
+    """Whether this weight's gradient goes straight into its ``main_grad``.
+
+    ``accumulation`` is ``model.torch_native_wgrad_accumulation``; an explicit ``fused`` that cannot
+    run on this ``main_grad`` is an error, not a silent fallback.
+    """
+    main_grad = getattr(weight, "main_grad", None)
+    if accumulation == "unfused" or main_grad is None:
+        return False
+    fusable = can_fuse(main_grad)
+    if accumulation == "fused" and not fusable:
+        raise RuntimeError(
+            f"model.torch_native_wgrad_accumulation='fused' needs an fp32 CUDA main_grad and a torch with "
+            f"addmm(out_dtype=); this weight's main_grad is {main_grad.dtype} on {main_grad.device}. "
+            "Use auto or unfused."
+        )
+    return fusable
+
+
+class MainGradLinearFunction(torch.autograd.Function):
+    """``y = x W^T + b``; the backward adds ``W``'s gradient into ``W.main_grad`` itself."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):  # noqa: D102
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        out = torch.matmul(x, weight.t())
+        return out + bias if bias is not None else out
+
+    @staticmethod
+    def backward(ctx, dy):  # noqa: D102
+        x, weight = ctx.saved_tensors
+        dx = dy.matmul(weight)
+        dy2d, x2d = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
+        accumulate_dense_wgrad(dy2d, x2d, weight.main_grad)
+        # DDP's hook must not add the placeholder below; it still wants a gradient to see (its hook
+        # fires from the accumulator), so an uninitialised one of the right shape is returned, as
+        # megatron-core's fused linear layers do.
+        weight.grad_added_to_main_grad = True
+        db = dy2d.sum(dim=0) if ctx.has_bias else None
+        return dx, torch.empty_like(weight), db
+
+
+def _takes_over(weight: torch.Tensor, call: Dict[str, Any], accumulation: str) -> bool:
+    """Whether this call of megatron's linear function is one this module computes exactly."""
+    plain = (
+        not call.get("sequence_parallel")
+        and not call.get("allreduce_dgrad")
+        and call.get("grad_output_buffer") is None
+        and call.get("gtp_remat_size", 1) == 1
+        and not call.get("gradient_accumulation_fusion")
+    )
+    return plain and weight.requires_grad and fuses_into_main_grad(weight, accumulation)
+
+
+class _MainGradForward:
+    """megatron-core's ``_forward_impl`` hook of its parallel linear layers, rerouted where exact."""
+
+    def _forward_impl(self, input, weight, *args, **kwargs):  # noqa: A002 (megatron's keyword)
+        accumulation = getattr(self.config, "torch_native_wgrad_accumulation", "auto")
+        if not args and _takes_over(weight, kwargs, accumulation):
+            return MainGradLinearFunction.apply(input, weight, kwargs.get("bias"))
+        return super()._forward_impl(input, weight, *args, **kwargs)
+
+
+class MainGradColumnParallelLinear(_MainGradForward, ColumnParallelLinear):
+    """megatron-core's ``ColumnParallelLinear`` with the weight gradient added into ``main_grad``."""
+
+
+class MainGradRowParallelLinear(_MainGradForward, RowParallelLinear):
+    """megatron-core's ``RowParallelLinear`` with the weight gradient added into ``main_grad``."""
+
+
+_REROUTED = {ColumnParallelLinear: MainGradColumnParallelLinear, RowParallelLinear: MainGradRowParallelLinear}
+
+
+def reroutes_dense_layers(config: Any) -> bool:
+    """Whether a model of this config gets the rerouted layers: tensor-parallel size 1, no deferred
+    embedding wgrad, and megatron's own (Apex) fusion off; otherwise every call would go to megatron."""
+    return (config.tensor_model_parallel_size == 1 and not config.defer_embedding_wgrad_compute
+            and not config.gradient_accumulation_fusion)
+
+
+def route_weight_gradients_into_main_grad(model: torch.nn.Module) -> int:
+    """Give every plain megatron parallel linear layer of ``model`` the rerouted backward; returns how many.
+
+    The attention projections come from the layer spec, the output layer from ``GPTModel`` itself, so
+    the layers are switched after the model is built: each keeps its state and gains only the
+    ``_forward_impl`` above (the same kind of class swap ``torch.distributed.fsdp.fully_shard`` does).
+    Subclasses of megatron's layers are left alone.
+    """
+    switched = 0
+    for module in model.modules():
+        rerouted = _REROUTED.get(type(module))
+        if rerouted is not None:
+            module.__class__ = rerouted
+            switched += 1
+    return switched
+
+
+def dense_wgrad_accumulation(model_chunks: Iterable[torch.nn.Module]) -> Optional[Dict[str, Any]]:
+    """Which accumulation the rerouted dense layers of these (DDP-wrapped) chunks use, read from their
+    built parameters; ``None`` when no layer was rerouted."""
+    layers = [m for chunk in model_chunks for m in chunk.modules() if isinstance(m, _MainGradForward)]
+    if not layers:
+        return None
+    setting = getattr(layers[0].config, "torch_native_wgrad_accumulation", "auto")
+    fused = [m for m in layers if m.weight is not None and fuses_into_main_grad(m.weight, setting)]
+    how = ("fused: cuBLAS adds into the fp32 main_grad" if fused
+           else "unfused: bf16 gradient added by DDP's hook")
+    return {"setting": setting, "path": "fused" if fused else "unfused", "layers": len(layers),
+            "description": f"dense weight gradients {how} ({len(fused)} of {len(layers)} linear layers; "
+                           f"torch_native_wgrad_accumulation={setting!r})"}
