@@ -63,8 +63,9 @@ def test_the_provider_applies_torch_native_compile_to_the_model_it_builds(
     compiled.set_compile_enabled(not setting)
     seen = {}
 
-    class Model:
+    class Model(torch.nn.Module):
         def __init__(self, **kwargs):
+            super().__init__()
             seen["while_building"] = compiled.compile_enabled()
 
     monkeypatch.setattr(gpt_provider, "build_decoder_block_spec", lambda config, vp_stage=None: None)

@@ -26,12 +26,16 @@ from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParall
 
 
 @functools.cache
-def addmm_out_dtype_available() -> bool:
-    """Whether this torch has ``addmm(..., out_dtype=)`` (bf16 inputs, fp32 result); checked on meta tensors."""
-    acc = torch.empty(2, 2, device="meta")
-    half = torch.empty(2, 2, device="meta", dtype=torch.bfloat16)
+def addmm_out_dtype_runs(device_type: str) -> bool:
+    """Whether ``addmm(..., out_dtype=float32, out=)`` with bf16 inputs runs on this device type.
+
+    Tried once on 1x1 tensors: the operator's meta function is no guide (torch 2.11 has the CUDA
+    kernel but its meta check refused the call), and CPU builds have no kernel at all.
+    """
+    acc = torch.zeros(1, 1, device=device_type)
+    half = torch.ones(1, 1, device=device_type, dtype=torch.bfloat16)
     try:
-        torch.addmm(acc, half, half, out_dtype=torch.float32)
+        torch.addmm(acc, half, half, out_dtype=torch.float32, out=acc)
     except (TypeError, RuntimeError, NotImplementedError):
         return False
     return True
@@ -40,7 +44,7 @@ def addmm_out_dtype_available() -> bool:
 def can_fuse(main_grad: torch.Tensor) -> bool:
     """Whether :func:`accumulate_dense_wgrad` runs for this ``main_grad`` (fp32, contiguous, CUDA)."""
     return (main_grad.dtype == torch.float32 and main_grad.is_contiguous() and main_grad.is_cuda
-            and addmm_out_dtype_available())
+            and addmm_out_dtype_runs(main_grad.device.type))
 
 
 def accumulate_dense_wgrad(dy: torch.Tensor, x: torch.Tensor, main_grad: torch.Tensor) -> None:
