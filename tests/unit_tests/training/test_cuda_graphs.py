@@ -5,6 +5,7 @@ The capture itself needs a GPU; what a CPU can check is that only sync-free step
 megatron-core accepts what the rules accept, and that a run leaves no graph behind for the next."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from overlap_helpers import set_fields
@@ -51,6 +52,11 @@ def _violated_ids(cfg, **facts):
 
 def test_every_rule_has_cases():
     assert set(CASES) == {rule.id for rule in CUDA_GRAPH_RULES}
+
+
+def test_every_rule_is_on_the_docs_page():
+    page = (Path(__file__).parents[3] / "docs" / "training" / "cuda-graphs.md").read_text()
+    assert [rule.id for rule in CUDA_GRAPH_RULES if f"`{rule.id}`" not in page] == []
 
 
 @pytest.mark.parametrize("rule_id", sorted(CASES))

@@ -112,7 +112,8 @@ TORCH_NATIVE_KERNEL_RULES: tuple[Rule, ...] = (
         fields=("model.torch_native_wgrad_accumulation", "dist.device"),
         applies=lambda cfg, ctx: cfg.model.torch_native_wgrad_accumulation == "fused",
         holds=lambda cfg, ctx: cfg.dist.device == "cuda",
-        message="the fused expert weight-gradient accumulation is a Triton kernel on CUDA tensors",
+        message="the fused weight-gradient accumulation runs on CUDA tensors (a Triton kernel for the experts, a "
+        "cuBLAS GEMM for the dense layers)",
         fix="use model.torch_native_wgrad_accumulation=auto or unfused in CPU smoke mode",
     ),
     Rule(
@@ -120,7 +121,7 @@ TORCH_NATIVE_KERNEL_RULES: tuple[Rule, ...] = (
         fields=("model.torch_native_wgrad_accumulation", "ddp.grad_reduce_in_fp32"),
         applies=lambda cfg, ctx: cfg.model.torch_native_wgrad_accumulation == "fused",
         holds=lambda cfg, ctx: bool(cfg.ddp.grad_reduce_in_fp32),
-        message="the fused expert weight-gradient accumulation adds into an fp32 main_grad; with "
+        message="the fused weight-gradient accumulation adds into an fp32 main_grad; with "
         "ddp.grad_reduce_in_fp32=false the gradient buffers are bf16",
         fix="set ddp.grad_reduce_in_fp32=true, or model.torch_native_wgrad_accumulation=auto or unfused",
     ),
