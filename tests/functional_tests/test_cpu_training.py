@@ -79,6 +79,7 @@ def test_startup_log_says_what_runs(results: dict) -> None:
     assert "CPU smoke mode: megatron-core CUDA calls mapped to CPU" in out
     assert "schedule: combined 1F1B (EP overlap)" in out
     assert "schedule: standard 1F1B" in out
+    assert "CUDA graph: none (every kernel launched from Python)" in out
     assert "EP2" in out
 
 
@@ -123,6 +124,9 @@ def test_summary_json(results: dict) -> None:
     assert summary["tokens_per_s"] > 0 and summary["tflops_per_gpu"] > 0
     for key in ("overlap_report", "resolved_config", "peak_memory_gib", "step_times_s", "torch_native_kernels"):
         assert key in summary
+    assert summary["cuda_graph"] == dict(impl="none", warmup_steps=None, captured_iteration=None)
+    # megatron's own layers (layer_spec=local): no torch-native weight-gradient path to report.
+    assert summary["expert_wgrad_accumulation"] is None and summary["dense_wgrad_accumulation"] is None
     config = yaml.safe_load(summary["resolved_config"])  # the effective config, not an error text
     assert config["model"]["expert_model_parallel_size"] == 2
     assert config["comm_overlap"]["overlap_moe_expert_parallel_comm"] is True

@@ -153,7 +153,8 @@ def _log_dir(resolved: "ConfigContainer") -> str:
 
 
 def _startup_lines(
-    resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, num_microbatches: int, verbose: bool
+    resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, num_microbatches: int, verbose: bool,
+    cuda_graph: str,
 ) -> list[str]:
     from megatron.core import parallel_state as ps
 
@@ -176,6 +177,7 @@ def _startup_lines(
         f"dispatcher: {m.moe_token_dispatcher_type}"
         + (f" (flex backend {m.moe_flex_dispatcher_backend})" if m.moe_token_dispatcher_type == "flex" else ""),
         f"schedule: {'combined 1F1B (EP overlap)' if m.overlap_moe_expert_parallel_comm else 'standard 1F1B'}",
+        cuda_graph,
         f"CUDA_DEVICE_MAX_CONNECTIONS={os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS', 'unset')}",
         report.format(brief=not verbose),
     ]
@@ -290,8 +292,8 @@ class Trainer:
     def announce(self) -> None:
         """The start-up lines: launch, layout, batch, layers, loss, dispatcher, schedule, CUDA graph, overlap."""
         if self.is_logging_rank:
-            lines = _startup_lines(self.resolved, self.report, self.env, self.num_microbatches, self.verbose)
-            for line in (*lines[:-1], self.graph.describe(), lines[-1]):
+            for line in _startup_lines(self.resolved, self.report, self.env, self.num_microbatches, self.verbose,
+                                       cuda_graph=self.graph.describe()):
                 _say(line)
 
     def build(self) -> None:
