@@ -35,6 +35,7 @@ def _captured(**changes):
 # rule id -> (mutation that breaks the rule, mutation that satisfies it)
 CASES = {
     "cuda-graph-impl-captured": (_captured(**{"model.cuda_graph_impl": "local"}), _captured()),
+    "optimizer-graph-not-captured": (_captured(**{"optimizer.optimizer_cuda_graph": True}), _captured()),
     "full-iteration-graph-needs-cuda": (_captured(**{"dist.device": "cpu"}), _captured()),
     "full-iteration-graph-no-nan-check": (_captured(**{"ddp.check_for_nan_in_grad": True}), _captured()),
     "full-iteration-graph-sync-free-moe": (_captured(**{"model.expert_model_parallel_size": 2}), _captured()),

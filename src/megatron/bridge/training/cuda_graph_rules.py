@@ -73,6 +73,17 @@ CUDA_GRAPH_RULES: tuple[Rule, ...] = (
         group="cuda-graph",
     ),
     Rule(
+        id="optimizer-graph-not-captured",
+        fields=("optimizer.optimizer_cuda_graph",),
+        holds=lambda cfg, ctx: not cfg.optimizer.optimizer_cuda_graph,
+        message="this training loop does not capture the optimizer step (megatron-core's own training wraps it "
+        "in OptimizerCudaGraphWrapper; here the flag would only be handed to the optimizer and change nothing "
+        "about launches)",
+        fix="set optimizer.optimizer_cuda_graph=false; model.cuda_graph_impl=full_iteration captures the "
+        "forward+backward",
+        group="cuda-graph",
+    ),
+    Rule(
         id="full-iteration-graph-needs-cuda",
         fields=("model.cuda_graph_impl", "dist.device"),
         applies=captures_full_iteration,
