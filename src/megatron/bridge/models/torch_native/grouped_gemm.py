@@ -20,6 +20,7 @@ from typing import Deque, List, Optional, Sequence, Tuple
 import torch
 
 from megatron.bridge.models.torch_native.backends import GROUPED_GEMM_BACKENDS as BACKENDS
+from megatron.bridge.models.torch_native.backends import fuses_wgrad_into_main_grad
 from megatron.bridge.models.torch_native.wgrad_accumulate import accumulate_grouped_wgrad, can_fuse
 
 _ALIGN_ROWS = 16
@@ -190,16 +191,7 @@ def fuses_into_main_grad(weight: torch.Tensor, accumulation: str) -> bool:
     ``accumulation`` is ``model.torch_native_wgrad_accumulation``; an explicit ``fused`` that cannot
     run on this ``main_grad`` is an error, not a silent fallback.
     """
-    main_grad = getattr(weight, "main_grad", None)
-    if accumulation == "unfused" or main_grad is None:
-        return False
-    fusable = can_fuse(main_grad)
-    if accumulation == "fused" and not fusable:
-        raise RuntimeError(
-            f"model.torch_native_wgrad_accumulation='fused' needs an fp32 CUDA main_grad and Triton; this "
-            f"weight's main_grad is {main_grad.dtype} on {main_grad.device}. Use auto or unfused."
-        )
-    return fusable
+    return fuses_wgrad_into_main_grad(weight, accumulation, can_fuse, "an fp32 CUDA main_grad and Triton")
 
 
 def weight_gradient(

@@ -24,6 +24,8 @@ from typing import Any, Dict, Iterable, Optional
 import torch
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
+from megatron.bridge.models.torch_native.backends import fuses_wgrad_into_main_grad
+
 
 @functools.cache
 def addmm_out_dtype_runs(device_type: str) -> bool:
@@ -58,17 +60,8 @@ def fuses_into_main_grad(weight: torch.Tensor, accumulation: str) -> bool:
     ``accumulation`` is ``model.torch_native_wgrad_accumulation``; an explicit ``fused`` that cannot
     run on this ``main_grad`` is an error, not a silent fallback.
     """
-    main_grad = getattr(weight, "main_grad", None)
-    if accumulation == "unfused" or main_grad is None:
-        return False
-    fusable = can_fuse(main_grad)
-    if accumulation == "fused" and not fusable:
-        raise RuntimeError(
-            f"model.torch_native_wgrad_accumulation='fused' needs an fp32 CUDA main_grad and a torch with "
-            f"addmm(out_dtype=); this weight's main_grad is {main_grad.dtype} on {main_grad.device}. "
-            "Use auto or unfused."
-        )
-    return fusable
+    return fuses_wgrad_into_main_grad(weight, accumulation, can_fuse,
+                                      "an fp32 CUDA main_grad and a torch with addmm(out_dtype=)")
 
 
 class MainGradLinearFunction(torch.autograd.Function):
