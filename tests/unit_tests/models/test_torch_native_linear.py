@@ -73,6 +73,13 @@ def test_calls_it_cannot_take_over_exactly_stay_with_megatron(cpu_accumulation, 
     assert not linear._takes_over(weight, call, "auto")
 
 
+def test_megatron_fsdp_parameters_stay_with_megatron(cpu_accumulation):
+    weight = torch.nn.Parameter(torch.randn(4, 3))
+    weight.main_grad = torch.zeros(4, 3)
+    weight.__fsdp_param__ = True
+    assert not linear._takes_over(weight, {}, "auto")
+
+
 @pytest.mark.parametrize(
     "setting,main_grad_dtype,expected",
     [("auto", torch.float32, True), ("unfused", torch.float32, False), ("auto", torch.bfloat16, False),

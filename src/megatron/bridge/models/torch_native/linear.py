@@ -97,7 +97,8 @@ def _takes_over(weight: torch.Tensor, call: Dict[str, Any], accumulation: str) -
         and call.get("gtp_remat_size", 1) == 1
         and not call.get("gradient_accumulation_fusion")
     )
-    return plain and weight.requires_grad and fuses_into_main_grad(weight, accumulation)
+    owned_by_fsdp = hasattr(weight, "__fsdp_param__")  # megatron-FSDP manages its own main_grad
+    return plain and weight.requires_grad and not owned_by_fsdp and fuses_into_main_grad(weight, accumulation)
 
 
 class _MainGradForward:
