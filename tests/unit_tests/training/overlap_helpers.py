@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any, Optional
 
 from packaging.version import Version
 
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.config import ConfigContainer
-from megatron.bridge.training.finalize import finalize_config, resolve_config
-from megatron.bridge.training.rules import RuleContext, read_field
+from megatron.bridge.training.finalize import default_rule_context, finalize_config, resolve_config
+from megatron.bridge.training.rules import Rule, RuleContext, check_rules, read_field
 
 WORLD = 2
 
@@ -38,6 +39,12 @@ def ep_overlap_cfg() -> ConfigContainer:
     cfg.model.expert_model_parallel_size = 2
     cfg.comm_overlap.overlap_moe_expert_parallel_comm = True
     return cfg
+
+
+def violated_rule_ids(rules: tuple[Rule, ...], cfg: ConfigContainer, facts: dict[str, Any]) -> set[str]:
+    """Ids of ``rules`` that ``cfg`` violates, on this machine's rule context with ``facts`` replaced."""
+    context = dataclasses.replace(default_rule_context(), **facts)
+    return {v.rule for v in check_rules(rules, cfg, context)}
 
 
 def set_fields(cfg: ConfigContainer, values: dict[str, Any]) -> ConfigContainer:

@@ -4,18 +4,15 @@ failing and a passing case) and the run's bookkeeping around megatron-core's cap
 The capture itself needs a GPU; what a CPU can check is that only sync-free steps are accepted, that
 megatron-core accepts what the rules accept, and that a run leaves no graph behind for the next."""
 
-import dataclasses
 from pathlib import Path
 
 import pytest
-from overlap_helpers import set_fields
+from overlap_helpers import set_fields, violated_rule_ids
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
 from megatron.bridge.training.cuda_graph_rules import CUDA_GRAPH_RULES
 from megatron.bridge.training.cuda_graphs import IterationGraph
 from megatron.bridge.training.errors import ConfigValidationError
-from megatron.bridge.training.finalize import default_rule_context
-from megatron.bridge.training.rules import check_rules
 
 CAPTURED = {
     "model.cuda_graph_impl": "full_iteration",
@@ -47,8 +44,7 @@ CASES = {
 
 
 def _violated_ids(cfg, **facts):
-    ctx = dataclasses.replace(default_rule_context(), te_version=None, **facts)
-    return {v.rule for v in check_rules(CUDA_GRAPH_RULES, cfg, ctx)}
+    return violated_rule_ids(CUDA_GRAPH_RULES, cfg, dict(te_version=None, **facts))
 
 
 def test_every_rule_has_cases():

@@ -1,18 +1,14 @@
 """Every rule of the torch-native fields (token dispatch and kernels) has a passing and a failing case
 (table-driven, as the general rules)."""
 
-import dataclasses
-
 import pytest
-from overlap_helpers import set_fields
+from overlap_helpers import set_fields, violated_rule_ids
 from packaging.version import Version
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
 from megatron.bridge.training.dispatch_rules import TORCH_NATIVE_DISPATCH_RULES
 from megatron.bridge.training.errors import ConfigValidationError
-from megatron.bridge.training.finalize import default_rule_context
 from megatron.bridge.training.kernel_rules import TORCH_NATIVE_KERNEL_RULES
-from megatron.bridge.training.rules import check_rules
 
 RULES = TORCH_NATIVE_DISPATCH_RULES + TORCH_NATIVE_KERNEL_RULES
 TE_ABSENT = dict(te_version=None)
@@ -72,8 +68,7 @@ def test_every_rule_has_cases():
 
 
 def _violated_ids(cfg, facts):
-    ctx = dataclasses.replace(default_rule_context(), **facts)
-    return {v.rule for v in check_rules(RULES, cfg, ctx)}
+    return violated_rule_ids(RULES, cfg, facts)
 
 
 @pytest.mark.parametrize("rule_id", sorted(CASES))
