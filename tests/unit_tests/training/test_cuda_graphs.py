@@ -161,3 +161,11 @@ def test_summary_says_when_the_graph_was_captured(first_iteration, final_iterati
     graph.first_iteration = first_iteration
     assert graph.summary(final_iteration) == dict(impl="full_iteration", warmup_steps=2, captured_iteration=captured)
     assert "after 2 eager warm-up step(s)" in graph.describe()
+
+
+@pytest.mark.parametrize("warmup", [None, "two", 0])
+def test_a_warmup_that_is_no_step_count_is_reported_once_not_a_crash(warmup):
+    cfg = _captured(**{"model.cuda_graph_warmup_steps": warmup})(qwen3_30b_a3b_pretrain_config())
+    ids = _violated_ids(cfg)
+    assert "full-iteration-graph-warmup-in-run" in ids
+    assert "full-iteration-capture-outside-steady-window" not in ids

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from megatron.bridge.models.torch_native.dispatch_policy import fast_path_blockers
+from megatron.bridge.training.cuda_graphs import IterationGraph
 from megatron.bridge.training.dispatch_rules import uses_torch_native_layers
 from megatron.bridge.training.rules import Rule, RuleContext
 
@@ -25,11 +26,6 @@ CAPTURED_IMPLS: tuple[str, ...] = ("none", "full_iteration")
 
 def captures_full_iteration(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     return cfg.model.cuda_graph_impl == "full_iteration"
-
-
-def capture_iteration(cfg: "ConfigContainer") -> int:
-    """The iteration (1-based, in a fresh run) whose step captures the graph: after the warm-up steps."""
-    return int(cfg.model.cuda_graph_warmup_steps) + 1
 
 
 def moe_step_is_sync_free(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
@@ -57,8 +53,9 @@ def _warmup_in_range(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
 
 
 def _capture_outside_window(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    """The capturing step (of a fresh run, as the run will count it) is not in the steady window."""
     first, last = cfg.logger.steady_state_window
-    return not first <= capture_iteration(cfg) <= last
+    return not first <= IterationGraph.from_model_config(cfg.model).capture_iteration <= last
 
 
 CUDA_GRAPH_RULES: tuple[Rule, ...] = (
@@ -141,7 +138,8 @@ CUDA_GRAPH_RULES: tuple[Rule, ...] = (
     Rule(
         id="full-iteration-capture-outside-steady-window",
         fields=("model.cuda_graph_impl", "model.cuda_graph_warmup_steps", "logger.steady_state_window"),
-        applies=captures_full_iteration,
+        # a warm-up that is no step count is the rule above's to report
+        applies=lambda cfg, ctx: captures_full_iteration(cfg, ctx) and _warmup_in_range(cfg, ctx),
         holds=_capture_outside_window,
         message="the step that captures the graph (iteration warm-up + 1) is slower than the others and "
         "falls inside the steady-state window, so the reported step time includes the capture",
