@@ -40,7 +40,25 @@ def test_gpu_seeding_hands_megatron_the_rng_tracker_settings(monkeypatch, te_rng
                         lambda seed, **kwargs: calls.append((seed, kwargs)))
     cfg = _cfg("cuda", te_rng_tracker=te_rng_tracker, cuda_graph_impl=cuda_graph_impl)
     CudaPlatform(cfg).seed_model_parallel(1234)
-    assert calls == [(1234, {"te_rng_tracker": te_rng_tracker, "use_cudagraphable_rng": graph_safe})]
+    assert calls == [(1234, {"te_rng_tracker": te_rng_tracker, "use_cudagraphable_rng": graph_safe,
+                             "force_reset_rng": True})]
+
+
+@pytest.mark.parametrize("first_impl,second_impl", [("none", "full_iteration"), ("full_iteration", "none")])
+def test_each_run_gets_the_rng_tracker_its_graph_setting_needs(monkeypatch, first_impl, second_impl) -> None:
+    """Two runs in one process (benchmarks, A/B sweeps): megatron-core keeps its first RNG tracker
+    unless the seeding resets it, so an eager run followed by a graph run failed the capture. The
+    CUDA seeding runs with megatron's real tracker set-up; only the per-device CUDA state is left out."""
+    from megatron.core import tensor_parallel
+    from megatron.core.tensor_parallel import random as megatron_random
+
+    def seed_tracker_only(seed, te_rng_tracker=False, use_cudagraphable_rng=False, force_reset_rng=False, **_):
+        megatron_random.initialize_rng_tracker(te_rng_tracker, False, use_cudagraphable_rng, force_reset=force_reset_rng)
+
+    monkeypatch.setattr(tensor_parallel, "model_parallel_cuda_manual_seed", seed_tracker_only)
+    for impl in (first_impl, second_impl):
+        CudaPlatform(_cfg("cuda", cuda_graph_impl=impl)).seed_model_parallel(1234)
+        assert megatron_random.get_cuda_rng_tracker().use_cudagraphable_rng is (impl == "full_iteration")
 
 
 @pytest.mark.parametrize(

@@ -119,8 +119,12 @@ class CudaPlatform(Platform):
         from megatron.core import tensor_parallel
 
         torch.manual_seed(seed)
+        # megatron-core keeps the first tracker of the process unless told to reset it: a run with
+        # the graph after an eager run in one process would get the plain tracker and fail its
+        # capture (seen on an H200: "expected a Generator, but got Tensor").
         tensor_parallel.model_parallel_cuda_manual_seed(
-            seed, te_rng_tracker=self.te_rng_tracker, use_cudagraphable_rng=self.graph_safe_rng
+            seed, te_rng_tracker=self.te_rng_tracker, use_cudagraphable_rng=self.graph_safe_rng,
+            force_reset_rng=True,
         )
 
     def place(self, module: torch.nn.Module) -> torch.nn.Module:

@@ -1,0 +1,210 @@
+"""GPU check: the EP sorted dispatcher's NVSHMEM exchange inside megatron-core's whole-iteration graph.
+
+Run under torchrun with one GPU per process::
+
+    torchrun --nproc-per-node 2 tests/gpu_checks/ep_exchange_graph.py [--proxy] [--steps N]
+
+Builds a Qwen3-MoE model with the torch-native layers, wraps it as the training loop does
+(``Float16Module`` + megatron's DDP, built on the capture stream, graph-safe RNG tracker) and runs a
+few steps of megatron's schedule without an optimizer, once per variant:
+
+* ``reference``: the dispatcher the product picks for this EP size (one rank: the sorted one-rank
+  dispatcher; two or more: megatron-core's alltoall dispatcher), eager;
+* ``reference_graph`` (one rank): the same, captured by ``FullCudaGraphWrapper`` and replayed;
+* ``exchange`` (two or more ranks): ``ExpertParallelSortedDispatcher`` over NVSHMEM
+  (``torch_native_dispatcher=sorted``, ``torch_native_ep_transport=nvshmem``), eager;
+* ``exchange_graph``: the same, captured after the warm-up steps and replayed;
+* ``exchange_overlap`` / ``exchange_overlap_graph``: the same under the combined-1F1B EP-overlap
+  schedule.
+
+The exchange variants need two GPUs: torch's ``all_to_all_vdev`` refuses a one-rank group, and
+NVSHMEM refuses teams of several processes on one GPU (without CUDA MPS).
+
+Every step draws new tokens; each variant sees the same ones. The report compares per-step losses
+and the final gradients (DDP's ``main_grad``) with ``reference`` (run it first) and times the steps
+(host time of the forward+backward call, GPU time between events; means over the steps after the
+capture). ``--proxy``: the Qwen3-30B-A3B-width proxy at 4 layers, seq 4096, 8 micro-batches. Prints
+one ``REPORT {json}`` line from rank 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--proxy", action="store_true", help="proxy shapes and timings instead of the small model")
+parser.add_argument("--steps", type=int, default=6)
+parser.add_argument("--warmup", type=int, default=2)
+parser.add_argument("--variants", default=None, help="comma-separated; default: all that run at this world size")
+ARGS = parser.parse_args()
+
+RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+ONE_RANK_VARIANTS = "reference,reference_graph"
+EP_VARIANTS = "reference,exchange,exchange_graph,exchange_overlap,exchange_overlap_graph"
+torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", RANK)))
+dist.init_process_group("nccl")
+
+from megatron.core import parallel_state as ps  # noqa: E402
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig  # noqa: E402
+from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: E402
+from megatron.core.transformer.module import Float16Module  # noqa: E402
+from megatron.core.utils import get_attr_wrapped_model  # noqa: E402
+
+from megatron.bridge.models.qwen import Qwen3MoEModelProvider, Qwen3MoEModelProvider30B_A3B  # noqa: E402
+from megatron.bridge.training.cuda_graphs import IterationGraph  # noqa: E402
+from megatron.bridge.training.teardown import drop_autograd_graphs, free_memory  # noqa: E402
+
+if ARGS.proxy:
+    SEQ, MICRO_BATCHES, VOCAB = 4096, 8, 151936
+    SHAPE = dict(num_layers=4)
+    PROVIDER = Qwen3MoEModelProvider30B_A3B
+else:
+    SEQ, MICRO_BATCHES, VOCAB = 256, 4, 512
+    SHAPE = dict(num_layers=2, hidden_size=256, num_attention_heads=4, num_query_groups=2, kv_channels=64,
+                 ffn_hidden_size=512, moe_ffn_hidden_size=128, num_moe_experts=8, moe_router_topk=3)
+    PROVIDER = Qwen3MoEModelProvider
+
+
+class ModelConfig:
+    """The three fields IterationGraph reads."""
+
+    cuda_graph_impl = "full_iteration"
+    cuda_graph_warmup_steps = ARGS.warmup
+    cuda_graph_use_single_mempool = False
+
+
+def build(variant: str, graph: IterationGraph):
+    overlap = "overlap" in variant
+    reference = variant.startswith("reference")
+    ps.initialize_model_parallel(1, 1, expert_model_parallel_size=WORLD)
+    provider = PROVIDER(
+        **SHAPE, vocab_size=VOCAB, seq_length=SEQ, layer_spec="torch_native", bf16=True,
+        params_dtype=torch.bfloat16, expert_model_parallel_size=WORLD, moe_token_dispatcher_type="alltoall",
+        torch_native_dispatcher="auto" if reference else "sorted",
+        torch_native_ep_transport="auto" if reference else "nvshmem",
+        overlap_moe_expert_parallel_comm=overlap, moe_aux_loss_coeff=0.0,
+    )
+    provider.finalize()
+    torch.manual_seed(1234)
+    from megatron.core import tensor_parallel
+
+    tensor_parallel.model_parallel_cuda_manual_seed(
+        1234, use_cudagraphable_rng=graph.enabled, force_reset_rng=True
+    )
+    model = provider.provide()
+    dispatchers = sorted({type(l.mlp.token_dispatcher).__name__ for l in model.decoder.layers})
+    model = Float16Module(provider, model.cuda())
+    with graph.model_build_stream():
+        ddp = DistributedDataParallel(
+            config=provider, ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True), module=model,
+        )
+    return ddp, dispatchers
+
+
+def batches(step: int):
+    g = torch.Generator().manual_seed(1000 * step + RANK)
+    for _ in range(MICRO_BATCHES):
+        tokens = torch.randint(0, VOCAB, (1, SEQ), generator=g).cuda()
+        yield {"tokens": tokens, "position_ids": torch.arange(SEQ, device="cuda").unsqueeze(0)}
+
+
+def loss_func(out):
+    loss = out.float().mean()
+    return loss, {"loss": loss.detach().clone()}
+
+
+SCHEDULE_PLANS = [0]  # forward steps that built a combined-1F1B schedule plan
+
+
+def forward_step(it, model, return_schedule_plan=False):
+    batch = next(it)
+    SCHEDULE_PLANS[0] += bool(return_schedule_plan)
+    tokens, pos = batch["tokens"], batch["position_ids"]
+    if return_schedule_plan:
+        plan = get_attr_wrapped_model(model, "build_schedule_plan")(tokens, pos, None, labels=tokens)
+        return plan, loss_func
+    return model(tokens, pos, None, labels=tokens), loss_func
+
+
+def run(variant: str, ref_grads: dict | None) -> dict:
+    SCHEDULE_PLANS[0] = 0
+    graph = IterationGraph.from_model_config(ModelConfig)
+    graph.enabled = "graph" in variant
+    model, dispatchers = build(variant, graph)
+    fwd_bwd = graph.wrap(get_forward_backward_func(), first_iteration=1)
+    losses, host_s, gpu_s = [], [], []
+    for step in range(1, ARGS.steps + 1):
+        model.zero_grad_buffer()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        start.record()
+        out = fwd_bwd(
+            forward_step_func=forward_step, data_iterator=batches(step), model=[model],
+            num_microbatches=MICRO_BATCHES, seq_length=SEQ, micro_batch_size=1, forward_only=False,
+        )
+        host = time.perf_counter() - t0
+        end.record()
+        torch.cuda.synchronize()
+        losses.append([float(o["loss"]) for o in out])
+        host_s.append(host)
+        gpu_s.append(start.elapsed_time(end) / 1e3)
+    grads = {n: p.main_grad for n, p in model.module.named_parameters() if hasattr(p, "main_grad")}
+    row = grad_diff(grads, ref_grads) if ref_grads is not None else {}
+    if variant == "reference":
+        row["grads"] = {n: g.float().clone() for n, g in grads.items()}
+    del grads
+    graph.release()
+    drop_autograd_graphs([model])
+    del model, fwd_bwd
+    ps.destroy_model_parallel()
+    free_memory()
+    timed = slice(ARGS.warmup + 1, None)  # after the capture step
+    return dict(
+        row, dispatchers=dispatchers, losses=losses, schedule_plans=SCHEDULE_PLANS[0],
+        host_fwd_bwd_s=sum(host_s[timed]) / max(1, len(host_s[timed])),
+        gpu_fwd_bwd_s=sum(gpu_s[timed]) / max(1, len(gpu_s[timed])),
+        per_step_gpu_s=gpu_s,
+    )
+
+
+def grad_diff(grads: dict, ref: dict) -> dict:
+    """Largest relative difference of the final gradients from the reference's, and finiteness."""
+    rel = max(float((grads[k].float() - ref[k]).norm() / ref[k].norm().clamp_min(1e-30)) for k in ref)
+    return dict(max_grad_rel_diff=rel, grads_finite=all(bool(torch.isfinite(v).all()) for v in grads.values()))
+
+
+results, errors = {}, {}
+names = (ARGS.variants or (EP_VARIANTS if WORLD > 1 else ONE_RANK_VARIANTS)).split(",")
+ref_grads = None
+for name in names:
+    try:
+        results[name] = run(name, ref_grads)
+        if name == "reference":
+            ref_grads = results[name].pop("grads")
+    except Exception:  # report every variant; one failure must not hide the others
+        errors[name] = traceback.format_exc(limit=8)[-3000:]
+        if ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+        torch.cuda.synchronize()
+
+report = {"world": WORLD, "proxy": ARGS.proxy, "errors": errors, "variants": {}}
+ref = results.get("reference")
+for name, r in results.items():
+    row = {k: v for k, v in r.items() if k != "losses"}
+    row["losses_first_step"] = r["losses"][0]
+    if ref is not None and name != "reference":
+        row["max_loss_diff"] = max(
+            abs(a - b) for sa, sb in zip(r["losses"], ref["losses"]) for a, b in zip(sa, sb)
+        )
+    report["variants"][name] = row
+if RANK == 0:
+    print("REPORT " + json.dumps(report), flush=True)
+dist.destroy_process_group()
