@@ -10,7 +10,9 @@ cost is paid once per job, not per case:
 * ``host_staged``: EP=2 with ``NCCL_P2P_DISABLE=1`` (NCCL stages through host memory: a stand-in
   for slower inter-node links).
 
-``--ep-dispatch`` picks the EP=2 token dispatch: ``auto`` (the product default: megatron-core's
+``--cuda-graph full_iteration`` captures each case's forward+backward as one CUDA graph after two
+eager steps (``docs/training/cuda-graphs.md``; its rules refuse what cannot be captured, EP=2 among
+them for now). ``--ep-dispatch`` picks the EP=2 token dispatch: ``auto`` (the product default: megatron-core's
 alltoall dispatcher) or ``sorted`` (the torch-native sorted dispatcher: NVSHMEM over NVLink; in the
 host-staged cases over NCCL, ``model.torch_native_ep_transport=nccl``, because NVSHMEM ignores
 ``NCCL_P2P_DISABLE`` and would not be slowed down).
@@ -62,6 +64,9 @@ DISPATCH_OVERRIDES = {
     },
 }
 
+# --cuda-graph -> extra overrides: capture in step 3, before the steady window (from step 4)
+GRAPH_OVERRIDES = {"none": [], "full_iteration": ["model.cuda_graph_warmup_steps=2"]}
+
 
 @dataclass
 class Case:
@@ -87,12 +92,12 @@ def harness_argv(case: Case, args: argparse.Namespace) -> list[str]:
     argv = [
         "-m", "qwen", "-mr", "qwen3_30b_a3b", "--task", "pretrain", "-g", "h200", "-c", "bf16",
         "-ng", str(ep), "-ep", str(ep), "-mb", str(case.mbs), "-gb", str(case.mbs * micro_batches * ep),
-        "-sl", "4096", "--max_steps", str(args.steps), "--cuda_graph_impl", "none",
+        "-sl", "4096", "--max_steps", str(args.steps), "--cuda_graph_impl", args.cuda_graph,
         "--moe_flex_dispatcher_backend", "None", "--tokenizer_type", "NullTokenizer",
         "--moe_a2a_overlap", "true" if case.overlap else "false", "-l", str(case.log_dir),
         f"model.num_layers={args.layers}", "scheduler.lr_warmup_iters=2",
         f"logger.steady_state_window=[{args.window_start},{args.steps}]",
-        *DISPATCH_OVERRIDES[args.ep_dispatch][case.transport], *args.override,
+        *GRAPH_OVERRIDES[args.cuda_graph], *DISPATCH_OVERRIDES[args.ep_dispatch][case.transport], *args.override,
     ]
     return argv
 
@@ -344,6 +349,8 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="EP=2 jobs to run after the EP=1 reference (none: the reference only)")
     p.add_argument("--ep-dispatch", choices=sorted(DISPATCH_OVERRIDES), default="auto",
                    help="EP=2 token dispatch: the product default (auto) or the torch-native sorted dispatcher")
+    p.add_argument("--cuda-graph", choices=sorted(GRAPH_OVERRIDES), default="none",
+                   help="model.cuda_graph_impl of every case (full_iteration: captured after 2 eager steps)")
     p.add_argument("--override", action="append", default=[], help="extra dotted override for every case")
     p.add_argument("--job-timeout", type=float, default=420.0)
     p.add_argument("--commit", help="commit the run measures (default: git rev-parse HEAD of this checkout)")

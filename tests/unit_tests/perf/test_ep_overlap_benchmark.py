@@ -96,3 +96,16 @@ def test_one_gpu_run_gives_one_ep1_row_per_micro_batch(bench, tmp_path):
     text = bench.markdown_section(dict(date="d", commit="c", device="dev", ceiling_tflops=None, window=[4, 12],
                                        command="cmd", rows=rows))
     assert "| ep1 | 1 | 0.400 s (0.400 / 0.400) | - | - | - | - | - |" in text and "25.3%" in text  # 250 TFLOP/s
+
+
+@pytest.mark.parametrize("graph,impl,warmup", [
+    ([], "none", []),
+    (["--cuda-graph", "full_iteration"], "full_iteration", ["model.cuda_graph_warmup_steps=2"]),
+])
+def test_cuda_graph_option_sets_every_case(bench, tmp_path, graph, impl, warmup):
+    args = bench.parse(["--out", str(tmp_path), "--transports", "--mbs", "1", *graph])
+    (case, *_) = bench.plan_cases(args)["ep1"]
+    argv = bench.harness_argv(case, args)
+    assert argv[argv.index("--cuda_graph_impl") + 1] == impl
+    assert [a for a in argv if a.startswith("model.cuda_graph")] == warmup
+    assert not any(a.startswith("ddp.check_for_nan_in_grad") for a in argv)  # the recipe's check stays on

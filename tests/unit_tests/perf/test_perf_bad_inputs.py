@@ -64,9 +64,9 @@ CASES = {
         ["model.cuda_graph_impl='transformer_engine'", "no effect", "full_iteration"]),
     "local cuda graphs": (
         lambda tmp: ["--cuda_graph_impl", "local"], "cuda-graph-impl-captured", ["model.cuda_graph_impl='local'"]),
-    "whole-iteration graph with the NaN check": (
-        lambda tmp: ["--cuda_graph_impl", "full_iteration"], "full-iteration-graph-no-nan-check",
-        ["ddp.check_for_nan_in_grad=True", "ddp.check_for_nan_in_grad=false"]),
+    "whole-iteration graph in cpu mode": (
+        lambda tmp: ["--cuda_graph_impl", "full_iteration"], "full-iteration-graph-needs-cuda",
+        ["model.cuda_graph_impl='full_iteration'", "dist.device='cpu'", "model.cuda_graph_impl=none"]),
     "checkpoint.load typo": (
         lambda tmp: [f"checkpoint.load={tmp / 'ckpt_typo'}"], "checkpoint-load-exists", ["ckpt_typo", "mkdir"]),
     "triton cross-entropy in cpu mode": (

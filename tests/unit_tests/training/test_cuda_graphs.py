@@ -12,12 +12,10 @@ from overlap_helpers import set_fields, violated_rule_ids
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
 from megatron.bridge.training.cuda_graph_rules import CUDA_GRAPH_RULES
 from megatron.bridge.training.cuda_graphs import IterationGraph
-from megatron.bridge.training.errors import ConfigValidationError
 
 CAPTURED = {
     "model.cuda_graph_impl": "full_iteration",
     "model.expert_model_parallel_size": 1,
-    "ddp.check_for_nan_in_grad": False,
     "model.cuda_graph_warmup_steps": 2,
     "train.train_iters": 12,
     "logger.steady_state_window": [4, 12],
@@ -34,7 +32,6 @@ CASES = {
     "cuda-graph-impl-captured": (_captured(**{"model.cuda_graph_impl": "local"}), _captured()),
     "optimizer-graph-not-captured": (_captured(**{"optimizer.optimizer_cuda_graph": True}), _captured()),
     "full-iteration-graph-needs-cuda": (_captured(**{"dist.device": "cpu"}), _captured()),
-    "full-iteration-graph-no-nan-check": (_captured(**{"ddp.check_for_nan_in_grad": True}), _captured()),
     "full-iteration-graph-sync-free-moe": (_captured(**{"model.expert_model_parallel_size": 2}), _captured()),
     "full-iteration-graph-no-pipeline": (_captured(**{"model.pipeline_model_parallel_size": 2}), _captured()),
     "full-iteration-graph-warmup-in-run": (_captured(**{"model.cuda_graph_warmup_steps": 0}), _captured()),
@@ -92,11 +89,30 @@ def test_megatron_core_accepts_the_captured_config():
     assert cfg.model.cuda_graph_impl == "full_iteration"
 
 
-def test_captured_config_with_nan_check_is_refused_naming_both_fields():
-    cfg = _captured(**{"ddp.check_for_nan_in_grad": True})(qwen3_30b_a3b_pretrain_config())
-    with pytest.raises(ConfigValidationError) as err:
-        cfg.validate()
-    assert "ddp.check_for_nan_in_grad=True" in str(err.value) and "model.cuda_graph_impl" in str(err.value)
+@pytest.mark.parametrize("nan_check", [True, False])
+def test_the_recipe_nan_check_is_kept_and_moved_after_the_replay(nan_check):
+    """megatron-core's own training refuses the graph with the NaN check on; here DDP is built without
+    its in-backward check and the loop checks after each replay, so the recipe's setting stays."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    cfg = _captured(**{"ddp.check_for_nan_in_grad": nan_check})(qwen3_30b_a3b_pretrain_config())
+    cfg.validate()
+    graph = IterationGraph.from_model_config(cfg.model, cfg.ddp.check_for_nan_in_grad)
+    ddp = DistributedDataParallelConfig(check_for_nan_in_grad=nan_check, grad_reduce_in_fp32=True)
+    built_with = graph.ddp_config(ddp)
+    assert graph.checks_grads_after_replay is nan_check
+    assert built_with.check_for_nan_in_grad is False and built_with.grad_reduce_in_fp32 is True
+    assert ddp.check_for_nan_in_grad is nan_check  # the run's own config is not changed
+    assert ("NaN/Inf check after each replay" in graph.describe()) is nan_check
+    assert graph.summary(final_iteration=12)["grad_nan_check_after_replay"] is nan_check
+
+
+def test_without_a_graph_ddp_keeps_its_own_nan_check():
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    ddp = DistributedDataParallelConfig(check_for_nan_in_grad=True)
+    graph = _graph(impl="none", nan_check=True)
+    assert graph.ddp_config(ddp) is ddp and not graph.checks_grads_after_replay
 
 
 # ------------------------------------------------------------------------------------------ run bookkeeping
@@ -115,10 +131,10 @@ def megatron_graph_state():
      StaticBufferLoader.static_buffers, full_cuda_graph._shared_graph_pool) = saved
 
 
-def _graph(impl="full_iteration", warmup=2):
+def _graph(impl="full_iteration", warmup=2, nan_check=False):
     model = qwen3_30b_a3b_pretrain_config().model
     model.cuda_graph_impl, model.cuda_graph_warmup_steps = impl, warmup
-    return IterationGraph.from_model_config(model)
+    return IterationGraph.from_model_config(model, nan_check)
 
 
 def test_release_leaves_no_graph_for_the_next_run(megatron_graph_state):
@@ -149,7 +165,8 @@ def test_without_a_graph_the_schedule_is_unchanged(megatron_graph_state):
     with graph.model_build_stream():
         pass
     assert graph.describe().startswith("CUDA graph: none")
-    assert graph.summary(final_iteration=12) == dict(impl="none", warmup_steps=None, captured_iteration=None)
+    assert graph.summary(final_iteration=12) == dict(
+        impl="none", warmup_steps=None, captured_iteration=None, grad_nan_check_after_replay=False)
 
 
 @pytest.mark.parametrize(
@@ -159,7 +176,8 @@ def test_without_a_graph_the_schedule_is_unchanged(megatron_graph_state):
 def test_summary_says_when_the_graph_was_captured(first_iteration, final_iteration, captured):
     graph = _graph(warmup=2)
     graph.first_iteration = first_iteration
-    assert graph.summary(final_iteration) == dict(impl="full_iteration", warmup_steps=2, captured_iteration=captured)
+    assert graph.summary(final_iteration) == dict(
+        impl="full_iteration", warmup_steps=2, captured_iteration=captured, grad_nan_check_after_replay=False)
     assert "after 2 eager warm-up step(s)" in graph.describe()
 
 

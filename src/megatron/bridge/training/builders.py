@@ -14,8 +14,9 @@ if TYPE_CHECKING:
     from megatron.bridge.training.platform import Platform
 
 
-def build_model(resolved: "ConfigContainer", platform: "Platform") -> list[Any]:
-    """One DDP-wrapped chunk per virtual pipeline stage of this rank."""
+def build_model(resolved: "ConfigContainer", platform: "Platform", ddp_config: Any = None) -> list[Any]:
+    """One DDP-wrapped chunk per virtual pipeline stage of this rank; DDP gets ``ddp_config``
+    (default ``resolved.ddp``; a captured run moves the NaN check out of it)."""
     from megatron.core import tensor_parallel
     from megatron.core.distributed import DistributedDataParallel
     from megatron.core.transformer.module import Float16Module
@@ -35,7 +36,7 @@ def build_model(resolved: "ConfigContainer", platform: "Platform") -> list[Any]:
     wrapped = [
         DistributedDataParallel(
             config=m,
-            ddp_config=resolved.ddp,
+            ddp_config=ddp_config or resolved.ddp,
             module=chunk,
             # Only the first chunk gets bucketing: later chunks' grads are ready much later.
             disable_bucketing=i > 0,

@@ -90,17 +90,6 @@ CUDA_GRAPH_RULES: tuple[Rule, ...] = (
         group="cuda-graph",
     ),
     Rule(
-        id="full-iteration-graph-no-nan-check",
-        fields=("model.cuda_graph_impl", "ddp.check_for_nan_in_grad"),
-        applies=captures_full_iteration,
-        holds=lambda cfg, ctx: not cfg.ddp.check_for_nan_in_grad,
-        message="megatron-core's gradient NaN check reads each bucket's gradient norm on the host at the end "
-        "of the backward, which cannot happen inside a captured graph (megatron-core's own training refuses "
-        "the pair too)",
-        fix="set ddp.check_for_nan_in_grad=false, or model.cuda_graph_impl=none",
-        group="cuda-graph",
-    ),
-    Rule(
         id="full-iteration-graph-sync-free-moe",
         fields=("model.cuda_graph_impl", "model.expert_model_parallel_size", "model.layer_spec",
                 "model.torch_native_dispatcher", "model.moe_expert_capacity_factor"),

@@ -14,7 +14,10 @@ and leaves the rest to the training loop, which this module does:
 * megatron's RNG tracker is made graph-safe at seeding (``Platform.seed_model_parallel``);
 * the wrapper keeps its graph, step counter and input buffers on the class, and the shared memory
   pool in its module, so a run releases them when it ends; otherwise the next ``pretrain()`` in the
-  process would replay the previous run's graph, or fail to capture into a freed pool.
+  process would replay the previous run's graph, or fail to capture into a freed pool;
+* ``ddp.check_for_nan_in_grad`` reads gradient norms on the host inside DDP's end of the backward,
+  which a capture cannot contain: DDP is built without it and the loop checks the gradients after
+  each replay instead (``grad_check.py``).
 
 The rules that keep the captured step free of host reads are in ``cuda_graph_rules.py``.
 """
@@ -22,6 +25,7 @@ The rules that keep the captured step free of host reads are in ``cuda_graph_rul
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Optional
 
@@ -37,17 +41,34 @@ class IterationGraph:
     enabled: bool
     warmup_steps: int
     use_single_mempool: bool
+    check_for_nan_in_grad: bool = False
+    """The run's ``ddp.check_for_nan_in_grad``."""
     first_iteration: int = 1
     """The first iteration this process trains (after a resume, not 1)."""
     _wrapper: Optional[Any] = None
 
     @classmethod
-    def from_model_config(cls, model_cfg: Any) -> "IterationGraph":
+    def from_model_config(cls, model_cfg: Any, check_for_nan_in_grad: bool = False) -> "IterationGraph":
         return cls(
             enabled=model_cfg.cuda_graph_impl == IMPL,
             warmup_steps=int(model_cfg.cuda_graph_warmup_steps),
             use_single_mempool=bool(model_cfg.cuda_graph_use_single_mempool),
+            check_for_nan_in_grad=bool(check_for_nan_in_grad),
         )
+
+    @property
+    def checks_grads_after_replay(self) -> bool:
+        """Whether the loop runs the gradient NaN check after each step's forward+backward."""
+        return self.enabled and self.check_for_nan_in_grad
+
+    def ddp_config(self, ddp: Any) -> Any:
+        """The DDP config megatron builds the wrapper with: without the in-backward NaN check when
+        capturing (the loop checks after the replay), else ``ddp`` itself."""
+        if not self.checks_grads_after_replay:
+            return ddp
+        moved = copy.copy(ddp)
+        moved.check_for_nan_in_grad = False
+        return moved
 
     @property
     def capture_iteration(self) -> Optional[int]:
@@ -77,9 +98,10 @@ class IterationGraph:
         """The start-up line."""
         if not self.enabled:
             return "CUDA graph: none (every kernel launched from Python)"
+        nan_check = "; gradient NaN/Inf check after each replay" if self.checks_grads_after_replay else ""
         return (
             f"CUDA graph: whole iteration (megatron-core FullCudaGraphWrapper): forward+backward captured in "
-            f"the step after {self.warmup_steps} eager warm-up step(s), replayed after; optimizer eager"
+            f"the step after {self.warmup_steps} eager warm-up step(s), replayed after; optimizer eager{nan_check}"
         )
 
     def summary(self, final_iteration: int) -> dict[str, Any]:
@@ -89,6 +111,7 @@ class IterationGraph:
             impl=IMPL if self.enabled else "none",
             warmup_steps=self.warmup_steps if self.enabled else None,
             captured_iteration=self.capture_iteration if captured else None,
+            grad_nan_check_after_replay=self.checks_grads_after_replay,
         )
 
     def release(self) -> None:

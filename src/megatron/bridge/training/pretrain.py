@@ -33,6 +33,7 @@ import torch
 from megatron.bridge.training import initialize
 from megatron.bridge.training.checkpointing import CheckpointSaver, TrainState
 from megatron.bridge.training.cuda_graphs import IterationGraph
+from megatron.bridge.training.grad_check import raise_for_nonfinite_grads
 from megatron.bridge.training.forward_step import StepState, bind_forward_step, check_forward_step
 from megatron.bridge.training.metrics import moe_aux_losses
 from megatron.bridge.training.platform import Platform, select_platform
@@ -263,7 +264,7 @@ class Trainer:
         self.state = TrainState()
         self.model: list = []  # model chunks, from build()
         self.parked_steps: list[dict[str, float]] = []  # profiling.gpu_park_steps, as measured
-        self.graph = IterationGraph.from_model_config(resolved.model)
+        self.graph = IterationGraph.from_model_config(resolved.model, resolved.ddp.check_for_nan_in_grad)
 
     def run(self) -> PretrainResult:
         """Every step of the run, in order; the result this rank returns."""
@@ -303,7 +304,7 @@ class Trainer:
         _forget_dispatch_choices()
         self.platform.start_run()
         with self.graph.model_build_stream():
-            self.model = build_model(self.resolved, self.platform)
+            self.model = build_model(self.resolved, self.platform, self.graph.ddp_config(self.resolved.ddp))
         self.dispatch = moe_token_dispatch()
         self.wgrad_accumulation = _wgrad_accumulation(self.model)
         if self.is_logging_rank:
@@ -426,6 +427,8 @@ class Trainer:
             forward_only=False,
         )
         self.timer.forward_backward_launched()
+        if self.graph.checks_grads_after_replay:
+            raise_for_nonfinite_grads(self.model, self.state.iteration + 1)
         update_ok, grad_norm, _ = self.optimizer.step()
         self.platform.after_optimizer_step(self.model)
         if update_ok:
