@@ -90,9 +90,9 @@ def test_megatron_core_accepts_the_captured_config():
 
 
 @pytest.mark.parametrize("nan_check", [True, False])
-def test_the_recipe_nan_check_is_kept_and_moved_after_the_replay(nan_check):
+def test_the_recipe_nan_check_is_kept_and_moved_out_of_the_graph(nan_check):
     """megatron-core's own training refuses the graph with the NaN check on; here DDP is built without
-    its in-backward check and the loop checks after each replay, so the recipe's setting stays."""
+    its in-backward check and the loop checks after each step's backward, so the recipe's setting stays."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
     cfg = _captured(**{"ddp.check_for_nan_in_grad": nan_check})(qwen3_30b_a3b_pretrain_config())
@@ -100,11 +100,11 @@ def test_the_recipe_nan_check_is_kept_and_moved_after_the_replay(nan_check):
     graph = IterationGraph.from_model_config(cfg.model, cfg.ddp.check_for_nan_in_grad)
     ddp = DistributedDataParallelConfig(check_for_nan_in_grad=nan_check, grad_reduce_in_fp32=True)
     built_with = graph.ddp_config(ddp)
-    assert graph.checks_grads_after_replay is nan_check
+    assert graph.checks_grads_after_backward is nan_check
     assert built_with.check_for_nan_in_grad is False and built_with.grad_reduce_in_fp32 is True
     assert ddp.check_for_nan_in_grad is nan_check  # the run's own config is not changed
-    assert ("NaN/Inf check after each replay" in graph.describe()) is nan_check
-    assert graph.summary(final_iteration=12)["grad_nan_check_after_replay"] is nan_check
+    assert ("NaN/Inf check after each backward" in graph.describe()) is nan_check
+    assert graph.summary(final_iteration=12)["grad_nan_check_after_backward"] is nan_check
 
 
 def test_without_a_graph_ddp_keeps_its_own_nan_check():
@@ -112,7 +112,7 @@ def test_without_a_graph_ddp_keeps_its_own_nan_check():
 
     ddp = DistributedDataParallelConfig(check_for_nan_in_grad=True)
     graph = _graph(impl="none", nan_check=True)
-    assert graph.ddp_config(ddp) is ddp and not graph.checks_grads_after_replay
+    assert graph.ddp_config(ddp) is ddp and not graph.checks_grads_after_backward
 
 
 # ------------------------------------------------------------------------------------------ run bookkeeping
@@ -166,7 +166,7 @@ def test_without_a_graph_the_schedule_is_unchanged(megatron_graph_state):
         pass
     assert graph.describe().startswith("CUDA graph: none")
     assert graph.summary(final_iteration=12) == dict(
-        impl="none", warmup_steps=None, captured_iteration=None, grad_nan_check_after_replay=False)
+        impl="none", warmup_steps=None, captured_iteration=None, grad_nan_check_after_backward=False)
 
 
 @pytest.mark.parametrize(
@@ -177,7 +177,7 @@ def test_summary_says_when_the_graph_was_captured(first_iteration, final_iterati
     graph = _graph(warmup=2)
     graph.first_iteration = first_iteration
     assert graph.summary(final_iteration) == dict(
-        impl="full_iteration", warmup_steps=2, captured_iteration=captured, grad_nan_check_after_replay=False)
+        impl="full_iteration", warmup_steps=2, captured_iteration=captured, grad_nan_check_after_backward=False)
     assert "after 2 eager warm-up step(s)" in graph.describe()
 
 

@@ -1,4 +1,4 @@
-"""The gradient NaN/Inf check a captured run does after each replay (``ddp.check_for_nan_in_grad``).
+"""The gradient NaN/Inf check a captured run does after each step's backward (``ddp.check_for_nan_in_grad``).
 
 The chunks here stand in for megatron-core's DDP wrapper: the check reads only its two lists of
 gradient buffers (``buffers``, ``expert_parallel_buffers``) and each buffer's ``grad_data``."""

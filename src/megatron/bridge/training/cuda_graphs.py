@@ -57,14 +57,14 @@ class IterationGraph:
         )
 
     @property
-    def checks_grads_after_replay(self) -> bool:
+    def checks_grads_after_backward(self) -> bool:
         """Whether the loop runs the gradient NaN check after each step's forward+backward."""
         return self.enabled and self.check_for_nan_in_grad
 
     def ddp_config(self, ddp: Any) -> Any:
         """The DDP config megatron builds the wrapper with: without the in-backward NaN check when
-        capturing (the loop checks after the replay), else ``ddp`` itself."""
-        if not self.checks_grads_after_replay:
+        capturing (the loop checks after each step's backward), else ``ddp`` itself."""
+        if not self.checks_grads_after_backward:
             return ddp
         moved = copy.copy(ddp)
         moved.check_for_nan_in_grad = False
@@ -98,7 +98,8 @@ class IterationGraph:
         """The start-up line."""
         if not self.enabled:
             return "CUDA graph: none (every kernel launched from Python)"
-        nan_check = "; gradient NaN/Inf check after each replay" if self.checks_grads_after_replay else ""
+        nan_check = "; gradient NaN/Inf check after each backward, outside the graph"
+        nan_check = nan_check if self.checks_grads_after_backward else ""
         return (
             f"CUDA graph: whole iteration (megatron-core FullCudaGraphWrapper): forward+backward captured in "
             f"the step after {self.warmup_steps} eager warm-up step(s), replayed after; optimizer eager{nan_check}"
@@ -111,7 +112,7 @@ class IterationGraph:
             impl=IMPL if self.enabled else "none",
             warmup_steps=self.warmup_steps if self.enabled else None,
             captured_iteration=self.capture_iteration if captured else None,
-            grad_nan_check_after_replay=self.checks_grads_after_replay,
+            grad_nan_check_after_backward=self.checks_grads_after_backward,
         )
 
     def release(self) -> None:

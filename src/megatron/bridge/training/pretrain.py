@@ -427,7 +427,7 @@ class Trainer:
             forward_only=False,
         )
         self.timer.forward_backward_launched()
-        if self.graph.checks_grads_after_replay:
+        if self.graph.checks_grads_after_backward:
             raise_for_nonfinite_grads(self.model, self.state.iteration + 1)
         update_ok, grad_norm, _ = self.optimizer.step()
         self.platform.after_optimizer_step(self.model)
