@@ -4,13 +4,20 @@ bitwise agreement with megatron-core's alltoall dispatcher (EP=2 over gloo on CP
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from megatron.bridge.models.torch_native.dispatcher import DispatchChoice, choose_dispatch, exchange_plan
 from megatron.bridge.models.torch_native.grouped_gemm import grouped_linear, reference_grouped_linear
-from megatron.bridge.models.torch_native.token_exchange import ROW_ALIGN_BYTES, column, row_bytes
+from megatron.bridge.models.torch_native.token_exchange import (
+    ROW_ALIGN_BYTES,
+    CollectiveExchange,
+    column,
+    row_bytes,
+)
 
 CHILDREN = Path(__file__).parent / "children"
 
@@ -165,3 +172,38 @@ def test_auto_with_several_ep_ranks_keeps_megatron_even_where_nvshmem_runs(monke
     assert auto.dispatcher == "megatron" and "measured faster" in auto.reason
     chosen = choose_dispatch(_Config(torch_native_dispatcher="sorted"), 2, 1, None, torch.device("cuda"))
     assert (chosen.dispatcher, chosen.transport, chosen.sync_free) == ("sorted", "nvshmem", True)
+
+
+class _RecordingStream:
+    """Stands in for the current CUDA stream: records the events it is told to wait on."""
+
+    def __init__(self) -> None:
+        self.waited: list = []
+
+    def wait_event(self, event) -> None:
+        self.waited.append(event)
+
+    def record_event(self):
+        return object()
+
+
+@pytest.mark.parametrize(
+    "recorded_in_capture,waiting_in_capture,waits",
+    [
+        (False, False, True),  # eager after eager: ordered
+        (True, True, True),  # inside one capture: ordered (part of the graph)
+        (False, True, False),  # first exchange of a capture after an eager step: CUDA refuses that wait
+        (True, False, False),  # an eager step (a later run in the process) after a captured one
+    ],
+)
+def test_exchanges_wait_only_on_events_of_the_same_capture_state(
+    gloo_world, monkeypatch, recorded_in_capture, waiting_in_capture, waits
+):
+    stream, capturing = _RecordingStream(), [recorded_in_capture]
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    exchange = CollectiveExchange(dist.group.WORLD)
+    exchange._record_done(on_cuda=True)
+    capturing[0] = waiting_in_capture
+    assert exchange._wait_previous(SimpleNamespace(is_cuda=True)) is True
+    assert (stream.waited == [exchange._last_done]) is waits

@@ -110,6 +110,7 @@ class RowExchange:
         self._row_bytes = 0
         self._slot = 0
         self._last_done: Optional[torch.cuda.Event] = None
+        self._last_done_captured = False  # whether _last_done was recorded inside a CUDA-graph capture
 
     def rebind(self, group: dist.ProcessGroup) -> None:
         """Use a new group of the same ranks (the old one was destroyed), keeping the buffers."""
@@ -167,16 +168,23 @@ class RowExchange:
         self._capacity_rows, self._row_bytes = rows, nbytes
 
     def _wait_previous(self, like: torch.Tensor) -> bool:
-        """Order this exchange after the previous one, also when it ran on another stream."""
+        """Order this exchange after the previous one, also when it ran on another stream.
+
+        Only an event of the same kind is waited on: CUDA refuses a wait inside a capture on an event
+        recorded outside it, and a wait outside on an event recorded inside one. Skipping those waits
+        is safe: megatron's wrapper synchronises the device before it captures, and the training
+        loop before every step, so an exchange of the other kind has finished.
+        """
         if not like.is_cuda:
             return False
-        if self._last_done is not None:
+        if self._last_done is not None and self._last_done_captured == torch.cuda.is_current_stream_capturing():
             torch.cuda.current_stream().wait_event(self._last_done)
         return True
 
     def _record_done(self, on_cuda: bool) -> None:
         if on_cuda:
             self._last_done = torch.cuda.current_stream().record_event()
+            self._last_done_captured = torch.cuda.is_current_stream_capturing()
 
 
 class CollectiveExchange(RowExchange):
