@@ -116,3 +116,35 @@ def test_which_configs_get_the_rerouted_layers(tiny_moe_config, changes, reroute
     for name, value in changes.items():
         object.__setattr__(config, name, value)
     assert linear.reroutes_dense_layers(config) is rerouted
+
+
+@pytest.mark.parametrize(
+    "spec,changes,reported",
+    [
+        ("torch_native", {}, "fused"),
+        ("torch_native", {"tensor_model_parallel_size": 2}, "megatron-core's linear layers (tensor_model_parallel_size=2;"),
+        ("torch_native", {"gradient_accumulation_fusion": True}, "(gradient_accumulation_fusion (megatron's own fusion);"),
+        ("local", {"tensor_model_parallel_size": 2}, None),  # megatron's layer specs: nothing to report
+    ],
+)
+def test_report_names_the_dense_path_and_why_megatron_keeps_it(model_parallel, tiny_moe_config, spec, changes,
+                                                              reported):
+    """The start-up line and ``summary.json`` (``dense_wgrad_accumulation``) for a built model."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+
+    config = tiny_moe_config()
+    object.__setattr__(config, "resolved_layer_spec", spec)
+    model = torch.nn.Sequential(ColumnParallelLinear(32, 48, config=config, init_method=torch.nn.init.xavier_normal_,
+                                                     bias=False, gather_output=False))
+    for name, value in changes.items():  # after construction: megatron's layer refuses Apex fusion without Apex
+        object.__setattr__(config, name, value)
+    if spec == "torch_native" and linear.reroutes_dense_layers(config):
+        linear.route_weight_gradients_into_main_grad(model)
+        model[0].weight.main_grad = torch.zeros(48, 32)
+    report = linear.dense_wgrad_accumulation([model])
+    if reported is None:
+        assert report is None
+    elif reported == "fused":
+        assert report["layers"] == 1 and report["path"] in ("fused", "unfused")
+    else:
+        assert report["path"] == "megatron" and reported in report["description"]

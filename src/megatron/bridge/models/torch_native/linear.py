@@ -19,7 +19,7 @@ The forward and the input gradient are the same matmuls megatron-core runs.
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
@@ -122,11 +122,23 @@ class MainGradRowParallelLinear(_MainGradForward, RowParallelLinear):
 _REROUTED = {ColumnParallelLinear: MainGradColumnParallelLinear, RowParallelLinear: MainGradRowParallelLinear}
 
 
+def reroute_blockers(config: Any) -> List[str]:
+    """Why a model of this config keeps megatron's dense layers (empty: it gets the rerouted ones).
+
+    With tensor parallelism, deferred embedding wgrad or megatron's own (Apex) fusion every call would
+    go to megatron's function anyway.
+    """
+    checks = (
+        (config.tensor_model_parallel_size != 1, f"tensor_model_parallel_size={config.tensor_model_parallel_size}"),
+        (bool(config.defer_embedding_wgrad_compute), "defer_embedding_wgrad_compute"),
+        (bool(config.gradient_accumulation_fusion), "gradient_accumulation_fusion (megatron's own fusion)"),
+    )
+    return [why for blocked, why in checks if blocked]
+
+
 def reroutes_dense_layers(config: Any) -> bool:
-    """Whether a model of this config gets the rerouted layers: tensor-parallel size 1, no deferred
-    embedding wgrad, and megatron's own (Apex) fusion off; otherwise every call would go to megatron."""
-    return (config.tensor_model_parallel_size == 1 and not config.defer_embedding_wgrad_compute
-            and not config.gradient_accumulation_fusion)
+    """Whether a model of this config gets the rerouted layers (see :func:`reroute_blockers`)."""
+    return not reroute_blockers(config)
 
 
 def route_weight_gradients_into_main_grad(model: torch.nn.Module) -> int:
@@ -147,11 +159,12 @@ def route_weight_gradients_into_main_grad(model: torch.nn.Module) -> int:
 
 
 def dense_wgrad_accumulation(model_chunks: Iterable[torch.nn.Module]) -> Optional[Dict[str, Any]]:
-    """Which accumulation the rerouted dense layers of these (DDP-wrapped) chunks use, read from their
-    built parameters; ``None`` when no layer was rerouted."""
-    layers = [m for chunk in model_chunks for m in chunk.modules() if isinstance(m, _MainGradForward)]
+    """Which accumulation the dense layers of these (DDP-wrapped) torch-native chunks use, read from
+    the built layers; ``None`` for models of megatron's layer specs."""
+    modules = [m for chunk in model_chunks for m in chunk.modules()]
+    layers = [m for m in modules if isinstance(m, _MainGradForward)]
     if not layers:
-        return None
+        return _kept_with_megatron(modules)
     setting = getattr(layers[0].config, "torch_native_wgrad_accumulation", "auto")
     fused = [m for m in layers if m.weight is not None and fuses_into_main_grad(m.weight, setting)]
     how = ("fused: cuBLAS adds into the fp32 main_grad" if fused
@@ -159,3 +172,16 @@ def dense_wgrad_accumulation(model_chunks: Iterable[torch.nn.Module]) -> Optiona
     return {"setting": setting, "path": "fused" if fused else "unfused", "layers": len(layers),
             "description": f"dense weight gradients {how} ({len(fused)} of {len(layers)} linear layers; "
                            f"torch_native_wgrad_accumulation={setting!r})"}
+
+
+def _kept_with_megatron(modules: List[torch.nn.Module]) -> Optional[Dict[str, Any]]:
+    """The report for a torch-native model whose dense layers stayed megatron's (and why)."""
+    plain = next((m for m in modules if type(m) in _REROUTED), None)
+    config = getattr(plain, "config", None)
+    if config is None or getattr(config, "resolved_layer_spec", None) != "torch_native":
+        return None
+    setting = getattr(config, "torch_native_wgrad_accumulation", "auto")
+    why = "; ".join(reroute_blockers(config)) or "not rerouted"
+    return {"setting": setting, "path": "megatron", "layers": 0,
+            "description": f"dense weight gradients: megatron-core's linear layers ({why}; "
+                           f"torch_native_wgrad_accumulation={setting!r} applies to the experts only)"}
