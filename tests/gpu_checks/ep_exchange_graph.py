@@ -191,6 +191,7 @@ for name in names:
             ref_grads = results[name].pop("grads")
     except Exception:  # report every variant; one failure must not hide the others
         errors[name] = traceback.format_exc(limit=8)[-3000:]
+        IterationGraph.from_model_config(ModelConfig).release()  # a failed capture must not reach the next variant
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
         torch.cuda.synchronize()

@@ -36,7 +36,7 @@ def build_model(resolved: "ConfigContainer", platform: "Platform", ddp_config: A
     wrapped = [
         DistributedDataParallel(
             config=m,
-            ddp_config=ddp_config or resolved.ddp,
+            ddp_config=resolved.ddp if ddp_config is None else ddp_config,
             module=chunk,
             # Only the first chunk gets bucketing: later chunks' grads are ready much later.
             disable_bucketing=i > 0,

@@ -17,7 +17,7 @@ and leaves the rest to the training loop, which this module does:
   process would replay the previous run's graph, or fail to capture into a freed pool;
 * ``ddp.check_for_nan_in_grad`` reads gradient norms on the host inside DDP's end of the backward,
   which a capture cannot contain: DDP is built without it and the loop checks the gradients after
-  each replay instead (``grad_check.py``).
+  each step's backward instead (``grad_check.py``).
 
 The rules that keep the captured step free of host reads are in ``cuda_graph_rules.py``.
 """

@@ -4,9 +4,9 @@ megatron-core's DDP checks each gradient bucket's norm on the host at the end of
 before the data-parallel reduction. Inside a captured graph the host cannot read a GPU value, so a
 run with ``model.cuda_graph_impl=full_iteration`` builds DDP without that check and runs this one
 instead, after every step's forward+backward (eager warm-up steps and replays alike) and before the
-optimizer step: one norm per gradient buffer and a single host read per step. It sees the gradients after the data-parallel reduction (a NaN or Inf of any
-rank reaches at least the rank it came from), and like megatron's check it stops the run before
-the optimizer applies the bad gradients.
+optimizer step: one norm per gradient buffer and a single host read per step. It sees the gradients
+after the data-parallel reduction (a NaN or Inf of any rank reaches at least the rank it came
+from), and like megatron's check it stops the run before the optimizer applies the bad gradients.
 """
 
 from __future__ import annotations
@@ -44,5 +44,6 @@ def raise_for_nonfinite_grads(model_chunks: Iterable[torch.nn.Module], iteration
     if bad:
         raise NonFiniteGradientError(
             f"iteration {iteration}: NaN or Inf in the gradients after the backward ({'; '.join(bad)}); "
-            "the optimizer step was not taken (ddp.check_for_nan_in_grad, checked after the backward, outside the CUDA graph)"
+            "the optimizer step was not taken (ddp.check_for_nan_in_grad, checked after the backward, "
+            "outside the CUDA graph)"
         )

@@ -33,8 +33,8 @@ import torch
 from megatron.bridge.training import initialize
 from megatron.bridge.training.checkpointing import CheckpointSaver, TrainState
 from megatron.bridge.training.cuda_graphs import IterationGraph
-from megatron.bridge.training.grad_check import raise_for_nonfinite_grads
 from megatron.bridge.training.forward_step import StepState, bind_forward_step, check_forward_step
+from megatron.bridge.training.grad_check import raise_for_nonfinite_grads
 from megatron.bridge.training.metrics import moe_aux_losses
 from megatron.bridge.training.platform import Platform, select_platform
 from megatron.bridge.training.teardown import free_memory
