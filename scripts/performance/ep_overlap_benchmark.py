@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -51,6 +52,7 @@ NOMINAL_PEAK_TFLOPS = 989.5  # dense bf16, H100/H200 SXM datasheet
 RESULTS_JSON = REPO / "docs" / "benchmarks" / "ep_overlap_results.json"
 RESULTS_MD = REPO / "docs" / "benchmarks" / "ep_overlap.md"
 BEGIN, END = "<!-- generated: begin -->", "<!-- generated: end -->"
+JOB_TIMED_OUT = 124  # exit status of a job stopped at --job-timeout (as timeout(1) reports it)
 # Multicast stays off on shared hosts; also in the launched workers.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 TRANSPORT_ENV = {"ep1": {}, "nvlink": {}, "host_staged": {"NCCL_P2P_DISABLE": "1"}}
@@ -144,10 +146,42 @@ def run_job(transport: str, cases: list[Case], args: argparse.Namespace) -> int:
     log = args.out / f"job_{transport}.log"
     print(f"== job {transport}: {len(cases)} runs, log {log}", flush=True)
     start = time.time()
-    with open(log, "w") as fh:
-        code = subprocess.run(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=args.job_timeout).returncode
-    print(f"   exit {code} after {time.time() - start:.0f} s", flush=True)
+    code = run_logged(argv, env, log, args.job_timeout)
+    timed_out = " (--job-timeout reached; the runs that finished are kept)" if code == JOB_TIMED_OUT else ""
+    print(f"   exit {code} after {time.time() - start:.0f} s{timed_out}", flush=True)
     return code
+
+
+def run_logged(argv: list[str], env: dict, log: Path, timeout: float) -> int:
+    """Run ``argv`` with its output in ``log``; its exit status, or :data:`JOB_TIMED_OUT`.
+
+    On timeout the whole process group (launcher and workers) is stopped, SIGTERM first, and the
+    benchmark goes on: every case that finished has its ``summary.json``, and losing them (and the
+    other jobs) to one slow job would throw away GPU time already spent.
+    """
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _stop_group(proc)
+            return JOB_TIMED_OUT
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM to the launcher's process group, then SIGKILL to whatever of it is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # workers that outlived the launcher share its group
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 # ------------------------------------------------------------------------------ results

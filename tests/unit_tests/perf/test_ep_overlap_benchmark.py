@@ -109,3 +109,27 @@ def test_cuda_graph_option_sets_every_case(bench, tmp_path, graph, impl, warmup)
     assert argv[argv.index("--cuda_graph_impl") + 1] == impl
     assert [a for a in argv if a.startswith("model.cuda_graph")] == warmup
     assert not any(a.startswith("ddp.check_for_nan_in_grad") for a in argv)  # the recipe's check stays on
+
+
+def test_a_job_past_its_timeout_is_stopped_with_its_workers_and_reported(bench, tmp_path):
+    """A slow job used to end the benchmark with TimeoutExpired, losing every finished case's results;
+    now its whole process group is stopped and the status says so."""
+    import os
+    import time
+
+    script = ("import subprocess, sys, time; w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+              "print('worker', w.pid, flush=True); time.sleep(60)")
+    start = time.time()
+    code = bench.run_logged([sys.executable, "-c", script], dict(os.environ), tmp_path / "job.log", timeout=3)
+    assert code == bench.JOB_TIMED_OUT and time.time() - start < 30
+    worker = int((tmp_path / "job.log").read_text().split()[1])
+    time.sleep(0.5)
+    status = Path(f"/proc/{worker}/status")
+    assert not status.exists() or "State:\tZ" in status.read_text()  # gone (or a zombie awaiting its reaper)
+
+
+def test_a_finished_job_returns_its_exit_status(bench, tmp_path):
+    import os
+
+    code = bench.run_logged([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ), tmp_path / "j.log", 30)
+    assert code == 3
