@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from megatron.bridge.models.torch_native.dispatch_policy import fast_path_blockers
 from megatron.bridge.training.cuda_graphs import IterationGraph
-from megatron.bridge.training.dispatch_rules import uses_torch_native_layers
+from megatron.bridge.training.dispatch_rules import sorted_dispatch_blockers, uses_torch_native_layers
 from megatron.bridge.training.rules import Rule, RuleContext
 
 if TYPE_CHECKING:
@@ -42,9 +41,8 @@ def moe_step_is_sync_free(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
         return True
     if m.expert_model_parallel_size != 1:
         return False
-    etp = m.expert_tensor_parallel_size or m.tensor_model_parallel_size
     return (uses_torch_native_layers(cfg, ctx) and m.torch_native_dispatcher != "megatron"
-            and not fast_path_blockers(m, 1, etp))
+            and not sorted_dispatch_blockers(cfg))
 
 
 def _warmup_in_range(cfg: "ConfigContainer", ctx: RuleContext) -> bool:

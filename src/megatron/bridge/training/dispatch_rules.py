@@ -33,7 +33,8 @@ def _dispatch_fields_set(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
             or m.torch_native_nvshmem_blocks is not None)
 
 
-def _sorted_blockers(cfg: "ConfigContainer") -> list[str]:
+def sorted_dispatch_blockers(cfg: "ConfigContainer") -> list[str]:
+    """Why the sorted dispatcher cannot run with this config's layout (empty list: it can)."""
     m = cfg.model
     etp = m.expert_tensor_parallel_size or m.tensor_model_parallel_size
     return fast_path_blockers(m, m.expert_model_parallel_size, etp)
@@ -75,7 +76,7 @@ TORCH_NATIVE_DISPATCH_RULES: tuple[Rule, ...] = (
                 "model.expert_tensor_parallel_size", "model.moe_expert_capacity_factor",
                 "model.pipeline_model_parallel_size", "model.cuda_graph_impl"),
         applies=lambda cfg, ctx: cfg.model.torch_native_dispatcher == "sorted" and bool(cfg.model.num_moe_experts),
-        holds=lambda cfg, ctx: not _sorted_blockers(cfg),
+        holds=lambda cfg, ctx: not sorted_dispatch_blockers(cfg),
         message="the sorted dispatcher is exact only for the dropless alltoall dispatcher with expert TP 1, "
         "no shared-expert overlap or per-layer CUDA graphs, and (with EP > 1) no pipeline parallelism",
         fix="use model.torch_native_dispatcher=auto (it falls back to megatron's dispatcher and says why) or megatron",
