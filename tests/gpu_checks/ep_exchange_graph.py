@@ -43,13 +43,17 @@ parser.add_argument("--proxy", action="store_true", help="proxy shapes and timin
 parser.add_argument("--steps", type=int, default=6)
 parser.add_argument("--warmup", type=int, default=2)
 parser.add_argument("--variants", default=None, help="comma-separated; default: all that run at this world size")
+parser.add_argument(
+    "--backend", default="nccl", choices=("nccl", "gloo"),
+    help="gloo lets several ranks share one GPU (megatron's dispatcher only; NVSHMEM needs a GPU per rank)",
+)
 ARGS = parser.parse_args()
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 ONE_RANK_VARIANTS = "reference,reference_graph"
 EP_VARIANTS = "reference,exchange,exchange_graph,exchange_overlap,exchange_overlap_graph"
-torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", RANK)))
-dist.init_process_group("nccl")
+torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", RANK)) % torch.cuda.device_count())
+dist.init_process_group(ARGS.backend)
 
 from megatron.core import parallel_state as ps  # noqa: E402
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig  # noqa: E402
