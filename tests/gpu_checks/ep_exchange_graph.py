@@ -14,6 +14,9 @@ few steps of megatron's schedule without an optimizer, once per variant:
 * ``exchange`` (two or more ranks): ``ExpertParallelSortedDispatcher`` over NVSHMEM
   (``torch_native_dispatcher=sorted``, ``torch_native_ep_transport=nvshmem``), eager;
 * ``exchange_graph``: the same, captured after the warm-up steps and replayed;
+* ``exchange_collective`` / ``exchange_collective_overlap``: the sorted dispatcher over
+  ``all_to_all_single`` (``torch_native_ep_transport=nccl``: host split sizes, not capturable); with
+  ``--backend gloo`` it runs with two ranks on one GPU;
 * ``exchange_overlap`` / ``exchange_overlap_graph``: the same under the combined-1F1B EP-overlap
   schedule.
 
@@ -92,7 +95,7 @@ def build(variant: str, graph: IterationGraph):
         **SHAPE, vocab_size=VOCAB, seq_length=SEQ, layer_spec="torch_native", bf16=True,
         params_dtype=torch.bfloat16, expert_model_parallel_size=WORLD, moe_token_dispatcher_type="alltoall",
         torch_native_dispatcher="auto" if reference else "sorted",
-        torch_native_ep_transport="auto" if reference else "nvshmem",
+        torch_native_ep_transport="auto" if reference else ("nccl" if "collective" in variant else "nvshmem"),
         overlap_moe_expert_parallel_comm=overlap, moe_aux_loss_coeff=0.0,
     )
     provider.finalize()

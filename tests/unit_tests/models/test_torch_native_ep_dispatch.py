@@ -16,7 +16,9 @@ from megatron.bridge.models.torch_native.token_exchange import (
     ROW_ALIGN_BYTES,
     CollectiveExchange,
     column,
+    copy_column,
     row_bytes,
+    write_column,
 )
 
 CHILDREN = Path(__file__).parent / "children"
@@ -68,6 +70,35 @@ def test_packed_rows_are_64_byte_multiples_and_columns_round_trip(columns) -> No
         view.copy_(value)
         assert torch.equal(column(buf, offset, width, dtype), value)
         offset += width * value.element_size()
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [
+        [(32, torch.bfloat16), (1, torch.float32)],  # 8-byte words for the tokens, bytes for the prob
+        [(3, torch.bfloat16)],  # 6 bytes: no word view
+        [(16, torch.float32)],  # the whole 64-byte row
+    ],
+)
+@pytest.mark.parametrize("ordered", [False, True])
+def test_packing_and_reading_with_an_order_gathers_as_it_copies(columns, ordered) -> None:
+    """``write_column``/``copy_column`` with ``order`` equal the plain copy of the reordered rows."""
+    torch.manual_seed(0)
+    rows = 6
+    order = torch.randperm(rows) if ordered else None
+    sources = [torch.randn(rows, width).to(dtype) for width, dtype in columns]
+    buf = torch.zeros(rows + 2, row_bytes(columns), dtype=torch.uint8)
+    offset = 0
+    for src in sources:
+        expected = src if order is None else src[order]
+        width = write_column(buf, offset, src, order)
+        assert torch.equal(column(buf, offset, src.shape[1], src.dtype)[:rows], expected)
+        read_order = torch.randperm(rows + 2)
+        assert torch.equal(
+            copy_column(buf, offset, src.shape[1], src.dtype, read_order),
+            column(buf, offset, src.shape[1], src.dtype)[read_order],
+        )
+        offset += width
 
 
 @pytest.mark.parametrize("counts,tail", [([3, 0, 5], 4), ([2, 2], 0), ([0, 0, 0], 6)])

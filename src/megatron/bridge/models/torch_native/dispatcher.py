@@ -18,8 +18,9 @@ With one expert-parallel rank (:class:`SortedTokenDispatcher`) nothing is exchan
 (:class:`ExpertParallelSortedDispatcher`) the per-expert counts are all-gathered over the EP group
 (a fixed-size collective: no host copy), rows travel through a :class:`RowExchange` into a buffer
 sized for the worst case (``ep_size * tokens * min(topk, local experts)`` rows, so no token is ever
-dropped), and one device-side gather re-sorts them by local expert (megatron's order after its
-second permutation). Rows past the received total are padding: the experts skip them
+dropped), and the copy out of that buffer is a device-side gather that also re-sorts them by local
+expert (megatron's order after its second permutation); the combine packs them back the same way.
+Rows past the received total are padding: the experts skip them
 (``tokens_per_expert`` does not cover them) and nothing sends them back.
 
 :class:`TorchNativeMoELayer` is megatron's ``MoELayer`` whose dispatcher is swapped according to
@@ -238,7 +239,12 @@ def exchange_plan(
 
 
 class _DispatchExchange(torch.autograd.Function):
-    """Tokens and probs to the experts' ranks; received rows come back source-major ``[capacity, ...]``."""
+    """Tokens and probs to the experts' ranks, received straight into expert-major order.
+
+    Rows arrive source-major; reading them out of the receive buffer gathers them by
+    ``plan.to_source_major``, so the re-sort costs no extra pass. The backward packs the gradient
+    rows back into source-major order as it copies them into the send buffer.
+    """
 
     @staticmethod
     def forward(ctx, tokens, probs, plan: ExchangePlan, exchange: RowExchange, nbytes: int):  # noqa: D102
@@ -247,7 +253,7 @@ class _DispatchExchange(torch.autograd.Function):
         ctx.send_rows, ctx.dtypes = tokens.shape[0], (tokens.dtype, probs.dtype)
         return exchange.exchange(
             [tokens, probs.reshape(-1, 1)], plan.send_splits, plan.capacity,
-            lambda recv: _read_tokens_and_probs(recv, hidden, tokens.dtype, probs.dtype), nbytes,
+            _tokens_and_probs_reader(hidden, tokens.dtype, probs.dtype, plan.to_source_major), nbytes,
         )
 
     @staticmethod
@@ -257,50 +263,51 @@ class _DispatchExchange(torch.autograd.Function):
             grad_probs = torch.zeros(plan.capacity, dtype=probs_dtype, device=grad_tokens.device)
         grad_x, grad_p = ctx.exchange.exchange(
             [grad_tokens, grad_probs.reshape(-1, 1)], plan.recv_splits, ctx.send_rows,
-            lambda recv: _read_tokens_and_probs(recv, grad_tokens.shape[1], token_dtype, probs_dtype), ctx.nbytes,
+            _tokens_and_probs_reader(grad_tokens.shape[1], token_dtype, probs_dtype), ctx.nbytes,
+            order=plan.to_expert_major,
         )
         return grad_x, grad_p, None, None, None
 
 
-def _read_tokens_and_probs(recv: torch.Tensor, hidden: int, token_dtype: torch.dtype, probs_dtype: torch.dtype):
-    """Copy the token and prob columns out of a received byte buffer."""
-    tokens = copy_column(recv, 0, hidden, token_dtype)
-    probs = copy_column(recv, hidden * tokens.element_size(), 1, probs_dtype).reshape(-1)
-    return tokens, probs
+def _tokens_and_probs_reader(
+    hidden: int, token_dtype: torch.dtype, probs_dtype: torch.dtype, order: Optional[torch.Tensor] = None
+):
+    """Copies the token and prob columns (their rows ``order``, where given) out of a received byte buffer."""
+
+    def read(recv: torch.Tensor):
+        tokens = copy_column(recv, 0, hidden, token_dtype, order)
+        probs = copy_column(recv, hidden * tokens.element_size(), 1, probs_dtype, order).reshape(-1)
+        return tokens, probs
+
+    return read
 
 
 class _CombineExchange(torch.autograd.Function):
-    """Expert outputs (source-major ``[capacity, hidden]``) back to their tokens' ranks."""
+    """Expert outputs (expert-major ``[capacity, hidden]``) back to their tokens' ranks.
+
+    The rows are packed source-major as they are copied into the send buffer; the backward reads the
+    returning gradients straight into expert-major order.
+    """
 
     @staticmethod
     def forward(ctx, expert_out, plan: ExchangePlan, exchange: RowExchange, nbytes: int):  # noqa: D102
         ctx.plan, ctx.exchange, ctx.nbytes = plan, exchange, nbytes
-        return exchange.exchange([expert_out], plan.recv_splits, plan.send_rows, _column_reader(expert_out), nbytes)
+        return exchange.exchange(
+            [expert_out], plan.recv_splits, plan.send_rows, _column_reader(expert_out), nbytes,
+            order=plan.to_expert_major,
+        )
 
     @staticmethod
     def backward(ctx, grad):  # noqa: D102
         plan = ctx.plan
-        grad_out = ctx.exchange.exchange([grad], plan.send_splits, plan.capacity, _column_reader(grad), ctx.nbytes)
-        return grad_out, None, None, None
+        read = _column_reader(grad, plan.to_source_major)
+        return ctx.exchange.exchange([grad], plan.send_splits, plan.capacity, read, ctx.nbytes), None, None, None
 
 
-def _column_reader(like: torch.Tensor):
-    """Reads a ``like``-shaped (width and dtype) first column out of a received byte buffer."""
-    return lambda recv: copy_column(recv, 0, like.shape[1], like.dtype)
-
-
-class _ReorderRows(torch.autograd.Function):
-    """``x[order]`` for a permutation ``order``; backward gathers with its ``inverse``."""
-
-    @staticmethod
-    def forward(ctx, x, order, inverse):  # noqa: D102
-        ctx.save_for_backward(inverse)
-        return x.index_select(0, order)
-
-    @staticmethod
-    def backward(ctx, grad):  # noqa: D102
-        (inverse,) = ctx.saved_tensors
-        return grad.contiguous().index_select(0, inverse), None, None
+def _column_reader(like: torch.Tensor, order: Optional[torch.Tensor] = None):
+    """Reads a ``like``-shaped (width and dtype) first column (its rows ``order``, where given) out of a
+    received byte buffer."""
+    return lambda recv: copy_column(recv, 0, like.shape[1], like.dtype, order)
 
 
 _EXCHANGES: Dict[Tuple[Tuple[int, ...], str], RowExchange] = {}  # (EP ranks, transport) -> exchange
@@ -374,20 +381,19 @@ class ExpertParallelSortedDispatcher(MoEAlltoAllTokenDispatcher):
         return _DispatchExchange.apply(tokens, probs, self._plan, self._exchange(tokens.device), self._nbytes)
 
     def dispatch_postprocess(self, global_input_tokens, global_probs):
-        """Re-sort the received rows by local expert (megatron's order); padding rows stay last.
+        """The received rows are already in megatron's order (by local expert); padding rows last.
 
-        A new tensor on purpose: the combined-1F1B schedule frees this stage's input after the
-        forward, while the experts keep their input for the backward.
+        Under the combined-1F1B schedule the tokens are copied: that schedule frees this stage's
+        input after the forward, while the experts keep their input for the backward.
         """
-        plan = self._plan
-        tokens = _ReorderRows.apply(global_input_tokens, plan.to_source_major, plan.to_expert_major)
-        probs = _ReorderRows.apply(global_probs, plan.to_source_major, plan.to_expert_major)
-        return tokens, plan.tokens_per_expert, probs
+        tokens = global_input_tokens
+        if self.config.overlap_moe_expert_parallel_comm:
+            tokens = tokens.clone()
+        return tokens, self._plan.tokens_per_expert, global_probs
 
     def combine_preprocess(self, hidden_states):
-        """Back to the order the rows arrived in (by source rank), ready to be sent home."""
-        plan = self._plan
-        return _ReorderRows.apply(hidden_states, plan.to_expert_major, plan.to_source_major)
+        """Nothing to do: the combine packs the rows back into source-rank order as it sends them."""
+        return hidden_states
 
     def token_combine(self, hidden_states, async_finish: bool = True, allocate_on_comm_stream: bool = True):
         """Send the expert outputs back; rows arrive in this rank's permuted order."""

@@ -61,25 +61,35 @@ def column(buffer: torch.Tensor, start_byte: int, width: int, dtype: torch.dtype
     return buffer[:, start_byte:start_byte + nbytes].view(dtype)
 
 
-def _as_words(byte_columns: torch.Tensor) -> torch.Tensor:
-    """A ``[rows, nbytes]`` uint8 view as 8-byte words where alignment allows: a strided copy then
+def _word_views(*byte_columns: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    """``[rows, nbytes]`` uint8 views as 8-byte words where all of them allow it: a strided copy then
     moves 8 bytes per element instead of one (an order of magnitude faster on GPUs)."""
-    if byte_columns.shape[1] % 8 == 0 and byte_columns.storage_offset() % 8 == 0 and byte_columns.stride(0) % 8 == 0:
-        return byte_columns.view(torch.int64)
+    if all(b.shape[1] % 8 == 0 and b.storage_offset() % 8 == 0 and b.stride(0) % 8 == 0 for b in byte_columns):
+        return tuple(b.view(torch.int64) for b in byte_columns)
     return byte_columns
 
 
-def copy_column(buffer: torch.Tensor, start_byte: int, width: int, dtype: torch.dtype) -> torch.Tensor:
-    """A contiguous copy of :func:`column` (copied as 8-byte words where aligned)."""
+def copy_column(
+    buffer: torch.Tensor, start_byte: int, width: int, dtype: torch.dtype, order: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """A contiguous copy of :func:`column`; with ``order``, of its rows ``order`` (the gather is the
+    copy: one pass over memory instead of two)."""
     nbytes = width * _itemsize(dtype)
-    return _as_words(buffer[:, start_byte:start_byte + nbytes]).clone().view(torch.uint8).view(dtype)
+    (words,) = _word_views(buffer[:, start_byte:start_byte + nbytes])
+    picked = words.clone() if order is None else words.index_select(0, order)
+    return picked.view(torch.uint8).view(dtype)
 
 
-def write_column(buffer: torch.Tensor, start_byte: int, src: torch.Tensor) -> int:
-    """Copy the 2-D ``src`` into the packed rows from byte ``start_byte``; returns its byte width."""
+def write_column(buffer: torch.Tensor, start_byte: int, src: torch.Tensor, order: Optional[torch.Tensor] = None) -> int:
+    """Copy the 2-D ``src`` (its rows ``order``, where given, gathered as they are copied) into the
+    packed rows from byte ``start_byte``; returns its byte width."""
     raw = src.contiguous().view(torch.uint8)
-    rows, nbytes = raw.shape
-    _as_words(buffer[:rows, start_byte:start_byte + nbytes]).copy_(_as_words(raw))
+    rows, nbytes = (raw.shape[0] if order is None else order.numel()), raw.shape[1]
+    dst, raw = _word_views(buffer[:rows, start_byte:start_byte + nbytes], raw)
+    if order is None:
+        dst.copy_(raw)
+    else:
+        torch.index_select(raw, 0, order, out=dst)
     return nbytes
 
 
@@ -95,7 +105,8 @@ class RowExchange:
     any dtypes) side by side into the send buffer, sends ``send_splits[d]`` consecutive rows to rank
     ``d`` (in rank order), and calls ``read(recv)`` on the received ``[recv_rows, row_bytes]`` byte
     buffer: rows from rank 0 first, then rank 1, ... Rows past the received total hold stale data.
-    ``read`` must copy what it keeps: the buffer is reused by the next exchange.
+    ``read`` must copy what it keeps: the buffer is reused by the next exchange. With ``order``, send
+    row ``i`` is row ``order[i]`` of each source (a reordering fused into the packing copy).
     """
 
     #: Whether the host enqueues the exchange without waiting for the GPU.
@@ -137,11 +148,13 @@ class RowExchange:
         recv_rows: int,
         read: Callable[[torch.Tensor], T],
         nbytes: Optional[int] = None,
+        order: Optional[torch.Tensor] = None,
     ) -> T:
-        """Send rows of ``sources`` by ``send_splits`` and return ``read(received rows)``."""
-        rows = sources[0].shape[0]
-        if any(s.dim() != 2 or s.shape[0] != rows for s in sources):
+        """Send rows of ``sources`` (in ``order``, where given) by ``send_splits``; ``read(received rows)``."""
+        source_rows = sources[0].shape[0]
+        if any(s.dim() != 2 or s.shape[0] != source_rows for s in sources):
             raise ValueError("sources must be 2-D tensors with the same number of rows")
+        rows = source_rows if order is None else order.numel()
         if nbytes is None:
             nbytes = row_bytes([(s.shape[1], s.dtype) for s in sources])
         self._reserve(max(rows, recv_rows), nbytes, sources[0].device)
@@ -151,7 +164,7 @@ class RowExchange:
         send = self._send_buffer(slot)
         offset = 0
         for src in sources:
-            offset += write_column(send, offset, src)
+            offset += write_column(send, offset, src, order)
         recv = self._run(slot, send_splits)
         result = read(recv[:recv_rows])
         self._record_done(stream_ready)

@@ -1,0 +1,148 @@
+"""GPU time of the EP sorted dispatcher's own work (permutation, packing, reading, re-sorting), one GPU.
+
+The EP=2 sorted dispatcher moves every token row through static-size buffers; its copies and gathers
+run on the GPU beside the all-to-all itself and add to the EP=2 step whatever the transport does.
+This script measures that local work alone, at the Qwen3-30B-A3B proxy's MoE shapes (hidden 2048,
+128 experts top-8, seq 4096 per micro-batch), as rank 0 of EP=2, on one GPU:
+
+* the dispatcher is :class:`ExpertParallelSortedDispatcher` as the model builds it, driven through
+  its six stage methods in the order megatron's MoE layer calls them, forward and backward;
+* the all-to-all is replaced by a no-op over the same buffers (the received rows are whatever the
+  buffer holds; their values do not change the work), and the all-gather of the per-expert counts
+  by a copy of this rank's and a peer's counts (both from random top-8 routing);
+* the experts are replaced by one elementwise product with the routing probabilities, so that both
+  gradients flow.
+
+It prints and writes one JSON object: per micro-batch size and schedule (standard, and the
+combined-1F1B EP-overlap schedule, whose stage copy differs), the mean GPU time of forward+backward
+over ``--iters`` iterations after a warm-up, and the kernels one iteration launches.
+
+    python scripts/performance/ep_dispatch_local_cost.py --out ep_dispatch_local_cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+from megatron.bridge.models.torch_native.dispatcher import ExpertParallelSortedDispatcher
+from megatron.bridge.models.torch_native.token_exchange import RowExchange
+
+HIDDEN, EXPERTS, TOPK, SEQ, EP = 2048, 128, 8, 4096, 2
+
+
+class NoOpExchange(RowExchange):
+    """The dispatcher's buffers and packing without the transfer: ``_run`` returns the receive buffer."""
+
+    name = "no-op (local work only)"
+    sync_free = True
+
+    def __init__(self) -> None:  # no process group: nothing is sent
+        self.group, self.world = None, EP
+        self._capacity_rows = self._row_bytes = self._slot = 0
+        self._last_done, self._last_done_captured = None, False
+
+    def _allocate(self, rows: int, nbytes: int, device: torch.device) -> None:
+        self._send = [torch.zeros(rows, nbytes, dtype=torch.uint8, device=device) for _ in range(2)]
+        self._recv = torch.zeros(rows, nbytes, dtype=torch.uint8, device=device)
+
+    def _send_buffer(self, slot: int) -> torch.Tensor:
+        return self._send[slot]
+
+    def _run(self, slot: int, send_splits: torch.Tensor) -> torch.Tensor:
+        return self._recv
+
+
+def random_routing(tokens: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A top-8 routing map and its probabilities, as megatron's router hands them to the dispatcher."""
+    scores = torch.rand(tokens, EXPERTS, generator=generator)
+    top = scores.topk(TOPK, dim=1)
+    routing_map = torch.zeros(tokens, EXPERTS, dtype=torch.bool).scatter_(1, top.indices, True)
+    probs = torch.zeros(tokens, EXPERTS).scatter_(1, top.indices, top.values.softmax(dim=1))
+    return routing_map.cuda(), probs.cuda()
+
+
+def make_dispatcher(overlap: bool, exchange: RowExchange) -> ExpertParallelSortedDispatcher:
+    """The EP=2 rank-0 dispatcher without megatron's parallel state (its groups are not used here)."""
+    d = object.__new__(ExpertParallelSortedDispatcher)
+    d.config = SimpleNamespace(moe_router_topk=TOPK, overlap_moe_expert_parallel_comm=overlap)
+    d.ep_size, d.ep_rank, d.num_local_experts, d.ep_group = EP, 0, EXPERTS // EP, None
+    d.transport, d._plan = "no-op", None
+    d._exchange = lambda device: exchange
+    return d
+
+
+def fake_all_gather(peer_counts: torch.Tensor):
+    """``all_gather_into_tensor`` over EP=2 as rank 0: this rank's counts, then the peer's."""
+
+    def gather(out: torch.Tensor, counts: torch.Tensor, group=None) -> None:
+        out.copy_(torch.cat([counts, peer_counts]))
+
+    return gather
+
+
+def one_pass(d: ExpertParallelSortedDispatcher, x: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor):
+    """Forward and backward through the six stages, in the MoE layer's order."""
+    tokens, permuted_probs = d.dispatch_preprocess(x, routing_map, probs)
+    tokens, permuted_probs = d.token_dispatch(tokens, permuted_probs)
+    tokens, _, permuted_probs = d.dispatch_postprocess(tokens, permuted_probs)
+    expert_out = tokens * permuted_probs.unsqueeze(-1).to(tokens.dtype)
+    out = d.combine_postprocess(d.token_combine(d.combine_preprocess(expert_out)))
+    out.backward(torch.ones_like(out))
+
+
+def measure(mbs: int, overlap: bool, iters: int) -> dict:
+    gen = torch.Generator().manual_seed(mbs)
+    tokens = SEQ * mbs
+    routing_map, probs = random_routing(tokens, gen)
+    peer_map, _ = random_routing(tokens, gen)
+    dist.all_gather_into_tensor = fake_all_gather(peer_map.sum(0).long())
+    x = torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    probs.requires_grad_(True)
+    d = make_dispatcher(overlap, NoOpExchange())
+    for _ in range(3):
+        one_pass(d, x, routing_map, probs)
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        one_pass(d, x, routing_map, probs)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        one_pass(d, x, routing_map, probs)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    local_rows = int(routing_map[:, : EXPERTS // EP].sum() + peer_map[:, : EXPERTS // EP].sum())
+    return dict(
+        mbs=mbs, schedule="ep_overlap" if overlap else "standard", tokens=tokens,
+        received_rows=local_rows, capacity_rows=d._capacity(tokens),
+        gpu_fwd_bwd_ms=1e3 * statistics.fmean(times), gpu_fwd_bwd_ms_min=1e3 * min(times),
+        kernels_per_pass=len(kernels),
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mbs", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--label", default="", help="recorded with the results (for example the commit)")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    rows = [measure(mbs, overlap, args.iters) for mbs in args.mbs for overlap in (False, True)]
+    result = dict(label=args.label, device=torch.cuda.get_device_name(0), rows=rows)
+    text = json.dumps(result, indent=2)
+    print(text, flush=True)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
