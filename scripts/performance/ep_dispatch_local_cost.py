@@ -8,8 +8,9 @@ This script measures that local work alone, at the Qwen3-30B-A3B proxy's MoE sha
 * the dispatcher is :class:`ExpertParallelSortedDispatcher` as the model builds it, driven through
   its six stage methods in the order megatron's MoE layer calls them, forward and backward;
 * the all-to-all is replaced by a no-op over the same buffers (the received rows are whatever the
-  buffer holds; their values do not change the work), and the all-gather of the per-expert counts
-  by a copy of this rank's and a peer's counts (both from random top-8 routing);
+  buffer holds; their values do not change the work, their number does: the copies stop at the
+  received total), and the all-gather of the per-expert counts by a copy of this rank's and a
+  peer's counts (both from random top-8 routing);
 * the experts are replaced by one elementwise product with the routing probabilities, so that both
   gradients flow.
 
@@ -24,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -137,7 +140,10 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     rows = [measure(mbs, overlap, args.iters) for mbs in args.mbs for overlap in (False, True)]
-    result = dict(label=args.label, device=torch.cuda.get_device_name(0), rows=rows)
+    result = dict(
+        label=args.label, device=torch.cuda.get_device_name(0), torch=torch.__version__,
+        command="python scripts/performance/ep_dispatch_local_cost.py " + shlex.join(sys.argv[1:]), rows=rows,
+    )
     text = json.dumps(result, indent=2)
     print(text, flush=True)
     if args.out:

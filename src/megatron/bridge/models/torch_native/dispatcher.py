@@ -194,6 +194,7 @@ class ExchangePlan:
     send_splits: torch.Tensor  # [ep] rows this rank sends to each rank
     recv_splits: torch.Tensor  # [ep] rows this rank receives from each rank
     tokens_per_expert: torch.Tensor  # [local experts]
+    recv_total: torch.Tensor  # [1] rows received (the rest of the capacity is padding)
     to_source_major: torch.Tensor  # [capacity]
     to_expert_major: torch.Tensor  # [capacity]
     send_rows: int
@@ -217,7 +218,7 @@ def _plan_tensors(all_counts: torch.Tensor, rank: int, num_local_experts: int, c
     to_source_major = torch.where(valid, source_row, row)
     to_expert_major = torch.empty_like(to_source_major).scatter_(0, to_source_major, row)
     send_splits = all_counts[rank].view(ep, num_local_experts).sum(1)
-    return send_splits, mine.sum(1), mine.sum(0), to_source_major, to_expert_major
+    return send_splits, mine.sum(1), mine.sum(0), mine.sum().reshape(1), to_source_major, to_expert_major
 
 
 # static shapes: one graph per (EP size, experts, capacity), i.e. per run
@@ -230,9 +231,9 @@ def exchange_plan(
     """``all_counts[s, e]``: tokens rank ``s`` routes to global expert ``e`` -> this rank's plan."""
     args = (all_counts, rank, num_local_experts, capacity)
     tensors = _COMPILED_PLAN(_plan_tensors, *args) if all_counts.is_cuda else _plan_tensors(*args)
-    send_splits, recv_splits, tokens_per_expert, to_source_major, to_expert_major = tensors
+    send_splits, recv_splits, tokens_per_expert, recv_total, to_source_major, to_expert_major = tensors
     return ExchangePlan(
-        send_splits=send_splits, recv_splits=recv_splits, tokens_per_expert=tokens_per_expert,
+        send_splits=send_splits, recv_splits=recv_splits, tokens_per_expert=tokens_per_expert, recv_total=recv_total,
         to_source_major=to_source_major, to_expert_major=to_expert_major,
         send_rows=send_rows, capacity=capacity,
     )
@@ -242,8 +243,9 @@ class _DispatchExchange(torch.autograd.Function):
     """Tokens and probs to the experts' ranks, received straight into expert-major order.
 
     Rows arrive source-major; reading them out of the receive buffer gathers them by
-    ``plan.to_source_major``, so the re-sort costs no extra pass. The backward packs the gradient
-    rows back into source-major order as it copies them into the send buffer.
+    ``plan.to_source_major``, so the re-sort costs no extra pass, and stops at the received total
+    (padding rows are not copied). The backward packs the gradient rows back into source-major
+    order as it copies them into the send buffer, again only the received total.
     """
 
     @staticmethod
@@ -253,7 +255,8 @@ class _DispatchExchange(torch.autograd.Function):
         ctx.send_rows, ctx.dtypes = tokens.shape[0], (tokens.dtype, probs.dtype)
         return exchange.exchange(
             [tokens, probs.reshape(-1, 1)], plan.send_splits, plan.capacity,
-            _tokens_and_probs_reader(hidden, tokens.dtype, probs.dtype, plan.to_source_major), nbytes,
+            _tokens_and_probs_reader(hidden, tokens.dtype, probs.dtype, plan.to_source_major, plan.recv_total),
+            nbytes,
         )
 
     @staticmethod
@@ -264,19 +267,21 @@ class _DispatchExchange(torch.autograd.Function):
         grad_x, grad_p = ctx.exchange.exchange(
             [grad_tokens, grad_probs.reshape(-1, 1)], plan.recv_splits, ctx.send_rows,
             _tokens_and_probs_reader(grad_tokens.shape[1], token_dtype, probs_dtype), ctx.nbytes,
-            order=plan.to_expert_major,
+            order=plan.to_expert_major, count=plan.recv_total,
         )
         return grad_x, grad_p, None, None, None
 
 
 def _tokens_and_probs_reader(
-    hidden: int, token_dtype: torch.dtype, probs_dtype: torch.dtype, order: Optional[torch.Tensor] = None
+    hidden: int, token_dtype: torch.dtype, probs_dtype: torch.dtype,
+    order: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None,
 ):
-    """Copies the token and prob columns (their rows ``order``, where given) out of a received byte buffer."""
+    """Copies the token and prob columns (their rows ``order``, the first ``count`` of them, where
+    given) out of a received byte buffer."""
 
     def read(recv: torch.Tensor):
-        tokens = copy_column(recv, 0, hidden, token_dtype, order)
-        probs = copy_column(recv, hidden * tokens.element_size(), 1, probs_dtype, order).reshape(-1)
+        tokens = copy_column(recv, 0, hidden, token_dtype, order, count)
+        probs = copy_column(recv, hidden * tokens.element_size(), 1, probs_dtype, order, count).reshape(-1)
         return tokens, probs
 
     return read
@@ -285,8 +290,9 @@ def _tokens_and_probs_reader(
 class _CombineExchange(torch.autograd.Function):
     """Expert outputs (expert-major ``[capacity, hidden]``) back to their tokens' ranks.
 
-    The rows are packed source-major as they are copied into the send buffer; the backward reads the
-    returning gradients straight into expert-major order.
+    The rows are packed source-major as they are copied into the send buffer (the received total of
+    them: the padding rows are not sent); the backward reads the returning gradients straight into
+    expert-major order.
     """
 
     @staticmethod
@@ -294,20 +300,20 @@ class _CombineExchange(torch.autograd.Function):
         ctx.plan, ctx.exchange, ctx.nbytes = plan, exchange, nbytes
         return exchange.exchange(
             [expert_out], plan.recv_splits, plan.send_rows, _column_reader(expert_out), nbytes,
-            order=plan.to_expert_major,
+            order=plan.to_expert_major, count=plan.recv_total,
         )
 
     @staticmethod
     def backward(ctx, grad):  # noqa: D102
         plan = ctx.plan
-        read = _column_reader(grad, plan.to_source_major)
+        read = _column_reader(grad, plan.to_source_major, plan.recv_total)
         return ctx.exchange.exchange([grad], plan.send_splits, plan.capacity, read, ctx.nbytes), None, None, None
 
 
-def _column_reader(like: torch.Tensor, order: Optional[torch.Tensor] = None):
-    """Reads a ``like``-shaped (width and dtype) first column (its rows ``order``, where given) out of a
-    received byte buffer."""
-    return lambda recv: copy_column(recv, 0, like.shape[1], like.dtype, order)
+def _column_reader(like: torch.Tensor, order: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None):
+    """Reads a ``like``-shaped (width and dtype) first column (its rows ``order``, the first ``count``
+    of them, where given) out of a received byte buffer."""
+    return lambda recv: copy_column(recv, 0, like.shape[1], like.dtype, order, count)
 
 
 _EXCHANGES: Dict[Tuple[Tuple[int, ...], str], RowExchange] = {}  # (EP ranks, transport) -> exchange

@@ -41,6 +41,8 @@ from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
 import torch
 import torch.distributed as dist
 
+from megatron.bridge.models.torch_native.row_gather import gather_rows
+
 ROW_ALIGN_BYTES = 64
 T = TypeVar("T")
 
@@ -70,26 +72,39 @@ def _word_views(*byte_columns: torch.Tensor) -> Tuple[torch.Tensor, ...]:
 
 
 def copy_column(
-    buffer: torch.Tensor, start_byte: int, width: int, dtype: torch.dtype, order: Optional[torch.Tensor] = None
+    buffer: torch.Tensor, start_byte: int, width: int, dtype: torch.dtype,
+    order: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """A contiguous copy of :func:`column`; with ``order``, of its rows ``order`` (the gather is the
-    copy: one pass over memory instead of two)."""
+    copy: one pass over memory instead of two); with ``count`` as well, only the first ``count``
+    rows are copied (the rest of the result is unspecified padding)."""
     nbytes = width * _itemsize(dtype)
     (words,) = _word_views(buffer[:, start_byte:start_byte + nbytes])
-    picked = words.clone() if order is None else words.index_select(0, order)
+    if order is None:
+        picked = words.clone()
+    elif count is None:
+        picked = words.index_select(0, order)
+    else:
+        picked = gather_rows(words, order, count)
     return picked.view(torch.uint8).view(dtype)
 
 
-def write_column(buffer: torch.Tensor, start_byte: int, src: torch.Tensor, order: Optional[torch.Tensor] = None) -> int:
-    """Copy the 2-D ``src`` (its rows ``order``, where given, gathered as they are copied) into the
-    packed rows from byte ``start_byte``; returns its byte width."""
+def write_column(
+    buffer: torch.Tensor, start_byte: int, src: torch.Tensor,
+    order: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None,
+) -> int:
+    """Copy the 2-D ``src`` (its rows ``order``, where given, gathered as they are copied; only the
+    first ``count`` of those, where given) into the packed rows from byte ``start_byte``; returns
+    its byte width."""
     raw = src.contiguous().view(torch.uint8)
     rows, nbytes = (raw.shape[0] if order is None else order.numel()), raw.shape[1]
     dst, raw = _word_views(buffer[:rows, start_byte:start_byte + nbytes], raw)
     if order is None:
         dst.copy_(raw)
-    else:
+    elif count is None:
         torch.index_select(raw, 0, order, out=dst)
+    else:
+        gather_rows(raw, order, count, out=dst)
     return nbytes
 
 
@@ -106,7 +121,9 @@ class RowExchange:
     ``d`` (in rank order), and calls ``read(recv)`` on the received ``[recv_rows, row_bytes]`` byte
     buffer: rows from rank 0 first, then rank 1, ... Rows past the received total hold stale data.
     ``read`` must copy what it keeps: the buffer is reused by the next exchange. With ``order``, send
-    row ``i`` is row ``order[i]`` of each source (a reordering fused into the packing copy).
+    row ``i`` is row ``order[i]`` of each source (a reordering fused into the packing copy); with
+    ``count`` (a device tensor, at least ``sum(send_splits)``) as well, rows from ``count`` on are
+    not packed, since they are not sent.
     """
 
     #: Whether the host enqueues the exchange without waiting for the GPU.
@@ -149,6 +166,7 @@ class RowExchange:
         read: Callable[[torch.Tensor], T],
         nbytes: Optional[int] = None,
         order: Optional[torch.Tensor] = None,
+        count: Optional[torch.Tensor] = None,
     ) -> T:
         """Send rows of ``sources`` (in ``order``, where given) by ``send_splits``; ``read(received rows)``."""
         source_rows = sources[0].shape[0]
@@ -164,7 +182,7 @@ class RowExchange:
         send = self._send_buffer(slot)
         offset = 0
         for src in sources:
-            offset += write_column(send, offset, src, order)
+            offset += write_column(send, offset, src, order, count)
         recv = self._run(slot, send_splits)
         result = read(recv[:recv_rows])
         self._record_done(stream_ready)

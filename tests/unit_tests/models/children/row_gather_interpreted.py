@@ -1,0 +1,50 @@
+"""Child program: the counted row gather's Triton kernel run by Triton's CPU interpreter.
+
+The parent sets ``TRITON_INTERPRET=1`` (before Triton is imported). Prints one ``REPORT {json}``
+line: per case, whether the first ``count`` rows equal ``index_select`` and whether the rows from
+``count`` on were left untouched.
+"""
+
+import json
+
+import torch
+
+from megatron.bridge.models.torch_native.row_gather import gather_rows, uses_kernel
+
+SENTINEL = -7
+
+
+def packed(rows: int, row_words: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """Rows of a packed byte buffer seen as ``dtype``: strided rows, as the exchange buffers are."""
+    g = torch.Generator().manual_seed(rows * 31 + row_words)
+    return torch.randint(-1000, 1000, (rows, row_words), generator=g).to(dtype)
+
+
+def case(src: torch.Tensor, num_out: int, count: int, strided_out: bool) -> dict:
+    g = torch.Generator().manual_seed(num_out + count)
+    index = torch.randint(0, src.shape[0], (num_out,), generator=g)
+    width = src.shape[1]
+    if strided_out:
+        out = torch.full((num_out, width + 3), SENTINEL, dtype=src.dtype)[:, :width]
+    else:
+        out = torch.full((num_out, width), SENTINEL, dtype=src.dtype)
+    got = gather_rows(src, index, torch.tensor([count]), out)
+    live = min(count, num_out)
+    return dict(
+        wrote_in_place=got.data_ptr() == out.data_ptr(),
+        first_rows_equal=bool(torch.equal(got[:live], src.index_select(0, index[:live]))),
+        rest_untouched=bool((got[live:] == SENTINEL).all()),
+    )
+
+
+CASES = {
+    "word_column_of_packed_rows": lambda: case(packed(40, 13)[:, 2:10], 30, 17, strided_out=False),
+    "one_float_column_into_a_strided_column": lambda: case(packed(25, 16, torch.float32)[:, 5:6], 25, 25, strided_out=True),
+    "count_zero_writes_nothing": lambda: case(packed(10, 8), 10, 0, strided_out=False),
+    "count_past_the_rows_is_clamped": lambda: case(packed(10, 8), 6, 50, strided_out=False),
+    "rows_wider_than_one_column_block": lambda: case(packed(9, 1500, torch.float32), 9, 5, strided_out=True),
+    "no_rows": lambda: case(packed(4, 8), 0, 3, strided_out=False),
+}
+
+report = {"uses_kernel": uses_kernel(torch.empty(1, 1)), "cases": {name: run() for name, run in CASES.items()}}
+print("REPORT " + json.dumps(report), flush=True)

@@ -1,0 +1,58 @@
+"""The counted row gather used by the EP sorted dispatcher's exchange: its Triton kernel (under
+Triton's CPU interpreter) and the ``index_select`` it falls back to elsewhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron.bridge.models.torch_native.row_gather import gather_rows
+from megatron.bridge.models.torch_native.wgrad_accumulate import triton_available
+
+CHILD = Path(__file__).parent / "children" / "row_gather_interpreted.py"
+CASES = [
+    "word_column_of_packed_rows",
+    "one_float_column_into_a_strided_column",
+    "count_zero_writes_nothing",
+    "count_past_the_rows_is_clamped",
+    "rows_wider_than_one_column_block",
+    "no_rows",
+]
+
+
+@pytest.fixture(scope="module")
+def interpreted_report() -> dict:
+    if not triton_available():
+        pytest.skip("Triton is not installed")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, str(CHILD)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("REPORT "))
+    return json.loads(line.removeprefix("REPORT "))
+
+
+def test_the_interpreter_runs_the_kernel(interpreted_report) -> None:
+    assert interpreted_report["uses_kernel"] is True
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_kernel_copies_the_first_count_rows_and_leaves_the_rest(interpreted_report, name) -> None:
+    assert interpreted_report["cases"][name] == dict(wrote_in_place=True, first_rows_equal=True, rest_untouched=True)
+
+
+def test_cpu_fallback_is_index_select_over_every_row() -> None:
+    """Without the kernel (plain CPU) every row is gathered; the first ``count`` agree with the kernel's."""
+    src = torch.arange(24, dtype=torch.int64).view(6, 4)
+    index = torch.tensor([5, 0, 3])
+    assert torch.equal(gather_rows(src, index, torch.tensor([1])), src[index])
+
+
+def test_mismatched_output_is_refused() -> None:
+    with pytest.raises(ValueError, match="gather_rows"):
+        gather_rows(torch.zeros(4, 3), torch.tensor([0, 1]), torch.tensor([2]), out=torch.zeros(3, 3))
