@@ -132,6 +132,19 @@ def measure(mbs: int, overlap: bool, iters: int) -> dict:
     )
 
 
+def measured_argv(argv: list[str]) -> list[str]:
+    """The arguments that say what was measured: ``--out`` (where it was written) left out."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--out":
+            skip = True
+        elif not arg.startswith("--out="):
+            kept.append(arg)
+    return kept
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mbs", type=int, nargs="+", default=[1, 2])
@@ -142,7 +155,8 @@ def main() -> None:
     rows = [measure(mbs, overlap, args.iters) for mbs in args.mbs for overlap in (False, True)]
     result = dict(
         label=args.label, device=torch.cuda.get_device_name(0), torch=torch.__version__,
-        command="python scripts/performance/ep_dispatch_local_cost.py " + shlex.join(sys.argv[1:]), rows=rows,
+        command="python scripts/performance/ep_dispatch_local_cost.py " + shlex.join(measured_argv(sys.argv[1:])),
+        rows=rows,
     )
     text = json.dumps(result, indent=2)
     print(text, flush=True)
