@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from megatron.bridge.models.torch_native.dispatcher import ExpertParallelSortedDispatcher
 from megatron.bridge.models.torch_native.token_exchange import RowExchange
+from megatron.bridge.perf.results import argv_without
 
 HIDDEN, EXPERTS, TOPK, SEQ, EP = 2048, 128, 8, 4096, 2
 
@@ -134,15 +135,7 @@ def measure(mbs: int, overlap: bool, iters: int) -> dict:
 
 def measured_argv(argv: list[str]) -> list[str]:
     """The arguments that say what was measured: ``--out`` (where it was written) left out."""
-    kept, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--out":
-            skip = True
-        elif not arg.startswith("--out="):
-            kept.append(arg)
-    return kept
+    return argv_without(argv, "--out")
 
 
 def main() -> None:

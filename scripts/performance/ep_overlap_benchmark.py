@@ -44,6 +44,7 @@ from typing import Optional
 from megatron.bridge.perf.argument_parser import parse_args
 from megatron.bridge.perf.config_builder import build_config
 from megatron.bridge.perf.launcher import ENTRY_MODULE, torchrun_argv
+from megatron.bridge.perf.results import argv_without
 from megatron.bridge.perf.run import make_job, prepare
 
 REPO = Path(__file__).resolve().parents[2]
@@ -358,15 +359,7 @@ def publish(results: list[dict]) -> None:
 
 def rerun_argv(argv: list[str]) -> list[str]:
     """The arguments that re-run this benchmark: ``--commit`` (what was measured) left out, with its value."""
-    kept, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--commit":
-            skip = True
-        elif not arg.startswith("--commit="):
-            kept.append(arg)
-    return kept
+    return argv_without(argv, "--commit")
 
 
 def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:

@@ -6,10 +6,38 @@ whole process and cannot be undone); full-model tests that need it run in a chil
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Iterator
 
 import pytest
 import torch
+
+
+def _interpreted_child_report(child: Path) -> dict:
+    """Run a child program under Triton's CPU interpreter and return its ``REPORT {json}`` line.
+
+    The interpreter switch must be set before Triton is imported, hence a child process; without
+    Triton the calling test is skipped.
+    """
+    from megatron.bridge.models.torch_native.wgrad_accumulate import triton_available
+
+    if not triton_available():
+        pytest.skip("Triton is not installed")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, str(child)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("REPORT "))
+    return json.loads(line.removeprefix("REPORT "))
+
+
+@pytest.fixture(scope="session")
+def run_interpreted_child():
+    """``run_interpreted_child(path) -> report``: a child program's report under Triton's interpreter."""
+    return _interpreted_child_report
 
 
 @pytest.fixture()

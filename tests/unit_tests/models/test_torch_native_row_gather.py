@@ -3,17 +3,12 @@ Triton's CPU interpreter) and the ``index_select`` it falls back to elsewhere.""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from megatron.bridge.models.torch_native.row_gather import gather_rows
-from megatron.bridge.models.torch_native.wgrad_accumulate import triton_available
 
 CHILD = Path(__file__).parent / "children" / "row_gather_interpreted.py"
 CASES = [
@@ -27,14 +22,8 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def interpreted_report() -> dict:
-    if not triton_available():
-        pytest.skip("Triton is not installed")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, str(CHILD)], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(line for line in proc.stdout.splitlines() if line.startswith("REPORT "))
-    return json.loads(line.removeprefix("REPORT "))
+def interpreted_report(run_interpreted_child) -> dict:
+    return run_interpreted_child(CHILD)
 
 
 def test_the_interpreter_runs_the_kernel(interpreted_report) -> None:

@@ -4,30 +4,19 @@ The Triton kernel runs here through Triton's CPU interpreter (a child process: t
 set before Triton is imported); on GPUs the start-up line and ``summary.json`` name the path.
 """
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from megatron.bridge.models.torch_native.grouped_gemm import grouped_linear
-from megatron.bridge.models.torch_native.wgrad_accumulate import triton_available
 
 CHILD = Path(__file__).parent / "children" / "wgrad_accumulate_interpreted.py"
 
 
 @pytest.fixture(scope="module")
-def interpreted_report() -> dict:
-    if not triton_available():
-        pytest.skip("Triton is not installed")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, str(CHILD)], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(line for line in proc.stdout.splitlines() if line.startswith("REPORT "))
-    return json.loads(line.removeprefix("REPORT "))
+def interpreted_report(run_interpreted_child) -> dict:
+    return run_interpreted_child(CHILD)
 
 
 @pytest.mark.parametrize("case", ["uneven_with_empty_expert_and_padding", "fp32_single_row_experts",

@@ -125,3 +125,21 @@ def format_results(summary: dict[str, Any], summary_path: "str | Path", window: 
     line = "-" * (width + 40)
     body = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
     return f"{line}\nResults\n{line}\n{body}\n{line}"
+
+
+def argv_without(argv: Sequence[str], option: str) -> list[str]:
+    """``argv`` with ``option`` and its value left out (``--opt V`` and ``--opt=V`` forms).
+
+    Benchmark records keep the command that reproduces a measurement; options that only say where
+    to write (an output path) or what to label it would make it name this machine's paths.
+    """
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == option:
+            skip = True
+        elif not arg.startswith(option + "="):
+            kept.append(arg)
+    return kept
+
