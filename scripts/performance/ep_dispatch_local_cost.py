@@ -15,8 +15,15 @@ This script measures that local work alone, at the Qwen3-30B-A3B proxy's MoE sha
   gradients flow.
 
 It prints and writes one JSON object: per micro-batch size and schedule (standard, and the
-combined-1F1B EP-overlap schedule, whose stage copy differs), the mean GPU time of forward+backward
-over ``--iters`` iterations after a warm-up, and the kernels one iteration launches.
+combined-1F1B EP-overlap schedule, whose stage copy differs):
+
+* ``dispatcher_kernel_us``: the GPU time of the kernels of one forward+backward pass (from the
+  profiler), less the stand-in's own kernels (profiled alone at the same size): the dispatcher's
+  GPU work;
+* ``event_fwd_bwd_ms`` (mean, and fastest ``_min``): the time between CUDA events around a pass over
+  ``--iters`` passes after a warm-up. It includes the gaps where the GPU waits for the host to launch
+  the pass's ~80 kernels, so it says more about launch cost than about the GPU work;
+* the kernel count and the most expensive kernels by name.
 
     python scripts/performance/ep_dispatch_local_cost.py --out ep_dispatch_local_cost.json
 """
@@ -91,17 +98,38 @@ def fake_all_gather(peer_counts: torch.Tensor):
     return gather
 
 
+def expert_stand_in(tokens: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """What stands in for the experts: the rows scaled by their routing probabilities."""
+    return tokens * probs.unsqueeze(-1).to(tokens.dtype)
+
+
 def one_pass(d: ExpertParallelSortedDispatcher, x: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor):
     """Forward and backward through the six stages, in the MoE layer's order."""
     tokens, permuted_probs = d.dispatch_preprocess(x, routing_map, probs)
     tokens, permuted_probs = d.token_dispatch(tokens, permuted_probs)
     tokens, _, permuted_probs = d.dispatch_postprocess(tokens, permuted_probs)
-    expert_out = tokens * permuted_probs.unsqueeze(-1).to(tokens.dtype)
+    expert_out = expert_stand_in(tokens, permuted_probs)
     out = d.combine_postprocess(d.token_combine(d.combine_preprocess(expert_out)))
     out.backward(torch.ones_like(out))
 
 
-def measure(mbs: int, overlap: bool, iters: int) -> dict:
+def stand_in_pass(rows: int) -> None:
+    """The stand-in's own forward and backward at the receive buffer's size (subtracted below)."""
+    tokens = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    probs = torch.rand(rows, device="cuda", requires_grad=True)
+    out = expert_stand_in(tokens, probs)
+    out.backward(torch.ones_like(out))
+
+
+def kernel_times(fn) -> list[tuple[str, float]]:
+    """``(name, microseconds)`` of every GPU kernel (and device memset/copy) that ``fn()`` runs."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def measure(mbs: int, overlap: bool, iters: int, top_kernels: int) -> dict:
     gen = torch.Generator().manual_seed(mbs)
     tokens = SEQ * mbs
     routing_map, probs = random_routing(tokens, gen)
@@ -112,6 +140,7 @@ def measure(mbs: int, overlap: bool, iters: int) -> dict:
     d = make_dispatcher(overlap, NoOpExchange())
     for _ in range(3):
         one_pass(d, x, routing_map, probs)
+        stand_in_pass(d._capacity(tokens))
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -120,16 +149,21 @@ def measure(mbs: int, overlap: bool, iters: int) -> dict:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        one_pass(d, x, routing_map, probs)
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = kernel_times(lambda: one_pass(d, x, routing_map, probs))
+    stand_in_us = sum(us for _, us in kernel_times(lambda: stand_in_pass(d._capacity(tokens))))
+    by_name: dict[str, list[float]] = {}
+    for name, us in kernels:
+        by_name.setdefault(name[:90], []).append(us)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top_kernels]
+    total_us = sum(us for _, us in kernels)
     local_rows = int(routing_map[:, : EXPERTS // EP].sum() + peer_map[:, : EXPERTS // EP].sum())
     return dict(
         mbs=mbs, schedule="ep_overlap" if overlap else "standard", tokens=tokens,
         received_rows=local_rows, capacity_rows=d._capacity(tokens),
-        gpu_fwd_bwd_ms=1e3 * statistics.fmean(times), gpu_fwd_bwd_ms_min=1e3 * min(times),
-        kernels_per_pass=len(kernels),
+        event_fwd_bwd_ms=1e3 * statistics.fmean(times), event_fwd_bwd_ms_min=1e3 * min(times),
+        kernels_per_pass=len(kernels), kernel_us_per_pass=total_us, expert_stand_in_us=stand_in_us,
+        dispatcher_kernel_us=total_us - stand_in_us,
+        top_kernels=[dict(name=name, calls=len(us), total_us=sum(us)) for name, us in top],
     )
 
 
@@ -143,9 +177,10 @@ def main() -> None:
     p.add_argument("--mbs", type=int, nargs="+", default=[1, 2])
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--label", default="", help="recorded with the results (for example the commit)")
+    p.add_argument("--top-kernels", type=int, default=12, help="kernels listed by their GPU time in one pass")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
-    rows = [measure(mbs, overlap, args.iters) for mbs in args.mbs for overlap in (False, True)]
+    rows = [measure(mbs, overlap, args.iters, args.top_kernels) for mbs in args.mbs for overlap in (False, True)]
     result = dict(
         label=args.label, device=torch.cuda.get_device_name(0), torch=torch.__version__,
         command="python scripts/performance/ep_dispatch_local_cost.py " + shlex.join(measured_argv(sys.argv[1:])),

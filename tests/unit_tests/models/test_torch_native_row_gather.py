@@ -18,6 +18,9 @@ CASES = [
     "count_past_the_rows_is_clamped",
     "rows_wider_than_one_column_block",
     "no_rows",
+    "every_row_without_a_count",
+    "plain_copy_of_a_strided_column",
+    "plain_copy_stopping_at_the_count",
 ]
 
 
@@ -35,11 +38,12 @@ def test_kernel_copies_the_first_count_rows_and_leaves_the_rest(interpreted_repo
     assert interpreted_report["cases"][name] == dict(wrote_in_place=True, first_rows_equal=True, rest_untouched=True)
 
 
-def test_cpu_fallback_is_index_select_over_every_row() -> None:
-    """Without the kernel (plain CPU) every row is gathered; the first ``count`` agree with the kernel's."""
+def test_cpu_fallback_is_index_select_or_a_copy_over_every_row() -> None:
+    """Without the kernel (plain CPU) every row is copied; the first ``count`` agree with the kernel's."""
     src = torch.arange(24, dtype=torch.int64).view(6, 4)
     index = torch.tensor([5, 0, 3])
     assert torch.equal(gather_rows(src, index, torch.tensor([1])), src[index])
+    assert torch.equal(gather_rows(src[:, 1:3], count=torch.tensor([2])), src[:, 1:3])
 
 
 def test_mismatched_output_is_refused() -> None:

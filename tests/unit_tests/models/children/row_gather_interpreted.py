@@ -1,8 +1,8 @@
 """Child program: the counted row gather's Triton kernel run by Triton's CPU interpreter.
 
 The parent sets ``TRITON_INTERPRET=1`` (before Triton is imported). Prints one ``REPORT {json}``
-line: per case, whether the first ``count`` rows equal ``index_select`` and whether the rows from
-``count`` on were left untouched.
+line: per case, whether the first ``count`` rows equal ``index_select`` (or the plain copy, without an
+index) and whether the rows from ``count`` on were left untouched.
 """
 
 import json
@@ -20,19 +20,22 @@ def packed(rows: int, row_words: int, dtype: torch.dtype = torch.int64) -> torch
     return torch.randint(-1000, 1000, (rows, row_words), generator=g).to(dtype)
 
 
-def case(src: torch.Tensor, num_out: int, count: int, strided_out: bool) -> dict:
-    g = torch.Generator().manual_seed(num_out + count)
-    index = torch.randint(0, src.shape[0], (num_out,), generator=g)
+def case(src: torch.Tensor, num_out: int, count, strided_out: bool, indexed: bool = True) -> dict:
+    """``count=None``: every row; ``indexed=False``: a plain copy of the first ``num_out`` rows."""
+    g = torch.Generator().manual_seed(num_out + (count or 0))
+    index = torch.randint(0, src.shape[0], (num_out,), generator=g) if indexed else None
+    src = src if indexed else src[:num_out]
     width = src.shape[1]
     if strided_out:
         out = torch.full((num_out, width + 3), SENTINEL, dtype=src.dtype)[:, :width]
     else:
         out = torch.full((num_out, width), SENTINEL, dtype=src.dtype)
-    got = gather_rows(src, index, torch.tensor([count]), out)
-    live = min(count, num_out)
+    got = gather_rows(src, index, None if count is None else torch.tensor([count]), out)
+    live = num_out if count is None else min(count, num_out)
+    want = src[:live] if index is None else src.index_select(0, index[:live])
     return dict(
         wrote_in_place=got.data_ptr() == out.data_ptr(),
-        first_rows_equal=bool(torch.equal(got[:live], src.index_select(0, index[:live]))),
+        first_rows_equal=bool(torch.equal(got[:live], want)),
         rest_untouched=bool((got[live:] == SENTINEL).all()),
     )
 
@@ -44,6 +47,10 @@ CASES = {
     "count_past_the_rows_is_clamped": lambda: case(packed(10, 8), 6, 50, strided_out=False),
     "rows_wider_than_one_column_block": lambda: case(packed(9, 1500, torch.float32), 9, 5, strided_out=True),
     "no_rows": lambda: case(packed(4, 8), 0, 3, strided_out=False),
+    "every_row_without_a_count": lambda: case(packed(12, 8)[:, 1:7], 12, None, strided_out=True),
+    "plain_copy_of_a_strided_column": lambda: case(packed(30, 12)[:, 4:12], 30, None, strided_out=True, indexed=False),
+    "plain_copy_stopping_at_the_count": lambda: case(packed(30, 12, torch.uint8)[:, 3:7], 30, 11, strided_out=False,
+                                                     indexed=False),
 }
 
 report = {"uses_kernel": uses_kernel(torch.empty(1, 1)), "cases": {name: run() for name, run in CASES.items()}}

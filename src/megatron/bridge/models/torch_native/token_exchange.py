@@ -64,8 +64,8 @@ def column(buffer: torch.Tensor, start_byte: int, width: int, dtype: torch.dtype
 
 
 def _word_views(*byte_columns: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-    """``[rows, nbytes]`` uint8 views as 8-byte words where all of them allow it: a strided copy then
-    moves 8 bytes per element instead of one (an order of magnitude faster on GPUs)."""
+    """``[rows, nbytes]`` uint8 views as 8-byte words where all of them allow it: a copy then moves 8
+    bytes per element instead of one."""
     if all(b.shape[1] % 8 == 0 and b.storage_offset() % 8 == 0 and b.stride(0) % 8 == 0 for b in byte_columns):
         return tuple(b.view(torch.int64) for b in byte_columns)
     return byte_columns
@@ -80,13 +80,7 @@ def copy_column(
     rows are copied (the rest of the result is unspecified padding)."""
     nbytes = width * _itemsize(dtype)
     (words,) = _word_views(buffer[:, start_byte:start_byte + nbytes])
-    if order is None:
-        picked = words.clone()
-    elif count is None:
-        picked = words.index_select(0, order)
-    else:
-        picked = gather_rows(words, order, count)
-    return picked.view(torch.uint8).view(dtype)
+    return gather_rows(words, order, count).view(torch.uint8).view(dtype)
 
 
 def write_column(
@@ -99,12 +93,7 @@ def write_column(
     raw = src.contiguous().view(torch.uint8)
     rows, nbytes = (raw.shape[0] if order is None else order.numel()), raw.shape[1]
     dst, raw = _word_views(buffer[:rows, start_byte:start_byte + nbytes], raw)
-    if order is None:
-        dst.copy_(raw)
-    elif count is None:
-        torch.index_select(raw, 0, order, out=dst)
-    else:
-        gather_rows(raw, order, count, out=dst)
+    gather_rows(raw, order, count, out=dst)
     return nbytes
 
 
