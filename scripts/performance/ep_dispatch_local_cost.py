@@ -103,22 +103,24 @@ def expert_stand_in(tokens: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
     return tokens * probs.unsqueeze(-1).to(tokens.dtype)
 
 
-def one_pass(d: ExpertParallelSortedDispatcher, x: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor):
+def one_pass(
+    d: ExpertParallelSortedDispatcher, x: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor,
+    grad: torch.Tensor,
+):
     """Forward and backward through the six stages, in the MoE layer's order."""
+    x.grad = probs.grad = None  # no accumulation into earlier passes' gradients
     tokens, permuted_probs = d.dispatch_preprocess(x, routing_map, probs)
     tokens, permuted_probs = d.token_dispatch(tokens, permuted_probs)
     tokens, _, permuted_probs = d.dispatch_postprocess(tokens, permuted_probs)
     expert_out = expert_stand_in(tokens, permuted_probs)
     out = d.combine_postprocess(d.token_combine(d.combine_preprocess(expert_out)))
-    out.backward(torch.ones_like(out))
+    out.backward(grad)
 
 
-def stand_in_pass(rows: int) -> None:
+def stand_in_pass(tokens: torch.Tensor, probs: torch.Tensor, grad: torch.Tensor) -> None:
     """The stand-in's own forward and backward at the receive buffer's size (subtracted below)."""
-    tokens = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    probs = torch.rand(rows, device="cuda", requires_grad=True)
-    out = expert_stand_in(tokens, probs)
-    out.backward(torch.ones_like(out))
+    tokens.grad = probs.grad = None
+    expert_stand_in(tokens, probs).backward(grad)
 
 
 def kernel_times(fn) -> list[tuple[str, float]]:
@@ -138,19 +140,26 @@ def measure(mbs: int, overlap: bool, iters: int, top_kernels: int) -> dict:
     x = torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     probs.requires_grad_(True)
     d = make_dispatcher(overlap, NoOpExchange())
+    grad = torch.ones(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    rows = d._capacity(tokens)  # the stand-in's inputs, made outside the profiled passes
+    stand_in_args = (
+        torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16, requires_grad=True),
+        torch.rand(rows, device="cuda", requires_grad=True),
+        torch.ones(rows, HIDDEN, device="cuda", dtype=torch.bfloat16),
+    )
     for _ in range(3):
-        one_pass(d, x, routing_map, probs)
-        stand_in_pass(d._capacity(tokens))
+        one_pass(d, x, routing_map, probs, grad)
+        stand_in_pass(*stand_in_args)
     times = []
     for _ in range(iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        one_pass(d, x, routing_map, probs)
+        one_pass(d, x, routing_map, probs, grad)
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
-    kernels = kernel_times(lambda: one_pass(d, x, routing_map, probs))
-    stand_in_us = sum(us for _, us in kernel_times(lambda: stand_in_pass(d._capacity(tokens))))
+    kernels = kernel_times(lambda: one_pass(d, x, routing_map, probs, grad))
+    stand_in_us = sum(us for _, us in kernel_times(lambda: stand_in_pass(*stand_in_args)))
     by_name: dict[str, list[float]] = {}
     for name, us in kernels:
         by_name.setdefault(name[:90], []).append(us)
