@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron.bridge.models.torch_native.row_gather import gather_rows
+from megatron.bridge.models.torch_native.row_gather import gather_rows, gather_sum_rows
 
 CHILD = Path(__file__).parent / "children" / "row_gather_interpreted.py"
 CASES = [
@@ -38,12 +38,24 @@ def test_kernel_copies_the_first_count_rows_and_leaves_the_rest(interpreted_repo
     assert interpreted_report["cases"][name] == dict(wrote_in_place=True, first_rows_equal=True, rest_untouched=True)
 
 
+@pytest.mark.parametrize("name", ["top3_fp32", "top8_fp16_wide_rows_in_column_blocks", "strided_rows", "no_tokens"])
+def test_gather_sum_kernel_equals_gather_then_sum(interpreted_report, name) -> None:
+    """Each token's ``k`` rows summed in fp32 and rounded once, as torch's sum over the gathered copy."""
+    assert interpreted_report["sum_cases"][name] == dict(shape_ok=True, max_abs_diff=0.0)
+
+
 def test_cpu_fallback_is_index_select_or_a_copy_over_every_row() -> None:
     """Without the kernel (plain CPU) every row is copied; the first ``count`` agree with the kernel's."""
     src = torch.arange(24, dtype=torch.int64).view(6, 4)
     index = torch.tensor([5, 0, 3])
     assert torch.equal(gather_rows(src, index, torch.tensor([1])), src[index])
     assert torch.equal(gather_rows(src[:, 1:3], count=torch.tensor([2])), src[:, 1:3])
+
+
+def test_cpu_gather_sum_sums_each_tokens_rows() -> None:
+    rows = torch.arange(12, dtype=torch.float32).view(4, 3)
+    pos = torch.tensor([[0, 3], [2, 2]])
+    assert torch.equal(gather_sum_rows(rows, pos), torch.stack([rows[0] + rows[3], rows[2] + rows[2]]))
 
 
 def test_mismatched_output_is_refused() -> None:

@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from megatron.bridge.models.torch_native.row_gather import gather_rows, uses_kernel
+from megatron.bridge.models.torch_native.row_gather import gather_rows, gather_sum_rows, uses_kernel
 
 SENTINEL = -7
 
@@ -53,5 +53,26 @@ CASES = {
                                                      indexed=False),
 }
 
-report = {"uses_kernel": uses_kernel(torch.empty(1, 1)), "cases": {name: run() for name, run in CASES.items()}}
+def sum_case(num_rows: int, width: int, num_tokens: int, topk: int, dtype: torch.dtype, strided: bool) -> dict:
+    """The gather-sum kernel against torch's gather then sum (fp32 accumulation either way)."""
+    g = torch.Generator().manual_seed(num_rows + width)
+    rows = torch.randn(num_rows, width + (5 if strided else 0), generator=g).to(dtype)[:, :width]
+    pos = torch.randint(0, num_rows, (num_tokens, topk), generator=g)
+    got = gather_sum_rows(rows, pos)
+    want = rows.float().index_select(0, pos.reshape(-1)).view(num_tokens, topk, width).sum(1).to(dtype)
+    return dict(shape_ok=tuple(got.shape) == (num_tokens, width), max_abs_diff=float((got.float() - want.float()).abs().max()) if got.numel() else 0.0)
+
+
+SUM_CASES = {
+    "top3_fp32": lambda: sum_case(20, 40, 7, 3, torch.float32, strided=False),
+    "top8_fp16_wide_rows_in_column_blocks": lambda: sum_case(30, 2500, 5, 8, torch.float16, strided=False),
+    "strided_rows": lambda: sum_case(12, 24, 4, 2, torch.float32, strided=True),
+    "no_tokens": lambda: sum_case(6, 16, 0, 4, torch.float32, strided=False),
+}
+
+report = {
+    "uses_kernel": uses_kernel(torch.empty(1, 1)),
+    "cases": {name: run() for name, run in CASES.items()},
+    "sum_cases": {name: run() for name, run in SUM_CASES.items()},
+}
 print("REPORT " + json.dumps(report), flush=True)

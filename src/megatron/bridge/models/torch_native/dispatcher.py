@@ -51,6 +51,7 @@ from megatron.bridge.models.torch_native.dispatch_policy import (  # noqa: F401 
     fast_path_blockers,
     static_blockers,
 )
+from megatron.bridge.models.torch_native.row_gather import gather_sum_rows
 from megatron.bridge.models.torch_native.token_exchange import (
     RowExchange,
     copy_column,
@@ -109,9 +110,7 @@ class _UnpermuteTokens(torch.autograd.Function):
 
 def _gather_sum(rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """``out[t] = sum_j rows[pos[t, j]]`` summed left to right in ``j`` (expert order)."""
-    num_tokens, topk = pos.shape
-    picked = rows.contiguous().index_select(0, pos.reshape(-1)).view(num_tokens, topk, rows.shape[-1])
-    return picked.sum(dim=1)
+    return gather_sum_rows(rows, pos)
 
 
 def permute_sorted(x: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor, topk: int):

@@ -73,6 +73,27 @@ def _kernel():
     return gather_rows_kernel
 
 
+@functools.cache
+def _sum_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gather_sum_kernel(
+        rows_ptr, pos_ptr, out_ptr, width, rows_stride, out_stride, K: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    ):
+        token = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
+        mask = cols < width
+        acc = tl.zeros((BLOCK_COLS,), dtype=tl.float32)
+        for j in tl.static_range(K):  # left to right, as torch's sum over the k dimension
+            row = tl.load(pos_ptr + token * K + j).to(tl.int64)
+            acc += tl.load(rows_ptr + row * rows_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + token * out_stride + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+    return gather_sum_kernel
+
+
 def gather_rows(
     src: torch.Tensor,
     index: Optional[torch.Tensor] = None,
@@ -108,3 +129,28 @@ def gather_rows(
         BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, num_warps=4,
     )
     return out
+
+
+def gather_sum_rows(rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """``out[t] = sum_j rows[pos[t, j]]``, summed in fp32 from ``j = 0`` up and rounded once.
+
+    The unpermutation of a top-k dispatch: each token's ``k`` expert rows are read and summed in one
+    pass, instead of gathering a ``[tokens, k, hidden]`` copy and summing it (which writes and reads
+    that copy once more). Elsewhere (CPU, no Triton) the gather-then-sum in torch, which also sums in
+    fp32 and rounds once.
+    """
+    num_tokens, topk = pos.shape
+    if not uses_kernel(rows) or rows.dim() != 2 or rows.stride(1) != 1:
+        picked = rows.contiguous().index_select(0, pos.reshape(-1)).view(num_tokens, topk, rows.shape[-1])
+        return picked.sum(dim=1)
+    width = rows.shape[1]
+    out = torch.empty(num_tokens, width, dtype=rows.dtype, device=rows.device)
+    block_cols = min(_MAX_COLUMN_BLOCK, max(16, 1 << (width - 1).bit_length()))
+    grid = (num_tokens, -(-width // block_cols))
+    if num_tokens:
+        _sum_kernel()[grid](
+            rows, pos.contiguous(), out, width, rows.stride(0), out.stride(0), K=topk, BLOCK_COLS=block_cols,
+            num_warps=4,
+        )
+    return out
+
