@@ -9,8 +9,9 @@ would grow with the EP size instead of with the tokens. Here the grid still cove
 size is static, so it can be captured in a CUDA graph), but a program past ``count`` returns at
 once: the copy costs what the real rows cost.
 
-The same kernel copies the packed columns of those buffers without an index: torch copies a strided
-column element by element (about 1.6 TB/s on an H200 for the token rows), this kernel row by row.
+The same kernel does the plain copies of those packed columns (no index), so every copy into and
+out of the buffers has one path; for the 8-byte-word columns torch's own copy is about as fast.
+A second kernel does the unpermutation's gather-and-sum in one pass (:func:`gather_sum_rows`).
 
 Rows of ``out`` from ``count`` on are left as they are. On other devices, and without Triton, the
 same call is an ``index_select`` over all rows, which agrees on the first ``count`` rows. Setting
@@ -43,7 +44,7 @@ def uses_kernel(src: torch.Tensor) -> bool:
 
 @functools.cache
 def _kernel():
-    """Build the Triton kernel on first use (CPU builds of torch may lack Triton)."""
+    """Build the row-gather kernel on first use (CPU builds of torch may lack Triton)."""
     import triton
     import triton.language as tl
 
@@ -73,8 +74,15 @@ def _kernel():
     return gather_rows_kernel
 
 
+def _column_block(width: int) -> int:
+    """Elements of a row one program handles per step: the row's width rounded up to a power of two,
+    at least 16 and at most :data:`_MAX_COLUMN_BLOCK`."""
+    return min(_MAX_COLUMN_BLOCK, max(16, 1 << (width - 1).bit_length()))
+
+
 @functools.cache
 def _sum_kernel():
+    """Build the gather-sum kernel on first use."""
     import triton
     import triton.language as tl
 
@@ -103,10 +111,9 @@ def gather_rows(
     """``out[i] = src[index[i]]`` (``src[i]`` without ``index``) for ``i < count`` (every row without
     ``count``); rows from ``count`` on are not written.
 
-    ``src`` and ``out`` are 2-D with contiguous rows and any row stride (a column of packed rows):
-    on GPUs torch copies such strided rows element by element at well under half the memory
-    bandwidth, this kernel at about its full rate. ``index`` holds one source row per output row;
-    ``count`` is a one-element integer tensor on the device (never read on the host).
+    ``src`` and ``out`` are 2-D with contiguous rows and any row stride (a column of packed rows).
+    ``index`` holds one source row per output row; ``count`` is a one-element integer tensor on the
+    device (never read on the host).
     """
     num_rows = src.shape[0] if index is None else index.numel()
     if out is None:
@@ -119,7 +126,7 @@ def gather_rows(
     if src.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError("gather_rows: rows must be contiguous (stride 1 along the last dimension)")
     width = src.shape[1]
-    block_cols = min(_MAX_COLUMN_BLOCK, max(16, 1 << (width - 1).bit_length()))
+    block_cols = _column_block(width)
     block_rows = max(1, _ELEMENTS_PER_PROGRAM // block_cols)
     grid = (max(1, -(-num_rows // block_rows)),)
     _kernel()[grid](
@@ -145,7 +152,7 @@ def gather_sum_rows(rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return picked.sum(dim=1)
     width = rows.shape[1]
     out = torch.empty(num_tokens, width, dtype=rows.dtype, device=rows.device)
-    block_cols = min(_MAX_COLUMN_BLOCK, max(16, 1 << (width - 1).bit_length()))
+    block_cols = _column_block(width)
     grid = (num_tokens, -(-width // block_cols))
     if num_tokens:
         _sum_kernel()[grid](
