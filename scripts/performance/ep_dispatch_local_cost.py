@@ -42,13 +42,13 @@ import torch
 import torch.distributed as dist
 
 from megatron.bridge.models.torch_native.dispatcher import ExpertParallelSortedDispatcher
-from megatron.bridge.models.torch_native.token_exchange import RowExchange
+from megatron.bridge.models.torch_native.token_exchange import CollectiveExchange, RowExchange
 from megatron.bridge.perf.results import argv_without
 
 HIDDEN, EXPERTS, TOPK, SEQ, EP = 2048, 128, 8, 4096, 2
 
 
-class NoOpExchange(RowExchange):
+class NoOpExchange(CollectiveExchange):
     """The dispatcher's buffers and packing without the transfer: ``_run`` returns the receive buffer."""
 
     name = "no-op (local work only)"
@@ -58,13 +58,6 @@ class NoOpExchange(RowExchange):
         self.group, self.world = None, EP
         self._capacity_rows = self._row_bytes = self._slot = 0
         self._last_done, self._last_done_captured = None, False
-
-    def _allocate(self, rows: int, nbytes: int, device: torch.device) -> None:
-        self._send = [torch.zeros(rows, nbytes, dtype=torch.uint8, device=device) for _ in range(2)]
-        self._recv = torch.zeros(rows, nbytes, dtype=torch.uint8, device=device)
-
-    def _send_buffer(self, slot: int) -> torch.Tensor:
-        return self._send[slot]
 
     def _run(self, slot: int, send_splits: torch.Tensor) -> torch.Tensor:
         return self._recv

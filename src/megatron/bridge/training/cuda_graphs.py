@@ -98,8 +98,8 @@ class IterationGraph:
         """The start-up line."""
         if not self.enabled:
             return "CUDA graph: none (every kernel launched from Python)"
-        nan_check = "; gradient NaN/Inf check after each backward, outside the graph"
-        nan_check = nan_check if self.checks_grads_after_backward else ""
+        nan_check = ("; gradient NaN/Inf check after each backward, outside the graph"
+                     if self.checks_grads_after_backward else "")
         return (
             f"CUDA graph: whole iteration (megatron-core FullCudaGraphWrapper): forward+backward captured in "
             f"the step after {self.warmup_steps} eager warm-up step(s), replayed after; optimizer eager{nan_check}"

@@ -91,7 +91,7 @@ class _PermuteTokens(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # noqa: D102
         (pos,) = ctx.saved_tensors
-        return _gather_sum(grad, pos), None, None
+        return gather_sum_rows(grad, pos), None, None
 
 
 class _UnpermuteTokens(torch.autograd.Function):
@@ -100,17 +100,12 @@ class _UnpermuteTokens(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y, src_token, pos):  # noqa: D102
         ctx.save_for_backward(src_token)
-        return _gather_sum(y, pos)
+        return gather_sum_rows(y, pos)
 
     @staticmethod
     def backward(ctx, grad):  # noqa: D102
         (src_token,) = ctx.saved_tensors
         return grad.contiguous().index_select(0, src_token), None, None
-
-
-def _gather_sum(rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """``out[t] = sum_j rows[pos[t, j]]`` summed left to right in ``j`` (expert order)."""
-    return gather_sum_rows(rows, pos)
 
 
 def permute_sorted(x: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor, topk: int):

@@ -22,24 +22,19 @@ check it).
 from __future__ import annotations
 
 import functools
-import os
 from typing import Optional
 
 import torch
 
-from megatron.bridge.models.torch_native.wgrad_accumulate import triton_available
+from megatron.bridge.models.torch_native.wgrad_accumulate import triton_available, triton_interpreting
 
 _ELEMENTS_PER_PROGRAM = 2048  # per loop step of one program; rows per program = this / row block
 _MAX_COLUMN_BLOCK = 1024
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def uses_kernel(src: torch.Tensor) -> bool:
     """Whether :func:`gather_rows` runs the Triton kernel for ``src`` (else ``index_select``)."""
-    return triton_available() and (src.is_cuda or _interpreting())
+    return triton_available() and (src.is_cuda or triton_interpreting())
 
 
 @functools.cache

@@ -42,7 +42,8 @@ def triton_available() -> bool:
     return True
 
 
-def _interpreting() -> bool:
+def triton_interpreting() -> bool:
+    """Whether Triton kernels run on the CPU through Triton's interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -50,7 +51,7 @@ def can_fuse(main_grad: torch.Tensor) -> bool:
     """Whether :func:`accumulate_grouped_wgrad` runs the fused kernel for this ``main_grad``."""
     if main_grad.dtype != torch.float32 or not main_grad.is_contiguous() or not triton_available():
         return False
-    return main_grad.is_cuda or _interpreting()
+    return main_grad.is_cuda or triton_interpreting()
 
 
 @functools.cache
