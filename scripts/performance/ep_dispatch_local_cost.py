@@ -23,6 +23,12 @@ combined-1F1B EP-overlap schedule, whose stage copy differs):
 * ``event_fwd_bwd_ms`` (mean, and fastest ``_min``): the time between CUDA events around a pass over
   ``--iters`` passes after a warm-up. It includes the gaps where the GPU waits for the host to launch
   the pass's ~80 kernels, so it says more about launch cost than about the GPU work;
+* ``host_issue_us``: the host's own time to enqueue one pass, measured while a sleep kernel holds
+  the GPU (so the host never waits for it), mean per pass over a few passes, and
+  ``host_waited_for_gpu``: whether the host took about as long as the sleep, which means something
+  in the pass waited for the GPU (a synchronisation; the sorted dispatcher must have none). Next to
+  ``dispatcher_kernel_us`` it says whether the GPU or the host bounds the dispatcher: in training the
+  GPU only stays busy when the host enqueues faster than the GPU runs;
 * the kernel count and the most expensive kernels by name.
 
     python scripts/performance/ep_dispatch_local_cost.py --out ep_dispatch_local_cost.json
@@ -35,6 +41,7 @@ import json
 import shlex
 import statistics
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -44,6 +51,7 @@ import torch.distributed as dist
 from megatron.bridge.models.torch_native.dispatcher import ExpertParallelSortedDispatcher
 from megatron.bridge.models.torch_native.token_exchange import CollectiveExchange, RowExchange
 from megatron.bridge.perf.results import argv_without
+from megatron.bridge.training.step_timing import park_gpu
 
 HIDDEN, EXPERTS, TOPK, SEQ, EP = 2048, 128, 8, 4096, 2
 
@@ -124,6 +132,22 @@ def kernel_times(fn) -> list[tuple[str, float]]:
     return [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
+def host_issue_us(fn, passes: int = 5, park_s: float = 0.1) -> tuple[float, bool]:
+    """Host time per ``fn()`` while the GPU sleeps, and whether the host waited for the GPU.
+
+    ``passes`` x the kernels of one pass must stay below CUDA's launch queue depth (about a
+    thousand), or a full queue makes the host wait as a synchronisation would.
+    """
+    torch.cuda.synchronize()
+    park_gpu(park_s)
+    start = time.perf_counter()
+    for _ in range(passes):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return 1e6 * elapsed / passes, elapsed > 0.9 * park_s
+
+
 def measure(mbs: int, overlap: bool, iters: int, top_kernels: int) -> dict:
     gen = torch.Generator().manual_seed(mbs)
     tokens = SEQ * mbs
@@ -151,6 +175,7 @@ def measure(mbs: int, overlap: bool, iters: int, top_kernels: int) -> dict:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
+    host = [host_issue_us(lambda: one_pass(d, x, routing_map, probs, grad)) for _ in range(iters)]
     kernels = kernel_times(lambda: one_pass(d, x, routing_map, probs, grad))
     stand_in_us = sum(us for _, us in kernel_times(lambda: stand_in_pass(*stand_in_args)))
     by_name: dict[str, list[float]] = {}
@@ -163,6 +188,8 @@ def measure(mbs: int, overlap: bool, iters: int, top_kernels: int) -> dict:
         mbs=mbs, schedule="ep_overlap" if overlap else "standard", tokens=tokens,
         received_rows=local_rows, capacity_rows=d._capacity(tokens),
         event_fwd_bwd_ms=1e3 * statistics.fmean(times), event_fwd_bwd_ms_min=1e3 * min(times),
+        host_issue_us=statistics.fmean(us for us, _ in host), host_issue_us_min=min(us for us, _ in host),
+        host_waited_for_gpu=any(waited for _, waited in host),
         kernels_per_pass=len(kernels), kernel_us_per_pass=total_us, expert_stand_in_us=stand_in_us,
         dispatcher_kernel_us=total_us - stand_in_us,
         top_kernels=[dict(name=name, calls=len(us), total_us=sum(us)) for name, us in top],

@@ -161,6 +161,14 @@ def test_dispatch_choice_on_cpu(requested, ep, overrides, expected) -> None:
     assert choice.reason and choice.dispatcher in choice.describe() or "megatron-core" in choice.describe()
 
 
+@pytest.mark.parametrize("device,graphed", [("cpu", False), ("cuda", True)])
+def test_start_up_line_says_where_the_sorted_indices_replay_from_a_cuda_graph(device, graphed) -> None:
+    choice = choose_dispatch(_Config(), 1, 1, None, torch.device(device))
+    assert choice.dispatcher == "sorted" and choice.index_graph is graphed
+    assert ("indices from a CUDA graph" in choice.describe()) is graphed
+    assert choice.to_dict()["index_graph"] is graphed
+
+
 @pytest.mark.parametrize("overrides,blocker", [({"moe_expert_capacity_factor": 1.0}, "token dropping"), ({"cuda_graph_impl": "local"}, "per-layer CUDA graphs")])
 def test_sorted_request_that_cannot_be_exact_is_an_error(overrides, blocker) -> None:
     with pytest.raises(ValueError, match=blocker):

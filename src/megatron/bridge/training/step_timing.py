@@ -36,6 +36,12 @@ def _sleep_cycles_per_second() -> float:
     return cycles / (start.elapsed_time(end) / 1e3)
 
 
+def park_gpu(seconds: float) -> None:
+    """Enqueue a sleep kernel of about ``seconds`` on the current stream: work the host queues
+    behind it waits, so the host's own time for queueing shows without the GPU in the way."""
+    torch.cuda._sleep(int(seconds * _sleep_cycles_per_second()))
+
+
 class StepTimer:
     """Phase times of one step (seconds): ``host_fwd_bwd_s`` and, on CUDA, ``gpu_fwd_bwd_s`` and
     ``gpu_optimizer_s``; on parked steps also ``gpu_parked_s`` and ``gpu_work_s``."""
@@ -58,7 +64,7 @@ class StepTimer:
         if self.use_cuda:
             self._events.append(self._mark())
             if park_s > 0:
-                torch.cuda._sleep(int(park_s * _sleep_cycles_per_second()))
+                park_gpu(park_s)
                 self._park_events = (self._events[0], self._mark())
         self._host_start = time.perf_counter()
 

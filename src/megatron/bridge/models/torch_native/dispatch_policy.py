@@ -18,7 +18,7 @@ dry runs can ask the same questions on a CPU login node. Three model fields deci
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, List, Optional, get_args
 
 import torch
@@ -73,21 +73,37 @@ class DispatchChoice:
     transport: str  # what moves tokens between EP ranks ("none" for one rank)
     sync_free: bool
     reason: str
+    #: The sorted dispatcher's index computations replay from a CUDA graph (on GPUs; see
+    #: ``models/torch_native/index_graph.py``), instead of launching their kernels one by one.
+    index_graph: bool = False
 
     def describe(self) -> str:
         if self.dispatcher == "megatron":
             return f"megatron-core alltoall dispatcher ({self.reason})"
         how = "sync-free" if self.sync_free else "host-synchronised"
-        return f"sorted dispatcher, {how}, transport: {self.transport} ({self.reason})"
+        indices = ", indices from a CUDA graph" if self.index_graph else ""
+        return f"sorted dispatcher, {how}{indices}, transport: {self.transport} ({self.reason})"
 
     def to_dict(self) -> dict:
-        return dict(dispatcher=self.dispatcher, transport=self.transport, sync_free=self.sync_free, reason=self.reason)
+        return dict(dispatcher=self.dispatcher, transport=self.transport, sync_free=self.sync_free,
+                    index_graph=self.index_graph, reason=self.reason)
 
 
 def choose_dispatch(
     config: Any, ep_size: int, tp_size: int, ep_group: Optional["dist.ProcessGroup"], device: torch.device
 ) -> DispatchChoice:
-    """Resolve the dispatcher fields for one MoE layer on this machine.
+    """Resolve the dispatcher fields for one MoE layer on this machine (see :func:`_choose`); on GPUs
+    the sorted dispatcher's index computations replay from a CUDA graph."""
+    choice = _choose(config, ep_size, tp_size, ep_group, device)
+    if choice.dispatcher == "sorted" and device.type == "cuda":
+        return replace(choice, index_graph=True)
+    return choice
+
+
+def _choose(
+    config: Any, ep_size: int, tp_size: int, ep_group: Optional["dist.ProcessGroup"], device: torch.device
+) -> DispatchChoice:
+    """Which dispatcher and transport, and why.
 
     ``"auto"``: with one EP rank the sorted dispatcher where it is exact; with EP > 1 megatron's,
     which measured faster (see ``docs/benchmarks/ep_overlap.md``), unless a

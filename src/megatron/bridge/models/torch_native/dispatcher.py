@@ -51,6 +51,7 @@ from megatron.bridge.models.torch_native.dispatch_policy import (  # noqa: F401 
     fast_path_blockers,
     static_blockers,
 )
+from megatron.bridge.models.torch_native.index_graph import GraphedIndexFunction
 from megatron.bridge.models.torch_native.row_gather import gather_sum_rows
 from megatron.bridge.models.torch_native.token_exchange import (
     RowExchange,
@@ -108,13 +109,37 @@ class _UnpermuteTokens(torch.autograd.Function):
         return grad.contiguous().index_select(0, src_token), None, None
 
 
-def permute_sorted(x: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor, topk: int):
-    """Tokens and probs in megatron's permuted order, plus what :func:`unpermute_sorted` needs."""
+def routing_indices(routing_map: torch.Tensor, topk: int) -> Tuple[torch.Tensor, ...]:
+    """The index tensors of a sorted permutation, computed on the device from the routing map alone.
+
+    ``(src_token [T*k], pos [T, k], prob_index [T*k], tokens_per_expert [E])``: permuted row ``i``
+    holds token ``src_token[i]`` and its probability ``probs.reshape(-1)[prob_index[i]]``;
+    ``pos`` is :func:`sorted_routing`'s inverse for the unpermutation.
+    """
+    num_experts = routing_map.shape[1]
     expert_idx, order, pos = sorted_routing(routing_map, topk)
     src_token = torch.div(order, topk, rounding_mode="floor")
+    prob_index = src_token * num_experts + expert_idx.reshape(-1).index_select(0, order)
+    return src_token, pos, prob_index, routing_map.sum(dim=0).long()
+
+
+# one CUDA graph per (tokens, experts, top-k): replayed with three launches instead of about a dozen
+_GRAPHED_ROUTING = GraphedIndexFunction(routing_indices, "sorted routing indices")
+
+
+def permute_with(x: torch.Tensor, probs: torch.Tensor, src_token: torch.Tensor, pos: torch.Tensor,
+                 prob_index: torch.Tensor):
+    """Tokens and probs in permuted order from :func:`routing_indices`' tensors, plus what
+    :func:`unpermute_sorted` needs."""
     tokens = _PermuteTokens.apply(x, src_token, pos)
-    permuted_probs = probs.gather(1, expert_idx).reshape(-1).index_select(0, order)
+    permuted_probs = probs.reshape(-1).index_select(0, prob_index)
     return tokens, permuted_probs, (src_token, pos)
+
+
+def permute_sorted(x: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor, topk: int):
+    """Tokens and probs in megatron's permuted order, plus what :func:`unpermute_sorted` needs."""
+    src_token, pos, prob_index, _ = _GRAPHED_ROUTING(routing_map, topk=topk)
+    return permute_with(x, probs, src_token, pos, prob_index)
 
 
 def unpermute_sorted(y: torch.Tensor, state: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -140,12 +165,12 @@ class SortedTokenDispatcher(MoEAlltoAllTokenDispatcher):
         self.routing_map = routing_map
         tokens = hidden_states.view(-1, self.hidden_shape[-1])
         self.hidden_shape_before_permute = tokens.shape
-        self.tokens_per_expert = routing_map.sum(dim=0).long()
+        src_token, pos, prob_index, self.tokens_per_expert = _GRAPHED_ROUTING(
+            routing_map, topk=self.config.moe_router_topk
+        )
         if not tokens.is_cuda:
             _check_exactly_topk(self.tokens_per_expert, tokens.shape[0], self.config.moe_router_topk)
-        permuted, permuted_probs, self._perm_state = permute_sorted(
-            tokens, routing_map, probs, self.config.moe_router_topk
-        )
+        permuted, permuted_probs, self._perm_state = permute_with(tokens, probs, src_token, pos, prob_index)
         return permuted, permuted_probs
 
     def token_dispatch(self, permutated_local_input_tokens, permuted_probs):
@@ -219,18 +244,40 @@ def _plan_tensors(all_counts: torch.Tensor, rank: int, num_local_experts: int, c
 _COMPILED_PLAN = LazyCompiled(_plan_tensors, "EP exchange plan", dynamic=False)
 
 
-def exchange_plan(
-    all_counts: torch.Tensor, rank: int, num_local_experts: int, capacity: int, send_rows: int
-) -> ExchangePlan:
-    """``all_counts[s, e]``: tokens rank ``s`` routes to global expert ``e`` -> this rank's plan."""
+def plan_tensors(all_counts: torch.Tensor, rank: int, num_local_experts: int, capacity: int) -> Tuple[torch.Tensor, ...]:
+    """:func:`_plan_tensors`, compiled on GPUs."""
     args = (all_counts, rank, num_local_experts, capacity)
-    tensors = _COMPILED_PLAN(_plan_tensors, *args) if all_counts.is_cuda else _plan_tensors(*args)
+    return _COMPILED_PLAN(_plan_tensors, *args) if all_counts.is_cuda else _plan_tensors(*args)
+
+
+def make_plan(tensors: Tuple[torch.Tensor, ...], capacity: int, send_rows: int) -> ExchangePlan:
+    """An :class:`ExchangePlan` from :func:`plan_tensors`' tensors, in their order."""
     send_splits, recv_splits, tokens_per_expert, recv_total, to_source_major, to_expert_major = tensors
     return ExchangePlan(
         send_splits=send_splits, recv_splits=recv_splits, tokens_per_expert=tokens_per_expert, recv_total=recv_total,
         to_source_major=to_source_major, to_expert_major=to_expert_major,
         send_rows=send_rows, capacity=capacity,
     )
+
+
+def exchange_plan(
+    all_counts: torch.Tensor, rank: int, num_local_experts: int, capacity: int, send_rows: int
+) -> ExchangePlan:
+    """``all_counts[s, e]``: tokens rank ``s`` routes to global expert ``e`` -> this rank's plan."""
+    return make_plan(plan_tensors(all_counts, rank, num_local_experts, capacity), capacity, send_rows)
+
+
+def routing_and_plan(
+    routing_map: torch.Tensor, all_counts: torch.Tensor, *, topk: int, rank: int, num_local_experts: int,
+    capacity: int,
+) -> Tuple[torch.Tensor, ...]:
+    """:func:`routing_indices` without the global counts, then :func:`plan_tensors`: everything the
+    EP dispatcher computes before it moves a token, as one function (one graph on GPUs)."""
+    src_token, pos, prob_index, _ = routing_indices(routing_map, topk)
+    return (src_token, pos, prob_index, *plan_tensors(all_counts, rank, num_local_experts, capacity))
+
+
+_GRAPHED_ROUTING_AND_PLAN = GraphedIndexFunction(routing_and_plan, "EP routing indices and exchange plan")
 
 
 class _DispatchExchange(torch.autograd.Function):
@@ -361,13 +408,13 @@ class ExpertParallelSortedDispatcher(MoEAlltoAllTokenDispatcher):
         all_counts = torch.empty(self.ep_size * counts.numel(), dtype=counts.dtype, device=counts.device)
         dist.all_gather_into_tensor(all_counts, counts, group=self.ep_group)
         num_tokens, topk = tokens.shape[0], self.config.moe_router_topk
-        self._plan = exchange_plan(
-            all_counts.view(self.ep_size, -1), self.ep_rank, self.num_local_experts,
-            capacity=self._capacity(num_tokens), send_rows=num_tokens * topk,
+        capacity = self._capacity(num_tokens)
+        src_token, pos, prob_index, *plan = _GRAPHED_ROUTING_AND_PLAN(
+            routing_map, all_counts.view(self.ep_size, -1),
+            topk=topk, rank=self.ep_rank, num_local_experts=self.num_local_experts, capacity=capacity,
         )
-        permuted, permuted_probs, self._perm_state = permute_sorted(
-            tokens, routing_map, probs, self.config.moe_router_topk
-        )
+        self._plan = make_plan(tuple(plan), capacity, send_rows=num_tokens * topk)
+        permuted, permuted_probs, self._perm_state = permute_with(tokens, probs, src_token, pos, prob_index)
         return permuted, permuted_probs
 
     def _row_bytes(self, tokens: torch.Tensor, probs: torch.Tensor) -> int:
