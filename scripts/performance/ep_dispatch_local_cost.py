@@ -28,7 +28,8 @@ combined-1F1B EP-overlap schedule, whose stage copy differs):
   ``host_waited_for_gpu``: whether the host took about as long as the sleep, which means something
   in the pass waited for the GPU (a synchronisation; the sorted dispatcher must have none). Next to
   ``dispatcher_kernel_us`` it says whether the GPU or the host bounds the dispatcher: in training the
-  GPU only stays busy when the host enqueues faster than the GPU runs;
+  GPU only stays busy when the host enqueues faster than the GPU runs; ``host_stage_us`` splits it
+  by stage (median per stage, one pass at a time with the GPU held);
 * the kernel count and the most expensive kernels by name.
 
     python scripts/performance/ep_dispatch_local_cost.py --out ep_dispatch_local_cost.json
@@ -104,18 +105,52 @@ def expert_stand_in(tokens: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
     return tokens * probs.unsqueeze(-1).to(tokens.dtype)
 
 
+#: The parts of a pass whose host time ``host_stage_us`` reports, in order.
+PASS_PARTS = ("dispatch_preprocess", "token_dispatch", "dispatch_postprocess", "stand_in",
+              "combine_preprocess_and_token_combine", "combine_postprocess", "backward")
+
+
 def one_pass(
     d: ExpertParallelSortedDispatcher, x: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor,
-    grad: torch.Tensor,
+    grad: torch.Tensor, marks: list[float] | None = None,
 ):
-    """Forward and backward through the six stages, in the MoE layer's order."""
+    """Forward and backward through the six stages, in the MoE layer's order; with ``marks``, the
+    host clock is appended before the pass and after each of :data:`PASS_PARTS`."""
+    def mark() -> None:
+        if marks is not None:
+            marks.append(time.perf_counter())
+
     x.grad = probs.grad = None  # no accumulation into earlier passes' gradients
+    mark()
     tokens, permuted_probs = d.dispatch_preprocess(x, routing_map, probs)
+    mark()
     tokens, permuted_probs = d.token_dispatch(tokens, permuted_probs)
+    mark()
     tokens, _, permuted_probs = d.dispatch_postprocess(tokens, permuted_probs)
+    mark()
     expert_out = expert_stand_in(tokens, permuted_probs)
-    out = d.combine_postprocess(d.token_combine(d.combine_preprocess(expert_out)))
+    mark()
+    combined = d.token_combine(d.combine_preprocess(expert_out))
+    mark()
+    out = d.combine_postprocess(combined)
+    mark()
     out.backward(grad)
+    mark()
+
+
+def host_stage_us(pass_with_marks, passes: int, park_s: float = 0.1) -> dict[str, float]:
+    """Median host time of each of :data:`PASS_PARTS` over ``passes`` passes, each enqueued while
+    the GPU sleeps (one pass at a time: a pass never fills CUDA's launch queue)."""
+    parts: dict[str, list[float]] = {name: [] for name in PASS_PARTS}
+    for _ in range(passes):
+        marks: list[float] = []
+        torch.cuda.synchronize()
+        park_gpu(park_s)
+        pass_with_marks(marks)
+        torch.cuda.synchronize()
+        for name, start, end in zip(PASS_PARTS, marks, marks[1:]):
+            parts[name].append(1e6 * (end - start))
+    return {name: statistics.median(times) for name, times in parts.items()}
 
 
 def stand_in_pass(tokens: torch.Tensor, probs: torch.Tensor, grad: torch.Tensor) -> None:
@@ -176,6 +211,7 @@ def measure(mbs: int, overlap: bool, iters: int, top_kernels: int) -> dict:
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
     host = [host_issue_us(lambda: one_pass(d, x, routing_map, probs, grad)) for _ in range(iters)]
+    stages = host_stage_us(lambda marks: one_pass(d, x, routing_map, probs, grad, marks), iters)
     kernels = kernel_times(lambda: one_pass(d, x, routing_map, probs, grad))
     stand_in_us = sum(us for _, us in kernel_times(lambda: stand_in_pass(*stand_in_args)))
     by_name: dict[str, list[float]] = {}
@@ -189,7 +225,7 @@ def measure(mbs: int, overlap: bool, iters: int, top_kernels: int) -> dict:
         received_rows=local_rows, capacity_rows=d._capacity(tokens),
         event_fwd_bwd_ms=1e3 * statistics.fmean(times), event_fwd_bwd_ms_min=1e3 * min(times),
         host_issue_us=statistics.fmean(us for us, _ in host), host_issue_us_min=min(us for us, _ in host),
-        host_waited_for_gpu=any(waited for _, waited in host),
+        host_waited_for_gpu=any(waited for _, waited in host), host_stage_us=stages,
         kernels_per_pass=len(kernels), kernel_us_per_pass=total_us, expert_stand_in_us=stand_in_us,
         dispatcher_kernel_us=total_us - stand_in_us,
         top_kernels=[dict(name=name, calls=len(us), total_us=sum(us)) for name, us in top],

@@ -15,12 +15,8 @@ import time
 
 import torch
 
-from megatron.bridge.models.torch_native.dispatcher import (
-    _GRAPHED_ROUTING,
-    _GRAPHED_ROUTING_AND_PLAN,
-    routing_and_plan,
-    routing_indices,
-)
+from megatron.bridge.models.torch_native.dispatcher import _GRAPHED_ROUTING_AND_PLAN, routing_and_plan
+from megatron.bridge.models.torch_native.sorted_permutation import _GRAPHED_ROUTING, routing_indices
 from megatron.bridge.training.step_timing import park_gpu
 
 EXPERTS, TOPK, EP = 128, 8, 2

@@ -14,11 +14,8 @@ import pytest
 import torch
 
 from megatron.bridge.models.torch_native import index_graph
-from megatron.bridge.models.torch_native.dispatcher import (
-    routing_and_plan,
-    routing_indices,
-    sorted_routing,
-)
+from megatron.bridge.models.torch_native.dispatcher import routing_and_plan
+from megatron.bridge.models.torch_native.sorted_permutation import routing_indices, sorted_routing
 from megatron.bridge.models.torch_native.index_graph import GraphedIndexFunction, _Captured
 
 
