@@ -5,16 +5,15 @@ sorts, a scatter, a few gathers) and, with several EP ranks, the gathered counts
 plan (cumulative sums, a search, a scatter). That is about twenty small kernels on static shapes
 whose launches cost the host far more than the GPU spends on them. Measured on an H200 host with
 the GPU held by a sleep kernel (``tests/gpu_checks/index_graph.py``), the EP=2 indices and plan of
-one micro-batch and layer (4,096 tokens) took 0.65 ms of host time for 0.25 ms of GPU work, and the
-whole EP=2 dispatcher pass about 4.4 ms of host time for 1.9 ms of GPU work
+one micro-batch and layer (4,096 tokens) took 0.65-1.0 ms of host time for 0.25 ms of GPU work, and
+the whole EP=2 dispatcher pass 4.2-4.8 ms of host time for 1.9 ms of GPU work
 (``scripts/performance/ep_dispatch_local_cost.py``, ``host_issue_us``). A step whose host is slower
 than its GPU leaves the GPU idle and gives the EP-overlap schedule nothing queued to hide the
 all-to-all under.
 
 :class:`GraphedIndexFunction` captures such a function once per input shape (and CUDA stream) and
 afterwards enqueues it as a copy per input into the graph's static buffers, one replay and one copy
-of its flat output buffer out (the EP=2 indices and plan above: 0.25 ms of host time instead of
-0.65 ms). The copy out is needed because the next replay
+of its flat output buffer out (the EP=2 indices and plan above: 0.25-0.28 ms of host time). The copy out is needed because the next replay
 overwrites the buffer while each micro-batch keeps its indices until its backward. The replay runs
 the very kernels the eager function runs, so the results are identical.
 
