@@ -13,9 +13,10 @@ all-to-all under.
 
 :class:`GraphedIndexFunction` captures such a function once per input shape (and CUDA stream) and
 afterwards enqueues it as a copy per input into the graph's static buffers, one replay and one copy
-of its flat output buffer out (the EP=2 indices and plan above: 0.25-0.28 ms of host time). The copy out is needed because the next replay
-overwrites the buffer while each micro-batch keeps its indices until its backward. The replay runs
-the very kernels the eager function runs, so the results are identical.
+of its flat output buffer out (the EP=2 indices and plan above: 0.25-0.28 ms of host time). The
+copy out is needed because the next replay overwrites the buffer while each micro-batch keeps its
+indices until its backward. The replay runs the very kernels the eager function runs, so the
+results are identical.
 
 It runs the function eagerly where a graph cannot or need not be used: on CPU, inside another
 capture (megatron-core's whole-iteration graph records the kernels themselves), and after a capture
