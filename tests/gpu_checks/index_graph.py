@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from megatron.bridge.models.torch_native.dispatcher import _GRAPHED_ROUTING_AND_PLAN, routing_and_plan
-from megatron.bridge.models.torch_native.sorted_permutation import _GRAPHED_ROUTING, routing_indices
+from megatron.bridge.models.torch_native.dispatcher import graphed_routing_and_plan, routing_and_plan
+from megatron.bridge.models.torch_native.sorted_permutation import graphed_routing_indices, routing_indices
 from megatron.bridge.training.step_timing import park_gpu
 
 EXPERTS, TOPK, EP = 128, 8, 2
@@ -65,8 +65,8 @@ def cases(tokens: int):
         return torch.stack([m.sum(0), peer.sum(0)]).long()
 
     return [
-        ("indices", lambda m, p: _GRAPHED_ROUTING(m, topk=TOPK), lambda m, p: routing_indices(m, TOPK)),
-        ("indices+plan", lambda m, p: _GRAPHED_ROUTING_AND_PLAN(m, counts(m, p), **plan_kwargs),
+        ("indices", lambda m, p: graphed_routing_indices(m, topk=TOPK), lambda m, p: routing_indices(m, TOPK)),
+        ("indices+plan", lambda m, p: graphed_routing_and_plan(m, counts(m, p), **plan_kwargs),
          lambda m, p: routing_and_plan(m, counts(m, p), **plan_kwargs)),
     ]
 
@@ -93,7 +93,7 @@ def main() -> None:
                   f"{equal_outer}; host us per call eager {host_eager:.0f}, graphed {host_graph:.0f}; GPU us per "
                   f"call eager {gpu_us(lambda: eager(m, p)):.0f}, graphed {gpu_us(lambda: graphed(m, p)):.0f}",
                   flush=True)
-    print("capture failed in this process:", _GRAPHED_ROUTING.failed or _GRAPHED_ROUTING_AND_PLAN.failed)
+    print("capture failed in this process:", graphed_routing_indices.failed or graphed_routing_and_plan.failed)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ from megatron.bridge.models.torch_native.dispatch_policy import (  # noqa: F401 
 )
 from megatron.bridge.models.torch_native.index_graph import GraphedIndexFunction
 from megatron.bridge.models.torch_native.sorted_permutation import (  # noqa: F401 - permute_sorted re-exported
-    _GRAPHED_ROUTING,
+    graphed_routing_indices,
     permute_sorted,
     permute_with,
     routing_indices,
@@ -87,7 +87,7 @@ class SortedTokenDispatcher(MoEAlltoAllTokenDispatcher):
         self.routing_map = routing_map
         tokens = hidden_states.view(-1, self.hidden_shape[-1])
         self.hidden_shape_before_permute = tokens.shape
-        src_token, pos, prob_index, self.tokens_per_expert = _GRAPHED_ROUTING(
+        src_token, pos, prob_index, self.tokens_per_expert = graphed_routing_indices(
             routing_map, topk=self.config.moe_router_topk
         )
         if not tokens.is_cuda:
@@ -199,7 +199,7 @@ def routing_and_plan(
     return (src_token, pos, prob_index, *plan_tensors(all_counts, rank, num_local_experts, capacity))
 
 
-_GRAPHED_ROUTING_AND_PLAN = GraphedIndexFunction(routing_and_plan, "EP routing indices and exchange plan")
+graphed_routing_and_plan = GraphedIndexFunction(routing_and_plan, "EP routing indices and exchange plan")
 
 
 class _DispatchExchange(torch.autograd.Function):
@@ -331,7 +331,7 @@ class ExpertParallelSortedDispatcher(MoEAlltoAllTokenDispatcher):
         dist.all_gather_into_tensor(all_counts, counts, group=self.ep_group)
         num_tokens, topk = tokens.shape[0], self.config.moe_router_topk
         capacity = self._capacity(num_tokens)
-        src_token, pos, prob_index, *plan = _GRAPHED_ROUTING_AND_PLAN(
+        src_token, pos, prob_index, *plan = graphed_routing_and_plan(
             routing_map, all_counts.view(self.ep_size, -1),
             topk=topk, rank=self.ep_rank, num_local_experts=self.num_local_experts, capacity=capacity,
         )

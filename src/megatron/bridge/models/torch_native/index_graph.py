@@ -116,7 +116,9 @@ class GraphedIndexFunction:
         stream.wait_stream(side)
         dtypes = {o.dtype for o in outputs}
         if len(dtypes) != 1:
-            raise TypeError(f"{self.what}: outputs must share one dtype to be copied out at once, got {sorted(map(str, dtypes))}")
+            raise TypeError(
+                f"{self.what}: outputs must share one dtype to be copied out at once, got {sorted(map(str, dtypes))}"
+            )
         graph = torch.cuda.CUDAGraph()
         with torch.no_grad(), torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
             outputs = self.fn(*inputs, **constants)

@@ -77,7 +77,7 @@ def routing_indices(routing_map: torch.Tensor, topk: int) -> Tuple[torch.Tensor,
 
 
 # one CUDA graph per (tokens, experts, top-k): replayed with three launches instead of about a dozen
-_GRAPHED_ROUTING = GraphedIndexFunction(routing_indices, "sorted routing indices")
+graphed_routing_indices = GraphedIndexFunction(routing_indices, "sorted routing indices")
 
 
 def permute_with(x: torch.Tensor, probs: torch.Tensor, src_token: torch.Tensor, pos: torch.Tensor,
@@ -91,7 +91,7 @@ def permute_with(x: torch.Tensor, probs: torch.Tensor, src_token: torch.Tensor, 
 
 def permute_sorted(x: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor, topk: int):
     """Tokens and probs in megatron's permuted order, plus what :func:`unpermute_sorted` needs."""
-    src_token, pos, prob_index, _ = _GRAPHED_ROUTING(routing_map, topk=topk)
+    src_token, pos, prob_index, _ = graphed_routing_indices(routing_map, topk=topk)
     return permute_with(x, probs, src_token, pos, prob_index)
 
 
