@@ -101,3 +101,25 @@ def test_ep_indices_and_plan_are_the_routing_indices_and_the_plan() -> None:
     want = (*routing_indices(routing_map, 2)[:3], *plan_tensors(all_counts, 1, 4, 64))
     assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
     assert {t.dtype for t in got} == {torch.long}  # one dtype: the replay copies them out as one buffer
+
+
+def test_shapes_beyond_the_graph_limit_run_eagerly_and_say_so_once(monkeypatch, caplog) -> None:
+    fn = GraphedIndexFunction(_indices, "test indices", max_graphs=2)
+    captures = []
+
+    def fake_capture(tensors, constants, stream):
+        captures.append(tensors[0].shape)
+        static = tuple(t.clone() for t in tensors)
+        outputs = _indices(*static, **constants)
+        flat = torch.cat([o.reshape(-1) for o in outputs])
+        return _Captured(_FakeGraph(static, flat, constants["scale"]), static, flat, tuple(o.shape for o in outputs))
+
+    monkeypatch.setattr(fn, "_capture", fake_capture)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(fn, "_replayable", lambda tensors: True)
+    with caplog.at_level(logging.WARNING, logger=index_graph.__name__):
+        for length in (2, 4, 2, 6, 8, 4):
+            x = torch.arange(length)
+            assert all(torch.equal(a, b) for a, b in zip(fn(x, scale=3), _indices(x, 3)))
+    assert captures == [torch.Size([2]), torch.Size([4])]  # lengths 6 and 8 ran eagerly
+    assert sum("2 CUDA graphs already" in r.getMessage() for r in caplog.records) == 1

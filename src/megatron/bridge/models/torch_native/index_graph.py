@@ -36,6 +36,11 @@ logger = logging.getLogger(__name__)
 
 Outputs = Tuple[torch.Tensor, ...]
 
+#: Graphs one function keeps. Training has one token count per run (two streams at most); inputs of
+#: varying length (variable sequence lengths) would otherwise capture a graph, and keep its memory
+#: pool, for every new length. Shapes beyond the limit run eagerly.
+MAX_GRAPHS = 8
+
 #: Eager calls before the capture, on a side stream: lazy initialisations (library handles, sort
 #: workspaces, compiled kernels) must not happen inside the capture.
 WARMUP_CALLS = 2
@@ -64,13 +69,15 @@ class GraphedIndexFunction:
 
     ``fn`` must be a pure function of its tensor arguments and keyword constants (no autograd, no
     randomness, no host reads of GPU values) with static output shapes, returning a tuple of tensors
-    of one dtype. One graph is captured per (input shapes and dtypes, constants, device, stream).
+    of one dtype. One graph is captured per (input shapes and dtypes, constants, device, stream), up
+    to ``max_graphs``; further keys run eagerly (logged once).
     """
 
-    def __init__(self, fn: Callable[..., Outputs], what: str) -> None:
-        self.fn, self.what = fn, what
+    def __init__(self, fn: Callable[..., Outputs], what: str, max_graphs: int = MAX_GRAPHS) -> None:
+        self.fn, self.what, self.max_graphs = fn, what, max_graphs
         self._graphs: Dict[Hashable, _Captured] = {}
         self._failed = False
+        self._full_logged = False
 
     @property
     def failed(self) -> bool:
@@ -87,6 +94,12 @@ class GraphedIndexFunction:
             stream.cuda_stream,
         )
         captured = self._graphs.get(key)
+        if captured is None and len(self._graphs) >= self.max_graphs:
+            if not self._full_logged:
+                self._full_logged = True
+                logger.warning("torch_native %s: %d CUDA graphs already (one per input shape and stream); new "
+                               "shapes run eagerly", self.what, self.max_graphs)
+            return self.fn(*tensors, **constants)
         if captured is None:
             try:
                 captured = self._graphs[key] = self._capture(tensors, constants, stream)
