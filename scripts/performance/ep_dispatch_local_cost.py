@@ -63,10 +63,8 @@ class NoOpExchange(CollectiveExchange):
     name = "no-op (local work only)"
     sync_free = True
 
-    def __init__(self) -> None:  # no process group: nothing is sent
-        self.group, self.world = None, EP
-        self._capacity_rows = self._row_bytes = self._slot = 0
-        self._last_done, self._last_done_captured = None, False
+    def __init__(self) -> None:
+        super().__init__(group=None, world=EP)  # no process group: nothing is sent
 
     def _run(self, slot: int, send_splits: torch.Tensor) -> torch.Tensor:
         return self._recv

@@ -120,9 +120,11 @@ class RowExchange:
     #: Name shown in the start-up line and ``summary.json``.
     name: str = ""
 
-    def __init__(self, group: dist.ProcessGroup) -> None:
+    def __init__(self, group: Optional[dist.ProcessGroup], world: Optional[int] = None) -> None:
+        """``world``: the group's size, read from ``group`` unless given (an exchange that sends
+        nothing, as the local-cost benchmark's, has no group)."""
         self.group = group
-        self.world = dist.get_world_size(group)
+        self.world = dist.get_world_size(group) if world is None else world
         self._capacity_rows = 0
         self._row_bytes = 0
         self._slot = 0
