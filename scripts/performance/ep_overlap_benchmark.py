@@ -19,8 +19,9 @@ host-staged cases over NCCL, ``model.torch_native_ep_transport=nccl``, because N
 
 Within a job the cases are interleaved (for each repeat: MBS 2 off, on, then MBS 1 off, on; the
 larger micro-batch first so the token buffers are sized once). The steady state is iterations
-``--window-start``..``--steps`` of each case. Outputs: ``<out>/results.json`` plus, with
-``--publish``, ``docs/benchmarks/ep_overlap_results.json`` and the generated section of
+``--window-start``..``--steps`` of each case. Outputs: ``<out>/results.json`` (rewritten after every
+job, ``"complete": false`` until the last one has run, so a stopped benchmark keeps what finished)
+plus, with ``--publish``, ``docs/benchmarks/ep_overlap_results.json`` and the generated section of
 ``docs/benchmarks/ep_overlap.md``.
 
     uv run python scripts/performance/ep_overlap_benchmark.py --out runs/ep_overlap --publish
@@ -303,9 +304,14 @@ def mfu(tflops: Optional[float]) -> str:
 
 def markdown_section(result: dict) -> str:
     """The generated part of ``ep_overlap.md``: command, table, per-phase times."""
+    stopped = "" if result.get("complete", True) else (
+        " **Partial: the run stopped after the jobs "
+        + ", ".join(f"{job} (exit {code})" for job, code in result.get("exit_codes", {}).items()) + ".**"
+    )
     lines = [
         f"Run: {result['date']}, commit `{result['commit']}`, {result['device']}; "
-        f"bf16 matmul ceiling measured in the run: {fmt(result['ceiling_tflops'], 0)} TFLOP/s (nominal peak {NOMINAL_PEAK_TFLOPS}).",
+        f"bf16 matmul ceiling measured in the run: {fmt(result['ceiling_tflops'], 0)} TFLOP/s (nominal peak {NOMINAL_PEAK_TFLOPS})."
+        + stopped,
         "",
         "```bash",
         result["command"],
@@ -385,6 +391,26 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def collect(
+    args: argparse.Namespace, argv: Optional[list[str]], jobs: dict[str, list[Case]], codes: dict[str, int],
+    ceiling: Optional[float],
+) -> dict:
+    """``results.json`` from the jobs run so far (``complete``: every job has run)."""
+    import torch
+
+    return dict(
+        date=time.strftime("%Y-%m-%d"), commit=args.commit or git_commit(),
+        device=f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "no GPU",
+        ceiling_tflops=ceiling, window=[args.window_start, args.steps], exit_codes=dict(codes),
+        complete=len(codes) == len(jobs),
+        command="uv run python scripts/performance/ep_overlap_benchmark.py " + shlex.join(
+            rerun_argv(argv if argv is not None else sys.argv[1:])),
+        harness_command_example="uv run python scripts/performance/run_script.py " + shlex.join(
+            harness_argv(jobs[list(jobs)[-1]][-1], args)),
+        rows=rows(jobs),
+    )
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse(argv)
     if args.republish:
@@ -396,20 +422,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     ceiling = matmul_ceiling_tflops()
     jobs = plan_cases(args)
-    codes = {t: run_job(t, cases, args) for t, cases in jobs.items()}
-    import torch
-
-    result = dict(
-        date=time.strftime("%Y-%m-%d"), commit=args.commit or git_commit(),
-        device=f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "no GPU",
-        ceiling_tflops=ceiling, window=[args.window_start, args.steps], exit_codes=codes,
-        command="uv run python scripts/performance/ep_overlap_benchmark.py " + shlex.join(
-            rerun_argv(argv if argv is not None else sys.argv[1:])),
-        harness_command_example="uv run python scripts/performance/run_script.py " + shlex.join(
-            harness_argv(jobs[list(jobs)[-1]][-1], args)),
-        rows=rows(jobs),
-    )
-    (args.out / "results.json").write_text(json.dumps(result, indent=2))
+    codes: dict[str, int] = {}
+    for transport, cases in jobs.items():
+        codes[transport] = run_job(transport, cases, args)
+        # after every job: a run stopped later (a time limit, a lost node) keeps what finished
+        result = collect(args, argv, jobs, codes, ceiling)
+        (args.out / "results.json").write_text(json.dumps(result, indent=2))
     print(markdown_section(result), flush=True)
     if args.publish:
         publish([result])

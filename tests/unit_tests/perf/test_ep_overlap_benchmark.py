@@ -133,3 +133,25 @@ def test_a_finished_job_returns_its_exit_status(bench, tmp_path):
 
     code = bench.run_logged([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ), tmp_path / "j.log", 30)
     assert code == 3
+
+
+def test_results_are_written_after_every_job_so_a_stopped_run_keeps_what_finished(bench, tmp_path, monkeypatch):
+    """results.json used to be written only at the end: a benchmark stopped during its last job (a
+    time limit) lost the finished jobs' table."""
+
+    def fake_job(transport, cases, args):
+        if transport != "ep1":
+            raise KeyboardInterrupt  # stopped during the EP=2 job
+        for case in cases:
+            case.log_dir.mkdir(parents=True, exist_ok=True)
+            (case.log_dir / "summary.json").write_text(json.dumps(_summary(0.4)))
+        return 0
+
+    monkeypatch.setattr(bench, "run_job", fake_job)
+    monkeypatch.setattr(bench, "matmul_ceiling_tflops", lambda: None)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--out", str(tmp_path), "--transports", "nvlink", "--mbs", "1", "--commit", "abc"])
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert result["complete"] is False and result["exit_codes"] == {"ep1": 0}
+    assert [(r["transport"], r["mbs"], r["ep1_step_s"], r["off_step_s"]) for r in result["rows"]] == [("nvlink", 1, 0.4, None)]
+    assert "**Partial: the run stopped after the jobs ep1 (exit 0).**" in bench.markdown_section(result)
