@@ -52,9 +52,9 @@ from megatron.bridge.models.torch_native.dispatch_policy import (  # noqa: F401 
 from megatron.bridge.models.torch_native.index_graph import GraphedIndexFunction
 from megatron.bridge.models.torch_native.sorted_permutation import (  # noqa: F401 - permute_sorted re-exported
     graphed_routing_indices,
+    permutation_indices,
     permute_sorted,
     permute_with,
-    routing_indices,
     unpermute_sorted,
 )
 from megatron.bridge.models.torch_native.token_exchange import (
@@ -193,10 +193,9 @@ def routing_and_plan(
     routing_map: torch.Tensor, all_counts: torch.Tensor, *, topk: int, rank: int, num_local_experts: int,
     capacity: int,
 ) -> Tuple[torch.Tensor, ...]:
-    """:func:`routing_indices` without the global counts, then :func:`plan_tensors`: everything the
-    EP dispatcher computes before it moves a token, as one function (one graph on GPUs)."""
-    src_token, pos, prob_index, _ = routing_indices(routing_map, topk)
-    return (src_token, pos, prob_index, *plan_tensors(all_counts, rank, num_local_experts, capacity))
+    """:func:`permutation_indices`, then :func:`plan_tensors`: everything the EP dispatcher computes
+    before it moves a token, as one function (one graph on GPUs)."""
+    return (*permutation_indices(routing_map, topk), *plan_tensors(all_counts, rank, num_local_experts, capacity))
 
 
 graphed_routing_and_plan = GraphedIndexFunction(routing_and_plan, "EP routing indices and exchange plan")

@@ -62,18 +62,24 @@ class _UnpermuteTokens(torch.autograd.Function):
         return grad.contiguous().index_select(0, src_token), None, None
 
 
-def routing_indices(routing_map: torch.Tensor, topk: int) -> Tuple[torch.Tensor, ...]:
+def permutation_indices(routing_map: torch.Tensor, topk: int) -> Tuple[torch.Tensor, ...]:
     """The index tensors of a sorted permutation, computed on the device from the routing map alone.
 
-    ``(src_token [T*k], pos [T, k], prob_index [T*k], tokens_per_expert [E])``: permuted row ``i``
-    holds token ``src_token[i]`` and its probability ``probs.reshape(-1)[prob_index[i]]``;
-    ``pos`` is :func:`sorted_routing`'s inverse for the unpermutation.
+    ``(src_token [T*k], pos [T, k], prob_index [T*k])``: permuted row ``i`` holds token
+    ``src_token[i]`` and its probability ``probs.reshape(-1)[prob_index[i]]``; ``pos`` is
+    :func:`sorted_routing`'s inverse for the unpermutation.
     """
     num_experts = routing_map.shape[1]
     expert_idx, order, pos = sorted_routing(routing_map, topk)
     src_token = torch.div(order, topk, rounding_mode="floor")
     prob_index = src_token * num_experts + expert_idx.reshape(-1).index_select(0, order)
-    return src_token, pos, prob_index, routing_map.sum(dim=0).long()
+    return src_token, pos, prob_index
+
+
+def routing_indices(routing_map: torch.Tensor, topk: int) -> Tuple[torch.Tensor, ...]:
+    """:func:`permutation_indices` and ``tokens_per_expert [E]``: everything the EP=1 dispatcher
+    computes before it moves a token."""
+    return (*permutation_indices(routing_map, topk), routing_map.sum(dim=0).long())
 
 
 # one CUDA graph per (tokens, experts, top-k): replayed with three launches instead of about a dozen
@@ -82,7 +88,7 @@ graphed_routing_indices = GraphedIndexFunction(routing_indices, "sorted routing 
 
 def permute_with(x: torch.Tensor, probs: torch.Tensor, src_token: torch.Tensor, pos: torch.Tensor,
                  prob_index: torch.Tensor):
-    """Tokens and probs in permuted order from :func:`routing_indices`' tensors, plus what
+    """Tokens and probs in permuted order from :func:`permutation_indices`' tensors, plus what
     :func:`unpermute_sorted` needs."""
     tokens = _PermuteTokens.apply(x, src_token, pos)
     permuted_probs = probs.reshape(-1).index_select(0, prob_index)
