@@ -52,7 +52,7 @@ import torch.distributed as dist
 from megatron.bridge.models.torch_native.dispatcher import ExpertParallelSortedDispatcher
 from megatron.bridge.models.torch_native.token_exchange import CollectiveExchange, RowExchange
 from megatron.bridge.perf.results import argv_without
-from megatron.bridge.training.step_timing import park_gpu
+from megatron.bridge.training.step_timing import host_enqueue_s, park_gpu
 
 HIDDEN, EXPERTS, TOPK, SEQ, EP = 2048, 128, 8, 4096, 2
 
@@ -166,19 +166,9 @@ def kernel_times(fn) -> list[tuple[str, float]]:
 
 
 def host_issue_us(fn, passes: int = 5, park_s: float = 0.1) -> tuple[float, bool]:
-    """Host time per ``fn()`` while the GPU sleeps, and whether the host waited for the GPU.
-
-    ``passes`` x the kernels of one pass must stay below CUDA's launch queue depth (about a
-    thousand), or a full queue makes the host wait as a synchronisation would.
-    """
-    torch.cuda.synchronize()
-    park_gpu(park_s)
-    start = time.perf_counter()
-    for _ in range(passes):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return 1e6 * elapsed / passes, elapsed > 0.9 * park_s
+    """Host microseconds per ``fn()`` while the GPU sleeps, and whether the host waited for it."""
+    seconds, waited = host_enqueue_s(fn, passes, park_s)
+    return 1e6 * seconds, waited
 
 
 def measure(mbs: int, overlap: bool, iters: int, top_kernels: int) -> dict:

@@ -11,13 +11,12 @@ and inside an outer capture (the function then runs eagerly and the outer graph 
 """
 
 import statistics
-import time
 
 import torch
 
 from megatron.bridge.models.torch_native.dispatcher import graphed_routing_and_plan, routing_and_plan
 from megatron.bridge.models.torch_native.sorted_permutation import graphed_routing_indices, routing_indices
-from megatron.bridge.training.step_timing import park_gpu
+from megatron.bridge.training.step_timing import host_enqueue_s, park_gpu
 
 EXPERTS, TOPK, EP = 128, 8, 2
 
@@ -29,16 +28,10 @@ def routing_map(tokens: int, seed: int) -> torch.Tensor:
 
 
 def host_us(fn, calls: int = 10, park_s: float = 0.05) -> float:
-    torch.cuda.synchronize()
-    park_gpu(park_s)
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    if elapsed > 0.9 * park_s:
+    seconds, waited = host_enqueue_s(fn, calls, park_s)
+    if waited:
         raise RuntimeError("the host waited for the GPU: a synchronisation in the function")
-    return 1e6 * elapsed / calls
+    return 1e6 * seconds
 
 
 def gpu_us(fn, calls: int = 10) -> float:

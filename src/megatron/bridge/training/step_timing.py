@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -40,6 +40,23 @@ def park_gpu(seconds: float) -> None:
     """Enqueue a sleep kernel of about ``seconds`` on the current stream: work the host queues
     behind it waits, so the host's own time for queueing shows without the GPU in the way."""
     torch.cuda._sleep(int(seconds * _sleep_cycles_per_second()))
+
+
+def host_enqueue_s(fn: Callable[[], object], calls: int, park_s: float) -> tuple[float, bool]:
+    """The host's seconds per ``fn()`` with the GPU parked for ``park_s``, and whether the host
+    waited for the GPU (took about as long as the park: something in ``fn`` synchronised).
+
+    ``calls`` x the kernels of one call must stay below CUDA's launch queue depth (about a
+    thousand), or a full queue makes the host wait as a synchronisation would.
+    """
+    torch.cuda.synchronize()
+    park_gpu(park_s)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls, elapsed > 0.9 * park_s
 
 
 class StepTimer:
