@@ -16,9 +16,9 @@ from megatron.bridge.models.torch_native.token_exchange import (
     ROW_ALIGN_BYTES,
     CollectiveExchange,
     column,
-    copy_column,
+    copy_columns,
     row_bytes,
-    write_column,
+    write_columns,
 )
 
 CHILDREN = Path(__file__).parent / "children"
@@ -75,30 +75,29 @@ def test_packed_rows_are_64_byte_multiples_and_columns_round_trip(columns) -> No
 @pytest.mark.parametrize(
     "columns",
     [
-        [(32, torch.bfloat16), (1, torch.float32)],  # 8-byte words for the tokens, bytes for the prob
-        [(3, torch.bfloat16)],  # 6 bytes: no word view
+        [(32, torch.bfloat16), (1, torch.float32)],  # 8-byte words for the tokens, 4-byte for the prob
+        [(3, torch.bfloat16)],  # 6 bytes: 2-byte words
+        [(2, torch.int64), (16, torch.float16), (5, torch.uint8)],  # three columns: two launches
         [(16, torch.float32)],  # the whole 64-byte row
     ],
 )
 @pytest.mark.parametrize("ordered", [False, True])
 def test_packing_and_reading_with_an_order_gathers_as_it_copies(columns, ordered) -> None:
-    """``write_column``/``copy_column`` with ``order`` equal the plain copy of the reordered rows."""
+    """``write_columns``/``copy_columns`` with ``order`` equal the plain copy of the reordered rows."""
     torch.manual_seed(0)
     rows = 6
     order = torch.randperm(rows) if ordered else None
-    sources = [torch.randn(rows, width).to(dtype) for width, dtype in columns]
+    sources = [(torch.randn(rows, width) * 50).to(dtype) for width, dtype in columns]
     buf = torch.zeros(rows + 2, row_bytes(columns), dtype=torch.uint8)
+    write_columns(buf, sources, order)
+    read_order = torch.randperm(rows + 2)
+    copies = copy_columns(buf, columns, read_order)
     offset = 0
-    for src in sources:
-        expected = src if order is None else src[order]
-        width = write_column(buf, offset, src, order)
-        assert torch.equal(column(buf, offset, src.shape[1], src.dtype)[:rows], expected)
-        read_order = torch.randperm(rows + 2)
-        assert torch.equal(
-            copy_column(buf, offset, src.shape[1], src.dtype, read_order),
-            column(buf, offset, src.shape[1], src.dtype)[read_order],
-        )
-        offset += width
+    for src, copy in zip(sources, copies):
+        packed = column(buf, offset, src.shape[1], src.dtype)
+        assert torch.equal(packed[:rows], src if order is None else src[order])
+        assert torch.equal(copy, packed[read_order])
+        offset += src.shape[1] * src.dtype.itemsize
 
 
 @pytest.mark.parametrize("counts,tail", [([3, 0, 5], 4), ([2, 2], 0), ([0, 0, 0], 6)])
@@ -227,22 +226,26 @@ class _RecordingStream:
 
 
 @pytest.mark.parametrize(
-    "recorded_in_capture,waiting_in_capture,waits",
+    "recorded_in_capture,waiting_in_capture,same_stream,waits",
     [
-        (False, False, True),  # eager after eager: ordered
-        (True, True, True),  # inside one capture: ordered (part of the graph)
-        (False, True, False),  # first exchange of a capture after an eager step: CUDA refuses that wait
-        (True, False, False),  # an eager step (a later run in the process) after a captured one
+        (False, False, False, True),  # eager after eager on another stream: ordered by the event
+        (False, False, True, False),  # on the same stream, stream order suffices: no wait to issue
+        (True, True, False, True),  # inside one capture: ordered (part of the graph)
+        (False, True, False, False),  # first exchange of a capture after an eager step: CUDA refuses that wait
+        (True, False, False, False),  # an eager step (a later run in the process) after a captured one
     ],
 )
-def test_exchanges_wait_only_on_events_of_the_same_capture_state(
-    gloo_world, monkeypatch, recorded_in_capture, waiting_in_capture, waits
+def test_exchanges_wait_only_on_events_of_other_streams_and_the_same_capture_state(
+    gloo_world, monkeypatch, recorded_in_capture, waiting_in_capture, same_stream, waits
 ):
-    stream, capturing = _RecordingStream(), [recorded_in_capture]
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
+    previous, current = _RecordingStream(), _RecordingStream()
+    if same_stream:
+        current = previous
+    capturing = [recorded_in_capture]
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     exchange = CollectiveExchange(dist.group.WORLD)
-    exchange._record_done(on_cuda=True)
+    exchange._record_done((previous, recorded_in_capture))
     capturing[0] = waiting_in_capture
-    assert exchange._wait_previous(SimpleNamespace(is_cuda=True)) is True
-    assert (stream.waited == [exchange._last_done]) is waits
+    assert exchange._wait_previous(SimpleNamespace(is_cuda=True, device=None)) == (current, waiting_in_capture)
+    assert (current.waited == [exchange._last_done[0]]) is waits

@@ -38,6 +38,14 @@ def test_kernel_copies_the_first_count_rows_and_leaves_the_rest(interpreted_repo
     assert interpreted_report["cases"][name] == dict(wrote_in_place=True, first_rows_equal=True, rest_untouched=True)
 
 
+@pytest.mark.parametrize(
+    "name", ["indexed_stopping_at_the_count", "indexed_every_row", "plain_copy_stopping_at_the_count"]
+)
+def test_one_launch_copies_two_columns_with_the_same_rows(interpreted_report, name) -> None:
+    """The dispatch's token and prob columns: different widths and dtypes, one index and count."""
+    assert interpreted_report["pair_cases"][name] == dict(first_rows_equal=True, rest_untouched=True)
+
+
 @pytest.mark.parametrize("name", ["top3_fp32", "top8_fp16_wide_rows_in_column_blocks", "strided_rows", "no_tokens"])
 def test_gather_sum_kernel_equals_gather_then_sum(interpreted_report, name) -> None:
     """Each token's ``k`` rows summed in fp32 and rounded once, as torch's sum over the gathered copy."""

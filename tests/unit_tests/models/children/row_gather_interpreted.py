@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from megatron.bridge.models.torch_native.row_gather import gather_rows, gather_sum_rows, uses_kernel
+from megatron.bridge.models.torch_native.row_gather import gather_row_pairs, gather_rows, gather_sum_rows, uses_kernel
 
 SENTINEL = -7
 
@@ -53,6 +53,32 @@ CASES = {
                                                      indexed=False),
 }
 
+def pair_case(count, indexed: bool) -> dict:
+    """Two columns of different widths and dtypes (one into a strided column) in one launch."""
+    g = torch.Generator().manual_seed(5)
+    rows, num_out = 20, 14
+    words, scalars = packed(rows, 12)[:, 2:10], packed(rows, 4, torch.int32)[:, 1:2]
+    index = torch.randint(0, rows, (num_out,), generator=g) if indexed else None
+    if not indexed:
+        words, scalars = words[:num_out], scalars[:num_out]
+    out_words = torch.full((num_out, 8), SENTINEL, dtype=torch.int64)
+    out_scalars = torch.full((num_out, 3), SENTINEL, dtype=torch.int32)[:, :1]
+    gather_row_pairs([(words, out_words), (scalars, out_scalars)], index, None if count is None else torch.tensor([count]))
+    live = num_out if count is None else min(count, num_out)
+    pick = (lambda t: t[:live]) if index is None else (lambda t: t.index_select(0, index[:live]))
+    return dict(
+        first_rows_equal=bool(torch.equal(out_words[:live], pick(words)) and torch.equal(out_scalars[:live], pick(scalars))),
+        rest_untouched=bool((out_words[live:] == SENTINEL).all() and (out_scalars[live:] == SENTINEL).all()),
+    )
+
+
+PAIR_CASES = {
+    "indexed_stopping_at_the_count": lambda: pair_case(9, indexed=True),
+    "indexed_every_row": lambda: pair_case(None, indexed=True),
+    "plain_copy_stopping_at_the_count": lambda: pair_case(5, indexed=False),
+}
+
+
 def sum_case(num_rows: int, width: int, num_tokens: int, topk: int, dtype: torch.dtype, strided: bool) -> dict:
     """The gather-sum kernel against torch's gather then sum (fp32 accumulation either way)."""
     g = torch.Generator().manual_seed(num_rows + width)
@@ -73,6 +99,7 @@ SUM_CASES = {
 report = {
     "uses_kernel": uses_kernel(torch.empty(1, 1)),
     "cases": {name: run() for name, run in CASES.items()},
+    "pair_cases": {name: run() for name, run in PAIR_CASES.items()},
     "sum_cases": {name: run() for name, run in SUM_CASES.items()},
 }
 print("REPORT " + json.dumps(report), flush=True)

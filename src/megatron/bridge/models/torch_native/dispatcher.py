@@ -59,7 +59,7 @@ from megatron.bridge.models.torch_native.sorted_permutation import (  # noqa: F4
 )
 from megatron.bridge.models.torch_native.token_exchange import (
     RowExchange,
-    copy_column,
+    copy_columns,
     exclusive_cumsum,
     make_exchange,
     row_bytes,
@@ -239,12 +239,11 @@ def _tokens_and_probs_reader(
     order: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None,
 ):
     """Copies the token and prob columns (their rows ``order``, the first ``count`` of them, where
-    given) out of a received byte buffer."""
+    given) out of a received byte buffer, both in one kernel launch."""
 
     def read(recv: torch.Tensor):
-        tokens = copy_column(recv, 0, hidden, token_dtype, order, count)
-        probs = copy_column(recv, hidden * tokens.element_size(), 1, probs_dtype, order, count).reshape(-1)
-        return tokens, probs
+        tokens, probs = copy_columns(recv, [(hidden, token_dtype), (1, probs_dtype)], order, count)
+        return tokens, probs.reshape(-1)
 
     return read
 
@@ -275,7 +274,7 @@ class _CombineExchange(torch.autograd.Function):
 def _column_reader(like: torch.Tensor, order: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None):
     """Reads a ``like``-shaped (width and dtype) first column (its rows ``order``, the first ``count``
     of them, where given) out of a received byte buffer."""
-    return lambda recv: copy_column(recv, 0, like.shape[1], like.dtype, order, count)
+    return lambda recv: copy_columns(recv, [(like.shape[1], like.dtype)], order, count)[0]
 
 
 _EXCHANGES: Dict[Tuple[Tuple[int, ...], str], RowExchange] = {}  # (EP ranks, transport) -> exchange

@@ -10,7 +10,9 @@ size is static, so it can be captured in a CUDA graph), but a program past ``cou
 once: the copy costs what the real rows cost.
 
 The same kernel does the plain copies of those packed columns (no index), so every copy into and
-out of the buffers has one path; for the 8-byte-word columns torch's own copy is about as fast.
+out of the buffers has one path; for the 8-byte-word columns torch's own copy is about as fast. One
+launch copies up to two columns with the same rows (:func:`gather_row_pairs`: the dispatch's token
+and probability columns), since on the host each launch costs more than the copy of a small column.
 A second kernel does the unpermutation's gather-and-sum in one pass (:func:`gather_sum_rows`).
 
 Rows of ``out`` from ``count`` on are left as they are. On other devices, and without Triton, the
@@ -22,7 +24,7 @@ check it).
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Optional, Sequence, Tuple
 
 import torch
 
@@ -45,8 +47,11 @@ def _kernel():
 
     @triton.jit
     def gather_rows_kernel(
-        src_ptr, index_ptr, count_ptr, out_ptr, num_rows, width, src_row_stride, out_row_stride,
-        HAS_INDEX: tl.constexpr, HAS_COUNT: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+        src_ptr, out_ptr, width, src_row_stride, out_row_stride,
+        src2_ptr, out2_ptr, width2, src2_row_stride, out2_row_stride,
+        index_ptr, count_ptr, num_rows,
+        HAS_INDEX: tl.constexpr, HAS_COUNT: tl.constexpr, HAS_SECOND: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, BLOCK_COLS2: tl.constexpr,
     ):
         first = tl.program_id(0) * BLOCK_ROWS
         count = num_rows
@@ -59,12 +64,20 @@ def _kernel():
                 source = tl.load(index_ptr + rows, mask=live, other=0).to(tl.int64)
             else:
                 source = rows.to(tl.int64)
+            rows = rows.to(tl.int64)
             src_rows = src_ptr + source[:, None] * src_row_stride
-            out_rows = out_ptr + rows.to(tl.int64)[:, None] * out_row_stride
+            out_rows = out_ptr + rows[:, None] * out_row_stride
             for start in range(0, width, BLOCK_COLS):
                 cols = start + tl.arange(0, BLOCK_COLS)
                 mask = live[:, None] & (cols < width)[None, :]
                 tl.store(out_rows + cols[None, :], tl.load(src_rows + cols[None, :], mask=mask), mask=mask)
+            if HAS_SECOND:  # the same rows of a second (src, out) pair; nested jit helpers need module scope
+                src_rows2 = src2_ptr + source[:, None] * src2_row_stride
+                out_rows2 = out2_ptr + rows[:, None] * out2_row_stride
+                for start2 in range(0, width2, BLOCK_COLS2):
+                    cols2 = start2 + tl.arange(0, BLOCK_COLS2)
+                    mask2 = live[:, None] & (cols2 < width2)[None, :]
+                    tl.store(out_rows2 + cols2[None, :], tl.load(src_rows2 + cols2[None, :], mask=mask2), mask=mask2)
 
     return gather_rows_kernel
 
@@ -113,24 +126,50 @@ def gather_rows(
     num_rows = src.shape[0] if index is None else index.numel()
     if out is None:
         out = torch.empty(num_rows, src.shape[1], dtype=src.dtype, device=src.device)
-    if src.dim() != 2 or out.shape != (num_rows, src.shape[1]) or out.dtype != src.dtype:
-        raise ValueError(f"gather_rows: src {tuple(src.shape)} {src.dtype} -> out {tuple(out.shape)} {out.dtype} "
-                         f"with {num_rows} rows to copy")
-    if not uses_kernel(src):
-        return out.copy_(src) if index is None else torch.index_select(src, 0, index, out=out)
-    if src.stride(1) != 1 or out.stride(1) != 1:
+    gather_row_pairs([(src, out)], index, count)
+    return out
+
+
+def gather_row_pairs(
+    pairs: Sequence[Tuple[torch.Tensor, torch.Tensor]],
+    index: Optional[torch.Tensor] = None,
+    count: Optional[torch.Tensor] = None,
+) -> None:
+    """:func:`gather_rows` into each ``out`` of the ``(src, out)`` pairs, with one ``index`` and
+    ``count`` for all of them: the columns of a packed row are copied by one kernel launch per two
+    pairs instead of one per column (each launch costs the host tens of microseconds).
+
+    The sources may differ in width and dtype; each pair's ``out`` has its ``src``'s width and dtype
+    and the gather's row count.
+    """
+    num_rows = pairs[0][0].shape[0] if index is None else index.numel()
+    for src, out in pairs:
+        if src.dim() != 2 or out.shape != (num_rows, src.shape[1]) or out.dtype != src.dtype:
+            raise ValueError(f"gather_rows: src {tuple(src.shape)} {src.dtype} -> out {tuple(out.shape)} {out.dtype} "
+                             f"with {num_rows} rows to copy")
+    if not uses_kernel(pairs[0][0]):
+        for src, out in pairs:
+            out.copy_(src) if index is None else torch.index_select(src, 0, index, out=out)
+        return
+    if any(t.stride(1) != 1 for pair in pairs for t in pair):
         raise ValueError("gather_rows: rows must be contiguous (stride 1 along the last dimension)")
-    width = src.shape[1]
-    block_cols = _column_block(width)
+    for first in range(0, len(pairs), 2):
+        _launch(pairs[first:first + 2], index, count, num_rows)
+
+
+def _launch(pairs: Sequence[Tuple[torch.Tensor, torch.Tensor]], index, count, num_rows: int) -> None:
+    """One kernel launch for one or two pairs; the grid's rows per program follow the first pair."""
+    (src, out), (src2, out2) = pairs[0], pairs[-1]
+    block_cols = _column_block(src.shape[1])
     block_rows = max(1, _ELEMENTS_PER_PROGRAM // block_cols)
     grid = (max(1, -(-num_rows // block_rows)),)
     _kernel()[grid](
-        src, src if index is None else index, src if count is None else count, out,
-        num_rows, width, src.stride(0), out.stride(0),
-        HAS_INDEX=index is not None, HAS_COUNT=count is not None,
-        BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, num_warps=4,
+        src, out, src.shape[1], src.stride(0), out.stride(0),
+        src2, out2, src2.shape[1], src2.stride(0), out2.stride(0),
+        src if index is None else index, src if count is None else count, num_rows,
+        HAS_INDEX=index is not None, HAS_COUNT=count is not None, HAS_SECOND=len(pairs) == 2,
+        BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, BLOCK_COLS2=_column_block(src2.shape[1]), num_warps=4,
     )
-    return out
 
 
 def gather_sum_rows(rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

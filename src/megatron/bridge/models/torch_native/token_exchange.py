@@ -41,7 +41,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
 import torch
 import torch.distributed as dist
 
-from megatron.bridge.models.torch_native.row_gather import gather_rows
+from megatron.bridge.models.torch_native.row_gather import gather_row_pairs
 
 ROW_ALIGN_BYTES = 64
 T = TypeVar("T")
@@ -49,52 +49,70 @@ T = TypeVar("T")
 
 def row_bytes(columns: Sequence[Tuple[int, torch.dtype]]) -> int:
     """Bytes of one packed row holding ``columns`` (``(width, dtype)`` each), padded to 64 bytes."""
-    raw = sum(width * _itemsize(dtype) for width, dtype in columns)
+    raw = sum(width * dtype.itemsize for width, dtype in columns)
     return max(ROW_ALIGN_BYTES, math.ceil(raw / ROW_ALIGN_BYTES) * ROW_ALIGN_BYTES)
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def column(buffer: torch.Tensor, start_byte: int, width: int, dtype: torch.dtype) -> torch.Tensor:
     """``[rows, width]`` view of ``dtype`` elements at byte ``start_byte`` of each packed row."""
-    nbytes = width * _itemsize(dtype)
-    return buffer[:, start_byte:start_byte + nbytes].view(dtype)
+    return buffer[:, start_byte:start_byte + width * dtype.itemsize].view(dtype)
+
+
+_WORDS = (torch.int64, torch.int32, torch.int16)
 
 
 def _word_views(*byte_columns: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-    """``[rows, nbytes]`` uint8 views as 8-byte words where all of them allow it: a copy then moves 8
-    bytes per element instead of one."""
-    if all(b.shape[1] % 8 == 0 and b.storage_offset() % 8 == 0 and b.stride(0) % 8 == 0 for b in byte_columns):
-        return tuple(b.view(torch.int64) for b in byte_columns)
+    """``[rows, nbytes]`` uint8 views as the widest words (8, 4 or 2 bytes) that all of them allow:
+    a copy then moves that many bytes per element instead of one."""
+    for word in _WORDS:
+        size = word.itemsize
+        if all(b.shape[1] % size == 0 and b.storage_offset() % size == 0 and b.stride(0) % size == 0
+               for b in byte_columns):
+            return tuple(b.view(word) for b in byte_columns)
     return byte_columns
 
 
-def copy_column(
-    buffer: torch.Tensor, start_byte: int, width: int, dtype: torch.dtype,
-    order: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """A contiguous copy of :func:`column`; with ``order``, of its rows ``order`` (the gather is the
-    copy: one pass over memory instead of two); with ``count`` as well, only the first ``count``
-    rows are copied (the rest of the result is unspecified padding)."""
-    nbytes = width * _itemsize(dtype)
-    (words,) = _word_views(buffer[:, start_byte:start_byte + nbytes])
-    return gather_rows(words, order, count).view(torch.uint8).view(dtype)
+def _byte_columns(columns: Sequence[Tuple[int, torch.dtype]]) -> List[Tuple[int, int]]:
+    """``(start byte, byte width)`` of each column, side by side from byte 0."""
+    spans, start = [], 0
+    for width, dtype in columns:
+        spans.append((start, width * dtype.itemsize))
+        start += width * dtype.itemsize
+    return spans
 
 
-def write_column(
-    buffer: torch.Tensor, start_byte: int, src: torch.Tensor,
+def copy_columns(
+    buffer: torch.Tensor, columns: Sequence[Tuple[int, torch.dtype]],
     order: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None,
-) -> int:
-    """Copy the 2-D ``src`` (its rows ``order``, where given, gathered as they are copied; only the
-    first ``count`` of those, where given) into the packed rows from byte ``start_byte``; returns
-    its byte width."""
-    raw = src.contiguous().view(torch.uint8)
-    rows, nbytes = (raw.shape[0] if order is None else order.numel()), raw.shape[1]
-    dst, raw = _word_views(buffer[:rows, start_byte:start_byte + nbytes], raw)
-    gather_rows(raw, order, count, out=dst)
-    return nbytes
+) -> List[torch.Tensor]:
+    """Contiguous copies of the packed ``columns`` (``(width, dtype)`` each, side by side from byte
+    0); with ``order``, of their rows ``order`` (the gather is the copy: one pass over memory instead
+    of two); with ``count`` as well, only the first ``count`` rows are copied (the rest of each
+    result is unspecified padding). Two columns are copied per kernel launch."""
+    rows = buffer.shape[0] if order is None else order.numel()
+    results, pairs = [], []
+    for (width, dtype), (start, nbytes) in zip(columns, _byte_columns(columns)):
+        out = torch.empty(rows, width, dtype=dtype, device=buffer.device)
+        pairs.append(_word_views(buffer[:, start:start + nbytes], out.view(torch.uint8)))
+        results.append(out)
+    gather_row_pairs(pairs, order, count)
+    return results
+
+
+def write_columns(
+    buffer: torch.Tensor, sources: Sequence[torch.Tensor],
+    order: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None,
+) -> None:
+    """Copy the 2-D ``sources`` (their rows ``order``, where given, gathered as they are copied; only
+    the first ``count`` of those, where given) side by side into the packed rows from byte 0. Two
+    columns are copied per kernel launch."""
+    rows = sources[0].shape[0] if order is None else order.numel()
+    spans = _byte_columns([(src.shape[1], src.dtype) for src in sources])
+    pairs = [
+        _word_views(src.contiguous().view(torch.uint8), buffer[:rows, start:start + nbytes])
+        for src, (start, nbytes) in zip(sources, spans)
+    ]
+    gather_row_pairs(pairs, order, count)
 
 
 def exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
@@ -128,8 +146,8 @@ class RowExchange:
         self._capacity_rows = 0
         self._row_bytes = 0
         self._slot = 0
-        self._last_done: Optional[torch.cuda.Event] = None
-        self._last_done_captured = False  # whether _last_done was recorded inside a CUDA-graph capture
+        # the previous exchange's end: (event, its stream, whether recorded inside a CUDA-graph capture)
+        self._last_done: Optional[Tuple[torch.cuda.Event, torch.cuda.Stream, bool]] = None
 
     def rebind(self, group: dist.ProcessGroup) -> None:
         """Use a new group of the same ranks (the old one was destroyed), keeping the buffers."""
@@ -170,10 +188,7 @@ class RowExchange:
         stream_ready = self._wait_previous(sources[0])
         slot = self._slot
         self._slot ^= 1
-        send = self._send_buffer(slot)
-        offset = 0
-        for src in sources:
-            offset += write_column(send, offset, src, order, count)
+        write_columns(self._send_buffer(slot), sources, order, count)
         recv = self._run(slot, send_splits)
         result = read(recv[:recv_rows])
         self._record_done(stream_ready)
@@ -189,8 +204,10 @@ class RowExchange:
         self._allocate(rows, nbytes, device)
         self._capacity_rows, self._row_bytes = rows, nbytes
 
-    def _wait_previous(self, like: torch.Tensor) -> bool:
-        """Order this exchange after the previous one, also when it ran on another stream.
+    def _wait_previous(self, like: torch.Tensor) -> Optional[Tuple[torch.cuda.Stream, bool]]:
+        """Order this exchange after the previous one when that ran on another stream (on the same
+        stream, stream order does it); returns the current stream and whether it is capturing
+        (``None`` off CUDA).
 
         Only an event of the same kind is waited on: CUDA refuses a wait inside a capture on an event
         recorded outside it, and a wait outside on an event recorded inside one. Skipping those waits
@@ -198,15 +215,18 @@ class RowExchange:
         loop before every step, so an exchange of the other kind has finished.
         """
         if not like.is_cuda:
-            return False
-        if self._last_done is not None and self._last_done_captured == torch.cuda.is_current_stream_capturing():
-            torch.cuda.current_stream().wait_event(self._last_done)
-        return True
+            return None
+        stream = torch.cuda.current_stream(like.device)  # with the device: no device lookup on the host
+        capturing = torch.cuda.is_current_stream_capturing()
+        last = self._last_done
+        if last is not None and last[1] != stream and last[2] == capturing:
+            stream.wait_event(last[0])
+        return stream, capturing
 
-    def _record_done(self, on_cuda: bool) -> None:
-        if on_cuda:
-            self._last_done = torch.cuda.current_stream().record_event()
-            self._last_done_captured = torch.cuda.is_current_stream_capturing()
+    def _record_done(self, stream_state: Optional[Tuple[torch.cuda.Stream, bool]]) -> None:
+        if stream_state is not None:
+            stream, capturing = stream_state
+            self._last_done = (stream.record_event(), stream, capturing)
 
 
 class CollectiveExchange(RowExchange):
@@ -362,10 +382,10 @@ __all__: List[str] = [
     "SymmetricMemoryExchange",
     "SymmetricMemorySupport",
     "column",
-    "copy_column",
+    "copy_columns",
     "exclusive_cumsum",
     "make_exchange",
     "row_bytes",
     "symmetric_memory_support",
-    "write_column",
+    "write_columns",
 ]
