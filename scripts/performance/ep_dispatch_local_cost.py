@@ -30,7 +30,12 @@ combined-1F1B EP-overlap schedule, whose stage copy differs):
   ``dispatcher_kernel_us`` it says whether the GPU or the host bounds the dispatcher: in training the
   GPU only stays busy when the host enqueues faster than the GPU runs; ``host_stage_us`` splits it
   by stage (median per stage, one pass at a time with the GPU held);
-* the kernel count and the most expensive kernels by name.
+* the kernel count and the most expensive kernels by name;
+* ``output_sha256``: digests of everything one pass produces (received tokens and probabilities,
+  tokens per expert, the combined output, the gradients of the tokens and of the probabilities), from
+  a pass whose exchange hands this rank's sent rows back as the received ones, so that real data
+  flows through every copy. Equal digests at two commits mean the dispatcher computes the same bits
+  (``repeatable``: two passes gave the same digests).
 
     python scripts/performance/ep_dispatch_local_cost.py --out ep_dispatch_local_cost.json
 """
@@ -38,6 +43,7 @@ combined-1F1B EP-overlap schedule, whose stage copy differs):
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shlex
 import statistics
@@ -70,13 +76,28 @@ class NoOpExchange(CollectiveExchange):
         return self._recv
 
 
-def random_routing(tokens: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+class LoopbackExchange(CollectiveExchange):
+    """Hands back this rank's sent rows as the received ones (zeros past them): every copy moves real
+    data, as in a real exchange, so a pass's outputs follow from its inputs and the code alone."""
+
+    name = "loopback (output digests only)"
+
+    def __init__(self) -> None:
+        super().__init__(group=None, world=EP)
+
+    def _run(self, slot: int, send_splits: torch.Tensor) -> torch.Tensor:
+        send = self._send[slot]
+        sent = torch.arange(send.shape[0], device=send.device) < send_splits.sum()
+        return torch.where(sent[:, None], send, torch.zeros((), dtype=send.dtype, device=send.device))
+
+
+def random_routing(tokens: int, generator: torch.Generator, device: str = "cuda") -> tuple[torch.Tensor, torch.Tensor]:
     """A top-8 routing map and its probabilities, as megatron's router hands them to the dispatcher."""
     scores = torch.rand(tokens, EXPERTS, generator=generator)
     top = scores.topk(TOPK, dim=1)
     routing_map = torch.zeros(tokens, EXPERTS, dtype=torch.bool).scatter_(1, top.indices, True)
     probs = torch.zeros(tokens, EXPERTS).scatter_(1, top.indices, top.values.softmax(dim=1))
-    return routing_map.cuda(), probs.cuda()
+    return routing_map.to(device), probs.to(device)
 
 
 def make_dispatcher(overlap: bool, exchange: RowExchange) -> ExpertParallelSortedDispatcher:
@@ -110,10 +131,11 @@ PASS_PARTS = ("dispatch_preprocess", "token_dispatch", "dispatch_postprocess", "
 
 def one_pass(
     d: ExpertParallelSortedDispatcher, x: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor,
-    grad: torch.Tensor, marks: list[float] | None = None,
+    grad: torch.Tensor, marks: list[float] | None = None, outputs: dict | None = None,
 ):
     """Forward and backward through the six stages, in the MoE layer's order; with ``marks``, the
-    host clock is appended before the pass and after each of :data:`PASS_PARTS`."""
+    host clock is appended before the pass and after each of :data:`PASS_PARTS`; ``outputs`` gets
+    what the pass produced (and ``received``, the received row count, on the device)."""
     def mark() -> None:
         if marks is not None:
             marks.append(time.perf_counter())
@@ -123,8 +145,9 @@ def one_pass(
     tokens, permuted_probs = d.dispatch_preprocess(x, routing_map, probs)
     mark()
     tokens, permuted_probs = d.token_dispatch(tokens, permuted_probs)
+    received = d._plan.recv_total
     mark()
-    tokens, _, permuted_probs = d.dispatch_postprocess(tokens, permuted_probs)
+    tokens, tokens_per_expert, permuted_probs = d.dispatch_postprocess(tokens, permuted_probs)
     mark()
     expert_out = expert_stand_in(tokens, permuted_probs)
     mark()
@@ -134,6 +157,32 @@ def one_pass(
     mark()
     out.backward(grad)
     mark()
+    if outputs is not None:
+        outputs.update(
+            received_tokens=tokens, received_probs=permuted_probs, tokens_per_expert=tokens_per_expert,
+            combined=out, tokens_grad=x.grad, probs_grad=probs.grad, received=received,
+        )
+
+
+def _sha256(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()[:16]
+
+
+def output_digests(overlap: bool, x: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor) -> dict:
+    """Digests of one pass's outputs through :class:`LoopbackExchange` (received rows up to the
+    received total; a seeded random output gradient), and whether a second pass repeats them."""
+    d = make_dispatcher(overlap, LoopbackExchange())
+    g = torch.Generator().manual_seed(7)
+    grad = torch.randn(x.shape, generator=g).to(device=x.device, dtype=x.dtype)
+    passes = []
+    for _ in range(2):
+        outputs: dict = {}
+        one_pass(d, x, routing_map, probs, grad, outputs=outputs)
+        received = int(outputs.pop("received"))
+        outputs["received_tokens"] = outputs["received_tokens"][:received]
+        outputs["received_probs"] = outputs["received_probs"][:received]
+        passes.append({name: _sha256(t) for name, t in outputs.items()})
+    return dict(passes[1], repeatable=passes[0] == passes[1])
 
 
 def host_stage_us(pass_with_marks, passes: int, park_s: float = 0.1) -> dict[str, float]:
@@ -201,6 +250,7 @@ def measure(mbs: int, overlap: bool, iters: int, top_kernels: int) -> dict:
     host = [host_issue_us(lambda: one_pass(d, x, routing_map, probs, grad)) for _ in range(iters)]
     stages = host_stage_us(lambda marks: one_pass(d, x, routing_map, probs, grad, marks), iters)
     kernels = kernel_times(lambda: one_pass(d, x, routing_map, probs, grad))
+    digests = output_digests(overlap, x, routing_map, probs)
     stand_in_us = sum(us for _, us in kernel_times(lambda: stand_in_pass(*stand_in_args)))
     by_name: dict[str, list[float]] = {}
     for name, us in kernels:
@@ -217,6 +267,7 @@ def measure(mbs: int, overlap: bool, iters: int, top_kernels: int) -> dict:
         kernels_per_pass=len(kernels), kernel_us_per_pass=total_us, expert_stand_in_us=stand_in_us,
         dispatcher_kernel_us=total_us - stand_in_us,
         top_kernels=[dict(name=name, calls=len(us), total_us=sum(us)) for name, us in top],
+        output_sha256=digests,
     )
 
 

@@ -38,3 +38,24 @@ def test_no_op_exchange_hands_back_its_receive_buffer_without_a_group(script) ->
     exchange = script.NoOpExchange()
     out = exchange.exchange([torch.ones(4, 8)], torch.tensor([2, 2]), 6, lambda recv: recv.clone())
     assert out.shape == (6, exchange._row_bytes) and exchange.world == script.EP
+
+
+def test_output_digests_follow_the_data_through_the_loopback_and_repeat(script, monkeypatch) -> None:
+    """The digests compare commits bit for bit only if real data reaches every output: a change in one
+    token's hidden state must change what is received and combined, not the counts."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    routing_map, probs = script.random_routing(32, gen, device="cpu")
+    peer_map, _ = script.random_routing(32, gen, device="cpu")
+    monkeypatch.setattr(script.dist, "all_gather_into_tensor", script.fake_all_gather(peer_map.sum(0).long()))
+    x = torch.randn(32, script.HIDDEN, generator=gen).to(torch.bfloat16).requires_grad_(True)
+    probs.requires_grad_(True)
+    first = script.output_digests(False, x, routing_map, probs)
+    assert first["repeatable"] is True
+    assert script.output_digests(True, x, routing_map, probs) == first  # the overlap schedule: same bits
+    with torch.no_grad():
+        x[0] += 1
+    changed = script.output_digests(False, x, routing_map, probs)
+    assert changed["tokens_per_expert"] == first["tokens_per_expert"]
+    assert changed["received_tokens"] != first["received_tokens"] and changed["combined"] != first["combined"]
