@@ -226,7 +226,8 @@ def measure(mbs: int, overlap: bool, iters: int, top_kernels: int) -> dict:
     routing_map, probs = random_routing(tokens, gen)
     peer_map, _ = random_routing(tokens, gen)
     dist.all_gather_into_tensor = fake_all_gather(peer_map.sum(0).long())
-    x = torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    # seeded like the routing, so that the output digests of two runs (two commits) can be compared
+    x = torch.randn(tokens, HIDDEN, generator=gen).to(device="cuda", dtype=torch.bfloat16).requires_grad_(True)
     probs.requires_grad_(True)
     d = make_dispatcher(overlap, NoOpExchange())
     grad = torch.ones(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16)
