@@ -1,8 +1,9 @@
 """Test-wide settings and fixtures.
 
 Quiets megatron-core's import-time warnings about missing TE/Apex, and offers ``gloo_world``: a
-world-size-1 gloo process group for in-process tests of distributed code, and
-``resolution_counter``: how often a configuration is resolved.
+world-size-1 gloo process group for in-process tests of distributed code,
+``resolution_counter``: how often a configuration is resolved, and ``run_on_free_port``: a child
+launch on a free TCP port, retried on another when the port was taken in between.
 """
 
 import json
@@ -23,10 +24,38 @@ warnings.filterwarnings("ignore", message=".*absl.logging.*")
 
 
 def free_port() -> int:
-    """A TCP port nobody listens on right now."""
+    """A TCP port nobody listens on right now (another process may take it before the caller binds
+    it: see :func:`run_on_a_free_port`)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_PORT_TAKEN = ("eaddrinuse", "address already in use")  # torch's store and Python's socket errors, lowercased
+_PORT_ATTEMPTS = 3
+
+
+def _lost_its_port(stderr: str | None) -> bool:
+    """Whether a child failed because another process bound its port between :func:`free_port` and
+    the child's own bind (two test runs at once)."""
+    return any(sign in (stderr or "").lower() for sign in _PORT_TAKEN)
+
+
+def run_on_a_free_port(launch, pick_port=free_port, **common) -> subprocess.CompletedProcess:
+    """``subprocess.run(**launch(port), **common)`` on a ``pick_port()`` port (``launch`` returns the
+    keyword arguments that carry the port: ``args``, or ``env``), again on a new port when the child
+    lost its port to another process."""
+    for _ in range(_PORT_ATTEMPTS):
+        proc = subprocess.run(**launch(pick_port()), **common)
+        if proc.returncode == 0 or not _lost_its_port(proc.stderr):
+            return proc
+    return proc
+
+
+@pytest.fixture(scope="session")
+def run_on_free_port():
+    """:func:`run_on_a_free_port`, for tests that launch their own distributed children."""
+    return run_on_a_free_port
 
 
 @pytest.fixture(scope="module")
@@ -72,21 +101,25 @@ def run_child_script():
 
     For code that must not run in the test process: the CPU compatibility layer patches torch for
     the whole process, and multi-rank runs need their own processes. The children run in
-    ``workdir``, so whatever they write stays out of the repository.
+    ``workdir``, so whatever they write stays out of the repository. Children that lost their port
+    to another process run again on a new one.
     """
 
     def run(script: Path, workdir: Path, world_size: int = 1, timeout: float = 300) -> list[dict]:
         repo = Path(__file__).resolve().parents[1]
         env = dict(os.environ, PYTHONPATH=str(repo / "src"), CUDA_VISIBLE_DEVICES="")
-        port = str(free_port())
-        procs = [
-            subprocess.Popen(
-                [sys.executable, str(script), str(rank), port],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=workdir,
-            )
-            for rank in range(world_size)
-        ]
-        outputs = [p.communicate(timeout=timeout) for p in procs]
+        for _ in range(_PORT_ATTEMPTS):
+            port = str(free_port())
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, str(script), str(rank), port],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=workdir,
+                )
+                for rank in range(world_size)
+            ]
+            outputs = [p.communicate(timeout=timeout) for p in procs]
+            if not any(p.returncode and _lost_its_port(err) for p, (_, err) in zip(procs, outputs)):
+                break
         reports = []
         for proc, (out, err) in zip(procs, outputs):
             assert proc.returncode == 0, out[-3000:] + err[-5000:]

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,12 +23,6 @@ DRIVER = Path(__file__).with_name("cpu_training_driver.py")
 pytestmark = pytest.mark.functional
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env() -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     env.pop("RANK", None)
@@ -39,13 +31,16 @@ def _env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
+def results(tmp_path_factory, run_on_free_port) -> dict:
     out = tmp_path_factory.mktemp("cpu_training")
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(DRIVER), str(out),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=900)
+
+    def launch(port: int) -> dict:
+        return dict(args=[
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--master_addr", "127.0.0.1", "--master_port", str(port), str(DRIVER), str(out),
+        ])
+
+    proc = run_on_free_port(launch, capture_output=True, text=True, env=_env(), timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
     data = json.loads((out / "results.json").read_text())
     data["out"] = str(out)
@@ -133,7 +128,7 @@ def test_summary_json(results: dict) -> None:
     assert config["comm_overlap"]["overlap_moe_expert_parallel_comm"] is True
 
 
-def test_entry_point_runs_a_resolved_yaml(tmp_path: Path) -> None:
+def test_entry_point_runs_a_resolved_yaml(tmp_path: Path, run_on_free_port) -> None:
     """What the launchers start: ``python -m megatron.bridge.training.entry --config-file X.yaml``."""
     sys.path.insert(0, str(REPO / "src"))
     from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
@@ -143,11 +138,12 @@ def test_entry_point_runs_a_resolved_yaml(tmp_path: Path) -> None:
     cfg.train.train_iters = 2
     cfg.logger.log_dir = str(tmp_path / "logs")
     cfg.to_yaml(tmp_path / "run.yaml")
-    env = dict(_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    proc = subprocess.run(
-        [sys.executable, "-m", "megatron.bridge.training.entry", "--config-file", str(tmp_path / "run.yaml")],
-        capture_output=True, text=True, env=env, timeout=600,
-    )
+    entry = [sys.executable, "-m", "megatron.bridge.training.entry", "--config-file", str(tmp_path / "run.yaml")]
+
+    def launch(port: int) -> dict:  # the entry point reads the rendezvous from the environment
+        return dict(args=entry, env=dict(_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+
+    proc = run_on_free_port(launch, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     summary = json.loads((tmp_path / "logs" / "summary.json").read_text())
     assert len(summary["losses"]) == 2
