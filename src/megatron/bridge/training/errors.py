@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Iterable, Literal, Optional, Sequence
 
 Severity = Literal["error", "warning"]
+
+
+def did_you_mean(name: str, choices: Iterable[str], prefix: str = "") -> Optional[str]:
+    """The fix for a misspelt ``name``: ``did you mean <prefix>a or <prefix>b?`` with up to three of
+    ``choices`` spelt like it, or ``None`` when none is close (the caller then says what else to do).
+    One wording for every unknown-name error: config attributes, dotted overrides, Hydra overrides."""
+    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.6)
+    return "did you mean " + " or ".join(prefix + c for c in close) + "?" if close else None
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,11 @@ configs (hooks such as ``no_sync_func`` and values derived in ``__post_init__``)
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import sys
 from typing import Any
 
-from megatron.bridge.training.errors import UnknownFieldError, Violation
+from megatron.bridge.training.errors import UnknownFieldError, Violation, did_you_mean
 
 _STRICT_SUBCLASSES: dict[type, type] = {}
 """megatron-core config class -> its registered strict subclass."""
@@ -42,11 +41,6 @@ def settable_fields(cls: type) -> list[str]:
     return names
 
 
-def closest_fields(cls: type, name: str) -> list[str]:
-    """Up to three fields of ``cls`` spelt like ``name``."""
-    return difflib.get_close_matches(name, settable_fields(cls), n=3, cutoff=0.6)
-
-
 def class_label(cls: type) -> str:
     """The name users know ``cls`` by (a registered strict subclass shows its megatron-core name)."""
     for base, strict in _STRICT_SUBCLASSES.items():
@@ -58,12 +52,8 @@ def class_label(cls: type) -> str:
 def unknown_field_error(cls: type, name: str, value: Any) -> UnknownFieldError:
     """The error for ``cls.name = value``: the class, the attribute, the closest fields."""
     label = class_label(cls)
-    close = closest_fields(cls, name)
-    fix = (
-        "did you mean " + " or ".join(close) + "?"
-        if close
-        else "check the spelling; the fields are listed in the class's documentation"
-    )
+    fix = did_you_mean(name, settable_fields(cls))
+    fix = fix or "check the spelling; the fields are listed in the class's documentation"
     violation = Violation(
         "unknown-config-attribute",
         (f"{label}.{name}",),

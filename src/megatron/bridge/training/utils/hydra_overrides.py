@@ -17,7 +17,6 @@ becomes when the tree is applied back.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -25,7 +24,7 @@ from typing import Any, Optional, Union
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from megatron.bridge.training.errors import OverrideError, Violation
+from megatron.bridge.training.errors import OverrideError, Violation, did_you_mean
 from megatron.bridge.training.utils.overrides import has_hydra_prefix, is_container, plain, with_overrides
 from megatron.bridge.training.utils.typed_values import field_annotations
 from megatron.bridge.training.utils.yaml_io import encode_value
@@ -99,11 +98,8 @@ def _spelling_fix(tree: DictConfig, key: str) -> str:
     parent_key, _, leaf = key.rpartition(".")
     parent = _lookup(tree, parent_key) if parent_key else tree
     choices = [str(k) for k in parent.keys()] if isinstance(parent, DictConfig) else []
-    close = difflib.get_close_matches(leaf, choices, n=3, cutoff=0.6)
     prefix = f"{parent_key}." if parent_key else ""
-    if close:
-        return "did you mean " + ", ".join(prefix + c for c in close) + "?"
-    return f"check the spelling, or add a new key with +{key}=..."
+    return did_you_mean(leaf, choices, prefix) or f"check the spelling, or add a new key with +{key}=..."
 
 
 def _apply_one(tree: DictConfig, item: HydraOverride) -> Optional[Violation]:

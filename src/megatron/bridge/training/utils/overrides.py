@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Union
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from megatron.bridge.training import ownership
-from megatron.bridge.training.errors import OverrideError, Violation
+from megatron.bridge.training.errors import OverrideError, Violation, did_you_mean
 from megatron.bridge.training.utils.typed_values import (
     Mismatch,
     convert_value,
@@ -43,10 +42,8 @@ def plain(node: Any) -> Any:
 
 def _suggest(key: str, choices: Sequence[str], prefix: str) -> str:
     """Closest valid dotted keys at the same level, for unknown-key errors."""
-    close = difflib.get_close_matches(key, choices, n=3, cutoff=0.6)
-    if not close:
-        return f"check the spelling; valid keys here: {', '.join(sorted(choices)[:12])}, ..."
-    return "did you mean " + ", ".join(f"{prefix}{c}" for c in close) + "?"
+    fallback = f"check the spelling; valid keys here: {', '.join(sorted(choices)[:12])}, ..."
+    return did_you_mean(key, choices, prefix) or fallback
 
 
 def class_from_target(target: Any, base: type, path: str, errors: list[Violation]) -> Optional[type]:
