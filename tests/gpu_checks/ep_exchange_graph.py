@@ -18,13 +18,28 @@ few steps of megatron's schedule without an optimizer, once per variant:
   ``all_to_all_single`` (``torch_native_ep_transport=nccl``: host split sizes, not capturable); with
   ``--backend gloo`` it runs with two ranks on one GPU;
 * ``exchange_overlap`` / ``exchange_overlap_graph``: the same under the combined-1F1B EP-overlap
-  schedule.
+  schedule; with ``onestream`` in the name its communication stages run on the compute stream
+  (``disponcomp`` / ``comboncomp``: only the dispatch / only the combine; ``dispfwdcomp`` /
+  ``dispbwdcomp``: only the dispatch's forward / backward), to bisect a cross-stream race.
 
-The exchange variants need two GPUs: torch's ``all_to_all_vdev`` refuses a one-rank group, and
-NVSHMEM refuses teams of several processes on one GPU (without CUDA MPS).
+Any suffix repeats a variant (``exchange_graph_again``: a second run, to see run-to-run spread).
+
+The exchange variants need two ranks: torch's ``all_to_all_vdev`` refuses a one-rank group. On one
+GPU, two ranks can share it under CUDA MPS (NVSHMEM refuses several processes on one GPU without it;
+NCCL refuses them always, hence ``--backend gloo``, which only the collective exchange uses)::
+
+    export CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d) CUDA_MPS_LOG_DIRECTORY=$(mktemp -d)
+    nvidia-cuda-mps-control -d
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 torchrun --nproc-per-node 2 \
+        tests/gpu_checks/ep_exchange_graph.py --backend gloo --baseline exchange_collective \
+        --variants exchange_collective,exchange,exchange_graph
+    echo quit | nvidia-cuda-mps-control
+
+Timings are then those of two processes sharing one GPU; only the comparisons mean something.
 
 Every step draws new tokens; each variant sees the same ones. The report compares per-step losses
-and the final gradients (DDP's ``main_grad``) with ``reference`` (run it first) and times the steps
+and the final gradients (DDP's ``main_grad``) with ``--baseline`` (``reference`` unless given; run
+it first) and times the steps
 (host time of the forward+backward call, GPU time between events; means over the steps after the
 capture). ``--proxy``: the Qwen3-30B-A3B-width proxy at 4 layers, seq 4096, 8 micro-batches. Prints
 one ``REPORT {json}`` line from rank 0.
@@ -46,6 +61,11 @@ parser.add_argument("--proxy", action="store_true", help="proxy shapes and timin
 parser.add_argument("--steps", type=int, default=6)
 parser.add_argument("--warmup", type=int, default=2)
 parser.add_argument("--variants", default=None, help="comma-separated; default: all that run at this world size")
+parser.add_argument(
+    "--baseline", default="reference",
+    help="the variant the others are compared with (runs first); exchange_collective isolates the "
+         "transport: the same dispatcher over all_to_all_single should match the NVSHMEM one bit for bit",
+)
 parser.add_argument(
     "--backend", default="nccl", choices=("nccl", "gloo"),
     help="gloo lets several ranks share one GPU (megatron's dispatcher only; NVSHMEM needs a GPU per rank)",
@@ -87,8 +107,54 @@ class ModelConfig:
     cuda_graph_use_single_mempool = False
 
 
+_PLAN_INIT = []
+
+
+def comm_stages_on_compute_stream(variant: str) -> None:
+    """Variants with ``onestream`` in the name run megatron's combined-1F1B communication stages
+    (dispatch and combine) on the compute stream instead of a stream of their own; ``disponcomp`` /
+    ``comboncomp`` move only the dispatch / only the combine, ``dispfwdcomp`` / ``dispbwdcomp`` only
+    the dispatch's forward / backward. Tells a cross-stream race from others
+    and which stage has it."""
+    from megatron.core.models.common import model_chunk_schedule_plan as plans
+
+    if not _PLAN_INIT:
+        _PLAN_INIT.append(plans.TransformerLayerSchedulePlan._build_callable_nodes)
+    original = _PLAN_INIT[0]
+    moved = {name for name, key in (("moe_dispatch", "disponcomp"), ("moe_combine", "comboncomp"))
+             if key in variant or "onestream" in variant}
+
+    def build_nodes(self, event, comp_stream, comm_stream, extra_args):
+        original(self, event, comp_stream, comm_stream, extra_args)
+        for name in moved:
+            node = getattr(self, name)
+            if hasattr(node, "stream"):
+                node.stream = comp_stream
+        for direction, key in (("forward", "dispfwdcomp"), ("backward", "dispbwdcomp")):  # one direction
+            if key in variant:
+                _run_on(self.moe_dispatch, direction, comp_stream)
+
+    plans.TransformerLayerSchedulePlan._build_callable_nodes = build_nodes
+
+
+def _run_on(node, direction: str, stream_getter) -> None:
+    """Run ``node``'s forward or backward on ``stream_getter()`` instead of its own stream."""
+    run = getattr(node, direction)
+
+    def on_stream(*args):
+        own = node.stream
+        node.stream = stream_getter()
+        try:
+            return run(*args)
+        finally:
+            node.stream = own
+
+    setattr(node, direction, on_stream)
+
+
 def build(variant: str, graph: IterationGraph):
     overlap = "overlap" in variant
+    comm_stages_on_compute_stream(variant)
     reference = variant.startswith("reference")
     ps.initialize_model_parallel(1, 1, expert_model_parallel_size=WORLD)
     provider = PROVIDER(
@@ -165,7 +231,7 @@ def run(variant: str, ref_grads: dict | None) -> dict:
         gpu_s.append(start.elapsed_time(end) / 1e3)
     grads = {n: p.main_grad for n, p in model.module.named_parameters() if hasattr(p, "main_grad")}
     row = grad_diff(grads, ref_grads) if ref_grads is not None else {}
-    if variant == "reference":
+    if variant == ARGS.baseline:
         row["grads"] = {n: g.float().clone() for n, g in grads.items()}
     del grads
     graph.release()
@@ -194,24 +260,26 @@ ref_grads = None
 for name in names:
     try:
         results[name] = run(name, ref_grads)
-        if name == "reference":
+        if name == ARGS.baseline:
             ref_grads = results[name].pop("grads")
-    except Exception:  # report every variant; one failure must not hide the others
-        errors[name] = traceback.format_exc(limit=8)[-3000:]
+    except Exception as exc:  # report every variant; one failure must not hide the others
+        traceback.print_exc()  # the whole chain, innermost frames included
+        errors[name] = "".join(traceback.format_exception_only(exc)).strip()[-2000:]
+        if exc.__context__ is not None:
+            errors[name] += " <- " + "".join(traceback.format_exception_only(exc.__context__)).strip()[-2000:]
         IterationGraph.from_model_config(ModelConfig).release()  # a failed capture must not reach the next variant
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
         torch.cuda.synchronize()
 
-report = {"world": WORLD, "proxy": ARGS.proxy, "errors": errors, "variants": {}}
-ref = results.get("reference")
+report = {"world": WORLD, "proxy": ARGS.proxy, "baseline": ARGS.baseline, "errors": errors, "variants": {}}
+ref = results.get(ARGS.baseline)
 for name, r in results.items():
     row = {k: v for k, v in r.items() if k != "losses"}
     row["losses_first_step"] = r["losses"][0]
-    if ref is not None and name != "reference":
-        row["max_loss_diff"] = max(
-            abs(a - b) for sa, sb in zip(r["losses"], ref["losses"]) for a, b in zip(sa, sb)
-        )
+    if ref is not None and name != ARGS.baseline:
+        per_step = [max(abs(a - b) for a, b in zip(sa, sb)) for sa, sb in zip(r["losses"], ref["losses"])]
+        row["max_loss_diff"], row["loss_diff_per_step"] = max(per_step), per_step
     report["variants"][name] = row
 if RANK == 0:
     print("REPORT " + json.dumps(report), flush=True)

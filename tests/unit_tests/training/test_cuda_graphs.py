@@ -23,6 +23,14 @@ CAPTURED = {
 """The EP=1 torch-native MoE step, captured: what the benchmark runs."""
 
 
+EP2_NVSHMEM = {
+    "model.expert_model_parallel_size": 2,
+    "model.torch_native_dispatcher": "sorted",
+    "model.torch_native_ep_transport": "nvshmem",
+}
+"""The EP=2 step whose capture was checked: the sorted dispatcher over the NVSHMEM exchange."""
+
+
 def _captured(**changes):
     return lambda cfg: set_fields(cfg, {**CAPTURED, **changes})
 
@@ -33,6 +41,9 @@ CASES = {
     "optimizer-graph-not-captured": (_captured(**{"optimizer.optimizer_cuda_graph": True}), _captured()),
     "full-iteration-graph-needs-cuda": (_captured(**{"dist.device": "cpu"}), _captured()),
     "full-iteration-graph-sync-free-moe": (_captured(**{"model.expert_model_parallel_size": 2}), _captured()),
+    "full-iteration-graph-no-ep-overlap": (
+        _captured(**{**EP2_NVSHMEM, "comm_overlap.overlap_moe_expert_parallel_comm": True}),
+        _captured(**{**EP2_NVSHMEM, "comm_overlap.overlap_moe_expert_parallel_comm": False})),
     "full-iteration-graph-no-pipeline": (_captured(**{"model.pipeline_model_parallel_size": 2}), _captured()),
     "full-iteration-graph-warmup-in-run": (_captured(**{"model.cuda_graph_warmup_steps": 0}), _captured()),
     "full-iteration-capture-outside-steady-window": (
@@ -75,6 +86,11 @@ def test_rule_positive_case_passes(rule_id):
         ({"model.moe_expert_capacity_factor": 1.0, "model.moe_pad_expert_input_to_capacity": True}, False),
         ({"model.moe_expert_capacity_factor": 1.0}, False),  # dropping: megatron's dispatcher
         ({"model.num_moe_experts": None, "model.moe_router_topk": 2}, True),  # dense
+        (EP2_NVSHMEM, True),  # EP > 1: the sorted dispatcher's NVSHMEM exchange keeps split sizes on the GPU
+        ({**EP2_NVSHMEM, "model.torch_native_ep_transport": "nccl"}, False),  # split sizes copied to the host
+        ({**EP2_NVSHMEM, "model.torch_native_ep_transport": "auto"}, False),  # may fall back to nccl
+        ({**EP2_NVSHMEM, "model.torch_native_dispatcher": "auto"}, False),  # auto keeps megatron at EP > 1
+        ({**EP2_NVSHMEM, "model.layer_spec": "local"}, False),
     ],
 )
 def test_only_sync_free_moe_steps_are_captured(changes, sync_free):

@@ -83,6 +83,21 @@ def test_rule_positive_case_passes(rule_id):
     assert rule_id not in _violated_ids(satisfies(qwen3_30b_a3b_pretrain_config()), facts)
 
 
+@pytest.mark.parametrize(
+    "ep,blocks,refused",
+    [
+        (2, 2, False), (2, 32, False), (2, 64, False), (8, 8, False), (8, 16, False), (8, 64, False),
+        (2, 6, True),  # a multiple of EP, but three blocks per peer do not divide a 64-byte row
+        (8, 24, True), (8, 40, True), (4, 48, True),
+        (8, 4, True), (2, 128, True),  # fewer blocks than ranks; more than torch launches
+    ],
+)
+def test_nvshmem_blocks_must_split_every_peers_rows_exactly(ep, blocks, refused):
+    cfg = _set(**{M + "expert_model_parallel_size": ep, M + "torch_native_nvshmem_blocks": blocks})(
+        qwen3_30b_a3b_pretrain_config())
+    assert ("nvshmem-blocks-in-range" in _violated_ids(cfg, TE_ABSENT)) is refused
+
+
 def test_validate_refuses_a_transport_that_would_have_no_effect():
     cfg = qwen3_30b_a3b_pretrain_config()
     cfg.model.expert_model_parallel_size = 1

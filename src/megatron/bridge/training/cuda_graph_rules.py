@@ -30,19 +30,22 @@ def captures_full_iteration(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
 def moe_step_is_sync_free(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     """Whether each MoE layer routes its tokens without the host reading a GPU value.
 
-    True for dense models; for MoE, only the torch-native sorted dispatcher at EP=1 (its
-    permutation stays on the GPU). megatron-core's dropless dispatcher reads the token counts on the
-    host in every micro-batch, and its drop-and-pad mode (``moe_pad_expert_input_to_capacity``)
-    copies a host tensor to the GPU inside the step: a capture of it failed on an H200 with
-    megatron-core 0.19.2.
+    True for dense models; for MoE, only the torch-native sorted dispatcher, exact for this layout:
+    at EP=1 (``auto`` picks it) its permutation stays on the GPU; at EP > 1 only with the NVSHMEM
+    exchange, asked for explicitly (``torch_native_dispatcher=sorted``,
+    ``torch_native_ep_transport=nvshmem``; ``auto`` may fall back to a transport that reads split
+    sizes on the host). megatron-core's dropless dispatcher reads the token counts on the host in
+    every micro-batch, and its drop-and-pad mode (``moe_pad_expert_input_to_capacity``) copies a host
+    tensor to the GPU inside the step: a capture of it failed on an H200 with megatron-core 0.19.2.
     """
     m = cfg.model
     if not m.num_moe_experts:
         return True
-    if m.expert_model_parallel_size != 1:
+    if not uses_torch_native_layers(cfg, ctx) or sorted_dispatch_blockers(cfg):
         return False
-    return (uses_torch_native_layers(cfg, ctx) and m.torch_native_dispatcher != "megatron"
-            and not sorted_dispatch_blockers(cfg))
+    if m.expert_model_parallel_size == 1:
+        return m.torch_native_dispatcher != "megatron"
+    return m.torch_native_dispatcher == "sorted" and m.torch_native_ep_transport == "nvshmem"
 
 
 def _warmup_in_range(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
@@ -90,15 +93,31 @@ CUDA_GRAPH_RULES: tuple[Rule, ...] = (
     Rule(
         id="full-iteration-graph-sync-free-moe",
         fields=("model.cuda_graph_impl", "model.expert_model_parallel_size", "model.layer_spec",
-                "model.torch_native_dispatcher", "model.moe_expert_capacity_factor"),
+                "model.torch_native_dispatcher", "model.torch_native_ep_transport",
+                "model.moe_expert_capacity_factor"),
         applies=captures_full_iteration,
         holds=moe_step_is_sync_free,
         message="the captured step must route tokens without the host touching GPU values: megatron-core's "
         "dispatchers copy token counts to the host (dropless) or a host tensor to the GPU (drop-and-pad) in "
-        "every micro-batch. Captured MoE steps run with the torch-native sorted dispatcher at EP=1 (exact: "
-        "dropless, expert TP 1); EP > 1 is not captured by this loop yet",
-        fix="use model.layer_spec=torch_native with EP=1 and model.torch_native_dispatcher=auto, or set "
+        "every micro-batch. Captured MoE steps run with the torch-native sorted dispatcher (exact: dropless, "
+        "expert TP 1): at EP=1, and at EP > 1 over the NVSHMEM exchange, which keeps split sizes on the GPU",
+        fix="use model.layer_spec=torch_native; at EP=1 model.torch_native_dispatcher=auto, at EP > 1 "
+        "model.torch_native_dispatcher=sorted and model.torch_native_ep_transport=nvshmem; or set "
         "model.cuda_graph_impl=none",
+        group="cuda-graph",
+    ),
+    Rule(
+        id="full-iteration-graph-no-ep-overlap",
+        fields=("model.cuda_graph_impl", "comm_overlap.overlap_moe_expert_parallel_comm"),
+        applies=captures_full_iteration,
+        holds=lambda cfg, ctx: not cfg.comm_overlap.overlap_moe_expert_parallel_comm,
+        message="the EP-overlap schedule (combined 1F1B) replayed from the whole-iteration graph did not "
+        "reproduce its eager losses and gradients: at EP=2 the replayed steps differed from eager, and "
+        "from run to run, while the same graph with the dispatch's forward on the compute stream, or "
+        "without EP overlap, was bit for bit equal (a race between the two streams that the replay's speed "
+        "exposes); the combination is refused until that is found",
+        fix="set comm_overlap.overlap_moe_expert_parallel_comm=false (the graph already takes the host out "
+        "of the step), or model.cuda_graph_impl=none to keep EP overlap",
         group="cuda-graph",
     ),
     Rule(

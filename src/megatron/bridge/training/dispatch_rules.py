@@ -16,6 +16,7 @@ from megatron.bridge.models.torch_native.dispatch_policy import (
     MAX_NVSHMEM_BLOCKS,
     fast_path_blockers,
 )
+from megatron.bridge.models.torch_native.token_exchange import blocks_split_rows_exactly
 from megatron.bridge.training.rules import Rule, RuleContext
 
 if TYPE_CHECKING:
@@ -42,7 +43,8 @@ def sorted_dispatch_blockers(cfg: "ConfigContainer") -> list[str]:
 
 def _blocks_ok(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     blocks, ep = cfg.model.torch_native_nvshmem_blocks, cfg.model.expert_model_parallel_size
-    return isinstance(blocks, int) and ep <= blocks <= MAX_NVSHMEM_BLOCKS and blocks % ep == 0
+    return (isinstance(blocks, int) and ep <= blocks <= MAX_NVSHMEM_BLOCKS and blocks % ep == 0
+            and blocks_split_rows_exactly(blocks, ep))
 
 
 TORCH_NATIVE_DISPATCH_RULES: tuple[Rule, ...] = (
@@ -94,8 +96,9 @@ TORCH_NATIVE_DISPATCH_RULES: tuple[Rule, ...] = (
         fields=("model.torch_native_nvshmem_blocks", "model.expert_model_parallel_size", "model.torch_native_ep_transport"),
         applies=lambda cfg, ctx: cfg.model.torch_native_nvshmem_blocks is not None,
         holds=lambda cfg, ctx: _blocks_ok(cfg, ctx) and cfg.model.torch_native_ep_transport != "nccl",
-        message=f"NVSHMEM all-to-all blocks: a multiple of the EP size, at most {MAX_NVSHMEM_BLOCKS}, and only "
-        "with the NVSHMEM exchange (each rank's share splits evenly over its blocks)",
+        message=f"NVSHMEM all-to-all blocks: the EP size times a power of two, at most {MAX_NVSHMEM_BLOCKS}, and "
+        "only with the NVSHMEM exchange (torch's kernel splits each peer's rows evenly over its blocks per "
+        "peer and stops the job with a device-side assert where they do not divide a 64-byte row)",
         fix="e.g. model.torch_native_nvshmem_blocks=8, or leave it null (torch's choice)",
     ),
 )

@@ -57,6 +57,7 @@ from megatron.bridge.models.torch_native.sorted_permutation import (  # noqa: F4
     permute_with,
     unpermute_sorted,
 )
+from megatron.bridge.models.torch_native.streams import record_if_read_elsewhere, stream_of
 from megatron.bridge.models.torch_native.token_exchange import (
     RowExchange,
     copy_columns,
@@ -140,6 +141,15 @@ class ExchangePlan:
     to_expert_major: torch.Tensor  # [capacity]
     send_rows: int
     capacity: int
+    made_on: Optional[torch.cuda.Stream] = None  # the stream that computed the tensors (None on CPU)
+
+    def used_on_current_stream(self) -> None:
+        """Record the plan's tensors with the caching allocator where the current stream is not the
+        one that made them (the EP-overlap schedule's communication stream; see ``streams.py``)."""
+        record_if_read_elsewhere(
+            self.made_on, self.send_splits, self.recv_splits, self.tokens_per_expert, self.recv_total,
+            self.to_source_major, self.to_expert_major,
+        )
 
 
 def _plan_tensors(all_counts: torch.Tensor, rank: int, num_local_experts: int, capacity: int):
@@ -178,7 +188,7 @@ def make_plan(tensors: Tuple[torch.Tensor, ...], capacity: int, send_rows: int) 
     return ExchangePlan(
         send_splits=send_splits, recv_splits=recv_splits, tokens_per_expert=tokens_per_expert, recv_total=recv_total,
         to_source_major=to_source_major, to_expert_major=to_expert_major,
-        send_rows=send_rows, capacity=capacity,
+        send_rows=send_rows, capacity=capacity, made_on=stream_of(send_splits),
     )
 
 
@@ -215,6 +225,7 @@ class _DispatchExchange(torch.autograd.Function):
         hidden = tokens.shape[1]
         ctx.plan, ctx.exchange, ctx.nbytes = plan, exchange, nbytes
         ctx.send_rows, ctx.dtypes = tokens.shape[0], (tokens.dtype, probs.dtype)
+        plan.used_on_current_stream()
         return exchange.exchange(
             [tokens, probs.reshape(-1, 1)], plan.send_splits, plan.capacity,
             _tokens_and_probs_reader(hidden, tokens.dtype, probs.dtype, plan.to_source_major, plan.recv_total),
@@ -224,6 +235,7 @@ class _DispatchExchange(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_tokens, grad_probs):  # noqa: D102
         plan, (token_dtype, probs_dtype) = ctx.plan, ctx.dtypes
+        plan.used_on_current_stream()
         if grad_probs is None:
             grad_probs = torch.zeros(plan.capacity, dtype=probs_dtype, device=grad_tokens.device)
         grad_x, grad_p = ctx.exchange.exchange(
@@ -259,6 +271,7 @@ class _CombineExchange(torch.autograd.Function):
     @staticmethod
     def forward(ctx, expert_out, plan: ExchangePlan, exchange: RowExchange, nbytes: int):  # noqa: D102
         ctx.plan, ctx.exchange, ctx.nbytes = plan, exchange, nbytes
+        plan.used_on_current_stream()
         return exchange.exchange(
             [expert_out], plan.recv_splits, plan.send_rows, _column_reader(expert_out), nbytes,
             order=plan.to_expert_major, count=plan.recv_total,
@@ -267,6 +280,7 @@ class _CombineExchange(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # noqa: D102
         plan = ctx.plan
+        plan.used_on_current_stream()
         read = _column_reader(grad, plan.to_source_major, plan.recv_total)
         return ctx.exchange.exchange([grad], plan.send_splits, plan.capacity, read, ctx.nbytes), None, None, None
 
@@ -325,12 +339,11 @@ class ExpertParallelSortedDispatcher(MoEAlltoAllTokenDispatcher):
         counts = routing_map.sum(dim=0).long()
         if not tokens.is_cuda:
             _check_exactly_topk(counts, tokens.shape[0], self.config.moe_router_topk)
-        all_counts = torch.empty(self.ep_size * counts.numel(), dtype=counts.dtype, device=counts.device)
-        dist.all_gather_into_tensor(all_counts, counts, group=self.ep_group)
+        all_counts = self._exchange(counts.device).all_gather(counts)
         num_tokens, topk = tokens.shape[0], self.config.moe_router_topk
         capacity = self._capacity(num_tokens)
         src_token, pos, prob_index, *plan = graphed_routing_and_plan(
-            routing_map, all_counts.view(self.ep_size, -1),
+            routing_map, all_counts,
             topk=topk, rank=self.ep_rank, num_local_experts=self.num_local_experts, capacity=capacity,
         )
         self._plan = make_plan(tuple(plan), capacity, send_rows=num_tokens * topk)

@@ -11,12 +11,13 @@ The indices are computed by one function of the routing map, replayed from a CUD
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
 from megatron.bridge.models.torch_native.index_graph import GraphedIndexFunction
 from megatron.bridge.models.torch_native.row_gather import gather_sum_rows
+from megatron.bridge.models.torch_native.streams import record_if_read_elsewhere, stream_of
 
 
 def sorted_routing(routing_map: torch.Tensor, topk: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -32,6 +33,10 @@ def sorted_routing(routing_map: torch.Tensor, topk: int) -> Tuple[torch.Tensor, 
     pos = torch.empty_like(order)
     pos.scatter_(0, order, torch.arange(order.numel(), device=order.device))
     return expert_idx, order, pos.view(num_tokens, topk)
+
+
+PermState = Tuple[torch.Tensor, torch.Tensor, Optional["torch.cuda.Stream"]]
+"""What :func:`unpermute_sorted` needs: ``src_token``, ``pos`` and the stream they were made on."""
 
 
 class _PermuteTokens(torch.autograd.Function):
@@ -52,14 +57,17 @@ class _UnpermuteTokens(torch.autograd.Function):
     """Sum of each token's ``k`` expert rows; backward is the forward permutation (a gather)."""
 
     @staticmethod
-    def forward(ctx, y, src_token, pos):  # noqa: D102
+    def forward(ctx, y, src_token, pos, made_on):  # noqa: D102
         ctx.save_for_backward(src_token)
+        ctx.made_on = made_on
+        record_if_read_elsewhere(made_on, pos)  # under EP overlap this runs on the communication stream
         return gather_sum_rows(y, pos)
 
     @staticmethod
     def backward(ctx, grad):  # noqa: D102
         (src_token,) = ctx.saved_tensors
-        return grad.contiguous().index_select(0, src_token), None, None
+        record_if_read_elsewhere(ctx.made_on, src_token)  # its last reference goes with this node
+        return grad.contiguous().index_select(0, src_token), None, None, None
 
 
 def permutation_indices(routing_map: torch.Tensor, topk: int) -> Tuple[torch.Tensor, ...]:
@@ -92,7 +100,7 @@ def permute_with(x: torch.Tensor, probs: torch.Tensor, src_token: torch.Tensor, 
     :func:`unpermute_sorted` needs."""
     tokens = _PermuteTokens.apply(x, src_token, pos)
     permuted_probs = probs.reshape(-1).index_select(0, prob_index)
-    return tokens, permuted_probs, (src_token, pos)
+    return tokens, permuted_probs, (src_token, pos, stream_of(src_token))
 
 
 def permute_sorted(x: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor, topk: int):
@@ -101,7 +109,7 @@ def permute_sorted(x: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tens
     return permute_with(x, probs, src_token, pos, prob_index)
 
 
-def unpermute_sorted(y: torch.Tensor, state: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def unpermute_sorted(y: torch.Tensor, state: PermState) -> torch.Tensor:
     """Inverse of :func:`permute_sorted` for the tokens: sums each token's expert outputs."""
-    src_token, pos = state
-    return _UnpermuteTokens.apply(y, src_token, pos)
+    src_token, pos, made_on = state
+    return _UnpermuteTokens.apply(y, src_token, pos, made_on)

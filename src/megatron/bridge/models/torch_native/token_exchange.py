@@ -16,9 +16,19 @@ with a device-side index. Two transports implement it:
   dispatcher built on top is tested everywhere.
 
 Rows of several tensors travel side by side in one row of bytes (for the dispatch: the token's
-hidden state and its routing probability), padded to :data:`ROW_ALIGN_BYTES`. The NVSHMEM kernel
-splits each peer's bytes evenly over up to 64 thread blocks, so a row must hold a multiple of 64
-bytes for every row count to split exactly.
+hidden state and its routing probability), padded to :data:`ROW_ALIGN_BYTES`.
+
+Block split of the NVSHMEM kernel. torch's ``all_to_all_vdev`` divides the bytes it receives from
+each peer evenly over ``blocks // world`` thread blocks and asserts on the device that the division
+is exact; a failing row count kills the job with a device-side assert. The block count depends on
+the send buffer's size: one block per 64 KiB (torch 2.9 and later; steps at 1, 2 and 4 MiB before),
+rounded up to a multiple of the group size, at most 64 within a node and 16 (or 8) across nodes.
+:func:`symmetric_buffer_rows` therefore gives every NVSHMEM buffer at least
+:data:`VDEV_FULL_GRID_BYTES`, where the count is the maximum for every release: then, with a
+power-of-two group (required), each peer's rows are split over a power of two no larger than 64
+blocks, which divides every multiple of a 64-byte row. ``TORCH_SYMMMEM_NBLOCKS`` overrides the
+count (``model.torch_native_nvshmem_blocks`` sets it); a validation rule and
+:func:`symmetric_memory_support` refuse values that would not divide the rows.
 
 Buffer reuse. The NVSHMEM exchange *reads* its input from the peers (``getmem``), so a rank may not
 overwrite its send buffer while a slower peer still copies from it. The exchange of step ``n+1``
@@ -36,14 +46,18 @@ import math
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import torch
 import torch.distributed as dist
 
+from megatron.bridge.models.torch_native.dispatch_policy import NVSHMEM_BLOCKS_ENV
 from megatron.bridge.models.torch_native.row_gather import gather_row_pairs
 
 ROW_ALIGN_BYTES = 64
+#: Send-buffer size from which torch's ``all_to_all_vdev`` launches its largest grid (64 blocks of
+#: 64 KiB within a node; 16 or 8 across nodes): 64 x 64 KiB.
+VDEV_FULL_GRID_BYTES = 64 * 64 * 1024
 T = TypeVar("T")
 
 
@@ -51,6 +65,39 @@ def row_bytes(columns: Sequence[Tuple[int, torch.dtype]]) -> int:
     """Bytes of one packed row holding ``columns`` (``(width, dtype)`` each), padded to 64 bytes."""
     raw = sum(width * dtype.itemsize for width, dtype in columns)
     return max(ROW_ALIGN_BYTES, math.ceil(raw / ROW_ALIGN_BYTES) * ROW_ALIGN_BYTES)
+
+
+def symmetric_buffer_rows(rows: int, nbytes: int) -> int:
+    """Rows to allocate for an NVSHMEM exchange buffer of ``rows`` rows of ``nbytes``: at least
+    ``rows``, and enough for :data:`VDEV_FULL_GRID_BYTES`, so that torch's kernel launches its full
+    grid and splits every peer's rows exactly (see the module docstring)."""
+    return max(rows, math.ceil(VDEV_FULL_GRID_BYTES / nbytes))
+
+
+def blocks_split_rows_exactly(blocks: int, world: int) -> bool:
+    """Whether ``blocks`` thread blocks of torch's ``all_to_all_vdev`` over ``world`` ranks split
+    every peer's rows exactly: its ``blocks // world`` blocks per peer must divide a 64-byte row."""
+    return ROW_ALIGN_BYTES % max(blocks // world, 1) == 0
+
+
+def blocks_override_problem(world: int, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Why the ``TORCH_SYMMMEM_NBLOCKS`` in the environment would make torch's kernel assert for
+    some row count; ``None`` if it is unset or fine. (``model.torch_native_nvshmem_blocks`` is
+    checked by a validation rule before it is written there.)"""
+    raw = (os.environ if environ is None else environ).get(NVSHMEM_BLOCKS_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        blocks = int(raw)
+    except ValueError:
+        return f"{NVSHMEM_BLOCKS_ENV}={raw!r} is not an integer"
+    if blocks <= 0 or blocks_split_rows_exactly(blocks, world):
+        return None  # torch ignores values below 1
+    return (
+        f"{NVSHMEM_BLOCKS_ENV}={blocks} splits each peer's rows over {blocks // world} thread blocks, "
+        f"which does not divide {ROW_ALIGN_BYTES}-byte rows (torch's all_to_all_vdev would stop the "
+        f"job with a device-side assert); unset it or use {world} times a power of two"
+    )
 
 
 def column(buffer: torch.Tensor, start_byte: int, width: int, dtype: torch.dtype) -> torch.Tensor:
@@ -155,7 +202,8 @@ class RowExchange:
 
     # ---------------------------------------------------------------- subclass hooks
 
-    def _allocate(self, rows: int, nbytes: int, device: torch.device) -> None:
+    def _allocate(self, rows: int, nbytes: int, device: torch.device) -> int:
+        """Allocate buffers for at least ``rows`` rows of ``nbytes``; returns the rows they hold."""
         raise NotImplementedError
 
     def _send_buffer(self, slot: int) -> torch.Tensor:
@@ -163,6 +211,11 @@ class RowExchange:
 
     def _run(self, slot: int, send_splits: torch.Tensor) -> torch.Tensor:
         """Exchange the packed rows of ``slot``; returns the receive buffer."""
+        raise NotImplementedError
+
+    def all_gather(self, values: torch.Tensor) -> torch.Tensor:
+        """``[world, n]``: the 1-D ``values`` of every rank (same ``n`` and dtype everywhere), in
+        rank order, by this exchange's transport."""
         raise NotImplementedError
 
     # ---------------------------------------------------------------- public
@@ -201,8 +254,7 @@ class RowExchange:
             raise ValueError(f"row size changed from {self._row_bytes} to {nbytes} bytes; use one layout per exchange")
         if rows <= self._capacity_rows:
             return
-        self._allocate(rows, nbytes, device)
-        self._capacity_rows, self._row_bytes = rows, nbytes
+        self._capacity_rows, self._row_bytes = self._allocate(rows, nbytes, device), nbytes
 
     def _wait_previous(self, like: torch.Tensor) -> Optional[Tuple[torch.cuda.Stream, bool]]:
         """Order this exchange after the previous one when that ran on another stream (on the same
@@ -234,9 +286,10 @@ class CollectiveExchange(RowExchange):
 
     name = "all_to_all_single with host split sizes"
 
-    def _allocate(self, rows: int, nbytes: int, device: torch.device) -> None:
+    def _allocate(self, rows: int, nbytes: int, device: torch.device) -> int:
         self._send = [torch.empty(rows, nbytes, dtype=torch.uint8, device=device) for _ in range(2)]
         self._recv = torch.empty(rows, nbytes, dtype=torch.uint8, device=device)
+        return rows
 
     def _send_buffer(self, slot: int) -> torch.Tensor:
         return self._send[slot]
@@ -250,9 +303,49 @@ class CollectiveExchange(RowExchange):
         )
         return self._recv
 
+    def all_gather(self, values: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(self.world * values.numel(), dtype=values.dtype, device=values.device)
+        dist.all_gather_into_tensor(out, values, group=self.group)
+        return out.view(self.world, -1)
+
+
+class _SymmetricBuffers:
+    """One row layout's NVSHMEM buffers: two send slots, the receive buffer, and per slot the split
+    buffers the peers write into (see "Buffer reuse" in the module docstring)."""
+
+    def __init__(self, rows: int, nbytes: int, world: int, group_name: str, device: torch.device) -> None:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        def alloc(*shape: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+            t = symm_mem.empty(*shape, dtype=dtype, device=device)
+            symm_mem.rendezvous(t, group_name)
+            return t
+
+        self.rows, self.nbytes, self.group_name = symmetric_buffer_rows(rows, nbytes), nbytes, group_name
+        ensure_symmetric_heap(3 * self.rows * nbytes + (1 << 20))
+        self.send = [alloc(self.rows, nbytes) for _ in range(2)]
+        self.recv = alloc(self.rows, nbytes)
+        self.splits = [alloc(world, dtype=torch.int64) for _ in range(2)]
+        self.splits_offsets = [alloc(2, world, dtype=torch.int64) for _ in range(2)]
+
+    def run(self, slot: int, send_splits: Optional[torch.Tensor]) -> torch.Tensor:
+        """``all_to_all_vdev`` of ``send[slot]``; ``send_splits`` ``None``: the split buffer already
+        holds them."""
+        if send_splits is not None:
+            self.splits[slot].copy_(send_splits)
+        torch.ops.symm_mem.all_to_all_vdev(
+            self.send[slot], self.recv, self.splits[slot], self.splits_offsets[slot], self.group_name
+        )
+        return self.recv
+
 
 class SymmetricMemoryExchange(RowExchange):
-    """NVSHMEM ``all_to_all_vdev``: split sizes exchanged and consumed on the GPU."""
+    """NVSHMEM ``all_to_all_vdev``: split sizes exchanged and consumed on the GPU.
+
+    :meth:`all_gather` goes through NVSHMEM as well (one row to every rank, buffers of its own), so
+    a dispatcher on this exchange issues no NCCL collective and no host wait: its whole step can be
+    captured in a CUDA graph with any process-group backend.
+    """
 
     name = "NVSHMEM symmetric-memory all_to_all_vdev (device-side split sizes)"
     sync_free = True
@@ -260,28 +353,25 @@ class SymmetricMemoryExchange(RowExchange):
     def __init__(self, group: dist.ProcessGroup) -> None:
         super().__init__(group)
         self._group_name = group.group_name
-        self._retired: list = []
+        self._rows: Optional[_SymmetricBuffers] = None
+        self._gather: Optional[_SymmetricBuffers] = None
+        self._gather_slot = 0
+        # Replaced buffers stay referenced: an NVSHMEM free is collective, so it must not happen
+        # whenever the garbage collector gets to it. Growth happens only when a later run in the
+        # same process uses more tokens per micro-batch (or gathers a different size).
+        self._retired: List[_SymmetricBuffers] = []
 
-    def _allocate(self, rows: int, nbytes: int, device: torch.device) -> None:
-        # Earlier (smaller) buffers stay referenced: an NVSHMEM free is collective, so it must not
-        # happen whenever the garbage collector gets to it. Growth happens only when a later run
-        # in the same process uses more tokens per micro-batch.
-        import torch.distributed._symmetric_memory as symm_mem
-
-        if self._capacity_rows:
-            self._retired.append((self._send, self._recv, self._splits, self._splits_offsets))
+    def _buffers(self, rows: int, nbytes: int, device: torch.device) -> _SymmetricBuffers:
         # New buffers register with the live group (after a rebind, the old one may be gone).
         self._group_name = self.group.group_name
         use_nvshmem_backend(self.group)
-        ensure_symmetric_heap(3 * rows * nbytes + (1 << 20))
-        def alloc(*shape, dtype=torch.uint8):
-            t = symm_mem.empty(*shape, dtype=dtype, device=device)
-            symm_mem.rendezvous(t, self._group_name)
-            return t
-        self._send = [alloc(rows, nbytes) for _ in range(2)]
-        self._recv = alloc(rows, nbytes)
-        self._splits = [alloc(self.world, dtype=torch.int64) for _ in range(2)]
-        self._splits_offsets = [alloc(2, self.world, dtype=torch.int64) for _ in range(2)]
+        return _SymmetricBuffers(rows, nbytes, self.world, self._group_name, device)
+
+    def _allocate(self, rows: int, nbytes: int, device: torch.device) -> int:
+        if self._rows is not None:
+            self._retired.append(self._rows)
+        self._rows = self._buffers(rows, nbytes, device)
+        return self._rows.rows
 
     def rebind(self, group: dist.ProcessGroup) -> None:
         """Keep the buffers and the group name they were registered under: the symmetric-memory
@@ -290,14 +380,31 @@ class SymmetricMemoryExchange(RowExchange):
         super().rebind(group)  # buffers allocated later register with ``group``
 
     def _send_buffer(self, slot: int) -> torch.Tensor:
-        return self._send[slot]
+        return self._rows.send[slot]
 
     def _run(self, slot: int, send_splits: torch.Tensor) -> torch.Tensor:
-        self._splits[slot].copy_(send_splits)
-        torch.ops.symm_mem.all_to_all_vdev(
-            self._send[slot], self._recv, self._splits[slot], self._splits_offsets[slot], self._group_name
-        )
-        return self._recv
+        return self._rows.run(slot, send_splits)
+
+    def all_gather(self, values: torch.Tensor) -> torch.Tensor:
+        """Every rank sends its ``values`` as one row to each rank. Ordered with the row exchanges
+        (the same event chain): NVSHMEM's team barrier inside each exchange must pair up on every
+        rank."""
+        columns = [(values.numel(), values.dtype)]
+        nbytes = row_bytes(columns)
+        if self._gather is None or self._gather.nbytes != nbytes:
+            if self._gather is not None:
+                self._retired.append(self._gather)
+            self._gather = self._buffers(self.world, nbytes, values.device)
+            for splits in self._gather.splits:  # one row to each rank, every time
+                splits.fill_(1)
+        stream_ready = self._wait_previous(values)
+        slot = self._gather_slot
+        self._gather_slot ^= 1
+        write_columns(self._gather.send[slot], [values.view(1, -1).expand(self.world, -1)])
+        recv = self._gather.run(slot, None)
+        (gathered,) = copy_columns(recv[:self.world], columns)
+        self._record_done(stream_ready)
+        return gathered
 
 
 # ------------------------------------------------------------------------------ availability
@@ -332,6 +439,9 @@ def symmetric_memory_support(group: Optional[dist.ProcessGroup], device: torch.d
     world = dist.get_world_size(group)
     if world & (world - 1):
         return SymmetricMemorySupport(False, f"expert-parallel size {world} is not a power of two")
+    blocks_problem = blocks_override_problem(world)
+    if blocks_problem is not None:
+        return SymmetricMemorySupport(False, blocks_problem)
     return SymmetricMemorySupport(True, "NVSHMEM available")
 
 
@@ -381,11 +491,15 @@ __all__: List[str] = [
     "RowExchange",
     "SymmetricMemoryExchange",
     "SymmetricMemorySupport",
+    "blocks_override_problem",
+    "blocks_split_rows_exactly",
+    "VDEV_FULL_GRID_BYTES",
     "column",
     "copy_columns",
     "exclusive_cumsum",
     "make_exchange",
     "row_bytes",
+    "symmetric_buffer_rows",
     "symmetric_memory_support",
     "write_columns",
 ]
