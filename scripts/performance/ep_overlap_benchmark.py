@@ -11,11 +11,13 @@ cost is paid once per job, not per case:
   for slower inter-node links).
 
 ``--cuda-graph full_iteration`` captures each case's forward+backward as one CUDA graph after two
-eager steps (``docs/training/cuda-graphs.md``; its rules refuse what cannot be captured, EP=2 among
-them for now). ``--ep-dispatch`` picks the EP=2 token dispatch: ``auto`` (the product default: megatron-core's
-alltoall dispatcher) or ``sorted`` (the torch-native sorted dispatcher: NVSHMEM over NVLink; in the
-host-staged cases over NCCL, ``model.torch_native_ep_transport=nccl``, because NVSHMEM ignores
-``NCCL_P2P_DISABLE`` and would not be slowed down).
+eager steps (``docs/training/cuda-graphs.md``; its rules refuse what cannot be captured: at EP=2
+everything but the sorted dispatcher over NVSHMEM with overlap off, so with ``--ep-dispatch sorted``
+the nvlink overlap-off runs are captured and the overlap-on runs are refused at validation, naming the
+rule). ``--ep-dispatch`` picks the EP=2 token dispatch: ``auto`` (the product default: megatron-core's
+alltoall dispatcher) or ``sorted`` (the torch-native sorted dispatcher: NVSHMEM over NVLink,
+``model.torch_native_ep_transport=nvshmem``; in the host-staged cases over NCCL, ``nccl``, because
+NVSHMEM ignores ``NCCL_P2P_DISABLE`` and would not be slowed down).
 
 Within a job the cases are interleaved (for each repeat: MBS 2 off, on, then MBS 1 off, on; the
 larger micro-batch first so the token buffers are sized once). The steady state is iterations
@@ -63,7 +65,7 @@ DISPATCH_OVERRIDES = {
     "auto": {"ep1": [], "nvlink": [], "host_staged": []},
     "sorted": {
         "ep1": [],
-        "nvlink": ["model.torch_native_dispatcher=sorted"],
+        "nvlink": ["model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nvshmem"],
         "host_staged": ["model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nccl"],
     },
 }
