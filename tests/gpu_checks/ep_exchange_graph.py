@@ -20,7 +20,8 @@ few steps of megatron's schedule without an optimizer, once per variant:
 * ``exchange_overlap`` / ``exchange_overlap_graph``: the same under the combined-1F1B EP-overlap
   schedule; with ``onestream`` in the name its communication stages run on the compute stream
   (``disponcomp`` / ``comboncomp``: only the dispatch / only the combine; ``dispfwdcomp`` /
-  ``dispbwdcomp``: only the dispatch's forward / backward), to bisect a cross-stream race.
+  ``dispbwdcomp``: only the dispatch's forward / backward; ``joinstart`` / ``joinend``: the dispatch
+  forward joined with the compute stream before / after it), to bisect a cross-stream race.
 
 Any suffix repeats a variant (``exchange_graph_again``: a second run, to see run-to-run spread).
 
@@ -114,7 +115,8 @@ def comm_stages_on_compute_stream(variant: str) -> None:
     """Variants with ``onestream`` in the name run megatron's combined-1F1B communication stages
     (dispatch and combine) on the compute stream instead of a stream of their own; ``disponcomp`` /
     ``comboncomp`` move only the dispatch / only the combine, ``dispfwdcomp`` / ``dispbwdcomp`` only
-    the dispatch's forward / backward. Tells a cross-stream race from others
+    the dispatch's forward / backward; ``joinstart`` / ``joinend`` keep the streams but order the
+    dispatch forward after / before all compute-stream work around it. Tells a cross-stream race from others
     and which stage has it."""
     from megatron.core.models.common import model_chunk_schedule_plan as plans
 
@@ -133,8 +135,30 @@ def comm_stages_on_compute_stream(variant: str) -> None:
         for direction, key in (("forward", "dispfwdcomp"), ("backward", "dispbwdcomp")):  # one direction
             if key in variant:
                 _run_on(self.moe_dispatch, direction, comp_stream)
+        for where in ("joinstart", "joinend"):
+            if where in variant:
+                _joined(self.moe_dispatch, where)
 
     plans.TransformerLayerSchedulePlan._build_callable_nodes = build_nodes
+
+
+def _joined(node, where: str) -> None:
+    """``joinstart``: the dispatch forward's stream first waits for everything queued on the compute
+    stream; ``joinend``: the compute stream waits for the dispatch forward to finish."""
+    run = node.forward
+
+    def forward(*args):
+        compute = torch.cuda.current_stream()  # the schedule calls the nodes from the compute stream
+        if not isinstance(node.stream, torch.cuda.Stream):
+            node.stream = node.stream()  # resolved lazily by megatron otherwise
+        if where == "joinstart":
+            node.stream.wait_stream(compute)
+        out = run(*args)
+        if where == "joinend":
+            compute.wait_stream(node.stream)
+        return out
+
+    node.forward = forward
 
 
 def _run_on(node, direction: str, stream_getter) -> None:

@@ -13,16 +13,13 @@ import torch.distributed as dist
 
 from megatron.bridge.models.torch_native import sorted_permutation, streams
 from megatron.bridge.models.torch_native.dispatcher import exchange_plan
-from megatron.bridge.models.torch_native.token_exchange import (
-    ROW_ALIGN_BYTES,
+from megatron.bridge.models.torch_native.symmetric_exchange import (
     VDEV_FULL_GRID_BYTES,
-    CollectiveExchange,
     SymmetricMemoryExchange,
     blocks_override_problem,
-    copy_columns,
-    row_bytes,
     symmetric_buffer_rows,
 )
+from megatron.bridge.models.torch_native.token_exchange import ROW_ALIGN_BYTES, CollectiveExchange, row_bytes
 
 KIB, MIB = 1024, 1024 * 1024
 

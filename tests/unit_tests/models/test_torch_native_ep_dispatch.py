@@ -202,10 +202,10 @@ def test_compiled_exchange_plan_equals_the_eager_one() -> None:
 
 
 def test_auto_with_several_ep_ranks_keeps_megatron_even_where_nvshmem_runs(monkeypatch) -> None:
-    from megatron.bridge.models.torch_native import token_exchange
-    from megatron.bridge.models.torch_native.token_exchange import SymmetricMemorySupport
+    from megatron.bridge.models.torch_native import symmetric_exchange
+    from megatron.bridge.models.torch_native.symmetric_exchange import SymmetricMemorySupport
 
-    monkeypatch.setattr(token_exchange, "symmetric_memory_support", lambda g, d: SymmetricMemorySupport(True, "NVSHMEM available"))
+    monkeypatch.setattr(symmetric_exchange, "symmetric_memory_support", lambda g, d: SymmetricMemorySupport(True, "NVSHMEM available"))
     auto = choose_dispatch(_Config(), 2, 1, None, torch.device("cuda"))
     assert auto.dispatcher == "megatron" and "measured faster" in auto.reason
     chosen = choose_dispatch(_Config(torch_native_dispatcher="sorted"), 2, 1, None, torch.device("cuda"))

@@ -16,7 +16,7 @@ from megatron.bridge.models.torch_native.dispatch_policy import (
     MAX_NVSHMEM_BLOCKS,
     fast_path_blockers,
 )
-from megatron.bridge.models.torch_native.token_exchange import blocks_split_rows_exactly
+from megatron.bridge.models.torch_native.symmetric_exchange import blocks_split_rows_exactly
 from megatron.bridge.training.rules import Rule, RuleContext
 
 if TYPE_CHECKING:

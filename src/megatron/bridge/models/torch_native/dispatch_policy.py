@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, get_args
 import torch
 
 from megatron.bridge.models.gpt_provider import TORCH_NATIVE_DISPATCHERS, TorchNativeEPTransport
+from megatron.bridge.models.torch_native.symmetric_exchange import NVSHMEM_BLOCKS_ENV
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -34,7 +35,6 @@ AUTO_EP_REASON = (
     "torch_native_dispatcher=sorted selects the sorted one"
 )
 EP_TRANSPORTS = get_args(TorchNativeEPTransport)
-NVSHMEM_BLOCKS_ENV = "TORCH_SYMMMEM_NBLOCKS"
 MAX_NVSHMEM_BLOCKS = 64
 PER_LAYER_GRAPH_IMPLS = ("local", "transformer_engine")
 """CUDA graphs that capture parts of a layer around megatron's dispatcher; the whole-iteration graph
@@ -131,7 +131,7 @@ def _choose(
         return DispatchChoice("megatron", MEGATRON_TRANSPORT, False, f"EP={ep_size}: {AUTO_EP_REASON}")
     if transport == "nccl":
         return DispatchChoice("sorted", "collective", False, f"EP={ep_size}, torch_native_ep_transport='nccl'")
-    from megatron.bridge.models.torch_native.token_exchange import symmetric_memory_support
+    from megatron.bridge.models.torch_native.symmetric_exchange import symmetric_memory_support
 
     support = symmetric_memory_support(ep_group, device)
     if support.ok:

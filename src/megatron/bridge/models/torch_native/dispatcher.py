@@ -58,11 +58,11 @@ from megatron.bridge.models.torch_native.sorted_permutation import (  # noqa: F4
     unpermute_sorted,
 )
 from megatron.bridge.models.torch_native.streams import record_if_read_elsewhere, stream_of
+from megatron.bridge.models.torch_native.symmetric_exchange import make_exchange
 from megatron.bridge.models.torch_native.token_exchange import (
     RowExchange,
     copy_columns,
     exclusive_cumsum,
-    make_exchange,
     row_bytes,
 )
 
@@ -141,7 +141,8 @@ class ExchangePlan:
     to_expert_major: torch.Tensor  # [capacity]
     send_rows: int
     capacity: int
-    made_on: Optional[torch.cuda.Stream] = None  # the stream that computed the tensors (None on CPU)
+    # the stream that computed the tensors, where other streams read them (EP overlap); None otherwise
+    made_on: Optional[torch.cuda.Stream] = None
 
     def used_on_current_stream(self) -> None:
         """Record the plan's tensors with the caching allocator where the current stream is not the
@@ -182,13 +183,17 @@ def plan_tensors(all_counts: torch.Tensor, rank: int, num_local_experts: int, ca
     return _COMPILED_PLAN(_plan_tensors, *args) if all_counts.is_cuda else _plan_tensors(*args)
 
 
-def make_plan(tensors: Tuple[torch.Tensor, ...], capacity: int, send_rows: int) -> ExchangePlan:
-    """An :class:`ExchangePlan` from :func:`plan_tensors`' tensors, in their order."""
+def make_plan(
+    tensors: Tuple[torch.Tensor, ...], capacity: int, send_rows: int,
+    made_on: Optional[torch.cuda.Stream] = None,
+) -> ExchangePlan:
+    """An :class:`ExchangePlan` from :func:`plan_tensors`' tensors, in their order; ``made_on``: the
+    stream that computed them, where other streams will read them (the EP-overlap schedule)."""
     send_splits, recv_splits, tokens_per_expert, recv_total, to_source_major, to_expert_major = tensors
     return ExchangePlan(
         send_splits=send_splits, recv_splits=recv_splits, tokens_per_expert=tokens_per_expert, recv_total=recv_total,
         to_source_major=to_source_major, to_expert_major=to_expert_major,
-        send_rows=send_rows, capacity=capacity, made_on=stream_of(send_splits),
+        send_rows=send_rows, capacity=capacity, made_on=made_on,
     )
 
 
@@ -346,8 +351,13 @@ class ExpertParallelSortedDispatcher(MoEAlltoAllTokenDispatcher):
             routing_map, all_counts,
             topk=topk, rank=self.ep_rank, num_local_experts=self.num_local_experts, capacity=capacity,
         )
-        self._plan = make_plan(tuple(plan), capacity, send_rows=num_tokens * topk)
-        permuted, permuted_probs, self._perm_state = permute_with(tokens, probs, src_token, pos, prob_index)
+        # Under EP overlap the exchanges and the unpermutation run on the communication stream.
+        overlap = bool(self.config.overlap_moe_expert_parallel_comm)
+        made_on = stream_of(tokens) if overlap else None
+        self._plan = make_plan(tuple(plan), capacity, send_rows=num_tokens * topk, made_on=made_on)
+        permuted, permuted_probs, self._perm_state = permute_with(
+            tokens, probs, src_token, pos, prob_index, unpermute_elsewhere=overlap,
+        )
         return permuted, permuted_probs
 
     def _row_bytes(self, tokens: torch.Tensor, probs: torch.Tensor) -> int:

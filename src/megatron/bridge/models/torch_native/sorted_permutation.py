@@ -36,7 +36,8 @@ def sorted_routing(routing_map: torch.Tensor, topk: int) -> Tuple[torch.Tensor, 
 
 
 PermState = Tuple[torch.Tensor, torch.Tensor, Optional["torch.cuda.Stream"]]
-"""What :func:`unpermute_sorted` needs: ``src_token``, ``pos`` and the stream they were made on."""
+"""What :func:`unpermute_sorted` needs: ``src_token``, ``pos`` and, where the unpermutation may run
+on another stream, the stream they were made on."""
 
 
 class _PermuteTokens(torch.autograd.Function):
@@ -95,12 +96,13 @@ graphed_routing_indices = GraphedIndexFunction(routing_indices, "sorted routing 
 
 
 def permute_with(x: torch.Tensor, probs: torch.Tensor, src_token: torch.Tensor, pos: torch.Tensor,
-                 prob_index: torch.Tensor):
+                 prob_index: torch.Tensor, unpermute_elsewhere: bool = False):
     """Tokens and probs in permuted order from :func:`permutation_indices`' tensors, plus what
-    :func:`unpermute_sorted` needs."""
+    :func:`unpermute_sorted` needs. ``unpermute_elsewhere``: the unpermutation may run on another
+    stream (the EP-overlap schedule), so the indices remember the stream that made them."""
     tokens = _PermuteTokens.apply(x, src_token, pos)
     permuted_probs = probs.reshape(-1).index_select(0, prob_index)
-    return tokens, permuted_probs, (src_token, pos, stream_of(src_token))
+    return tokens, permuted_probs, (src_token, pos, stream_of(src_token) if unpermute_elsewhere else None)
 
 
 def permute_sorted(x: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor, topk: int):

@@ -8,8 +8,8 @@ Unrecorded, the caching allocator could hand that memory to the next compute-str
 next micro-batch's attention) while the communication stream's reads are still queued: hidden
 while the host lags the GPU, a race once it runs ahead or a CUDA graph replays the step.
 
-Where both are the same stream (the standard schedule) nothing is recorded, so the host pays one
-stream lookup, not an allocator call per tensor.
+Under the standard schedule everything runs on one stream: the dispatchers then keep no stream,
+and the host pays nothing (no stream lookup, no allocator call).
 """
 
 from __future__ import annotations
