@@ -98,9 +98,10 @@ def test_only_sync_free_moe_steps_are_captured(changes, sync_free):
     assert ("full-iteration-graph-sync-free-moe" not in _violated_ids(cfg)) is sync_free
 
 
-def test_megatron_core_accepts_the_captured_config():
+@pytest.mark.parametrize("changes", [{}, EP2_NVSHMEM], ids=["ep1", "ep2_nvshmem"])
+def test_megatron_core_accepts_the_captured_config(changes):
     """``validate()`` runs every rule and megatron-core's own checks of the model config."""
-    cfg = _captured()(qwen3_30b_a3b_pretrain_config())
+    cfg = _captured(**changes)(qwen3_30b_a3b_pretrain_config())
     cfg.validate()
     assert cfg.model.cuda_graph_impl == "full_iteration"
 
