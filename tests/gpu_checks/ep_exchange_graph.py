@@ -71,7 +71,16 @@ parser.add_argument(
     "--backend", default="nccl", choices=("nccl", "gloo"),
     help="gloo lets several ranks share one GPU (megatron's dispatcher only; NVSHMEM needs a GPU per rank)",
 )
+parser.add_argument(
+    "--sanitize", action="store_true",
+    help="run under torch's CUDA stream sanitizer (eager variants only: it reports tensor accesses from "
+         "two streams with no synchronisation between them, whatever the timing; slow)",
+)
 ARGS = parser.parse_args()
+if ARGS.sanitize:
+    import torch.cuda._sanitizer as stream_sanitizer
+
+    stream_sanitizer.enable_cuda_sanitizer()
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 ONE_RANK_VARIANTS = "reference,reference_graph"
