@@ -146,7 +146,9 @@ class ExchangePlan:
 
     def used_on_current_stream(self) -> None:
         """Record the plan's tensors with the caching allocator where the current stream is not the
-        one that made them (the EP-overlap schedule's communication stream; see ``streams.py``)."""
+        one that made them (the EP-overlap schedule's communication stream; see ``streams.py``).
+        Called by the exchanges' forwards: their backwards run on the same stream, and one record
+        per stream covers every read queued there before the memory is freed."""
         record_if_read_elsewhere(
             self.made_on, self.send_splits, self.recv_splits, self.tokens_per_expert, self.recv_total,
             self.to_source_major, self.to_expert_major,
@@ -240,7 +242,6 @@ class _DispatchExchange(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_tokens, grad_probs):  # noqa: D102
         plan, (token_dtype, probs_dtype) = ctx.plan, ctx.dtypes
-        plan.used_on_current_stream()
         if grad_probs is None:
             grad_probs = torch.zeros(plan.capacity, dtype=probs_dtype, device=grad_tokens.device)
         grad_x, grad_p = ctx.exchange.exchange(
@@ -285,7 +286,6 @@ class _CombineExchange(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # noqa: D102
         plan = ctx.plan
-        plan.used_on_current_stream()
         read = _column_reader(grad, plan.to_source_major, plan.recv_total)
         return ctx.exchange.exchange([grad], plan.send_splits, plan.capacity, read, ctx.nbytes), None, None, None
 

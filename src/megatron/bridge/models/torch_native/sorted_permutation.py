@@ -60,14 +60,14 @@ class _UnpermuteTokens(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y, src_token, pos, made_on):  # noqa: D102
         ctx.save_for_backward(src_token)
-        ctx.made_on = made_on
-        record_if_read_elsewhere(made_on, pos)  # under EP overlap this runs on the communication stream
+        # Under EP overlap this (and so the backward) runs on the communication stream: one record
+        # per stream covers the backward's read of src_token too.
+        record_if_read_elsewhere(made_on, pos, src_token)
         return gather_sum_rows(y, pos)
 
     @staticmethod
     def backward(ctx, grad):  # noqa: D102
         (src_token,) = ctx.saved_tensors
-        record_if_read_elsewhere(ctx.made_on, src_token)  # its last reference goes with this node
         return grad.contiguous().index_select(0, src_token), None, None, None
 
 

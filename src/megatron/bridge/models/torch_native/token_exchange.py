@@ -18,12 +18,12 @@ with a device-side index. Two transports implement it:
 Rows of several tensors travel side by side in one row of bytes (for the dispatch: the token's
 hidden state and its routing probability), padded to :data:`ROW_ALIGN_BYTES`.
 
-Buffer reuse (for the NVSHMEM exchange). It *reads* its input from the peers (``getmem``), so a rank may not
-overwrite its send buffer while a slower peer still copies from it. The exchange of step ``n+1``
-starts with a barrier inside its split-exchange kernel, which a peer reaches only after finishing
-step ``n``; the send buffers (and the split buffers the peers write into) therefore alternate
-between two slots, and step ``n+2`` reuses step ``n``'s slot safely. The receive buffer is written
-by this rank's own kernel and read right after it on the same stream, so one suffices. All
+Buffer reuse (for the NVSHMEM exchange). It *reads* its input from the peers (``getmem``), so a rank
+may not overwrite its send buffer while a slower peer still copies from it. The exchange of step
+``n+1`` starts with a barrier inside its split-exchange kernel, which a peer reaches only after
+finishing step ``n``; the send buffers (and the split buffers the peers write into) therefore
+alternate between two slots, and step ``n+2`` reuses step ``n``'s slot safely. The receive buffer is
+written by this rank's own kernel and read right after it on the same stream, so one suffices. All
 exchanges of a rank run in host issue order, also across CUDA streams (each waits on the event of
 the previous one); every rank issues them in the same order, as collectives require.
 """
