@@ -57,6 +57,8 @@ import traceback
 import torch
 import torch.distributed as dist
 
+import stream_checks  # tests/gpu_checks/, beside this program
+
 parser = argparse.ArgumentParser()
 parser.add_argument("--proxy", action="store_true", help="proxy shapes and timings instead of the small model")
 parser.add_argument("--steps", type=int, default=6)
@@ -74,13 +76,25 @@ parser.add_argument(
 parser.add_argument(
     "--sanitize", action="store_true",
     help="run under torch's CUDA stream sanitizer (eager variants only: it reports tensor accesses from "
-         "two streams with no synchronisation between them, whatever the timing; slow)",
+         "two streams with no synchronisation between them, whatever the timing; slow), plus a check for "
+         "tensors freed while another stream may still use them (stream_checks.py). Every distinct finding "
+         "is printed once and listed with its count in the report; the torch-native layers then run torch "
+         "operators only (no Triton, no torch.compile) so that the detectors see every access",
+)
+parser.add_argument(
+    "--torch-ops", action="store_true",
+    help="torch operators only in the torch-native layers: no Triton kernels, no torch.compile (implied by "
+         "--sanitize); tells a race in those kernels from one elsewhere",
 )
 ARGS = parser.parse_args()
-if ARGS.sanitize:
-    import torch.cuda._sanitizer as stream_sanitizer
+ARGS.torch_ops = ARGS.torch_ops or ARGS.sanitize
+FINDINGS = stream_checks.Findings()
+if ARGS.torch_ops:
+    from megatron.bridge.models.torch_native import row_gather
 
-    stream_sanitizer.enable_cuda_sanitizer()
+    row_gather.uses_kernel = lambda src: False  # the provider fields below cover the other kernels
+if ARGS.sanitize:
+    stream_checks.enable(FINDINGS)
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 ONE_RANK_VARIANTS = "reference,reference_graph"
@@ -196,6 +210,8 @@ def build(variant: str, graph: IterationGraph):
         torch_native_dispatcher="auto" if reference else "sorted",
         torch_native_ep_transport="auto" if reference else ("nccl" if "collective" in variant else "nvshmem"),
         overlap_moe_expert_parallel_comm=overlap, moe_aux_loss_coeff=0.0,
+        **(dict(torch_native_compile=False, torch_native_wgrad_accumulation="unfused",
+                torch_native_cross_entropy_backend="torch") if ARGS.torch_ops else {}),
     )
     provider.finalize()
     torch.manual_seed(1234)
@@ -283,14 +299,18 @@ def run(variant: str, ref_grads: dict | None) -> dict:
 
 def grad_diff(grads: dict, ref: dict) -> dict:
     """Largest relative difference of the final gradients from the reference's, and finiteness."""
-    rel = max(float((grads[k].float() - ref[k]).norm() / ref[k].norm().clamp_min(1e-30)) for k in ref)
-    return dict(max_grad_rel_diff=rel, grads_finite=all(bool(torch.isfinite(v).all()) for v in grads.values()))
+    rels = {k: float((grads[k].float() - ref[k]).norm() / ref[k].norm().clamp_min(1e-30)) for k in ref}
+    worst = sorted(rels.items(), key=lambda kv: -kv[1])[:6]
+    return dict(max_grad_rel_diff=max(rels.values()), worst_grads={k: round(v, 6) for k, v in worst if v > 0},
+                grads_finite=all(bool(torch.isfinite(v).all()) for v in grads.values()))
 
 
+SELF_TEST = stream_checks.self_test(FINDINGS) if ARGS.sanitize else None
 results, errors = {}, {}
 names = (ARGS.variants or (EP_VARIANTS if WORLD > 1 else ONE_RANK_VARIANTS)).split(",")
 ref_grads = None
 for name in names:
+    FINDINGS.label[0] = name
     try:
         results[name] = run(name, ref_grads)
         if name == ARGS.baseline:
@@ -305,7 +325,8 @@ for name in names:
             ps.destroy_model_parallel()
         torch.cuda.synchronize()
 
-report = {"world": WORLD, "proxy": ARGS.proxy, "baseline": ARGS.baseline, "errors": errors, "variants": {}}
+report = {"world": WORLD, "proxy": ARGS.proxy, "baseline": ARGS.baseline, "errors": errors, "variants": {},
+          "stream_findings": FINDINGS.report(), "stream_self_test": SELF_TEST}
 ref = results.get(ARGS.baseline)
 for name, r in results.items():
     row = {k: v for k, v in r.items() if k != "losses"}

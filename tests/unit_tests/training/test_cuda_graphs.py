@@ -4,6 +4,7 @@ failing and a passing case) and the run's bookkeeping around megatron-core's cap
 The capture itself needs a GPU; what a CPU can check is that only sync-free steps are accepted, that
 megatron-core accepts what the rules accept, and that a run leaves no graph behind for the next."""
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -184,6 +185,36 @@ def test_without_a_graph_the_schedule_is_unchanged(megatron_graph_state):
     assert graph.describe().startswith("CUDA graph: none")
     assert graph.summary(final_iteration=12) == dict(
         impl="none", warmup_steps=None, captured_iteration=None, grad_nan_check_after_backward=False)
+
+
+def test_every_step_runs_on_the_capture_stream_warmup_steps_included(monkeypatch, megatron_graph_state):
+    """DDP's gradient-accumulation nodes live on the capture stream; a warm-up step computed on
+    another stream makes every weight gradient cross streams and be freed while its accumulation
+    may still read it. The wrapped schedule enters the capture stream for every call."""
+    from megatron.bridge.training import cuda_graphs
+
+    where, calls = ["default"], []
+
+    @contextlib.contextmanager
+    def capture_stream():
+        where[0] = "capture"
+        yield
+        where[0] = "default"
+
+    class Wrapper:  # stands in for megatron's FullCudaGraphWrapper (CUDA only)
+        def __init__(self, forward_backward, **kwargs):
+            self.forward_backward = forward_backward
+
+        def __call__(self, *args, **kwargs):
+            return self.forward_backward(*args, **kwargs)
+
+        reset_cuda_graph = staticmethod(lambda wrapper: None)
+
+    monkeypatch.setattr(cuda_graphs, "_on_capture_stream", capture_stream)
+    monkeypatch.setattr(megatron_graph_state, "FullCudaGraphWrapper", Wrapper)
+    step = _graph(warmup=2).wrap(lambda **kw: calls.append(where[0]) or kw["step"], first_iteration=1)
+    assert [step(step=i) for i in range(4)] == [0, 1, 2, 3]  # warm-up, warm-up, capture, replay
+    assert calls == ["capture"] * 4 and where[0] == "default"
 
 
 @pytest.mark.parametrize(

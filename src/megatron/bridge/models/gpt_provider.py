@@ -207,4 +207,8 @@ class GPTModelProvider(StrictFields, TransformerConfig):
 
             if linear.reroutes_dense_layers(self):
                 linear.route_weight_gradients_into_main_grad(model)
+        if self.overlap_moe_expert_parallel_comm:
+            from megatron.bridge.models.comm_stream_grads import keep_comm_stream_grads_for_accumulation
+
+            keep_comm_stream_grads_for_accumulation(model)
         return model

@@ -11,6 +11,10 @@ and leaves the rest to the training loop, which this module does:
 * the DDP wrapper is built on the capture stream: DDP's gradient hooks create the parameters'
   gradient-accumulation nodes, and a node created on another stream makes the backward wait on
   that stream, which a capture cannot do;
+* every step's forward+backward runs on that stream too, the eager warm-up steps included: the
+  gradient-accumulation nodes run there, and a gradient made on another stream would go back to
+  that stream's memory pool when DDP drops it, while its accumulation into ``main_grad`` may still
+  be queued (found by ``tests/gpu_checks/stream_checks.py``; torch also warns about the mismatch);
 * megatron's RNG tracker is made graph-safe at seeding (``Platform.seed_model_parallel``);
 * the wrapper keeps its graph, step counter and input buffers on the class, and the shared memory
   pool in its module, so a run releases them when it ends; otherwise the next ``pretrain()`` in the
@@ -89,10 +93,15 @@ class IterationGraph:
         from megatron.core.full_cuda_graph import FullCudaGraphWrapper
 
         self.release()  # a graph left by an earlier run in this process must not be replayed
-        self._wrapper = FullCudaGraphWrapper(
+        wrapper = self._wrapper = FullCudaGraphWrapper(
             forward_backward, cuda_graph_warmup_steps=self.warmup_steps, use_single_mempool=self.use_single_mempool
         )
-        return self._wrapper
+
+        def on_capture_stream(*args: Any, **kwargs: Any) -> Any:
+            with _on_capture_stream():
+                return wrapper(*args, **kwargs)
+
+        return on_capture_stream
 
     def describe(self) -> str:
         """The start-up line."""
@@ -133,6 +142,7 @@ class IterationGraph:
 
 @contextlib.contextmanager
 def _on_capture_stream():
+    """Run the block on megatron's capture stream, ordered after and before the current stream's work."""
     from megatron.core.full_cuda_graph import get_shared_capture_stream
 
     stream = get_shared_capture_stream()
