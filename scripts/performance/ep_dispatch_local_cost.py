@@ -56,7 +56,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.bridge.models.torch_native.dispatcher import ExpertParallelSortedDispatcher
-from megatron.bridge.models.torch_native.token_exchange import CollectiveExchange, RowExchange
+from megatron.bridge.models.torch_native.token_exchange import CollectiveExchange, Route, RowExchange
 from megatron.bridge.perf.results import argv_without
 from megatron.bridge.training.step_timing import host_enqueue_s, park_gpu
 
@@ -72,7 +72,7 @@ class NoOpExchange(CollectiveExchange):
     def __init__(self) -> None:
         super().__init__(group=None, world=EP)  # no process group: nothing is sent
 
-    def _run(self, slot: int, send_splits: torch.Tensor) -> torch.Tensor:
+    def _run(self, slot: int, route: Route) -> torch.Tensor:
         return self._recv
 
 
@@ -82,9 +82,9 @@ class LoopbackExchange(NoOpExchange):
 
     name = "loopback (output digests only)"
 
-    def _run(self, slot: int, send_splits: torch.Tensor) -> torch.Tensor:
+    def _run(self, slot: int, route: Route) -> torch.Tensor:
         send = self._send[slot]
-        sent = torch.arange(send.shape[0], device=send.device) < send_splits.sum()
+        sent = torch.arange(send.shape[0], device=send.device) < route.send_splits.sum()
         return torch.where(sent[:, None], send, torch.zeros((), dtype=send.dtype, device=send.device))
 
 

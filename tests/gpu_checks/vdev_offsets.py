@@ -15,8 +15,9 @@ single block (``TORCH_SYMMMEM_NBLOCKS=1``) block 0 reads every offset before it 
 
 Every iteration sends rows that name their source rank, destination and row number, with split
 sizes that change per iteration, over a 4 MiB buffer (torch's full 64-block grid); with load, a
-matmul stream runs beside it. Prints one ``REPORT {json}`` line from rank 0: iterations whose
-received rows were wrong, per rank.
+matmul stream runs beside it. ``--exchange`` sends the same rows through the product's
+``SymmetricMemoryExchange`` (one peer per call, where the two offsets agree). Prints one
+``REPORT {json}`` line from rank 0: iterations whose received rows were wrong, per rank.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--iterations", type=int, default=2000)
 parser.add_argument("--no-load", action="store_true", help="no matmul stream beside the exchange")
 parser.add_argument("--backend", default="gloo", choices=("nccl", "gloo"))
+parser.add_argument(
+    "--exchange", action="store_true",
+    help="send through the product's SymmetricMemoryExchange (one peer per call) instead of one raw call",
+)
 ARGS = parser.parse_args()
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -72,6 +77,12 @@ def payload(src: int, dst: int, rows: int) -> torch.Tensor:
     return (src * 1_000_000 + dst * 100_000 + row * 8 + col % 8).to(torch.int32)
 
 
+EXCHANGE = None
+if ARGS.exchange:
+    from megatron.bridge.models.torch_native.symmetric_exchange import SymmetricMemoryExchange
+    from megatron.bridge.models.torch_native.token_exchange import Route
+
+    EXCHANGE = SymmetricMemoryExchange(dist.group.WORLD)
 load_stream = torch.cuda.Stream()
 a = torch.randn(8192, 8192, device=DEVICE, dtype=torch.bfloat16)
 wrong = 0
@@ -86,9 +97,14 @@ for it in range(ARGS.iterations):
         with torch.cuda.stream(load_stream):
             for _ in range(2):
                 torch.mm(a, a)
-    torch.ops.symm_mem.all_to_all_vdev(send, recv, in_splits, out_splits_offsets, GROUP)
     expected = torch.cat([payload(src, RANK, splits(it, src)[RANK]) for src in range(WORLD)])
-    got = recv[:expected.shape[0]]
+    if EXCHANGE is None:
+        torch.ops.symm_mem.all_to_all_vdev(send, recv, in_splits, out_splits_offsets, GROUP)
+        got = recv[:expected.shape[0]]
+    else:
+        route = Route(in_splits.clone(), torch.tensor([splits(it, src)[RANK] for src in range(WORLD)], device=DEVICE),
+                      recv_rows=WORLD * ROWS // 2, source_rows=ROWS // 2)
+        got = EXCHANGE.exchange([send[:sum(mine)]], route, lambda r: r[:expected.shape[0]].view(torch.int32).clone())
     wrong += int(not torch.equal(got, expected))
     torch.cuda.current_stream().wait_stream(load_stream)
     dist.barrier()
@@ -99,5 +115,6 @@ if RANK == 0:
     print("REPORT " + json.dumps({
         "iterations": ARGS.iterations, "load": not ARGS.no_load, "wrong_iterations_per_rank": counts,
         "blocks_env": os.environ.get("TORCH_SYMMMEM_NBLOCKS"), "torch": torch.__version__,
+        "through": "SymmetricMemoryExchange" if ARGS.exchange else "one all_to_all_vdev call",
     }), flush=True)
 dist.destroy_process_group()

@@ -1,10 +1,12 @@
 """The NVSHMEM exchange's host-side logic, on CPU: buffer sizes that torch's ``all_to_all_vdev``
 splits exactly, block-count overrides that it would not, the counts all-gather through the
-exchange's own buffers, and the allocator records for tensors read on another stream."""
+exchange's own buffers, the one-peer-per-call exchange against torch's offset race (emulated over
+gloo), and the allocator records for tensors read on another stream."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -97,12 +99,11 @@ class _LoopbackBuffers:
         self.splits = [torch.zeros(2, dtype=torch.int64) for _ in range(2)]
         self.slots_run: list = []
 
-    def run(self, slot: int, send_splits):
-        assert send_splits is None and self.splits[slot].tolist() == [1, 1]  # one row to each rank
+    def all_to_all(self, slot: int, out: torch.Tensor) -> None:
+        assert self.splits[slot].tolist() == [1, 1] and out is self.recv  # one row to each rank, in one call
         self.slots_run.append(slot)
-        self.recv[0] = self.send[slot][0]
-        self.recv[1, :self.peer_row.numel()] = self.peer_row
-        return self.recv
+        out[0] = self.send[slot][0]
+        out[1, :self.peer_row.numel()] = self.peer_row
 
 
 def test_symmetric_all_gather_sends_one_row_to_every_rank_through_its_own_buffers(gloo_world, monkeypatch) -> None:
@@ -111,8 +112,8 @@ def test_symmetric_all_gather_sends_one_row_to_every_rank_through_its_own_buffer
     peer_row[:32] = peer_counts.view(torch.uint8)
     made = []
 
-    def buffers(self, rows, nbytes, device):
-        made.append(_LoopbackBuffers(rows, nbytes, peer_row))
+    def buffers(self, send_rows, recv_rows, nbytes, device):
+        made.append(_LoopbackBuffers(recv_rows, nbytes, peer_row))
         return made[-1]
 
     monkeypatch.setattr(SymmetricMemoryExchange, "_buffers", buffers)
@@ -123,6 +124,26 @@ def test_symmetric_all_gather_sends_one_row_to_every_rank_through_its_own_buffer
     assert len(made) == 1 and made[0].slots_run == [0, 1, 0]  # slots alternate, buffers are kept
     exchange.all_gather(torch.tensor([1.0, 2.0] * 20))  # another row size: new buffers, old ones retired
     assert len(made) == 2 and exchange._retired == [made[0]]
+
+
+CHILDREN = Path(__file__).parent / "children"
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_exchange_is_exact_even_where_every_vdev_block_reads_overwritten_offsets(
+    run_child_script, tmp_path, monkeypatch, world
+) -> None:
+    """torch's kernel lets a late thread block read a peer's rows at the output offset that block 0
+    has written over the source offset. The emulation gives every block that fate: one call with
+    rows for every rank then delivers wrong rows, while the exchange (one peer per call, where the
+    two offsets are both zero) matches all_to_all_single bit for bit, in ``world - 1`` calls."""
+    monkeypatch.setenv("EXCHANGE_WORLD", str(world))
+    reports = run_child_script(CHILDREN / "symmetric_exchange_rounds.py", tmp_path, world_size=world, timeout=300)
+    assert not all(r["one_call_late_right"] for r in reports) and all(r["one_call_on_time_right"] for r in reports)
+    for report in reports:
+        assert [e["equal"] for e in report["exchanges"]] == [True] * 5
+        assert {e["calls"] for e in report["exchanges"]} == {world - 1}
+    assert any(e["rows"] for r in reports for e in r["exchanges"])
 
 
 def test_collective_all_gather_stacks_every_rank(gloo_world) -> None:

@@ -180,7 +180,9 @@ def ep2_sorted_report(tmp_path_factory, run_child_script) -> list:
 
 
 @pytest.mark.functional
-@pytest.mark.parametrize("variant", ["sorted", "sorted_overlap", "sorted_overlap_delay_wgrad"])
+@pytest.mark.parametrize("variant", [
+    "sorted", "sorted_overlap", "sorted_overlap_delay_wgrad", "sorted_nvshmem_emulated", "sorted_nvshmem_emulated_overlap",
+])
 def test_ep2_sorted_dispatcher_equals_megatron_dispatcher(ep2_sorted_report, variant) -> None:
     for rank in ep2_sorted_report:
         assert rank["sorted_layers"][variant] == 2 and rank["sorted_layers"]["megatron"] == 0

@@ -36,7 +36,10 @@ def test_no_op_exchange_hands_back_its_receive_buffer_without_a_group(script) ->
     import torch
 
     exchange = script.NoOpExchange()
-    out = exchange.exchange([torch.ones(4, 8)], torch.tensor([2, 2]), 6, lambda recv: recv.clone())
+    from megatron.bridge.models.torch_native.token_exchange import Route
+
+    route = Route(torch.tensor([2, 2]), torch.tensor([3, 3]), recv_rows=6, source_rows=3)
+    out = exchange.exchange([torch.ones(4, 8)], route, lambda recv: recv.clone())
     assert out.shape == (6, exchange._row_bytes) and exchange.world == script.EP
 
 

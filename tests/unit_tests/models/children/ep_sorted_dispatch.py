@@ -4,10 +4,12 @@ argv: RANK PORT [cuda]. Builds the same 2-layer Qwen3-MoE-like model with
 ``torch_native_dispatcher`` set to ``megatron`` and to ``sorted``, runs megatron's schedules
 (standard 1F1B, the combined-1F1B EP-overlap schedule, and that schedule with delayed expert wgrad)
 and prints one ``REPORT {json}`` line with losses and gradient differences. On CPU (gloo, fp32, the
-collective transport) the results must be bitwise equal; with ``cuda`` (two GPUs, NCCL, bf16, the
+collective transport, and the NVSHMEM exchange over an emulation of torch's kernel) the results
+must be bitwise equal; with ``cuda`` (two GPUs, NCCL, bf16, the
 NVSHMEM transport where available) this program is the GPU check of the same path.
 """
 
+import contextlib
 import json
 import sys
 
@@ -37,13 +39,38 @@ from megatron.bridge.models.torch_native.dispatcher import (  # noqa: E402
 
 SEQ, MICRO_BATCHES = (256, 4) if ON_GPU else (16, 3)
 HIDDEN = 256 if ON_GPU else 32
-# name: (dispatcher, EP overlap, delayed wgrad)
+# name: (dispatcher, EP overlap, delayed wgrad, NVSHMEM exchange emulated on CPU)
 VARIANTS = {
-    "megatron": ("megatron", False, False),
-    "sorted": ("sorted", False, False),
-    "sorted_overlap": ("sorted", True, False),
-    "sorted_overlap_delay_wgrad": ("sorted", True, True),
+    "megatron": ("megatron", False, False, False),
+    "sorted": ("sorted", False, False, False),
+    "sorted_overlap": ("sorted", True, False, False),
+    "sorted_overlap_delay_wgrad": ("sorted", True, True, False),
 }
+if not ON_GPU:  # the NVSHMEM exchange's host logic, over torch's kernel emulated with late thread blocks
+    VARIANTS["sorted_nvshmem_emulated"] = ("sorted", False, False, True)
+    VARIANTS["sorted_nvshmem_emulated_overlap"] = ("sorted", True, False, True)
+
+
+@contextlib.contextmanager
+def nvshmem_exchange_emulated(enabled: bool):
+    """The sorted dispatcher on ``SymmetricMemoryExchange`` with ``vdev_emulation`` under it."""
+    if not enabled:
+        yield
+        return
+    from vdev_emulation import install  # beside this program
+
+    from megatron.bridge.models.torch_native import dispatcher as dispatch_module
+    from megatron.bridge.models.torch_native import symmetric_exchange
+
+    install(setattr, late_blocks=True)
+    made = dispatch_module.make_exchange
+    dispatch_module._EXCHANGES.clear()
+    dispatch_module.make_exchange = lambda group, device, prefer_symmetric: symmetric_exchange.SymmetricMemoryExchange(group)
+    try:
+        yield
+    finally:
+        dispatch_module.make_exchange = made
+        dispatch_module._EXCHANGES.clear()
 
 
 def loss_func(out):
@@ -61,7 +88,12 @@ def forward_step(it, model, return_schedule_plan=False):
     return model(tokens, pos, mask, labels=tokens), loss_func
 
 
-def run(dispatcher: str, overlap: bool, delay: bool):
+def run(dispatcher: str, overlap: bool, delay: bool, emulated: bool):
+    with nvshmem_exchange_emulated(emulated):
+        return _run(dispatcher, overlap, delay)
+
+
+def _run(dispatcher: str, overlap: bool, delay: bool):
     ps.initialize_model_parallel(1, 1, expert_model_parallel_size=2)
     provider = Qwen3MoEModelProvider(
         num_layers=2, hidden_size=HIDDEN, num_attention_heads=4, num_query_groups=2, kv_channels=8,

@@ -60,6 +60,7 @@ from megatron.bridge.models.torch_native.sorted_permutation import (  # noqa: F4
 from megatron.bridge.models.torch_native.streams import record_if_read_elsewhere, stream_of
 from megatron.bridge.models.torch_native.symmetric_exchange import make_exchange
 from megatron.bridge.models.torch_native.token_exchange import (
+    Route,
     RowExchange,
     copy_columns,
     exclusive_cumsum,
@@ -143,6 +144,19 @@ class ExchangePlan:
     capacity: int
     # the stream that computed the tensors, where other streams read them (EP overlap); None otherwise
     made_on: Optional[torch.cuda.Stream] = None
+
+    def to_experts(self) -> Route:
+        """The dispatch (and the combine's backward): token rows to the experts' ranks."""
+        return Route(self.send_splits, self.recv_splits, self.capacity, self._source_rows)
+
+    def to_tokens(self) -> Route:
+        """The combine (and the dispatch's backward): expert rows back to their tokens' ranks."""
+        return Route(self.recv_splits, self.send_splits, self.send_rows, self._source_rows)
+
+    @property
+    def _source_rows(self) -> int:
+        """The most rows one rank sends another, either way: its tokens x min(top-k, local experts)."""
+        return self.capacity // self.send_splits.numel()
 
     def used_on_current_stream(self) -> None:
         """Record the plan's tensors with the caching allocator where the current stream is not the
@@ -234,7 +248,7 @@ class _DispatchExchange(torch.autograd.Function):
         ctx.send_rows, ctx.dtypes = tokens.shape[0], (tokens.dtype, probs.dtype)
         plan.used_on_current_stream()
         return exchange.exchange(
-            [tokens, probs.reshape(-1, 1)], plan.send_splits, plan.capacity,
+            [tokens, probs.reshape(-1, 1)], plan.to_experts(),
             _tokens_and_probs_reader(hidden, tokens.dtype, probs.dtype, plan.to_source_major, plan.recv_total),
             nbytes,
         )
@@ -245,7 +259,7 @@ class _DispatchExchange(torch.autograd.Function):
         if grad_probs is None:
             grad_probs = torch.zeros(plan.capacity, dtype=probs_dtype, device=grad_tokens.device)
         grad_x, grad_p = ctx.exchange.exchange(
-            [grad_tokens, grad_probs.reshape(-1, 1)], plan.recv_splits, ctx.send_rows,
+            [grad_tokens, grad_probs.reshape(-1, 1)], plan.to_tokens(),
             _tokens_and_probs_reader(grad_tokens.shape[1], token_dtype, probs_dtype), ctx.nbytes,
             order=plan.to_expert_major, count=plan.recv_total,
         )
@@ -279,7 +293,7 @@ class _CombineExchange(torch.autograd.Function):
         ctx.plan, ctx.exchange, ctx.nbytes = plan, exchange, nbytes
         plan.used_on_current_stream()
         return exchange.exchange(
-            [expert_out], plan.recv_splits, plan.send_rows, _column_reader(expert_out), nbytes,
+            [expert_out], plan.to_tokens(), _column_reader(expert_out), nbytes,
             order=plan.to_expert_major, count=plan.recv_total,
         )
 
@@ -287,7 +301,7 @@ class _CombineExchange(torch.autograd.Function):
     def backward(ctx, grad):  # noqa: D102
         plan = ctx.plan
         read = _column_reader(grad, plan.to_source_major, plan.recv_total)
-        return ctx.exchange.exchange([grad], plan.send_splits, plan.capacity, read, ctx.nbytes), None, None, None
+        return ctx.exchange.exchange([grad], plan.to_experts(), read, ctx.nbytes), None, None, None
 
 
 def _column_reader(like: torch.Tensor, order: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None):

@@ -6,6 +6,21 @@ on this exchange issues no NCCL collective and no host wait, and its whole step 
 a CUDA graph whatever the process group's backend. The buffer protocol (two send slots, one receive
 buffer, one event chain) is :class:`~megatron.bridge.models.torch_native.token_exchange.RowExchange`'s.
 
+One peer per call. In torch's kernel (``allToAllV``, torch 2.11) each thread block reads the
+source offset of its peer's rows from the split buffer, while block 0, once it has issued its own
+reads, overwrites those source offsets with this rank's output offsets; a block that reaches its
+read after that copies the wrong rows of the peer. It happens when the GPU starts some blocks
+late, which kernels of another stream make likely: measured on one H200 (two ranks under CUDA MPS,
+``tests/gpu_checks/vdev_offsets.py``), one call with rows for every rank delivered wrong rows in 28
+and 122 of 1,500 iterations with a matmul stream beside it, in none without it; and the EP-overlap
+step replayed from a CUDA graph lost its gradients (up to 39% off). So each call here has one
+peer: in call ``k`` a rank sends only to rank ``rank + k`` and receives only from ``rank - k``, at
+offset zero on both sides (the send slot's start, and that source's region of the receive
+buffer), so the value block 0 writes is the one the late block expects. A rank's own rows never go
+through NVSHMEM, and one gather packs the regions in rank order at the end. Under the same load:
+0 of 1,500 wrong; the EP-overlap graph bit for bit equal to the eager step. The counts all-gather
+stays one call: every row a rank sends is the same, so either offset reads a right one.
+
 Block split. torch's ``all_to_all_vdev`` divides the bytes it receives from each peer evenly over
 ``blocks // world`` thread blocks and asserts on the device that the division is exact; a failing
 row count kills the job with a device-side assert. The block count depends on the send buffer's
@@ -25,7 +40,7 @@ import math
 import os
 import warnings
 from dataclasses import dataclass
-from typing import List, Mapping, Optional
+from typing import List, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -33,8 +48,11 @@ import torch.distributed as dist
 from megatron.bridge.models.torch_native.token_exchange import (
     ROW_ALIGN_BYTES,
     CollectiveExchange,
+    Route,
     RowExchange,
+    copy_byte_rows,
     copy_columns,
+    exclusive_cumsum,
     row_bytes,
     write_columns,
 )
@@ -79,34 +97,42 @@ def blocks_override_problem(world: int, environ: Optional[Mapping[str, str]] = N
     )
 
 
+def _symmetric_empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device, group_name: str) -> torch.Tensor:
+    """An NVSHMEM tensor registered with the group (the CPU tests put plain tensors here)."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    t = symm_mem.empty(*shape, dtype=dtype, device=device)
+    symm_mem.rendezvous(t, group_name)
+    return t
+
+
+def _all_to_all_vdev(send: torch.Tensor, out: torch.Tensor, in_splits: torch.Tensor,
+                     out_splits_offsets: torch.Tensor, group_name: str) -> None:
+    """torch's NVSHMEM ``all_to_all_vdev`` (the CPU tests put an emulation of it here)."""
+    torch.ops.symm_mem.all_to_all_vdev(send, out, in_splits, out_splits_offsets, group_name)
+
+
 class _SymmetricBuffers:
     """One row layout's NVSHMEM buffers: two send slots, the receive buffer, and per slot the split
-    buffers the peers write into (see "Buffer reuse" in the module docstring)."""
+    buffers the peers write into (see "Buffer reuse" in ``token_exchange.py``)."""
 
-    def __init__(self, rows: int, nbytes: int, world: int, group_name: str, device: torch.device) -> None:
-        import torch.distributed._symmetric_memory as symm_mem
-
+    def __init__(self, send_rows: int, recv_rows: int, nbytes: int, world: int, group_name: str,
+                 device: torch.device) -> None:
         def alloc(*shape: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
-            t = symm_mem.empty(*shape, dtype=dtype, device=device)
-            symm_mem.rendezvous(t, group_name)
-            return t
+            return _symmetric_empty(shape, dtype, device, group_name)
 
-        self.rows, self.nbytes, self.group_name = symmetric_buffer_rows(rows, nbytes), nbytes, group_name
-        ensure_symmetric_heap(3 * self.rows * nbytes + (1 << 20))
-        self.send = [alloc(self.rows, nbytes) for _ in range(2)]
-        self.recv = alloc(self.rows, nbytes)
+        self.send_rows, self.recv_rows = symmetric_buffer_rows(send_rows, nbytes), recv_rows
+        self.nbytes, self.group_name = nbytes, group_name
+        ensure_symmetric_heap((2 * self.send_rows + recv_rows) * nbytes + (1 << 20))
+        self.send = [alloc(self.send_rows, nbytes) for _ in range(2)]
+        self.recv = alloc(recv_rows, nbytes)
         self.splits = [alloc(world, dtype=torch.int64) for _ in range(2)]
         self.splits_offsets = [alloc(2, world, dtype=torch.int64) for _ in range(2)]
 
-    def run(self, slot: int, send_splits: Optional[torch.Tensor]) -> torch.Tensor:
-        """``all_to_all_vdev`` of ``send[slot]``; ``send_splits`` ``None``: the split buffer already
-        holds them."""
-        if send_splits is not None:
-            self.splits[slot].copy_(send_splits)
-        torch.ops.symm_mem.all_to_all_vdev(
-            self.send[slot], self.recv, self.splits[slot], self.splits_offsets[slot], self.group_name
-        )
-        return self.recv
+    def all_to_all(self, slot: int, out: torch.Tensor) -> None:
+        """``all_to_all_vdev`` of ``send[slot]`` by ``splits[slot]`` into ``out`` (``recv`` or a
+        part of it: the kernel writes only this rank's memory)."""
+        _all_to_all_vdev(self.send[slot], out, self.splits[slot], self.splits_offsets[slot], self.group_name)
 
 
 class SymmetricMemoryExchange(RowExchange):
@@ -115,6 +141,12 @@ class SymmetricMemoryExchange(RowExchange):
     :meth:`all_gather` goes through NVSHMEM as well (one row to every rank, buffers of its own), so
     a dispatcher on this exchange issues no NCCL collective and no host wait: its whole step can be
     captured in a CUDA graph with any process-group backend.
+
+    One peer per call (see the module docstring): in call ``k`` (1 to ``world - 1``) this rank sends
+    only to rank ``rank + k`` and receives only from rank ``rank - k`` (mod ``world``), into that
+    source's region of the receive buffer (``route.source_rows`` rows each); its own rows are copied
+    into its region without a call. One gather then packs the regions into the rows-from-rank-0-first
+    order the readers expect.
     """
 
     name = "NVSHMEM symmetric-memory all_to_all_vdev (device-side split sizes)"
@@ -123,25 +155,22 @@ class SymmetricMemoryExchange(RowExchange):
     def __init__(self, group: dist.ProcessGroup) -> None:
         super().__init__(group)
         self._group_name = group.group_name
+        self.rank = dist.get_rank(group)
         self._rows: Optional[_SymmetricBuffers] = None
+        self._packed: Optional[torch.Tensor] = None
         self._gather: Optional[_SymmetricBuffers] = None
         self._gather_slot = 0
+        self._one_hot: Optional[torch.Tensor] = None
         # Replaced buffers stay referenced: an NVSHMEM free is collective, so it must not happen
         # whenever the garbage collector gets to it. Growth happens only when a later run in the
         # same process uses more tokens per micro-batch (or gathers a different size).
         self._retired: List[_SymmetricBuffers] = []
 
-    def _buffers(self, rows: int, nbytes: int, device: torch.device) -> _SymmetricBuffers:
+    def _buffers(self, send_rows: int, recv_rows: int, nbytes: int, device: torch.device) -> _SymmetricBuffers:
         # New buffers register with the live group (after a rebind, the old one may be gone).
         self._group_name = self.group.group_name
         use_nvshmem_backend(self.group)
-        return _SymmetricBuffers(rows, nbytes, self.world, self._group_name, device)
-
-    def _allocate(self, rows: int, nbytes: int, device: torch.device) -> int:
-        if self._rows is not None:
-            self._retired.append(self._rows)
-        self._rows = self._buffers(rows, nbytes, device)
-        return self._rows.rows
+        return _SymmetricBuffers(send_rows, recv_rows, nbytes, self.world, self._group_name, device)
 
     def rebind(self, group: dist.ProcessGroup) -> None:
         """Keep the buffers and the group name they were registered under: the symmetric-memory
@@ -149,32 +178,81 @@ class SymmetricMemoryExchange(RowExchange):
         needs no new collective."""
         super().rebind(group)  # buffers allocated later register with ``group``
 
-    def _send_buffer(self, slot: int) -> torch.Tensor:
-        return self._rows.send[slot]
+    def _reserve_regions(self, route: Route, nbytes: int, device: torch.device) -> _SymmetricBuffers:
+        """Buffers for ``route``: send slots of one peer's rows, a region per source, packed rows."""
+        rows = self._rows
+        if nbytes != self._row_bytes and self._row_bytes:
+            raise ValueError(f"row size changed from {self._row_bytes} to {nbytes} bytes; use one layout per exchange")
+        needed_recv = self.world * route.source_rows
+        if rows is None or rows.send_rows < route.source_rows or rows.recv_rows < needed_recv:
+            if rows is not None:
+                self._retired.append(rows)
+            rows = self._rows = self._buffers(route.source_rows, needed_recv, nbytes, device)
+            self._row_bytes = nbytes
+        if self._packed is None or self._packed.shape[0] < route.recv_rows:
+            self._packed = torch.empty(route.recv_rows, nbytes, dtype=torch.uint8, device=device)
+        if self._one_hot is None:
+            self._one_hot = torch.eye(self.world, dtype=torch.int64, device=device)
+        return rows
 
-    def _run(self, slot: int, send_splits: torch.Tensor) -> torch.Tensor:
-        return self._rows.run(slot, send_splits)
+    def _transfer(
+        self, sources: Sequence[torch.Tensor], route: Route, nbytes: int,
+        order: Optional[torch.Tensor], count: Optional[torch.Tensor],
+    ) -> torch.Tensor:
+        bufs = self._reserve_regions(route, nbytes, sources[0].device)
+        region_rows, rows = route.source_rows, sources[0].shape[0] if order is None else order.numel()
+        send_starts = exclusive_cumsum(route.send_splits)
+        steps = torch.arange(region_rows, device=route.send_splits.device)
+        for k in range(self.world):
+            dest, source = (self.rank + k) % self.world, (self.rank - k) % self.world
+            pick = (send_starts[dest] + steps).clamp_(max=max(rows - 1, 0))  # this rank's rows for dest
+            if order is not None:
+                pick = order[pick]
+            dest_count = route.send_splits[dest:dest + 1]
+            if k == 0:  # its own rows: straight into its region
+                write_columns(_region(bufs.recv, self.rank, region_rows), sources, pick, dest_count)
+                continue
+            slot = self._next_slot()
+            write_columns(bufs.send[slot], sources, pick, dest_count)
+            torch.mul(route.send_splits, self._one_hot[dest], out=bufs.splits[slot])
+            bufs.all_to_all(slot, _region(bufs.recv, source, region_rows))
+        return self._pack_regions(bufs.recv, route)
+
+    def _pack_regions(self, regions: torch.Tensor, route: Route) -> torch.Tensor:
+        """Rows of the per-source regions, rank 0's first, into the packed receive buffer."""
+        ends = torch.cumsum(route.recv_splits, 0)
+        row = torch.arange(route.recv_rows, device=ends.device)
+        source = torch.searchsorted(ends, row, right=True).clamp_(max=self.world - 1)
+        where = source * route.source_rows + row - (ends[source] - route.recv_splits[source])
+        where.clamp_(max=self.world * route.source_rows - 1)  # rows past the total: any valid row (not copied)
+        copy_byte_rows(regions, self._packed[:route.recv_rows], where, ends[-1:])
+        return self._packed
 
     def all_gather(self, values: torch.Tensor) -> torch.Tensor:
-        """Every rank sends its ``values`` as one row to each rank. Ordered with the row exchanges
-        (the same event chain): NVSHMEM's team barrier inside each exchange must pair up on every
-        rank."""
+        """Every rank sends its ``values`` as one row to each rank, in one call: its rows are all the
+        same, so torch's kernel reads a right one whichever of its offsets it uses (module docstring).
+        Ordered with the row exchanges (the same event chain): NVSHMEM's team barrier inside each
+        call must pair up on every rank."""
         columns = [(values.numel(), values.dtype)]
         nbytes = row_bytes(columns)
         if self._gather is None or self._gather.nbytes != nbytes:
             if self._gather is not None:
                 self._retired.append(self._gather)
-            self._gather = self._buffers(self.world, nbytes, values.device)
+            self._gather = self._buffers(self.world, self.world, nbytes, values.device)
             for splits in self._gather.splits:  # one row to each rank, every time
                 splits.fill_(1)
         stream_ready = self._wait_previous(values)
         slot = self._gather_slot
         self._gather_slot ^= 1
         write_columns(self._gather.send[slot], [values.view(1, -1).expand(self.world, -1)])
-        recv = self._gather.run(slot, None)
-        (gathered,) = copy_columns(recv[:self.world], columns)
+        self._gather.all_to_all(slot, self._gather.recv)
+        (gathered,) = copy_columns(self._gather.recv[:self.world], columns)
         self._record_done(stream_ready)
         return gathered
+
+
+def _region(recv: torch.Tensor, source: int, region_rows: int) -> torch.Tensor:
+    return recv[source * region_rows:(source + 1) * region_rows]
 
 
 # ------------------------------------------------------------------------------ availability

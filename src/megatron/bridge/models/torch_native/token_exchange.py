@@ -19,11 +19,12 @@ Rows of several tensors travel side by side in one row of bytes (for the dispatc
 hidden state and its routing probability), padded to :data:`ROW_ALIGN_BYTES`.
 
 Buffer reuse (for the NVSHMEM exchange). It *reads* its input from the peers (``getmem``), so a rank
-may not overwrite its send buffer while a slower peer still copies from it. The exchange of step
-``n+1`` starts with a barrier inside its split-exchange kernel, which a peer reaches only after
-finishing step ``n``; the send buffers (and the split buffers the peers write into) therefore
-alternate between two slots, and step ``n+2`` reuses step ``n``'s slot safely. The receive buffer is
-written by this rank's own kernel and read right after it on the same stream, so one suffices. All
+may not overwrite its send buffer while a slower peer still copies from it. Every NVSHMEM call
+starts with a barrier inside its split-exchange kernel, which a peer reaches only after finishing
+its previous call; the send buffers (and the split buffers the peers write into) therefore
+alternate between two slots, call after call, and call ``n+2`` reuses call ``n``'s slot safely. The
+receive buffer is written by this rank's own kernels and read right after them on the same
+stream, so one suffices. All
 exchanges of a rank run in host issue order, also across CUDA streams (each waits on the event of
 the previous one); every rank issues them in the same order, as collectives require.
 """
@@ -31,6 +32,7 @@ the previous one); every rank issues them in the same order, as collectives requ
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
 
 import torch
@@ -94,6 +96,14 @@ def copy_columns(
     return results
 
 
+def copy_byte_rows(
+    src: torch.Tensor, out: torch.Tensor, index: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None,
+) -> None:
+    """``out[i] = src[index[i]]`` for ``i < count`` over ``[rows, nbytes]`` byte buffers, moved as the
+    widest words both allow."""
+    gather_row_pairs([_word_views(src, out)], index, count)
+
+
 def write_columns(
     buffer: torch.Tensor, sources: Sequence[torch.Tensor],
     order: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None,
@@ -115,15 +125,30 @@ def exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(x, dim=0) - x
 
 
+@dataclass(frozen=True)
+class Route:
+    """Which rows of one exchange go where, on the device, with the host-side bounds of the buffers.
+
+    ``send_splits[d]``: rows this rank sends to rank ``d`` (consecutive packed rows, in rank order);
+    ``recv_splits[s]``: rows it receives from rank ``s``; ``recv_rows``: the most it can receive in
+    all (the receive buffer's rows); ``source_rows``: the most any one rank can send it.
+    """
+
+    send_splits: torch.Tensor
+    recv_splits: torch.Tensor
+    recv_rows: int
+    source_rows: int
+
+
 class RowExchange:
     """All-to-all of packed rows over ``group`` into static-size buffers.
 
-    ``exchange(sources, send_splits, recv_rows, read)`` packs the 2-D ``sources`` (same row count,
-    any dtypes) side by side into the send buffer, sends ``send_splits[d]`` consecutive rows to rank
-    ``d`` (in rank order), and calls ``read(recv)`` on the received ``[recv_rows, row_bytes]`` byte
-    buffer: rows from rank 0 first, then rank 1, ... Rows past the received total hold stale data.
-    ``read`` must copy what it keeps: the buffer is reused by the next exchange. With ``order``, send
-    row ``i`` is row ``order[i]`` of each source (a reordering fused into the packing copy); with
+    ``exchange(sources, route, read)`` packs the 2-D ``sources`` (same row count, any dtypes) side
+    by side into send rows, sends ``route.send_splits[d]`` consecutive rows to rank ``d`` (in rank
+    order), and calls ``read(recv)`` on the received ``[route.recv_rows, row_bytes]`` byte buffer:
+    rows from rank 0 first, then rank 1, ... Rows past the received total hold stale data. ``read``
+    must copy what it keeps: the buffer is reused by the next exchange. With ``order``, send row
+    ``i`` is row ``order[i]`` of each source (a reordering fused into the packing copy); with
     ``count`` (a device tensor, at least ``sum(send_splits)``) as well, rows from ``count`` on are
     not packed, since they are not sent.
     """
@@ -157,9 +182,21 @@ class RowExchange:
     def _send_buffer(self, slot: int) -> torch.Tensor:
         raise NotImplementedError
 
-    def _run(self, slot: int, send_splits: torch.Tensor) -> torch.Tensor:
+    def _run(self, slot: int, route: Route) -> torch.Tensor:
         """Exchange the packed rows of ``slot``; returns the receive buffer."""
         raise NotImplementedError
+
+    def _transfer(
+        self, sources: Sequence[torch.Tensor], route: Route, nbytes: int,
+        order: Optional[torch.Tensor], count: Optional[torch.Tensor],
+    ) -> torch.Tensor:
+        """Pack and send; returns the receive buffer (rows from rank 0 first). Here: every row into
+        one send slot, then one collective (:meth:`_run`)."""
+        rows = sources[0].shape[0] if order is None else order.numel()
+        self._reserve(max(rows, route.recv_rows), nbytes, sources[0].device)
+        slot = self._next_slot()
+        write_columns(self._send_buffer(slot), sources, order, count)
+        return self._run(slot, route)
 
     def all_gather(self, values: torch.Tensor) -> torch.Tensor:
         """``[world, n]``: the 1-D ``values`` of every rank (same ``n`` and dtype everywhere), in
@@ -171,31 +208,30 @@ class RowExchange:
     def exchange(
         self,
         sources: Sequence[torch.Tensor],
-        send_splits: torch.Tensor,
-        recv_rows: int,
+        route: Route,
         read: Callable[[torch.Tensor], T],
         nbytes: Optional[int] = None,
         order: Optional[torch.Tensor] = None,
         count: Optional[torch.Tensor] = None,
     ) -> T:
-        """Send rows of ``sources`` (in ``order``, where given) by ``send_splits``; ``read(received rows)``."""
+        """Send rows of ``sources`` (in ``order``, where given) along ``route``; ``read(received rows)``."""
         source_rows = sources[0].shape[0]
         if any(s.dim() != 2 or s.shape[0] != source_rows for s in sources):
             raise ValueError("sources must be 2-D tensors with the same number of rows")
-        rows = source_rows if order is None else order.numel()
         if nbytes is None:
             nbytes = row_bytes([(s.shape[1], s.dtype) for s in sources])
-        self._reserve(max(rows, recv_rows), nbytes, sources[0].device)
         stream_ready = self._wait_previous(sources[0])
-        slot = self._slot
-        self._slot ^= 1
-        write_columns(self._send_buffer(slot), sources, order, count)
-        recv = self._run(slot, send_splits)
-        result = read(recv[:recv_rows])
+        recv = self._transfer(sources, route, nbytes, order, count)
+        result = read(recv[:route.recv_rows])
         self._record_done(stream_ready)
         return result
 
     # ---------------------------------------------------------------- internals
+
+    def _next_slot(self) -> int:
+        """The send slot of the next transfer; the two slots alternate (see "Buffer reuse")."""
+        slot, self._slot = self._slot, self._slot ^ 1
+        return slot
 
     def _reserve(self, rows: int, nbytes: int, device: torch.device) -> None:
         if nbytes != self._row_bytes and self._row_bytes:
@@ -242,10 +278,8 @@ class CollectiveExchange(RowExchange):
     def _send_buffer(self, slot: int) -> torch.Tensor:
         return self._send[slot]
 
-    def _run(self, slot: int, send_splits: torch.Tensor) -> torch.Tensor:
-        recv_splits = torch.empty_like(send_splits)
-        dist.all_to_all_single(recv_splits, send_splits.contiguous(), group=self.group)
-        send_list, recv_list = send_splits.tolist(), recv_splits.tolist()
+    def _run(self, slot: int, route: Route) -> torch.Tensor:
+        send_list, recv_list = route.send_splits.tolist(), route.recv_splits.tolist()
         dist.all_to_all_single(
             self._recv[:sum(recv_list)], self._send[slot][:sum(send_list)], recv_list, send_list, group=self.group
         )
@@ -260,8 +294,10 @@ class CollectiveExchange(RowExchange):
 __all__: List[str] = [
     "CollectiveExchange",
     "ROW_ALIGN_BYTES",
+    "Route",
     "RowExchange",
     "column",
+    "copy_byte_rows",
     "copy_columns",
     "exclusive_cumsum",
     "row_bytes",
