@@ -11,12 +11,10 @@ cost is paid once per job, not per case:
   for slower inter-node links).
 
 ``--cuda-graph full_iteration`` captures each case's forward+backward as one CUDA graph after two
-eager steps (``docs/training/cuda-graphs.md``; its rules refuse what cannot be captured: at EP=2
-everything but the sorted dispatcher over NVSHMEM with overlap off). Every EP=2 job includes
-overlap-on runs, so at EP=2 the graph is refused when the job's configs are validated, before
-anything is launched (rule ``full-iteration-graph-no-ep-overlap``); measure the EP=2 graph with
-``run_script.py`` (``--cuda_graph_impl full_iteration model.torch_native_dispatcher=sorted
-model.torch_native_ep_transport=nvshmem --moe_a2a_overlap false``). ``--ep-dispatch`` picks the EP=2 token dispatch: ``auto`` (the product default: megatron-core's
+eager steps (``docs/training/cuda-graphs.md``; its rules refuse what cannot be captured, before
+anything is launched: at EP=2 everything but the sorted dispatcher over NVSHMEM, so use it with
+``--ep-dispatch sorted --transports nvlink``; the host-staged cases run over NCCL and are refused).
+``--ep-dispatch`` picks the EP=2 token dispatch: ``auto`` (the product default: megatron-core's
 alltoall dispatcher) or ``sorted`` (the torch-native sorted dispatcher: NVSHMEM over NVLink,
 ``model.torch_native_ep_transport=nvshmem``; in the host-staged cases over NCCL, ``nccl``, because
 NVSHMEM ignores ``NCCL_P2P_DISABLE`` and would not be slowed down).

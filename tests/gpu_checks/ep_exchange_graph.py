@@ -21,7 +21,8 @@ few steps of megatron's schedule without an optimizer, once per variant:
   schedule; with ``onestream`` in the name its communication stages run on the compute stream
   (``disponcomp`` / ``comboncomp``: only the dispatch / only the combine; ``dispfwdcomp`` /
   ``dispbwdcomp``: only the dispatch's forward / backward; ``joinstart`` / ``joinend``: the dispatch
-  forward joined with the compute stream before / after it), to bisect a cross-stream race.
+  forward joined with the compute stream before / after it), to bisect a cross-stream race;
+  ``delaywgrad`` in the name adds delayed expert weight gradients (``delay_wgrad_compute``).
 
 Any suffix repeats a variant (``exchange_graph_again``: a second run, to see run-to-run spread).
 
@@ -209,7 +210,8 @@ def build(variant: str, graph: IterationGraph):
         params_dtype=torch.bfloat16, expert_model_parallel_size=WORLD, moe_token_dispatcher_type="alltoall",
         torch_native_dispatcher="auto" if reference else "sorted",
         torch_native_ep_transport="auto" if reference else ("nccl" if "collective" in variant else "nvshmem"),
-        overlap_moe_expert_parallel_comm=overlap, moe_aux_loss_coeff=0.0,
+        overlap_moe_expert_parallel_comm=overlap, delay_wgrad_compute=overlap and "delaywgrad" in variant,
+        moe_aux_loss_coeff=0.0,
         **(dict(torch_native_compile=False, torch_native_wgrad_accumulation="unfused",
                 torch_native_cross_entropy_backend="torch") if ARGS.torch_ops else {}),
     )
@@ -300,8 +302,8 @@ def run(variant: str, ref_grads: dict | None) -> dict:
 def grad_diff(grads: dict, ref: dict) -> dict:
     """Largest relative difference of the final gradients from the reference's, and finiteness."""
     rels = {k: float((grads[k].float() - ref[k]).norm() / ref[k].norm().clamp_min(1e-30)) for k in ref}
-    worst = sorted(rels.items(), key=lambda kv: -kv[1])[:6]
-    return dict(max_grad_rel_diff=max(rels.values()), worst_grads={k: round(v, 6) for k, v in worst if v > 0},
+    worst = sorted(rels.items(), key=lambda kv: -kv[1] if kv[1] == kv[1] else -float("inf"))[:6]  # NaN first
+    return dict(max_grad_rel_diff=max(rels.values()), worst_grads={k: round(v, 6) for k, v in worst if not v <= 0},
                 grads_finite=all(bool(torch.isfinite(v).all()) for v in grads.values()))
 
 

@@ -42,9 +42,11 @@ CASES = {
     "optimizer-graph-not-captured": (_captured(**{"optimizer.optimizer_cuda_graph": True}), _captured()),
     "full-iteration-graph-needs-cuda": (_captured(**{"dist.device": "cpu"}), _captured()),
     "full-iteration-graph-sync-free-moe": (_captured(**{"model.expert_model_parallel_size": 2}), _captured()),
-    "full-iteration-graph-no-ep-overlap": (
-        _captured(**{**EP2_NVSHMEM, "comm_overlap.overlap_moe_expert_parallel_comm": True}),
-        _captured(**{**EP2_NVSHMEM, "comm_overlap.overlap_moe_expert_parallel_comm": False})),
+    "full-iteration-graph-no-delayed-wgrad": (
+        _captured(**{**EP2_NVSHMEM, "comm_overlap.overlap_moe_expert_parallel_comm": True,
+                     "comm_overlap.delay_wgrad_compute": True}),
+        _captured(**{**EP2_NVSHMEM, "comm_overlap.overlap_moe_expert_parallel_comm": True,
+                     "comm_overlap.delay_wgrad_compute": False})),
     "full-iteration-graph-no-pipeline": (_captured(**{"model.pipeline_model_parallel_size": 2}), _captured()),
     "full-iteration-graph-warmup-in-run": (_captured(**{"model.cuda_graph_warmup_steps": 0}), _captured()),
     "full-iteration-capture-outside-steady-window": (

@@ -107,17 +107,16 @@ CUDA_GRAPH_RULES: tuple[Rule, ...] = (
         group="cuda-graph",
     ),
     Rule(
-        id="full-iteration-graph-no-ep-overlap",
-        fields=("model.cuda_graph_impl", "comm_overlap.overlap_moe_expert_parallel_comm"),
+        id="full-iteration-graph-no-delayed-wgrad",
+        fields=("model.cuda_graph_impl", "comm_overlap.delay_wgrad_compute"),
         applies=captures_full_iteration,
-        holds=lambda cfg, ctx: not cfg.comm_overlap.overlap_moe_expert_parallel_comm,
-        message="the EP-overlap schedule (combined 1F1B) replayed from the whole-iteration graph did not "
-        "reproduce its eager losses and gradients: at EP=2 the replayed steps differed from eager, and "
-        "from run to run, while the same graph with the dispatch's forward on the compute stream, or "
-        "without EP overlap, was bit for bit equal (a race between the two streams that the replay's speed "
-        "exposes); the combination is refused until that is found",
-        fix="set comm_overlap.overlap_moe_expert_parallel_comm=false (the graph already takes the host out "
-        "of the step), or model.cuda_graph_impl=none to keep EP overlap",
+        holds=lambda cfg, ctx: not cfg.comm_overlap.delay_wgrad_compute,
+        message="delayed expert weight gradients under the whole-iteration graph came out wrong: at EP=2 "
+        "with the EP-overlap schedule the replayed steps' losses equalled the eager step's, but the expert "
+        "weight gradients were NaN, inf or hundreds of times off in three replays of four (without "
+        "delay_wgrad_compute the same graph matched the eager step bit for bit at EP 2 and 4)",
+        fix="set comm_overlap.delay_wgrad_compute=false under model.cuda_graph_impl=full_iteration, or "
+        "model.cuda_graph_impl=none to keep delayed weight gradients",
         group="cuda-graph",
     ),
     Rule(

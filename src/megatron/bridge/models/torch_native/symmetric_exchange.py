@@ -149,7 +149,7 @@ class SymmetricMemoryExchange(RowExchange):
     order the readers expect.
     """
 
-    name = "NVSHMEM symmetric-memory all_to_all_vdev (device-side split sizes)"
+    name = "NVSHMEM symmetric-memory all_to_all_vdev, one peer per call (device-side split sizes)"
     sync_free = True
 
     def __init__(self, group: dist.ProcessGroup) -> None:
