@@ -101,7 +101,11 @@ def test_only_sync_free_moe_steps_are_captured(changes, sync_free):
     assert ("full-iteration-graph-sync-free-moe" not in _violated_ids(cfg)) is sync_free
 
 
-@pytest.mark.parametrize("changes", [{}, EP2_NVSHMEM], ids=["ep1", "ep2_nvshmem"])
+EP2_NVSHMEM_OVERLAP = {**EP2_NVSHMEM, "comm_overlap.overlap_moe_expert_parallel_comm": True,
+                       "comm_overlap.delay_wgrad_compute": False}
+
+
+@pytest.mark.parametrize("changes", [{}, EP2_NVSHMEM, EP2_NVSHMEM_OVERLAP], ids=["ep1", "ep2_nvshmem", "ep2_overlap"])
 def test_megatron_core_accepts_the_captured_config(changes):
     """``validate()`` runs every rule and megatron-core's own checks of the model config."""
     cfg = _captured(**changes)(qwen3_30b_a3b_pretrain_config())
