@@ -191,6 +191,9 @@ def test_ep2_sorted_dispatcher_equals_megatron_dispatcher(ep2_sorted_report, var
         assert rank["grad_diff"][variant] == 0.0
         transports = {c["dispatcher"]: c["transport"] for c in rank["choices"]}
         assert transports["sorted"] == "collective"
+        # every deferred expert weight gradient is computed within its step: none is left for the next
+        # one (which, replayed from a CUDA graph, would read the previous step's freed tensors)
+        assert rank["deferred_wgrads_left"][variant] == 0
 
 
 def test_compiled_exchange_plan_equals_the_eager_one() -> None:

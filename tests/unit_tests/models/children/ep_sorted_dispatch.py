@@ -124,8 +124,9 @@ def _run(dispatcher: str, overlap: bool, delay: bool):
     )
     losses = [float(o["loss"]) for o in out]
     grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    left = sum(len(stash) for m in model.modules() for stash in getattr(m, "stashes", {}).values())
     ps.destroy_model_parallel()
-    return losses, grads, sorted_layers
+    return losses, grads, sorted_layers, left
 
 
 def max_diff(a, b):
@@ -138,7 +139,7 @@ def rel_diff(a, b):
 
 
 results = {name: run(*variant) for name, variant in VARIANTS.items()}
-reference_losses, reference_grads, _ = results["megatron"]
+reference_losses, reference_grads, _, _ = results["megatron"]
 report = {
     "losses": {name: r[0] for name, r in results.items()},
     "sorted_layers": {name: r[2] for name, r in results.items()},
@@ -147,6 +148,7 @@ report = {
     "finite": {name: all(bool(torch.isfinite(v).all()) for v in r[1].values()) for name, r in results.items()},
     "expert_grad_norm": float(sum(v.norm() ** 2 for k, v in reference_grads.items() if "experts" in k) ** 0.5),
     "choices": [c.to_dict() for c in dispatch_choices()],
+    "deferred_wgrads_left": {name: r[3] for name, r in results.items()},
 }
 dist.destroy_process_group()
 print("REPORT " + json.dumps(report))
