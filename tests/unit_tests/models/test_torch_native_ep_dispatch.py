@@ -194,6 +194,8 @@ def test_ep2_sorted_dispatcher_equals_megatron_dispatcher(ep2_sorted_report, var
         # every deferred expert weight gradient is computed within its step: none is left for the next
         # one (which, replayed from a CUDA graph, would read the previous step's freed tensors)
         assert rank["deferred_wgrads_left"][variant] == 0
+        if "nvshmem" in variant:  # the dispatcher precomputed the exchange's per-call rows (both routes)
+            assert rank["precomputed_call_rows"] > 0
 
 
 def test_compiled_exchange_plan_equals_the_eager_one() -> None:

@@ -63,14 +63,23 @@ def nvshmem_exchange_emulated(enabled: bool):
     from megatron.bridge.models.torch_native import symmetric_exchange
 
     install(setattr, late_blocks=True)
-    made = dispatch_module.make_exchange
+    made, computed = dispatch_module.make_exchange, dispatch_module.call_rows
+
+    def counted(*args, **kwargs):  # the per-call rows the dispatcher precomputes in its index function
+        PRECOMPUTED_CALL_ROWS[0] += 1
+        return computed(*args, **kwargs)
+
     dispatch_module._EXCHANGES.clear()
     dispatch_module.make_exchange = lambda group, device, prefer_symmetric: symmetric_exchange.SymmetricMemoryExchange(group)
+    dispatch_module.call_rows = counted
     try:
         yield
     finally:
-        dispatch_module.make_exchange = made
+        dispatch_module.make_exchange, dispatch_module.call_rows = made, computed
         dispatch_module._EXCHANGES.clear()
+
+
+PRECOMPUTED_CALL_ROWS = [0]
 
 
 def loss_func(out):
@@ -90,10 +99,10 @@ def forward_step(it, model, return_schedule_plan=False):
 
 def run(dispatcher: str, overlap: bool, delay: bool, emulated: bool):
     with nvshmem_exchange_emulated(emulated):
-        return _run(dispatcher, overlap, delay)
+        return _run(dispatcher, overlap, delay, transport="nvshmem" if emulated else None)
 
 
-def _run(dispatcher: str, overlap: bool, delay: bool):
+def _run(dispatcher: str, overlap: bool, delay: bool, transport=None):
     ps.initialize_model_parallel(1, 1, expert_model_parallel_size=2)
     provider = Qwen3MoEModelProvider(
         num_layers=2, hidden_size=HIDDEN, num_attention_heads=4, num_query_groups=2, kv_channels=8,
@@ -116,6 +125,9 @@ def _run(dispatcher: str, overlap: bool, delay: bool):
     if ON_GPU:
         model.cuda()
     sorted_layers = sum(isinstance(l.mlp.token_dispatcher, ExpertParallelSortedDispatcher) for l in model.decoder.layers)
+    if transport is not None:  # what the dispatcher precomputes for that transport (its per-call indices)
+        for layer in model.decoder.layers:
+            layer.mlp.token_dispatcher.transport = transport
     g = torch.Generator().manual_seed(10 + RANK)
     data = [torch.randint(0, 128, (1, SEQ), generator=g).to("cuda" if ON_GPU else "cpu") for _ in range(MICRO_BATCHES)]
     out = get_forward_backward_func()(
@@ -149,6 +161,7 @@ report = {
     "expert_grad_norm": float(sum(v.norm() ** 2 for k, v in reference_grads.items() if "experts" in k) ** 0.5),
     "choices": [c.to_dict() for c in dispatch_choices()],
     "deferred_wgrads_left": {name: r[3] for name, r in results.items()},
+    "precomputed_call_rows": PRECOMPUTED_CALL_ROWS[0],
 }
 dist.destroy_process_group()
 print("REPORT " + json.dumps(report))

@@ -58,7 +58,7 @@ from megatron.bridge.models.torch_native.sorted_permutation import (  # noqa: F4
     unpermute_sorted,
 )
 from megatron.bridge.models.torch_native.streams import record_if_read_elsewhere, stream_of
-from megatron.bridge.models.torch_native.symmetric_exchange import make_exchange
+from megatron.bridge.models.torch_native.symmetric_exchange import call_rows, make_exchange, region_pack_index
 from megatron.bridge.models.torch_native.token_exchange import (
     Route,
     RowExchange,
@@ -144,14 +144,18 @@ class ExchangePlan:
     capacity: int
     # the stream that computed the tensors, where other streams read them (EP overlap); None otherwise
     made_on: Optional[torch.cuda.Stream] = None
+    # the NVSHMEM exchange's per-call rows and region pack indices, both ways (see :func:`call_tensors`)
+    calls: Optional[Tuple[torch.Tensor, ...]] = None
 
     def to_experts(self) -> Route:
         """The dispatch (and the combine's backward): token rows to the experts' ranks."""
-        return Route(self.send_splits, self.recv_splits, self.capacity, self._source_rows)
+        rows, pack = self.calls[:2] if self.calls is not None else (None, None)
+        return Route(self.send_splits, self.recv_splits, self.capacity, self._source_rows, rows, pack)
 
     def to_tokens(self) -> Route:
         """The combine (and the dispatch's backward): expert rows back to their tokens' ranks."""
-        return Route(self.recv_splits, self.send_splits, self.send_rows, self._source_rows)
+        rows, pack = self.calls[2:] if self.calls is not None else (None, None)
+        return Route(self.recv_splits, self.send_splits, self.send_rows, self._source_rows, rows, pack)
 
     @property
     def _source_rows(self) -> int:
@@ -165,7 +169,7 @@ class ExchangePlan:
         per stream covers every read queued there before the memory is freed."""
         record_if_read_elsewhere(
             self.made_on, self.send_splits, self.recv_splits, self.tokens_per_expert, self.recv_total,
-            self.to_source_major, self.to_expert_major,
+            self.to_source_major, self.to_expert_major, *(self.calls or ()),
         )
 
 
@@ -199,17 +203,33 @@ def plan_tensors(all_counts: torch.Tensor, rank: int, num_local_experts: int, ca
     return _COMPILED_PLAN(_plan_tensors, *args) if all_counts.is_cuda else _plan_tensors(*args)
 
 
+def call_tensors(plan: Tuple[torch.Tensor, ...], rank: int, capacity: int, send_rows: int) -> Tuple[torch.Tensor, ...]:
+    """The NVSHMEM exchange's indices for both routes of :func:`plan_tensors`' plan: the rows sent in
+    each call and the region pack index, to the experts then back to the tokens (see
+    ``symmetric_exchange.call_rows``; computed here, inside the graphed index function, they cost
+    the host no launches of their own)."""
+    send_splits, recv_splits, _, _, _, to_expert_major = plan
+    source_rows = capacity // send_splits.numel()
+    return (
+        call_rows(send_splits, rank, source_rows, send_rows),
+        region_pack_index(recv_splits, source_rows, capacity),
+        call_rows(recv_splits, rank, source_rows, capacity, order=to_expert_major),
+        region_pack_index(send_splits, source_rows, send_rows),
+    )
+
+
 def make_plan(
     tensors: Tuple[torch.Tensor, ...], capacity: int, send_rows: int,
     made_on: Optional[torch.cuda.Stream] = None,
 ) -> ExchangePlan:
-    """An :class:`ExchangePlan` from :func:`plan_tensors`' tensors, in their order; ``made_on``: the
-    stream that computed them, where other streams will read them (the EP-overlap schedule)."""
-    send_splits, recv_splits, tokens_per_expert, recv_total, to_source_major, to_expert_major = tensors
+    """An :class:`ExchangePlan` from :func:`plan_tensors`' tensors, in their order, then optionally
+    :func:`call_tensors`'; ``made_on``: the stream that computed them, where other streams will read
+    them (the EP-overlap schedule)."""
+    send_splits, recv_splits, tokens_per_expert, recv_total, to_source_major, to_expert_major = tensors[:6]
     return ExchangePlan(
         send_splits=send_splits, recv_splits=recv_splits, tokens_per_expert=tokens_per_expert, recv_total=recv_total,
         to_source_major=to_source_major, to_expert_major=to_expert_major,
-        send_rows=send_rows, capacity=capacity, made_on=made_on,
+        send_rows=send_rows, capacity=capacity, made_on=made_on, calls=tuple(tensors[6:]) or None,
     )
 
 
@@ -222,11 +242,14 @@ def exchange_plan(
 
 def routing_and_plan(
     routing_map: torch.Tensor, all_counts: torch.Tensor, *, topk: int, rank: int, num_local_experts: int,
-    capacity: int,
+    capacity: int, with_calls: bool = False,
 ) -> Tuple[torch.Tensor, ...]:
-    """:func:`permutation_indices`, then :func:`plan_tensors`: everything the EP dispatcher computes
-    before it moves a token, as one function (one graph on GPUs)."""
-    return (*permutation_indices(routing_map, topk), *plan_tensors(all_counts, rank, num_local_experts, capacity))
+    """:func:`permutation_indices`, then :func:`plan_tensors` (and, ``with_calls``, the NVSHMEM
+    exchange's :func:`call_tensors`): everything the EP dispatcher computes before it moves a token,
+    as one function (one graph on GPUs)."""
+    plan = plan_tensors(all_counts, rank, num_local_experts, capacity)
+    calls = call_tensors(plan, rank, capacity, routing_map.shape[0] * topk) if with_calls else ()
+    return (*permutation_indices(routing_map, topk), *plan, *calls)
 
 
 graphed_routing_and_plan = GraphedIndexFunction(routing_and_plan, "EP routing indices and exchange plan")
@@ -362,8 +385,8 @@ class ExpertParallelSortedDispatcher(MoEAlltoAllTokenDispatcher):
         num_tokens, topk = tokens.shape[0], self.config.moe_router_topk
         capacity = self._capacity(num_tokens)
         src_token, pos, prob_index, *plan = graphed_routing_and_plan(
-            routing_map, all_counts,
-            topk=topk, rank=self.ep_rank, num_local_experts=self.num_local_experts, capacity=capacity,
+            routing_map, all_counts, topk=topk, rank=self.ep_rank, num_local_experts=self.num_local_experts,
+            capacity=capacity, with_calls=self.transport == "nvshmem",
         )
         # Under EP overlap the exchanges and the unpermutation run on the communication stream.
         overlap = bool(self.config.overlap_moe_expert_parallel_comm)

@@ -97,6 +97,29 @@ def blocks_override_problem(world: int, environ: Optional[Mapping[str, str]] = N
     )
 
 
+def call_rows(send_splits: torch.Tensor, rank: int, source_rows: int, rows: int,
+              order: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``[world, source_rows]``: row ``k`` holds the source rows sent in call ``k`` (to rank
+    ``rank + k``; ``k = 0`` is this rank's own rows), ``order`` applied; past each count, some valid
+    row (not sent)."""
+    world = send_splits.numel()
+    dests = (rank + torch.arange(world, device=send_splits.device)) % world
+    starts = exclusive_cumsum(send_splits)[dests]
+    rows_of_call = (starts[:, None] + torch.arange(source_rows, device=send_splits.device)).clamp(max=max(rows - 1, 0))
+    return order[rows_of_call] if order is not None else rows_of_call
+
+
+def region_pack_index(recv_splits: torch.Tensor, source_rows: int, recv_rows: int) -> torch.Tensor:
+    """``[recv_rows]``: for each received row in rank order (rank 0's rows first), its row in the
+    per-source regions (``source_rows`` rows each); past the received total, some valid row."""
+    world = recv_splits.numel()
+    ends = torch.cumsum(recv_splits, 0)
+    row = torch.arange(recv_rows, device=recv_splits.device)
+    source = torch.searchsorted(ends, row, right=True).clamp_(max=world - 1)
+    where = source * source_rows + row - (ends[source] - recv_splits[source])
+    return where.clamp_(max=world * source_rows - 1)
+
+
 def _symmetric_empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device, group_name: str) -> torch.Tensor:
     """An NVSHMEM tensor registered with the group (the CPU tests put plain tensors here)."""
     import torch.distributed._symmetric_memory as symm_mem
@@ -200,32 +223,30 @@ class SymmetricMemoryExchange(RowExchange):
         order: Optional[torch.Tensor], count: Optional[torch.Tensor],
     ) -> torch.Tensor:
         bufs = self._reserve_regions(route, nbytes, sources[0].device)
-        region_rows, rows = route.source_rows, sources[0].shape[0] if order is None else order.numel()
-        send_starts = exclusive_cumsum(route.send_splits)
-        steps = torch.arange(region_rows, device=route.send_splits.device)
+        region_rows = route.source_rows
+        picks = route.call_rows
+        if picks is None:
+            rows = sources[0].shape[0] if order is None else order.numel()
+            picks = call_rows(route.send_splits, self.rank, region_rows, rows, order)
         for k in range(self.world):
             dest, source = (self.rank + k) % self.world, (self.rank - k) % self.world
-            pick = (send_starts[dest] + steps).clamp_(max=max(rows - 1, 0))  # this rank's rows for dest
-            if order is not None:
-                pick = order[pick]
             dest_count = route.send_splits[dest:dest + 1]
             if k == 0:  # its own rows: straight into its region
-                write_columns(_region(bufs.recv, self.rank, region_rows), sources, pick, dest_count)
+                write_columns(_region(bufs.recv, self.rank, region_rows), sources, picks[k], dest_count)
                 continue
             slot = self._next_slot()
-            write_columns(bufs.send[slot], sources, pick, dest_count)
+            write_columns(bufs.send[slot], sources, picks[k], dest_count)
             torch.mul(route.send_splits, self._one_hot[dest], out=bufs.splits[slot])
             bufs.all_to_all(slot, _region(bufs.recv, source, region_rows))
         return self._pack_regions(bufs.recv, route)
 
     def _pack_regions(self, regions: torch.Tensor, route: Route) -> torch.Tensor:
         """Rows of the per-source regions, rank 0's first, into the packed receive buffer."""
-        ends = torch.cumsum(route.recv_splits, 0)
-        row = torch.arange(route.recv_rows, device=ends.device)
-        source = torch.searchsorted(ends, row, right=True).clamp_(max=self.world - 1)
-        where = source * route.source_rows + row - (ends[source] - route.recv_splits[source])
-        where.clamp_(max=self.world * route.source_rows - 1)  # rows past the total: any valid row (not copied)
-        copy_byte_rows(regions, self._packed[:route.recv_rows], where, ends[-1:])
+        where = route.pack_index
+        if where is None:
+            where = region_pack_index(route.recv_splits, route.source_rows, route.recv_rows)
+        total = route.recv_splits.sum().reshape(1)
+        copy_byte_rows(regions, self._packed[:route.recv_rows], where, total)
         return self._packed
 
     def all_gather(self, values: torch.Tensor) -> torch.Tensor:
@@ -338,8 +359,10 @@ __all__: List[str] = [
     "VDEV_FULL_GRID_BYTES",
     "blocks_override_problem",
     "blocks_split_rows_exactly",
+    "call_rows",
     "ensure_symmetric_heap",
     "make_exchange",
+    "region_pack_index",
     "symmetric_buffer_rows",
     "symmetric_memory_support",
     "use_nvshmem_backend",

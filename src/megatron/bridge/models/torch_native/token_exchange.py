@@ -132,12 +132,18 @@ class Route:
     ``send_splits[d]``: rows this rank sends to rank ``d`` (consecutive packed rows, in rank order);
     ``recv_splits[s]``: rows it receives from rank ``s``; ``recv_rows``: the most it can receive in
     all (the receive buffer's rows); ``source_rows``: the most any one rank can send it.
+    ``call_rows`` and ``pack_index``: the NVSHMEM exchange's per-call indices, precomputed where a
+    caller can do it more cheaply (the EP dispatcher does, inside its graphed index function);
+    computed by the exchange when absent (``symmetric_exchange.call_rows`` and
+    ``symmetric_exchange.region_pack_index`` say what they hold).
     """
 
     send_splits: torch.Tensor
     recv_splits: torch.Tensor
     recv_rows: int
     source_rows: int
+    call_rows: Optional[torch.Tensor] = None
+    pack_index: Optional[torch.Tensor] = None
 
 
 class RowExchange:
