@@ -30,10 +30,15 @@ FRAMES = 5  # innermost Python frames kept per access (the key that tells findin
 _OWN_FRAMES = ("stream_checks.py", "_python_dispatch.py", "_sanitizer.py", "_pytree.py", "eval_frame.py", "_compile.py")
 
 
+def _describe(stack, limit: int = FRAMES) -> str:
+    """The innermost ``limit`` frames of ``stack`` outside this module and torch's modes, innermost first."""
+    kept = [f for f in stack if not f.filename.endswith(_OWN_FRAMES)][-limit:]
+    return " <- ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}" for f in reversed(kept))
+
+
 def _frames(limit: int = FRAMES) -> str:
-    """The innermost ``limit`` frames of the caller's stack, outside this module and torch's modes."""
-    stack = [f for f in traceback.extract_stack() if not f.filename.endswith(_OWN_FRAMES)][-limit:]
-    return " <- ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}" for f in reversed(stack))
+    """:func:`_describe` of the caller's stack."""
+    return _describe(traceback.extract_stack(), limit)
 
 
 @dataclass
@@ -58,9 +63,7 @@ class Findings:
 
 
 def _access(access) -> str:
-    stack = [f for f in access.stack_trace if not f.filename.endswith(_OWN_FRAMES)][-FRAMES:]
-    frames = " <- ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}" for f in reversed(stack))
-    return f"{access.operator} {access.type} on stream {access.stream} [{frames}]"
+    return f"{access.operator} {access.type} on stream {access.stream} [{_describe(access.stack_trace)}]"
 
 
 @dataclass
