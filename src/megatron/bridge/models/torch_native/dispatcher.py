@@ -159,8 +159,7 @@ class ExchangePlan:
 
     @property
     def _source_rows(self) -> int:
-        """The most rows one rank sends another, either way: its tokens x min(top-k, local experts)."""
-        return self.capacity // self.send_splits.numel()
+        return rows_from_one_rank(self.capacity, self.send_splits.numel())
 
     def used_on_current_stream(self) -> None:
         """Record the plan's tensors with the caching allocator where the current stream is not the
@@ -203,13 +202,19 @@ def plan_tensors(all_counts: torch.Tensor, rank: int, num_local_experts: int, ca
     return _COMPILED_PLAN(_plan_tensors, *args) if all_counts.is_cuda else _plan_tensors(*args)
 
 
+def rows_from_one_rank(capacity: int, ep_size: int) -> int:
+    """The most rows one rank sends another, either way: its tokens x min(top-k, local experts)
+    (``capacity`` is ``ep_size`` times that)."""
+    return capacity // ep_size
+
+
 def call_tensors(plan: Tuple[torch.Tensor, ...], rank: int, capacity: int, send_rows: int) -> Tuple[torch.Tensor, ...]:
     """The NVSHMEM exchange's indices for both routes of :func:`plan_tensors`' plan: the rows sent in
     each call and the region pack index, to the experts then back to the tokens (see
     ``symmetric_exchange.call_rows``; computed here, inside the graphed index function, they cost
     the host no launches of their own)."""
     send_splits, recv_splits, _, _, _, to_expert_major = plan
-    source_rows = capacity // send_splits.numel()
+    source_rows = rows_from_one_rank(capacity, send_splits.numel())
     return (
         call_rows(send_splits, rank, source_rows, send_rows),
         region_pack_index(recv_splits, source_rows, capacity),
