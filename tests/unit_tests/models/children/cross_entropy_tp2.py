@@ -3,10 +3,11 @@ Triton's interpreter) against its PyTorch path, and the vocab-parallel loss acro
 tensor-parallel ranks; prints one ``REPORT {json}`` line per rank. argv: RANK PORT.
 """
 
-import json, os, sys
+import os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
 import torch.distributed as dist
+from child_exit import finish  # beside this program
 from megatron.bridge.models.torch_native import cross_entropy as ce
 rank, port = int(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
@@ -57,5 +58,4 @@ for backend in ("torch", "triton"):
         "grad_diff": float((grad - ref_grad[..., rank * shard:(rank + 1) * shard]).abs().max()),
     }
 report["targets_on_this_shard"] = int(((target >= rank * shard) & (target < (rank + 1) * shard)).sum())
-dist.destroy_process_group()
-print("REPORT " + json.dumps(report))
+finish(report)

@@ -10,13 +10,13 @@ argv: RANK PORT. Prints one ``REPORT {json}`` line:
   and how many emulated calls each took.
 """
 
-import json
 import os
 import sys
 
 import torch
 import torch.distributed as dist
 
+from child_exit import finish  # beside this program
 from vdev_emulation import EmulatedVdev, install  # beside this program
 
 RANK, PORT = int(sys.argv[1]), sys.argv[2]
@@ -74,5 +74,4 @@ for seed in range(1, 6):
     want = exchange_all(collective, splits, sources, order)
     report["exchanges"].append({"equal": torch.equal(got, want), "rows": int(want.shape[0]),
                                 "calls": vdev.calls - calls_before, "ordered": order is not None})
-print("REPORT " + json.dumps(report), flush=True)
-dist.destroy_process_group()
+finish(report)

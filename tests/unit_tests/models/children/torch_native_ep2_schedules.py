@@ -3,9 +3,10 @@ EP=2 (standard, combined-1F1B overlap, delayed wgrad, with and without DDP); pri
 ``REPORT {json}`` line per rank. argv: RANK PORT.
 """
 
-import json, os, sys
+import os, sys
 import torch
 import torch.distributed as dist
+from child_exit import finish  # beside this program
 from megatron.bridge.training import cpu_compat
 cpu_compat.enable_cpu_compat()
 rank, port = int(sys.argv[1]), sys.argv[2]
@@ -97,5 +98,4 @@ report = {
     "ddp_expert_main_grad_norm": float(sum(v.norm() ** 2 for k, v in grads["ddp_off"].items() if "experts" in k) ** 0.5),
     "expert_grad_norm": float(sum(v.norm() ** 2 for k, v in grads["off"].items() if "experts" in k) ** 0.5),
 }
-dist.destroy_process_group()
-print("REPORT " + json.dumps(report))
+finish(report)

@@ -2,9 +2,10 @@
 with the torch-native one, compared; prints one ``REPORT {json}`` line. argv: RANK PORT.
 """
 
-import json, os, sys
+import os, sys
 import torch
 import torch.distributed as dist
+from child_exit import finish  # beside this program
 from megatron.bridge.training import cpu_compat
 cpu_compat.enable_cpu_compat()
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -84,5 +85,4 @@ for label, model in (("plain", plain), ("native", native)):
     curves[label] = curve
 report["curves"] = curves
 ps.destroy_model_parallel()
-dist.destroy_process_group()
-print("REPORT " + json.dumps(report))
+finish(report)
