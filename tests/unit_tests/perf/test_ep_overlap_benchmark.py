@@ -105,6 +105,30 @@ def test_cuda_graph_option_sets_every_case(bench, tmp_path, graph, impl, warmup)
     assert not any(a.startswith("ddp.check_for_nan_in_grad") for a in argv)  # the recipe's check stays on
 
 
+GRAPHED_SORTED = ["--cuda-graph", "full_iteration", "--ep-dispatch", "sorted", "--mbs", "1", "2"]
+
+
+@pytest.mark.parametrize("transport,refused_by", [
+    ("nvlink", None),  # the NVLink target: graph + EP overlap over NVSHMEM, every case accepted
+    ("host_staged", "full-iteration-graph-sync-free-moe"),  # NCCL's split sizes go through the host
+])
+def test_graphed_sorted_cases_pass_or_fail_validation_before_any_launch(bench, tmp_path, transport, refused_by):
+    """Every case is resolved and validated through the harness before a job starts: the graphed
+    NVLink cases (overlap off and on) are accepted, the host-staged ones refused by the rule that
+    says why, so no GPU time is spent on a run that could not be captured."""
+    from megatron.bridge.training.errors import ConfigValidationError
+
+    args = bench.parse(["--out", str(tmp_path), "--transports", transport, *GRAPHED_SORTED])
+    cases = bench.plan_cases(args)[transport]
+    assert {c.overlap for c in cases} == {False, True}
+    if refused_by is None:
+        assert all(p.is_file() for p in bench.write_configs(cases, args))
+        return
+    with pytest.raises(ConfigValidationError) as refused:
+        bench.write_configs(cases, args)
+    assert [v.rule for v in refused.value.violations] == [refused_by]
+
+
 def test_a_job_past_its_timeout_is_stopped_with_its_workers_and_reported(bench, tmp_path):
     """A slow job used to end the benchmark with TimeoutExpired, losing every finished case's results;
     now its whole process group is stopped and the status says so."""
