@@ -64,8 +64,9 @@ def gloo_world() -> Iterator[None]:
     start without a process group)."""
     created = False
     if not dist.is_initialized():
-        # An explicit init_method: child processes spawned by other tests must not inherit a port.
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+        # An in-memory store: no port that another process could take first, and none in the
+        # environment for child processes spawned by other tests to inherit.
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         created = True
     yield
     if created and dist.is_initialized():
