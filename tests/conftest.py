@@ -97,8 +97,8 @@ REPORT_PREFIX = "REPORT "
 @pytest.fixture(scope="session")
 def run_child_script():
     """Run a test's child program (a file) on ``world_size`` processes (argv:
-    ``RANK PORT``) and return each rank's ``REPORT {json}`` line as a dict (its stdout under
-    ``"stdout"``).
+    ``RANK PORT``; ``WORLD_SIZE`` in the environment, as torchrun sets it) and return each rank's
+    ``REPORT {json}`` line as a dict (its stdout under ``"stdout"``).
 
     For code that must not run in the test process: the CPU compatibility layer patches torch for
     the whole process, and multi-rank runs need their own processes. The children run in
@@ -108,7 +108,7 @@ def run_child_script():
 
     def run(script: Path, workdir: Path, world_size: int = 1, timeout: float = 300) -> list[dict]:
         repo = Path(__file__).resolve().parents[1]
-        env = dict(os.environ, PYTHONPATH=str(repo / "src"), CUDA_VISIBLE_DEVICES="")
+        env = dict(os.environ, PYTHONPATH=str(repo / "src"), CUDA_VISIBLE_DEVICES="", WORLD_SIZE=str(world_size))
         for _ in range(_PORT_ATTEMPTS):
             port = str(free_port())
             procs = [

@@ -131,13 +131,12 @@ CHILDREN = Path(__file__).parent / "children"
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_the_exchange_is_exact_even_where_every_vdev_block_reads_overwritten_offsets(
-    run_child_script, tmp_path, monkeypatch, world
+    run_child_script, tmp_path, world
 ) -> None:
     """torch's kernel lets a late thread block read a peer's rows at the output offset that block 0
     has written over the source offset. The emulation gives every block that fate: one call with
     rows for every rank then delivers wrong rows, while the exchange (one peer per call, where the
     two offsets are both zero) matches all_to_all_single bit for bit, in ``world - 1`` calls."""
-    monkeypatch.setenv("EXCHANGE_WORLD", str(world))
     reports = run_child_script(CHILDREN / "symmetric_exchange_rounds.py", tmp_path, world_size=world, timeout=300)
     assert not all(r["one_call_late_right"] for r in reports) and all(r["one_call_on_time_right"] for r in reports)
     for report in reports:

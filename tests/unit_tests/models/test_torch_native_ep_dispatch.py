@@ -174,17 +174,20 @@ def test_sorted_request_that_cannot_be_exact_is_an_error(overrides, blocker) -> 
         choose_dispatch(_Config(torch_native_dispatcher="sorted", **overrides), 2, 1, None, torch.device("cpu"))
 
 
-@pytest.fixture(scope="module")
-def ep2_sorted_report(tmp_path_factory, run_child_script) -> list:
-    return run_child_script(CHILDREN / "ep_sorted_dispatch.py", tmp_path_factory.mktemp("ep_sorted"), world_size=2, timeout=400)
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda ep: f"ep{ep}")
+def ep_sorted_report(request, tmp_path_factory, run_child_script) -> list:
+    """The child's reports at EP 2 and at EP 4 (where the NVSHMEM exchange makes three calls, each
+    with its own precomputed rows, and packs four regions)."""
+    workdir = tmp_path_factory.mktemp(f"ep{request.param}_sorted")
+    return run_child_script(CHILDREN / "ep_sorted_dispatch.py", workdir, world_size=request.param, timeout=600)
 
 
 @pytest.mark.functional
 @pytest.mark.parametrize("variant", [
     "sorted", "sorted_overlap", "sorted_overlap_delay_wgrad", "sorted_nvshmem_emulated", "sorted_nvshmem_emulated_overlap",
 ])
-def test_ep2_sorted_dispatcher_equals_megatron_dispatcher(ep2_sorted_report, variant) -> None:
-    for rank in ep2_sorted_report:
+def test_sorted_dispatcher_equals_megatron_dispatcher(ep_sorted_report, variant) -> None:
+    for rank in ep_sorted_report:
         assert rank["sorted_layers"][variant] == 2 and rank["sorted_layers"]["megatron"] == 0
         assert rank["expert_grad_norm"] > 0
         assert rank["losses"][variant] == rank["losses"]["megatron"]

@@ -1,15 +1,16 @@
-"""Child program (two ranks, gloo on CPU): the EP=2 sorted dispatcher against megatron's.
+"""Child program (gloo on CPU): the sorted EP dispatcher against megatron's, at EP = ``WORLD_SIZE``.
 
-argv: RANK PORT [cuda]. Builds the same 2-layer Qwen3-MoE-like model with
-``torch_native_dispatcher`` set to ``megatron`` and to ``sorted``, runs megatron's schedules
-(standard 1F1B, the combined-1F1B EP-overlap schedule, and that schedule with delayed expert wgrad)
-and prints one ``REPORT {json}`` line with losses and gradient differences. On CPU (gloo, fp32, the
-collective transport, and the NVSHMEM exchange over an emulation of torch's kernel) the results
-must be bitwise equal; with ``cuda`` (two GPUs, NCCL, bf16, the
-NVSHMEM transport where available) this program is the GPU check of the same path.
+argv: RANK PORT [cuda]; ``WORLD_SIZE`` ranks (default 2), all in one expert-parallel group. Builds
+the same 2-layer Qwen3-MoE-like model with ``torch_native_dispatcher`` set to ``megatron`` and to
+``sorted``, runs megatron's schedules (standard 1F1B, the combined-1F1B EP-overlap schedule, and
+that schedule with delayed expert wgrad) and prints one ``REPORT {json}`` line with losses and
+gradient differences. On CPU (gloo, fp32, the collective transport, and the NVSHMEM exchange over
+an emulation of torch's kernel) the results must be bitwise equal; with ``cuda`` (one GPU per rank,
+NCCL, bf16, the NVSHMEM transport where available) this program is the GPU check of the same path.
 """
 
 import contextlib
+import os
 import sys
 
 import torch
@@ -18,15 +19,16 @@ import torch.distributed as dist
 from child_exit import finish  # beside this program
 
 RANK, PORT = int(sys.argv[1]), sys.argv[2]
+WORLD = int(os.environ.get("WORLD_SIZE", "2"))
 ON_GPU = len(sys.argv) > 3 and sys.argv[3] == "cuda"
 if ON_GPU:
     torch.cuda.set_device(RANK)
-    dist.init_process_group("nccl", rank=RANK, world_size=2, init_method=f"tcp://127.0.0.1:{PORT}")
+    dist.init_process_group("nccl", rank=RANK, world_size=WORLD, init_method=f"tcp://127.0.0.1:{PORT}")
 else:
     from megatron.bridge.training import cpu_compat
 
     cpu_compat.enable_cpu_compat()
-    dist.init_process_group("gloo", rank=RANK, world_size=2, init_method=f"tcp://127.0.0.1:{PORT}")
+    dist.init_process_group("gloo", rank=RANK, world_size=WORLD, init_method=f"tcp://127.0.0.1:{PORT}")
 
 from megatron.core import parallel_state as ps  # noqa: E402
 from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: E402
@@ -104,13 +106,13 @@ def run(dispatcher: str, overlap: bool, delay: bool, emulated: bool):
 
 
 def _run(dispatcher: str, overlap: bool, delay: bool, transport=None):
-    ps.initialize_model_parallel(1, 1, expert_model_parallel_size=2)
+    ps.initialize_model_parallel(1, 1, expert_model_parallel_size=WORLD)
     provider = Qwen3MoEModelProvider(
         num_layers=2, hidden_size=HIDDEN, num_attention_heads=4, num_query_groups=2, kv_channels=8,
         ffn_hidden_size=64, moe_ffn_hidden_size=16 * (4 if ON_GPU else 1), num_moe_experts=8, moe_router_topk=3,
         vocab_size=128, seq_length=SEQ, make_vocab_size_divisible_by=128, layer_spec="torch_native",
         use_cpu_initialization=not ON_GPU, params_dtype=torch.bfloat16 if ON_GPU else torch.float32, bf16=True,
-        expert_model_parallel_size=2, moe_token_dispatcher_type="alltoall",
+        expert_model_parallel_size=WORLD, moe_token_dispatcher_type="alltoall",
         torch_native_dispatcher=dispatcher, overlap_moe_expert_parallel_comm=overlap,
         delay_wgrad_compute=delay, moe_aux_loss_coeff=0.0,
     )
