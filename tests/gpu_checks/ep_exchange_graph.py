@@ -226,9 +226,12 @@ def build(variant: str, graph: IterationGraph):
     dispatchers = sorted({type(l.mlp.token_dispatcher).__name__ for l in model.decoder.layers})
     model = Float16Module(provider, model.cuda())
     with graph.model_build_stream():
-        ddp = DistributedDataParallel(
-            config=provider, ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True), module=model,
+        # As the product's configuration does (ddp.delay_wgrad_compute follows the model's): with it
+        # off, DDP hooks the expert weights' AccumulateGrad, which delayed wgrad never reaches.
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, delay_wgrad_compute=provider.delay_wgrad_compute,
         )
+        ddp = DistributedDataParallel(config=provider, ddp_config=ddp_config, module=model)
     return ddp, dispatchers
 
 
