@@ -6,10 +6,11 @@ whether it got there. Two teardown hazards of a gloo process group made it say m
 * a rank that closes its connections while a peer is still inside a collective can fail that
   peer; the barrier lets every rank finish all of its collectives first;
 * once, in CI, a child that had printed a complete and correct report was then killed by
-  ``std::terminate`` (SIGABRT, "terminate called without an active exception") while the
-  interpreter tore down torch's distributed objects: a C++ thread destroyed unjoined. It was not
-  reproduced in 25 runs here. After an orderly ``destroy_process_group`` the child leaves with
-  ``os._exit``, which skips that teardown; everything the test reads is flushed by then.
+  ``std::terminate`` (SIGABRT, "terminate called without an active exception", the message of a
+  C++ thread object destroyed while still joinable) as it shut down. It did not recur in 25 local
+  runs of the same child. After an orderly ``destroy_process_group`` the child now leaves with
+  ``os._exit``, which skips the interpreter's teardown of torch's objects; everything the test
+  reads is flushed by then.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Child program (gloo on CPU, ``WORLD_SIZE`` ranks): the NVSHMEM exchange, with
+"""Child program (gloo on CPU, ``WORLD_SIZE`` ranks, default 2): the NVSHMEM exchange, with
 torch's ``all_to_all_vdev`` emulated as late thread blocks run it, against the collective exchange.
 
 argv: RANK PORT. Prints one ``REPORT {json}`` line:
@@ -20,7 +20,7 @@ from child_exit import finish  # beside this program
 from vdev_emulation import EmulatedVdev, install  # beside this program
 
 RANK, PORT = int(sys.argv[1]), sys.argv[2]
-WORLD = int(os.environ["WORLD_SIZE"])
+WORLD = int(os.environ.get("WORLD_SIZE", "2"))
 dist.init_process_group("gloo", rank=RANK, world_size=WORLD, init_method=f"tcp://127.0.0.1:{PORT}")
 
 from megatron.bridge.models.torch_native import symmetric_exchange  # noqa: E402
