@@ -54,6 +54,7 @@ from megatron.bridge.models.torch_native.token_exchange import (
     copy_columns,
     exclusive_cumsum,
     row_bytes,
+    rows_to_pack,
     write_columns,
 )
 
@@ -204,8 +205,7 @@ class SymmetricMemoryExchange(RowExchange):
     def _reserve_regions(self, route: Route, nbytes: int, device: torch.device) -> _SymmetricBuffers:
         """Buffers for ``route``: send slots of one peer's rows, a region per source, packed rows."""
         rows = self._rows
-        if nbytes != self._row_bytes and self._row_bytes:
-            raise ValueError(f"row size changed from {self._row_bytes} to {nbytes} bytes; use one layout per exchange")
+        self._check_row_bytes(nbytes)
         needed_recv = self.world * route.source_rows
         if rows is None or rows.send_rows < route.source_rows or rows.recv_rows < needed_recv:
             if rows is not None:
@@ -226,8 +226,7 @@ class SymmetricMemoryExchange(RowExchange):
         region_rows = route.source_rows
         picks = route.call_rows
         if picks is None:
-            rows = sources[0].shape[0] if order is None else order.numel()
-            picks = call_rows(route.send_splits, self.rank, region_rows, rows, order)
+            picks = call_rows(route.send_splits, self.rank, region_rows, rows_to_pack(sources, order), order)
         for k in range(self.world):
             dest, source = (self.rank + k) % self.world, (self.rank - k) % self.world
             dest_count = route.send_splits[dest:dest + 1]

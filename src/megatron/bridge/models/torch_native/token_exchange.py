@@ -104,6 +104,11 @@ def copy_byte_rows(
     gather_row_pairs([_word_views(src, out)], index, count)
 
 
+def rows_to_pack(sources: Sequence[torch.Tensor], order: Optional[torch.Tensor] = None) -> int:
+    """How many rows packing ``sources`` makes: all of theirs, or one per entry of ``order``."""
+    return sources[0].shape[0] if order is None else order.numel()
+
+
 def write_columns(
     buffer: torch.Tensor, sources: Sequence[torch.Tensor],
     order: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None,
@@ -111,7 +116,7 @@ def write_columns(
     """Copy the 2-D ``sources`` (their rows ``order``, where given, gathered as they are copied; only
     the first ``count`` of those, where given) side by side into the packed rows from byte 0. Two
     columns are copied per kernel launch."""
-    rows = sources[0].shape[0] if order is None else order.numel()
+    rows = rows_to_pack(sources, order)
     spans = _byte_columns([(src.shape[1], src.dtype) for src in sources])
     pairs = [
         _word_views(src.contiguous().view(torch.uint8), buffer[:rows, start:start + nbytes])
@@ -198,8 +203,7 @@ class RowExchange:
     ) -> torch.Tensor:
         """Pack and send; returns the receive buffer (rows from rank 0 first). Here: every row into
         one send slot, then one collective (:meth:`_run`)."""
-        rows = sources[0].shape[0] if order is None else order.numel()
-        self._reserve(max(rows, route.recv_rows), nbytes, sources[0].device)
+        self._reserve(max(rows_to_pack(sources, order), route.recv_rows), nbytes, sources[0].device)
         slot = self._next_slot()
         write_columns(self._send_buffer(slot), sources, order, count)
         return self._run(slot, route)
@@ -239,9 +243,13 @@ class RowExchange:
         slot, self._slot = self._slot, self._slot ^ 1
         return slot
 
-    def _reserve(self, rows: int, nbytes: int, device: torch.device) -> None:
+    def _check_row_bytes(self, nbytes: int) -> None:
+        """The buffers keep the row size of the first exchange: a different one is a caller's error."""
         if nbytes != self._row_bytes and self._row_bytes:
             raise ValueError(f"row size changed from {self._row_bytes} to {nbytes} bytes; use one layout per exchange")
+
+    def _reserve(self, rows: int, nbytes: int, device: torch.device) -> None:
+        self._check_row_bytes(nbytes)
         if rows <= self._capacity_rows:
             return
         self._capacity_rows, self._row_bytes = self._allocate(rows, nbytes, device), nbytes
@@ -307,5 +315,6 @@ __all__: List[str] = [
     "copy_columns",
     "exclusive_cumsum",
     "row_bytes",
+    "rows_to_pack",
     "write_columns",
 ]
