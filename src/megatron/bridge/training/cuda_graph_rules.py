@@ -107,19 +107,6 @@ CUDA_GRAPH_RULES: tuple[Rule, ...] = (
         group="cuda-graph",
     ),
     Rule(
-        id="full-iteration-graph-no-delayed-wgrad",
-        fields=("model.cuda_graph_impl", "comm_overlap.delay_wgrad_compute"),
-        applies=captures_full_iteration,
-        holds=lambda cfg, ctx: not cfg.comm_overlap.delay_wgrad_compute,
-        message="delayed expert weight gradients under the whole-iteration graph came out wrong: at EP=2 "
-        "with the EP-overlap schedule the replayed steps' losses equalled the eager step's, but the expert "
-        "weight gradients were NaN, inf or hundreds of times off in three replays of four (without "
-        "delay_wgrad_compute the same graph matched the eager step bit for bit at EP 2 and 4)",
-        fix="set comm_overlap.delay_wgrad_compute=false under model.cuda_graph_impl=full_iteration, or "
-        "model.cuda_graph_impl=none to keep delayed weight gradients",
-        group="cuda-graph",
-    ),
-    Rule(
         id="full-iteration-graph-no-pipeline",
         fields=("model.cuda_graph_impl", "model.pipeline_model_parallel_size"),
         applies=captures_full_iteration,
