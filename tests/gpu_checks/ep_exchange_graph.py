@@ -22,7 +22,11 @@ few steps of megatron's schedule without an optimizer, once per variant:
   (``disponcomp`` / ``comboncomp``: only the dispatch / only the combine; ``dispfwdcomp`` /
   ``dispbwdcomp``: only the dispatch's forward / backward; ``joinstart`` / ``joinend``: the dispatch
   forward joined with the compute stream before / after it), to bisect a cross-stream race;
-  ``delaywgrad`` in the name adds delayed expert weight gradients (``delay_wgrad_compute``).
+  ``delaywgrad`` in the name adds delayed expert weight gradients (``delay_wgrad_compute``);
+  ``reuse`` in the name turns on the caching allocator's ``graph_capture_record_stream_reuse`` for
+  that variant (blocks freed during the capture while another captured stream used them become
+  reusable once the capture's dependencies prove that use finished; without it they stay reserved
+  until the capture ends).
 
 Any suffix repeats a variant (``exchange_graph_again``: a second run, to see run-to-run spread).
 
@@ -262,6 +266,8 @@ def forward_step(it, model, return_schedule_plan=False):
 
 def run(variant: str, ref_grads: dict | None) -> dict:
     SCHEDULE_PLANS[0] = 0
+    set_record_stream_reuse("reuse" in variant)
+    torch.cuda.reset_peak_memory_stats()
     graph = IterationGraph.from_model_config(ModelConfig)
     graph.enabled = "graph" in variant
     model, dispatchers = build(variant, graph)
@@ -283,6 +289,7 @@ def run(variant: str, ref_grads: dict | None) -> dict:
         losses.append([float(o["loss"]) for o in out])
         host_s.append(host)
         gpu_s.append(start.elapsed_time(end) / 1e3)
+    memory = peak_memory_gib()
     grads = {n: p.main_grad for n, p in model.module.named_parameters() if hasattr(p, "main_grad")}
     row = grad_diff(grads, ref_grads) if ref_grads is not None else {}
     if variant == ARGS.baseline:
@@ -295,11 +302,31 @@ def run(variant: str, ref_grads: dict | None) -> dict:
     free_memory()
     timed = slice(ARGS.warmup + 1, None)  # after the capture step
     return dict(
-        row, dispatchers=dispatchers, losses=losses, schedule_plans=SCHEDULE_PLANS[0],
+        row, dispatchers=dispatchers, losses=losses, schedule_plans=SCHEDULE_PLANS[0], **memory,
         host_fwd_bwd_s=sum(host_s[timed]) / max(1, len(host_s[timed])),
         gpu_fwd_bwd_s=sum(gpu_s[timed]) / max(1, len(gpu_s[timed])),
         per_step_gpu_s=gpu_s,
     )
+
+
+RECORD_STREAM_REUSE = [False]
+
+
+def set_record_stream_reuse(enabled: bool) -> None:
+    """The allocator option, set at run time (it is read at every allocation during a capture);
+    left alone unless it changes, so that a torch without it fails only the variants that ask."""
+    if enabled != RECORD_STREAM_REUSE[0]:
+        torch.cuda.memory._set_allocator_settings(f"graph_capture_record_stream_reuse:{enabled}")
+        RECORD_STREAM_REUSE[0] = enabled
+
+
+def peak_memory_gib() -> dict:
+    """This rank's peak GPU memory over the variant (model, steps and any capture), in GiB: what
+    tensors held, and what the caching allocator reserved (a capture that cannot reuse freed blocks
+    shows here first)."""
+    gib = float(1 << 30)
+    return dict(peak_allocated_gib=round(torch.cuda.max_memory_allocated() / gib, 3),
+                peak_reserved_gib=round(torch.cuda.max_memory_reserved() / gib, 3))
 
 
 def grad_diff(grads: dict, ref: dict) -> dict:
@@ -331,6 +358,7 @@ for name in names:
         torch.cuda.synchronize()
 
 report = {"world": WORLD, "proxy": ARGS.proxy, "baseline": ARGS.baseline, "errors": errors, "variants": {},
+          "alloc_conf_env": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
           "stream_findings": FINDINGS.report(), "stream_self_test": SELF_TEST}
 ref = results.get(ARGS.baseline)
 for name, r in results.items():
