@@ -120,7 +120,8 @@ def test_summary_json(results: dict) -> None:
     for key in ("overlap_report", "resolved_config", "peak_memory_gib", "step_times_s", "torch_native_kernels"):
         assert key in summary
     assert summary["cuda_graph"] == dict(
-        impl="none", warmup_steps=None, captured_iteration=None, grad_nan_check_after_backward=False)
+        impl="none", warmup_steps=None, captured_iteration=None, grad_nan_check_after_backward=False,
+        capture_record_stream_reuse=None)
     # megatron's own layers (layer_spec=local): no torch-native weight-gradient path to report.
     assert summary["expert_wgrad_accumulation"] is None and summary["dense_wgrad_accumulation"] is None
     config = yaml.safe_load(summary["resolved_config"])  # the effective config, not an error text

@@ -11,6 +11,7 @@ import pytest
 from overlap_helpers import set_fields, violated_rule_ids
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
+from megatron.bridge.training import capture_memory
 from megatron.bridge.training.cuda_graph_rules import CUDA_GRAPH_RULES
 from megatron.bridge.training.cuda_graphs import IterationGraph
 
@@ -193,7 +194,8 @@ def test_without_a_graph_the_schedule_is_unchanged(megatron_graph_state):
         pass
     assert graph.describe().startswith("CUDA graph: none")
     assert graph.summary(final_iteration=12) == dict(
-        impl="none", warmup_steps=None, captured_iteration=None, grad_nan_check_after_backward=False)
+        impl="none", warmup_steps=None, captured_iteration=None, grad_nan_check_after_backward=False,
+        capture_record_stream_reuse=None)
 
 
 def test_every_step_runs_on_the_capture_stream_warmup_steps_included(monkeypatch, megatron_graph_state):
@@ -230,11 +232,14 @@ def test_every_step_runs_on_the_capture_stream_warmup_steps_included(monkeypatch
     "first_iteration,final_iteration,captured",
     [(1, 12, 3), (1, 2, None), (11, 20, 13)],  # a fresh run; stopped before the capture; resumed at 10
 )
-def test_summary_says_when_the_graph_was_captured(first_iteration, final_iteration, captured):
+def test_summary_says_when_the_graph_was_captured(first_iteration, final_iteration, captured, monkeypatch):
+    for name in capture_memory.ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
     graph = _graph(warmup=2)
     graph.first_iteration = first_iteration
     assert graph.summary(final_iteration) == dict(
-        impl="full_iteration", warmup_steps=2, captured_iteration=captured, grad_nan_check_after_backward=False)
+        impl="full_iteration", warmup_steps=2, captured_iteration=captured, grad_nan_check_after_backward=False,
+        capture_record_stream_reuse=True)
     assert "after 2 eager warm-up step(s)" in graph.describe()
 
 

@@ -21,7 +21,10 @@ and leaves the rest to the training loop, which this module does:
   process would replay the previous run's graph, or fail to capture into a freed pool;
 * ``ddp.check_for_nan_in_grad`` reads gradient norms on the host inside DDP's end of the backward,
   which a capture cannot contain: DDP is built without it and the loop checks the gradients after
-  each step's backward instead (``grad_check.py``).
+  each step's backward instead (``grad_check.py``);
+* a capture spanning the compute and communication streams (EP overlap) lets the allocator reuse
+  blocks freed across streams while capturing, else it can need several times the eager step's
+  memory (``capture_memory.py``).
 
 The rules that keep the captured step free of host reads are in ``cuda_graph_rules.py``.
 """
@@ -30,10 +33,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Optional
 
 import torch
+
+from megatron.bridge.training import capture_memory
+from megatron.bridge.training.capture_memory import CaptureMemoryReuse
 
 IMPL = "full_iteration"
 
@@ -49,15 +56,19 @@ class IterationGraph:
     """The run's ``ddp.check_for_nan_in_grad``."""
     first_iteration: int = 1
     """The first iteration this process trains (after a resume, not 1)."""
+    memory_reuse: Optional[CaptureMemoryReuse] = None
+    """Whether the capture reuses blocks freed across streams (``capture_memory.py``); None without a graph."""
     _wrapper: Optional[Any] = None
 
     @classmethod
     def from_model_config(cls, model_cfg: Any, check_for_nan_in_grad: bool = False) -> "IterationGraph":
+        enabled = model_cfg.cuda_graph_impl == IMPL
         return cls(
-            enabled=model_cfg.cuda_graph_impl == IMPL,
+            enabled=enabled,
             warmup_steps=int(model_cfg.cuda_graph_warmup_steps),
             use_single_mempool=bool(model_cfg.cuda_graph_use_single_mempool),
             check_for_nan_in_grad=bool(check_for_nan_in_grad),
+            memory_reuse=capture_memory.decide(os.environ) if enabled else None,
         )
 
     @property
@@ -93,6 +104,7 @@ class IterationGraph:
         from megatron.core.full_cuda_graph import FullCudaGraphWrapper
 
         self.release()  # a graph left by an earlier run in this process must not be replayed
+        self.memory_reuse = capture_memory.apply(self.memory_reuse)
         wrapper = self._wrapper = FullCudaGraphWrapper(
             forward_backward, cuda_graph_warmup_steps=self.warmup_steps, use_single_mempool=self.use_single_mempool
         )
@@ -111,7 +123,8 @@ class IterationGraph:
                      if self.checks_grads_after_backward else "")
         return (
             f"CUDA graph: whole iteration (megatron-core FullCudaGraphWrapper): forward+backward captured in "
-            f"the step after {self.warmup_steps} eager warm-up step(s), replayed after; optimizer eager{nan_check}"
+            f"the step after {self.warmup_steps} eager warm-up step(s), replayed after; optimizer eager{nan_check}; "
+            f"{self.memory_reuse.describe()}"
         )
 
     def summary(self, final_iteration: int) -> dict[str, Any]:
@@ -122,6 +135,7 @@ class IterationGraph:
             warmup_steps=self.warmup_steps if self.enabled else None,
             captured_iteration=self.capture_iteration if captured else None,
             grad_nan_check_after_backward=self.checks_grads_after_backward,
+            capture_record_stream_reuse=self.memory_reuse.enabled if self.enabled else None,
         )
 
     def release(self) -> None:
@@ -138,6 +152,7 @@ class IterationGraph:
         # second run of one process), so the next run's capture gets a pool of its own.
         full_cuda_graph._shared_graph_pool = None
         self._wrapper = None
+        capture_memory.undo(self.memory_reuse)
 
 
 @contextlib.contextmanager
