@@ -119,6 +119,22 @@ def test_missing_deep_ep_on_a_gpu_host_is_refused_before_launch(tmp_path, no_lau
     assert code == 2 and "[flex-needs-deep-ep]" in out.getvalue() and "deep_ep='not importable'" in out.getvalue()
 
 
+def test_a_graph_of_ranks_sharing_a_gpu_over_gloo_is_refused_before_launch(tmp_path, no_launch, monkeypatch):
+    """``--procs_per_gpu 2`` makes the harness pick gloo; gloo's gradient reduction inside the captured
+    step cannot be captured (it failed the first capture on an H200), so the graph is refused first."""
+    from megatron.bridge.training import gpu_catalog
+
+    monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: ((9, 0), "NVIDIA H200"))
+    out = io.StringIO()
+    code = main(["-mr", "qwen3_moe_tiny", "-g", "h200", "-ng", "1", "--procs_per_gpu", "2", "-ep", "2",
+                 "--max_steps", "6", "--cuda_graph_impl", "full_iteration", "model.cuda_graph_warmup_steps=2",
+                 "model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nvshmem",
+                 "-l", str(tmp_path / "run")], out=out)
+    text = out.getvalue()
+    assert code == 2 and "[full-iteration-graph-needs-nccl]" in text, text
+    assert "dist.distributed_backend='gloo', world_size=2" in text and "nothing was launched" in text
+
+
 def test_empty_checkpoint_directory_starts_fresh_and_says_so(tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

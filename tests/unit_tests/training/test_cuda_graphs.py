@@ -43,6 +43,8 @@ CASES = {
     "optimizer-graph-not-captured": (_captured(**{"optimizer.optimizer_cuda_graph": True}), _captured()),
     "full-iteration-graph-needs-cuda": (_captured(**{"dist.device": "cpu"}), _captured()),
     "full-iteration-graph-sync-free-moe": (_captured(**{"model.expert_model_parallel_size": 2}), _captured()),
+    "full-iteration-graph-needs-nccl": (
+        _captured(**{"dist.distributed_backend": "gloo"}), _captured(**{"dist.distributed_backend": "nccl"})),
     "full-iteration-graph-no-pipeline": (_captured(**{"model.pipeline_model_parallel_size": 2}), _captured()),
     "full-iteration-graph-warmup-in-run": (_captured(**{"model.cuda_graph_warmup_steps": 0}), _captured()),
     "full-iteration-capture-outside-steady-window": (
@@ -51,7 +53,8 @@ CASES = {
 
 
 def _violated_ids(cfg, **facts):
-    return violated_rule_ids(CUDA_GRAPH_RULES, cfg, dict(te_version=None, **facts))
+    """Violated rule ids on two ranks (the EP=2 cases' world) unless ``facts`` say otherwise."""
+    return violated_rule_ids(CUDA_GRAPH_RULES, cfg, {"te_version": None, "world_size": 2, **facts})
 
 
 def test_every_rule_has_cases():
@@ -73,6 +76,17 @@ def test_rule_negative_case_is_reported(rule_id):
 def test_rule_positive_case_passes(rule_id):
     _, satisfies = CASES[rule_id]
     assert rule_id not in _violated_ids(satisfies(qwen3_30b_a3b_pretrain_config()))
+
+
+@pytest.mark.parametrize(
+    "backend,world_size,refused",
+    [("gloo", 2, True), ("gloo", 1, False), ("gloo", None, False), ("nccl", 2, False), (None, 2, False)],
+)
+def test_several_ranks_over_gloo_cannot_be_captured(backend, world_size, refused):
+    """gloo's collectives (the data-parallel gradient reduction inside megatron's schedule) run on the
+    host; one rank has none, and the world size unknown (no launch yet) leaves it to launch time."""
+    cfg = _captured(**{"dist.distributed_backend": backend})(qwen3_30b_a3b_pretrain_config())
+    assert ("full-iteration-graph-needs-nccl" in _violated_ids(cfg, world_size=world_size)) is refused
 
 
 @pytest.mark.parametrize(

@@ -107,6 +107,21 @@ CUDA_GRAPH_RULES: tuple[Rule, ...] = (
         group="cuda-graph",
     ),
     Rule(
+        id="full-iteration-graph-needs-nccl",
+        fields=("model.cuda_graph_impl", "dist.distributed_backend"),
+        applies=lambda cfg, ctx: captures_full_iteration(cfg, ctx) and ctx.world_size is not None
+        and ctx.world_size > 1,
+        holds=lambda cfg, ctx: cfg.dist.effective_backend == "nccl",
+        message="with several ranks the captured step contains collectives: megatron's schedule reduces the "
+        "gradients across data-parallel ranks (finalize_model_grads) inside the forward+backward it captures. "
+        "NCCL's can be captured, gloo's run on the host and cannot (two ranks sharing an H200 over gloo failed "
+        "their first capture with 'operation not permitted when stream is capturing' in reduce_scatter_tensor)",
+        fix="run one process per GPU over NCCL (dist.distributed_backend=nccl; the harness picks gloo only "
+        "with --procs_per_gpu > 1), or set model.cuda_graph_impl=none",
+        extra_values=(("world_size", lambda ctx: ctx.world_size),),
+        group="cuda-graph",
+    ),
+    Rule(
         id="full-iteration-graph-no-pipeline",
         fields=("model.cuda_graph_impl", "model.pipeline_model_parallel_size"),
         applies=captures_full_iteration,
