@@ -91,6 +91,12 @@ parser.add_argument(
     help="torch operators only in the torch-native layers: no Triton kernels, no torch.compile (implied by "
          "--sanitize); tells a race in those kernels from one elsewhere",
 )
+parser.add_argument(
+    "--keep-going", action="store_true",
+    help="after a variant fails, go on with the next one. Safe only when every rank fails alike: a rank "
+         "that fails alone (out of memory, say) leaves the others waiting in a collective until the job's "
+         "time limit. By default the program reports what it has and exits 1, so torchrun stops the others",
+)
 ARGS = parser.parse_args()
 ARGS.torch_ops = ARGS.torch_ops or ARGS.sanitize
 FINDINGS = stream_checks.Findings()
@@ -347,11 +353,13 @@ for name in names:
         results[name] = run(name, ref_grads)
         if name == ARGS.baseline:
             ref_grads = results[name].pop("grads")
-    except Exception as exc:  # report every variant; one failure must not hide the others
+    except Exception as exc:  # reported with the variants before it (and after it with --keep-going)
         traceback.print_exc()  # the whole chain, innermost frames included
         errors[name] = "".join(traceback.format_exception_only(exc)).strip()[-2000:]
         if exc.__context__ is not None:
             errors[name] += " <- " + "".join(traceback.format_exception_only(exc.__context__)).strip()[-2000:]
+        if not ARGS.keep_going:
+            break
         IterationGraph.from_model_config(ModelConfig).release()  # a failed capture must not reach the next variant
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
@@ -370,4 +378,6 @@ for name, r in results.items():
     report["variants"][name] = row
 if RANK == 0:
     print("REPORT " + json.dumps(report), flush=True)
+if errors and not ARGS.keep_going:
+    os._exit(1)  # a peer may be waiting in a collective this rank never joins; torchrun stops it
 dist.destroy_process_group()
