@@ -8,7 +8,7 @@ import torch
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
 from megatron.bridge.training import capture_memory
-from megatron.bridge.training.capture_memory import OPTION, CaptureMemoryReuse
+from megatron.bridge.training.capture_memory import OPTION
 from megatron.bridge.training.cuda_graphs import IterationGraph
 
 # environment -> (enabled, set by the loop, words of the reason)
@@ -80,13 +80,30 @@ def test_an_explicit_user_setting_is_left_alone(no_allocator_env, monkeypatch):
     assert graph.summary(final_iteration=12)["capture_record_stream_reuse"] is False
 
 
-def test_a_torch_without_the_option_reports_it_off(monkeypatch):
+def test_a_torch_without_the_option_reports_it_off_and_the_graph_still_wraps(monkeypatch):
+    """An older torch rejects the key: the run goes on without it and says so; releasing the graph
+    (which ``wrap`` does first, and the run's end does last) never touches the unknown option."""
+    from megatron.core import full_cuda_graph
+
     def unknown(settings):
         raise ValueError(f"Unrecognized key '{OPTION}' in Accelerator allocator config.")
 
+    class Wrapper:
+        def __init__(self, forward_backward, **kwargs):
+            pass
+
+        reset_cuda_graph = staticmethod(lambda wrapper: None)
+
     monkeypatch.setattr(capture_memory, "_setter", lambda: unknown)
-    held = capture_memory.apply(CaptureMemoryReuse(True, "set by the training loop", set_here=True))
-    assert not held.enabled and not held.set_here and f"not in torch {torch.__version__}" == held.source
+    monkeypatch.setattr(full_cuda_graph, "FullCudaGraphWrapper", Wrapper)
+    for name in capture_memory.ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    graph = _full_iteration_graph()
+    graph.wrap(lambda **kw: None, first_iteration=1)
+    graph.release()
+    held = graph.memory_reuse
+    assert not held.enabled and not held.applied and f"not in torch {torch.__version__}" == held.source
+    assert graph.summary(final_iteration=12)["capture_record_stream_reuse"] is False
 
 
 def test_no_graph_no_decision():

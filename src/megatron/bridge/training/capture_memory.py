@@ -8,12 +8,13 @@ default it keeps every such block reserved until the capture ends. Over the eigh
 a step that adds up: the Qwen3-30B-A3B-width proxy at EP=2 (4 layers, seq 4096) peaked at 22 GiB per
 rank eagerly and ran out of memory capturing within 70 GiB, with 43 GiB reserved but unused.
 
-torch's allocator option ``graph_capture_record_stream_reuse`` (present in torch 2.11, measured there) lets a capture reuse
-such a block once the graph's own dependencies prove the other stream's use is finished (it changes
-what the capture allocates, not what a replay does). With it the same capture peaked at 34 GiB, its
-losses bit for bit those of the eager step. The training loop turns it on for the capture unless the
-user's ``PYTORCH_ALLOC_CONF`` / ``PYTORCH_CUDA_ALLOC_CONF`` sets it either way, and says which in the
-start-up line and ``summary.json``.
+torch's allocator option ``graph_capture_record_stream_reuse`` (present in torch 2.11, measured
+there) lets a capture reuse such a block once the graph's own dependencies prove the other stream's
+use is finished: it changes which addresses the capture hands out, not which kernels a replay runs.
+With it the same capture peaked at 34 GiB, its losses bit for bit those of the eager step. The
+training loop turns it on for the capture unless the user's ``PYTORCH_ALLOC_CONF`` /
+``PYTORCH_CUDA_ALLOC_CONF`` sets it either way, and says which in the start-up line and
+``summary.json``.
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ class CaptureMemoryReuse:
 
     enabled: bool
     source: str
-    """``"training loop"`` (set at capture time), an environment variable's name, or why it is off."""
+    """Who decided: the training loop, the user's allocator variable (named), or why it is off."""
     set_here: bool = False
-    """Whether the loop sets the option itself (and so resets it when the run ends)."""
+    """Whether the loop is to set the option itself (no explicit user setting)."""
+    applied: bool = False
+    """Whether the loop has set it in torch's allocator (and so resets it when the run ends)."""
 
     def describe(self) -> str:
         state = "reused" if self.enabled else "kept until the capture ends"
@@ -82,10 +85,13 @@ def apply(decision: CaptureMemoryReuse) -> CaptureMemoryReuse:
         logger.warning("torch %s cannot set %s (%s); the capture keeps freed blocks reserved until it ends.",
                        torch.__version__, OPTION, exc)
         return replace(decision, enabled=False, source=f"not in torch {torch.__version__}", set_here=False)
-    return decision
+    return replace(decision, applied=True)
 
 
-def undo(decision: CaptureMemoryReuse) -> None:
-    """Put the option back to torch's default where the loop set it (a later run decides anew)."""
-    if decision.set_here:
-        _setter()(f"{OPTION}:False")
+def undo(decision: CaptureMemoryReuse) -> CaptureMemoryReuse:
+    """Put the option back to torch's default where the loop set it (a later run decides anew); the
+    decision as it then stands, to apply again for another capture."""
+    if not decision.applied:
+        return decision
+    _setter()(f"{OPTION}:False")
+    return replace(decision, applied=False)

@@ -152,7 +152,7 @@ class IterationGraph:
         # second run of one process), so the next run's capture gets a pool of its own.
         full_cuda_graph._shared_graph_pool = None
         self._wrapper = None
-        capture_memory.undo(self.memory_reuse)
+        self.memory_reuse = capture_memory.undo(self.memory_reuse)
 
 
 @contextlib.contextmanager
