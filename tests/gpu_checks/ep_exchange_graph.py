@@ -23,10 +23,10 @@ few steps of megatron's schedule without an optimizer, once per variant:
   ``dispbwdcomp``: only the dispatch's forward / backward; ``joinstart`` / ``joinend``: the dispatch
   forward joined with the compute stream before / after it), to bisect a cross-stream race;
   ``delaywgrad`` in the name adds delayed expert weight gradients (``delay_wgrad_compute``);
-  ``reuse`` in the name turns on the caching allocator's ``graph_capture_record_stream_reuse`` for
-  that variant (blocks freed during the capture while another captured stream used them become
-  reusable once the capture's dependencies prove that use finished; without it they stay reserved
-  until the capture ends).
+  ``noreuse`` in the name captures without the allocator option the training loop sets for its
+  capture (``graph_capture_record_stream_reuse``, ``training/capture_memory.py``): blocks freed
+  during the capture while another captured stream used them then stay reserved until the capture
+  ends (the report's ``capture_record_stream_reuse`` says which held).
 
 Any suffix repeats a variant (``exchange_graph_again``: a second run, to see run-to-run spread).
 
@@ -120,6 +120,7 @@ from megatron.core.transformer.module import Float16Module  # noqa: E402
 from megatron.core.utils import get_attr_wrapped_model  # noqa: E402
 
 from megatron.bridge.models.qwen import Qwen3MoEModelProvider, Qwen3MoEModelProvider30B_A3B  # noqa: E402
+from megatron.bridge.training.capture_memory import CaptureMemoryReuse  # noqa: E402
 from megatron.bridge.training.cuda_graphs import IterationGraph  # noqa: E402
 from megatron.bridge.training.teardown import drop_autograd_graphs, free_memory  # noqa: E402
 
@@ -272,35 +273,41 @@ def forward_step(it, model, return_schedule_plan=False):
 
 def run(variant: str, ref_grads: dict | None) -> dict:
     SCHEDULE_PLANS[0] = 0
-    set_record_stream_reuse("reuse" in variant)
     torch.cuda.reset_peak_memory_stats()
     graph = IterationGraph.from_model_config(ModelConfig)
     graph.enabled = "graph" in variant
-    model, dispatchers = build(variant, graph)
-    fwd_bwd = graph.wrap(get_forward_backward_func(), first_iteration=1)
-    losses, host_s, gpu_s = [], [], []
-    for step in range(1, ARGS.steps + 1):
-        model.zero_grad_buffer()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        start.record()
-        out = fwd_bwd(
-            forward_step_func=forward_step, data_iterator=batches(step), model=[model],
-            num_microbatches=MICRO_BATCHES, seq_length=SEQ, micro_batch_size=1, forward_only=False,
-        )
-        host = time.perf_counter() - t0
-        end.record()
-        torch.cuda.synchronize()
-        losses.append([float(o["loss"]) for o in out])
-        host_s.append(host)
-        gpu_s.append(start.elapsed_time(end) / 1e3)
-    memory = peak_memory_gib()
-    grads = {n: p.main_grad for n, p in model.module.named_parameters() if hasattr(p, "main_grad")}
-    row = grad_diff(grads, ref_grads) if ref_grads is not None else {}
-    if variant == ARGS.baseline:
-        row["grads"] = {n: g.float().clone() for n, g in grads.items()}
-    del grads
+    if "noreuse" in variant:
+        graph.memory_reuse = CaptureMemoryReuse(False, "off for this variant")
+    try:
+        model, dispatchers = build(variant, graph)
+        fwd_bwd = graph.wrap(get_forward_backward_func(), first_iteration=1)
+        losses, host_s, gpu_s = [], [], []
+        for step in range(1, ARGS.steps + 1):
+            model.zero_grad_buffer()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            start.record()
+            out = fwd_bwd(
+                forward_step_func=forward_step, data_iterator=batches(step), model=[model],
+                num_microbatches=MICRO_BATCHES, seq_length=SEQ, micro_batch_size=1, forward_only=False,
+            )
+            host = time.perf_counter() - t0
+            end.record()
+            torch.cuda.synchronize()
+            losses.append([float(o["loss"]) for o in out])
+            host_s.append(host)
+            gpu_s.append(start.elapsed_time(end) / 1e3)
+        memory = peak_memory_gib()
+        grads = {n: p.main_grad for n, p in model.module.named_parameters() if hasattr(p, "main_grad")}
+        row = grad_diff(grads, ref_grads) if ref_grads is not None else {}
+        if variant == ARGS.baseline:
+            row["grads"] = {n: g.float().clone() for n, g in grads.items()}
+        del grads
+    except BaseException:
+        graph.release()  # a failed capture must not reach the next variant, nor its allocator option
+        raise
+    reuse = graph.summary(ARGS.steps)["capture_record_stream_reuse"]
     graph.release()
     drop_autograd_graphs([model])
     del model, fwd_bwd
@@ -309,21 +316,11 @@ def run(variant: str, ref_grads: dict | None) -> dict:
     timed = slice(ARGS.warmup + 1, None)  # after the capture step
     return dict(
         row, dispatchers=dispatchers, losses=losses, schedule_plans=SCHEDULE_PLANS[0], **memory,
+        capture_record_stream_reuse=reuse,
         host_fwd_bwd_s=sum(host_s[timed]) / max(1, len(host_s[timed])),
         gpu_fwd_bwd_s=sum(gpu_s[timed]) / max(1, len(gpu_s[timed])),
         per_step_gpu_s=gpu_s,
     )
-
-
-RECORD_STREAM_REUSE = [False]
-
-
-def set_record_stream_reuse(enabled: bool) -> None:
-    """The allocator option, set at run time (it is read at every allocation during a capture);
-    left alone unless it changes, so that a torch without it fails only the variants that ask."""
-    if enabled != RECORD_STREAM_REUSE[0]:
-        torch.cuda.memory._set_allocator_settings(f"graph_capture_record_stream_reuse:{enabled}")
-        RECORD_STREAM_REUSE[0] = enabled
 
 
 def peak_memory_gib() -> dict:
@@ -360,7 +357,6 @@ for name in names:
             errors[name] += " <- " + "".join(traceback.format_exception_only(exc.__context__)).strip()[-2000:]
         if not ARGS.keep_going:
             break
-        IterationGraph.from_model_config(ModelConfig).release()  # a failed capture must not reach the next variant
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
         torch.cuda.synchronize()

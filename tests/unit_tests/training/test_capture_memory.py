@@ -44,22 +44,27 @@ def no_allocator_env(monkeypatch):
     torch._C._accelerator_setAllocatorSettings(f"{OPTION}:False")
 
 
-def _full_iteration_graph() -> IterationGraph:
-    model = qwen3_30b_a3b_pretrain_config().model
-    model.cuda_graph_impl, model.cuda_graph_warmup_steps = "full_iteration", 2
-    return IterationGraph.from_model_config(model)
-
-
-def test_the_graph_sets_the_option_for_its_capture_and_resets_it(no_allocator_env, monkeypatch):
+@pytest.fixture
+def wrapper_without_cuda(monkeypatch):
+    """megatron's FullCudaGraphWrapper needs CUDA; its constructor is all ``wrap()`` calls."""
     from megatron.core import full_cuda_graph
 
-    class Wrapper:  # megatron's FullCudaGraphWrapper needs CUDA; its constructor is all wrap() calls
+    class Wrapper:
         def __init__(self, forward_backward, **kwargs):
             pass
 
         reset_cuda_graph = staticmethod(lambda wrapper: None)
 
     monkeypatch.setattr(full_cuda_graph, "FullCudaGraphWrapper", Wrapper)
+
+
+def _full_iteration_graph() -> IterationGraph:
+    model = qwen3_30b_a3b_pretrain_config().model
+    model.cuda_graph_impl, model.cuda_graph_warmup_steps = "full_iteration", 2
+    return IterationGraph.from_model_config(model)
+
+
+def test_the_graph_sets_the_option_for_its_capture_and_resets_it(no_allocator_env, wrapper_without_cuda):
     graph = _full_iteration_graph()
     assert "reused" in graph.describe() and "set by the training loop" in graph.describe()
     graph.wrap(lambda **kw: None, first_iteration=1)
@@ -80,24 +85,16 @@ def test_an_explicit_user_setting_is_left_alone(no_allocator_env, monkeypatch):
     assert graph.summary(final_iteration=12)["capture_record_stream_reuse"] is False
 
 
-def test_a_torch_without_the_option_reports_it_off_and_the_graph_still_wraps(monkeypatch):
+def test_a_torch_without_the_option_reports_it_off_and_the_graph_still_wraps(
+    no_allocator_env, wrapper_without_cuda, monkeypatch
+):
     """An older torch rejects the key: the run goes on without it and says so; releasing the graph
     (which ``wrap`` does first, and the run's end does last) never touches the unknown option."""
-    from megatron.core import full_cuda_graph
 
     def unknown(settings):
         raise ValueError(f"Unrecognized key '{OPTION}' in Accelerator allocator config.")
 
-    class Wrapper:
-        def __init__(self, forward_backward, **kwargs):
-            pass
-
-        reset_cuda_graph = staticmethod(lambda wrapper: None)
-
     monkeypatch.setattr(capture_memory, "_setter", lambda: unknown)
-    monkeypatch.setattr(full_cuda_graph, "FullCudaGraphWrapper", Wrapper)
-    for name in capture_memory.ENV_VARS:
-        monkeypatch.delenv(name, raising=False)
     graph = _full_iteration_graph()
     graph.wrap(lambda **kw: None, first_iteration=1)
     graph.release()
