@@ -13,7 +13,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import pytest
 import torch.distributed as dist
@@ -97,7 +97,7 @@ REPORT_PREFIX = "REPORT "
 @pytest.fixture(scope="session")
 def run_child_script():
     """Run a test's child program (a file) on ``world_size`` processes (argv:
-    ``RANK PORT``; ``WORLD_SIZE`` in the environment, as torchrun sets it) and return each rank's
+    ``RANK PORT``; ``WORLD_SIZE`` and ``env_extra`` in the environment) and return each rank's
     ``REPORT {json}`` line as a dict (its stdout under ``"stdout"``).
 
     For code that must not run in the test process: the CPU compatibility layer patches torch for
@@ -106,9 +106,11 @@ def run_child_script():
     to another process run again on a new one.
     """
 
-    def run(script: Path, workdir: Path, world_size: int = 1, timeout: float = 300) -> list[dict]:
+    def run(script: Path, workdir: Path, world_size: int = 1, timeout: float = 300,
+            env_extra: Optional[dict] = None) -> list[dict]:
         repo = Path(__file__).resolve().parents[1]
-        env = dict(os.environ, PYTHONPATH=str(repo / "src"), CUDA_VISIBLE_DEVICES="", WORLD_SIZE=str(world_size))
+        env = dict(os.environ, PYTHONPATH=str(repo / "src"), CUDA_VISIBLE_DEVICES="", WORLD_SIZE=str(world_size),
+                   **(env_extra or {}))
         for _ in range(_PORT_ATTEMPTS):
             port = str(free_port())
             procs = [

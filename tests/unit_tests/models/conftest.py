@@ -6,27 +6,26 @@ whole process and cannot be undone); full-model tests that need it run in a chil
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import pytest
 import torch
 
 
+INTERPRETER_PROBE = Path(__file__).parent / "children" / "interpreter_probe.py"
+
+
 def _interpreted_child_report(child: Path) -> dict:
     """Run a child program under Triton's CPU interpreter and return its ``REPORT {json}`` line.
 
-    The interpreter switch must be set before Triton is imported, hence a child process; without
-    Triton the calling test is skipped.
+    The interpreter switch must be set before Triton is imported, hence a child process.
     """
-    from megatron.bridge.models.torch_native.wgrad_accumulate import triton_available
-
-    if not triton_available():
-        pytest.skip("Triton is not installed")
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, str(child)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -34,10 +33,43 @@ def _interpreted_child_report(child: Path) -> dict:
     return json.loads(line.removeprefix("REPORT "))
 
 
+@functools.cache
+def triton_interpreter_problem() -> Optional[str]:
+    """Why Triton's CPU interpreter cannot run this package's kernels here (``None``: it can).
+
+    Asked of a minimal kernel (``children/interpreter_probe.py``), so a failure of our own kernels
+    is never mistaken for the interpreter's: Triton 3.6's interpreter, for one, cannot use a scalar
+    kernel argument as a loop bound under NumPy 2.5.
+    """
+    from megatron.bridge.models.torch_native.wgrad_accumulate import triton_available
+
+    if not triton_available():
+        return "Triton is not installed"
+    probe = _interpreted_child_report(INTERPRETER_PROBE)
+    if probe["ok"]:
+        return None
+    return (f"Triton {probe['triton']}'s CPU interpreter fails with NumPy {probe['numpy']} on a minimal kernel "
+            f"({probe['error']}); on a GPU machine tests/gpu runs these kernels on CUDA instead")
+
+
+@pytest.fixture(scope="session")
+def interpreter_problem() -> Optional[str]:
+    """:func:`triton_interpreter_problem`, for tests that run Triton's interpreter themselves."""
+    return triton_interpreter_problem()
+
+
 @pytest.fixture(scope="session")
 def run_interpreted_child():
-    """``run_interpreted_child(path) -> report``: a child program's report under Triton's interpreter."""
-    return _interpreted_child_report
+    """``run_interpreted_child(path) -> report``: a child program's report under Triton's interpreter;
+    the calling test is skipped, with the reason, where the interpreter cannot run here."""
+
+    def run(child: Path) -> dict:
+        problem = triton_interpreter_problem()
+        if problem:
+            pytest.skip(problem)
+        return _interpreted_child_report(child)
+
+    return run
 
 
 @pytest.fixture()

@@ -313,23 +313,23 @@ def test_spec_swaps_only_core_attention_experts_and_norms(model_parallel, tiny_m
 
 
 @pytest.mark.parametrize(
-    "requested,have_te,expected",
+    "requested,have_te,cuda,expected",
     [
-        ("auto", False, "torch_native"),
-        ("auto", True, "transformer_engine"),
-        ("local", False, "local"),
-        ("torch_native", True, "torch_native"),
+        ("auto", False, True, "torch_native"),
+        ("auto", True, True, "torch_native"),
+        ("auto", True, False, "torch_native"),
+        ("local", False, True, "local"),
+        ("torch_native", True, True, "torch_native"),
     ],
 )
-def test_auto_resolution_prefers_torch_native_without_te(monkeypatch, requested, have_te, expected) -> None:
+def test_a_provider_on_its_own_resolves_auto_for_this_machine(monkeypatch, requested, have_te, cuda, expected) -> None:
     from megatron.bridge.models import layer_specs
+    from megatron.bridge.models.gpt_provider import GPTModelProvider
 
     monkeypatch.setattr(layer_specs, "have_transformer_engine", lambda: have_te)
-    monkeypatch.setattr(layer_specs, "describe_transformer_engine", lambda: "2.9" if have_te else "absent")
-    assert layer_specs.resolve_layer_spec(requested) == expected
-    line = layer_specs.describe_layer_spec(requested)
-    assert line.startswith(f"layer spec: {expected} (")
-    assert ("requested" in line) == (requested != "auto")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    provider = GPTModelProvider(num_layers=1, hidden_size=8, num_attention_heads=1, layer_spec=requested)
+    assert provider.resolved_layer_spec == expected
 
 
 # ---------------------------------------------------------------------------------------------

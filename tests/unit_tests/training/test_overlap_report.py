@@ -131,14 +131,22 @@ def test_flex_backend_without_flex_dispatcher_is_refused() -> None:
     assert report.flex_backend is None
 
 
-def test_layer_spec_and_te_state() -> None:
-    report = build_overlap_report(ep_overlap_cfg(), ctx())
-    assert report.layer_spec == "layer spec: torch_native (auto, Transformer Engine absent)"
-    report = build_overlap_report(ep_overlap_cfg(), ctx(te_version="2.12"))
-    assert report.layer_spec == "layer spec: transformer_engine (auto, Transformer Engine 2.12)"
-    assert report.transformer_engine == "2.12"
-    local = set_fields(ep_overlap_cfg(), {"model.layer_spec": "local"})
-    assert build_overlap_report(local, ctx()).layer_spec == "layer spec: local (requested)"
+@pytest.mark.parametrize(
+    "fields, te_version, layer_spec, reason",
+    [
+        ({}, None, "torch_native", "auto: Transformer Engine absent"),
+        ({}, "2.12", "torch_native", "no feature here needs Transformer Engine"),
+        ({"mixed_precision": "bf16_with_fp8_current_scaling_mixed"}, "2.12", "transformer_engine", "FP8 compute"),
+        ({"dist.device": "cpu"}, "2.12", "torch_native", "a CPU run"),
+        ({"model.layer_spec": "local"}, None, "local", "requested"),
+    ],
+)
+def test_layer_spec_and_its_reason(fields, te_version, layer_spec, reason) -> None:
+    report = build_overlap_report(set_fields(ep_overlap_cfg(), fields), ctx(te_version=te_version))
+    assert (report.layer_spec, report.transformer_engine) == (layer_spec, te_version or "absent")
+    assert reason in report.layer_spec_reason
+    assert report.layer_spec_line == f"layer spec: {layer_spec} ({report.layer_spec_reason})"
+    assert report.to_dict()["layer_spec_reason"] == report.layer_spec_reason
 
 
 def test_to_dict_is_json() -> None:

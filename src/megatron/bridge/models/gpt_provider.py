@@ -13,11 +13,7 @@ from typing import TYPE_CHECKING, Literal, Optional, Union, get_args
 
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from megatron.bridge.models.layer_specs import (
-    LayerSpecName,
-    build_decoder_block_spec,
-    resolve_layer_spec,
-)
+from megatron.bridge.models.layer_specs import LayerSpecName, build_decoder_block_spec, choose_for_model
 from megatron.bridge.models.torch_native.backends import (
     CrossEntropyBackend,
     GroupedGemmBackend,
@@ -58,8 +54,10 @@ class GPTModelProvider(StrictFields, TransformerConfig):
     fp16_lm_cross_entropy: bool = False
     parallel_output: bool = True
     layer_spec: LayerSpecName = "auto"
-    """Layer implementation: ``auto`` (TE when it imports), ``transformer_engine``, ``local``
-    (plain megatron-core), ``torch_native`` (SDPA attention, grouped-GEMM experts, compiled RMSNorm)."""
+    """Layer implementation: ``transformer_engine``, ``local`` (plain megatron-core), ``torch_native``
+    (SDPA attention, grouped-GEMM experts, compiled RMSNorm), or ``auto``: the run's resolution picks
+    one (``layer_specs.choose_layer_spec``: torch-native unless a feature needs Transformer Engine)
+    and the finalized config holds the choice."""
     moe_flex_dispatcher_backend: Optional[FlexBackend] = None
     """Flex dispatcher backend; only meaningful with ``moe_token_dispatcher_type="flex"``.
     ``None`` (unlike megatron-core's ``"deepep"`` default) so that an unset backend is visible. The
@@ -107,14 +105,17 @@ class GPTModelProvider(StrictFields, TransformerConfig):
 
     def finalize(self) -> None:
         """Derive the implementation fields and run megatron-core's own ``__post_init__``."""
-        impl = resolve_layer_spec(self.layer_spec)
+        impl = self.resolved_layer_spec
         self.transformer_impl = "transformer_engine" if impl == "transformer_engine" else "local"
         TransformerConfig.__post_init__(self)
 
     @property
     def resolved_layer_spec(self) -> str:
-        """The layer implementation this provider will build on this machine."""
-        return resolve_layer_spec(self.layer_spec)
+        """The layer implementation this provider builds: ``layer_spec`` once a run's resolution
+        has decided ``auto``; for a provider used on its own, the choice for this machine."""
+        if self.layer_spec != "auto":
+            return self.layer_spec
+        return choose_for_model(self).name
 
     def padded_vocab_size(self) -> int:
         """Vocabulary rows of the embedding and output layers."""
@@ -157,6 +158,14 @@ class GPTModelProvider(StrictFields, TransformerConfig):
             f"{k['grouped_gemm_backend']}, cross-entropy {k['cross_entropy_backend']}"
         )
 
+    def describe_gradient_accumulation_fusion(self, device_type: str) -> Optional[str]:
+        """The start-up line on ``gradient_accumulation_fusion`` (``None`` when it is off)."""
+        if not self.gradient_accumulation_fusion:
+            return None
+        from megatron.bridge.models import grad_accumulation_fusion
+
+        return grad_accumulation_fusion.describe(self.resolved_layer_spec, device_type)
+
     def model_class(self) -> type:
         """megatron-core's ``GPTModel``, or its subclass with the torch-native loss."""
         if self.uses_torch_native_loss:
@@ -183,6 +192,10 @@ class GPTModelProvider(StrictFields, TransformerConfig):
         from megatron.bridge.models.torch_native.compiled import set_compile_enabled
 
         set_compile_enabled(self.torch_native_compile)
+        if self.gradient_accumulation_fusion:
+            from megatron.bridge.models.grad_accumulation_fusion import provide_missing_kernel
+
+            provide_missing_kernel()  # megatron-core's linear layers refuse the flag without a kernel
         if pre_process is None:
             pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
         if post_process is None:

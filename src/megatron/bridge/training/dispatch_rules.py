@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from megatron.bridge.models.gpt_provider import TORCH_NATIVE_DISPATCHERS
-from megatron.bridge.models.layer_specs import resolve_layer_spec
 from megatron.bridge.models.torch_native.dispatch_policy import (
     EP_TRANSPORTS,
     MAX_NVSHMEM_BLOCKS,
     fast_path_blockers,
 )
 from megatron.bridge.models.torch_native.symmetric_exchange import blocks_split_rows_exactly
+from megatron.bridge.training.overlap.facts import resolved_layer_spec
 from megatron.bridge.training.rules import Rule, RuleContext
 
 if TYPE_CHECKING:
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 
 def uses_torch_native_layers(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
-    """Whether the run builds the torch-native layers (``auto`` resolved for the target's TE)."""
-    return resolve_layer_spec(cfg.model.layer_spec, te_available=ctx.te_version is not None) == "torch_native"
+    """Whether the run builds the torch-native layers (``auto`` decided for the target machine)."""
+    return resolved_layer_spec(cfg, ctx) == "torch_native"
 
 
 def _dispatch_fields_set(cfg: "ConfigContainer", ctx: RuleContext) -> bool:

@@ -24,8 +24,10 @@ from megatron.bridge.training.cuda_graph_rules import CUDA_GRAPH_RULES
 from megatron.bridge.training.dispatch_rules import TORCH_NATIVE_DISPATCH_RULES
 from megatron.bridge.training.kernel_rules import TORCH_NATIVE_KERNEL_RULES
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError, Violation
+from megatron.bridge.models.layer_specs import LayerSpecChoice
 from megatron.bridge.training.mixed_precision import apply_mixed_precision
 from megatron.bridge.training.overlap import resolution as overlap_resolution
+from megatron.bridge.training.overlap.facts import layer_spec_choice
 from megatron.bridge.training.overlap.resolution import EffectiveValue
 from megatron.bridge.training.overlap.rules import OVERLAP_RULES
 from megatron.bridge.training.overlap_report import OverlapReport, report_from
@@ -79,8 +81,11 @@ class Resolution:
     warnings: tuple[Violation, ...]
     report: OverlapReport
     context: RuleContext
+    layer_spec: LayerSpecChoice
+    """The layer implementation the run builds (``model.layer_spec=auto`` decided) and why."""
     config: Optional["ConfigContainer"]
-    """``effective`` after megatron-core's own deferred checks: what trains (``None`` with errors)."""
+    """``effective`` after megatron-core's own deferred checks, with ``model.layer_spec`` holding the
+    choice: what trains (``None`` with errors)."""
 
     @property
     def error_type(self) -> type:
@@ -127,9 +132,11 @@ def resolve_config(
     for warning in warnings:
         logger.warning("config: %s", warning.format())
     errors = [v for v in violations if v.severity == "error"]
+    layer_spec = layer_spec_choice(effective, ctx)
     config = None
     if not errors:
         config = copy.deepcopy(effective)
+        config.model.layer_spec = layer_spec.name
         post_init_problem = run_megatron_post_init(config)
         if post_init_problem is not None:
             errors, config = [post_init_problem], None
@@ -138,8 +145,9 @@ def resolve_config(
         values=values,
         errors=tuple(errors),
         warnings=tuple(warnings),
-        report=report_from(effective, values, violations, ctx),
+        report=report_from(effective, values, violations, ctx, layer_spec),
         context=ctx,
+        layer_spec=layer_spec,
         config=config,
     )
 

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from megatron.bridge.training.errors import Violation
 from megatron.bridge.training.gpu_catalog import gpu_target_from_context
-from megatron.bridge.training.overlap.facts import resolved_layer_spec
 from megatron.bridge.training.overlap.resolution import EffectiveValue
 from megatron.bridge.training.overlap.rules import OVERLAP_RULES
 from megatron.bridge.training.ownership import OWNERSHIP_RULE_IDS, concerns_overlap
 from megatron.bridge.training.rules import RuleContext, read_field, te_version_text
 
 if TYPE_CHECKING:
+    from megatron.bridge.models.layer_specs import LayerSpecChoice
     from megatron.bridge.training.config import ConfigContainer
 
 EP_OVERLAP_MAX_CONNECTIONS = 32
@@ -80,6 +80,9 @@ class OverlapReport:
     flex_backend: Optional[str]
     target_gpu: str
     layer_spec: str
+    """The layer implementation the run builds (``auto`` decided)."""
+    layer_spec_reason: str
+    """Why: ``requested``, or the ``auto`` rule that chose it."""
     transformer_engine: str
     cuda_device_max_connections: Optional[int]
     """Value the run needs; ``None``: no requirement (CUDA's default applies)."""
@@ -129,6 +132,7 @@ class OverlapReport:
             "flex_backend": self.flex_backend,
             "target_gpu": self.target_gpu,
             "layer_spec": self.layer_spec,
+            "layer_spec_reason": self.layer_spec_reason,
             "transformer_engine": self.transformer_engine,
             "cuda_device_max_connections": self.cuda_device_max_connections,
             "cuda_device_max_connections_reason": self.cuda_device_max_connections_reason,
@@ -139,6 +143,11 @@ class OverlapReport:
             "errors": [v.rule for v in self.errors],
             "notes": [v.rule for v in self.notes],
         }
+
+    @property
+    def layer_spec_line(self) -> str:
+        """The start-up line naming the layer implementation and why it was chosen."""
+        return f"layer spec: {self.layer_spec} ({self.layer_spec_reason})"
 
     def format(self, brief: bool = False) -> str:
         """Multi-line text for the start-up log; ``brief`` leaves out the lines that only restate
@@ -177,7 +186,7 @@ class OverlapReport:
         return [
             f"  dispatcher: {self.dispatcher}{backend}",
             f"  target GPU: {self.target_gpu}",
-            f"  {self.layer_spec}; Transformer Engine {self.transformer_engine}",
+            f"  {self.layer_spec_line}; Transformer Engine {self.transformer_engine}",
             f"  CUDA_DEVICE_MAX_CONNECTIONS: {'no requirement' if need is None else need} "
             f"({self.cuda_device_max_connections_reason}); environment: "
             f"{self.cuda_device_max_connections_env or 'unset'}",
@@ -249,18 +258,13 @@ def _max_connections(
     return None, "no overlap feature constrains it", None
 
 
-def _layer_spec_text(cfg: "ConfigContainer", ctx: RuleContext) -> str:
-    requested = cfg.model.layer_spec
-    if requested != "auto":
-        return f"layer spec: {requested} (requested)"
-    return f"layer spec: {resolved_layer_spec(cfg, ctx)} (auto, Transformer Engine {te_version_text(ctx)})"
-
-
 def report_from(
-    cfg: "ConfigContainer", effective: dict[str, EffectiveValue], violations: list[Violation], ctx: RuleContext
+    cfg: "ConfigContainer", effective: dict[str, EffectiveValue], violations: list[Violation], ctx: RuleContext,
+    layer_spec: LayerSpecChoice,
 ) -> OverlapReport:
     """The report on a resolved ``cfg`` (``finalize.resolve_config`` builds it once per resolution):
-    ``effective`` are its overlap values, ``violations`` everything its rules found."""
+    ``effective`` are its overlap values, ``violations`` everything its rules found, ``layer_spec``
+    the resolution's choice of layers."""
     violations = [v for v in violations if v.rule in _GROUP_OF or concerns_overlap(v)]
     features = _feature_states(cfg, effective, violations)
     states = {f.name: f for f in features}
@@ -273,7 +277,8 @@ def report_from(
         dispatcher=dispatcher,
         flex_backend=cfg.model.moe_flex_dispatcher_backend if dispatcher == "flex" else None,
         target_gpu=gpu_target_from_context(ctx).describe(),
-        layer_spec=_layer_spec_text(cfg, ctx),
+        layer_spec=layer_spec.name,
+        layer_spec_reason=layer_spec.reason,
         transformer_engine=te_version_text(ctx),
         cuda_device_max_connections=need,
         cuda_device_max_connections_reason=why,

@@ -159,8 +159,6 @@ def _startup_lines(
 ) -> list[str]:
     from megatron.core import parallel_state as ps
 
-    from megatron.bridge.models.layer_specs import describe_layer_spec
-
     m = resolved.model
     kernels = [m.describe_torch_native_kernels()] if m.resolved_layer_spec == "torch_native" else []
     return [
@@ -172,9 +170,10 @@ def _startup_lines(
         f"DP{ps.get_data_parallel_world_size()}",
         f"batch: global {resolved.train.global_batch_size}, micro {resolved.train.micro_batch_size}, "
         f"{num_microbatches} micro-batches per step, seq {m.seq_length}",
-        describe_layer_spec(m.layer_spec),
+        report.layer_spec_line,
         *kernels,
         m.describe_loss(resolved.dist.device),
+        *filter(None, [m.describe_gradient_accumulation_fusion(resolved.dist.device)]),
         f"dispatcher: {m.moe_token_dispatcher_type}"
         + (f" (flex backend {m.moe_flex_dispatcher_backend})" if m.moe_token_dispatcher_type == "flex" else ""),
         f"schedule: {'combined 1F1B (EP overlap)' if m.overlap_moe_expert_parallel_comm else 'standard 1F1B'}",
@@ -469,7 +468,12 @@ class Trainer:
         summary_path = self.metrics.write_summary(
             parallel_layout=parallel_layout(self.resolved),
             overlap_report=self.report.to_dict(),
-            layer_spec=self.resolved.model.resolved_layer_spec,
+            layer_spec=self.report.layer_spec,
+            layer_spec_reason=self.report.layer_spec_reason,
+            gradient_accumulation_fusion=dict(
+                enabled=bool(self.resolved.model.gradient_accumulation_fusion),
+                description=self.resolved.model.describe_gradient_accumulation_fusion(self.platform.device_type),
+            ),
             torch_native_kernels=self.resolved.model.torch_native_kernels(),
             cuda_device_max_connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
             moe_token_dispatch=self.dispatch,

@@ -1,8 +1,9 @@
 """Dense linear layers whose weight gradient lands straight in megatron DDP's fp32 ``main_grad``.
 
 Why: megatron-core's ``ColumnParallelLinear``/``RowParallelLinear`` fuse the weight-gradient
-accumulation only with Apex's CUDA extension (``gradient_accumulation_fusion``). Without it every
-backward writes a bf16 weight gradient, and DDP's hook reads it back and adds it into the fp32
+accumulation only with ``gradient_accumulation_fusion`` on (Apex's extension, or this package's
+``grad_accumulation_fusion.py`` where Apex is absent). With it off every backward writes a bf16
+weight gradient, and DDP's hook reads it back and adds it into the fp32
 ``main_grad``: for the Qwen3-30B-A3B output layer (311 M weights) about 0.6 ms per micro-batch on
 an H200. Here one cuBLAS GEMM with an fp32 result adds ``dy^T x`` into ``main_grad`` in place
 (``torch.addmm(..., out_dtype=torch.float32)``), so the gradient is also never rounded to bf16.
@@ -18,29 +19,13 @@ The forward and the input gradient are the same matmuls megatron-core runs.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
+from megatron.bridge.models.grad_accumulation_fusion import addmm_out_dtype_runs, wgrad_gemm_accum_fp32
 from megatron.bridge.models.torch_native.backends import fuses_wgrad_into_main_grad
-
-
-@functools.cache
-def addmm_out_dtype_runs(device_type: str) -> bool:
-    """Whether ``addmm(..., out_dtype=float32, out=)`` with bf16 inputs runs on this device type.
-
-    Tried once on 1x1 tensors: the operator's meta function is no guide (torch 2.11 has the CUDA
-    kernel but its meta check refused the call), and CPU builds have no kernel at all.
-    """
-    acc = torch.zeros(1, 1, device=device_type)
-    half = torch.ones(1, 1, device=device_type, dtype=torch.bfloat16)
-    try:
-        torch.addmm(acc, half, half, out_dtype=torch.float32, out=acc)
-    except (TypeError, RuntimeError, NotImplementedError):
-        return False
-    return True
 
 
 def can_fuse(main_grad: torch.Tensor) -> bool:
@@ -51,7 +36,7 @@ def can_fuse(main_grad: torch.Tensor) -> bool:
 
 def accumulate_dense_wgrad(dy: torch.Tensor, x: torch.Tensor, main_grad: torch.Tensor) -> None:
     """``main_grad += dy^T @ x`` for 2-D ``dy [T, out]`` and ``x [T, in]``, product kept in fp32."""
-    torch.addmm(main_grad, dy.t(), x, out_dtype=torch.float32, out=main_grad)
+    wgrad_gemm_accum_fp32(x, dy, main_grad)
 
 
 def fuses_into_main_grad(weight: torch.Tensor, accumulation: str) -> bool:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from packaging.version import Version
 
-from megatron.bridge.models.layer_specs import resolve_layer_spec
+from megatron.bridge.models.layer_specs import LayerSpecChoice, choose_layer_spec, te_only_features
 from megatron.bridge.training.megatron_compat import graph_modules
 from megatron.bridge.training.mixed_precision import mixed_precision_recipe
 from megatron.bridge.training.rules import RuleContext
@@ -29,9 +29,19 @@ def te_at_least(ctx: RuleContext, version: str) -> bool:
     return ctx.te_version is not None and ctx.te_version >= Version(version)
 
 
+def layer_spec_choice(cfg: "ConfigContainer", ctx: RuleContext) -> LayerSpecChoice:
+    """The layer implementation the run builds on the machine ``ctx`` describes, and why."""
+    return choose_layer_spec(
+        cfg.model.layer_spec,
+        device=cfg.dist.device,
+        te_available=ctx.te_version is not None,
+        te_features=te_only_features(cfg.model, bool(cfg.comm_overlap.tp_comm_overlap)),
+    )
+
+
 def resolved_layer_spec(cfg: "ConfigContainer", ctx: RuleContext) -> str:
-    """The layer implementation the run will build on the machine ``ctx`` describes."""
-    return resolve_layer_spec(cfg.model.layer_spec, te_available=ctx.te_version is not None)
+    """The name of :func:`layer_spec_choice`."""
+    return layer_spec_choice(cfg, ctx).name
 
 
 def layers_use_te(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
