@@ -35,30 +35,29 @@ import argparse
 import json
 import os
 import shlex
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from megatron.bridge.perf.argument_parser import parse_args
-from megatron.bridge.perf.config_builder import build_config
-from megatron.bridge.perf.launcher import ENTRY_MODULE, torchrun_argv
+from megatron.bridge.perf import benchmark_jobs
+from megatron.bridge.perf.benchmark_jobs import (
+    JOB_TIMED_OUT,
+    NOMINAL_PEAK_TFLOPS,
+    SAFE_ENV,
+    job_argv,
+    matmul_ceiling_tflops,
+    run_logged,
+)
 from megatron.bridge.perf.results import argv_without
-from megatron.bridge.perf.run import make_job, prepare
 
 REPO = Path(__file__).resolve().parents[2]
 
-NOMINAL_PEAK_TFLOPS = 989.5  # dense bf16, H100/H200 SXM datasheet
 RESULTS_JSON = REPO / "docs" / "benchmarks" / "ep_overlap_results.json"
 RESULTS_MD = REPO / "docs" / "benchmarks" / "ep_overlap.md"
 BEGIN, END = "<!-- generated: begin -->", "<!-- generated: end -->"
-JOB_TIMED_OUT = 124  # exit status of a job stopped at --job-timeout (as timeout(1) reports it)
-# Multicast stays off on shared hosts; also in the launched workers.
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 TRANSPORT_ENV = {"ep1": {}, "nvlink": {}, "host_staged": {"NCCL_P2P_DISABLE": "1"}}
 # EP=2 dispatch -> transport -> extra overrides
 DISPATCH_OVERRIDES = {
@@ -126,25 +125,19 @@ def plan_cases(args: argparse.Namespace) -> dict[str, list[Case]]:
 
 def write_configs(cases: list[Case], args: argparse.Namespace) -> list[Path]:
     """Resolve and validate each case through the harness; returns the YAML paths."""
-    paths = []
-    for case in cases:
-        parsed = parse_args(harness_argv(case, args))
-        job = make_job(build_config(parsed), parsed)
-        prepare(job)
-        paths.append(case.log_dir / "config.yaml")
-        case.env = dict(job.plan.env)
+    paths, env = benchmark_jobs.write_configs(harness_argv(case, args) for case in cases)
+    for case in cases:  # as the harness's sweeps: every run of a job gets what any run needs
+        case.env = dict(env)  # (CUDA_DEVICE_MAX_CONNECTIONS=32 for EP overlap)
     return paths
 
 
 def run_job(transport: str, cases: list[Case], args: argparse.Namespace) -> int:
     """One ``torchrun`` job that trains ``cases`` in order."""
     paths = write_configs(cases, args)
-    nprocs = 1 if transport == "ep1" else 2
-    worker = [sys.executable, "-m", ENTRY_MODULE] + [x for p in paths for x in ("--config-file", str(p))]
-    argv = torchrun_argv(nprocs, args.out / f"job_{transport}", worker, sys.executable)
+    argv = job_argv(1 if transport == "ep1" else 2, args.out / f"job_{transport}", paths)
     env = dict(os.environ)
-    for case in cases:  # as the harness's sweeps: every run of a job gets what any run needs
-        env.update(case.env)  # (CUDA_DEVICE_MAX_CONNECTIONS=32 for EP overlap)
+    for case in cases:
+        env.update(case.env)
     env.update(SAFE_ENV)
     env.update(TRANSPORT_ENV[transport])
     log = args.out / f"job_{transport}.log"
@@ -154,38 +147,6 @@ def run_job(transport: str, cases: list[Case], args: argparse.Namespace) -> int:
     timed_out = " (--job-timeout reached; the runs that finished are kept)" if code == JOB_TIMED_OUT else ""
     print(f"   exit {code} after {time.time() - start:.0f} s{timed_out}", flush=True)
     return code
-
-
-def run_logged(argv: list[str], env: dict, log: Path, timeout: float) -> int:
-    """Run ``argv`` with its output in ``log``; its exit status, or :data:`JOB_TIMED_OUT`.
-
-    On timeout the whole process group (launcher and workers) is stopped, SIGTERM first, and the
-    benchmark goes on: every case that finished has its ``summary.json``, and losing them (and the
-    other jobs) to one slow job would throw away GPU time already spent.
-    """
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _stop_group(proc)
-            return JOB_TIMED_OUT
-
-
-def _stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """SIGTERM to the launcher's process group, then SIGKILL to whatever of it is left."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace_s)
-    except ProcessLookupError:
-        return
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # workers that outlived the launcher share its group
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 # ------------------------------------------------------------------------------ results
@@ -255,36 +216,8 @@ def rows(jobs: dict[str, list[Case]]) -> list[dict]:
     return out
 
 
-def matmul_ceiling_tflops() -> Optional[float]:
-    """bf16 8192^3 matmul rate on GPU 0 (median of 20), the measured ceiling beside the nominal peak."""
-    try:
-        import torch
-
-        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-        for _ in range(3):
-            a @ b
-        times = []
-        for _ in range(20):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            a @ b
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e) / 1e3)
-        return 2 * 8192**3 / statistics.median(times) / 1e12
-    except Exception as exc:  # a missing GPU only loses this column
-        print(f"matmul ceiling not measured: {exc}", flush=True)
-        return None
-
-
 def git_commit() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-        return sha + ("+dirty" if dirty else "")
-    except OSError:
-        return "unknown"
+    return benchmark_jobs.git_commit(REPO)
 
 
 def fmt(x: Optional[float], digits: int = 3) -> str:
@@ -398,11 +331,8 @@ def collect(
     ceiling: Optional[float],
 ) -> dict:
     """``results.json`` from the jobs run so far (``complete``: every job has run)."""
-    import torch
-
     return dict(
-        date=time.strftime("%Y-%m-%d"), commit=args.commit or git_commit(),
-        device=f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "no GPU",
+        date=time.strftime("%Y-%m-%d"), commit=args.commit or git_commit(), device=benchmark_jobs.device_name(),
         ceiling_tflops=ceiling, window=[args.window_start, args.steps], exit_codes=dict(codes),
         complete=len(codes) == len(jobs),
         command="uv run python scripts/performance/ep_overlap_benchmark.py " + shlex.join(

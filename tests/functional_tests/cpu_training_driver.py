@@ -12,7 +12,9 @@ import cost ~30 s per process on a small CI machine, so they are paid once):
 6. a fresh run saving every 2 iterations whose save of iteration 4 dies after writing its shards
    and before publishing them;
 7. resume from what scenario 6 left: iteration 2, trained on to 4;
-8. a forward step in Megatron-Bridge's signature ``(state, data_iterator, model, ...)``, overlap on.
+8. a forward step in Megatron-Bridge's signature ``(state, data_iterator, model, ...)``, overlap on;
+9. ``model.gradient_accumulation_fusion=true`` without Apex: megatron-core's layers add their weight
+   gradients into ``main_grad`` through this package's kernel.
 
 Rank 0 writes ``results.json`` into the output directory given as the only argument.
 """
@@ -155,6 +157,9 @@ def main() -> None:
     cfg.train.train_iters = 3
     results["state_first_step"] = pretrain(cfg, forward_step_func=state_first_step).losses
     results["state_first_step_iterations"] = sorted(set(seen_iterations))
+    cfg = tiny_cfg(out, "gaf", overlap=False)
+    cfg.model.gradient_accumulation_fusion = True
+    results["gaf"] = pretrain(cfg).losses
     if torch.distributed.get_rank() == 0:
         (out / "results.json").write_text(json.dumps(results, indent=2))
     torch.distributed.barrier()

@@ -69,6 +69,17 @@ def test_state_first_forward_step_trains(results: dict) -> None:
     assert results["state_first_step"][0] == pytest.approx(results["on"][0], abs=1e-6)
 
 
+def test_gradient_accumulation_fusion_without_apex_trains_like_the_unfused_run(results: dict) -> None:
+    """The same model and data with the weight gradients added into main_grad by this package's kernel
+    (fp32 products) instead of DDP adding a bf16 gradient: the same training to rounding."""
+    assert len(results["gaf"]) == 10 and all(math.isfinite(x) for x in results["gaf"])
+    for off, fused in zip(results["off"], results["gaf"]):
+        assert fused == pytest.approx(off, abs=2e-2)
+    assert "gradient accumulation fusion: megatron-core's linear layers add into main_grad" in results["stdout"]
+    summary = json.loads((Path(results["out"]) / "gaf" / "summary.json").read_text())
+    assert summary["gradient_accumulation_fusion"]["enabled"] is True
+
+
 def test_startup_log_says_what_runs(results: dict) -> None:
     out = results["stdout"]
     assert "CPU smoke mode: megatron-core CUDA calls mapped to CPU" in out

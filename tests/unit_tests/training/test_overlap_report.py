@@ -81,7 +81,7 @@ def test_delay_wgrad_without_te_uses_torch_native_experts() -> None:
     report = build_overlap_report(set_fields(ep_overlap_cfg(), {"comm_overlap.delay_wgrad_compute": True}), ctx())
     state = report.feature("delay_wgrad")
     assert state.active and not any("buys nothing" in r for r in state.reasons)
-    assert "layer spec: torch_native (auto, Transformer Engine absent)" in report.format()
+    assert "layer spec: torch_native (auto: Transformer Engine absent)" in report.format()
 
 
 def test_ep_overlap_and_tp_conflict_on_hopper() -> None:

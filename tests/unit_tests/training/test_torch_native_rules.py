@@ -33,7 +33,7 @@ CASES = {
     "torch-native-ep-transport-known": (
         TE_ABSENT, _set(**{M + "torch_native_ep_transport": "ib"}), _set(**{M + "torch_native_ep_transport": "nccl"})),
     "torch-native-dispatch-needs-torch-native-layers": (
-        TE_PRESENT, _set(**{M + "torch_native_dispatcher": "sorted"}),
+        TE_PRESENT, _set(**{M + "torch_native_dispatcher": "sorted", M + "layer_spec": "transformer_engine"}),
         _set(**{M + "torch_native_dispatcher": "sorted", M + "layer_spec": "torch_native"})),
     "sorted-dispatch-must-be-exact": (
         TE_ABSENT, _set(**{M + "torch_native_dispatcher": "sorted", M + "moe_expert_capacity_factor": 1.25}),
@@ -46,7 +46,8 @@ CASES = {
     "torch-native-grouped-gemm-backend-known": (TE_ABSENT, _set(**{GG: "cutlass"}), _set(**{GG: "loop"})),
     "torch-native-cross-entropy-backend-known": (TE_ABSENT, _set(**{CE: "cudnn"}), _set(**{CE: "torch"})),
     "torch-native-kernel-settings-need-torch-native-layers": (
-        TE_PRESENT, _set(**{COMPILE: False}), _set(**{COMPILE: False, M + "layer_spec": "torch_native"})),
+        TE_PRESENT, _set(**{COMPILE: False, M + "layer_spec": "transformer_engine"}),
+        _set(**{COMPILE: False, M + "layer_spec": "auto"})),
     "torch-native-compile-off-needs-cuda": (
         TE_ABSENT, _set(**{COMPILE: False, "dist.device": "cpu"}), _set(**{COMPILE: False})),
     "grouped-mm-needs-hopper-bf16": (AMPERE, _set(**{GG: "grouped_mm", **BF16}), _set(**{GG: "loop", **BF16})),

@@ -42,6 +42,12 @@ CASES = {
     "mixed-precision-known": ({}, _set(mixed_precision="bf17"), _set(mixed_precision=None)),
     "fp8-needs-transformer-engine": (
         TE_ABSENT, _set(mixed_precision="bf16_with_fp8_delayed_scaling_mixed"), _set(mixed_precision="bf16_mixed")),
+    "fp8-needs-te-layers": (
+        TE_PRESENT, _set(**{"mixed_precision": "bf16_with_fp8_current_scaling_mixed", "model.layer_spec": "torch_native"}),
+        _set(**{"mixed_precision": "bf16_with_fp8_current_scaling_mixed", "model.layer_spec": "auto"})),
+    "mxfp8-needs-blackwell": (
+        dict(TE_PRESENT, device_capability=(9, 0)), _set(mixed_precision="bf16_with_mxfp8_mixed"),
+        _set(mixed_precision="bf16_with_fp8_delayed_scaling_mixed")),
     "own-precision-flags-agree": (
         {}, _set(**{"mixed_precision": None, "model.bf16": True}),
         _set(**{"mixed_precision": None, "model.bf16": True, "optimizer.bf16": True})),

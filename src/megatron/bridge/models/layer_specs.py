@@ -42,13 +42,15 @@ class LayerSpecChoice:
     reason: str
 
 
-def te_only_features(model: Any, tp_comm_overlap: bool) -> list[str]:
+def te_only_features(model: Any, tp_comm_overlap: bool, fp8: Optional[str] = None) -> list[str]:
     """What the run asks for that only Transformer Engine's layers provide (empty: nothing).
 
-    ``tp_comm_overlap`` is the effective value of ``comm_overlap.tp_comm_overlap`` (its owner).
+    ``tp_comm_overlap`` is the effective value of ``comm_overlap.tp_comm_overlap`` (its owner);
+    ``fp8`` the FP8 format of the run's precision recipe (``None``: ``model.fp8``).
     """
+    fp8 = fp8 if fp8 is not None else getattr(model, "fp8", None)
     wants = (
-        (getattr(model, "fp8", None) is not None, f"FP8 compute (model.fp8={getattr(model, 'fp8', None)!r})"),
+        (fp8 is not None, f"FP8 compute (fp8={fp8!r})"),
         (getattr(model, "fp4", None) is not None, f"FP4 compute (model.fp4={getattr(model, 'fp4', None)!r})"),
         (getattr(model, "cuda_graph_impl", None) == "transformer_engine",
          "Transformer Engine's per-layer CUDA graphs (model.cuda_graph_impl=transformer_engine)"),

@@ -20,6 +20,7 @@ from megatron.bridge.training.layout import (
 )
 from megatron.bridge.training.data import missing_data_files
 from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, is_known_setting, mixed_precision_recipe
+from megatron.bridge.training.overlap.facts import precision_fp8, resolved_layer_spec
 from megatron.bridge.training.ranges import RANGE_RULES
 from megatron.bridge.training.rules import TE_VERSION_VALUE, Rule, RuleContext, read_field
 
@@ -37,10 +38,20 @@ def _has_world(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
 
 def _uses_fp8(cfg: "ConfigContainer") -> bool:
     """FP8 from the precision recipe, or with ``mixed_precision=null`` from ``model.fp8``."""
+    return precision_fp8(cfg) is not None
+
+
+def _fp8_recipe(cfg: "ConfigContainer") -> Optional[str]:
+    """The FP8 scaling recipe the run computes with (``None`` without FP8)."""
+    if not _uses_fp8(cfg):
+        return None
     if cfg.mixed_precision is None:
-        return cfg.model.fp8 is not None
-    recipe = mixed_precision_recipe(cfg.mixed_precision)
-    return recipe is not None and recipe.needs_transformer_engine
+        return cfg.model.fp8_recipe
+    return mixed_precision_recipe(cfg.mixed_precision).fp8_recipe
+
+
+MXFP8_MIN_CAPABILITY = (10, 0)
+"""MXFP8 (block-scaled FP8) runs on Blackwell's tensor cores; Hopper has no such mode."""
 
 
 def _window_ok(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
@@ -69,6 +80,29 @@ GENERAL_RULES: tuple[Rule, ...] = (
         message="FP8 compute needs Transformer Engine, which does not import here",
         fix="use mixed_precision=bf16_mixed (-c bf16), or install the 'te' extra on the GPU machine",
         extra_values=TE_VERSION_VALUE,
+    ),
+    Rule(
+        id="fp8-needs-te-layers",
+        fields=("mixed_precision", "model.fp8", "model.layer_spec"),
+        # without TE, fp8-needs-transformer-engine says it all unless the layers were chosen by name
+        applies=lambda cfg, ctx: _uses_fp8(cfg)
+        and (ctx.te_version is not None or cfg.model.layer_spec in ("local", "torch_native")),
+        holds=lambda cfg, ctx: resolved_layer_spec(cfg, ctx) == "transformer_engine",
+        message="FP8 compute happens inside Transformer Engine's layers; megatron-core's local and the "
+        "torch-native layers would compute in bf16 and the FP8 setting would have no effect",
+        fix="set model.layer_spec=auto or transformer_engine (auto picks TE for FP8), or use "
+        "mixed_precision=bf16_mixed (-c bf16)",
+    ),
+    Rule(
+        id="mxfp8-needs-blackwell",
+        fields=("mixed_precision", "model.fp8_recipe"),
+        applies=lambda cfg, ctx: _fp8_recipe(cfg) == "mxfp8" and ctx.device_capability is not None,
+        holds=lambda cfg, ctx: tuple(ctx.device_capability) >= MXFP8_MIN_CAPABILITY,
+        message="MXFP8 (block-scaled FP8) needs Blackwell tensor cores (compute capability 10.0+); "
+        "Transformer Engine refuses it on this GPU when the first layer runs",
+        fix="use mixed_precision=bf16_with_fp8_current_scaling_mixed or bf16_with_fp8_delayed_scaling_mixed "
+        "(-c fp8_cs / fp8_ds) on Hopper, or validate for a Blackwell GPU (-g b200)",
+        derived_values=(("target_gpu_capability", lambda cfg, ctx: ctx.device_capability),),
     ),
     Rule(
         id="own-precision-flags-agree",

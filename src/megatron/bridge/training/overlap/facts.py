@@ -6,7 +6,7 @@ Rules run on the resolved copy, where every switch holds its effective value on 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from packaging.version import Version
 
@@ -35,8 +35,18 @@ def layer_spec_choice(cfg: "ConfigContainer", ctx: RuleContext) -> LayerSpecChoi
         cfg.model.layer_spec,
         device=cfg.dist.device,
         te_available=ctx.te_version is not None,
-        te_features=te_only_features(cfg.model, bool(cfg.comm_overlap.tp_comm_overlap)),
+        te_features=te_only_features(cfg.model, bool(cfg.comm_overlap.tp_comm_overlap), fp8=precision_fp8(cfg)),
     )
+
+
+def precision_fp8(cfg: "ConfigContainer") -> Optional[str]:
+    """The FP8 format the run computes with: its precision recipe's, or with ``mixed_precision=null``
+    the model's own ``fp8`` (``None``: no FP8; an unknown recipe name counts as none, its own rule
+    reports it)."""
+    if cfg.mixed_precision is None:
+        return cfg.model.fp8
+    recipe = mixed_precision_recipe(cfg.mixed_precision)
+    return None if recipe is None else recipe.fp8
 
 
 def resolved_layer_spec(cfg: "ConfigContainer", ctx: RuleContext) -> str:
