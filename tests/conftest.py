@@ -109,7 +109,9 @@ def run_child_script():
     def run(script: Path, workdir: Path, world_size: int = 1, timeout: float = 300,
             env_extra: Optional[dict] = None) -> list[dict]:
         repo = Path(__file__).resolve().parents[1]
-        env = dict(os.environ, PYTHONPATH=str(repo / "src"), CUDA_VISIBLE_DEVICES="", WORLD_SIZE=str(world_size),
+        # src first, then whatever the parent had (a machine whose megatron-core comes through PYTHONPATH)
+        path = os.pathsep.join(filter(None, [str(repo / "src"), os.environ.get("PYTHONPATH")]))
+        env = dict(os.environ, PYTHONPATH=path, CUDA_VISIBLE_DEVICES="", WORLD_SIZE=str(world_size),
                    **(env_extra or {}))
         for _ in range(_PORT_ATTEMPTS):
             port = str(free_port())
