@@ -22,6 +22,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -64,6 +65,15 @@ def pytest_argv(out: Path, workers: int) -> list[str]:
     return argv
 
 
+_SITE = re.compile(r"/\S*?/site-packages/")
+
+
+def scrub(text: str) -> str:
+    """A message as a record keeps it: paths of this machine shortened to the repository's and the
+    installed packages' own."""
+    return _SITE.sub("site-packages/", text.replace(str(REPO) + "/", ""))
+
+
 def outcomes(junit: Path) -> dict:
     """Counts, failures and skip reasons from pytest's JUnit XML."""
     counts = collections.Counter()
@@ -74,10 +84,10 @@ def outcomes(junit: Path) -> dict:
         if "failure" in kinds or "error" in kinds:
             bad = kinds.get("failure", kinds.get("error"))
             counts["failed" if "failure" in kinds else "errors"] += 1
-            failures.append(dict(test=name, message=(bad.get("message") or "")[:500]))
+            failures.append(dict(test=name, message=scrub(bad.get("message") or "")[:500]))
         elif "skipped" in kinds:
             counts["skipped"] += 1
-            skips[(kinds["skipped"].get("message") or "").removeprefix("Skipped: ")[:300]] += 1
+            skips[scrub(kinds["skipped"].get("message") or "").removeprefix("Skipped: ")[:300]] += 1
         else:
             counts["passed"] += 1
     return dict(

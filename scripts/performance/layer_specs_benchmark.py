@@ -236,7 +236,9 @@ def fmt(x: Optional[float], digits: int = 3) -> str:
 
 def markdown_section(result: dict) -> str:
     """The generated part of ``layer_specs.md``: the run, its command, the table, the profiles."""
-    partial = "" if result["complete"] else f" **Partial: the job stopped (exit {result['exit_code']}).**"
+    partial = "" if result["complete"] else (
+        f" **Partial: the job stopped (exit {result['exit_code']}) before every case had run; the table holds "
+        "the cases that finished.**")
     lines = [
         f"Run: {result['date']}, commit `{result['commit']}`, {result['device']}, Transformer Engine "
         f"{result['transformer_engine']}, torch {result['torch']}; bf16 matmul ceiling measured in the run: "

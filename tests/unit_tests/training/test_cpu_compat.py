@@ -25,6 +25,12 @@ def test_not_enabled_until_asked(child_report: dict) -> None:
     assert child_report["enabled_after"] is True
 
 
+def test_te_kernels_megatron_picked_at_import_are_replaced(child_report: dict) -> None:
+    """With TE importable, megatron-core uses TE's CUDA-only router GEMM, fused Adam and gradient-norm
+    kernels; in CPU smoke mode they give way to torch's (the tiny model's forward below routes tokens)."""
+    assert child_report["te_kernels_replaced"] is True
+
+
 def test_activation_is_logged(child_report: dict) -> None:
     assert "CPU smoke mode: megatron-core CUDA calls mapped to CPU" in child_report["stdout"]
 

@@ -70,6 +70,9 @@ CASES = {
     "te-cross-entropy-needs-transformer-engine": (
         TE_ABSENT, _set(**{"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": "te"}),
         _set(**{"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": "torch_native"})),
+    "te-cross-entropy-stability": (
+        TE_PRESENT, _set(**{"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": "te"}),
+        _set(**{"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": "torch_native"})),
     "lr-warmup-shorter-than-decay": (
         {}, _set(**{"scheduler.lr_warmup_iters": 500, "scheduler.lr_decay_iters": None, "train.train_iters": 8}),
         _set(**{"scheduler.lr_warmup_iters": 500, "scheduler.lr_decay_iters": 300_000, "train.train_iters": 8})),

@@ -14,7 +14,10 @@ This module maps exactly those points to CPU, process-wide, and nothing else:
   ``Tensor.cuda`` and ``Module.cuda`` is rewritten to CPU;
 * ``Tensor.type()`` (no arguments) reports ``torch.cuda.*Tensor`` for CPU tensors;
 * ``Tensor.record_stream`` and ``torch.cuda.nvtx.range_push/pop`` are no-ops;
-* megatron's ``maybe_move_tensor_to_cpu`` returns numpy split sizes for CPU tensors too.
+* megatron's ``maybe_move_tensor_to_cpu`` returns numpy split sizes for CPU tensors too;
+* where Transformer Engine imports, megatron-core picks TE's CUDA-only kernels at import (the router
+  GEMM, fused Adam/SGD, the multi-tensor gradient norm and scale); they are swapped for the
+  torch implementations megatron-core itself uses without TE.
 
 It is **only** activated by the CPU smoke mode (``cfg.dist.device == "cpu"``) and is never
 imported implicitly on GPU: a GPU process must not see CUDA calls silently turned into CPU ones.
@@ -264,6 +267,24 @@ def _patch_megatron() -> None:
     token_dispatcher.maybe_move_tensor_to_cpu = _cpu_maybe_move_tensor_to_cpu
 
 
+def _patch_transformer_engine_kernels() -> None:
+    """megatron-core's choices of TE kernels at import, undone: TE's kernels only run on CUDA."""
+    from megatron.core import optimizer as mcore_optimizer
+    from megatron.core import utils as mcore_utils
+    from megatron.core.optimizer import clip_grads
+    from megatron.core.optimizer import optimizer as optimizer_impl
+    from megatron.core.transformer.moe import moe_utils
+
+    moe_utils.te_general_gemm = None  # the router's gating GEMM falls back to torch.mm
+    mcore_optimizer.Adam, mcore_optimizer.SGD = torch.optim.AdamW, torch.optim.SGD
+    mcore_optimizer.USING_PYTORCH_OPTIMIZER = True  # megatron then passes torch's keyword arguments
+    for module in (clip_grads, optimizer_impl):
+        module.multi_tensor_applier = mcore_utils.local_multi_tensor_applier
+        module.multi_tensor_scale_impl = mcore_utils.local_multi_tensor_scale
+    clip_grads.l2_norm_impl = mcore_utils.local_multi_tensor_l2_norm
+    clip_grads.multi_tensor_scale_tensor_impl = None
+
+
 def enable_cpu_compat() -> None:
     """Map megatron-core's CUDA calls to CPU for the rest of this process (idempotent, logged)."""
     global _ENABLED
@@ -275,6 +296,7 @@ def enable_cpu_compat() -> None:
     _patch_factories()
     _patch_tensor_methods()
     _patch_megatron()
+    _patch_transformer_engine_kernels()
     _ENABLED = True
     logger.warning(BANNER)
     if os.environ.get("RANK", "0") == "0":  # once per job, not once per rank

@@ -190,6 +190,16 @@ GENERAL_RULES: tuple[Rule, ...] = (
         extra_values=TE_VERSION_VALUE,
     ),
     Rule(
+        id="te-cross-entropy-stability",
+        fields=("model.cross_entropy_loss_fusion", "model.cross_entropy_fusion_impl"),
+        applies=lambda cfg, ctx: cfg.model.cross_entropy_loss_fusion and ctx.te_version is not None,
+        holds=lambda cfg, ctx: cfg.model.cross_entropy_fusion_impl != "te",
+        message="megatron-core warns that Transformer Engine's fused cross-entropy has known stability "
+        "issues (Megatron-LM's own argument check refuses it); accepted, since it trains, but watch the loss",
+        fix="use model.cross_entropy_fusion_impl=torch_native (the Qwen3-MoE recipes' default) or native",
+        severity="warning",
+    ),
+    Rule(
         id="lr-warmup-shorter-than-decay",
         fields=("scheduler.lr_warmup_iters", "scheduler.lr_decay_iters", "train.train_iters"),
         applies=lambda cfg, ctx: all_within(cfg, ctx, "scheduler.lr_warmup_iters", "scheduler.lr_decay_iters",

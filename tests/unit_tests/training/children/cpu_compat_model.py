@@ -12,9 +12,24 @@ report = {"imported_implicitly": "megatron.bridge.training.cpu_compat" in sys.mo
 from megatron.bridge.training import cpu_compat
 
 report["enabled_before"] = cpu_compat.cpu_compat_enabled()
+
+# As on a machine where Transformer Engine imports: megatron-core has picked TE's CUDA-only kernels.
+from megatron.core import optimizer as mcore_optimizer
+from megatron.core.optimizer import clip_grads
+from megatron.core.transformer.moe import moe_utils
+
+
+def cuda_only(*args, **kwargs):
+    raise RuntimeError("No CUDA GPUs are available (a Transformer Engine kernel)")
+
+
+moe_utils.te_general_gemm = mcore_optimizer.Adam = clip_grads.l2_norm_impl = cuda_only
+mcore_optimizer.USING_PYTORCH_OPTIMIZER = False
 cpu_compat.enable_cpu_compat()
 cpu_compat.enable_cpu_compat()  # idempotent
 report["enabled_after"] = cpu_compat.cpu_compat_enabled()
+report["te_kernels_replaced"] = (moe_utils.te_general_gemm is None and mcore_optimizer.Adam is torch.optim.AdamW
+                                 and mcore_optimizer.USING_PYTORCH_OPTIMIZER and clip_grads.l2_norm_impl is not cuda_only)
 
 # Streams and events.
 s = torch.cuda.Stream(device="cuda", priority=-1)
