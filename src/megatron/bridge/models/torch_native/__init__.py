@@ -3,7 +3,7 @@
 SDPA core attention (:class:`TorchSDPAttention`) and grouped-GEMM routed experts
 (:class:`TorchGroupedMLP`, ``torch._grouped_mm`` on Hopper bf16, a per-expert loop elsewhere),
 plugged into megatron-core's ``TransformerLayer``/``MoELayer`` through its spec mechanism.
-Select with ``model.layer_spec="torch_native"`` (``"auto"`` picks it when TE is absent).
+Select with ``model.layer_spec="torch_native"`` (``"auto"`` picks it unless a feature needs Transformer Engine).
 
 Names are imported on first use, so that light modules of this package (``dispatch_policy``, used
 by validation on login nodes) do not pull in megatron's layers.
