@@ -120,7 +120,7 @@ def sbatch_script(
         f"#SBATCH --nodes={nodes}",
         f"#SBATCH --ntasks-per-node={tasks_per_node}",
         f"#SBATCH --gpus-per-node={gpus_per_node}",
-        f"#SBATCH --output={log_dir}/slurm-%j.out",
+        f'#SBATCH --output="{log_dir}/slurm-%j.out"',  # quoted: a path may hold spaces
         "#SBATCH --exclusive",
     ]
     lines += [f"#SBATCH --account={account}"] if account else []

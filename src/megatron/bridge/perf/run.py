@@ -8,6 +8,7 @@ failing job's own exit code.
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import signal
@@ -29,7 +30,8 @@ from megatron.bridge.perf.config_builder import (
     resolution_of,
 )
 from megatron.bridge.perf.failure_report import failure_report
-from megatron.bridge.perf.launcher import CONFIG_NAME, LaunchPlan, plan_launch, run_plan
+from megatron.bridge.perf.launch_values import launch_problems
+from megatron.bridge.perf.launcher import CONFIG_NAME, LaunchPlan, choose_mode, plan_launch, run_plan
 from megatron.bridge.perf.results import SUMMARY_NAME, format_results, load_summary, summary_steady_state
 from megatron.bridge.perf.supervisor import LAUNCH_LOG, JobOutcome
 from megatron.bridge.training.entry import FAILURE_DIR
@@ -105,6 +107,14 @@ def plan_job(built: BuiltConfig, resolution: "Resolution", args, max_connections
     """The launch of a resolved job. ``max_connections`` replaces the report's
     ``CUDA_DEVICE_MAX_CONNECTIONS`` (sweeps keep the environment identical across values)."""
     needed = resolution.report.cuda_device_max_connections
+    problems = launch_problems(
+        account=args.account, partition=args.partition, time_limit=args.time_limit, log_dir=built.log_dir,
+        written_to_batch_script=choose_mode(cpu=built.cpu, num_gpus=built.num_gpus, gpus_per_node=built.gpus_per_node,
+                                            environ=os.environ) == "sbatch",
+    )
+    if problems:
+        raise HarnessError("the launch cannot be written:\n" + "\n".join(f"  - {p}" for p in problems)
+                           + "\nnothing was launched", EXIT_CONFIG)
     return plan_launch(
         cpu=built.cpu,
         num_gpus=built.num_gpus,

@@ -1,0 +1,77 @@
+"""The values a user passes that the harness writes into a batch script or a command line, checked
+before anything is written or launched.
+
+A value copied into an ``#SBATCH`` line is read by ``sbatch`` and, after a newline, by the shell: a
+newline in ``--account`` would add a command to the script (and end sbatch's reading of the
+``#SBATCH`` lines, silently dropping the ones after it). So each value has a rule of what it may
+hold (:data:`VALUE_RULES`); every value that breaks its rule is reported at once, with the flag, the
+value and the fix; what passes is also quoted where it is written (``launcher.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+_NAME = r"[A-Za-z0-9_.+-]+"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class ValueRule:
+    """What one launch value may hold."""
+
+    flag: str
+    pattern: str
+    allowed: str
+    example: str
+
+    def problem(self, value: Optional[str]) -> Optional[str]:
+        """Why ``value`` cannot be written (``None``: it can, or it is not set)."""
+        if value is None or re.fullmatch(self.pattern, value):
+            return None
+        return (f"{self.flag} {value!r}: {self.allowed} (it is written into the batch script); "
+                f"fix: give e.g. {self.example}")
+
+
+VALUE_RULES: dict[str, ValueRule] = {
+    "account": ValueRule("--account", _NAME, "a SLURM account is letters, digits and . _ + -", "--account my_project"),
+    "partition": ValueRule("--partition", rf"{_NAME}(,{_NAME})*",
+                           "a SLURM partition (or a comma-separated list) is letters, digits and . _ + -",
+                           "--partition batch"),
+    "time_limit": ValueRule("--time", r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}",
+                            "a SLURM time limit is MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS", "--time 02:00:00"),
+}
+
+
+def log_dir_problems(log_dir: Path, written_to_batch_script: bool) -> list[str]:
+    """Why the run directory cannot be used: a control character, characters ``sbatch`` would read
+    as part of its ``--output`` pattern, a file in its place, or no way to create or write it."""
+    text = str(log_dir)
+    if _CONTROL.search(text):
+        return [f"-l/logger.log_dir {text!r}: a run directory with a newline or other control character "
+                "cannot be written into a launch command; fix: choose a plain path"]
+    if written_to_batch_script and re.search(r'[%"\\]', text):
+        return [f"-l/logger.log_dir {text!r}: sbatch reads % as a file-name pattern and the path is quoted in "
+                '"#SBATCH --output"; fix: choose a run directory without %, " or \\']
+    if log_dir.exists() and not log_dir.is_dir():
+        return [f"-l/logger.log_dir {text!r} is a file, not a directory; fix: give a directory (it is created "
+                "if missing)"]
+    existing = next((p for p in (log_dir, *log_dir.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return [f"-l/logger.log_dir {text!r} cannot be created or written ({existing} is not a writable "
+                "directory); fix: give a run directory you can write"]
+    return []
+
+
+def launch_problems(
+    *, account: Optional[str], partition: Optional[str], time_limit: Optional[str], log_dir: Path,
+    written_to_batch_script: bool,
+) -> list[str]:
+    """Every problem of the launch values at once (empty: all can be written)."""
+    values = dict(account=account, partition=partition, time_limit=time_limit)
+    problems = [p for key, rule in VALUE_RULES.items() if (p := rule.problem(values[key]))]
+    return problems + log_dir_problems(log_dir, written_to_batch_script)
