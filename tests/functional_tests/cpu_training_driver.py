@@ -14,7 +14,9 @@ import cost ~30 s per process on a small CI machine, so they are paid once):
 7. resume from what scenario 6 left: iteration 2, trained on to 4;
 8. a forward step in Megatron-Bridge's signature ``(state, data_iterator, model, ...)``, overlap on;
 9. ``model.gradient_accumulation_fusion=true`` without Apex: megatron-core's layers add their weight
-   gradients into ``main_grad`` through this package's kernel.
+   gradients into ``main_grad`` through this package's kernel;
+10. a resume from a copy of the finished checkpoint whose RNG files were replaced by a pickled object
+    that would run code when unpickled: refused, nothing run.
 
 Rank 0 writes ``results.json`` into the output directory given as the only argument.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -97,6 +100,16 @@ class SaveLog:
         return taken
 
 
+class RunsCode:
+    """Unpickling this writes a file: what an attacker's object would do with ``os.system``."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     # One process group for every scenario; pretrain() reuses it and leaves it alive.
@@ -157,6 +170,18 @@ def main() -> None:
     cfg.train.train_iters = 3
     results["state_first_step"] = pretrain(cfg, forward_step_func=state_first_step).losses
     results["state_first_step_iterations"] = sorted(set(seen_iterations))
+    planted = out / "ckpt_planted"
+    if torch.distributed.get_rank() == 0:
+        shutil.copytree(ckpt, planted)
+        for rank in range(torch.distributed.get_world_size()):  # every rank meets it (none waits for a peer)
+            torch.save(RunsCode(str(out / "planted_code_ran")), planted / "iter_0000010" / "rng" / f"rank_{rank:05d}.pt")
+    torch.distributed.barrier()
+    try:
+        pretrain(resume_cfg(out, "planted", planted))
+        results["planted_error"] = None
+    except checkpointing.CheckpointLoadError as exc:
+        results["planted_error"] = str(exc)
+    results["planted_code_ran"] = (out / "planted_code_ran").exists()
     cfg = tiny_cfg(out, "gaf", overlap=False)
     cfg.model.gradient_accumulation_fusion = True
     results["gaf"] = pretrain(cfg).losses

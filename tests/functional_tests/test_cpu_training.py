@@ -81,6 +81,13 @@ def test_gradient_accumulation_fusion_without_apex_trains_like_the_unfused_run(r
     assert summary["gradient_accumulation_fusion"]["enabled"] is True
 
 
+def test_a_resume_never_runs_code_planted_in_the_checkpoint(results: dict) -> None:
+    """The per-rank RNG file is read with ``weights_only=True``: an object in its place is refused, its
+    code never runs, and the message names the file."""
+    assert results["planted_code_ran"] is False
+    assert "rank_00000.pt" in results["planted_error"] and "could run code" in results["planted_error"]
+
+
 def test_startup_log_says_what_runs(results: dict) -> None:
     out = results["stdout"]
     assert "CPU smoke mode: megatron-core CUDA calls mapped to CPU" in out

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -250,17 +251,21 @@ def test_interleaved_rule_matches_megatron_core_0_19_2():
 
 
 # ------------------------------------------------------------------------------------------ checkpoints
-def _tracker_dir(root, iteration=4, layout=None):
+SAVED_EP8 = dict(tp=1, pp=1, vpp=None, cp=1, ep=8, etp=1, dp=16)
+
+
+def _tracker_dir(root, iteration=4, layout=SAVED_EP8, drop=()):
+    """A checkpoint directory with what a resume reads of its latest iteration (``drop``: files left out)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "latest_checkpointed_iteration.txt").write_text(str(iteration))
     it = root / f"iter_{iteration:07d}"
-    it.mkdir(exist_ok=True)
-    if layout is not None:
-        (it / "parallel_layout.json").write_text(json.dumps(layout))
+    (it / "rng").mkdir(parents=True, exist_ok=True)
+    files = {"metadata.json": "{}", "common.pt": "x", "parallel_layout.json": json.dumps(layout)}
+    files.update({f"rng/rank_{r:05d}.pt": "x" for r in range(layout["tp"] * layout["pp"] * layout["cp"] * layout["dp"])})
+    for name, text in files.items():
+        if name not in drop:
+            (it / name).write_text(text)
     return root
-
-
-SAVED_EP8 = dict(tp=1, pp=1, vpp=None, cp=1, ep=8, etp=1, dp=16)
 
 def _dir_with(tmp, name, *files):
     path = tmp / name
@@ -272,7 +277,7 @@ def _dir_with(tmp, name, *files):
 
 def _missing_iteration(tmp):
     root = _tracker_dir(tmp / "ck", 4)
-    (root / "iter_0000004").rmdir()
+    shutil.rmtree(root / "iter_0000004")
     return root
 
 
@@ -290,7 +295,16 @@ CHECKPOINT_CASES = {
     "resume-same-parallel-layout": (
         lambda tmp: _tracker_dir(tmp / "ck", layout={**SAVED_EP8, "ep": 16}),
         lambda tmp: (_tracker_dir(tmp / "ck", layout=SAVED_EP8), None)),
+    "checkpoint-load-complete": (
+        lambda tmp: _tracker_dir(tmp / "ck", drop=("rng/rank_00001.pt",)), lambda tmp: (_tracker_dir(tmp / "ck"), None)),
+    "checkpoint-save-writable": (
+        lambda tmp: (_tracker_dir(tmp / "ck"), _a_file(tmp)), lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "new" / "dir")),
 }
+
+
+def _a_file(tmp):
+    (tmp / "taken").write_text("x")
+    return tmp / "taken"
 
 
 def _checkpoint_cfg(load, save=None):
@@ -303,8 +317,9 @@ def _checkpoint_cfg(load, save=None):
 
 @pytest.mark.parametrize("rule_id", sorted(CHECKPOINT_CASES))
 def test_checkpoint_rule_negative_case_is_reported(rule_id, tmp_path):
-    load = CHECKPOINT_CASES[rule_id][0](tmp_path)
-    assert rule_id in _violated_ids(_checkpoint_cfg(load), dict(world_size=16))
+    broken = CHECKPOINT_CASES[rule_id][0](tmp_path)
+    load, save = broken if isinstance(broken, tuple) else (broken, None)
+    assert rule_id in _violated_ids(_checkpoint_cfg(load, save), dict(world_size=16))
 
 
 @pytest.mark.parametrize("rule_id", sorted(CHECKPOINT_CASES))
@@ -335,3 +350,24 @@ def test_reliability_page_lists_every_range():
 
     page = (Path(__file__).resolve().parents[3] / DOCS_PATH).read_text()
     assert page == render_docs(page), "run: uv run python -m megatron.bridge.training.ranges --write-docs"
+
+
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        (lambda ck: (ck / "latest_checkpointed_iteration.txt").write_bytes(b"\xff\xfe\x00garbage"), "checkpoint-load-has-tracker"),
+        (lambda ck: (ck / "latest_checkpointed_iteration.txt").write_text("²"), "checkpoint-load-has-tracker"),
+        (lambda ck: (ck / "iter_0000004" / "rng" / "rank_00001.pt").unlink(), "rng/rank_00001.pt"),
+        (lambda ck: (ck / "iter_0000004" / "parallel_layout.json").unlink(), "parallel_layout.json"),
+        (lambda ck: (ck / "iter_0000004" / "common.pt").unlink(), "common.pt"),
+    ],
+)
+def test_a_damaged_checkpoint_is_refused_naming_what_is_wrong(tmp_path, damage, words):
+    """Through ``validate()`` (what the harness runs before launch): never a traceback, a silent skip or
+    a fresh start."""
+    ck = _tracker_dir(tmp_path / "ck")
+    damage(ck)
+    cfg = _checkpoint_cfg(ck)
+    with pytest.raises(ConfigValidationError) as info:
+        cfg.validate(world_size=16)
+    assert words in str(info.value)

@@ -10,11 +10,12 @@ value and the fix; what passes is also quoted where it is written (``launcher.py
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+from megatron.bridge.utils.paths import writable_directory_problem
 
 _NAME = r"[A-Za-z0-9_.+-]+"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -57,13 +58,10 @@ def log_dir_problems(log_dir: Path, written_to_batch_script: bool) -> list[str]:
     if written_to_batch_script and re.search(r'[%"\\]', text):
         return [f"-l/logger.log_dir {text!r}: sbatch reads % as a file-name pattern and the path is quoted in "
                 '"#SBATCH --output"; fix: choose a run directory without %, " or \\']
-    if log_dir.exists() and not log_dir.is_dir():
-        return [f"-l/logger.log_dir {text!r} is a file, not a directory; fix: give a directory (it is created "
-                "if missing)"]
-    existing = next((p for p in (log_dir, *log_dir.parents) if p.exists()), None)
-    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        return [f"-l/logger.log_dir {text!r} cannot be created or written ({existing} is not a writable "
-                "directory); fix: give a run directory you can write"]
+    problem = writable_directory_problem(log_dir)
+    if problem:
+        return [f"-l/logger.log_dir {text!r} {problem}; fix: give a directory you can write (it is created if "
+                "missing)"]
     return []
 
 

@@ -1,4 +1,6 @@
-"""Rules for ``checkpoint.load``: a directory that cannot be resumed from is refused before launch.
+"""Rules for ``checkpoint.load`` and ``checkpoint.save``, refused before launch: a directory that cannot
+be resumed from (missing, not a checkpoint, damaged, incomplete), and a save directory that cannot be
+written.
 
 Each kind of unusable directory (see ``checkpointing.inspect_checkpoint_dir``) is one rule; resuming
 with another parallel layout than the one that saved is refused too, showing both layouts.
@@ -12,6 +14,7 @@ from typing import TYPE_CHECKING, Optional
 from megatron.bridge.training.checkpointing import CheckpointDir, checkpoint_layout, inspect_checkpoint_dir
 from megatron.bridge.training.layout import data_parallel_size, dp_known, layout_within
 from megatron.bridge.training.rules import Rule, RuleContext
+from megatron.bridge.utils.paths import writable_directory_problem
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -93,6 +96,27 @@ CHECKPOINT_RULES: tuple[Rule, ...] = (
         "(deleted or moved)",
         "restore that directory, or write the number of a saved iteration into the tracker file",
         derived_values=(("tracker_iteration", lambda cfg, ctx: _load_dir(cfg).iteration),),
+    ),
+    _load_dir_rule(
+        "checkpoint-load-complete", ("incomplete",),
+        "the latest checkpoint lacks files a resume needs (deleted, moved, or never written): without its "
+        "layout record the layout check cannot run, without a rank's RNG state the run would not continue "
+        "the saved one",
+        "restore the files, or write the number of an earlier complete iteration into "
+        "latest_checkpointed_iteration.txt",
+        derived_values=(("iteration", lambda cfg, ctx: _load_dir(cfg).iteration),
+                        ("missing", lambda cfg, ctx: list(_load_dir(cfg).missing))),
+    ),
+    Rule(
+        id="checkpoint-save-writable",
+        fields=("checkpoint.save",),
+        applies=lambda cfg, ctx: bool(cfg.checkpoint.save),
+        holds=lambda cfg, ctx: writable_directory_problem(Path(cfg.checkpoint.save)) is None,
+        message="checkpoint.save must be a directory this run can create and write; otherwise training runs "
+        "and fails at its first save",
+        fix="give checkpoint.save a writable directory (created if missing), or unset it",
+        derived_values=(("problem", lambda cfg, ctx: writable_directory_problem(Path(cfg.checkpoint.save))),),
+        group="checkpoint",
     ),
     Rule(
         id="resume-same-parallel-layout",

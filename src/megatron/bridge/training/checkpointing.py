@@ -69,12 +69,12 @@ def latest_iteration(root: Optional[str | os.PathLike]) -> Optional[int]:
     tracker = Path(root) / TRACKER
     if not tracker.is_file():
         return None
-    text = tracker.read_text().strip()
-    return int(text) if text.isdigit() else None
+    text = tracker.read_bytes().strip()  # bytes: a damaged file is "not a number", never a decode error
+    return int(text) if re.fullmatch(rb"[0-9]+", text) else None
 
 
 CheckpointDirKind = Literal["missing", "not_a_directory", "empty", "checkpoint", "bad_tracker",
-                            "tracker_without_iteration", "iteration_dir", "no_tracker"]
+                            "tracker_without_iteration", "iteration_dir", "no_tracker", "incomplete"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,8 @@ class CheckpointDir:
     iteration: Optional[int] = None
     layout: Optional[dict[str, Any]] = None
     """The parallel layout recorded with the latest checkpoint (``None`` when not recorded)."""
+    missing: tuple[str, ...] = ()
+    """Files of the latest checkpoint a resume needs that are absent or unreadable (``incomplete``)."""
 
     @property
     def resumable(self) -> bool:
@@ -124,9 +126,33 @@ def _leftover(child: Path) -> bool:
 
 def _read_layout(path: Path) -> Optional[dict[str, Any]]:
     try:
-        return json.loads((path / LAYOUT_FILE).read_text())
+        layout = json.loads((path / LAYOUT_FILE).read_text())
     except (OSError, ValueError):
         return None
+    return layout if isinstance(layout, dict) else None
+
+
+COMMON_FILES = ("metadata.json", "common.pt")
+"""What megatron-core's ``torch_dist`` writer puts into every saved iteration besides the shards."""
+
+
+def _saved_world_size(layout: dict[str, Any]) -> Optional[int]:
+    sizes = [layout.get(k) for k in ("tp", "pp", "cp", "dp")]
+    return None if any(not isinstance(v, int) for v in sizes) else sizes[0] * sizes[1] * sizes[2] * sizes[3]
+
+
+def missing_files(iteration: Path) -> tuple[str, ...]:
+    """What a resume needs from one saved iteration and does not find: the common files, the layout
+    record (without it the layout check could not run) and every rank's RNG state."""
+    missing = [name for name in COMMON_FILES if not (iteration / name).is_file()]
+    layout = _read_layout(iteration)
+    if layout is None:
+        missing.append(f"{LAYOUT_FILE} (absent or not a layout)")
+        return tuple(missing)
+    world = _saved_world_size(layout)
+    ranks = range(world) if world else ()
+    missing += [f"rng/rank_{r:05d}.pt" for r in ranks if not (iteration / "rng" / f"rank_{r:05d}.pt").is_file()]
+    return tuple(missing)
 
 
 def inspect_checkpoint_dir(root: str | os.PathLike) -> CheckpointDir:
@@ -141,9 +167,13 @@ def inspect_checkpoint_dir(root: str | os.PathLike) -> CheckpointDir:
         iteration = latest_iteration(path)
         if iteration is None:
             return CheckpointDir(path, "bad_tracker")
-        if not iteration_dir(path, iteration).is_dir():
+        saved = iteration_dir(path, iteration)
+        if not saved.is_dir():
             return CheckpointDir(path, "tracker_without_iteration", iteration)
-        return CheckpointDir(path, "checkpoint", iteration, _read_layout(iteration_dir(path, iteration)))
+        missing = missing_files(saved)
+        if missing:
+            return CheckpointDir(path, "incomplete", iteration, _read_layout(saved), missing)
+        return CheckpointDir(path, "checkpoint", iteration, _read_layout(saved))
     if _looks_like_iteration_dir(path):
         return CheckpointDir(path, "iteration_dir")
     if all(_leftover(child) for child in path.iterdir()):
@@ -180,29 +210,56 @@ def _sharded_state_dict(model: list[Any], optimizer: Any, is_loading: bool) -> d
     return state
 
 
+class CheckpointLoadError(RuntimeError):
+    """A checkpoint that cannot be resumed from, with the file that says why."""
+
+
 def _rng_state() -> dict[str, Any]:
+    """Every RNG state of this rank as tensors, numbers and strings only: a resume reads it with
+    ``torch.load(weights_only=True)``, which builds no other object (a pickled one could run code)."""
     from megatron.core import tensor_parallel
 
+    version, mt_words, gauss = random.getstate()
+    kind, np_words, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
-        "random": random.getstate(),
-        "numpy": np.random.get_state(),
+        "random": {"version": version, "words": torch.tensor(mt_words, dtype=torch.int64), "gauss": gauss},
+        "numpy": {"kind": kind, "words": torch.from_numpy(np_words.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached": float(cached)},
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
-        state["tracker"] = tensor_parallel.get_cuda_rng_tracker().get_states()
+        state["tracker"] = dict(tensor_parallel.get_cuda_rng_tracker().get_states())
     return state
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
     from megatron.core import tensor_parallel
 
-    random.setstate(state["random"])
-    np.random.set_state(state["numpy"])
+    py = state["random"]
+    random.setstate((py["version"], tuple(int(w) for w in py["words"].tolist()), py["gauss"]))
+    npy = state["numpy"]
+    np.random.set_state((npy["kind"], npy["words"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
+                         npy["cached"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
         tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def load_rng_file(path: Path) -> dict[str, Any]:
+    """A rank's saved RNG states; never runs code from the file (``weights_only=True``).
+
+    A file that holds anything but tensors, numbers and strings (an object planted to run code on
+    resume, or a checkpoint of a release that pickled numpy arrays) is refused with its name."""
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as exc:  # torch's UnpicklingError names the refused global
+        raise CheckpointLoadError(
+            f"{path} holds more than tensors, numbers and strings and is not loaded (loading it could run "
+            f"code): {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. Resume only from "
+            "checkpoints you trust, or start the run fresh without checkpoint.load"
+        ) from None
 
 
 def _without_psutil() -> None:
@@ -391,8 +448,12 @@ def load_checkpoint(
     common = dist_checkpointing.load_common_state_dict(str(path))
     scheduler.load_state_dict(common["scheduler"])
     rng_file = path / "rng" / f"rank_{torch.distributed.get_rank():05d}.pt"
-    if rng_file.is_file():
-        _set_rng_state(torch.load(rng_file, weights_only=False))
+    if not rng_file.is_file():
+        raise CheckpointLoadError(
+            f"{rng_file} is missing: every rank's RNG state is part of the checkpoint, and without it the "
+            "resumed run would not continue the saved one. Restore the file, or resume from another iteration"
+        )
+    _set_rng_state(load_rng_file(rng_file))
     state = TrainState(iteration=int(common["iteration"]), consumed_samples=int(common["consumed_samples"]))
     return state, path
 
