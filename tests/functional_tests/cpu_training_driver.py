@@ -85,9 +85,9 @@ class SaveLog:
         checkpointing.save_checkpoint = self.save
         dist_checkpointing.save = self.write
 
-    def save(self, cfg, model, optimizer, scheduler, state):
+    def save(self, cfg, model, optimizer, scheduler, state, **kwargs):
         self.iterations.append(state.iteration)
-        return self._save(cfg, model, optimizer, scheduler, state)
+        return self._save(cfg, model, optimizer, scheduler, state, **kwargs)
 
     def write(self, sharded, path, *args, **kwargs):
         result = self._write(sharded, path, *args, **kwargs)

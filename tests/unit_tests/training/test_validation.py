@@ -260,7 +260,7 @@ def _tracker_dir(root, iteration=4, layout=SAVED_EP8, drop=()):
     (root / "latest_checkpointed_iteration.txt").write_text(str(iteration))
     it = root / f"iter_{iteration:07d}"
     (it / "rng").mkdir(parents=True, exist_ok=True)
-    files = {"metadata.json": "{}", "common.pt": "x", "parallel_layout.json": json.dumps(layout)}
+    files = {"metadata.json": "{}", ".metadata": "x", "parallel_layout.json": json.dumps(layout)}
     files.update({f"rng/rank_{r:05d}.pt": "x" for r in range(layout["tp"] * layout["pp"] * layout["cp"] * layout["dp"])})
     for name, text in files.items():
         if name not in drop:
@@ -297,9 +297,23 @@ CHECKPOINT_CASES = {
         lambda tmp: (_tracker_dir(tmp / "ck", layout=SAVED_EP8), None)),
     "checkpoint-load-complete": (
         lambda tmp: _tracker_dir(tmp / "ck", drop=("rng/rank_00001.pt",)), lambda tmp: (_tracker_dir(tmp / "ck"), None)),
+    "checkpoint-save-not-in-use": (
+        lambda tmp: (_tracker_dir(tmp / "ck"), _held_by_this_process(tmp / "save")),
+        lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "save")),
     "checkpoint-save-writable": (
         lambda tmp: (_tracker_dir(tmp / "ck"), _a_file(tmp)), lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "new" / "dir")),
 }
+
+
+def _held_by_this_process(save):
+    """A save directory whose lock names a live run (this test process, seen as another run's pid)."""
+    import os
+    import socket
+
+    save.mkdir(parents=True)
+    (save / "run.lock").write_text(json.dumps(dict(host=socket.gethostname(), pid=os.getppid(), started=0.0,
+                                                   run_id="other")))
+    return save
 
 
 def _a_file(tmp):
@@ -359,7 +373,7 @@ def test_reliability_page_lists_every_range():
         (lambda ck: (ck / "latest_checkpointed_iteration.txt").write_text("²"), "checkpoint-load-has-tracker"),
         (lambda ck: (ck / "iter_0000004" / "rng" / "rank_00001.pt").unlink(), "rng/rank_00001.pt"),
         (lambda ck: (ck / "iter_0000004" / "parallel_layout.json").unlink(), "parallel_layout.json"),
-        (lambda ck: (ck / "iter_0000004" / "common.pt").unlink(), "common.pt"),
+        (lambda ck: (ck / "iter_0000004" / ".metadata").unlink(), ".metadata"),
     ],
 )
 def test_a_damaged_checkpoint_is_refused_naming_what_is_wrong(tmp_path, damage, words):

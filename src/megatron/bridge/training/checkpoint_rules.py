@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Optional
 from megatron.bridge.training.checkpointing import CheckpointDir, checkpoint_layout, inspect_checkpoint_dir
 from megatron.bridge.training.layout import data_parallel_size, dp_known, layout_within
 from megatron.bridge.training.rules import Rule, RuleContext
+from megatron.bridge.training.save_lock import LOCK_NAME, held_by_another_live_run
 from megatron.bridge.utils.paths import writable_directory_problem
 
 if TYPE_CHECKING:
@@ -116,6 +117,18 @@ CHECKPOINT_RULES: tuple[Rule, ...] = (
         "and fails at its first save",
         fix="give checkpoint.save a writable directory (created if missing), or unset it",
         derived_values=(("problem", lambda cfg, ctx: writable_directory_problem(Path(cfg.checkpoint.save))),),
+        group="checkpoint",
+    ),
+    Rule(
+        id="checkpoint-save-not-in-use",
+        fields=("checkpoint.save",),
+        applies=lambda cfg, ctx: bool(cfg.checkpoint.save),
+        holds=lambda cfg, ctx: held_by_another_live_run(cfg.checkpoint.save) is None,
+        message="another run that is still alive saves into checkpoint.save; two runs in one directory would "
+        "replace each other's checkpoints",
+        fix="wait for that run, or give this run another checkpoint.save; if that run is gone, delete its "
+        f"{LOCK_NAME}",
+        derived_values=(("held_by", lambda cfg, ctx: held_by_another_live_run(cfg.checkpoint.save).describe()),),
         group="checkpoint",
     ),
     Rule(

@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any, Literal, Optional
 import numpy as np
 import torch
 
+from megatron.bridge.training.save_lock import LOCK_NAME, SaveDirInUseError, SaveDirLock
+
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
@@ -120,8 +122,22 @@ def _looks_like_iteration_dir(path: Path) -> bool:
 
 
 def _leftover(child: Path) -> bool:
-    """What a save killed before publishing its first checkpoint leaves behind."""
-    return child.name.endswith(STAGING_SUFFIX) or child.name == f"{TRACKER}.tmp"
+    """What a save killed before publishing its first checkpoint leaves behind (and the lock of a run
+    that is gone: a live one is refused by its own rule)."""
+    return STAGING_SUFFIX in child.name or child.name in (f"{TRACKER}.tmp", LOCK_NAME)
+
+
+def staging_dir(final: Path, run_id: str) -> Path:
+    """Where one run writes a save of ``final`` before publishing it: named for the run, so a save can
+    never write into, or remove, another run's staging directory."""
+    return final.with_name(f"{final.name}{STAGING_SUFFIX}.{run_id}")
+
+
+def remove_leftover_staging(root: Path) -> None:
+    """Staging directories of saves that were killed; only called by the run holding the directory's
+    lock, so none of them is being written."""
+    for child in root.glob(f"iter_*{STAGING_SUFFIX}*"):
+        shutil.rmtree(child, ignore_errors=True)
 
 
 def _read_layout(path: Path) -> Optional[dict[str, Any]]:
@@ -132,7 +148,7 @@ def _read_layout(path: Path) -> Optional[dict[str, Any]]:
     return layout if isinstance(layout, dict) else None
 
 
-COMMON_FILES = ("metadata.json", "common.pt")
+COMMON_FILES = ("metadata.json", ".metadata")
 """What megatron-core's ``torch_dist`` writer puts into every saved iteration besides the shards."""
 
 
@@ -334,11 +350,12 @@ def publish(staging: Path, final: Path) -> None:
 
 
 def save_checkpoint(
-    cfg: "ConfigContainer", model: list[Any], optimizer: Any, scheduler: Any, state: "TrainState"
+    cfg: "ConfigContainer", model: list[Any], optimizer: Any, scheduler: Any, state: "TrainState",
+    run_id: str = "run",
 ) -> Path:
     """Save model, optimizer, scheduler, iteration, data position and RNG at ``state.iteration``.
 
-    Written into a staging directory, published by rename, tracker replaced last.
+    Written into this run's staging directory, published by rename, tracker replaced last.
     """
     from megatron.core import dist_checkpointing
     from megatron.core import parallel_state as ps
@@ -351,10 +368,10 @@ def save_checkpoint(
             chunk.start_param_sync(force_sync=True)
     root = Path(cfg.checkpoint.save)
     final = iteration_dir(root, state.iteration)
-    staging = final.with_name(final.name + STAGING_SUFFIX)
+    staging = staging_dir(final, run_id)
     rank = torch.distributed.get_rank()
     if rank == 0:
-        shutil.rmtree(staging, ignore_errors=True)  # a save of this iteration that was killed
+        remove_leftover_staging(root)  # saves that were killed; this run holds the directory's lock
         staging.mkdir(parents=True)
     torch.distributed.barrier()
     sharded = _sharded_state_dict(model, optimizer, is_loading=False)
@@ -458,6 +475,28 @@ def load_checkpoint(
     return state, path
 
 
+def hold_save_dir(resolved: "ConfigContainer", device: torch.device) -> tuple[Optional[SaveDirLock], str]:
+    """Rank 0 takes ``checkpoint.save``'s lock for this run; every rank gets the run's id (its staging
+    directories' name) or the same :class:`SaveDirInUseError`, so no rank waits for a peer that stopped."""
+    if not resolved.checkpoint.save:
+        return None, "run"
+    lock, outcome = None, None
+    if torch.distributed.get_rank() == 0:
+        try:
+            lock = SaveDirLock(resolved.checkpoint.save).acquire()
+            outcome = ("ok", lock.run_id, lock.note)
+        except SaveDirInUseError as exc:
+            outcome = ("in_use", str(exc), None)
+    shared = [outcome]
+    torch.distributed.broadcast_object_list(shared, src=0, device=device)
+    kind, value, note = shared[0]
+    if kind == "in_use":
+        raise SaveDirInUseError(value)
+    if note and torch.distributed.get_rank() == 0:
+        _announce(note)
+    return lock, value
+
+
 def _announce(line: str) -> None:
     print(f"[megatron.bridge] {line}", flush=True)
 
@@ -471,8 +510,10 @@ class CheckpointSaver:
     without training writes nothing; a stop on a save-interval iteration saves that iteration once.
     """
 
-    def __init__(self, resolved: "ConfigContainer", model: list[Any], optimizer: Any, scheduler: Any) -> None:
+    def __init__(self, resolved: "ConfigContainer", model: list[Any], optimizer: Any, scheduler: Any,
+                 run_id: str = "run") -> None:
         self.resolved, self.model, self.optimizer, self.scheduler = resolved, model, optimizer, scheduler
+        self.run_id = run_id
         self.persisted_iteration = 0
         self.path: Optional[Any] = None
 
@@ -503,5 +544,5 @@ class CheckpointSaver:
         """Save ``state`` unless it is already on disk (or no save directory is set)."""
         if not self.resolved.checkpoint.save or state.iteration == self.persisted_iteration:
             return
-        self.path = save_checkpoint(self.resolved, self.model, self.optimizer, self.scheduler, state)
+        self.path = save_checkpoint(self.resolved, self.model, self.optimizer, self.scheduler, state, run_id=self.run_id)
         self.persisted_iteration = state.iteration

@@ -70,13 +70,16 @@ def failure_record_path(log_dir: Path, rank: int) -> Path:
     return log_dir / FAILURE_DIR / f"rank_{rank:05d}.json"
 
 
-def write_failure_record(log_dir: Path, exc: BaseException) -> None:
-    """What the harness needs to tell the first failing rank from the ones that failed after it."""
+def write_failure_record(log_dir: Path, exc: BaseException, save_dir: Optional[str] = None) -> None:
+    """What the harness needs to tell the first failing rank from the ones that failed after it: the
+    error with its causes (``failure_cause.describe_failure``)."""
+    from megatron.bridge.training.failure_cause import describe_failure
+
     record = {
         "rank": int(_rank()),
         "pid": os.getpid(),
         "time": time.time(),
-        "error": f"{type(exc).__name__}: {exc}",
+        "error": describe_failure(exc, save_dir),
     }
     path = failure_record_path(log_dir, record["rank"])
     try:
@@ -101,6 +104,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     log_dir = Path(args.config_file[0]).resolve().parent
+    save_dir = None
     try:
         from megatron.bridge.training.config import ConfigContainer
         from megatron.bridge.training.pretrain import pretrain
@@ -109,14 +113,19 @@ def _run(args: argparse.Namespace) -> int:
         with _one_process_group(configs):
             for cfg in configs:
                 log_dir = Path(cfg.logger.log_dir) if cfg.logger.log_dir else log_dir
+                save_dir = cfg.checkpoint.save
                 if pretrain(cfg, verbose=args.verbose).stopped_by_signal:
                     break  # a stop ends the process, not only the current config
-    except Exception as exc:  # report on this rank, exit non-zero: the launcher stops the job
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # torch's CheckpointException is a BaseException: it is a failure too
+        from megatron.bridge.training.failure_cause import describe_failure
+
         sys.stdout.flush()
-        print(f"[rank {_rank()}] training failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"[rank {_rank()}] training failed: {describe_failure(exc, save_dir)}", file=sys.stderr)
         traceback.print_exc()
         sys.stderr.flush()
-        write_failure_record(log_dir, exc)
+        write_failure_record(log_dir, exc, save_dir)
         return 1
     return 0
 

@@ -264,11 +264,13 @@ class Trainer:
         self.model: list = []  # model chunks, from build()
         self.parked_steps: list[dict[str, float]] = []  # profiling.gpu_park_steps, as measured
         self.graph = IterationGraph.from_model_config(resolved.model, resolved.ddp.check_for_nan_in_grad)
+        self.save_lock, self.run_id = None, "run"  # hold_save_dir()
 
     def run(self) -> PretrainResult:
         """Every step of the run, in order; the result this rank returns."""
         self.announce()
         try:
+            self.hold_save_dir()
             self.build()
             self.resume()
             reason = self.train()
@@ -285,9 +287,18 @@ class Trainer:
         drop_autograd_graphs(self.model)
         unwire_model_config(self.resolved)
         self.graph.release()
+        if self.save_lock is not None:
+            self.save_lock.release()
+            self.save_lock = None
         self.model, self.optimizer, self.scheduler, self.saver = [], None, None, None
 
     # ---------------------------------------------------------------- build
+
+    def hold_save_dir(self) -> None:
+        """``checkpoint.save`` for this run alone (a lock file until the run ends; see ``save_lock.py``)."""
+        from megatron.bridge.training.checkpointing import hold_save_dir
+
+        self.save_lock, self.run_id = hold_save_dir(self.resolved, self.device)
 
     def announce(self) -> None:
         """The start-up lines: launch, layout, batch, layers, loss, dispatcher, schedule, CUDA graph, overlap."""
@@ -317,7 +328,7 @@ class Trainer:
             _say(self.optimizer_kernels)
         self.scheduler = build_scheduler(self.resolved, self.optimizer)
         wire_model_config(self.resolved, self.model, self.optimizer)
-        self.saver = CheckpointSaver(self.resolved, self.model, self.optimizer, self.scheduler)
+        self.saver = CheckpointSaver(self.resolved, self.model, self.optimizer, self.scheduler, run_id=self.run_id)
 
     # ---------------------------------------------------------------- resume
 
@@ -393,6 +404,11 @@ class Trainer:
 
     def train_step(self) -> None:
         """One optimizer step over ``num_microbatches`` micro-batches, timed and recorded."""
+        from megatron.core.rerun_state_machine import get_rerun_state_machine
+
+        # megatron's checks (DDP's NaN check among them) name the iteration from its rerun state
+        # machine, which counts from 0 internally and shows one more: the step about to run.
+        get_rerun_state_machine().current_iteration = self.state.iteration
         self.platform.synchronize()
         self.profiler.before_step(self.state.iteration + 1)
         start = time.perf_counter()
@@ -448,6 +464,8 @@ class Trainer:
     def after_step(self) -> None:
         """Checkpoint on the save interval; a garbage collection on ``train.manual_gc_interval``."""
         t, iteration = self.resolved.train, self.state.iteration
+        if self.save_lock is not None:
+            self.save_lock.refresh()
         if self.saver.interval_due(iteration):
             self.saver.save(self.state)
         if t.manual_gc and t.manual_gc_interval and iteration % t.manual_gc_interval == 0:
