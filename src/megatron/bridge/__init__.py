@@ -2,6 +2,19 @@
 
 This distribution (``moe-overlap-bridge``) uses the same import path as NVIDIA's
 ``megatron-bridge``; do not install both in one environment.
+
+Importing the package quiets the warnings megatron-core and torch print while they are imported on
+a machine without Transformer Engine or Apex ("Transformer Engine and Apex are not installed", a
+SyntaxWarning in one of megatron-core's docstrings, torch's "No CUDA runtime is found" on a CPU
+host): the start-up lines already say which layers and optimizer run. Only those messages are
+filtered (``utils.quiet.KNOWN_WARNINGS``). To see them: set
+``MEGATRON_BRIDGE_SHOW_IMPORT_WARNINGS=1``, run Python with any ``-W`` option (or
+``PYTHONWARNINGS``), or call :func:`show_import_warnings` before importing a recipe.
 """
 
+from megatron.bridge.utils.quiet import quiet_imports, show_import_warnings
+
 __version__ = "0.1.0"
+__all__ = ["quiet_imports", "show_import_warnings"]
+
+quiet_imports()

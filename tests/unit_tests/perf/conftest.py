@@ -1,4 +1,5 @@
-"""Shared pieces of the harness tests: the EP-overlap command of the README and the harness page."""
+"""Shared pieces of the harness tests: the EP-overlap command of the README and the harness page, and
+``no_launch`` (a test that must be answered before anything is launched)."""
 
 import pytest
 
@@ -23,3 +24,14 @@ def readme_argv():
 def readme_command(tmp_path):
     """The README's command with the log directory pointed at a temporary folder."""
     return [*README_COMMAND, "-l", str(tmp_path / "run")]
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Any launch attempt fails the test: refusals and answers given before launch come first."""
+    import megatron.bridge.perf.run as run_module
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("launched although the harness should have answered before launch")
+
+    monkeypatch.setattr(run_module, "run_plan", refuse)

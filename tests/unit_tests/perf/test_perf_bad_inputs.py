@@ -4,12 +4,11 @@ names the field, the value, the rule and the fix. Each case is one a new user tr
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import pytest
+from checkpoint_stand_in import saved_checkpoint
 
-import megatron.bridge.perf.run as run_module
 from megatron.bridge.perf.run import main
 
 TINY_CPU = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--max_steps", "3"]
@@ -22,11 +21,7 @@ def _bad_yaml(tmp: Path) -> list[str]:
 
 
 def _checkpoint(tmp: Path, layout: dict) -> Path:
-    root = tmp / "ckpt"
-    (root / "iter_0000003").mkdir(parents=True)
-    (root / "latest_checkpointed_iteration.txt").write_text("3")
-    (root / "iter_0000003" / "parallel_layout.json").write_text(json.dumps(layout))
-    return root
+    return saved_checkpoint(tmp / "ckpt", 3, layout)
 
 
 def _other_layout(tmp: Path) -> list[str]:
@@ -82,16 +77,6 @@ CASES = {
         lambda tmp: [f"checkpoint.load={_checkpoint(tmp, {}) / 'iter_0000003'}"], "checkpoint-load-is-iteration-dir",
         ["iter_0000003", "parent directory"]),
 }
-
-
-@pytest.fixture
-def no_launch(monkeypatch):
-    """Any launch attempt fails the test: refusals must come before it."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("launched although the input is bad")
-
-    monkeypatch.setattr(run_module, "run_plan", refuse)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -1,6 +1,5 @@
 """Steady-state results table and sweep outputs (markdown + bar chart)."""
 
-import json
 
 import pytest
 

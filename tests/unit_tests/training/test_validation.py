@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from checkpoint_stand_in import saved_checkpoint
 from overlap_helpers import violated_rule_ids
 from packaging.version import Version
 
@@ -256,16 +257,7 @@ SAVED_EP8 = dict(tp=1, pp=1, vpp=None, cp=1, ep=8, etp=1, dp=16)
 
 def _tracker_dir(root, iteration=4, layout=SAVED_EP8, drop=()):
     """A checkpoint directory with what a resume reads of its latest iteration (``drop``: files left out)."""
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "latest_checkpointed_iteration.txt").write_text(str(iteration))
-    it = root / f"iter_{iteration:07d}"
-    (it / "rng").mkdir(parents=True, exist_ok=True)
-    files = {"metadata.json": "{}", ".metadata": "x", "parallel_layout.json": json.dumps(layout)}
-    files.update({f"rng/rank_{r:05d}.pt": "x" for r in range(layout["tp"] * layout["pp"] * layout["cp"] * layout["dp"])})
-    for name, text in files.items():
-        if name not in drop:
-            (it / name).write_text(text)
-    return root
+    return saved_checkpoint(root, iteration, layout, drop)
 
 def _dir_with(tmp, name, *files):
     path = tmp / name

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
+from megatron.bridge.training.errors import did_you_mean
 from megatron.bridge.training.flex_dispatcher_backend import FLEX_BACKENDS
 from megatron.bridge.training.gpu_catalog import GPU_TYPES
 
@@ -130,13 +131,63 @@ exit codes: 0 ok, 2 refused input (nothing launched), 3 machine cannot run it, 1
 """
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults shown beside each flag; the epilog keeps its line breaks."""
+LOG_DIR_DEFAULT = "runs/<-mr>_<--task>[_<N>gpu]_<YYYYmmdd_HHMMSS>"
+"""The run directory when ``-l`` is not given (``config_builder.default_log_dir``: the recipe
+function's name without ``_config``, then the time), e.g. ``runs/qwen3_moe_tiny_pretrain_20250101_120000``."""
+SWEEP_DIR_DEFAULT = "runs/<-mr>_<--task>_sweep_<YYYYmmdd_HHMMSS>"
+"""The sweep's directory when ``-l`` is not given (``run.sweep_root``)."""
+
+SHORT_USAGE = "usage: run_script.py -mr RECIPE [-g GPU] [-ng N] [flags ...] [key=value ...]"
+"""The one usage line an input error prints (``-h`` prints every flag)."""
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Each flag's default shown once: from its help text when that names it, else ``(default: X)``
+    for a flag with a real default (``None`` means "not given" and is not shown); the epilog keeps
+    its line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default in (None, False, argparse.SUPPRESS) or action.nargs == "*":
+            return text
+        return f"{text} (default: {default})" if text else f"(default: {default})"
+
+
+class _Parser(argparse.ArgumentParser):
+    """An input error prints its message, one usage line and where the full help is (not the
+    whole usage block); exit code 2 as argparse's."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n{SHORT_USAGE}\n{self.prog} -h lists every flag\n")
+
+
+def unknown_flags_message(parser: argparse.ArgumentParser, extras: Sequence[str]) -> Optional[str]:
+    """The unknown flags among ``extras``, each with the flag it is probably meant to be."""
+    flags = [t for t in extras if t.startswith("-") and not _is_number(t)]
+    if not flags:
+        return None
+    options = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+    parts = []
+    for token in flags:
+        name = token.split("=", 1)[0]
+        spelt = "--" + name.lstrip("-").replace("-", "_")
+        hint = (f"did you mean {spelt}?" if spelt in options else did_you_mean(spelt, options))
+        parts.append(f"{name} ({hint})" if hint else name)
+    return f"unrecognized argument{'s' if len(parts) > 1 else ''}: {', '.join(parts)}"
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The harness parser; every default is ``None`` unless the flag is a plain switch."""
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="run_script.py",
         description="Megatron-Bridge-style performance harness for MoE EP-overlap runs. "
         "Precedence: recipe < --config_file < flags < dotted overrides (key=value).",
@@ -151,8 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="target GPU type for validation (and flex backend support); cpu = CPU smoke mode")
     run.add_argument("-c", "--compute_dtype", type=_choice(tuple(COMPUTE_DTYPES)), default=None,
                      help="compute precision; fp8 variants need Transformer Engine")
-    run.add_argument("-ng", "--num_gpus", type=positive_int, default=None, help="total GPUs (processes in CPU mode)")
-    run.add_argument("-gn", "--gpus_per_node", type=positive_int, default=None, help="GPUs per node")
+    run.add_argument("-ng", "--num_gpus", type=positive_int, default=None,
+                     help="total GPUs (processes in CPU mode) (default: the recipe's reference GPU count)")
+    run.add_argument("-gn", "--gpus_per_node", type=positive_int, default=None,
+                     help="GPUs per node (default: -ng, at most 8)")
     run.add_argument("--procs_per_gpu", type=positive_int, default=1,
                      help="ranks sharing one GPU (>1 needs the gloo backend; NCCL refuses it)")
 
@@ -185,9 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument("--config_file", default=None, help="YAML applied over the recipe")
     io.add_argument("--dryrun", action="store_true", help="resolve, validate, report; launch nothing")
     io.add_argument("--save_config_filepath", default=None, help="write the resolved config YAML here")
-    io.add_argument("-l", "--log_dir", default=None, help="run directory (default runs/<recipe>_<timestamp>)")
+    io.add_argument("-l", "--log_dir", default=None,
+                    help=f"run directory (default: {LOG_DIR_DEFAULT}; a sweep: {SWEEP_DIR_DEFAULT})")
     io.add_argument("--steady_state_window", type=window, default=None,
-                    help="FIRST,LAST iterations of the steady-state mean (default 3,8)")
+                    help="FIRST,LAST iterations of the steady-state mean (default: 3,8)")
     io.add_argument("--sweep", default=None, metavar="KEY=V1,V2,...",
                     help="one-knob A/B sweep: each value of one dotted key runs as its own job")
     io.add_argument("--sweep_repeats", type=positive_int, default=1, metavar="N",
@@ -195,8 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "each round's mean and their spread")
     io.add_argument("-v", "--verbose", action="store_true",
                     help="before launching, print the full overlap report and every overlap-related value "
-                    "with its source (--dryrun always does); in the ranks, keep third-party warnings and "
-                    "megatron-core's INFO logs (the full launcher output is in <log_dir>/launch.log either way)")
+                    "with its source (--dryrun always does); on the console, also the ranks' third-party "
+                    "warnings and megatron-core's INFO logs (<log_dir>/launch.log holds all of the launcher's "
+                    "and the ranks' output either way)")
 
     prof = p.add_argument_group("profiling")
     prof.add_argument("--profile", action="store_true", help="capture a torch profiler trace")
@@ -216,7 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """Parse ``argv``; positional ``key=value`` may appear anywhere. Exits 2 on bad input."""
     parser = build_parser()
-    args = parser.parse_intermixed_args(argv)
+    args, extras = parser.parse_known_intermixed_args(argv)
+    unknown = unknown_flags_message(parser, extras)
+    if unknown:
+        parser.error(unknown)
+    if extras:
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
     bad = [o for o in args.overrides if not _OVERRIDE.match(o)]
     if bad:
         parser.error(f"dotted overrides look like section.field=value; got {bad}")

@@ -174,7 +174,8 @@ def flex_dispatcher_values(backend: str) -> dict[str, Any]:
 
 
 def default_log_dir(recipe: RecipeChoice, task: str) -> Path:
-    """``runs/<recipe>_<timestamp>`` under the current directory."""
+    """``runs/<recipe function without _config>_<YYYYmmdd_HHMMSS>`` under the current directory
+    (``argument_parser.LOG_DIR_DEFAULT``, what ``-h`` shows)."""
     stamp = time.strftime("%Y%m%d_%H%M%S")
     name = recipe.function_name.removesuffix("_config")
     return (Path("runs") / f"{name}_{stamp}").resolve()
@@ -304,8 +305,9 @@ def build_config(
         raise HarnessError(problem)
     if procs_per_gpu > 1 and cfg.dist.distributed_backend == "nccl":
         raise HarnessError(
-            f"--procs_per_gpu {procs_per_gpu} puts several ranks on one GPU, which NCCL refuses; "
-            "drop dist.distributed_backend=nccl (gloo is chosen then) or use --procs_per_gpu 1"
+            f"[procs-per-gpu-needs-gloo] --procs_per_gpu {procs_per_gpu} puts several ranks on one GPU, which "
+            f"NCCL refuses\n    given: --procs_per_gpu={procs_per_gpu}, dist.distributed_backend='nccl'\n"
+            "    fix: drop dist.distributed_backend=nccl (gloo is chosen then) or use --procs_per_gpu 1"
         )
     computed = computed_values(cfg, recipe, recipe_cfg, built.world_size, procs_per_gpu, args.task)
     schedule, schedule_notes = schedule_values(cfg, recipe_cfg, resuming=_resumes(cfg))

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Literal, Mapping, Optional, Sequence, TextIO
 
 from megatron.bridge.perf.supervisor import JobOutcome, StopTarget, supervise
+from megatron.bridge.utils.quiet import MARK_ENV
 
 ENTRY_MODULE = "megatron.bridge.training.entry"
 CONFIG_NAME = "config.yaml"
@@ -53,6 +54,11 @@ class LaunchPlan:
     script_path: Optional[Path] = None
     script_text: Optional[str] = None
     notes: list[str] = field(default_factory=list)
+    supervised_env: dict[str, str] = field(default_factory=dict)
+    """Added to ``env`` only when the harness runs the plan itself (not in :meth:`shell`): the
+    ranks then print their known third-party noise marked instead of dropping it, so that
+    ``launch.log`` holds everything and the console leaves the marked lines out. A command
+    copied from :meth:`shell` prints what the console shows."""
 
     def shell(self) -> str:
         """Copy-pasteable command line (environment first)."""
@@ -185,6 +191,8 @@ def plan_launch(
     env = worker_env(cpu=cpu, cuda_device_max_connections=cuda_device_max_connections)
     worker = worker_argv(config_path, python, verbose)
     plan = LaunchPlan(mode, [], env, nprocs, nodes, log_dir)
+    if mode != "sbatch" and not verbose:  # an sbatch job's output goes to SLURM's file, unfiltered by the harness
+        plan.supervised_env[MARK_ENV] = "1"
     if mode in ("cpu", "torchrun"):
         plan.argv = torchrun_argv(nprocs, log_dir, worker, python)
     elif mode == "srun":
@@ -213,5 +221,5 @@ def run_plan(plan: LaunchPlan, *, stream: Optional[TextIO] = None, verbose: bool
     """Run a local plan (``torchrun``/``cpu``/``srun``) to completion (see ``supervisor``)."""
     if plan.mode == "sbatch":
         raise ValueError("an sbatch plan is submitted by the user, not run by the harness")
-    env = {**os.environ, **plan.env}
+    env = {**os.environ, **plan.env, **plan.supervised_env}
     return supervise(plan.argv, env, plan.log_dir, stop_target(plan), out=stream or sys.stdout, verbose=verbose)

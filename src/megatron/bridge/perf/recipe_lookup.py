@@ -17,11 +17,15 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Callable, Optional
 
+from megatron.bridge.training.errors import did_you_mean
+
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
 RECIPES_PACKAGE = "megatron.bridge.recipes"
 _GPU_VARIANT = re.compile(r"^(?P<base>.+)_(?P<ng>\d+)gpu_config$")
+LAYOUT_RULE = "layout-divides-gpu-count"
+"""Rule id of the harness's check that the parallel layout divides the job's GPU count."""
 
 
 class RecipeLookupError(LookupError):
@@ -66,8 +70,10 @@ def _family_module(family: str) -> ModuleType:
     except ModuleNotFoundError as exc:
         if exc.name != f"{RECIPES_PACKAGE}.{family}":
             raise
+        families = available_families()
+        hint = did_you_mean(family, families, prefix="-m ")
         raise RecipeLookupError(
-            f"unknown model family {family!r} (-m); available: {', '.join(available_families())}"
+            f"unknown model family {family!r} (-m); {hint + ' ' if hint else ''}available: {', '.join(families)}"
         ) from None
 
 
@@ -81,6 +87,26 @@ def describe_recipes(functions: dict[str, Callable]) -> str:
         suffix = f" (only for -ng {m.group('ng')})" if m else ""
         lines.append(f"  -mr {recipe} --task {task}{suffix}    [{name}]")
     return "\n".join(lines)
+
+
+def recipe_names(functions: dict[str, Callable]) -> dict[str, set[str]]:
+    """``-mr`` name -> the ``--task`` values it has, from a family's recipe functions."""
+    names: dict[str, set[str]] = {}
+    for name in functions:
+        m = _GPU_VARIANT.match(name)
+        base = m.group("base") if m else name[: -len("_config")]
+        recipe, _, task = base.rpartition("_")
+        names.setdefault(recipe, set()).add(task)
+    return names
+
+
+def recipe_hint(recipe: str, task: str, functions: dict[str, Callable]) -> str:
+    """What the user probably meant: the same ``-mr`` with another ``--task``, or close spellings."""
+    names = recipe_names(functions)
+    if recipe in names:
+        return f"-mr {recipe} exists for --task {', '.join(sorted(names[recipe]))}, not --task {task}"
+    with_task = [name for name, tasks in names.items() if task in tasks]
+    return did_you_mean(recipe, with_task, prefix="-mr ") or did_you_mean(recipe, names, prefix="-mr ") or ""
 
 
 def reference_num_gpus(factory: Callable) -> Optional[int]:
@@ -109,9 +135,11 @@ def lookup_recipe(family: str, recipe: str, task: str, num_gpus: Optional[int] =
             )
     variants = sorted(n for n in functions if n.startswith(f"{recipe}_{task}_") and _GPU_VARIANT.match(n))
     hint = f"; GPU-count-specific variants exist: {', '.join(variants)}" if variants else ""
+    close = "" if variants else recipe_hint(recipe, task, functions)
+    hint += f"; {close}" if close else ""
+    head = f"no recipe {candidates[-1]!r} in {module.__name__} (-m {family} -mr {recipe} --task {task}){hint}"
     raise RecipeLookupError(
-        f"no recipe {candidates[-1]!r} in {module.__name__} (-m {family} -mr {recipe} --task {task}){hint}.\n"
-        f"Available recipes:\n{describe_recipes(functions)}"
+        f"{head}{'' if head.endswith('?') else '.'}\nAvailable recipes:\n{describe_recipes(functions)}"
     )
 
 
@@ -138,11 +166,14 @@ def layout_problem(cfg: "ConfigContainer", num_gpus: int) -> Optional[str]:
         return None
     fits = ", ".join(map(str, fitting_gpu_counts(cfg, max(num_gpus * 2, 16))))
     return (
-        f"the layout TP={m.tensor_model_parallel_size} PP={m.pipeline_model_parallel_size} "
+        f"[{LAYOUT_RULE}] the layout TP={m.tensor_model_parallel_size} PP={m.pipeline_model_parallel_size} "
         f"CP={m.context_parallel_size} EP={m.expert_model_parallel_size} "
         f"ETP={m.expert_tensor_parallel_size} does not divide -ng {num_gpus}: TP*PP*CP="
-        f"{model_parallel_size(cfg)} and ETP*EP*PP={expert_parallel_span(cfg)} must both divide it. "
-        f"GPU counts that fit: {fits} (or change -tp/-pp/-cp/-ep/-et)"
+        f"{model_parallel_size(cfg)} and ETP*EP*PP={expert_parallel_span(cfg)} must both divide it "
+        "(every rank belongs to one model replica and one expert group)\n"
+        f"    given: -ng={num_gpus}, -tp={m.tensor_model_parallel_size}, -pp={m.pipeline_model_parallel_size}, "
+        f"-cp={m.context_parallel_size}, -ep={m.expert_model_parallel_size}, -et={m.expert_tensor_parallel_size}\n"
+        f"    fix: GPU counts that fit: {fits} (or change -tp/-pp/-cp/-ep/-et)"
     )
 
 

@@ -1,7 +1,8 @@
 """The harness's main flow: parse, build, validate, report, launch, summarise (single run or sweep).
 
-Exit codes: 0 success (or dry run / sbatch script written), 2 usage or configuration errors (every
-violation listed, nothing launched), 3 the machine cannot run the job (e.g. no GPU for a GPU run),
+Exit codes: 0 success (or dry run / sbatch script written / nothing left to train: the checkpoint
+already holds ``train.train_iters``), 2 usage or configuration errors (every violation listed,
+nothing launched), 3 the machine cannot run the job (e.g. no GPU for a GPU run),
 128 + N when signal N stopped the job (the ranks finished their step and saved), otherwise the
 failing job's own exit code.
 """
@@ -35,6 +36,7 @@ from megatron.bridge.perf.launcher import CONFIG_NAME, LaunchPlan, choose_mode, 
 from megatron.bridge.perf.results import SUMMARY_NAME, format_results, load_summary, summary_steady_state
 from megatron.bridge.perf.supervisor import LAUNCH_LOG, JobOutcome
 from megatron.bridge.training.entry import FAILURE_DIR
+from megatron.bridge.utils.quiet import marked, unmarked
 from megatron.bridge.perf.sweep import combine_rounds, job_dirname, parse_sweep, write_sweep_outputs
 
 if TYPE_CHECKING:
@@ -60,8 +62,8 @@ class Job:
 
     @property
     def report(self) -> str:
-        """The full overlap report."""
-        return self.resolution.report.format()
+        """The full overlap report, without its heading line (``describe`` prints its own)."""
+        return self.resolution.report.format(heading=False)
 
     @property
     def brief_report(self) -> str:
@@ -83,9 +85,28 @@ def checkpoint_notes(resolved) -> list[str]:
             return [f"starts from iteration 0; checkpoints go to {ckpt.save}"]
         return ["no checkpoints (checkpoint.save=DIR checkpoint.load=DIR: save there, resume from there)"]
     found = inspect_checkpoint_dir(ckpt.load)
+    done = nothing_to_train(resolved)
+    if done:
+        return [done]
     if found.resumable:
         return [f"resumes from iteration {found.iteration} in {ckpt.load}"]
     return [f"{ckpt.load} holds no checkpoint yet: starts from iteration 0 and saves there"]
+
+
+def nothing_to_train(resolved) -> Optional[str]:
+    """Why the run has no step left (``checkpoint.load`` already holds ``train.train_iters``
+    iterations or more), decided here so that no rank is started for it; ``None`` otherwise."""
+    from megatron.bridge.training.checkpointing import inspect_checkpoint_dir
+
+    ckpt, total = resolved.checkpoint, resolved.train.train_iters
+    if not ckpt.load or not isinstance(total, int):
+        return None
+    found = inspect_checkpoint_dir(ckpt.load)
+    if not found.resumable or found.iteration < total:
+        return None
+    return (f"nothing to train: {ckpt.load} holds iteration {found.iteration} and train.train_iters={total} "
+            f"(to train on, raise --max_steps / train.train_iters above {found.iteration}; to start over, "
+            "point checkpoint.load at another directory)")
 
 
 def data_notes(resolved) -> list[str]:
@@ -113,8 +134,7 @@ def plan_job(built: BuiltConfig, resolution: "Resolution", args, max_connections
                                             environ=os.environ) == "sbatch",
     )
     if problems:
-        raise HarnessError("the launch cannot be written:\n" + "\n".join(f"  - {p}" for p in problems)
-                           + "\nnothing was launched", EXIT_CONFIG)
+        raise HarnessError("the launch cannot be written:\n" + "\n".join(f"  - {p}" for p in problems), EXIT_CONFIG)
     return plan_launch(
         cpu=built.cpu,
         num_gpus=built.num_gpus,
@@ -131,8 +151,9 @@ def plan_job(built: BuiltConfig, resolution: "Resolution", args, max_connections
     )
 
 
-def describe(job: Job, out: TextIO, *, verbose: bool = True) -> None:
-    """What will run: environment, notes, overlap report, effective values, launch command."""
+def describe(job: Job, out: TextIO, *, verbose: bool = True, dryrun: bool = False) -> None:
+    """What will run: environment, notes, overlap report, effective values, launch command (in a
+    dry run an sbatch script is only described: nothing is written)."""
     print(f"== {environment_summary(job.built)}", file=out)
     for note in job.built.notes + job.plan.notes + checkpoint_notes(job.resolved) + data_notes(job.resolved):
         print(f"   note: {note}", file=out)
@@ -146,6 +167,8 @@ def describe(job: Job, out: TextIO, *, verbose: bool = True) -> None:
     print(f"== launch ({job.plan.mode})", file=out)
     print(f"   {job.plan.shell()}", file=out)
     if job.plan.script_text:
+        if dryrun:
+            print(f"   (dry run: {job.plan.script_path} is not written; run without --dryrun to write it)", file=out)
         print("   the script runs, on every node:", file=out)
         print("   " + next(l for l in job.plan.script_text.splitlines() if l.startswith("srun")), file=out)
 
@@ -210,13 +233,15 @@ def execute(job: Job, out: TextIO, window: Optional[Sequence[int]], verbose: boo
     summary_path = job.built.log_dir / SUMMARY_NAME
     if outcome.stopped:
         if outcome.exit_code != 0 and not outcome.killed:
-            print(failure_report(job.built.log_dir, outcome.exit_code, outcome.launcher_lines), file=out)
+            print(console_text(failure_report(job.built.log_dir, outcome.exit_code, outcome.launcher_lines), verbose),
+                  file=out)
         if summary_path.is_file() and load_summary(summary_path).get("step_times_s"):
             print(format_results(load_summary(summary_path), summary_path, window), file=out)
         print(stop_message(summary_path, outcome, job.resolved.checkpoint.save), file=out)
         return 128 + outcome.stop_signal, True
     if outcome.exit_code != 0:
-        print(failure_report(job.built.log_dir, outcome.exit_code, outcome.launcher_lines), file=out)
+        print(console_text(failure_report(job.built.log_dir, outcome.exit_code, outcome.launcher_lines), verbose),
+              file=out)
     elif summary_path.is_file():
         print(format_results(load_summary(summary_path), summary_path, window), file=out)
     else:
@@ -229,17 +254,30 @@ def execute(job: Job, out: TextIO, window: Optional[Sequence[int]], verbose: boo
     return outcome.exit_code, False
 
 
+def console_text(report: str, verbose: bool) -> str:
+    """A report quoting rank logs, as the console shows rank output: without the known third-party
+    noise the ranks marked (``utils.quiet``), unless ``verbose``."""
+    return "\n".join(unmarked(line) for line in report.splitlines() if verbose or not marked(line))
+
+
 def run_single(args, out: TextIO) -> int:
     job = make_job(build_config(args), args)
-    describe(job, out, verbose=args.verbose or args.dryrun)
+    done = nothing_to_train(job.resolved)
+    if done and not args.dryrun:  # decided here, not after the ranks have started
+        print(f"== {environment_summary(job.built)}\n== {done}\n   nothing was launched", file=out)
+        if args.save_config_filepath:
+            job.save_config(args.save_config_filepath)
+            print(f"== config written to {args.save_config_filepath}", file=out)
+        return 0
+    if not args.dryrun:
+        check_machine(job)  # before the launch is described: a launch this machine cannot run is not shown
+    describe(job, out, verbose=args.verbose or args.dryrun, dryrun=args.dryrun)
     if args.save_config_filepath:
         job.save_config(args.save_config_filepath)
         print(f"== config written to {args.save_config_filepath}", file=out)
     if args.dryrun:
         print("== dry run: nothing launched", file=out)
         return 0
-    if job.plan.mode != "sbatch":
-        check_machine(job)
     prepare(job)
     if job.plan.mode == "sbatch":
         print(f"== wrote {job.plan.script_path}\n   submit it with: sbatch {job.plan.script_path}", file=out)
@@ -273,6 +311,23 @@ def same_environment(jobs: list[Job], args, out: TextIO) -> list[Job]:
     ]
 
 
+class NothingToTrain(Exception):
+    """Every job of the request is already trained to ``train.train_iters``: nothing is launched (exit 0)."""
+
+
+def finished_sweep(key: str, done: list[tuple[str, str]], total: int) -> None:
+    """A sweep whose jobs' checkpoints already hold ``train.train_iters``: all of them, nothing to do
+    (:class:`NothingToTrain`); some of them, refused (the sweep would compare trained with untrained)."""
+    lines = "\n".join(f"  - {key}={value}: {reason}" for value, reason in done)
+    if len(done) == total:
+        raise NothingToTrain(f"every sweep job has nothing to train:\n{lines}")
+    raise HarnessError(
+        f"[sweep-every-job-trains] {len(done)} of {total} sweep jobs have nothing to train, so the sweep would "
+        f"compare them with jobs that train:\n{lines}\n    fix: give each swept value a checkpoint.load that holds "
+        "fewer iterations than train.train_iters (or none), or raise --max_steps"
+    )
+
+
 def run_sweep(args, out: TextIO) -> int:
     """Every value of the swept key as its own job (all validated before the first launches)."""
     try:
@@ -291,9 +346,14 @@ def run_sweep(args, out: TextIO) -> int:
         for r, i, v in plan
     ]
     jobs = same_environment(jobs, args, out)
+    done = [(value, reason) for value, job in zip(spec.values, jobs) if (reason := nothing_to_train(job.resolved))]
+    if done and not args.dryrun:  # (the rounds repeat the first round's jobs)
+        finished_sweep(spec.key, done, len(spec.values))
+    if not args.dryrun:
+        check_machine(jobs[0])  # before the launches are described
     for value, job in zip(spec.values, jobs):  # the rounds repeat the first round's jobs
         print(f"== sweep {spec.key}={value}" + (f" ({rounds} rounds, interleaved)" if rounds > 1 else ""), file=out)
-        describe(job, out, verbose=(args.verbose or args.dryrun) and job is jobs[0])
+        describe(job, out, verbose=(args.verbose or args.dryrun) and job is jobs[0], dryrun=args.dryrun)
     if args.save_config_filepath:
         jobs[0].save_config(args.save_config_filepath)
     if args.dryrun:
@@ -305,7 +365,6 @@ def run_sweep(args, out: TextIO) -> int:
             print(f"== wrote {job.plan.script_path} (submit with: sbatch {job.plan.script_path})", file=out)
         print("   after the jobs finish, each directory holds its summary.json", file=out)
         return 0
-    check_machine(jobs[0])
     outcomes: dict[int, list] = {i: [] for i in range(len(spec.values))}
     worst = 0
     for (round_number, index, value), job in zip(plan, jobs):
@@ -340,8 +399,12 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> 
     args.argv = argv
     try:
         return run_sweep(args, out) if args.sweep else run_single(args, out)
-    except HarnessError as exc:
+    except NothingToTrain as exc:
+        print(f"== {exc}\n   nothing was launched", file=out)
+        return 0
+    except HarnessError as exc:  # raised before anything is launched
         print(f"error: {exc}", file=out)
+        print("nothing was launched", file=out)
         return exc.exit_code
     except ConfigError as exc:
         print(f"error: {exc}", file=out)

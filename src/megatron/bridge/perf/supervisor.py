@@ -9,7 +9,8 @@
   the first, kills the job at once (an earlier one is the same Ctrl-C delivered twice).
 * The launcher's output (ranks' lines and its own) passes through: all of it into
   ``<log_dir>/launch.log``, the console without ``torchrun``'s own failure traceback (the harness
-  prints a shorter report naming the first failing rank) unless ``verbose``. While the ranks are
+  prints a shorter report naming the first failing rank) and without the ranks' known third-party
+  noise (the lines they mark, ``utils.quiet.MARK_ENV``) unless ``verbose``. While the ranks are
   still starting, a progress line every ``PROGRESS_EVERY_S`` seconds of silence.
 * When the launcher has exited, any rank process still alive is killed: nothing stays behind.
 """
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Optional, TextIO
 
 from megatron.bridge.training.stop_request import STOP_SIGNALS
+from megatron.bridge.utils.quiet import marked, unmarked
 
 LAUNCH_LOG = "launch.log"
 PROGRESS_EVERY_S = 15.0
@@ -210,7 +212,8 @@ class StopForwarder:
 
 # --------------------------------------------------------------------------------------------- output
 class OutputPump:
-    """Copies the launcher's output to the console and ``launch.log``; keeps the launcher's lines."""
+    """Copies the launcher's output to ``launch.log`` (all of it, marks removed) and to the console
+    (without the marked lines); keeps the launcher's lines."""
 
     def __init__(self, out: TextIO, log_path: Path, verbose: bool) -> None:
         self.out, self.verbose = out, verbose
@@ -225,8 +228,13 @@ class OutputPump:
         self.last_output = time.monotonic()
 
     def line(self, text: str) -> None:
+        quiet = marked(text)
+        if quiet:
+            text = unmarked(text)
         self.log.write(text + "\n")
         self.log.flush()
+        if quiet and not self.verbose:
+            return  # known third-party noise: the log has it, the console does not
         if is_rank_line(text):
             self.first_iteration_seen = self.first_iteration_seen or "iteration " in text
             self._emit(text)

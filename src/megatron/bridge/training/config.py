@@ -262,6 +262,14 @@ class ConfigContainer(StrictFields):
             value = make_strict(value)
         super().__setattr__(name, value)
 
+    def __repr__(self) -> str:
+        """One line: model class, layout, batch, precision and the main overlap switches (the full
+        tree: ``print(cfg.to_yaml())``)."""
+        try:
+            return _short_repr(self)
+        except Exception:  # a half-built container still has a repr
+            return f"<{type(self).__name__} (incomplete)>"
+
     def resolve(self, world_size: Optional[int] = None) -> Resolution:
         """Resolve once: the effective config, each overlap value and its source, the start-up
         report and the finalized config; raise a typed error listing all problems.
@@ -291,3 +299,38 @@ class ConfigContainer(StrictFields):
     def from_yaml(cls, path: "str | Path") -> "ConfigContainer":
         """Load a container written by :meth:`to_yaml`."""
         return container_from_dict(cls, load_yaml(path))
+
+
+_REPR_SWITCHES: tuple[tuple[str, str], ...] = (
+    ("ep_overlap", "comm_overlap.overlap_moe_expert_parallel_comm"),
+    ("delay_wgrad", "comm_overlap.delay_wgrad_compute"),
+    ("grad_reduce", "comm_overlap.overlap_grad_reduce"),
+    ("param_gather", "comm_overlap.overlap_param_gather"),
+    ("tp_overlap", "comm_overlap.tp_comm_overlap"),
+    ("shared_expert", "model.moe_shared_expert_overlap"),
+)
+"""The overlap switches ``repr(ConfigContainer)`` shows (``None``: decided at finalize)."""
+
+
+def _short_repr(cfg: ConfigContainer) -> str:
+    m, t = cfg.model, cfg.train
+    precision = cfg.mixed_precision if not isinstance(cfg.mixed_precision, MixedPrecisionConfig) else "custom"
+    overlap = cfg.comm_overlap or CommOverlapConfig()
+    switches = []
+    for label, dotted in _REPR_SWITCHES:
+        section, _, name = dotted.partition(".")
+        holder = overlap if section == "comm_overlap" else getattr(cfg, section)
+        switches.append(f"{label}={getattr(holder, name)}")
+    layout = (
+        f"TP{m.tensor_model_parallel_size} PP{m.pipeline_model_parallel_size} "
+        f"VPP{m.virtual_pipeline_model_parallel_size or '-'} CP{m.context_parallel_size} "
+        f"EP{m.expert_model_parallel_size} ETP{m.expert_tensor_parallel_size or '-'}"
+    )
+    return (
+        f"{type(cfg).__name__}(model={type(m).__name__}, layers={m.num_layers}, "
+        f"experts={m.num_moe_experts}, layer_spec={m.layer_spec}, layout={layout}, "
+        f"batch=global {t.global_batch_size} micro {t.micro_batch_size} seq {m.seq_length}, "
+        f"train_iters={t.train_iters}, mixed_precision={precision}, "
+        f"dispatcher={m.moe_token_dispatcher_type}, device={cfg.dist.device}, "
+        f"overlap: {' '.join(switches)})"
+    )

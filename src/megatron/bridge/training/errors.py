@@ -1,4 +1,18 @@
-"""Typed configuration errors. Every error lists *all* violations found, each with its fix."""
+"""Typed configuration errors. Every error lists *all* violations found, each with its fix.
+
+The hierarchy, and what to catch::
+
+    ConfigError (a ValueError)             every configuration problem found before work starts
+    +-- ConfigValidationError              every failure of cfg.validate() / finalize() / resolve()
+    |   +-- CommOverlapConfigError         ... where an overlap prerequisite is among the problems
+    |       +-- FlexDispatcherBackendError ... where the flex dispatcher backend is
+    +-- OverrideError (OverridesError)     a YAML file or dotted override that cannot be applied
+    +-- UnknownFieldError                  an attribute a config dataclass does not have
+
+Catch ``ConfigValidationError`` for any validation failure (a layout, batch or range rule as well
+as an overlap prerequisite); ``CommOverlapConfigError`` only catches the failures that involve an
+overlap prerequisite. ``ConfigError`` catches all of the above.
+"""
 
 from __future__ import annotations
 
@@ -51,11 +65,14 @@ class ConfigError(ValueError):
 
 
 class ConfigValidationError(ConfigError):
-    """The finalized configuration breaks one or more rules."""
+    """The finalized configuration breaks one or more rules: what ``cfg.validate()`` raises for
+    every rule table (catch this class for any validation failure)."""
 
 
 class CommOverlapConfigError(ConfigValidationError):
-    """At least one communication-overlap prerequisite is unmet (all problems are listed)."""
+    """At least one communication-overlap prerequisite is unmet (all problems are listed, the
+    other rules' too). A ``ConfigValidationError``: a failure with no overlap problem among its
+    violations is raised as the base class."""
 
 
 class OverrideError(ConfigError):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from megatron.bridge.training.errors import Violation
 from megatron.bridge.training.gpu_catalog import gpu_target_from_context
 from megatron.bridge.training.overlap.resolution import EffectiveValue
-from megatron.bridge.training.overlap.rules import OVERLAP_RULES
+from megatron.bridge.training.overlap.rules import NO_EFFECT_RULE_IDS, OVERLAP_RULES
 from megatron.bridge.training.ownership import OWNERSHIP_RULE_IDS, concerns_overlap
 from megatron.bridge.training.rules import RuleContext, read_field, te_version_text
 
@@ -28,6 +28,9 @@ EP_OVERLAP_MAX_CONNECTIONS = 32
 """Hardware queues EP overlap asks for so the all-to-all runs beside compute."""
 
 _GROUP_OF = {rule.id: rule.group for rule in OVERLAP_RULES}
+
+HEADING = "overlap report:"
+"""The first line of :meth:`OverlapReport.format` (left out with ``heading=False``)."""
 
 
 @dataclass(frozen=True)
@@ -63,12 +66,15 @@ class FeatureState:
     active: bool
     source: str
     reasons: tuple[str, ...] = ()
-    """Why it was refused (errors) or what to know (notes)."""
+    """Why it was refused (errors), why it does nothing, or what to know (notes)."""
+    no_effect: bool = False
+    """Requested and accepted, but a warning says it does nothing here (e.g. shared-expert overlap
+    on a model without a shared expert): not active."""
 
     @property
     def refused(self) -> bool:
         """Requested but cannot run."""
-        return self.requested and not self.active
+        return self.requested and not self.active and not self.no_effect
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,11 @@ class OverlapReport:
         return [f for f in self.features if f.refused]
 
     @property
+    def no_effect(self) -> list[FeatureState]:
+        """Features requested and accepted that do nothing in this run (a warning says why)."""
+        return [f for f in self.features if f.no_effect]
+
+    @property
     def cuda_device_max_connections_env_mismatch(self) -> bool:
         """The environment already sets a different value than the run needs."""
         env, need = self.cuda_device_max_connections_env, self.cuda_device_max_connections
@@ -118,11 +129,13 @@ class OverlapReport:
         return {
             "active": self.active,
             "refused": {f.name: list(f.reasons) for f in self.refused},
+            "no_effect": {f.name: list(f.reasons) for f in self.no_effect},
             "features": {
                 f.name: {
                     "switch": f.switch,
                     "requested": f.requested,
                     "active": f.active,
+                    "no_effect": f.no_effect,
                     "source": f.source,
                     "reasons": list(f.reasons),
                 }
@@ -149,14 +162,19 @@ class OverlapReport:
         """The start-up line naming the layer implementation and why it was chosen."""
         return f"layer spec: {self.layer_spec} ({self.layer_spec_reason})"
 
-    def format(self, brief: bool = False) -> str:
+    def format(self, brief: bool = False, heading: bool = True) -> str:
         """Multi-line text for the start-up log; ``brief`` leaves out the lines that only restate
         the dispatcher, target GPU, layer spec and ``CUDA_DEVICE_MAX_CONNECTIONS`` (the start-up
-        lines show those), keeping what is active, refused, noted or in conflict."""
-        lines = ["overlap report:"]
+        lines show those), keeping what is active, refused, without effect, noted or in conflict.
+        ``heading=False`` leaves out the first line (``overlap report:``), for a caller that
+        prints its own heading."""
+        lines = [HEADING] if heading else []
         lines.append(f"  active: {', '.join(self.active) or 'none'}")
         for f in self.refused:
             lines.append(f"  REFUSED {f.name} ({f.switch}, set by {f.source}):")
+            lines += [f"    - {r}" for r in f.reasons]
+        for f in self.no_effect:
+            lines.append(f"  WARNING: {f.name} has no effect ({f.switch}, set by {f.source}):")
             lines += [f"    - {r}" for r in f.reasons]
         for f in self.features:
             if f.active and f.reasons:
@@ -183,10 +201,12 @@ class OverlapReport:
     def _setting_lines(self) -> list[str]:
         backend = f", backend {self.flex_backend}" if self.flex_backend else ""
         need = self.cuda_device_max_connections
+        te = f"Transformer Engine {self.transformer_engine}"
+        te_suffix = "" if te in self.layer_spec_line else f"; {te}"  # the reason may say it already
         return [
             f"  dispatcher: {self.dispatcher}{backend}",
             f"  target GPU: {self.target_gpu}",
-            f"  {self.layer_spec_line}; Transformer Engine {self.transformer_engine}",
+            f"  {self.layer_spec_line}{te_suffix}",
             f"  CUDA_DEVICE_MAX_CONNECTIONS: {'no requirement' if need is None else need} "
             f"({self.cuda_device_max_connections_reason}); environment: "
             f"{self.cuda_device_max_connections_env or 'unset'}",
@@ -221,11 +241,15 @@ def _feature_states(
         parent = states.get(spec.depends_on) if spec.depends_on else None
         if parent is not None and parent.refused and requested:
             reasons.append(f"needs {parent.name}, which was refused")
-        notes = [f"{v.message}" for v in mine if v.severity != "error"]
+        warnings = [v for v in mine if v.severity != "error"]
+        idle = [f"{v.message} -> fix: {v.fix}" for v in warnings if v.rule in NO_EFFECT_RULE_IDS]
+        notes = [f"{v.message}" for v in warnings if v.rule not in NO_EFFECT_RULE_IDS]
+        no_effect = requested and not reasons and bool(idle)
         key = spec.switch.removeprefix("comm_overlap.")
-        source = effective[key].source if key in effective else "recipe"
+        source = effective[key].source if key in effective else getattr(cfg, "provenance", {}).get(spec.switch, "recipe")
         states[spec.name] = FeatureState(
-            spec.name, spec.switch, requested, requested and not reasons, source, tuple(reasons + notes)
+            spec.name, spec.switch, requested, requested and not reasons and not idle, source,
+            tuple(reasons + idle + notes), no_effect,
         )
     return tuple(states.values())
 
@@ -258,6 +282,16 @@ def _max_connections(
     return None, "no overlap feature constrains it", None
 
 
+def _target_text(cfg: "ConfigContainer", ctx: RuleContext) -> str:
+    """The target line: the GPU the run is validated for, or CPU smoke mode (``-g cpu``)."""
+    target = gpu_target_from_context(ctx)
+    if getattr(cfg.dist, "device", "cuda") != "cpu":
+        return target.describe()
+    if not target.known:
+        return "CPU smoke mode (-g cpu): no GPU target, GPU-specific checks do not apply"
+    return f"CPU smoke mode (-g cpu); GPU rules checked for {target.describe()}"
+
+
 def report_from(
     cfg: "ConfigContainer", effective: dict[str, EffectiveValue], violations: list[Violation], ctx: RuleContext,
     layer_spec: LayerSpecChoice,
@@ -276,7 +310,7 @@ def report_from(
         features=features,
         dispatcher=dispatcher,
         flex_backend=cfg.model.moe_flex_dispatcher_backend if dispatcher == "flex" else None,
-        target_gpu=gpu_target_from_context(ctx).describe(),
+        target_gpu=_target_text(cfg, ctx),
         layer_spec=layer_spec.name,
         layer_spec_reason=layer_spec.reason,
         transformer_engine=te_version_text(ctx),

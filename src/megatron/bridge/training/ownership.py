@@ -76,7 +76,7 @@ OWNED_FIELDS: tuple[OwnedField, ...] = tuple(
         "mixed_precision",
         _precision_copy(target),
         "choose the precision with mixed_precision (-c bf16/fp16/fp8...), or set mixed_precision=null "
-        f"to set the model's, optimizer's and DDP's dtype flags yourself",
+        "to set the model's, optimizer's and DDP's dtype flags yourself",
     )
     for target in PRECISION_TARGETS
 )

@@ -23,7 +23,6 @@ import gc
 import logging
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
@@ -37,11 +36,19 @@ from megatron.bridge.training.forward_step import StepState, bind_forward_step, 
 from megatron.bridge.training.grad_check import raise_for_nonfinite_grads
 from megatron.bridge.training.metrics import moe_aux_losses
 from megatron.bridge.training.platform import Platform, select_platform
+from megatron.bridge.training.run_description import (
+    forget_dispatch_choices,
+    log_dir_of,
+    moe_token_dispatch,
+    parallel_layout,
+    resolved_config_text,
+    startup_lines,
+    wgrad_accumulation,
+)
 from megatron.bridge.training.teardown import free_memory
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
-    from megatron.bridge.training.overlap_report import OverlapReport
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +91,7 @@ def pretrain(
     try:
         initialize.initialize_model_parallel(resolved)
         initialize.set_seeds(resolved, platform)
-        config_text = _resolved_config_text(resolution.effective)
+        config_text = resolved_config_text(resolution.effective)
         return Trainer(resolved, report, env, platform, forward_step_func, verbose, config_text).run()
     finally:
         from megatron.core import parallel_state
@@ -141,98 +148,6 @@ def _manual_gc(enabled: bool) -> Iterator[None]:
         yield
     finally:
         gc.enable()
-
-
-# --------------------------------------------------------------------------------------------------
-# Start-up lines and summary context
-
-
-def _log_dir(resolved: "ConfigContainer") -> str:
-    from megatron.bridge.training.metrics import default_log_dir
-
-    return resolved.logger.log_dir or default_log_dir()
-
-
-def _startup_lines(
-    resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, num_microbatches: int, verbose: bool,
-    cuda_graph: str,
-) -> list[str]:
-    from megatron.core import parallel_state as ps
-
-    m = resolved.model
-    kernels = [m.describe_torch_native_kernels()] if m.resolved_layer_spec == "torch_native" else []
-    return [
-        f"launch: {env.launcher}, world size {torch.distributed.get_world_size()}, backend "
-        f"{resolved.dist.effective_backend}, device {resolved.dist.device}",
-        f"parallel layout: TP{m.tensor_model_parallel_size} PP{m.pipeline_model_parallel_size} "
-        f"VPP{m.virtual_pipeline_model_parallel_size or '-'} CP{m.context_parallel_size} "
-        f"EP{m.expert_model_parallel_size} ETP{m.expert_tensor_parallel_size} "
-        f"DP{ps.get_data_parallel_world_size()}",
-        f"batch: global {resolved.train.global_batch_size}, micro {resolved.train.micro_batch_size}, "
-        f"{num_microbatches} micro-batches per step, seq {m.seq_length}",
-        report.layer_spec_line,
-        *kernels,
-        m.describe_loss(resolved.dist.device),
-        *filter(None, [m.describe_gradient_accumulation_fusion(resolved.dist.device)]),
-        f"dispatcher: {m.moe_token_dispatcher_type}"
-        + (f" (flex backend {m.moe_flex_dispatcher_backend})" if m.moe_token_dispatcher_type == "flex" else ""),
-        f"schedule: {'combined 1F1B (EP overlap)' if m.overlap_moe_expert_parallel_comm else 'standard 1F1B'}",
-        cuda_graph,
-        f"CUDA_DEVICE_MAX_CONNECTIONS={os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS', 'unset')}",
-        report.format(brief=not verbose),
-    ]
-
-
-def parallel_layout(resolved: "ConfigContainer") -> dict[str, Any]:
-    """The layout and batch shape for ``summary.json`` (the sizes are those a checkpoint records)."""
-    from megatron.core import parallel_state as ps
-
-    from megatron.bridge.training.checkpointing import checkpoint_layout
-
-    return dict(
-        checkpoint_layout(resolved, ps.get_data_parallel_world_size()),
-        micro_batch_size=resolved.train.micro_batch_size,
-        global_batch_size=resolved.train.global_batch_size,
-        seq_length=resolved.model.seq_length,
-    )
-
-
-_DISPATCHER_MODULE = "megatron.bridge.models.torch_native.dispatcher"
-
-
-def moe_token_dispatch() -> list[dict[str, Any]]:
-    """The token dispatchers the torch-native MoE layers of this process chose, and why."""
-    module = sys.modules.get(_DISPATCHER_MODULE)
-    if module is None:  # no torch-native MoE layer was built
-        return []
-    return [dict(c.to_dict(), description=c.describe()) for c in module.dispatch_choices()]
-
-
-def _wgrad_accumulation(model: list) -> dict[str, Optional[dict[str, Any]]]:
-    """How the torch-native layers' weight gradients reach DDP's main_grad, per kind of layer (from the
-    built parameters; empty when no torch-native layer was built)."""
-    readers = {"expert_wgrad_accumulation": ("experts", "expert_wgrad_accumulation"),
-               "dense_wgrad_accumulation": ("linear", "dense_wgrad_accumulation")}
-    found = {}
-    for key, (module_name, reader) in readers.items():
-        module = sys.modules.get(f"megatron.bridge.models.torch_native.{module_name}")
-        found[key] = None if module is None else getattr(module, reader)(model)
-    return found
-
-
-def _forget_dispatch_choices() -> None:
-    """A model built earlier in this process recorded its choices; this run reports its own."""
-    module = sys.modules.get(_DISPATCHER_MODULE)
-    if module is not None:
-        module.forget_dispatch_choices()
-
-
-def _resolved_config_text(effective: "ConfigContainer") -> str:
-    """The effective config as YAML (the finalized one holds megatron's callables and cannot be written)."""
-    try:
-        return effective.to_yaml()
-    except Exception as exc:  # the YAML writer is optional for training; keep the run going
-        return f"<config could not be serialised: {exc}>"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -303,20 +218,25 @@ class Trainer:
     def announce(self) -> None:
         """The start-up lines: launch, layout, batch, layers, loss, dispatcher, schedule, CUDA graph, overlap."""
         if self.is_logging_rank:
-            for line in _startup_lines(self.resolved, self.report, self.env, self.num_microbatches, self.verbose,
+            for line in startup_lines(self.resolved, self.report, self.env, self.num_microbatches, self.verbose,
                                        cuda_graph=self.graph.describe()):
                 _say(line)
 
     def build(self) -> None:
         """Model chunks, optimizer (fastest kernels here), scheduler and megatron's schedule hooks."""
-        from megatron.bridge.training.builders import build_model, build_optimizer, build_scheduler, wire_model_config
+        from megatron.bridge.training.builders import (
+            build_model,
+            build_optimizer,
+            build_scheduler,
+            wire_model_config,
+        )
 
-        _forget_dispatch_choices()
+        forget_dispatch_choices()
         self.platform.start_run()
         with self.graph.model_build_stream():
             self.model = build_model(self.resolved, self.platform, self.graph.ddp_config(self.resolved.ddp))
         self.dispatch = moe_token_dispatch()
-        self.wgrad_accumulation = _wgrad_accumulation(self.model)
+        self.wgrad_accumulation = wgrad_accumulation(self.model)
         if self.is_logging_rank:
             for choice in self.dispatch:
                 _say(f"MoE token dispatch: {choice['description']}")
@@ -341,7 +261,7 @@ class Trainer:
 
         self.state = self.saver.resume(self.is_logging_rank)
         self.data_iterator = self._data_iterator()
-        log_dir = _log_dir(self.resolved)
+        log_dir = log_dir_of(self.resolved)
         self.metrics = self._metrics(log_dir)
         self.forward_backward = self.graph.wrap(get_forward_backward_func(), first_iteration=self.state.iteration + 1)
         for chunk in self.model:

@@ -7,13 +7,21 @@ is a message a user cannot act on: the start-up lines already say what it means 
 
 Nothing here hides an error: only the warnings and the log records below ERROR listed here are
 dropped.
+
+Under the harness the ranks drop nothing: the harness sets :data:`MARK_ENV`, and every line the
+quiet mode would drop is printed with :data:`QUIET_MARK` in front instead. The harness writes all
+of it (mark removed) into ``<log_dir>/launch.log`` and leaves the marked lines out of the console,
+so the log holds the ranks' full output while the console stays as short as the quiet mode's.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
+import sys
 import warnings
-from typing import Iterable
+from typing import Callable, Iterable, Optional
 
 KNOWN_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     (UserWarning, r"Transformer Engine and Apex are not installed"),
@@ -51,6 +59,43 @@ SILENCED_LOGGERS: tuple[str, ...] = ("torch.utils.cpp_extension",)
 record says "No CUDA runtime is found" on CPU hosts, where that is expected."""
 
 
+SHOW_IMPORT_WARNINGS_ENV = "MEGATRON_BRIDGE_SHOW_IMPORT_WARNINGS"
+"""Set to ``1`` to keep megatron-core's and torch's import-time warnings in a plain Python session."""
+
+_IMPORT_FILTERS: list[tuple] = []
+"""The warning filters :func:`quiet_imports` added (removed again by :func:`show_import_warnings`)."""
+
+
+def _wants_import_warnings() -> bool:
+    """The user asked to see them (the variable, or any ``-W``/``PYTHONWARNINGS``), or this is a rank
+    under the harness, which marks them instead of dropping them (:data:`MARK_ENV`)."""
+    asked = os.environ.get(SHOW_IMPORT_WARNINGS_ENV, "").strip().lower() in ("1", "true", "yes")
+    return asked or bool(sys.warnoptions) or os.environ.get(MARK_ENV) == "1"
+
+
+def quiet_imports() -> None:
+    """What ``import megatron.bridge`` does: the known import-time warnings and torch's CPU-host record
+    are dropped in this process, unless :func:`_wants_import_warnings`."""
+    if _IMPORT_FILTERS or _wants_import_warnings():
+        return
+    before = list(warnings.filters)
+    silence_known_warnings()
+    _IMPORT_FILTERS.extend(f for f in warnings.filters if f not in before)
+    _mute(SILENCED_LOGGERS)
+
+
+def show_import_warnings() -> None:
+    """Undo :func:`quiet_imports` (call it before the first import of a recipe to see megatron-core's
+    import-time warnings)."""
+    while _IMPORT_FILTERS:
+        item = _IMPORT_FILTERS.pop()
+        if item in warnings.filters:
+            warnings.filters.remove(item)
+    getattr(warnings, "_filters_mutated", lambda: None)()  # the module caches its filter list
+    for name in SILENCED_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET)
+
+
 def silence_known_warnings(known: Iterable[tuple[type[Warning], str]] = KNOWN_WARNINGS) -> None:
     """Ignore the known import-time warnings in this process (call before importing megatron-core)."""
     for category, message in known:
@@ -71,11 +116,113 @@ class KnownRecordFilter(logging.Filter):
         return not any(record.name == name and text in message for name, text in self.known)
 
 
+_KNOWN_RECORDS = KnownRecordFilter()
+
+MARK_ENV = "MEGATRON_BRIDGE_MARK_QUIET"
+"""Set to ``1`` (by the harness): print the lines the quiet mode drops, marked, instead of dropping them."""
+
+QUIET_MARK = "[quiet] "
+"""Put in front of each line the quiet mode would drop, when :data:`MARK_ENV` is set."""
+
+_LAUNCHER_LABEL = re.compile(r"^(\[default\d+\]:|\s*\d+: )")
+"""The label a launcher puts before a rank's line: ``torchrun --tee`` ``[default<N>]:``, ``srun
+--label`` ``<N>: ``."""
+
+
+def marked(line: str) -> bool:
+    """Whether a rank's line (with or without its launcher's label) is one the console leaves out."""
+    label = _LAUNCHER_LABEL.match(line)
+    return line[label.end() if label else 0 :].startswith(QUIET_MARK)
+
+
+def unmarked(line: str) -> str:
+    """``line`` as the rank would have printed it without the mark (the label kept)."""
+    label = _LAUNCHER_LABEL.match(line)
+    start = label.end() if label else 0
+    if line[start:].startswith(QUIET_MARK):
+        return line[:start] + line[start + len(QUIET_MARK) :]
+    return line
+
+
+def mark_lines(text: str) -> str:
+    """``text`` with every line marked."""
+    return "\n".join(QUIET_MARK + line for line in text.split("\n"))
+
+
+def _under(name: str, roots: Iterable[str]) -> bool:
+    return any(name == root or name.startswith(root + ".") for root in roots)
+
+
+def dropped_when_quiet(record: logging.LogRecord, main_rank: bool) -> bool:
+    """Whether the quiet mode drops ``record`` (the same tables as :func:`configure_logging` applies)."""
+    if record.levelno >= logging.ERROR:
+        return False
+    if _under(record.name, SILENCED_LOGGERS):
+        return True
+    if record.levelno < logging.WARNING and _under(record.name, THIRD_PARTY_LOGGERS):
+        return True
+    if record.levelno < logging.WARNING and not main_rank and _under(record.name, ("megatron.bridge",)):
+        return True
+    return not _KNOWN_RECORDS.filter(record)
+
+
+def known_warning(message: Warning | str, category: type[Warning],
+                  known: Iterable[tuple[type[Warning], str]] = KNOWN_WARNINGS) -> bool:
+    """Whether a warning is one :func:`silence_known_warnings` ignores (its filters match the start
+    of the message, case-insensitively)."""
+    text = str(message)
+    return any(issubclass(category, cat) and re.match(pattern, text, re.I) for cat, pattern in known)
+
+
+class MarkingFormatter(logging.Formatter):
+    """Formats as ``inner`` does; marks every line of the records ``quiet`` selects."""
+
+    def __init__(self, inner: Optional[logging.Formatter], quiet: Callable[[logging.LogRecord], bool]) -> None:
+        super().__init__()
+        self.inner, self.quiet = inner or logging.Formatter(), quiet
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = self.inner.format(record)
+        return mark_lines(text) if self.quiet(record) else text
+
+
+def mark_quiet_output(*, main_rank: bool, fmt: str) -> None:
+    """Print everything, marking what the quiet mode would drop (the rank side of :data:`MARK_ENV`)."""
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(MarkingFormatter(handler.formatter, lambda r: dropped_when_quiet(r, main_rank)))
+    for name in SILENCED_LOGGERS:  # torch gives these its own handler: they get one of ours instead
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(MarkingFormatter(logging.Formatter(fmt), lambda r: r.levelno < logging.ERROR))
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        logger.propagate = False
+    show = warnings.showwarning
+
+    def show_marked(message, category, filename, lineno, file=None, line=None):
+        if not known_warning(message, category):
+            return show(message, category, filename, lineno, file, line)
+        text = warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n")
+        stream = file or sys.stderr
+        try:
+            stream.write(mark_lines(text) + "\n")
+        except (OSError, AttributeError):
+            pass
+
+    warnings.showwarning = show_marked
+
+
 def configure_logging(*, verbose: bool, rank: str, main_rank: bool) -> None:
     """Rank-prefixed logging; without ``verbose``: WARNING for third-party loggers, this package's
-    INFO lines on the first rank only, known records dropped."""
-    logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
+    INFO lines on the first rank only, known records dropped (marked instead, under the harness:
+    :data:`MARK_ENV`)."""
+    fmt = f"[rank {rank}] %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=logging.INFO, format=fmt)
     if verbose:
+        show_import_warnings()
+        return
+    if os.environ.get(MARK_ENV) == "1":
+        show_import_warnings()
+        mark_quiet_output(main_rank=main_rank, fmt=fmt)
         return
     silence_known_warnings()
     _mute(SILENCED_LOGGERS)

@@ -12,7 +12,7 @@ from typing import Optional
 
 from megatron.bridge.training.flex_dispatcher_backend import FLEX_BACKENDS, render_support_table
 from megatron.bridge.training.overlap.fields import OVERLAP_FIELDS
-from megatron.bridge.training.overlap.rules import OVERLAP_RULES
+from megatron.bridge.training.overlap.rules import NO_EFFECT_RULE_IDS, OVERLAP_RULES
 from megatron.bridge.training.ownership import OWNED_FIELDS
 
 DOCS_PATH = "docs/training/communication-overlap.md"
@@ -52,8 +52,11 @@ or, on the harness command line, `comm_overlap.overlap_moe_expert_parallel_comm=
 `comm_overlap.delay_wgrad_compute` alone, so `--moe_a2a_overlap false` with delayed wgrad on is
 refused by `delay-wgrad-needs-ep-overlap`). `cfg.validate()` (works on a machine without GPU)
 raises one `CommOverlapConfigError` listing **every** unmet prerequisite with the field, its
-current value and the fix. An explicit request that cannot be honoured is an error, never a silent
-downgrade; rules with severity `warning` are logged and shown in the start-up overlap report.
+current value and the fix. `CommOverlapConfigError` is a `ConfigValidationError`, the class
+`validate()` raises for every rule (layout, batch, ranges as well): catch `ConfigValidationError`
+for any validation failure. An explicit request that cannot be honoured is an error, never a silent
+downgrade; rules with severity `warning` are logged and shown in the start-up overlap report, and a
+switch that such a warning says does nothing is listed there as having no effect, not as active.
 
 Transformer Engine version rules are evaluated against the installed TE ("absent" when it does
 not import). The delayed-wgrad TE version rules apply when TE is present. Without TE the layers are
@@ -151,6 +154,10 @@ def _precision_table() -> str:
     )
 
 
+def _severity(rule) -> str:
+    return "warning (no effect)" if rule.id in NO_EFFECT_RULE_IDS else rule.severity
+
+
 def _rules_table() -> str:
     lines = [
         f"\n## Prerequisites ({len(OVERLAP_RULES)} rules)\n\n",
@@ -166,7 +173,7 @@ def _rules_table() -> str:
         names = rule.fields + tuple(n for n, _ in rule.extra_values + rule.derived_values)
         fields = ", ".join(f"`{f}`" for f in names)
         lines.append(
-            f"| `{rule.id}` | {rule.group} | {rule.severity} | {fields} | "
+            f"| `{rule.id}` | {rule.group} | {_severity(rule)} | {fields} | "
             f"{_escape(rule.message)} | {_escape(rule.fix)} |\n"
         )
     lines.append("\n## Ownership checks\n\n| id | when |\n|---|---|\n")

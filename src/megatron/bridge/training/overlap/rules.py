@@ -493,3 +493,8 @@ OVERLAP_RULES: tuple[Rule, ...] = (
     + FLEX_RULES
 )
 """Every overlap prerequisite, in the order they are reported and documented."""
+
+NO_EFFECT_RULE_IDS: frozenset[str] = frozenset({"shared-expert-overlap-needs-shared-expert"})
+"""Warnings that mean the switch they name does nothing in this run: the start-up overlap report
+lists the feature under ``no effect`` with the warning, never as active. (The other warnings are
+notes on a feature that runs.)"""

@@ -21,11 +21,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
+import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from megatron.bridge.training.errors import OverrideError, Violation, did_you_mean
-from megatron.bridge.training.utils.overrides import has_hydra_prefix, is_container, plain, with_overrides
+from megatron.bridge.training.utils.overrides import (
+    has_hydra_prefix,
+    is_container,
+    parse_value,
+    plain,
+    value_problem,
+    with_overrides,
+)
+from megatron.bridge.training.utils.references import check_reference_syntax
 from megatron.bridge.training.utils.typed_values import field_annotations
 from megatron.bridge.training.utils.yaml_io import encode_value
 
@@ -69,8 +78,17 @@ def _tree(obj: Any, path: str, excluded: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+class OverrideValueError(ValueError):
+    """The value of an override cannot be read (malformed YAML, a tag, a resolver): why and the fix."""
+
+    def __init__(self, text: str, key: str, raw: str, rule: str, message: str, fix: str) -> None:
+        super().__init__(text)
+        self.key, self.raw, self.rule, self.message, self.fix = key, raw, rule, message, fix
+
+
 def parse_override(text: str) -> HydraOverride:
-    """``[~|+|++]key[=value]`` -> :class:`HydraOverride`; ``ValueError`` when it is malformed."""
+    """``[~|+|++]key[=value]`` -> :class:`HydraOverride`; ``ValueError`` when it is malformed
+    (:class:`OverrideValueError`, saying why, when only its value is)."""
     item = text.strip()
     form, rest = "set", item
     for prefix, name in (("++", "force"), ("+", "add"), ("~", "delete")):
@@ -81,7 +99,16 @@ def parse_override(text: str) -> HydraOverride:
     key = key.strip()
     if not key or (form != "delete" and not sep):
         raise ValueError(text)
-    value = plain(OmegaConf.from_dotlist([f"v={raw}"]))["v"] if sep else _ABSENT
+    if not sep:
+        return HydraOverride(item, form, key)
+    try:
+        value = parse_value(raw)
+    except (yaml.YAMLError, OmegaConfBaseException) as exc:
+        rule, message, fix = value_problem(raw, exc)
+        raise OverrideValueError(text, key, raw, rule, f"{item!r}: {message}", fix) from None
+    problem = check_reference_syntax(value)
+    if problem is not None:
+        raise OverrideValueError(text, key, raw, "override-reference", f"{item!r}: {problem.message}", problem.fix)
     return HydraOverride(item, form, key, value)
 
 
@@ -134,6 +161,9 @@ def parse_hydra_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConf
     for text in overrides:
         try:
             item = parse_override(str(text))
+        except OverrideValueError as bad:
+            errors.append(Violation(bad.rule, (bad.key,), (bad.raw,), bad.message, bad.fix, value_label="given"))
+            continue
         except ValueError:
             errors.append(Violation("override-syntax", (str(text),), (text,), f"{text!r} is not an override",
                                     "write key=value, +key=value, ++key=value or ~key", value_label="given"))

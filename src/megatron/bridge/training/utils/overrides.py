@@ -14,11 +14,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Union
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from megatron.bridge.training import ownership
 from megatron.bridge.training.errors import OverrideError, Violation, did_you_mean
+from megatron.bridge.training.utils.references import REFERENCE_FIX, resolve_references
 from megatron.bridge.training.utils.typed_values import (
+    CallableNotAllowed,
     Mismatch,
     convert_value,
     dataclass_in,
@@ -27,16 +31,19 @@ from megatron.bridge.training.utils.typed_values import (
 )
 
 if TYPE_CHECKING:
-    from megatron.bridge.training.config import ConfigContainer
+    pass
+
+_ABSENT = object()
 
 TARGET_KEY = "_target_"
 """YAML key recording the class of a sub-config whose runtime class is a subclass (model providers)."""
 
 
 def plain(node: Any) -> Any:
-    """omegaconf containers -> plain Python containers."""
+    """omegaconf containers -> plain Python containers, ``${...}`` left as written (references are
+    resolved against the config they are applied to: :func:`resolve_references`)."""
     if isinstance(node, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(node, resolve=True)
+        return OmegaConf.to_container(node, resolve=False)
     return node
 
 
@@ -46,19 +53,57 @@ def _suggest(key: str, choices: Sequence[str], prefix: str) -> str:
     return did_you_mean(key, choices, prefix) or fallback
 
 
+def _target_package(base: type) -> str:
+    """Where the classes a ``_target_`` may name for ``base`` live: the project's own package
+    (model providers: ``megatron.bridge.models``)."""
+    from megatron.bridge.models.gpt_provider import GPTModelProvider
+
+    return "megatron.bridge.models" if issubclass(base, GPTModelProvider) else "megatron.bridge"
+
+
+def _in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def allowed_targets(base: type) -> dict[str, type]:
+    """Import path -> class, for every class a config file's ``_target_`` may name in place of
+    ``base``: ``base`` and its subclasses defined in the project's package (for a model, the
+    providers under ``megatron.bridge.models``)."""
+    package = _target_package(base)
+    found: dict[str, type] = {}
+    todo = [base]
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if _in_package(cls.__module__, package) and "<" not in cls.__qualname__:
+            found[f"{cls.__module__}.{cls.__qualname__}"] = cls
+    return found
+
+
 def class_from_target(target: Any, base: type, path: str, errors: list[Violation]) -> Optional[type]:
-    try:
-        cls = import_object(str(target))
-    except (ImportError, AttributeError):
-        cls = None
-    if not (isinstance(cls, type) and issubclass(cls, base)):
+    """The class a ``_target_`` names, when it is one of :func:`allowed_targets`; else a violation.
+
+    A name outside the project's package is refused from its text: nothing is imported for it.
+    """
+    text = str(target).strip()
+    allowed = allowed_targets(base)
+    cls = allowed.get(text)
+    if cls is None and _in_package(text.rpartition(".")[0], _target_package(base)):
+        try:  # another spelling of an allowed class (a package that re-exports it)
+            found = import_object(text)
+        except (ImportError, AttributeError):
+            found = None
+        cls = found if found in allowed.values() else None
+    if cls is None:
         errors.append(
             Violation(
-                "override-target",
+                "config-target-not-allowed",
                 (f"{path}.{TARGET_KEY}",),
                 (target,),
-                f"{target!r} is not an importable subclass of {base.__name__}",
-                f"use the import path of a {base.__name__} subclass",
+                f"{text!r} is not one of the project's {base.__name__} classes; a config names only "
+                "those (nothing else is imported)",
+                "use one of: " + ", ".join(sorted(allowed)),
+                value_label="given",
             )
         )
         return None
@@ -113,7 +158,21 @@ def _apply_tree(obj: Any, changes: Mapping[str, Any], path: str, layer: _Layer) 
                 updates[key] = _apply_tree(base, raw, dotted, layer)
             continue
         try:
-            updates[key] = convert_value(raw, annotation)
+            updates[key] = convert_value(raw, annotation, key)
+        except CallableNotAllowed as refused:
+            errors.append(
+                Violation(
+                    "config-callable-not-allowed",
+                    (dotted,),
+                    (raw,),
+                    f"{dotted} may name only {refused.expected}, not {raw!r} (a config cannot make the "
+                    "run import anything else)",
+                    f"use one of: {refused.allowed}" if refused.allowed != "none"
+                    else f"leave {dotted} out of the config file and set it in Python",
+                    value_label="given",
+                )
+            )
+            continue
         except Mismatch as mismatch:
             errors.append(
                 Violation(
@@ -184,12 +243,59 @@ def _rebuild(obj: Any, updates: dict[str, Any]) -> Any:
     return obj
 
 
-def parse_dotlist(overrides: Sequence[str]) -> dict[str, Any]:
-    """``["a.b=1", "c=[1,2]"]`` -> nested dict, values parsed by omegaconf (YAML syntax)."""
-    errors = []
+_VALUE_FIX = (
+    "write a plain YAML value: a number, true/false, null, a quoted string ('...'), a list [a, b] "
+    "or a mapping {k: v}, with every quote and bracket closed (in a shell, put the whole override "
+    "in double quotes: \"key='value'\")"
+)
+
+
+def value_problem(text: str, exc: Exception) -> tuple[str, str, str]:
+    """The rule id, why the YAML value ``text`` could not be read, and the fix (a tag and a
+    malformed ``${...}`` are named as such)."""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if isinstance(exc, yaml.constructor.ConstructorError):
+        return (
+            "override-value-syntax",
+            f"YAML tags are not read ({problem}): values are plain data, nothing is built from a tag",
+            "write the value itself; quote it ('...') if it is a string that starts with '!'",
+        )
+    if isinstance(exc, OmegaConfBaseException) and "${" in text:
+        return "override-reference", f"a ${{...}} that cannot be read ({problem})", REFERENCE_FIX
+    return "override-value-syntax", f"not a valid YAML value: {problem}", _VALUE_FIX
+
+
+def parse_value(text: str) -> Any:
+    """One override value as YAML (safe loading, omegaconf's reading of numbers; ``${...}`` kept as
+    written); raises ``yaml.YAMLError`` or omegaconf's error when it is malformed."""
+    return OmegaConf.to_container(OmegaConf.from_dotlist([f"v={text}"]), resolve=False)["v"]
+
+
+def _set_nested(tree: dict[str, Any], key: str, value: Any) -> None:
+    """``tree[a][b][c] = value`` for ``key='a.b.c'``; a mapping merges into a mapping already there."""
+    *parents, leaf = key.split(".")
+    node = tree
+    for part in parents:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    if isinstance(value, dict) and isinstance(node.get(leaf), dict):
+        for k, v in value.items():
+            _set_nested(node[leaf], k, v)
+    else:
+        node[leaf] = value
+
+
+def read_dotlist(overrides: Sequence[str]) -> tuple[dict[str, Any], list[Violation]]:
+    """``["a.b=1", "c=[1,2]"]`` -> nested dict and the problems of the items that could not be read
+    (each named with its override and why); the readable items are all in the dict."""
+    tree: dict[str, Any] = {}
+    errors: list[Violation] = []
     for item in overrides:
-        key, sep, _ = item.partition("=")
-        if not sep or not key.strip():
+        item = str(item)
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
             errors.append(
                 Violation(
                     "override-syntax",
@@ -197,11 +303,27 @@ def parse_dotlist(overrides: Sequence[str]) -> dict[str, Any]:
                     (item,),
                     f"{item!r} is not a dotted override",
                     "write key.path=value, e.g. model.num_layers=4",
+                    value_label="given",
                 )
             )
+            continue
+        try:
+            value = parse_value(raw)
+        except (yaml.YAMLError, OmegaConfBaseException) as exc:
+            rule, message, fix = value_problem(raw, exc)
+            errors.append(Violation(rule, (key,), (raw,), f"{item!r}: {message}", fix, value_label="given"))
+            continue
+        _set_nested(tree, key, value)
+    return tree, errors
+
+
+def parse_dotlist(overrides: Sequence[str]) -> dict[str, Any]:
+    """``["a.b=1", "c=[1,2]"]`` -> nested dict, values read as YAML; ``OverrideError`` listing every
+    item that could not be read."""
+    tree, errors = read_dotlist(overrides)
     if errors:
         raise OverrideError(errors, "could not parse overrides")
-    return plain(OmegaConf.from_dotlist(list(overrides)))
+    return tree
 
 
 def has_hydra_prefix(overrides: Sequence[str]) -> bool:
@@ -217,14 +339,19 @@ def with_overrides(cfg: Any, overrides: Union[Mapping[str, Any], Sequence[str]],
     ``OverrideError`` listing every problem (a write to a copy whose owner gives it another value
     included).
     """
-    changes = parse_dotlist(overrides) if not isinstance(overrides, Mapping) else plain(overrides)
+    if isinstance(overrides, Mapping):
+        changes, errors = plain(overrides), []
+    else:
+        changes, errors = read_dotlist(overrides)
+    changes, reference_errors = resolve_references(cfg, changes)
+    errors += reference_errors
     if not is_container(cfg):
-        layer = _Layer(source, {})
+        layer = _Layer(source, {}, errors)
         result = _apply_tree(copy.deepcopy(cfg), changes, "", layer)
         if layer.errors:
             raise OverrideError(layer.errors, f"invalid {source} overrides")
         return result
-    layer = _Layer(source, dict(cfg.provenance))
+    layer = _Layer(source, dict(cfg.provenance), errors)
     changes = {k: v for k, v in changes.items() if k != "provenance"}
     result = _apply_tree(copy.deepcopy(cfg), changes, "", layer)
     layer.errors += ownership.override_violations(result, layer.written)

@@ -2,7 +2,9 @@
 
 omegaconf parses the text; the field annotations decide what a value becomes: ``=1`` on a bool
 field is a real ``True``, ``abc`` on an int field is a mismatch that names the expected type, the
-string ``"None"`` stays a string (only YAML's null means ``None``).
+string ``"None"`` stays a string (only YAML's null means ``None``). Text for a callable field names
+a function on that field's list (activation functions from torch and megatron-core, torch's init
+methods; :data:`CONFIG_CALLABLES`): a config file cannot make the run import anything else.
 """
 
 from __future__ import annotations
@@ -10,13 +12,18 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib
+import inspect
+import sys
 import types
 import typing
 from collections.abc import Callable as AbcCallable
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional, Union
 
 import torch
+
+from megatron.bridge.training.errors import OverrideError, Violation
 
 _BOOL_WORDS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
 _DTYPES = {
@@ -57,21 +64,162 @@ def import_object(path: str) -> Any:
     return getattr(obj, attr)
 
 
-def _resolve_callable(text: str) -> Callable:
-    """``torch.nn.functional.silu`` (an import path) or a bare name from ``torch.nn.functional``."""
-    candidates = [text] if "." in text else [f"torch.nn.functional.{text}", f"torch.{text}"]
-    for path in candidates:
+@dataclass(frozen=True)
+class CallableKind:
+    """The functions a config file (YAML or a dotted override) may name for one kind of field.
+
+    Text never imports anything else: a name outside these modules is refused before any import.
+    """
+
+    label: str
+    modules: tuple[str, ...]
+    """Every public function defined in (or exposed by torch's C core through) these modules."""
+    names: tuple[str, ...] = ()
+    """Single functions of other modules, by import path."""
+
+    def candidates(self, text: str) -> list[str]:
+        """Import paths ``text`` may stand for: itself when dotted, else the bare name in each module."""
+        if "." in text:
+            return [text]
+        return [f"{m}.{text}" for m in self.modules] + [n for n in self.names if n.rpartition(".")[2] == text]
+
+    def allows(self, path: str) -> bool:
+        """Whether ``path`` is in this kind's list, decided from the text alone (nothing imported)."""
+        module, _, attr = path.rpartition(".")
+        return path in self.names or (module in self.modules and bool(attr) and not attr.startswith("_"))
+
+    def describe(self) -> str:
+        """The allowed list as an error message shows it."""
+        return ", ".join([f"{m}.*" for m in self.modules] + list(self.names))
+
+
+ACTIVATION_FUNCTIONS = CallableKind(
+    "an activation function",
+    ("torch.nn.functional", "megatron.core.activations"),
+    ("torch.tanh", "torch.sigmoid", "torch.relu"),
+)
+INIT_METHODS = CallableKind("an init method", ("torch.nn.init",))
+
+CONFIG_CALLABLES: dict[str, CallableKind] = {
+    "activation_func": ACTIVATION_FUNCTIONS,
+    "init_method": INIT_METHODS,
+    "output_layer_init_method": INIT_METHODS,
+    "embedding_init_method": INIT_METHODS,
+}
+"""Callable fields a config file may set, by field name, and what each may name. Every other
+callable field (timers, gradient hooks, ...) is a run-time hook: set it in Python."""
+
+ANY_CONFIG_CALLABLE = CallableKind(
+    "a function a config may name",
+    ACTIVATION_FUNCTIONS.modules + INIT_METHODS.modules,
+    ACTIVATION_FUNCTIONS.names + INIT_METHODS.names,
+)
+"""What a callable value may name when the field is not known (``convert_value`` without a name)."""
+
+
+class CallableNotAllowed(Mismatch):
+    """Text names a function outside the list for its field (or a field no config file may set)."""
+
+    def __init__(self, expected: str, allowed: str) -> None:
+        super().__init__(expected)
+        self.allowed = allowed
+
+
+def _defined_in(obj: Any, module: str) -> bool:
+    """Defined in ``module`` itself (or a torch C builtin it exposes), not imported into it."""
+    origin = getattr(obj, "__module__", None) or ""
+    return origin == module or origin.startswith("torch._C")
+
+
+def resolve_config_callable(text: str, name: Optional[str] = None) -> Callable:
+    """The function ``text`` names for the callable field ``name``, if that field's list allows it.
+
+    ``text`` is an import path (``torch.nn.functional.silu``) or a bare name looked up in the
+    allowed modules (``silu``). Nothing outside the list is imported.
+    """
+    kind = CONFIG_CALLABLES.get(name) if name is not None else ANY_CONFIG_CALLABLE
+    if kind is None:
+        raise CallableNotAllowed(
+            f"nothing from a config file ({name} is a run-time hook: set it in Python)", "none"
+        )
+    for path in kind.candidates(text.strip()):
+        if not kind.allows(path):
+            continue
         try:
             obj = import_object(path)
         except (ImportError, AttributeError):
             continue
-        if callable(obj):
+        module = path.rpartition(".")[0]
+        if inspect.isroutine(obj) and (path in kind.names or _defined_in(obj, module)):
             return obj
-    raise Mismatch("an importable callable such as torch.nn.functional.silu")
+    raise CallableNotAllowed(f"{kind.label} from the allowed list", kind.describe())
 
 
-def convert_value(value: Any, annotation: Any) -> Any:
-    """Convert ``value`` (as parsed from YAML/CLI) to ``annotation``; raise ``Mismatch`` if it can't."""
+def config_text_of_callable(fn: Callable) -> Optional[str]:
+    """The import path a config file writes for ``fn`` when it is on an allowed list (the public
+    path, e.g. ``torch.nn.functional.gelu`` for a function torch defines in its C core)."""
+    name = getattr(fn, "__name__", None)
+    if not name:
+        return None
+    for path in ANY_CONFIG_CALLABLE.names:
+        if path.rpartition(".")[2] == name and import_object(path) is fn:
+            return path
+    for module in ANY_CONFIG_CALLABLE.modules:
+        mod = sys.modules.get(module)
+        if mod is not None and getattr(mod, name, None) is fn and _defined_in(fn, module):
+            return f"{module}.{name}"
+    return None
+
+
+def encode_plain(value: Any) -> Any:
+    """A YAML-safe form of one value that is not a config dataclass: dtypes and enums as their
+    names, callables as their import path (``OverrideError`` for one with no such path)."""
+    if isinstance(value, torch.dtype):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, (list, tuple)):
+        return [encode_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): encode_plain(v) for k, v in value.items()}
+    if callable(value) and not isinstance(value, type):
+        return callable_path(value)
+    return value
+
+
+def callable_path(fn: Callable) -> str:
+    """The import path a config writes for ``fn``: its allowed-list name, else its module path."""
+    listed = config_text_of_callable(fn)
+    if listed is not None:
+        return listed
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if module and qualname and "<" not in qualname:
+        path = f"{module}.{qualname}"
+        try:
+            if import_object(path) is fn:
+                return path
+        except (ImportError, AttributeError):
+            pass
+    raise OverrideError(
+        [
+            Violation(
+                "yaml-callable",
+                ("callable",),
+                (repr(fn),),
+                "only importable module-level functions can be written to YAML",
+                "use a named function (e.g. torch.nn.functional.silu) instead of a lambda/partial",
+            )
+        ],
+        "cannot serialize config",
+    )
+
+
+def convert_value(value: Any, annotation: Any, name: Optional[str] = None) -> Any:
+    """Convert ``value`` (as parsed from YAML/CLI) to ``annotation``; raise ``Mismatch`` if it can't.
+
+    ``name`` is the field's name: text for a callable field must name a function on that field's
+    list (:data:`CONFIG_CALLABLES`; :class:`CallableNotAllowed` otherwise).
+    """
     if annotation is Any or annotation is typing.Any:
         return value
     origin = typing.get_origin(annotation)
@@ -85,7 +233,9 @@ def convert_value(value: Any, annotation: Any) -> Any:
             raise Mismatch(type_name(annotation))
         for arm in (a for a in args if a is not type(None)):
             try:
-                return convert_value(value, arm)
+                return convert_value(value, arm, name)
+            except CallableNotAllowed:
+                raise
             except Mismatch:
                 continue
         raise Mismatch(type_name(annotation))
@@ -110,7 +260,7 @@ def convert_value(value: Any, annotation: Any) -> Any:
         if callable(value) and not isinstance(value, str):
             return value
         if isinstance(value, str):
-            return _resolve_callable(value)
+            return resolve_config_callable(value, name)
         raise Mismatch("an importable callable such as torch.nn.functional.silu")
     if isinstance(annotation, type):
         return _convert_scalar(value, annotation)

@@ -2,25 +2,36 @@
 
 A written config loads back equal (``ConfigContainer.from_yaml``); dtypes, enums and importable
 callables are written as text; model providers carry their class in ``_target_``.
+
+Files are read with YAML's safe loading: a tag never builds a Python object. A ``_target_`` names
+one of the project's provider classes and a callable field one function of its allowed list
+(``overrides.allowed_targets``, ``typed_values.CONFIG_CALLABLES``); nothing else is imported.
+``${section.field}`` references are kept as written here and resolved when the file is applied
+to a config (``overrides.resolve_references``); resolvers such as ``${oc.env:...}`` are refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
-import torch
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from megatron.bridge.training import ownership
 from megatron.bridge.training.errors import OverrideError, Violation
-from megatron.bridge.training.utils.overrides import TARGET_KEY, class_from_target, is_container, plain, with_overrides
-from megatron.bridge.training.utils.typed_values import field_annotations, import_object
+from megatron.bridge.training.utils.overrides import (
+    TARGET_KEY,
+    class_from_target,
+    is_container,
+    plain,
+    value_problem,
+    with_overrides,
+)
+from megatron.bridge.training.utils.typed_values import encode_plain, field_annotations
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -31,6 +42,10 @@ def _yaml_violation(path: Path, exc: Exception) -> Violation:
     mark = getattr(exc, "problem_mark", None)
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if isinstance(exc, yaml.constructor.ConstructorError):
+        _, _, fix = value_problem("", exc)
+        message = f"a YAML tag{where} is not read ({problem}): values are plain data, nothing is built from a tag"
+        return Violation("yaml-syntax", ("config_file",), (str(path),), message, fix)
     return Violation(
         "yaml-syntax",
         ("config_file",),
@@ -43,7 +58,8 @@ def _yaml_violation(path: Path, exc: Exception) -> Violation:
 
 
 def load_yaml(path: Union[str, Path]) -> dict[str, Any]:
-    """A YAML file as a plain dict (interpolations resolved); a clear error when it is not a mapping."""
+    """A YAML file as a plain dict (safe loading; ``${...}`` kept as written, for the config it is
+    applied to to resolve); a clear error when it is not a mapping."""
     path = Path(path)
     if not path.is_file():
         raise OverrideError(
@@ -71,43 +87,14 @@ def load_yaml(path: Union[str, Path]) -> dict[str, Any]:
 
 
 def encode_value(value: Any) -> Any:
-    """A YAML-safe form of one value (dtypes, enums, callables as text)."""
+    """A YAML-safe form of one value (config dataclasses as trees; dtypes, enums, callables as text)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return config_to_dict(value)
-    if isinstance(value, torch.dtype):
-        return str(value)
-    if isinstance(value, enum.Enum):
-        return value.name
     if isinstance(value, (list, tuple)):
         return [encode_value(v) for v in value]
     if isinstance(value, Mapping):
         return {str(k): encode_value(v) for k, v in value.items()}
-    if callable(value) and not isinstance(value, type):
-        return _callable_path(value)
-    return value
-
-
-def _callable_path(fn: Callable) -> str:
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if module and qualname and "<" not in qualname:
-        path = f"{module}.{qualname}"
-        try:
-            if import_object(path) is fn:
-                return path
-        except (ImportError, AttributeError):
-            pass
-    raise OverrideError(
-        [
-            Violation(
-                "yaml-callable",
-                ("callable",),
-                (repr(fn),),
-                "only importable module-level functions can be written to YAML",
-                "use a named function (e.g. torch.nn.functional.silu) instead of a lambda/partial",
-            )
-        ],
-        "cannot serialize config",
-    )
+    return encode_plain(value)
 
 
 def config_to_dict(obj: Any) -> dict[str, Any]:
@@ -144,11 +131,23 @@ def _write_copies(cfg: Any, data: dict[str, Any]) -> None:
 
 def config_to_yaml(cfg: "ConfigContainer", path: Optional[Union[str, Path]] = None) -> str:
     """YAML text of ``cfg`` (written to ``path`` when given); loads back equal via ``config_from_yaml``."""
-    text = OmegaConf.to_yaml(OmegaConf.create(config_to_dict(cfg)))
+    text = OmegaConf.to_yaml(OmegaConf.create(_literal_dollars(config_to_dict(cfg))))
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(text)
     return text
+
+
+def _literal_dollars(node: Any) -> Any:
+    """Strings holding ``${`` written as ``\\${``, so that they load back as the same text, not as
+    references."""
+    if isinstance(node, str):
+        return node.replace("${", "\\${")
+    if isinstance(node, dict):
+        return {k: _literal_dollars(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_literal_dollars(v) for v in node]
+    return node
 
 
 def container_from_dict(container_cls: type, data: Mapping[str, Any]) -> "ConfigContainer":

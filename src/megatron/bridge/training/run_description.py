@@ -1,0 +1,103 @@
+"""What a run says about itself: the start-up lines, and the layout, dispatch and weight-gradient
+facts that ``summary.json`` records (read from the built model and the resolved configuration)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+
+from megatron.bridge.training import initialize
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+
+def log_dir_of(resolved: "ConfigContainer") -> str:
+    from megatron.bridge.training.metrics import default_log_dir
+
+    return resolved.logger.log_dir or default_log_dir()
+
+
+def startup_lines(
+    resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, num_microbatches: int, verbose: bool,
+    cuda_graph: str,
+) -> list[str]:
+    from megatron.core import parallel_state as ps
+
+    m = resolved.model
+    kernels = [m.describe_torch_native_kernels()] if m.resolved_layer_spec == "torch_native" else []
+    return [
+        f"launch: {env.launcher}, world size {torch.distributed.get_world_size()}, backend "
+        f"{resolved.dist.effective_backend}, device {resolved.dist.device}",
+        f"parallel layout: TP{m.tensor_model_parallel_size} PP{m.pipeline_model_parallel_size} "
+        f"VPP{m.virtual_pipeline_model_parallel_size or '-'} CP{m.context_parallel_size} "
+        f"EP{m.expert_model_parallel_size} ETP{m.expert_tensor_parallel_size} "
+        f"DP{ps.get_data_parallel_world_size()}",
+        f"batch: global {resolved.train.global_batch_size}, micro {resolved.train.micro_batch_size}, "
+        f"{num_microbatches} micro-batches per step, seq {m.seq_length}",
+        report.layer_spec_line,
+        *kernels,
+        m.describe_loss(resolved.dist.device),
+        *filter(None, [m.describe_gradient_accumulation_fusion(resolved.dist.device)]),
+        f"dispatcher: {m.moe_token_dispatcher_type}"
+        + (f" (flex backend {m.moe_flex_dispatcher_backend})" if m.moe_token_dispatcher_type == "flex" else ""),
+        f"schedule: {'combined 1F1B (EP overlap)' if m.overlap_moe_expert_parallel_comm else 'standard 1F1B'}",
+        cuda_graph,
+        f"CUDA_DEVICE_MAX_CONNECTIONS={os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS', 'unset')}",
+        report.format(brief=not verbose),
+    ]
+
+
+def parallel_layout(resolved: "ConfigContainer") -> dict[str, Any]:
+    """The layout and batch shape for ``summary.json`` (the sizes are those a checkpoint records)."""
+    from megatron.core import parallel_state as ps
+
+    from megatron.bridge.training.checkpointing import checkpoint_layout
+
+    return dict(
+        checkpoint_layout(resolved, ps.get_data_parallel_world_size()),
+        micro_batch_size=resolved.train.micro_batch_size,
+        global_batch_size=resolved.train.global_batch_size,
+        seq_length=resolved.model.seq_length,
+    )
+
+
+_DISPATCHER_MODULE = "megatron.bridge.models.torch_native.dispatcher"
+
+
+def moe_token_dispatch() -> list[dict[str, Any]]:
+    """The token dispatchers the torch-native MoE layers of this process chose, and why."""
+    module = sys.modules.get(_DISPATCHER_MODULE)
+    if module is None:  # no torch-native MoE layer was built
+        return []
+    return [dict(c.to_dict(), description=c.describe()) for c in module.dispatch_choices()]
+
+
+def wgrad_accumulation(model: list) -> dict[str, Optional[dict[str, Any]]]:
+    """How the torch-native layers' weight gradients reach DDP's main_grad, per kind of layer (from the
+    built parameters; empty when no torch-native layer was built)."""
+    readers = {"expert_wgrad_accumulation": ("experts", "expert_wgrad_accumulation"),
+               "dense_wgrad_accumulation": ("linear", "dense_wgrad_accumulation")}
+    found = {}
+    for key, (module_name, reader) in readers.items():
+        module = sys.modules.get(f"megatron.bridge.models.torch_native.{module_name}")
+        found[key] = None if module is None else getattr(module, reader)(model)
+    return found
+
+
+def forget_dispatch_choices() -> None:
+    """A model built earlier in this process recorded its choices; this run reports its own."""
+    module = sys.modules.get(_DISPATCHER_MODULE)
+    if module is not None:
+        module.forget_dispatch_choices()
+
+
+def resolved_config_text(effective: "ConfigContainer") -> str:
+    """The effective config as YAML (the finalized one holds megatron's callables and cannot be written)."""
+    try:
+        return effective.to_yaml()
+    except Exception as exc:  # the YAML writer is optional for training; keep the run going
+        return f"<config could not be serialised: {exc}>"
