@@ -50,6 +50,15 @@ CASES = {
     "mxfp8-needs-blackwell": (
         dict(TE_PRESENT, device_capability=(9, 0)), _set(mixed_precision="bf16_with_mxfp8_mixed"),
         _set(mixed_precision="bf16_with_fp8_delayed_scaling_mixed")),
+    "fp4-needs-transformer-engine": (
+        TE_ABSENT, _set(mixed_precision="bf16_with_nvfp4_mixed"), _set(mixed_precision="bf16_mixed")),
+    "fp4-needs-te-layers": (
+        dict(TE_PRESENT, device_capability=(10, 0)),
+        _set(**{"mixed_precision": "bf16_with_nvfp4_mixed", "model.layer_spec": "torch_native"}),
+        _set(**{"mixed_precision": "bf16_with_nvfp4_mixed", "model.layer_spec": "auto"})),
+    "fp4-needs-blackwell": (
+        dict(TE_PRESENT, device_capability=(9, 0)), _set(mixed_precision="bf16_with_nvfp4_mixed"),
+        _set(mixed_precision="bf16_with_fp8_current_scaling_mixed")),
     "own-precision-flags-agree": (
         {}, _set(**{"mixed_precision": None, "model.bf16": True}),
         _set(**{"mixed_precision": None, "model.bf16": True, "optimizer.bf16": True})),

@@ -42,16 +42,19 @@ class LayerSpecChoice:
     reason: str
 
 
-def te_only_features(model: Any, tp_comm_overlap: bool, fp8: Optional[str] = None) -> list[str]:
+def te_only_features(
+    model: Any, tp_comm_overlap: bool, fp8: Optional[str] = None, fp4: Optional[str] = None
+) -> list[str]:
     """What the run asks for that only Transformer Engine's layers provide (empty: nothing).
 
     ``tp_comm_overlap`` is the effective value of ``comm_overlap.tp_comm_overlap`` (its owner);
-    ``fp8`` the FP8 format of the run's precision recipe (``None``: ``model.fp8``).
+    ``fp8``/``fp4`` the formats of the run's precision recipe (``None``: ``model.fp8``/``model.fp4``).
     """
     fp8 = fp8 if fp8 is not None else getattr(model, "fp8", None)
+    fp4 = fp4 if fp4 is not None else getattr(model, "fp4", None)
     wants = (
         (fp8 is not None, f"FP8 compute (fp8={fp8!r})"),
-        (getattr(model, "fp4", None) is not None, f"FP4 compute (model.fp4={getattr(model, 'fp4', None)!r})"),
+        (fp4 is not None, f"FP4 compute (fp4={fp4!r})"),
         (getattr(model, "cuda_graph_impl", None) == "transformer_engine",
          "Transformer Engine's per-layer CUDA graphs (model.cuda_graph_impl=transformer_engine)"),
         (bool(tp_comm_overlap), "tensor-parallel communication overlap (comm_overlap.tp_comm_overlap)"),

@@ -23,8 +23,11 @@ from megatron.bridge.models.gpt_provider import GPTModelProvider
 from megatron.bridge.training import ownership
 from megatron.bridge.training.comm_overlap import CommOverlapConfig
 from megatron.bridge.training.finalize import Resolution, resolve_config
-from megatron.bridge.training.mixed_precision import MixedPrecisionConfig
+from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, MixedPrecisionConfig
+from megatron.bridge.training.runtime_config import runtime_config_update  # noqa: F401  (Megatron-Bridge imports it from here)
 from megatron.bridge.training.strict_fields import StrictFields, make_strict, register_strict
+from megatron.bridge.training.tokenizers.config import TokenizerConfig
+from megatron.bridge.training.upstream_sections import RerunStateMachineConfig, ValidationConfig
 from megatron.bridge.training.utils.yaml_io import config_to_yaml, container_from_dict, load_yaml
 
 if TYPE_CHECKING:
@@ -104,6 +107,12 @@ class DatasetConfig(StrictFields):
     length per run; Megatron-Bridge scripts set both)."""
     random_seed: Optional[int] = None
     """Seed of the dataset's sample shuffling; ``None`` uses ``rng.seed``."""
+    dataloader_type: Literal["single", "cyclic", "external"] = "single"
+    """Megatron-Bridge's sampler choice; batches here are always ``single`` (consecutive slices), so
+    another value is refused by ``validate()``."""
+    num_dataset_builder_threads: int = 1
+    """Megatron-Bridge's index-building threads; accepted only at 1 (the indices are built on one
+    thread here)."""
 
     FIELD_ALIASES: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "data_path": ("data_paths", data_paths_from_alias),
@@ -126,17 +135,8 @@ class DatasetConfig(StrictFields):
         return not self.data_paths
 
 
-@dataclass(kw_only=True)
-class TokenizerConfig(StrictFields):
-    """Tokenizer. ``NullTokenizer`` needs no files: token ids are used as they are."""
-
-    tokenizer_type: Literal["NullTokenizer", "HuggingFaceTokenizer"] = "NullTokenizer"
-    tokenizer_model: Optional[str] = None
-    """Path or name of a Hugging Face tokenizer (only for ``HuggingFaceTokenizer``)."""
-    vocab_size: Optional[int] = None
-    """Vocabulary of the ``NullTokenizer``; ``None`` uses ``model.vocab_size``."""
-    hf_tokenizer_kwargs: Optional[dict[str, Any]] = None
-    """Extra keyword arguments for the Hugging Face tokenizer (only for ``HuggingFaceTokenizer``)."""
+GPTDatasetConfig = DatasetConfig
+"""Megatron-Bridge's name of the dataset section: the same class."""
 
 
 @dataclass(kw_only=True)
@@ -178,6 +178,12 @@ class DistributedInitConfig(StrictFields):
     target_gpu: Optional[str] = None
     """GPU type the run is validated for (the harness's ``-g``: ``h100``, ``b200``, ``gb200``...).
     ``None`` uses the visible GPU; on a CPU host GPU-specific checks are reported as not checked."""
+    use_gloo_process_groups: bool = True
+    """Megatron-Bridge's switch for megatron-core's gloo groups, which are always created here: only
+    ``True`` is accepted by ``validate()``."""
+    lazy_mpu_init: bool = False
+    """Megatron-Bridge's deferred parallel-state set-up; the groups are always initialised before
+    the model is built here: only ``False`` is accepted by ``validate()``."""
 
     @property
     def effective_backend(self) -> str:
@@ -217,14 +223,8 @@ class ProfilingConfig(StrictFields):
     record_shapes: bool = False
 
 
-MixedPrecisionName = Literal[
-    "bf16_mixed",
-    "fp16_mixed",
-    "fp32",
-    "bf16_with_fp8_delayed_scaling_mixed",
-    "bf16_with_fp8_current_scaling_mixed",
-    "bf16_with_mxfp8_mixed",
-]
+MixedPrecisionName = Literal[tuple(MIXED_PRECISION_RECIPES)]  # type: ignore[valid-type]
+"""Every precision recipe name (``mixed_precision.MIXED_PRECISION_RECIPES``)."""
 
 
 _STRICT_SUB_CONFIGS = frozenset({"optimizer", "ddp"})
@@ -247,6 +247,12 @@ class ConfigContainer(StrictFields):
     dist: DistributedInitConfig = field(default_factory=DistributedInitConfig)
     rng: RNGConfig = field(default_factory=RNGConfig)
     profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
+    """``None`` (as Megatron-Bridge scripts pass it) means no profiling: the default section."""
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    """Megatron-Bridge's evaluation section: ``eval_iters``/``eval_interval`` are ``train``'s; the
+    other fields are accepted only at their defaults."""
+    rerun_state_machine: RerunStateMachineConfig = field(default_factory=RerunStateMachineConfig)
+    """Megatron-Bridge's rerun-state-machine section, accepted only at its defaults."""
     mixed_precision: Union[MixedPrecisionName, MixedPrecisionConfig, None] = "bf16_mixed"
     """Owner of the precision flags of model, optimizer and DDP (derived at finalize): a recipe name
     or a ``MixedPrecisionConfig``. ``None``: no precision recipe; the model's, optimizer's and
@@ -257,9 +263,14 @@ class ConfigContainer(StrictFields):
     the recipe or a default; the resolved copy also marks ``computed`` values."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        """Unknown names are refused; megatron-core optimizer/DDP configs become their strict kind."""
+        """Unknown names are refused; megatron-core optimizer/DDP configs become their strict kind;
+        a ``validation`` section is attached to this container's ``train``."""
         if name in _STRICT_SUB_CONFIGS:
             value = make_strict(value)
+        elif name == "profiling" and value is None:
+            value = ProfilingConfig()
+        elif name == "validation" and isinstance(value, ValidationConfig):
+            value = value.attached_to(self)
         super().__setattr__(name, value)
 
     def __repr__(self) -> str:

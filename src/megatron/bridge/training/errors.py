@@ -76,7 +76,17 @@ class CommOverlapConfigError(ConfigValidationError):
 
 
 class OverrideError(ConfigError):
-    """A YAML or dotted CLI override could not be applied; the input config is left unchanged."""
+    """A YAML or dotted CLI override could not be applied; the input config is left unchanged.
+
+    Built from the violations found, or from one message (``OverridesError("why")``, Megatron-Bridge's
+    form): the message is then the error's text and ``violations`` is empty."""
+
+    def __init__(self, violations: "Sequence[Violation] | str", title: str = "invalid configuration") -> None:
+        if isinstance(violations, str):
+            self.violations = []
+            ValueError.__init__(self, violations)
+            return
+        super().__init__(violations, title)
 
 
 OverridesError = OverrideError
@@ -92,3 +102,8 @@ class UnknownFieldError(ConfigError, AttributeError):
     def __init__(self, violations: Sequence[Violation], title: str, obj_name: str = "") -> None:
         super().__init__(violations, title)
         self.name = obj_name
+
+
+class ConfigFileNotFoundError(OverrideError, FileNotFoundError):
+    """The config file given is not there: an ``OverrideError`` (a listed problem with its fix) and a
+    ``FileNotFoundError`` (what Megatron-Bridge's helpers raise for it)."""

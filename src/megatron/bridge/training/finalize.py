@@ -32,6 +32,7 @@ from megatron.bridge.training.overlap.resolution import EffectiveValue
 from megatron.bridge.training.overlap.rules import OVERLAP_RULES
 from megatron.bridge.training.overlap_report import OverlapReport, report_from
 from megatron.bridge.training.rules import RuleContext, check_rules
+from megatron.bridge.training.upstream_sections import UPSTREAM_SECTION_RULES
 from megatron.bridge.training.validation import GENERAL_RULES
 from megatron.bridge.utils.import_utils import have_deep_ep, transformer_engine_version
 
@@ -125,7 +126,8 @@ def resolve_config(
     ctx = ctx or default_rule_context(world_size, target_gpu=getattr(cfg.dist, "target_gpu", None))
     effective, values, violations = _effective_config(cfg, ctx)
     violations += check_rules(
-        OVERLAP_RULES + GENERAL_RULES + CUDA_GRAPH_RULES + TORCH_NATIVE_DISPATCH_RULES + TORCH_NATIVE_KERNEL_RULES,
+        OVERLAP_RULES + GENERAL_RULES + CUDA_GRAPH_RULES + TORCH_NATIVE_DISPATCH_RULES + TORCH_NATIVE_KERNEL_RULES
+        + UPSTREAM_SECTION_RULES,
         effective, ctx,
     )
     warnings = [v for v in violations if v.severity != "error"]

@@ -13,9 +13,12 @@ lists, and a backend without the flex dispatcher is an error (``flex-backend-nee
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
+
+import torch
 
 from megatron.bridge.training import gpu_catalog
 from megatron.bridge.training.errors import CommOverlapConfigError, Violation
@@ -41,6 +44,8 @@ class BackendSupport:
     majors: tuple[int, ...]
     nvl72: bool
     """Runs on GB200/GB300 NVL72 systems (same capability as B200/B300 boards)."""
+    applicable: str
+    """Where it runs, in the words Megatron-Bridge's own messages use (scripts may match on them)."""
 
     def describe(self) -> str:
         """``DeepEP: Ampere, Hopper, Blackwell B200/B300 (not GB200/GB300 NVL72)``."""
@@ -54,17 +59,30 @@ class BackendSupport:
             return None, "target GPU unknown: support not checked"
         arch = target.architecture
         if target.capability[0] not in self.majors:
-            return False, f"{self.describe()}; not {arch}"
+            return False, f"{self.applicable}. Current GPU: {_current(target)}"
         if self.nvl72 or target.nvl72 is False:
             return True, f"{self.label} supports {arch}" + (" incl. NVL72" if target.nvl72 else "")
         if target.nvl72 is None:
             return None, f"{self.describe()}; whether the target is an NVL72 system is unknown"
-        return False, f"{self.label} does not support GB200/GB300 NVL72 systems ({self.describe()})"
+        return False, f"{self.applicable} (not GB200/GB300 NVL72). Current GPU: {_current(target)}"
+
+
+def _current(target: GpuTarget) -> str:
+    """``NVIDIA GB200 (compute capability 10.0)``."""
+    major, minor = target.capability
+    return f"{target.name or 'GPU'} (compute capability {major}.{minor})"
 
 
 FLEX_BACKEND_SUPPORT: dict[str, BackendSupport] = {
-    "deepep": BackendSupport("deepep", "DeepEP", (8, 9, 10), nvl72=False),
-    "hybridep": BackendSupport("hybridep", "HybridEP", (8, 9, 10), nvl72=True),
+    "deepep": BackendSupport(
+        "deepep", "DeepEP", (8, 9, 10), nvl72=False,
+        applicable="DeepEP is only applicable to Ampere, Hopper, and Blackwell (B200/B300) GPUs",
+    ),
+    "hybridep": BackendSupport(
+        "hybridep", "HybridEP", (8, 9, 10), nvl72=True,
+        applicable="HybridEP is only applicable for GB200, GB300 with NVL72 and for Ampere, Hopper, "
+        "B200 and B300 GPUs",
+    ),
 }
 """Flex backend -> the GPUs it supports. The only place backend names are defined."""
 
@@ -160,6 +178,7 @@ FLEX_RULES: tuple[Rule, ...] = (
         message=f"this flex backend does not support the target GPU ({_SUPPORT_TEXT})",
         fix=f"choose a backend that supports the target GPU ({_NVL72_BACKENDS} on GB200/GB300), or {_PLAIN_ALLTOALL}",
         extra_values=(("target_gpu", _gpu_text),),
+        derived_values=(("support", lambda cfg, ctx: _support(cfg, ctx)[1]),),
     ),
     Rule(
         id="flex-backend-gpu-not-checked",
@@ -269,6 +288,49 @@ def validate_flex_dispatcher_backend(
     return found
 
 
+def _rank_zero() -> bool:
+    """Whether this process logs the once-per-job notes (rank 0, or no process group yet)."""
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) or (
+        torch.distributed.get_rank() == 0
+    )
+
+
+def _is_dense(model_config: Any) -> bool:
+    """A model without MoE layers (``num_moe_experts`` unset or 0): it has no token dispatcher."""
+    return not getattr(model_config, "num_moe_experts", None)
+
+
+def probe_target_gpu(backend: Optional[str]) -> GpuTarget:
+    """The GPU this process runs on, for a selection given no target GPU.
+
+    The catalogue's probe answers first (it leaves CUDA uninitialised). When it cannot tell but
+    CUDA reports a GPU, torch is asked, and a failure there raises ``FlexDispatcherBackendError``
+    (the original error chained): the backend is never applied unchecked on a GPU machine.
+    """
+    target = gpu_catalog.resolve_gpu_target()
+    if target.known or not torch.cuda.is_available():
+        return target
+    try:
+        props = torch.cuda.get_device_properties(0)
+        found = gpu_catalog.resolve_gpu_target((props.major, props.minor), props.name)
+    except Exception as exc:
+        problem = _probe_failure(backend, exc)
+        raise FlexDispatcherBackendError([problem], title="flex dispatcher cannot check the GPU") from exc
+    return dataclasses.replace(found, source="visible GPU")
+
+
+def _probe_failure(backend: Optional[str], exc: Exception) -> Violation:
+    return Violation(
+        rule="flex-backend-gpu-probe-failed",
+        fields=("model.moe_flex_dispatcher_backend", "torch.cuda.get_device_properties(0)"),
+        values=(backend, f"raised {type(exc).__name__}: {exc}"),
+        message="CUDA reports a GPU but its type could not be read, so whether the backend supports "
+        "it cannot be checked",
+        fix="pass the target GPU (device_name='h100', 'gb200', ... or device_capability=(9, 0)), or "
+        "repair the CUDA setup (driver, CUDA_VISIBLE_DEVICES)",
+    )
+
+
 def apply_flex_dispatcher_backend(
     model_config: Any,
     moe_flex_dispatcher_backend: Optional[str] = None,
@@ -280,14 +342,31 @@ def apply_flex_dispatcher_backend(
     """Select a dispatcher on ``model_config``; return the backend in effect (``None`` = alltoall).
 
     Sets the fields of :func:`dispatcher_fields`. The choice is checked with :data:`FLEX_RULES` for
-    the target GPU (``deep_ep`` is checked by ``validate``, where the job runs): a backend the GPU
-    does not support raises ``FlexDispatcherBackendError`` naming the rule, unless
-    ``fallback="alltoall"``, which then selects plain alltoall and logs why.
+    the target GPU (the arguments, else :func:`probe_target_gpu`; ``deep_ep`` is checked by
+    ``validate``, where the job runs): a backend the GPU does not support raises
+    ``FlexDispatcherBackendError`` naming the rule, unless ``fallback="alltoall"``, which then
+    selects plain alltoall and logs why. A dense model (no MoE experts) has no dispatcher: it is
+    left unchanged, with a warning, and ``None`` is returned.
     """
     if fallback not in (None, "alltoall"):
         raise ValueError(f"fallback must be None or 'alltoall', got {fallback!r}")
+    if _is_dense(model_config):
+        if _rank_zero():
+            logger.warning(
+                "flex dispatcher: DeepEP and HybridEP are only applicable to MoE models; "
+                "model.num_moe_experts=%r, so the dispatcher selection (%r) is skipped and the model "
+                "config is left unchanged",
+                getattr(model_config, "num_moe_experts", None),
+                moe_flex_dispatcher_backend,
+            )
+        return None
     choice = dispatcher_fields(moe_flex_dispatcher_backend)
-    target = gpu_catalog.resolve_gpu_target(device_capability, device_name)
+    if device_capability is not None or device_name is not None:
+        target = gpu_catalog.resolve_gpu_target(device_capability, device_name)
+    elif moe_flex_dispatcher_backend is None:
+        target = GpuTarget()  # plain alltoall runs on any GPU
+    else:
+        target = probe_target_gpu(moe_flex_dispatcher_backend)
     found = flex_dispatcher_violations(_ModelWith(model_config, choice), target, deep_ep_available=True)
     errors = [v for v in found if v.severity == "error"]
     if errors and fallback == "alltoall" and all(v.rule == "flex-backend-supported-on-gpu" for v in errors):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 
+from megatron.bridge.training.errors import did_you_mean
 from megatron.bridge.training.strict_fields import StrictFields
 
 if TYPE_CHECKING:
@@ -31,27 +32,76 @@ class MixedPrecisionRecipe:
     grad_reduce_in_fp32: bool
     fp8: Optional[str] = None
     fp8_recipe: Optional[str] = None
+    first_last_layers_bf16: bool = False
+    """Keep the first/last transformer layers out of FP8/FP4 (counts below)."""
+    num_layers_at_start_in_bf16: int = 0
+    num_layers_at_end_in_bf16: int = 0
+    fp8_margin: int = 0
+    fp8_amax_history_len: int = 1
+    """Delayed scaling only: how many steps of amax history the scale is taken from."""
+    fp8_amax_compute_algo: str = "most_recent"
+    fp4: Optional[str] = None
+    """FP4 compute format (``e2m1``); needs Transformer Engine on a Blackwell GPU."""
+    fp4_recipe: str = "nvfp4"
 
     @property
     def needs_transformer_engine(self) -> bool:
-        """FP8 compute exists only in Transformer Engine."""
-        return self.fp8 is not None
+        """FP8 and FP4 compute exist only in Transformer Engine."""
+        return self.fp8 is not None or self.fp4 is not None
 
+
+_BF16 = dict(bf16=True, fp16=False, params_dtype=torch.bfloat16, grad_reduce_in_fp32=True)
+_FP16 = dict(bf16=False, fp16=True, params_dtype=torch.half, grad_reduce_in_fp32=False)
+_DELAYED = dict(fp8="hybrid", fp8_recipe="delayed", fp8_amax_history_len=1024, fp8_amax_compute_algo="max")
+_MXFP8 = dict(fp8="e4m3", fp8_recipe="mxfp8")
+_CURRENT = dict(fp8="hybrid", fp8_recipe="tensorwise", first_last_layers_bf16=True,
+                num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=1)
+_SUBCHANNEL = dict(fp8="hybrid", fp8_recipe="blockwise")
+_NVFP4 = dict(fp4="e2m1", fp4_recipe="nvfp4")
+_EDGE_2 = dict(first_last_layers_bf16=True, num_layers_at_start_in_bf16=2, num_layers_at_end_in_bf16=2)
 
 MIXED_PRECISION_RECIPES: dict[str, MixedPrecisionRecipe] = {
-    "bf16_mixed": MixedPrecisionRecipe(True, False, torch.bfloat16, True),
-    "fp16_mixed": MixedPrecisionRecipe(False, True, torch.half, False),
+    "bf16_mixed": MixedPrecisionRecipe(**_BF16),
+    "fp16_mixed": MixedPrecisionRecipe(**_FP16),
     "fp32": MixedPrecisionRecipe(False, False, torch.float32, False),
-    "bf16_with_fp8_delayed_scaling_mixed": MixedPrecisionRecipe(
-        True, False, torch.bfloat16, True, fp8="hybrid", fp8_recipe="delayed"
+    "bf16_with_fp8_delayed_scaling_mixed": MixedPrecisionRecipe(**_BF16, **_DELAYED),
+    "fp16_with_fp8_delayed_scaling_mixed": MixedPrecisionRecipe(**_FP16, **_DELAYED),
+    "bf16_with_fp8_current_scaling_mixed": MixedPrecisionRecipe(**_BF16, **_CURRENT),
+    "fp16_with_fp8_current_scaling_mixed": MixedPrecisionRecipe(**_FP16, **_CURRENT),
+    "nemotron_h_bf16_with_fp8_current_scaling_mixed": MixedPrecisionRecipe(**_BF16, **{**_CURRENT, **_EDGE_2}),
+    "nanov2_bf16_with_fp8_current_scaling_mixed": MixedPrecisionRecipe(
+        **_BF16, **{**_CURRENT, **_EDGE_2, "fp8_recipe": "blockwise"}
     ),
-    "bf16_with_fp8_current_scaling_mixed": MixedPrecisionRecipe(
-        True, False, torch.bfloat16, True, fp8="hybrid", fp8_recipe="tensorwise"
-    ),
-    "bf16_with_mxfp8_mixed": MixedPrecisionRecipe(
-        True, False, torch.bfloat16, True, fp8="e4m3", fp8_recipe="mxfp8"
+    "bf16_with_mxfp8_mixed": MixedPrecisionRecipe(**_BF16, **_MXFP8),
+    "fp16_with_mxfp8_mixed": MixedPrecisionRecipe(**_FP16, **_MXFP8),
+    "bf16_with_fp8_subchannel_scaling_mixed": MixedPrecisionRecipe(**_BF16, **_SUBCHANNEL),
+    "fp16_with_fp8_subchannel_scaling_mixed": MixedPrecisionRecipe(**_FP16, **_SUBCHANNEL),
+    "bf16_with_nvfp4_mixed": MixedPrecisionRecipe(**_BF16, **_NVFP4),
+    "nemotron_3_super_bf16_with_nvfp4_mixed": MixedPrecisionRecipe(
+        **_BF16, **_NVFP4, first_last_layers_bf16=True, num_layers_at_end_in_bf16=14
     ),
 }
+"""Every precision recipe by name; the recipe functions below and ``cfg.mixed_precision="<name>"``
+read this one table (hyphens may stand for underscores: ``bf16-mixed``)."""
+
+
+def canonical_name(name: str) -> str:
+    """``bf16-mixed`` -> ``bf16_mixed``: both spellings name one recipe."""
+    return name.replace("-", "_")
+
+
+class UnknownMixedPrecisionError(ValueError, KeyError):
+    """A recipe name that is not in :data:`MIXED_PRECISION_RECIPES`, with the closest names. A
+    ``ValueError`` (Megatron-Bridge's error for it) and a ``KeyError`` (a failed table lookup)."""
+
+    def __init__(self, name: str) -> None:
+        close = did_you_mean(canonical_name(name), MIXED_PRECISION_RECIPES)
+        fix = close or f"use one of {sorted(MIXED_PRECISION_RECIPES)}"
+        super().__init__(f"unknown mixed-precision recipe {name!r}: {fix}")
+        self.name = name
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 @dataclass(kw_only=True)
@@ -67,28 +117,42 @@ class MixedPrecisionConfig(StrictFields):
     fp8: Optional[str] = None
     """FP8 compute format (``hybrid``, ``e4m3``); needs Transformer Engine."""
     fp8_recipe: Optional[str] = None
+    first_last_layers_bf16: bool = False
+    num_layers_at_start_in_bf16: int = 0
+    num_layers_at_end_in_bf16: int = 0
+    fp8_margin: int = 0
+    fp8_amax_history_len: int = 1
+    fp8_amax_compute_algo: str = "most_recent"
+    fp4: Optional[str] = None
+    """FP4 compute format (``e2m1``); needs Transformer Engine on a Blackwell GPU."""
+    fp4_recipe: str = "nvfp4"
 
     @classmethod
     def from_name(cls, name: str) -> "MixedPrecisionConfig":
-        """The object form of the named recipe (``KeyError`` for an unknown name)."""
-        return cls(**dataclasses.asdict(MIXED_PRECISION_RECIPES[name]))
+        """A new object form of the named recipe (``UnknownMixedPrecisionError``, a ``ValueError``
+        and a ``KeyError``, for an unknown name)."""
+        recipe = MIXED_PRECISION_RECIPES.get(canonical_name(name))
+        if recipe is None:
+            raise UnknownMixedPrecisionError(name)
+        return cls(**dataclasses.asdict(recipe))
 
     def as_recipe(self) -> MixedPrecisionRecipe:
         """What this object means for the configs it drives."""
-        dtype = self.params_dtype
-        if dtype is None:
-            dtype = torch.bfloat16 if self.bf16 else torch.half if self.fp16 else torch.float32
-        return MixedPrecisionRecipe(
-            self.bf16, self.fp16, dtype, self.grad_reduce_in_fp32, fp8=self.fp8, fp8_recipe=self.fp8_recipe
-        )
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(MixedPrecisionRecipe)}
+        if values["params_dtype"] is None:
+            values["params_dtype"] = torch.bfloat16 if self.bf16 else torch.half if self.fp16 else torch.float32
+        return MixedPrecisionRecipe(**values)
 
 
 MixedPrecisionSetting = Union[str, MixedPrecisionConfig, None]
 """What ``cfg.mixed_precision`` holds: a recipe name, an object, or ``None`` (no recipe)."""
 
 
-def get_mixed_precision_config(name: str) -> MixedPrecisionConfig:
-    """The object form of the recipe called ``name`` (to edit before assigning it)."""
+def get_mixed_precision_config(name: Union[str, MixedPrecisionConfig]) -> MixedPrecisionConfig:
+    """A new object form of the recipe called ``name`` (to edit before assigning it); an object
+    given is returned as it is. ``ValueError`` for an unknown name."""
+    if isinstance(name, MixedPrecisionConfig):
+        return name
     return MixedPrecisionConfig.from_name(name)
 
 
@@ -99,6 +163,14 @@ PRECISION_TARGETS: dict[str, str] = {
     "model.pipeline_dtype": "params_dtype",
     "model.fp8": "fp8",
     "model.fp8_recipe": "fp8_recipe",
+    "model.first_last_layers_bf16": "first_last_layers_bf16",
+    "model.num_layers_at_start_in_bf16": "num_layers_at_start_in_bf16",
+    "model.num_layers_at_end_in_bf16": "num_layers_at_end_in_bf16",
+    "model.fp8_margin": "fp8_margin",
+    "model.fp8_amax_history_len": "fp8_amax_history_len",
+    "model.fp8_amax_compute_algo": "fp8_amax_compute_algo",
+    "model.fp4": "fp4",
+    "model.fp4_recipe": "fp4_recipe",
     "optimizer.bf16": "bf16",
     "optimizer.fp16": "fp16",
     "optimizer.params_dtype": "params_dtype",
@@ -115,12 +187,14 @@ def mixed_precision_recipe(setting: MixedPrecisionSetting) -> Optional[MixedPrec
     name (a rule reports that)."""
     if isinstance(setting, MixedPrecisionConfig):
         return setting.as_recipe()
-    return MIXED_PRECISION_RECIPES.get(setting) if setting is not None else None
+    return MIXED_PRECISION_RECIPES.get(canonical_name(setting)) if isinstance(setting, str) else None
 
 
 def is_known_setting(setting: Any) -> bool:
     """``None``, a recipe name this package defines, or a :class:`MixedPrecisionConfig`."""
-    return setting is None or isinstance(setting, MixedPrecisionConfig) or setting in MIXED_PRECISION_RECIPES
+    if isinstance(setting, str):
+        return canonical_name(setting) in MIXED_PRECISION_RECIPES
+    return setting is None or isinstance(setting, MixedPrecisionConfig)
 
 
 def precision_value(name: MixedPrecisionSetting, target: str) -> Any:
@@ -140,3 +214,76 @@ def apply_mixed_precision(cfg: "ConfigContainer") -> None:
         if value is not LEFT_TO_USER:
             holder, _, name = target.rpartition(".")
             setattr(getattr(cfg, holder), name, value)
+
+
+# Recipe functions: Megatron-Bridge's names, each a new object of the recipe of the same name.
+
+
+def bf16_mixed() -> MixedPrecisionConfig:
+    """BF16 weights and compute, FP32 gradient reduction."""
+    return MixedPrecisionConfig.from_name("bf16_mixed")
+
+
+def fp16_mixed() -> MixedPrecisionConfig:
+    """FP16 weights and compute (loss scaling), FP16 gradient reduction."""
+    return MixedPrecisionConfig.from_name("fp16_mixed")
+
+
+def bf16_with_fp8_delayed_scaling_mixed() -> MixedPrecisionConfig:
+    """BF16 with FP8 (hybrid) GEMMs, scales from a 1024-step amax history (Transformer Engine)."""
+    return MixedPrecisionConfig.from_name("bf16_with_fp8_delayed_scaling_mixed")
+
+
+def fp16_with_fp8_delayed_scaling_mixed() -> MixedPrecisionConfig:
+    """FP16 with FP8 (hybrid) GEMMs, delayed scaling (Transformer Engine)."""
+    return MixedPrecisionConfig.from_name("fp16_with_fp8_delayed_scaling_mixed")
+
+
+def bf16_with_mxfp8_mixed() -> MixedPrecisionConfig:
+    """BF16 with block-scaled MXFP8 GEMMs (Transformer Engine on Blackwell)."""
+    return MixedPrecisionConfig.from_name("bf16_with_mxfp8_mixed")
+
+
+def fp16_with_mxfp8_mixed() -> MixedPrecisionConfig:
+    """FP16 with block-scaled MXFP8 GEMMs (Transformer Engine on Blackwell)."""
+    return MixedPrecisionConfig.from_name("fp16_with_mxfp8_mixed")
+
+
+def bf16_with_fp8_current_scaling_mixed() -> MixedPrecisionConfig:
+    """BF16 with per-tensor current-scaling FP8; the first and last layer stay BF16."""
+    return MixedPrecisionConfig.from_name("bf16_with_fp8_current_scaling_mixed")
+
+
+def fp16_with_fp8_current_scaling_mixed() -> MixedPrecisionConfig:
+    """FP16 with per-tensor current-scaling FP8; the first and last layer stay out of FP8."""
+    return MixedPrecisionConfig.from_name("fp16_with_fp8_current_scaling_mixed")
+
+
+def nemotron_h_bf16_with_fp8_current_scaling_mixed() -> MixedPrecisionConfig:
+    """Current-scaling FP8 with two BF16 layers at each end (the Nemotron-H setting)."""
+    return MixedPrecisionConfig.from_name("nemotron_h_bf16_with_fp8_current_scaling_mixed")
+
+
+def nanov2_bf16_with_fp8_current_scaling_mixed() -> MixedPrecisionConfig:
+    """Blockwise-scaled FP8 with two BF16 layers at each end (the Nemotron Nano v2 setting)."""
+    return MixedPrecisionConfig.from_name("nanov2_bf16_with_fp8_current_scaling_mixed")
+
+
+def bf16_with_fp8_subchannel_scaling_mixed() -> MixedPrecisionConfig:
+    """BF16 with blockwise (sub-channel) scaled FP8 GEMMs (Transformer Engine on Hopper)."""
+    return MixedPrecisionConfig.from_name("bf16_with_fp8_subchannel_scaling_mixed")
+
+
+def fp16_with_fp8_subchannel_scaling_mixed() -> MixedPrecisionConfig:
+    """FP16 with blockwise (sub-channel) scaled FP8 GEMMs (Transformer Engine on Hopper)."""
+    return MixedPrecisionConfig.from_name("fp16_with_fp8_subchannel_scaling_mixed")
+
+
+def bf16_with_nvfp4_mixed() -> MixedPrecisionConfig:
+    """BF16 with NVFP4 (E2M1) GEMMs (Transformer Engine on Blackwell)."""
+    return MixedPrecisionConfig.from_name("bf16_with_nvfp4_mixed")
+
+
+def nemotron_3_super_bf16_with_nvfp4_mixed() -> MixedPrecisionConfig:
+    """NVFP4 with the last 14 layers in BF16 (the Nemotron 3 Super setting)."""
+    return MixedPrecisionConfig.from_name("nemotron_3_super_bf16_with_nvfp4_mixed")

@@ -19,6 +19,7 @@ from megatron.bridge.training.layout import (
     pipeline_split_layers,
 )
 from megatron.bridge.training.data import missing_data_files
+from megatron.bridge.training.mixed_precision_rules import PRECISION_RULES
 from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, is_known_setting, mixed_precision_recipe
 from megatron.bridge.training.overlap.facts import precision_fp8, resolved_layer_spec
 from megatron.bridge.training.ranges import RANGE_RULES
@@ -462,5 +463,5 @@ RUN_RULES: tuple[Rule, ...] = (
     ),
 )
 
-GENERAL_RULES = RANGE_RULES + GENERAL_RULES + RUN_RULES + CHECKPOINT_RULES
+GENERAL_RULES = RANGE_RULES + GENERAL_RULES + PRECISION_RULES + RUN_RULES + CHECKPOINT_RULES
 """Every general rule: ranges first, then the rules above, then what would fail inside the ranks."""

@@ -3,6 +3,11 @@
 Every recipe states its dispatcher (plain ``alltoall``, no flex backend) and carries a real
 ``CommOverlapConfig`` with EP overlap off: turn it on with
 ``cfg.comm_overlap.overlap_moe_expert_parallel_comm = True`` or the matching dotted override.
+
+The published-model recipes train with Megatron-Bridge's pretraining values (run length, warm-up,
+weight-decay schedule, Adam epsilon, manual garbage collection); the values that need an optional
+package (a Hugging Face tokenizer download, DeepEP/HybridEP, Transformer Engine kernels) are left
+at what runs without it. ``docs/compatibility.md`` lists each difference.
 """
 
 from __future__ import annotations
@@ -32,6 +37,11 @@ from megatron.bridge.training.config import (
 
 
 RecipeFn = TypeVar("RecipeFn", bound=Callable[[], ConfigContainer])
+
+UPSTREAM_WEIGHT_DECAY = 0.033
+"""Megatron-Bridge's pretraining weight decay, held constant by the scheduler (start = end)."""
+UPSTREAM_ADAM_EPS = 1e-5
+UPSTREAM_MANUAL_GC_INTERVAL = 100
 
 
 def written_for_gpus(num_gpus: int) -> Callable[[RecipeFn], RecipeFn]:
@@ -100,6 +110,22 @@ def _pretrain_config(
     )
 
 
+def _upstream_training_values(cfg: ConfigContainer) -> ConfigContainer:
+    """Megatron-Bridge's pretraining values for the published models, on fields both projects have.
+
+    The scheduler holds weight decay constant at ``UPSTREAM_WEIGHT_DECAY`` (it overrides
+    ``optimizer.weight_decay`` at every step); Python's collector runs every
+    ``UPSTREAM_MANUAL_GC_INTERVAL`` iterations instead of at random points.
+    """
+    cfg.scheduler.start_weight_decay = UPSTREAM_WEIGHT_DECAY
+    cfg.scheduler.end_weight_decay = UPSTREAM_WEIGHT_DECAY
+    cfg.scheduler.weight_decay_incr_style = "constant"
+    cfg.optimizer.adam_eps = UPSTREAM_ADAM_EPS
+    cfg.train.manual_gc = True
+    cfg.train.manual_gc_interval = UPSTREAM_MANUAL_GC_INTERVAL
+    return cfg
+
+
 def _layout(
     model: GPTModelProvider,
     *,
@@ -133,14 +159,14 @@ def _alltoall(model: GPTModelProvider) -> GPTModelProvider:
 def qwen3_30b_a3b_pretrain_config() -> ConfigContainer:
     """Qwen3-30B-A3B on 16 GPUs: TP1/PP1/EP16, GBS 1024, MBS 1, seq 4096."""
     model = _alltoall(_layout(Qwen3MoEModelProvider30B_A3B(), tp=1, pp=1, ep=16))
-    return _pretrain_config(model, global_batch_size=1024)
+    return _upstream_training_values(_pretrain_config(model, global_batch_size=1024))
 
 
 @written_for_gpus(8)
 def qwen3_30b_a3b_pretrain_8gpu_config() -> ConfigContainer:
     """Qwen3-30B-A3B on 8 GPUs: TP4/PP2/EP4 (sequence parallel on), GBS 1024, MBS 1, seq 4096."""
     model = _alltoall(_layout(Qwen3MoEModelProvider30B_A3B(), tp=4, pp=2, ep=4))
-    return _pretrain_config(model, global_batch_size=1024)
+    return _upstream_training_values(_pretrain_config(model, global_batch_size=1024))
 
 
 @written_for_gpus(256)
@@ -152,7 +178,7 @@ def qwen3_235b_a22b_pretrain_config() -> ConfigContainer:
     model = _alltoall(_layout(Qwen3MoEModelProvider235B_A22B(), tp=4, pp=16, cp=2, ep=8))
     model.account_for_embedding_in_pipeline_split = True
     model.account_for_loss_in_pipeline_split = True
-    return _pretrain_config(model, global_batch_size=1024, lr=1e-4, min_lr=1e-5)
+    return _upstream_training_values(_pretrain_config(model, global_batch_size=1024, lr=1e-4, min_lr=1e-5))
 
 
 @written_for_gpus(1)

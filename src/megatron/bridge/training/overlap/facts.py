@@ -35,7 +35,8 @@ def layer_spec_choice(cfg: "ConfigContainer", ctx: RuleContext) -> LayerSpecChoi
         cfg.model.layer_spec,
         device=cfg.dist.device,
         te_available=ctx.te_version is not None,
-        te_features=te_only_features(cfg.model, bool(cfg.comm_overlap.tp_comm_overlap), fp8=precision_fp8(cfg)),
+        te_features=te_only_features(cfg.model, bool(cfg.comm_overlap.tp_comm_overlap), fp8=precision_fp8(cfg),
+                                     fp4=precision_fp4(cfg)),
     )
 
 
@@ -47,6 +48,14 @@ def precision_fp8(cfg: "ConfigContainer") -> Optional[str]:
         return cfg.model.fp8
     recipe = mixed_precision_recipe(cfg.mixed_precision)
     return None if recipe is None else recipe.fp8
+
+
+def precision_fp4(cfg: "ConfigContainer") -> Optional[str]:
+    """The FP4 format the run computes with, read as :func:`precision_fp8` reads FP8."""
+    if cfg.mixed_precision is None:
+        return getattr(cfg.model, "fp4", None)
+    recipe = mixed_precision_recipe(cfg.mixed_precision)
+    return None if recipe is None else getattr(recipe, "fp4", None)
 
 
 def resolved_layer_spec(cfg: "ConfigContainer", ctx: RuleContext) -> str:

@@ -35,7 +35,12 @@ from megatron.bridge.training.utils.overrides import (
     with_overrides,
 )
 from megatron.bridge.training.utils.references import check_reference_syntax
-from megatron.bridge.training.utils.typed_values import field_annotations
+from megatron.bridge.training.utils.typed_values import (
+    CallableNotAllowed,
+    callable_path,
+    field_annotations,
+    resolve_config_callable,
+)
 from megatron.bridge.training.utils.yaml_io import encode_value
 
 _ABSENT = object()
@@ -72,10 +77,47 @@ def _tree(obj: Any, path: str, excluded: dict[str, Any]) -> dict[str, Any]:
             data[name] = _tree(value, dotted, excluded)
             continue
         try:
-            data[name] = plain(OmegaConf.create({"v": encode_value(value)}))["v"]
+            data[name] = plain(OmegaConf.create({"v": _tree_value(name, value)}))["v"]
         except (OverrideError, OmegaConfBaseException, ValueError):  # no text form: kept aside
             excluded[dotted] = value
     return data
+
+
+ACTIVATION_FIELD = "activation_func"
+ACTIVATION_ALIASES: dict[str, str] = {
+    "relu2": "megatron.core.activations.squared_relu",
+    "gelu_pytorch_tanh": "megatron.core.activations.fast_gelu",
+}
+"""Short activation names Megatron-Bridge writes that are not the function's own name."""
+
+
+def _tree_value(name: str, value: Any) -> Any:
+    """``value`` as the tree holds it: an activation function by its short name (``silu``, as
+    Megatron-Bridge writes it) when that name reads back to the same function, else as saved YAML."""
+    if name == ACTIVATION_FIELD and callable(value) and not isinstance(value, type):
+        short = getattr(value, "__name__", "")
+        if short and _read_activation(short) is value:
+            return short
+    return encode_value(value)
+
+
+def _read_activation(text: str) -> Any:
+    """The activation function ``text`` names (short name, alias or import path); ``None`` if none."""
+    try:
+        return resolve_config_callable(ACTIVATION_ALIASES.get(text, text), ACTIVATION_FIELD)
+    except CallableNotAllowed:
+        return None
+
+
+def _activation_change(current: Any, new: Any) -> Any:
+    """What an ``activation_func`` value in a tree changes: ``_ABSENT`` when it names ``current``
+    (either spelling), its import path for another allowed function, else ``new`` as given."""
+    if not isinstance(new, str):
+        return new
+    fn = _read_activation(new.strip())
+    if fn is None:
+        return new
+    return _ABSENT if fn is current else callable_path(fn)
 
 
 class OverrideValueError(ValueError):
@@ -193,6 +235,10 @@ def changed_values(obj: Any, data: Mapping[str, Any]) -> dict[str, Any]:
             sub = changed_values(current, new)
             if sub:
                 out[key] = sub
+        elif key == ACTIVATION_FIELD:
+            change = _activation_change(current, new)
+            if change is not _ABSENT:
+                out[key] = change
         elif _as_text(current) != new:
             out[key] = new
     return out
@@ -267,9 +313,10 @@ def apply_in_place(cfg: Any, overrides: Any, excluded_fields: Mapping[str, Any],
 
 
 def _restore(cfg: Any, excluded_fields: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
-    """Put back excluded values that the applied changes did not set."""
+    """Put back excluded values that the applied changes did not set (keys as dotted paths, with or
+    without Megatron-Bridge's ``root.`` prefix)."""
     for dotted, value in excluded_fields.items():
-        parts = dotted.split(".")
+        parts = excluded_path(cfg, dotted)
         node: Any = changes
         for part in parts:
             node = node.get(part, _ABSENT) if isinstance(node, Mapping) else _ABSENT
@@ -280,6 +327,18 @@ def _restore(cfg: Any, excluded_fields: Mapping[str, Any], changes: Mapping[str,
             holder = getattr(holder, part)
         if getattr(holder, parts[-1]) is not value:
             setattr(holder, parts[-1], value)
+
+
+ROOT_PREFIX = "root"
+"""First part of the excluded-field keys Megatron-Bridge writes (``root.model.init_method``)."""
+
+
+def excluded_path(cfg: Any, dotted: str) -> list[str]:
+    """The field path of an excluded-field key of ``cfg``: ``model.init_method`` or
+    ``root.model.init_method`` (``root`` is a prefix unless ``cfg`` has a field of that name)."""
+    parts = dotted.split(".")
+    prefixed = len(parts) > 1 and parts[0] == ROOT_PREFIX and ROOT_PREFIX not in field_annotations(type(cfg))
+    return parts[1:] if prefixed else parts
 
 
 def apply_overrides(

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from megatron.bridge.training.config import ConfigContainer
-from megatron.bridge.training.errors import OverrideError, OverridesError
+from megatron.bridge.training.errors import ConfigFileNotFoundError, OverrideError, OverridesError
 from megatron.bridge.training.utils.hydra_overrides import (
     apply_overrides,
     create_omegaconf_dict_config,
@@ -38,7 +38,8 @@ def process_config_with_overrides(
     config_filepath: Optional[Union[str, Path]] = None,
     cli_overrides: Optional[Sequence[str]] = None,
 ) -> ConfigContainer:
-    """Apply a YAML file first, then dotted CLI overrides; return the updated copy of ``cfg``."""
+    """Apply a YAML file first, then dotted CLI overrides; return the updated copy of ``cfg``
+    (:class:`ConfigFileNotFoundError`, a ``FileNotFoundError``, when the file is missing)."""
     if config_filepath is not None:
         cfg = apply_overrides(cfg, load_yaml(config_filepath), source="yaml")
     if cli_overrides:
@@ -47,7 +48,8 @@ def process_config_with_overrides(
 
 
 def config_from_yaml(path: Union[str, Path]) -> ConfigContainer:
-    """Rebuild a ``ConfigContainer`` from a YAML file written by :func:`config_to_yaml`."""
+    """Rebuild a ``ConfigContainer`` from a YAML file written by :func:`config_to_yaml`
+    (:class:`ConfigFileNotFoundError` when it is missing)."""
     return ConfigContainer.from_yaml(path)
 
 
@@ -62,6 +64,7 @@ def describe_field_type(cls: type, name: str) -> str:
 
 
 __all__ = [
+    "ConfigFileNotFoundError",
     "OverrideError",
     "OverridesError",
     "apply_overrides",

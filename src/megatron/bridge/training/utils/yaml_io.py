@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from megatron.bridge.training import ownership
-from megatron.bridge.training.errors import OverrideError, Violation
+from megatron.bridge.training.errors import ConfigFileNotFoundError, OverrideError, Violation
 from megatron.bridge.training.utils.overrides import (
     TARGET_KEY,
     class_from_target,
@@ -62,8 +62,9 @@ def load_yaml(path: Union[str, Path]) -> dict[str, Any]:
     applied to to resolve); a clear error when it is not a mapping."""
     path = Path(path)
     if not path.is_file():
-        raise OverrideError(
-            [Violation("yaml-missing", ("config_file",), (str(path),), "file not found", "check the path")],
+        raise ConfigFileNotFoundError(
+            [Violation("yaml-missing", ("config_file",), (str(path),), "config file not found",
+                       "check the path (relative paths start at the working directory)")],
             "cannot load YAML",
         )
     try:

@@ -1,0 +1,18 @@
+"""Performance benchmark recipes of every model family, importable from one place.
+
+Each name is the function of the family's ``*_perf`` recipe module
+(``megatron.bridge.recipes.qwen.qwen3_moe_perf`` for Qwen3-MoE); both import paths give the same
+function, and every call returns a new ``ConfigContainer``.
+"""
+
+from __future__ import annotations
+
+from megatron.bridge.recipes.qwen.qwen3_moe_perf import (
+    qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config,
+    qwen3_30b_a3b_pretrain_16gpu_h200_bf16_config,
+)
+
+__all__ = [
+    "qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config",
+    "qwen3_30b_a3b_pretrain_16gpu_h200_bf16_config",
+]

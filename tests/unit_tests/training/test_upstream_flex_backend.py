@@ -1,0 +1,142 @@
+"""``apply_flex_dispatcher_backend`` as Megatron-Bridge scripts call it: no target GPU given, so the
+GPU this process runs on decides. A dense model is left alone with a warning, a GPU that cannot be
+read is an error (never "unknown, applied anyway"), and an unsupported GPU is refused in
+Megatron-Bridge's words plus the field, the value and the fix."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Optional
+
+import pytest
+import torch
+
+from megatron.bridge.models.qwen import Qwen3MoEModelProvider
+from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
+from megatron.bridge.training import gpu_catalog
+from megatron.bridge.training.errors import CommOverlapConfigError
+from megatron.bridge.training.flex_dispatcher_backend import FlexDispatcherBackendError, apply_flex_dispatcher_backend
+
+DISPATCHER_FIELDS = ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_shared_expert_overlap")
+
+DEEPEP_WORDS = "DeepEP is only applicable to Ampere, Hopper, and Blackwell (B200/B300) GPUs"
+HYBRIDEP_WORDS = "HybridEP is only applicable for GB200, GB300 with NVL72 and for Ampere, Hopper, B200 and B300 GPUs"
+WORDS = {"deepep": DEEPEP_WORDS, "hybridep": HYBRIDEP_WORDS}
+
+VOLTA = ((7, 0), "Tesla V100-SXM2-32GB")
+FUTURE_11 = ((11, 0), "NVIDIA Next")
+FUTURE_12 = ((12, 0), "NVIDIA RTX PRO 6000 Blackwell Server Edition")
+H100 = ((9, 0), "NVIDIA H100 80GB HBM3")
+B200 = ((10, 0), "NVIDIA B200")
+GB200 = ((10, 0), "NVIDIA GB200")
+
+
+@pytest.fixture
+def model() -> Qwen3MoEModelProvider:
+    m = qwen3_moe_tiny_pretrain_config().model
+    m.moe_shared_expert_overlap = True
+    return m
+
+
+def dispatcher_state(model) -> tuple:
+    return tuple(getattr(model, name) for name in DISPATCHER_FIELDS)
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """Make this process see one GPU through torch (the nvidia-smi answer is unavailable).
+
+    Call it with ``((major, minor), name)``, or with an exception that the CUDA probe raises.
+    """
+
+    def install(device: "tuple[tuple[int, int], str] | BaseException") -> None:
+        def properties(index: int = 0):
+            if isinstance(device, BaseException):
+                raise device
+            (major, minor), name = device
+            return SimpleNamespace(major=major, minor=minor, name=name)
+
+        monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: (None, None))
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+
+    return install
+
+
+@pytest.mark.parametrize("experts", [None, 0])
+@pytest.mark.parametrize("backend", ["deepep", "hybridep", None])
+def test_dense_model_is_left_alone_with_a_warning(experts, backend: Optional[str], model, gpu, caplog) -> None:
+    gpu(RuntimeError("a dense model needs no GPU probe"))
+    model.num_moe_experts = experts
+    before = dispatcher_state(model)
+    with caplog.at_level(logging.WARNING):
+        assert apply_flex_dispatcher_backend(model, backend) is None
+    assert dispatcher_state(model) == before
+    assert "only applicable to MoE models" in caplog.text and f"num_moe_experts={experts!r}" in caplog.text
+
+
+@pytest.mark.parametrize("backend", ["deepep", "hybridep"])
+@pytest.mark.parametrize(
+    "failure",
+    [RuntimeError("CUDA error: no CUDA-capable device is detected"), AssertionError("Invalid device id")],
+    ids=["cuda-error", "bad-device"],
+)
+def test_failing_gpu_probe_raises_instead_of_applying_unchecked(backend: str, failure, model, gpu) -> None:
+    gpu(failure)
+    before = dispatcher_state(model)
+    with pytest.raises(FlexDispatcherBackendError) as info:
+        apply_flex_dispatcher_backend(model, backend)
+    assert info.value.__cause__ is failure
+    (violation,) = info.value.violations
+    assert violation.rule == "flex-backend-gpu-probe-failed"
+    assert violation.fields[0] == "model.moe_flex_dispatcher_backend" and violation.values[0] == backend
+    assert str(failure) in str(info.value) and "device_name=" in violation.fix
+    assert dispatcher_state(model) == before
+
+
+UNSUPPORTED = [
+    ("deepep", VOLTA),
+    ("hybridep", VOLTA),
+    ("deepep", FUTURE_11),
+    ("hybridep", FUTURE_11),
+    ("deepep", FUTURE_12),
+    ("hybridep", FUTURE_12),
+    ("deepep", GB200),
+]
+
+
+@pytest.mark.parametrize("backend, device", UNSUPPORTED, ids=lambda x: x if isinstance(x, str) else x[1])
+def test_unsupported_gpu_is_refused_in_upstream_words_with_field_value_and_fix(backend, device, model, gpu) -> None:
+    gpu(device)
+    before = dispatcher_state(model)
+    with pytest.raises(FlexDispatcherBackendError) as info:
+        apply_flex_dispatcher_backend(model, backend)
+    text = str(info.value)
+    assert isinstance(info.value, CommOverlapConfigError)
+    assert WORDS[backend] in text and "Current GPU" in text
+    assert f"model.moe_flex_dispatcher_backend={backend!r}" in text
+    assert "fix:" in text and "moe_flex_dispatcher_backend=null" in text
+    assert dispatcher_state(model) == before
+
+
+SUPPORTED = [("deepep", H100), ("hybridep", H100), ("deepep", B200), ("hybridep", B200), ("hybridep", GB200)]
+
+
+@pytest.mark.parametrize("backend, device", SUPPORTED, ids=lambda x: x if isinstance(x, str) else x[1])
+def test_supported_gpu_seen_by_the_probe_gets_the_backend(backend, device, model, gpu, caplog) -> None:
+    gpu(device)
+    with caplog.at_level(logging.WARNING):
+        assert apply_flex_dispatcher_backend(model, backend) == backend
+    assert dispatcher_state(model) == ("flex", backend, False)
+    assert "flex-backend-gpu-not-checked" not in caplog.text  # checked against the GPU torch reported
+
+
+def test_validate_speaks_the_same_words_for_the_target_gpu(monkeypatch) -> None:
+    monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: (None, None))
+    cfg = qwen3_moe_tiny_pretrain_config()
+    cfg.dist.target_gpu = "gb200"
+    cfg.model.moe_token_dispatcher_type, cfg.model.moe_flex_dispatcher_backend = "flex", "deepep"
+    with pytest.raises(CommOverlapConfigError) as info:
+        cfg.validate(world_size=1)
+    assert DEEPEP_WORDS in str(info.value) and "model.moe_flex_dispatcher_backend='deepep'" in str(info.value)

@@ -1,0 +1,100 @@
+"""Megatron-Bridge's precision recipe functions, names and lookup, on this package's one recipe table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from packaging.version import Version
+from overlap_helpers import ep_overlap_cfg, set_fields
+
+from megatron.bridge.training import mixed_precision as mp
+from megatron.bridge.training.finalize import resolve_config
+from megatron.bridge.training.mixed_precision import MixedPrecisionConfig, get_mixed_precision_config
+from megatron.bridge.training.mixed_precision_rules import PRECISION_RULES
+from megatron.bridge.training.rules import RuleContext, check_rules
+
+TE = Version("2.8")
+
+# name -> the fields that tell the recipe apart
+RECIPES = {
+    "bf16_mixed": dict(bf16=True, fp16=False, params_dtype=torch.bfloat16, grad_reduce_in_fp32=True, fp8=None),
+    "fp16_mixed": dict(bf16=False, fp16=True, params_dtype=torch.half, grad_reduce_in_fp32=False, fp8=None),
+    "bf16_with_fp8_delayed_scaling_mixed": dict(bf16=True, fp8="hybrid", fp8_recipe="delayed",
+                                                fp8_amax_history_len=1024, fp8_amax_compute_algo="max"),
+    "fp16_with_fp8_delayed_scaling_mixed": dict(fp16=True, fp8="hybrid", fp8_recipe="delayed",
+                                                fp8_amax_history_len=1024, fp8_amax_compute_algo="max"),
+    "bf16_with_mxfp8_mixed": dict(bf16=True, fp8="e4m3", fp8_recipe="mxfp8"),
+    "fp16_with_mxfp8_mixed": dict(fp16=True, fp8="e4m3", fp8_recipe="mxfp8"),
+    "bf16_with_fp8_current_scaling_mixed": dict(bf16=True, fp8="hybrid", fp8_recipe="tensorwise",
+                                                first_last_layers_bf16=True, num_layers_at_start_in_bf16=1,
+                                                num_layers_at_end_in_bf16=1),
+    "fp16_with_fp8_current_scaling_mixed": dict(fp16=True, fp8="hybrid", fp8_recipe="tensorwise",
+                                                first_last_layers_bf16=True, num_layers_at_start_in_bf16=1,
+                                                num_layers_at_end_in_bf16=1),
+    "nemotron_h_bf16_with_fp8_current_scaling_mixed": dict(bf16=True, fp8="hybrid", fp8_recipe="tensorwise",
+                                                           num_layers_at_start_in_bf16=2, num_layers_at_end_in_bf16=2),
+    "nanov2_bf16_with_fp8_current_scaling_mixed": dict(bf16=True, fp8="hybrid", fp8_recipe="blockwise",
+                                                       num_layers_at_start_in_bf16=2, num_layers_at_end_in_bf16=2),
+    "bf16_with_fp8_subchannel_scaling_mixed": dict(bf16=True, fp8="hybrid", fp8_recipe="blockwise"),
+    "fp16_with_fp8_subchannel_scaling_mixed": dict(fp16=True, fp8="hybrid", fp8_recipe="blockwise"),
+    "bf16_with_nvfp4_mixed": dict(bf16=True, fp8=None, fp4="e2m1", fp4_recipe="nvfp4"),
+    "nemotron_3_super_bf16_with_nvfp4_mixed": dict(bf16=True, fp8=None, fp4="e2m1", first_last_layers_bf16=True,
+                                                   num_layers_at_end_in_bf16=14),
+}
+
+
+@pytest.mark.parametrize("name, expected", RECIPES.items(), ids=list(RECIPES))
+def test_recipe_function_returns_a_new_config_with_its_values(name, expected) -> None:
+    factory = getattr(mp, name)
+    first, second = factory(), factory()
+    assert isinstance(first, MixedPrecisionConfig) and first is not second
+    first.bf16 = not first.bf16
+    assert factory() == second
+    assert {k: getattr(second, k) for k in expected} == expected
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_name_and_hyphenated_name_give_the_recipe_function_s_config(name) -> None:
+    expected = getattr(mp, name)()
+    assert get_mixed_precision_config(name) == expected
+    assert get_mixed_precision_config(name.replace("_", "-")) == expected
+
+
+def test_a_config_object_is_returned_as_it_is() -> None:
+    mine = MixedPrecisionConfig(bf16=True, grad_reduce_in_fp32=False)
+    assert get_mixed_precision_config(mine) is mine
+
+
+@pytest.mark.parametrize("name", ["bf16_mixd", "nope", ""])
+def test_unknown_name_is_a_value_error(name) -> None:
+    with pytest.raises(ValueError, match="unknown mixed-precision recipe"):
+        get_mixed_precision_config(name)
+
+
+@pytest.mark.parametrize("name", ["bf16-mixed", "nemotron_h_bf16_with_fp8_current_scaling_mixed"])
+def test_setting_a_name_writes_the_recipe_into_the_model(name) -> None:
+    cfg = set_fields(ep_overlap_cfg(), {"mixed_precision": name, "comm_overlap.overlap_moe_expert_parallel_comm": False})
+    model = resolve_config(cfg).effective.model
+    recipe = get_mixed_precision_config(name)
+    assert (model.bf16, model.first_last_layers_bf16, model.num_layers_at_end_in_bf16) == (
+        recipe.bf16, recipe.first_last_layers_bf16, recipe.num_layers_at_end_in_bf16)
+
+
+@pytest.mark.parametrize(
+    "ctx, rule",
+    [
+        (RuleContext(te_version=None), "fp4-needs-transformer-engine"),
+        (RuleContext(te_version=TE, device_capability=(9, 0)),
+         "fp4-needs-blackwell"),
+    ],
+    ids=["no-te", "hopper"],
+)
+def test_fp4_recipe_is_refused_where_it_cannot_run(ctx, rule) -> None:
+    cfg = set_fields(ep_overlap_cfg(), {"mixed_precision": "bf16_with_nvfp4_mixed",
+                                        "comm_overlap.overlap_moe_expert_parallel_comm": False})
+    effective = resolve_config(cfg).effective
+    assert effective.model.fp4 == "e2m1"
+    assert rule in {v.rule for v in check_rules(PRECISION_RULES, effective, ctx)}
+    blackwell = RuleContext(te_version=ctx.te_version or TE,
+                            device_capability=(10, 0))
+    assert check_rules(PRECISION_RULES, effective, blackwell) == []
