@@ -1,4 +1,5 @@
-"""Shape of ``src/megatron/bridge``: no import cycle (function-level imports included), no long file.
+"""Shape of ``src/megatron/bridge``: no import cycle and no import from a lower layer into a higher one
+(function-level imports included), no long file.
 
 The import graph is read with ``ast``, not by importing: every ``import``/``from ... import`` of a
 ``megatron.bridge`` module counts, at module level and inside functions and methods alike, because
@@ -142,6 +143,21 @@ def test_graph_sees_function_level_imports() -> None:
 
 def test_cycle_finder_reports_a_two_module_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+
+
+@pytest.mark.parametrize("lower, upper", [("megatron.bridge.models", "megatron.bridge.training"),
+                                          ("megatron.bridge.utils", "megatron.bridge.training"),
+                                          ("megatron.bridge.utils", "megatron.bridge.models")])
+def test_a_lower_layer_imports_nothing_from_a_higher_one(lower: str, upper: str) -> None:
+    """The models build on megatron-core and the small shared types (``utils``), never on training."""
+    found = sorted(
+        f"{module} -> {target}"
+        for module, targets in import_graph().items()
+        if module == lower or module.startswith(lower + ".")
+        for target in targets
+        if target == upper or target.startswith(upper + ".")
+    )
+    assert not found, f"{lower} imports {upper} (function-level imports included):\n" + "\n".join(found)
 
 
 OVER_LIMIT_FOR_NOW: dict[str, str] = {}

@@ -445,7 +445,7 @@ def _topk_routing(num_tokens: int, num_experts: int, topk: int, idle: tuple = ()
 def test_sorted_permutation_matches_megatron_permute_unpermute(num_tokens, num_experts, topk, idle) -> None:
     from megatron.core.transformer.moe.moe_utils import permute, unpermute
 
-    from megatron.bridge.models.torch_native.dispatcher import permute_sorted, unpermute_sorted
+    from megatron.bridge.models.torch_native.sorted_permutation import permute_sorted, unpermute_sorted
 
     routing_map, probs = _topk_routing(num_tokens, num_experts, topk, idle)
     x = torch.randn(num_tokens, 5, dtype=torch.float64)
@@ -541,7 +541,8 @@ def test_moe_layer_with_sorted_dispatcher_matches_plain_moe_layer(
     ],
 )
 def test_sorted_dispatcher_only_where_it_is_exact(model_parallel, no_dtoh_stream, tiny_moe_config, overrides, blocker) -> None:
-    from megatron.bridge.models.torch_native.dispatcher import SortedTokenDispatcher, fast_path_blockers
+    from megatron.bridge.models.torch_native.dispatch_policy import fast_path_blockers
+    from megatron.bridge.models.torch_native.dispatcher import SortedTokenDispatcher
 
     config = tiny_moe_config(**dict({"moe_token_dispatcher_type": "alltoall"}, **overrides))
     blockers = fast_path_blockers(config, ep_size=1, tp_size=1)

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron.bridge.models.torch_native.dispatcher import DispatchChoice, choose_dispatch, exchange_plan
+from megatron.bridge.models.torch_native.dispatch_policy import DispatchChoice, choose_dispatch
+from megatron.bridge.models.torch_native.dispatcher import exchange_plan
 from megatron.bridge.models.torch_native.grouped_gemm import grouped_linear, reference_grouped_linear
 from megatron.bridge.models.torch_native.token_exchange import (
     ROW_ALIGN_BYTES,

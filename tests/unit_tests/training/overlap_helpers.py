@@ -10,7 +10,7 @@ from packaging.version import Version
 
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.config import ConfigContainer
-from megatron.bridge.training.finalize import default_rule_context, finalize_config, resolve_config
+from megatron.bridge.training.finalize import default_rule_context, resolve_config
 from megatron.bridge.training.rules import Rule, RuleContext, check_rules, read_field
 
 WORLD = 2
@@ -68,4 +68,4 @@ def violated_ids(cfg: ConfigContainer, context: Optional[RuleContext] = None) ->
 
 def finalize(cfg: ConfigContainer, context: Optional[RuleContext] = None) -> ConfigContainer:
     """``cfg.finalize()`` with an explicit rule context."""
-    return finalize_config(copy.deepcopy(cfg), ctx=context or ctx())
+    return resolve_config(copy.deepcopy(cfg), ctx=context or ctx()).raise_for_errors().config

@@ -19,8 +19,8 @@ from megatron.bridge.models.torch_native.backends import (
     GroupedGemmBackend,
     WgradAccumulation,
 )
-from megatron.bridge.training.flex_dispatcher_backend import FlexBackend
-from megatron.bridge.training.strict_fields import StrictFields
+from megatron.bridge.utils.flex_backend_names import FlexBackend
+from megatron.bridge.utils.strict_fields import StrictFields
 
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel

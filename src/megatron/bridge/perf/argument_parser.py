@@ -132,7 +132,7 @@ exit codes: 0 ok, 2 refused input (nothing launched), 3 machine cannot run it, 1
 
 
 LOG_DIR_DEFAULT = "runs/<-mr>_<--task>[_<N>gpu]_<YYYYmmdd_HHMMSS>"
-"""The run directory when ``-l`` is not given (``config_builder.default_log_dir``: the recipe
+"""The run directory when ``-l`` is not given (``training.metrics.default_log_dir``: the recipe
 function's name without ``_config``, then the time), e.g. ``runs/qwen3_moe_tiny_pretrain_20250101_120000``."""
 SWEEP_DIR_DEFAULT = "runs/<-mr>_<--task>_sweep_<YYYYmmdd_HHMMSS>"
 """The sweep's directory when ``-l`` is not given (``run.sweep_root``)."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import os
-import time
 from argparse import Namespace
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from megatron.bridge.perf.recipe_lookup import (
     minimum_world_size,
     scaled_global_batch_size,
 )
+from megatron.bridge.training.metrics import default_log_dir
 from megatron.bridge.training.rules import read_field
 
 if TYPE_CHECKING:
@@ -173,16 +173,8 @@ def flex_dispatcher_values(backend: str) -> dict[str, Any]:
     return {f"model.{name}": value for name, value in chosen.items()}
 
 
-def default_log_dir(recipe: RecipeChoice, task: str) -> Path:
-    """``runs/<recipe function without _config>_<YYYYmmdd_HHMMSS>`` under the current directory
-    (``argument_parser.LOG_DIR_DEFAULT``, what ``-h`` shows)."""
-    stamp = time.strftime("%Y%m%d_%H%M%S")
-    name = recipe.function_name.removesuffix("_config")
-    return (Path("runs") / f"{name}_{stamp}").resolve()
-
-
 def computed_values(cfg: "ConfigContainer", recipe: RecipeChoice, recipe_cfg: "ConfigContainer",
-                    world_size: int, procs_per_gpu: int, task: str) -> dict[str, Any]:
+                    world_size: int, procs_per_gpu: int) -> dict[str, Any]:
     """Values for keys no user layer set (global batch scaling, log dir, gloo for shared GPUs)."""
     values: dict[str, Any] = {}
     given = cfg.provenance
@@ -193,7 +185,7 @@ def computed_values(cfg: "ConfigContainer", recipe: RecipeChoice, recipe_cfg: "C
         if gbs != cfg.train.global_batch_size:
             values["train.global_batch_size"] = gbs
     if cfg.logger.log_dir is None:
-        values["logger.log_dir"] = str(default_log_dir(recipe, task))
+        values["logger.log_dir"] = default_log_dir(recipe.function_name.removesuffix("_config"))
     if procs_per_gpu > 1 and cfg.dist.distributed_backend is None and cfg.dist.device != "cpu":
         values["dist.distributed_backend"] = "gloo"
     return values
@@ -309,7 +301,7 @@ def build_config(
             f"NCCL refuses\n    given: --procs_per_gpu={procs_per_gpu}, dist.distributed_backend='nccl'\n"
             "    fix: drop dist.distributed_backend=nccl (gloo is chosen then) or use --procs_per_gpu 1"
         )
-    computed = computed_values(cfg, recipe, recipe_cfg, built.world_size, procs_per_gpu, args.task)
+    computed = computed_values(cfg, recipe, recipe_cfg, built.world_size, procs_per_gpu)
     schedule, schedule_notes = schedule_values(cfg, recipe_cfg, resuming=_resumes(cfg))
     built.cfg = apply_layer(cfg, {**computed, **schedule}, "computed")
     built.notes += schedule_notes
@@ -365,7 +357,7 @@ def effective_values(built: BuiltConfig, resolution: "Resolution") -> list[tuple
     return rows
 
 
-def format_effective_values(rows: Sequence[tuple[str, Any, str, str]]) -> str:
+def format_effective_rows(rows: Sequence[tuple[str, Any, str, str]]) -> str:
     """Aligned ``key = value  [source: detail]`` lines."""
     width = max(len(r[0]) for r in rows) if rows else 0
     return "\n".join(f"  {k:<{width}} = {v!r}  [{s}{': ' + d if d else ''}]" for k, v, s, d in rows)

@@ -26,7 +26,7 @@ from megatron.bridge.perf.config_builder import (
     build_config,
     effective_values,
     environment_summary,
-    format_effective_values,
+    format_effective_rows,
     gpus_visible,
     resolution_of,
 )
@@ -161,7 +161,7 @@ def describe(job: Job, out: TextIO, *, verbose: bool = True, dryrun: bool = Fals
         print("== overlap report", file=out)
         print(job.report, file=out)
         print("== effective overlap-related values [source]", file=out)
-        print(format_effective_values(effective_values(job.built, job.resolution)), file=out)
+        print(format_effective_rows(effective_values(job.built, job.resolution)), file=out)
     else:
         print("== " + job.brief_report, file=out)
     print(f"== launch ({job.plan.mode})", file=out)

@@ -4,15 +4,13 @@ Under EP overlap the captured step runs the token exchanges on a communication s
 compute stream, and every tensor one stream hands the other is recorded for the second stream
 (``Tensor.record_stream``) before it is freed. Eagerly, the caching allocator reuses such a block
 once an event says the other stream is done with it; during a capture it cannot query events, so by
-default it keeps every such block reserved until the capture ends. Over the eight micro-batches of
-a step that adds up: the Qwen3-30B-A3B-width proxy at EP=2 (4 layers, seq 4096) peaked at 22 GiB per
-rank eagerly and ran out of memory capturing within 70 GiB, with 43 GiB reserved but unused.
+default it keeps every such block reserved until the capture ends, which over a step's
+micro-batches can exhaust the GPU.
 
-torch's allocator option ``graph_capture_record_stream_reuse`` (present in torch 2.11, measured
-there) lets a capture reuse such a block once the graph's own dependencies prove the other stream's
-use is finished: it changes which addresses the capture hands out, not which kernels a replay runs.
-With it the same capture peaked at 34 GiB, its losses bit for bit those of the eager step. The
-training loop turns it on for the capture unless the user's ``PYTORCH_ALLOC_CONF`` /
+torch's allocator option ``graph_capture_record_stream_reuse`` lets a capture reuse such a block
+once the graph's own dependencies prove the other stream's use is finished: it changes which
+addresses the capture hands out, not which kernels a replay runs (the measurement:
+``docs/benchmarks/implementation_costs.md``). The training loop turns it on for the capture unless the user's ``PYTORCH_ALLOC_CONF`` /
 ``PYTORCH_CUDA_ALLOC_CONF`` sets it either way, and says which in the start-up line and
 ``summary.json``.
 """

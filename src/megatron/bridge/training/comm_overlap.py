@@ -35,7 +35,7 @@ from megatron.bridge.training.overlap.resolution import (
 )
 from megatron.bridge.training.overlap.rules import OVERLAP_RULES
 from megatron.bridge.training.rules import RuleContext, check_rules
-from megatron.bridge.training.strict_fields import StrictFields
+from megatron.bridge.utils.strict_fields import StrictFields
 
 _SELF_CONTAINED_RULE_IDS = frozenset({"tp-comm-bootstrap-backend-known", "data-parallel-size-matches-layout"})
 _SELF_CONTAINED_RULES = tuple(

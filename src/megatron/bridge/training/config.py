@@ -25,7 +25,7 @@ from megatron.bridge.training.comm_overlap import CommOverlapConfig
 from megatron.bridge.training.finalize import Resolution, resolve_config
 from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, MixedPrecisionConfig
 from megatron.bridge.training.runtime_config import runtime_config_update  # noqa: F401  (Megatron-Bridge imports it from here)
-from megatron.bridge.training.strict_fields import StrictFields, make_strict, register_strict
+from megatron.bridge.utils.strict_fields import StrictFields, make_strict, register_strict
 from megatron.bridge.training.tokenizers.config import TokenizerConfig
 from megatron.bridge.training.upstream_sections import RerunStateMachineConfig, ValidationConfig
 from megatron.bridge.training.utils.yaml_io import config_to_yaml, container_from_dict, load_yaml

@@ -36,7 +36,7 @@ def moe_step_is_sync_free(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     ``torch_native_ep_transport=nvshmem``; ``auto`` may fall back to a transport that reads split
     sizes on the host). megatron-core's dropless dispatcher reads the token counts on the host in
     every micro-batch, and its drop-and-pad mode (``moe_pad_expert_input_to_capacity``) copies a host
-    tensor to the GPU inside the step: a capture of it failed on an H200 with megatron-core 0.19.2.
+    tensor to the GPU inside the step, which a capture cannot hold.
     """
     m = cfg.model
     if not m.num_moe_experts:

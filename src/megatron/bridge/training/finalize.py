@@ -20,9 +20,6 @@ from packaging.version import Version
 
 from megatron.bridge.training import gpu_catalog, ownership
 from megatron.bridge.training.comm_overlap import CommOverlapConfig
-from megatron.bridge.training.cuda_graph_rules import CUDA_GRAPH_RULES
-from megatron.bridge.training.dispatch_rules import TORCH_NATIVE_DISPATCH_RULES
-from megatron.bridge.training.kernel_rules import TORCH_NATIVE_KERNEL_RULES
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError, Violation
 from megatron.bridge.models.layer_specs import LayerSpecChoice
 from megatron.bridge.training.mixed_precision import apply_mixed_precision
@@ -31,9 +28,8 @@ from megatron.bridge.training.overlap.facts import layer_spec_choice
 from megatron.bridge.training.overlap.resolution import EffectiveValue
 from megatron.bridge.training.overlap.rules import OVERLAP_RULES
 from megatron.bridge.training.overlap_report import OverlapReport, report_from
+from megatron.bridge.training.rule_registry import ALL_RULES
 from megatron.bridge.training.rules import RuleContext, check_rules
-from megatron.bridge.training.upstream_sections import UPSTREAM_SECTION_RULES
-from megatron.bridge.training.validation import GENERAL_RULES
 from megatron.bridge.utils.import_utils import have_deep_ep, transformer_engine_version
 
 if TYPE_CHECKING:
@@ -126,9 +122,7 @@ def resolve_config(
     ctx = ctx or default_rule_context(world_size, target_gpu=getattr(cfg.dist, "target_gpu", None))
     effective, values, violations = _effective_config(cfg, ctx)
     violations += check_rules(
-        OVERLAP_RULES + GENERAL_RULES + CUDA_GRAPH_RULES + TORCH_NATIVE_DISPATCH_RULES + TORCH_NATIVE_KERNEL_RULES
-        + UPSTREAM_SECTION_RULES,
-        effective, ctx,
+        ALL_RULES, effective, ctx,
     )
     warnings = [v for v in violations if v.severity != "error"]
     for warning in warnings:
@@ -152,13 +146,6 @@ def resolve_config(
         layer_spec=layer_spec,
         config=config,
     )
-
-
-def finalize_config(
-    cfg: "ConfigContainer", world_size: Optional[int] = None, ctx: Optional[RuleContext] = None
-) -> "ConfigContainer":
-    """The finalized copy of ``cfg``; raises the typed error listing every problem."""
-    return resolve_config(cfg, world_size, ctx).raise_for_errors().config
 
 
 def run_megatron_post_init(cfg: "ConfigContainer") -> Optional[Violation]:

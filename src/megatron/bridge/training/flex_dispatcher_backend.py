@@ -24,6 +24,7 @@ from megatron.bridge.training import gpu_catalog
 from megatron.bridge.training.errors import CommOverlapConfigError, Violation
 from megatron.bridge.training.gpu_catalog import GpuTarget, architecture_name, gpu_target_from_context, target_of
 from megatron.bridge.training.rules import Rule, RuleContext
+from megatron.bridge.utils.flex_backend_names import FLEX_BACKENDS, FlexBackend  # noqa: F401  (read from here)
 from megatron.bridge.utils.import_utils import have_deep_ep
 
 logger = logging.getLogger(__name__)
@@ -84,10 +85,7 @@ FLEX_BACKEND_SUPPORT: dict[str, BackendSupport] = {
         "B200 and B300 GPUs",
     ),
 }
-"""Flex backend -> the GPUs it supports. The only place backend names are defined."""
-
-FLEX_BACKENDS: tuple[str, ...] = tuple(FLEX_BACKEND_SUPPORT)
-FlexBackend = Literal[FLEX_BACKENDS]  # type: ignore[valid-type]
+"""Flex backend (every name of :data:`FLEX_BACKENDS`) -> the GPUs it supports."""
 
 
 def backend_support(backend: Optional[str], target: GpuTarget) -> tuple[Optional[bool], str]:

@@ -86,8 +86,11 @@ def peak_memory_gib(device: str) -> float:
     return kib / 2**20
 
 
-def default_log_dir() -> str:
-    return os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+def default_log_dir(name: str = "") -> str:
+    """``runs/[<name>_]<YYYYmmdd_HHMMSS>`` under the current directory: where a run without
+    ``logger.log_dir`` writes (the harness passes the recipe's name)."""
+    stamp = time.strftime("%Y%m%d_%H%M%S")
+    return os.path.abspath(os.path.join("runs", f"{name}_{stamp}" if name else stamp))
 
 
 def open_tensorboard(log_dir: str) -> Any:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 import torch
 
 from megatron.bridge.training.errors import did_you_mean
-from megatron.bridge.training.strict_fields import StrictFields
+from megatron.bridge.utils.strict_fields import StrictFields
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

@@ -37,7 +37,6 @@ from megatron.bridge.training.grad_check import raise_for_nonfinite_grads
 from megatron.bridge.training.metrics import moe_aux_losses
 from megatron.bridge.training.platform import Platform, select_platform
 from megatron.bridge.training.run_description import (
-    forget_dispatch_choices,
     log_dir_of,
     moe_token_dispatch,
     parallel_layout,
@@ -231,12 +230,11 @@ class Trainer:
             wire_model_config,
         )
 
-        forget_dispatch_choices()
         self.platform.start_run()
         with self.graph.model_build_stream():
             self.model = build_model(self.resolved, self.platform, self.graph.ddp_config(self.resolved.ddp))
-        self.dispatch = moe_token_dispatch()
-        self.wgrad_accumulation = wgrad_accumulation(self.model)
+        self.dispatch = moe_token_dispatch(self.resolved, self.model)
+        self.wgrad_accumulation = wgrad_accumulation(self.resolved, self.model)
         if self.is_logging_rank:
             for choice in self.dispatch:
                 _say(f"MoE token dispatch: {choice['description']}")

@@ -4,7 +4,6 @@ facts that ``summary.json`` records (read from the built model and the resolved 
 from __future__ import annotations
 
 import os
-import sys
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
@@ -65,34 +64,27 @@ def parallel_layout(resolved: "ConfigContainer") -> dict[str, Any]:
     )
 
 
-_DISPATCHER_MODULE = "megatron.bridge.models.torch_native.dispatcher"
-
-
-def moe_token_dispatch() -> list[dict[str, Any]]:
-    """The token dispatchers the torch-native MoE layers of this process chose, and why."""
-    module = sys.modules.get(_DISPATCHER_MODULE)
-    if module is None:  # no torch-native MoE layer was built
+def moe_token_dispatch(resolved: "ConfigContainer", model: list) -> list[dict[str, Any]]:
+    """The token dispatchers the torch-native MoE layers of ``model`` chose, and why."""
+    if resolved.model.resolved_layer_spec != "torch_native":
         return []
-    return [dict(c.to_dict(), description=c.describe()) for c in module.dispatch_choices()]
+    # deferred on purpose: only a torch-native model needs its modules (and their Triton kernels)
+    from megatron.bridge.models.torch_native.dispatcher import dispatch_choices
+
+    return [dict(c.to_dict(), description=c.describe()) for c in dispatch_choices(model)]
 
 
-def wgrad_accumulation(model: list) -> dict[str, Optional[dict[str, Any]]]:
-    """How the torch-native layers' weight gradients reach DDP's main_grad, per kind of layer (from the
-    built parameters; empty when no torch-native layer was built)."""
-    readers = {"expert_wgrad_accumulation": ("experts", "expert_wgrad_accumulation"),
-               "dense_wgrad_accumulation": ("linear", "dense_wgrad_accumulation")}
-    found = {}
-    for key, (module_name, reader) in readers.items():
-        module = sys.modules.get(f"megatron.bridge.models.torch_native.{module_name}")
-        found[key] = None if module is None else getattr(module, reader)(model)
-    return found
+def wgrad_accumulation(resolved: "ConfigContainer", model: list) -> dict[str, Optional[dict[str, Any]]]:
+    """How the torch-native layers' weight gradients reach DDP's main_grad, per kind of layer (read
+    from the built parameters; ``None`` for a model of megatron's layer specs)."""
+    if resolved.model.resolved_layer_spec != "torch_native":
+        return {"expert_wgrad_accumulation": None, "dense_wgrad_accumulation": None}
+    # deferred on purpose, as in moe_token_dispatch
+    from megatron.bridge.models.torch_native.experts import expert_wgrad_accumulation
+    from megatron.bridge.models.torch_native.linear import dense_wgrad_accumulation
 
-
-def forget_dispatch_choices() -> None:
-    """A model built earlier in this process recorded its choices; this run reports its own."""
-    module = sys.modules.get(_DISPATCHER_MODULE)
-    if module is not None:
-        module.forget_dispatch_choices()
+    return {"expert_wgrad_accumulation": expert_wgrad_accumulation(model),
+            "dense_wgrad_accumulation": dense_wgrad_accumulation(model)}
 
 
 def resolved_config_text(effective: "ConfigContainer") -> str:

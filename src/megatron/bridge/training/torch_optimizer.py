@@ -4,8 +4,7 @@ megatron-core takes its Adam and its multi-tensor helpers from Transformer Engin
 both it falls back to ``torch.optim.AdamW`` in its default ``foreach`` form (several passes over
 every parameter per step) and to Python loops for the gradient norm and clipping. The norm loop is
 worse than slow: it builds a host tensor from one GPU scalar per parameter, one device-to-host wait
-each. Measured on one H200 (4-layer Qwen3-30B-A3B-width proxy, EP=1, 3.1B parameters), the
-optimizer step took 90 ms of a 484 ms training step.
+each (its cost: ``docs/benchmarks/implementation_costs.md``).
 
 :func:`use_torch_fast_paths` switches the fallbacks to torch's own fused kernels: AdamW with
 ``fused=True`` (one kernel per parameter group, same update rule) and ``torch._foreach`` norms and

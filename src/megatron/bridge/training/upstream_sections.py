@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from megatron.bridge.training.errors import ConfigValidationError, Violation
 from megatron.bridge.training.rules import Rule, field_default, read_field
-from megatron.bridge.training.strict_fields import StrictFields
+from megatron.bridge.utils.strict_fields import StrictFields
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

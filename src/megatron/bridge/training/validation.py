@@ -64,7 +64,7 @@ def _is_moe(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     return bool(cfg.model.num_moe_experts)
 
 
-GENERAL_RULES: tuple[Rule, ...] = (
+CONFIG_RULES: tuple[Rule, ...] = (
     Rule(
         id="mixed-precision-known",
         fields=("mixed_precision",),
@@ -463,5 +463,5 @@ RUN_RULES: tuple[Rule, ...] = (
     ),
 )
 
-GENERAL_RULES = RANGE_RULES + GENERAL_RULES + PRECISION_RULES + RUN_RULES + CHECKPOINT_RULES
+GENERAL_RULES: tuple[Rule, ...] = RANGE_RULES + CONFIG_RULES + PRECISION_RULES + RUN_RULES + CHECKPOINT_RULES
 """Every general rule: ranges first, then the rules above, then what would fail inside the ranks."""

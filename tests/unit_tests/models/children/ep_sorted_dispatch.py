@@ -140,8 +140,9 @@ def _run(dispatcher: str, overlap: bool, delay: bool, transport=None):
     losses = [float(o["loss"]) for o in out]
     grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
     left = sum(len(stash) for m in model.modules() for stash in getattr(m, "stashes", {}).values())
+    choices = dispatch_choices([model])
     ps.destroy_model_parallel()
-    return losses, grads, sorted_layers, left
+    return losses, grads, sorted_layers, left, choices
 
 
 def max_diff(a, b):
@@ -154,7 +155,7 @@ def rel_diff(a, b):
 
 
 results = {name: run(*variant) for name, variant in VARIANTS.items()}
-reference_losses, reference_grads, _, _ = results["megatron"]
+reference_losses, reference_grads = results["megatron"][:2]
 report = {
     "losses": {name: r[0] for name, r in results.items()},
     "sorted_layers": {name: r[2] for name, r in results.items()},
@@ -162,7 +163,7 @@ report = {
     "grad_rel_diff": {name: rel_diff(r[1], reference_grads) for name, r in results.items()},
     "finite": {name: all(bool(torch.isfinite(v).all()) for v in r[1].values()) for name, r in results.items()},
     "expert_grad_norm": float(sum(v.norm() ** 2 for k, v in reference_grads.items() if "experts" in k) ** 0.5),
-    "choices": [c.to_dict() for c in dispatch_choices()],
+    "choices": [c.to_dict() for c in dict.fromkeys(c for r in results.values() for c in r[4])],
     "deferred_wgrads_left": {name: r[3] for name, r in results.items()},
     "precomputed_call_rows": PRECOMPUTED_CALL_ROWS[0],
 }

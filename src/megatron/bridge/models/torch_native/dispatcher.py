@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -42,18 +42,11 @@ from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispa
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.bridge.models.torch_native.compiled import LazyCompiled
-from megatron.bridge.models.torch_native.dispatch_policy import (  # noqa: F401 - re-exported
-    DispatchChoice,
-    apply_nvshmem_blocks,
-    choose_dispatch,
-    fast_path_blockers,
-    static_blockers,
-)
+from megatron.bridge.models.torch_native.dispatch_policy import DispatchChoice, apply_nvshmem_blocks, choose_dispatch
 from megatron.bridge.models.torch_native.index_graph import GraphedIndexFunction
-from megatron.bridge.models.torch_native.sorted_permutation import (  # noqa: F401 - permute_sorted re-exported
+from megatron.bridge.models.torch_native.sorted_permutation import (
     graphed_routing_indices,
     permutation_indices,
-    permute_sorted,
     permute_with,
     unpermute_sorted,
 )
@@ -441,17 +434,10 @@ class ExpertParallelSortedDispatcher(MoEAlltoAllTokenDispatcher):
 # ------------------------------------------------------------------------------ the MoE layer
 
 
-_CHOICES: List[DispatchChoice] = []  # one entry per MoE layer built in this process
-
-
-def dispatch_choices() -> List[DispatchChoice]:
-    """The distinct dispatcher choices of the MoE layers built since the last :func:`forget_dispatch_choices`."""
-    return list(dict.fromkeys(_CHOICES))
-
-
-def forget_dispatch_choices() -> None:
-    """Start a new record (a process may build several models, e.g. benchmark runs)."""
-    _CHOICES.clear()
+def dispatch_choices(model_chunks: Iterable[torch.nn.Module]) -> List[DispatchChoice]:
+    """The distinct dispatcher choices of the torch-native MoE layers in these model chunks."""
+    layers = (m for chunk in model_chunks for m in chunk.modules() if isinstance(m, TorchNativeMoELayer))
+    return list(dict.fromkeys(layer.dispatch_choice for layer in layers))
 
 
 class TorchNativeMoELayer(MoELayer):
@@ -470,9 +456,8 @@ class TorchNativeMoELayer(MoELayer):
                 self.token_dispatcher = ExpertParallelSortedDispatcher(
                     self.num_local_experts, self.local_expert_indices, transport=choice.transport, **common
                 )
-        if choice not in _CHOICES:
-            logger.info("torch_native MoE: %s", choice.describe())
-        _CHOICES.append(choice)
+        self.dispatch_choice = choice
+        logger.debug("torch_native MoE: %s", choice.describe())
 
 
 def _run_device() -> torch.device:

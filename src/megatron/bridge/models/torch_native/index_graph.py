@@ -3,17 +3,14 @@
 Why: before any token moves, a sorted dispatcher turns the routing map into indices (a top-k, two
 sorts, a scatter, a few gathers) and, with several EP ranks, the gathered counts into an exchange
 plan (cumulative sums, a search, a scatter). That is about twenty small kernels on static shapes
-whose launches cost the host far more than the GPU spends on them. Measured on an H200 host with
-the GPU held by a sleep kernel (``tests/gpu_checks/index_graph.py``), the EP=2 indices and plan of
-one micro-batch and layer (4,096 tokens) took 0.65-1.0 ms of host time for 0.25 ms of GPU work, and
-the whole EP=2 dispatcher pass 4.2-4.8 ms of host time for 1.9 ms of GPU work
-(``scripts/performance/ep_dispatch_local_cost.py``, ``host_issue_us``). A step whose host is slower
+whose launches cost the host far more than the GPU spends on them (measured:
+``docs/benchmarks/implementation_costs.md``). A step whose host is slower
 than its GPU leaves the GPU idle and gives the EP-overlap schedule nothing queued to hide the
 all-to-all under.
 
 :class:`GraphedIndexFunction` captures such a function once per input shape (and CUDA stream) and
 afterwards enqueues it as a copy per input into the graph's static buffers, one replay and one copy
-of its flat output buffer out (the EP=2 indices and plan above: 0.25-0.28 ms of host time). The
+of its flat output buffer out. The
 copy out is needed because the next replay overwrites the buffer while each micro-batch keeps its
 indices until its backward. The replay runs the very kernels the eager function runs, so the
 results are identical.

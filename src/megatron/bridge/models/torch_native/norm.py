@@ -3,8 +3,8 @@
 Without Apex and Transformer Engine, megatron-core's norms are ``torch.nn.RMSNorm``, which runs as
 its composite definition: upcast, pow, mean, add, rsqrt, two multiplies and a cast forward, and
 about twice as many kernels backward, each a full pass over the activations. A Qwen3-MoE layer has
-four of them (input, pre-MLP, query and key norms). On one H200 they were about a tenth of the
-proxy's GPU time. Here the same arithmetic is compiled with ``torch.compile`` (one reduction
+four of them (input, pre-MLP, query and key norms; their share of a step:
+``docs/benchmarks/implementation_costs.md``). Here the same arithmetic is compiled with ``torch.compile`` (one reduction
 kernel forward, one backward plus the weight-gradient reduction).
 
 The module is a ``torch.nn.RMSNorm`` (same ``weight`` parameter and checkpoint keys). CPU tensors,

@@ -10,15 +10,12 @@ One peer per call. In torch's kernel (``allToAllV``, torch 2.11) each thread blo
 source offset of its peer's rows from the split buffer, while block 0, once it has issued its own
 reads, overwrites those source offsets with this rank's output offsets; a block that reaches its
 read after that copies the wrong rows of the peer. It happens when the GPU starts some blocks
-late, which kernels of another stream make likely: measured on one H200 (two ranks under CUDA MPS,
-``tests/gpu_checks/vdev_offsets.py``), one call with rows for every rank delivered wrong rows in 28
-and 122 of 1,500 iterations with a matmul stream beside it, in none without it; and the EP-overlap
-step replayed from a CUDA graph lost its gradients (up to 39% off). So each call here has one
+late, which kernels of another stream make likely (how often, and what it did to a graphed
+EP-overlap step: ``docs/benchmarks/implementation_costs.md``). So each call here has one
 peer: in call ``k`` a rank sends only to rank ``rank + k`` and receives only from ``rank - k``, at
 offset zero on both sides (the send slot's start, and that source's region of the receive
 buffer), so the value block 0 writes is the one the late block expects. A rank's own rows never go
-through NVSHMEM, and one gather packs the regions in rank order at the end. Under the same load:
-0 of 1,500 wrong; the EP-overlap graph bit for bit equal to the eager step. The counts all-gather
+through NVSHMEM, and one gather packs the regions in rank order at the end. The counts all-gather
 stays one call: every row a rank sends is the same, so either offset reads a right one.
 
 Block split. torch's ``all_to_all_vdev`` divides the bytes it receives from each peer evenly over

@@ -37,13 +37,13 @@ class EffectiveValue:
         return f"comm_overlap.{self.name}"
 
 
-def owner_value(cfg: "ConfigContainer", name: str) -> Any:
+def switch_value(cfg: "ConfigContainer", name: str) -> Any:
     """``comm_overlap.<name>``; ``None`` also when ``comm_overlap`` itself is ``None`` (all unset)."""
     return None if cfg.comm_overlap is None else getattr(cfg.comm_overlap, name)
 
 
 def _explicit(cfg: "ConfigContainer", name: str) -> "EffectiveValue | None":
-    value = owner_value(cfg, name)
+    value = switch_value(cfg, name)
     if value is None:
         return None
     source = cfg.provenance.get(f"comm_overlap.{name}", "recipe")

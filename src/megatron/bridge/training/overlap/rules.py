@@ -262,7 +262,7 @@ DELAY_WGRAD_RULES: tuple[Rule, ...] = (
     ),
 )
 
-CUDA_GRAPH_RULES: tuple[Rule, ...] = (
+TE_CUDA_GRAPH_OVERLAP_RULES: tuple[Rule, ...] = (
     Rule(
         id="te-cuda-graph-needs-te",
         group="cuda-graph",
@@ -486,7 +486,7 @@ OVERLAP_RULES: tuple[Rule, ...] = (
     TYPE_RULES
     + EP_OVERLAP_RULES
     + DELAY_WGRAD_RULES
-    + CUDA_GRAPH_RULES
+    + TE_CUDA_GRAPH_OVERLAP_RULES
     + SHARED_EXPERT_RULES
     + TP_OVERLAP_RULES
     + PIPELINE_DP_RULES

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
-from megatron.bridge.training.strict_fields import StrictFields
+from megatron.bridge.utils.strict_fields import StrictFields
 
 
 @dataclass(kw_only=True)

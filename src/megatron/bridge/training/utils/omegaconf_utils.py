@@ -17,9 +17,9 @@ forms, and ``apply_overrides(cfg, overrides, excluded_fields)``, which updates `
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.errors import ConfigFileNotFoundError, OverrideError, OverridesError
@@ -29,8 +29,8 @@ from megatron.bridge.training.utils.hydra_overrides import (
     parse_hydra_overrides,
 )
 from megatron.bridge.training.utils.overrides import parse_dotlist
-from megatron.bridge.training.utils.typed_values import convert_value, field_annotations, type_name
-from megatron.bridge.training.utils.yaml_io import config_to_dict, config_to_yaml, container_from_dict, load_yaml
+from megatron.bridge.training.utils.typed_values import convert_value
+from megatron.bridge.training.utils.yaml_io import config_to_dict, config_to_yaml, load_yaml
 
 
 def process_config_with_overrides(
@@ -53,16 +53,6 @@ def config_from_yaml(path: Union[str, Path]) -> ConfigContainer:
     return ConfigContainer.from_yaml(path)
 
 
-def config_from_dict(data: Mapping[str, Any]) -> ConfigContainer:
-    """Rebuild a ``ConfigContainer`` from :func:`config_to_dict` output (typed, all errors at once)."""
-    return container_from_dict(ConfigContainer, data)
-
-
-def describe_field_type(cls: type, name: str) -> str:
-    """Readable expected type of ``cls.name`` (used by docs and the harness's help)."""
-    return type_name(field_annotations(cls)[name])
-
-
 __all__ = [
     "ConfigFileNotFoundError",
     "OverrideError",
@@ -70,7 +60,6 @@ __all__ = [
     "apply_overrides",
     "create_omegaconf_dict_config",
     "parse_hydra_overrides",
-    "config_from_dict",
     "config_from_yaml",
     "config_to_dict",
     "config_to_yaml",

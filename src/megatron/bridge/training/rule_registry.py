@@ -1,0 +1,27 @@
+"""Every rule table of the package, in one registry: what the resolution checks, in the order it
+reports them. The validator reads :data:`ALL_RULES`; tests enumerate :data:`RULE_TABLES` (each
+table once, every rule id unique)."""
+
+from __future__ import annotations
+
+from megatron.bridge.training.cuda_graph_rules import CUDA_GRAPH_RULES
+from megatron.bridge.training.dispatch_rules import TORCH_NATIVE_DISPATCH_RULES
+from megatron.bridge.training.kernel_rules import TORCH_NATIVE_KERNEL_RULES
+from megatron.bridge.training.overlap.rules import OVERLAP_RULES
+from megatron.bridge.training.rules import Rule
+from megatron.bridge.training.upstream_sections import UPSTREAM_SECTION_RULES
+from megatron.bridge.training.validation import GENERAL_RULES
+
+RULE_TABLES: dict[str, tuple[Rule, ...]] = {
+    "overlap": OVERLAP_RULES,
+    "general": GENERAL_RULES,
+    "cuda-graph": CUDA_GRAPH_RULES,
+    "torch-native-dispatch": TORCH_NATIVE_DISPATCH_RULES,
+    "torch-native-kernels": TORCH_NATIVE_KERNEL_RULES,
+    "upstream-sections": UPSTREAM_SECTION_RULES,
+}
+"""Table name -> its rules (``overlap`` and ``general`` are built from smaller tables of their own
+modules: the overlap groups, and ranges, precision, run and checkpoint rules)."""
+
+ALL_RULES: tuple[Rule, ...] = tuple(rule for table in RULE_TABLES.values() for rule in table)
+"""Every rule, as :func:`megatron.bridge.training.finalize.resolve_config` checks them."""
