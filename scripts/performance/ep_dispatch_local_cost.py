@@ -58,7 +58,7 @@ import torch.distributed as dist
 from megatron.bridge.models.torch_native.dispatcher import ExpertParallelSortedDispatcher
 from megatron.bridge.models.torch_native.token_exchange import CollectiveExchange, Route, RowExchange
 from megatron.bridge.perf.results import argv_without
-from megatron.bridge.training.step_timing import host_enqueue_s, park_gpu
+from megatron.bridge.training.telemetry.step_timing import host_enqueue_s, park_gpu
 
 HIDDEN, EXPERTS, TOPK, SEQ, EP = 2048, 128, 8, 4096, 2
 

@@ -34,7 +34,7 @@ import torch
 from megatron.core import dist_checkpointing
 
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
-from megatron.bridge.training import checkpointing
+from megatron.bridge.training.loop import checkpointing
 from megatron.bridge.training.gpt_step import forward_step
 from megatron.bridge.training.pretrain import pretrain
 

@@ -15,7 +15,7 @@ os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0
 os.environ.setdefault("MASTER_PORT", "29541")
 
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config  # noqa: E402
-from megatron.bridge.training import builders  # noqa: E402
+from megatron.bridge.training.loop import builders  # noqa: E402
 from megatron.bridge.training.pretrain import pretrain  # noqa: E402
 
 OUT = Path(sys.argv[1])

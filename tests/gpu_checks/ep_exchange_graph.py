@@ -24,7 +24,7 @@ few steps of megatron's schedule without an optimizer, once per variant:
   forward joined with the compute stream before / after it), to bisect a cross-stream race;
   ``delaywgrad`` in the name adds delayed expert weight gradients (``delay_wgrad_compute``);
   ``noreuse`` in the name captures without the allocator option the training loop sets for its
-  capture (``graph_capture_record_stream_reuse``, ``training/capture_memory.py``): blocks freed
+  capture (``graph_capture_record_stream_reuse``, ``training/devices/capture_memory.py``): blocks freed
   during the capture while another captured stream used them then stay reserved until the capture
   ends (the report's ``capture_record_stream_reuse`` says which held).
 
@@ -120,9 +120,9 @@ from megatron.core.transformer.module import Float16Module  # noqa: E402
 from megatron.core.utils import get_attr_wrapped_model  # noqa: E402
 
 from megatron.bridge.models.qwen import Qwen3MoEModelProvider, Qwen3MoEModelProvider30B_A3B  # noqa: E402
-from megatron.bridge.training.capture_memory import CaptureMemoryReuse  # noqa: E402
-from megatron.bridge.training.cuda_graphs import IterationGraph  # noqa: E402
-from megatron.bridge.training.teardown import drop_autograd_graphs, free_memory  # noqa: E402
+from megatron.bridge.training.devices.capture_memory import CaptureMemoryReuse  # noqa: E402
+from megatron.bridge.training.devices.cuda_graphs import IterationGraph  # noqa: E402
+from megatron.bridge.training.loop.teardown import drop_autograd_graphs, free_memory  # noqa: E402
 
 if ARGS.proxy:
     SEQ, MICRO_BATCHES, VOCAB = 4096, 8, 151936

@@ -233,7 +233,7 @@ def test_dry_run_resolves_the_configuration_once(readme_command, resolution_coun
 
 def _owned_values(data: dict) -> dict[str, tuple]:
     """Copy -> (its value, its owner's value) in a saved config (plain YAML data)."""
-    from megatron.bridge.training.ownership import OWNED_FIELDS
+    from megatron.bridge.training.resolution.ownership import OWNED_FIELDS
 
     def get(dotted):
         node = data

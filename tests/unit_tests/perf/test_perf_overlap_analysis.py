@@ -182,7 +182,7 @@ def test_gloo_cpu_ops_used_only_without_comm_kernels():
 
 
 def _summary(ep: int, overlap_on: bool) -> dict:
-    """The parts of a real ``summary.json`` (training/metrics.py) the analysis reads."""
+    """The parts of a real ``summary.json`` (training/telemetry/metrics.py) the analysis reads."""
     return {
         "parallel_layout": {"tp": 1, "pp": 1, "ep": ep},
         "overlap_report": {"features": {"moe_ep_overlap": {"active": overlap_on, "requested": overlap_on}}},

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
-from megatron.bridge.training import capture_memory
-from megatron.bridge.training.capture_memory import OPTION
-from megatron.bridge.training.cuda_graphs import IterationGraph
+from megatron.bridge.training.devices import capture_memory
+from megatron.bridge.training.devices.capture_memory import OPTION
+from megatron.bridge.training.devices.cuda_graphs import IterationGraph
 
 # environment -> (enabled, set by the loop, words of the reason)
 DECISIONS = {

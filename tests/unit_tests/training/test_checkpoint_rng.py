@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.bridge.training import checkpointing
+from megatron.bridge.training.loop import checkpointing
 
 
 class RunsCode:

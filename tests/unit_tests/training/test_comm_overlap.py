@@ -25,14 +25,10 @@ from megatron.bridge.recipes.qwen import (
     qwen3_30b_a3b_pretrain_8gpu_config,
     qwen3_30b_a3b_pretrain_config,
 )
-from megatron.bridge.training import (
-    comm_overlap,
-    finalize as finalize_module,
-    flex_dispatcher_backend,
-    gpu_catalog,
-    ownership,
-    overlap_report,
-)
+from megatron.bridge.training import comm_overlap, flex_dispatcher_backend
+from megatron.bridge.training.overlap import report as overlap_report
+from megatron.bridge.training.resolution import finalize as finalize_module
+from megatron.bridge.training.resolution import gpu_catalog, ownership
 from megatron.bridge.training.comm_overlap import (
     BOOL_SWITCHES,
     DEFAULT_BUCKET_SIZE,
@@ -42,12 +38,12 @@ from megatron.bridge.training.comm_overlap import (
     format_effective_values,
 )
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError, OverrideError
-from megatron.bridge.training.finalize import resolve_config
-from megatron.bridge.training.megatron_compat import graph_modules
+from megatron.bridge.training.resolution.finalize import resolve_config
+from megatron.bridge.training.resolution.megatron_compat import graph_modules
 from megatron.bridge.training.overlap import docs as overlap_docs
 from megatron.bridge.training.overlap import facts, fields, resolution, rules
 from megatron.bridge.training.overlap.docs import render_docs
-from megatron.bridge.training.rules import read_field
+from megatron.bridge.training.rules.core import read_field
 from megatron.bridge.training.utils.omegaconf_utils import apply_overrides
 
 REPO = Path(__file__).resolve().parents[3]

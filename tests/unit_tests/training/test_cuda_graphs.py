@@ -11,9 +11,9 @@ import pytest
 from overlap_helpers import set_fields, violated_rule_ids
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
-from megatron.bridge.training import capture_memory
-from megatron.bridge.training.cuda_graph_rules import CUDA_GRAPH_RULES
-from megatron.bridge.training.cuda_graphs import IterationGraph
+from megatron.bridge.training.devices import capture_memory
+from megatron.bridge.training.rules.cuda_graph_rules import CUDA_GRAPH_RULES
+from megatron.bridge.training.devices.cuda_graphs import IterationGraph
 
 CAPTURED = {
     "model.cuda_graph_impl": "full_iteration",
@@ -216,7 +216,7 @@ def test_every_step_runs_on_the_capture_stream_warmup_steps_included(monkeypatch
     """DDP's gradient-accumulation nodes live on the capture stream; a warm-up step computed on
     another stream makes every weight gradient cross streams and be freed while its accumulation
     may still read it. The wrapped schedule enters the capture stream for every call."""
-    from megatron.bridge.training import cuda_graphs
+    from megatron.bridge.training.devices import cuda_graphs
 
     where, calls = ["default"], []
 

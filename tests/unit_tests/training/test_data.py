@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
-from megatron.bridge.training.data import build_train_dataset, build_tokenizer
+from megatron.bridge.training.loop.data import build_train_dataset, build_tokenizer
 
 
 def _cfg(tmp_path, **dataset):

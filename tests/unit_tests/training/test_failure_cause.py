@@ -10,8 +10,9 @@ import pytest
 from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron.bridge.perf.failure_report import failure_report
-from megatron.bridge.training import entry, failure_cause
-from megatron.bridge.training.failure_cause import describe_failure
+from megatron.bridge.training import entry
+from megatron.bridge.training.loop import failure_cause
+from megatron.bridge.training.loop.failure_cause import describe_failure
 
 
 def _raised(exc):

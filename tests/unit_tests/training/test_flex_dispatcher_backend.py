@@ -9,9 +9,9 @@ from overlap_helpers import ep_overlap_cfg
 
 from megatron.bridge.models.qwen import Qwen3MoEModelProvider
 from megatron.bridge.perf.argument_parser import GPU_CHOICES, build_parser
-from megatron.bridge.training import finalize as finalize_module
+from megatron.bridge.training.resolution import finalize as finalize_module
 from megatron.bridge.training import flex_dispatcher_backend as fdb
-from megatron.bridge.training import gpu_catalog
+from megatron.bridge.training.resolution import gpu_catalog
 from megatron.bridge.training.errors import CommOverlapConfigError
 from megatron.bridge.training.flex_dispatcher_backend import (
     FLEX_BACKENDS,
@@ -21,7 +21,7 @@ from megatron.bridge.training.flex_dispatcher_backend import (
     backend_support,
     validate_flex_dispatcher_backend,
 )
-from megatron.bridge.training.gpu_catalog import GPU_TYPES, resolve_gpu_target
+from megatron.bridge.training.resolution.gpu_catalog import GPU_TYPES, resolve_gpu_target
 
 # The documented support matrix: DeepEP on Ampere, Hopper, B200/B300; HybridEP on Ampere, Hopper,
 # Blackwell including GB200/GB300 NVL72.

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config, qwen3_moe_tiny_pretrain_config
-from megatron.bridge.training.flops import flops_per_step, flops_per_token, moe_layer_pattern
+from megatron.bridge.training.telemetry.flops import flops_per_step, flops_per_token, moe_layer_pattern
 
 
 def toy(**kw) -> SimpleNamespace:

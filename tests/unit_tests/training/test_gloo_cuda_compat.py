@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron.bridge.training.gloo_cuda_compat import sequential_coalescing_manager
+from megatron.bridge.training.devices.gloo_cuda_compat import sequential_coalescing_manager
 
 
 def test_collectives_inside_run_immediately_and_wait_is_harmless(gloo_world):
@@ -27,7 +27,7 @@ def test_asynchronous_use_is_refused_with_the_fix():
 def test_enable_swaps_megatrons_manager():
     from megatron.core.distributed import param_and_grad_buffer
 
-    from megatron.bridge.training import gloo_cuda_compat
+    from megatron.bridge.training.devices import gloo_cuda_compat
 
     original = param_and_grad_buffer._coalescing_manager
     try:

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from megatron.bridge.training.grad_check import NonFiniteGradientError, raise_for_nonfinite_grads
+from megatron.bridge.training.loop.grad_check import NonFiniteGradientError, raise_for_nonfinite_grads
 
 
 def _chunk(dense: int = 1, expert: int = 1, dtype=torch.float32) -> SimpleNamespace:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from megatron.bridge.training.metrics import MetricsLogger, steady_state_stats, throughput
+from megatron.bridge.training.telemetry.metrics import MetricsLogger, steady_state_stats, throughput
 
 TIMES = [5.0, 3.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 100.0, 100.0]
 

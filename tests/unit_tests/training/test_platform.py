@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from megatron.bridge.training import gpt_step
-from megatron.bridge.training.platform import CpuPlatform, CudaPlatform, select_platform
+from megatron.bridge.training.devices.platform import CpuPlatform, CudaPlatform, select_platform
 
 
 def _cfg(device: str, backend: Optional[str] = None, distributed_optimizer: bool = True,
@@ -105,7 +105,7 @@ def test_parameters_are_regathered_after_the_optimizer_step_only_over_gloo(backe
 
 @pytest.mark.parametrize("backend,compat_enabled", [("gloo", True), ("nccl", False)])
 def test_gpu_process_preparation(monkeypatch, backend, compat_enabled) -> None:
-    from megatron.bridge.training import gloo_cuda_compat
+    from megatron.bridge.training.devices import gloo_cuda_compat
 
     calls = []
     monkeypatch.setattr(gloo_cuda_compat, "enable_gloo_cuda_compat", lambda: calls.append("gloo"))

@@ -12,10 +12,10 @@ import torch
 
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training import entry
-from megatron.bridge.training.data import PretrainingSampler, _blend
+from megatron.bridge.training.loop.data import PretrainingSampler, _blend
 from megatron.bridge.training.errors import ConfigError
-from megatron.bridge.training.initialize import launch_env
-from megatron.bridge.training.platform import set_cuda_device_max_connections
+from megatron.bridge.training.loop.initialize import launch_env
+from megatron.bridge.training.devices.platform import set_cuda_device_max_connections
 from megatron.bridge.training.pretrain import pretrain
 
 
@@ -50,7 +50,7 @@ def test_bad_config_fails_before_any_process_group(monkeypatch) -> None:
     monkeypatch.setattr(torch.distributed, "init_process_group", no_process_group)
     with pytest.raises(ConfigError):
         pretrain(_bad_cfg())
-    compat = sys.modules.get("megatron.bridge.training.cpu_compat")
+    compat = sys.modules.get("megatron.bridge.training.devices.cpu_compat")
     assert compat is None or not compat.cpu_compat_enabled()  # nothing was patched either
 
 
@@ -60,7 +60,7 @@ class _StopBeforeProcessGroup(Exception):
 
 def test_pretrain_resolves_once_and_starts_from_that_resolution(monkeypatch, resolution_counter) -> None:
     """The finalized config and the start-up report pretrain uses come from one resolution."""
-    from megatron.bridge.training import initialize
+    from megatron.bridge.training.loop import initialize
 
     seen = {}
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from megatron.bridge.training.config import ProfilingConfig
-from megatron.bridge.training.profiling import StepProfiler
+from megatron.bridge.training.telemetry.profiling import StepProfiler
 
 
 def _run_steps(profiler: StepProfiler, steps: int):

@@ -8,10 +8,10 @@ import pkgutil
 from collections import Counter
 
 import megatron.bridge
-from megatron.bridge.training import finalize
+from megatron.bridge.training.resolution import finalize
 from megatron.bridge.training.flex_dispatcher_backend import FLEX_BACKEND_SUPPORT
-from megatron.bridge.training.rule_registry import ALL_RULES
-from megatron.bridge.training.rules import Rule
+from megatron.bridge.training.rules.registry import ALL_RULES
+from megatron.bridge.training.rules.core import Rule
 from megatron.bridge.utils.flex_backend_names import FLEX_BACKENDS
 
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from megatron.bridge.perf.run import main
-from megatron.bridge.training.save_lock import LOCK_NAME, STALE_AFTER_S, SaveDirInUseError, SaveDirLock, read_holder
+from megatron.bridge.training.loop.save_lock import LOCK_NAME, STALE_AFTER_S, SaveDirInUseError, SaveDirLock, read_holder
 
 
 @pytest.fixture

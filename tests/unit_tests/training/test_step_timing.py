@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from megatron.bridge.training.step_timing import StepTimer
+from megatron.bridge.training.telemetry.step_timing import StepTimer
 
 
 def test_cpu_timer_reports_the_host_launch_time_only():
@@ -46,7 +46,7 @@ def test_parked_step_separates_the_sleep_from_the_forward_backward(monkeypatch):
     """The park is a sleep kernel queued before the forward+backward; ``gpu_work_s`` is what follows."""
     import torch
 
-    from megatron.bridge.training import step_timing
+    from megatron.bridge.training.telemetry import step_timing
 
     clock = _Clock()
     monkeypatch.setattr(torch.cuda, "Event", clock.event_class())

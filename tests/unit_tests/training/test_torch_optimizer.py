@@ -4,7 +4,7 @@ import pytest
 import torch
 from megatron.core.utils import local_multi_tensor_l2_norm, local_multi_tensor_scale
 
-from megatron.bridge.training import torch_optimizer
+from megatron.bridge.training.devices import torch_optimizer
 
 
 @pytest.fixture()

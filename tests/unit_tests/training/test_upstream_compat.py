@@ -17,7 +17,7 @@ from megatron.core.optimizer import OptimizerConfig
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config, qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.comm_overlap import CommOverlapConfig
 from megatron.bridge.training.config import ConfigContainer, TrainingConfig
-from megatron.bridge.training.data import build_tokenizer, build_train_dataset, gpt_dataset_config
+from megatron.bridge.training.loop.data import build_tokenizer, build_train_dataset, gpt_dataset_config
 from megatron.bridge.training.errors import ConfigValidationError, OverrideError, UnknownFieldError
 from megatron.bridge.training.mixed_precision import MixedPrecisionConfig, get_mixed_precision_config
 from megatron.bridge.training.utils.omegaconf_utils import (
@@ -203,7 +203,7 @@ def test_upstream_names_work_in_python_overrides_and_yaml(dotted, value, check, 
 
 
 def test_tensorboard_dir_is_where_the_events_go(tmp_path, monkeypatch):
-    from megatron.bridge.training import metrics
+    from megatron.bridge.training.telemetry import metrics
 
     opened = []
     monkeypatch.setattr(metrics, "open_tensorboard", lambda directory: opened.append(directory))
@@ -379,7 +379,7 @@ def two_arguments(data_iterator, model):
     ids=["ours", "state-first", "annotated-state"],
 )
 def test_forward_step_signature_is_detected_from_the_callable(func, expected):
-    from megatron.bridge.training.forward_step import bind_forward_step
+    from megatron.bridge.training.loop.forward_step import bind_forward_step
 
     bound = bind_forward_step(func, "S")
     assert bound("it", "m", return_schedule_plan=True) == expected
@@ -387,7 +387,7 @@ def test_forward_step_signature_is_detected_from_the_callable(func, expected):
 
 def test_forward_step_without_schedule_plan_is_refused_under_ep_overlap():
     from megatron.bridge.training.errors import ConfigError
-    from megatron.bridge.training.forward_step import check_forward_step
+    from megatron.bridge.training.loop.forward_step import check_forward_step
 
     check_forward_step(two_arguments, ep_overlap=False)
     with pytest.raises(ConfigError, match="return_schedule_plan"):

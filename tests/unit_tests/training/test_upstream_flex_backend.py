@@ -14,7 +14,7 @@ import torch
 
 from megatron.bridge.models.qwen import Qwen3MoEModelProvider
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
-from megatron.bridge.training import gpu_catalog
+from megatron.bridge.training.resolution import gpu_catalog
 from megatron.bridge.training.errors import CommOverlapConfigError
 from megatron.bridge.training.flex_dispatcher_backend import FlexDispatcherBackendError, apply_flex_dispatcher_backend
 

@@ -12,10 +12,10 @@ from packaging.version import Version
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config, qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.errors import ConfigValidationError
-from megatron.bridge.training.finalize import default_rule_context
-from megatron.bridge.training.rules import check_rules
-from megatron.bridge.training.ranges import RANGES
-from megatron.bridge.training.validation import CHECKPOINT_RULES, GENERAL_RULES
+from megatron.bridge.training.resolution.finalize import default_rule_context
+from megatron.bridge.training.rules.core import check_rules
+from megatron.bridge.training.rules.ranges import RANGES
+from megatron.bridge.training.rules.validation import CHECKPOINT_RULES, GENERAL_RULES
 
 TE_ABSENT = dict(te_version=None)
 TE_PRESENT = dict(te_version=Version("2.12.0"))
@@ -247,8 +247,8 @@ def test_seq_length_and_lr_below_zero_are_refused_by_validate():
 
 def test_interleaved_rule_matches_megatron_core_0_19_2():
     """P <= N <= M and (M % N == 0 or M % N >= P), N defaulting to P."""
-    from megatron.bridge.training.validation import interleaved_schedule_accepts
-    from megatron.bridge.training.rules import RuleContext
+    from megatron.bridge.training.rules.validation import interleaved_schedule_accepts
+    from megatron.bridge.training.rules.core import RuleContext
 
     def accepts(gbs, group=None):
         cfg = _set(**INTERLEAVED, **{"train.global_batch_size": gbs})(qwen3_30b_a3b_pretrain_config())
@@ -361,10 +361,10 @@ def test_leftover_of_a_killed_first_save_counts_as_empty(tmp_path, name):
 
 
 def test_reliability_page_lists_every_range():
-    from megatron.bridge.training.ranges import DOCS_PATH, render_docs
+    from megatron.bridge.training.rules.ranges import DOCS_PATH, render_docs
 
     page = (Path(__file__).resolve().parents[3] / DOCS_PATH).read_text()
-    assert page == render_docs(page), "run: uv run python -m megatron.bridge.training.ranges --write-docs"
+    assert page == render_docs(page), "run: uv run python -m megatron.bridge.training.rules.ranges --write-docs"
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from typing import NoReturn, Optional, Sequence
 
 from megatron.bridge.training.errors import did_you_mean
 from megatron.bridge.training.flex_dispatcher_backend import FLEX_BACKENDS
-from megatron.bridge.training.gpu_catalog import GPU_TYPES
+from megatron.bridge.training.resolution.gpu_catalog import GPU_TYPES
 
 PLAIN_ALLTOALL = "alltoall"
 """Parsed value of ``--moe_flex_dispatcher_backend None``: plain alltoall, no flex backend."""

@@ -31,13 +31,13 @@ from megatron.bridge.perf.recipe_lookup import (
     minimum_world_size,
     scaled_global_batch_size,
 )
-from megatron.bridge.training.metrics import default_log_dir
-from megatron.bridge.training.rules import read_field
+from megatron.bridge.training.telemetry.metrics import default_log_dir
+from megatron.bridge.training.rules.core import read_field
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
-    from megatron.bridge.training.finalize import Resolution
-    from megatron.bridge.training.rules import RuleContext
+    from megatron.bridge.training.resolution.finalize import Resolution
+    from megatron.bridge.training.rules.core import RuleContext
 
 DEFAULT_GPUS_PER_NODE = 8
 
@@ -238,7 +238,7 @@ def schedule_values(
 
 
 def _resumes(cfg: "ConfigContainer") -> bool:
-    from megatron.bridge.training.checkpointing import inspect_checkpoint_dir
+    from megatron.bridge.training.loop.checkpointing import inspect_checkpoint_dir
 
     return bool(cfg.checkpoint.load) and inspect_checkpoint_dir(cfg.checkpoint.load).resumable
 
@@ -317,14 +317,14 @@ def build_config(
 # --------------------------------------------------------------------------------------------- resolve
 def rule_context(built: BuiltConfig) -> "RuleContext":
     """Validation facts: world size of the job and the ``-g`` target GPU (not this machine's)."""
-    from megatron.bridge.training.finalize import default_rule_context
+    from megatron.bridge.training.resolution.finalize import default_rule_context
 
     return default_rule_context(built.world_size, target_gpu=built.target_gpu)
 
 
 def resolution_of(built: BuiltConfig) -> "Resolution":
     """The one resolution of the job's config; raises ``ConfigError`` listing every violation."""
-    from megatron.bridge.training.finalize import resolve_config
+    from megatron.bridge.training.resolution.finalize import resolve_config
 
     return resolve_config(built.cfg, ctx=rule_context(built)).raise_for_errors()
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional, TextIO
 
-from megatron.bridge.training.stop_request import STOP_SIGNALS
+from megatron.bridge.training.loop.stop_request import STOP_SIGNALS
 from megatron.bridge.utils.quiet import marked, unmarked
 
 LAUNCH_LOG = "launch.log"

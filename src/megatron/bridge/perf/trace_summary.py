@@ -1,6 +1,6 @@
 """A few numbers that say where a profiled training step's time goes, read from its Chrome trace.
 
-``pretrain()`` writes the trace with ``profiling.use_pytorch_profiler`` (``training/profiling.py``).
+``pretrain()`` writes the trace with ``profiling.use_pytorch_profiler`` (``training/telemetry/profiling.py``).
 :func:`summarize` gives, per captured step: its wall time, how many kernels ran, how long the GPU
 was busy (the union of kernel intervals over all streams) and so how long it waited for the host;
 over the capture: the kernels and the host operations that took longest, and the host's waits on

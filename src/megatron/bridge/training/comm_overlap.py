@@ -11,7 +11,7 @@ The parts, one job each, live in :mod:`megatron.bridge.training.overlap`: the sw
 computed defaults (``fields``), effective values (``resolution``), the prerequisites (``rules``) and
 the docs page (``docs``; ``python -m megatron.bridge.training.comm_overlap --write-docs`` regenerates
 ``docs/training/communication-overlap.md``). Who owns which megatron-core field is in
-:mod:`megatron.bridge.training.ownership`.
+:mod:`megatron.bridge.training.resolution.ownership`.
 
 Scripts written for Megatron-Bridge call ``cfg.comm_overlap.finalize()`` and
 ``cfg.comm_overlap.setup(model, optimizer, ddp)`` themselves (or
@@ -24,7 +24,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from megatron.bridge.training import ownership
+from megatron.bridge.training.resolution import ownership
 from megatron.bridge.training.errors import CommOverlapConfigError
 from megatron.bridge.training.overlap.fields import BOOL_SWITCHES, DEFAULT_BUCKET_SIZE, OVERLAP_FIELDS, OverlapField
 from megatron.bridge.training.overlap.resolution import (
@@ -34,7 +34,7 @@ from megatron.bridge.training.overlap.resolution import (
     resolve_overlap_values,
 )
 from megatron.bridge.training.overlap.rules import OVERLAP_RULES
-from megatron.bridge.training.rules import RuleContext, check_rules
+from megatron.bridge.training.rules.core import RuleContext, check_rules
 from megatron.bridge.utils.strict_fields import StrictFields
 
 _SELF_CONTAINED_RULE_IDS = frozenset({"tp-comm-bootstrap-backend-known", "data-parallel-size-matches-layout"})

@@ -3,7 +3,7 @@
 Every setting has exactly one owner in this tree. Values that other layers need (for example the
 sequence length the dataset builder uses, or the precision flags of the optimizer) are *derived*
 from their owner when the tree is resolved, never copied back the other way; the megatron-core
-fields that are such copies are listed in :mod:`megatron.bridge.training.ownership`.
+fields that are such copies are listed in :mod:`megatron.bridge.training.resolution.ownership`.
 
 ``ConfigContainer.resolve()`` (and ``finalize()``/``validate()``, which return its finalized
 config) works on a deep copy and then writes the effective values into the copies of the container
@@ -20,14 +20,14 @@ from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
 
 from megatron.bridge.models.gpt_provider import GPTModelProvider
-from megatron.bridge.training import ownership
+from megatron.bridge.training.resolution import ownership
 from megatron.bridge.training.comm_overlap import CommOverlapConfig
-from megatron.bridge.training.finalize import Resolution, resolve_config
+from megatron.bridge.training.resolution.finalize import Resolution, resolve_config
 from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, MixedPrecisionConfig
-from megatron.bridge.training.runtime_config import runtime_config_update  # noqa: F401  (Megatron-Bridge imports it from here)
+from megatron.bridge.training.resolution.runtime_config import runtime_config_update  # noqa: F401  (Megatron-Bridge imports it from here)
 from megatron.bridge.utils.strict_fields import StrictFields, make_strict, register_strict
 from megatron.bridge.training.tokenizers.config import TokenizerConfig
-from megatron.bridge.training.upstream_sections import RerunStateMachineConfig, ValidationConfig
+from megatron.bridge.training.configuration.upstream_sections import RerunStateMachineConfig, ValidationConfig
 from megatron.bridge.training.utils.yaml_io import config_to_yaml, container_from_dict, load_yaml
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from megatron.bridge.training.stop_request import STOP
+from megatron.bridge.training.loop.stop_request import STOP
 from megatron.bridge.utils.quiet import configure_logging
 
 FAILURE_DIR = "failures"
@@ -56,7 +56,7 @@ def _one_process_group(configs: list) -> Iterator[None]:
     if len(configs) < 2:
         yield
         return
-    from megatron.bridge.training import initialize
+    from megatron.bridge.training.loop import initialize
 
     env = initialize.launch_env()
     initialize.initialize_distributed(configs[0].validate(world_size=env.world_size), env)
@@ -73,7 +73,7 @@ def failure_record_path(log_dir: Path, rank: int) -> Path:
 def write_failure_record(log_dir: Path, exc: BaseException, save_dir: Optional[str] = None) -> None:
     """What the harness needs to tell the first failing rank from the ones that failed after it: the
     error with its causes (``failure_cause.describe_failure``)."""
-    from megatron.bridge.training.failure_cause import describe_failure
+    from megatron.bridge.training.loop.failure_cause import describe_failure
 
     record = {
         "rank": int(_rank()),
@@ -119,7 +119,7 @@ def _run(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # torch's CheckpointException is a BaseException: it is a failure too
-        from megatron.bridge.training.failure_cause import describe_failure
+        from megatron.bridge.training.loop.failure_cause import describe_failure
 
         sys.stdout.flush()
         print(f"[rank {_rank()}] training failed: {describe_failure(exc, save_dir)}", file=sys.stderr)

@@ -4,7 +4,7 @@
 rules in :data:`FLEX_RULES` (which ``cfg.validate()`` checks against the target GPU, the harness's
 ``-g``), the selection :func:`apply_flex_dispatcher_backend` (which refuses through the same rules),
 the model field's allowed values, the harness's ``--moe_flex_dispatcher_backend`` choices and the
-docs table. The GPU types themselves are in :mod:`megatron.bridge.training.gpu_catalog`.
+docs table. The GPU types themselves are in :mod:`megatron.bridge.training.resolution.gpu_catalog`.
 
 Setting ``moe_flex_dispatcher_backend`` alone does not activate flex dispatch: the dispatcher type
 must be ``flex`` as well. A dispatcher choice therefore sets the fields :func:`dispatcher_fields`
@@ -20,10 +20,10 @@ from typing import Any, Literal, Optional
 
 import torch
 
-from megatron.bridge.training import gpu_catalog
+from megatron.bridge.training.resolution import gpu_catalog
 from megatron.bridge.training.errors import CommOverlapConfigError, Violation
-from megatron.bridge.training.gpu_catalog import GpuTarget, architecture_name, gpu_target_from_context, target_of
-from megatron.bridge.training.rules import Rule, RuleContext
+from megatron.bridge.training.resolution.gpu_catalog import GpuTarget, architecture_name, gpu_target_from_context, target_of
+from megatron.bridge.training.rules.core import Rule, RuleContext
 from megatron.bridge.utils.flex_backend_names import FLEX_BACKENDS, FlexBackend  # noqa: F401  (read from here)
 from megatron.bridge.utils.import_utils import have_deep_ep
 

@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import torch
 
-from megatron.bridge.training import initialize
-from megatron.bridge.training.checkpointing import CheckpointSaver, TrainState
-from megatron.bridge.training.cuda_graphs import IterationGraph
-from megatron.bridge.training.forward_step import StepState, bind_forward_step, check_forward_step
-from megatron.bridge.training.grad_check import raise_for_nonfinite_grads
-from megatron.bridge.training.metrics import moe_aux_losses
-from megatron.bridge.training.platform import Platform, select_platform
-from megatron.bridge.training.run_description import (
+from megatron.bridge.training.loop import initialize
+from megatron.bridge.training.loop.checkpointing import CheckpointSaver, TrainState
+from megatron.bridge.training.devices.cuda_graphs import IterationGraph
+from megatron.bridge.training.loop.forward_step import StepState, bind_forward_step, check_forward_step
+from megatron.bridge.training.loop.grad_check import raise_for_nonfinite_grads
+from megatron.bridge.training.telemetry.metrics import moe_aux_losses
+from megatron.bridge.training.devices.platform import Platform, select_platform
+from megatron.bridge.training.loop.run_description import (
     log_dir_of,
     moe_token_dispatch,
     parallel_layout,
@@ -44,7 +44,7 @@ from megatron.bridge.training.run_description import (
     startup_lines,
     wgrad_accumulation,
 )
-from megatron.bridge.training.teardown import free_memory
+from megatron.bridge.training.loop.teardown import free_memory
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -112,7 +112,7 @@ def _say(line: str) -> None:
 def _stop_reason(limit_min: Optional[float], start: float, device: torch.device) -> Optional[str]:
     """Why all ranks must stop now (a stop signal or ``train.exit_duration_in_mins`` on any rank),
     else ``None``. One small all-reduce per step, so every rank stops at the same iteration."""
-    from megatron.bridge.training.stop_request import STOP
+    from megatron.bridge.training.loop.stop_request import STOP
 
     out_of_time = bool(limit_min) and time.time() - start > 60.0 * limit_min
     flags = torch.tensor([STOP.signum or 0, int(out_of_time)], dtype=torch.int32, device=device)
@@ -195,8 +195,8 @@ class Trainer:
 
     def release(self) -> None:
         """Let go of the model and optimizer (also after an error), so a later run has the memory."""
-        from megatron.bridge.training.builders import unwire_model_config
-        from megatron.bridge.training.teardown import drop_autograd_graphs
+        from megatron.bridge.training.loop.builders import unwire_model_config
+        from megatron.bridge.training.loop.teardown import drop_autograd_graphs
 
         drop_autograd_graphs(self.model)
         unwire_model_config(self.resolved)
@@ -210,7 +210,7 @@ class Trainer:
 
     def hold_save_dir(self) -> None:
         """``checkpoint.save`` for this run alone (a lock file until the run ends; see ``save_lock.py``)."""
-        from megatron.bridge.training.checkpointing import hold_save_dir
+        from megatron.bridge.training.loop.checkpointing import hold_save_dir
 
         self.save_lock, self.run_id = hold_save_dir(self.resolved, self.device)
 
@@ -223,7 +223,7 @@ class Trainer:
 
     def build(self) -> None:
         """Model chunks, optimizer (fastest kernels here), scheduler and megatron's schedule hooks."""
-        from megatron.bridge.training.builders import (
+        from megatron.bridge.training.loop.builders import (
             build_model,
             build_optimizer,
             build_scheduler,
@@ -254,8 +254,8 @@ class Trainer:
         """The checkpoint's state (if any), then data, metrics, profiler and timer from there."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        from megatron.bridge.training.profiling import StepProfiler
-        from megatron.bridge.training.step_timing import StepTimer
+        from megatron.bridge.training.telemetry.profiling import StepProfiler
+        from megatron.bridge.training.telemetry.step_timing import StepTimer
 
         self.state = self.saver.resume(self.is_logging_rank)
         self.data_iterator = self._data_iterator()
@@ -270,7 +270,7 @@ class Trainer:
 
     def _data_iterator(self) -> Any:
         """This rank's micro-batches from ``consumed_samples`` on; one iterator per virtual stage."""
-        from megatron.bridge.training.data import build_train_iterator
+        from megatron.bridge.training.loop.data import build_train_iterator
 
         vpp = self.resolved.model.virtual_pipeline_model_parallel_size
         consumed = self.state.consumed_samples
@@ -279,8 +279,8 @@ class Trainer:
         return [build_train_iterator(self.resolved, consumed, self.platform) for _ in range(vpp)]
 
     def _metrics(self, log_dir: str) -> Any:
-        from megatron.bridge.training.flops import flops_per_step
-        from megatron.bridge.training.metrics import MetricsLogger
+        from megatron.bridge.training.telemetry.flops import flops_per_step
+        from megatron.bridge.training.telemetry.metrics import MetricsLogger
 
         t, seq = self.resolved.train, self.resolved.model.seq_length
         return MetricsLogger(
@@ -302,7 +302,7 @@ class Trainer:
 
     def train(self) -> Optional[str]:
         """Steps until ``train.train_iters`` or a stop; the stop's reason (``None``: ran to the end)."""
-        from megatron.bridge.training.stop_request import STOP
+        from megatron.bridge.training.loop.stop_request import STOP
 
         t = self.resolved.train
         with _manual_gc(t.manual_gc):
@@ -398,7 +398,7 @@ class Trainer:
 
     def finish(self, reason: Optional[str]) -> PretrainResult:
         """``summary.json`` (logging rank), a barrier, and what ``pretrain`` returns."""
-        from megatron.bridge.training.stop_request import STOP_SIGNAL_NAMES
+        from megatron.bridge.training.loop.stop_request import STOP_SIGNAL_NAMES
 
         stopped_by_signal = reason in STOP_SIGNAL_NAMES
         summary_path = self.metrics.write_summary(

@@ -44,7 +44,7 @@ KNOWN_LOG_RECORDS: tuple[tuple[str, str], ...] = (
     ("megatron.core.rerun_state_machine", "Implicit initialization of Rerun State Machine"),
     ("megatron.core.rerun_state_machine", "RerunStateMachine initialized in mode"),
     ("megatron.core.dist_checkpointing.strategies.torch", "MCore's async save is deprecated"),
-    ("megatron.bridge.training.cpu_compat", "CPU smoke mode: megatron-core CUDA calls mapped to CPU"),
+    ("megatron.bridge.training.devices.cpu_compat", "CPU smoke mode: megatron-core CUDA calls mapped to CPU"),
     ("megatron.bridge.models.torch_native.dispatcher", "torch_native MoE: "),
 )
 """(logger name, message text) of log records that repeat on every rank and need no action

@@ -25,7 +25,7 @@ if ON_GPU:
     torch.cuda.set_device(RANK)
     dist.init_process_group("nccl", rank=RANK, world_size=WORLD, init_method=f"tcp://127.0.0.1:{PORT}")
 else:
-    from megatron.bridge.training import cpu_compat
+    from megatron.bridge.training.devices import cpu_compat
 
     cpu_compat.enable_cpu_compat()
     dist.init_process_group("gloo", rank=RANK, world_size=WORLD, init_method=f"tcp://127.0.0.1:{PORT}")

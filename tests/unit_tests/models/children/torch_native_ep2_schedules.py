@@ -7,7 +7,7 @@ import os, sys
 import torch
 import torch.distributed as dist
 from child_exit import finish  # beside this program
-from megatron.bridge.training import cpu_compat
+from megatron.bridge.training.devices import cpu_compat
 cpu_compat.enable_cpu_compat()
 rank, port = int(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")

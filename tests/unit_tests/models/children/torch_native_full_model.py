@@ -6,7 +6,7 @@ import os, sys
 import torch
 import torch.distributed as dist
 from child_exit import finish  # beside this program
-from megatron.bridge.training import cpu_compat
+from megatron.bridge.training.devices import cpu_compat
 cpu_compat.enable_cpu_compat()
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ["MASTER_PORT"] = sys.argv[2]

@@ -8,8 +8,8 @@ import torch.distributed as dist
 import megatron.bridge.training.config, megatron.bridge.recipes.qwen
 
 # Importing training code must not import (let alone activate) the compat layer.
-report = {"imported_implicitly": "megatron.bridge.training.cpu_compat" in sys.modules}
-from megatron.bridge.training import cpu_compat
+report = {"imported_implicitly": "megatron.bridge.training.devices.cpu_compat" in sys.modules}
+from megatron.bridge.training.devices import cpu_compat
 
 report["enabled_before"] = cpu_compat.cpu_compat_enabled()
 

@@ -2,7 +2,7 @@
 
 Each switch has one owner, ``comm_overlap.<switch>``. Its *targets* are the megatron-core fields
 that read it (``model.*``, ``ddp.*``, ``optimizer.*``); they are copies written at finalize from the
-owner and never inputs (:mod:`megatron.bridge.training.ownership` refuses writes to them). An
+owner and never inputs (:mod:`megatron.bridge.training.resolution.ownership` refuses writes to them). An
 explicit owner value wins; ``null`` means "framework decides", and the decision is made here by the
 switch's ``compute`` function, from fields that are not copies.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from megatron.bridge.training.rules import RuleContext, field_default
-from megatron.bridge.training.layout import data_parallel_size
+from megatron.bridge.training.rules.core import RuleContext, field_default
+from megatron.bridge.training.resolution.layout import data_parallel_size
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.training.overlap.fields import OVERLAP_FIELD_NAMES, OVERLAP_FIELDS
-from megatron.bridge.training.rules import RuleContext, read_field
+from megatron.bridge.training.rules.core import RuleContext, read_field
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

@@ -9,7 +9,7 @@ from __future__ import annotations
 from packaging.version import Version
 
 from megatron.bridge.training.flex_dispatcher_backend import FLEX_RULES
-from megatron.bridge.training.megatron_compat import graph_modules
+from megatron.bridge.training.resolution.megatron_compat import graph_modules
 from megatron.bridge.training.overlap.facts import (
     dw_graph,
     dw_on,
@@ -23,8 +23,8 @@ from megatron.bridge.training.overlap.facts import (
     torch_text,
 )
 from megatron.bridge.training.overlap.fields import BOOL_SWITCHES, gloo_on_cuda
-from megatron.bridge.training.rules import TE_VERSION_VALUE, Rule
-from megatron.bridge.training.layout import data_parallel_size, micro_batches_per_step
+from megatron.bridge.training.rules.core import TE_VERSION_VALUE, Rule
+from megatron.bridge.training.resolution.layout import data_parallel_size, micro_batches_per_step
 
 _TE = TE_VERSION_VALUE
 _RECOMPUTE_FIX = "use selective recompute (recompute_granularity=selective, e.g. recompute_modules=[moe_act])"

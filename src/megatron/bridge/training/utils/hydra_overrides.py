@@ -305,7 +305,7 @@ def apply_in_place(cfg: Any, overrides: Any, excluded_fields: Mapping[str, Any],
         if f.name in changes or (is_container(cfg) and f.name == "provenance"):
             setattr(cfg, f.name, getattr(updated, f.name))
     if is_container(cfg):
-        from megatron.bridge.training import ownership
+        from megatron.bridge.training.resolution import ownership
 
         ownership.carry_memory(updated, cfg)
     _restore(cfg, excluded_fields, changes)

@@ -2,7 +2,7 @@
 
 Every accepted leaf is recorded in the container's ``provenance`` under the layer's name, and every
 problem of a layer is reported at once in one :class:`OverrideError`. A layer may not write a
-field that is a copy of another field (see :mod:`megatron.bridge.training.ownership`) unless it
+field that is a copy of another field (see :mod:`megatron.bridge.training.resolution.ownership`) unless it
 writes the owner's value: the conflict is refused here, when the layer is parsed.
 """
 
@@ -18,7 +18,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from megatron.bridge.training import ownership
+from megatron.bridge.training.resolution import ownership
 from megatron.bridge.training.errors import OverrideError, Violation, did_you_mean
 from megatron.bridge.training.utils.references import REFERENCE_FIX, resolve_references
 from megatron.bridge.training.utils.typed_values import (

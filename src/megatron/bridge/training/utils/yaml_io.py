@@ -21,7 +21,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from megatron.bridge.training import ownership
+from megatron.bridge.training.resolution import ownership
 from megatron.bridge.training.errors import ConfigFileNotFoundError, OverrideError, Violation
 from megatron.bridge.training.utils.overrides import (
     TARGET_KEY,

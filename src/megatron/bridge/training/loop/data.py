@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 
-from megatron.bridge.training.platform import Platform, select_platform
+from megatron.bridge.training.devices.platform import Platform, select_platform
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -153,7 +153,7 @@ def _ignore_stop_signals(worker_id: int) -> None:
     SLURM and torchrun signal a rank's whole process group; a loader worker killed by that signal
     would make the rank's next batch fail instead of letting it finish the step and save.
     """
-    from megatron.bridge.training.stop_request import STOP_SIGNALS
+    from megatron.bridge.training.loop.stop_request import STOP_SIGNALS
 
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)

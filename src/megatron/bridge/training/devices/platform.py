@@ -18,7 +18,7 @@ import torch
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
-    from megatron.bridge.training.overlap_report import OverlapReport
+    from megatron.bridge.training.overlap.report import OverlapReport
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class CudaPlatform(Platform):
     def prepare_process(self, report: "OverlapReport") -> None:
         set_cuda_device_max_connections(report)
         if self.backend == "gloo":
-            from megatron.bridge.training.gloo_cuda_compat import enable_gloo_cuda_compat
+            from megatron.bridge.training.devices.gloo_cuda_compat import enable_gloo_cuda_compat
 
             enable_gloo_cuda_compat()
 
@@ -137,7 +137,7 @@ class CudaPlatform(Platform):
         torch.cuda.reset_peak_memory_stats()  # each run reports its own peak
 
     def fast_optimizer_kernels(self, optimizer: Any) -> str:
-        from megatron.bridge.training.torch_optimizer import use_torch_fast_paths
+        from megatron.bridge.training.devices.torch_optimizer import use_torch_fast_paths
 
         return use_torch_fast_paths(optimizer)
 
@@ -149,7 +149,7 @@ class CpuPlatform(Platform):
     explicit_causal_mask = True
 
     def prepare_process(self, report: "OverlapReport") -> None:
-        from megatron.bridge.training.cpu_compat import enable_cpu_compat
+        from megatron.bridge.training.devices.cpu_compat import enable_cpu_compat
 
         enable_cpu_compat()
 
@@ -158,7 +158,7 @@ class CpuPlatform(Platform):
         return torch.device("cpu")
 
     def seed_model_parallel(self, seed: int) -> None:
-        from megatron.bridge.training.cpu_compat import seed_cpu_model_parallel
+        from megatron.bridge.training.devices.cpu_compat import seed_cpu_model_parallel
 
         seed_cpu_model_parallel(seed)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from megatron.bridge.training.ranges import within
-from megatron.bridge.training.rules import RuleContext
+from megatron.bridge.training.rules.ranges import within
+from megatron.bridge.training.rules.core import RuleContext
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

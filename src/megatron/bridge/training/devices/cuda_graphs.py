@@ -39,8 +39,8 @@ from typing import Any, Callable, ContextManager, Optional
 
 import torch
 
-from megatron.bridge.training import capture_memory
-from megatron.bridge.training.capture_memory import CaptureMemoryReuse
+from megatron.bridge.training.devices import capture_memory
+from megatron.bridge.training.devices.capture_memory import CaptureMemoryReuse
 
 IMPL = "full_iteration"
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
-    from megatron.bridge.training.platform import Platform
+    from megatron.bridge.training.devices.platform import Platform
 
 
 def build_model(resolved: "ConfigContainer", platform: "Platform", ddp_config: Any = None) -> list[Any]:

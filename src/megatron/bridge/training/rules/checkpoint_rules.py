@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from megatron.bridge.training.checkpointing import CheckpointDir, checkpoint_layout, inspect_checkpoint_dir
-from megatron.bridge.training.layout import data_parallel_size, dp_known, layout_within
-from megatron.bridge.training.rules import Rule, RuleContext
-from megatron.bridge.training.save_lock import LOCK_NAME, held_by_another_live_run
+from megatron.bridge.training.loop.checkpointing import CheckpointDir, checkpoint_layout, inspect_checkpoint_dir
+from megatron.bridge.training.resolution.layout import data_parallel_size, dp_known, layout_within
+from megatron.bridge.training.rules.core import Rule, RuleContext
+from megatron.bridge.training.loop.save_lock import LOCK_NAME, held_by_another_live_run
 from megatron.bridge.utils.paths import writable_directory_problem
 
 if TYPE_CHECKING:

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from megatron.bridge.training.errors import Violation
-from megatron.bridge.training.gpu_catalog import gpu_target_from_context
+from megatron.bridge.training.resolution.gpu_catalog import gpu_target_from_context
 from megatron.bridge.training.overlap.resolution import EffectiveValue
 from megatron.bridge.training.overlap.rules import NO_EFFECT_RULE_IDS, OVERLAP_RULES
-from megatron.bridge.training.ownership import OWNERSHIP_RULE_IDS, concerns_overlap
-from megatron.bridge.training.rules import RuleContext, read_field, te_version_text
+from megatron.bridge.training.resolution.ownership import OWNERSHIP_RULE_IDS, concerns_overlap
+from megatron.bridge.training.rules.core import RuleContext, read_field, te_version_text
 
 if TYPE_CHECKING:
     from megatron.bridge.models.layer_specs import LayerSpecChoice

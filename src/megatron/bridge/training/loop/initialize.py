@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Optional
 import numpy as np
 import torch
 
-from megatron.bridge.training.platform import Platform, select_platform
+from megatron.bridge.training.devices.platform import Platform, select_platform
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from megatron.bridge.training.rules import RuleContext
+    from megatron.bridge.training.rules.core import RuleContext
 
 
 @dataclass(frozen=True)

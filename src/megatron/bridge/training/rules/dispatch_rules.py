@@ -17,7 +17,7 @@ from megatron.bridge.models.torch_native.dispatch_policy import (
 )
 from megatron.bridge.models.torch_native.symmetric_exchange import blocks_split_rows_exactly
 from megatron.bridge.training.overlap.facts import resolved_layer_spec
-from megatron.bridge.training.rules import Rule, RuleContext
+from megatron.bridge.training.rules.core import Rule, RuleContext
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

@@ -13,12 +13,12 @@ A save never touches a published checkpoint while it writes: every rank writes i
 ``iter_0000010.incomplete.<run id>``, then rank 0 renames it to ``iter_0000010`` and only then
 replaces the tracker file (atomically). A save killed midway leaves the previous checkpoint and the
 tracker as they were; the next run removes the leftover staging directory. One run at a time holds
-the save directory (:mod:`megatron.bridge.training.save_lock`).
+the save directory (:mod:`megatron.bridge.training.loop.save_lock`).
 
 ``load_checkpoint`` resumes from the iteration named in ``latest_checkpointed_iteration.txt`` in
 ``cfg.checkpoint.load``; :class:`CheckpointSaver` is a run's cadence (save interval, save on exit,
 each iteration at most once). What a directory holds, read without torch, is
-:mod:`megatron.bridge.training.checkpoint_dir`.
+:mod:`megatron.bridge.training.loop.checkpoint_dir`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import torch
 
-from megatron.bridge.training.checkpoint_dir import (  # noqa: F401  (the names callers import from here)
+from megatron.bridge.training.loop.checkpoint_dir import (  # noqa: F401  (the names callers import from here)
     COMMON_FILES,
     LAYOUT_FILE,
     REPLACED_SUFFIX,
@@ -49,7 +49,7 @@ from megatron.bridge.training.checkpoint_dir import (  # noqa: F401  (the names 
     remove_leftover_staging,
     staging_dir,
 )
-from megatron.bridge.training.save_lock import SaveDirInUseError, SaveDirLock
+from megatron.bridge.training.loop.save_lock import SaveDirInUseError, SaveDirLock
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from megatron.bridge.training.overlap.facts import precision_fp4, resolved_layer_spec
-from megatron.bridge.training.rules import TE_VERSION_VALUE, Rule, RuleContext
+from megatron.bridge.training.rules.core import TE_VERSION_VALUE, Rule, RuleContext
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from megatron.bridge.training.errors import ConfigValidationError, Violation
-from megatron.bridge.training.rules import Rule, field_default, read_field
+from megatron.bridge.training.rules.core import Rule, field_default, read_field
 from megatron.bridge.utils.strict_fields import StrictFields
 
 if TYPE_CHECKING:

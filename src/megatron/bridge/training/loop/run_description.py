@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from megatron.bridge.training import initialize
+from megatron.bridge.training.loop import initialize
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
 
 def log_dir_of(resolved: "ConfigContainer") -> str:
-    from megatron.bridge.training.metrics import default_log_dir
+    from megatron.bridge.training.telemetry.metrics import default_log_dir
 
     return resolved.logger.log_dir or default_log_dir()
 
@@ -54,7 +54,7 @@ def parallel_layout(resolved: "ConfigContainer") -> dict[str, Any]:
     """The layout and batch shape for ``summary.json`` (the sizes are those a checkpoint records)."""
     from megatron.core import parallel_state as ps
 
-    from megatron.bridge.training.checkpointing import checkpoint_layout
+    from megatron.bridge.training.loop.checkpointing import checkpoint_layout
 
     return dict(
         checkpoint_layout(resolved, ps.get_data_parallel_world_size()),

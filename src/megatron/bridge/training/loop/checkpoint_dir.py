@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from megatron.bridge.training.save_lock import LOCK_NAME
+from megatron.bridge.training.loop.save_lock import LOCK_NAME
 
 TRACKER = "latest_checkpointed_iteration.txt"
 LAYOUT_FILE = "parallel_layout.json"

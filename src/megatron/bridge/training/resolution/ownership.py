@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from megatron.bridge.training.errors import Violation
 from megatron.bridge.training.mixed_precision import LEFT_TO_USER, PRECISION_TARGETS, precision_value
 from megatron.bridge.training.overlap.fields import OVERLAP_FIELDS
-from megatron.bridge.training.rules import field_default, read_field
+from megatron.bridge.training.rules.core import field_default, read_field
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

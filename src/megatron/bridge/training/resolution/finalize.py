@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from packaging.version import Version
 
-from megatron.bridge.training import gpu_catalog, ownership
+from megatron.bridge.training.resolution import gpu_catalog
+
+from megatron.bridge.training.resolution import ownership
 from megatron.bridge.training.comm_overlap import CommOverlapConfig
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError, Violation
 from megatron.bridge.models.layer_specs import LayerSpecChoice
@@ -27,9 +29,9 @@ from megatron.bridge.training.overlap import resolution as overlap_resolution
 from megatron.bridge.training.overlap.facts import layer_spec_choice
 from megatron.bridge.training.overlap.resolution import EffectiveValue
 from megatron.bridge.training.overlap.rules import OVERLAP_RULES
-from megatron.bridge.training.overlap_report import OverlapReport, report_from
-from megatron.bridge.training.rule_registry import ALL_RULES
-from megatron.bridge.training.rules import RuleContext, check_rules
+from megatron.bridge.training.overlap.report import OverlapReport, report_from
+from megatron.bridge.training.rules.registry import ALL_RULES
+from megatron.bridge.training.rules.core import RuleContext, check_rules
 from megatron.bridge.utils.import_utils import have_deep_ep, transformer_engine_version
 
 if TYPE_CHECKING:

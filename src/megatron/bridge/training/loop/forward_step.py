@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from megatron.bridge.training.errors import ConfigError, Violation
 
 if TYPE_CHECKING:
-    from megatron.bridge.training.checkpointing import TrainState
+    from megatron.bridge.training.loop.checkpointing import TrainState
     from megatron.bridge.training.config import ConfigContainer
 
 _STATE_PARAMETER = "state"

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from megatron.bridge.training.layout import data_parallel_size, layout_within
-from megatron.bridge.training.rules import RuleContext
+from megatron.bridge.training.resolution.layout import data_parallel_size, layout_within
+from megatron.bridge.training.rules.core import RuleContext
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
-    from megatron.bridge.training.finalize import Resolution
+    from megatron.bridge.training.resolution.finalize import Resolution
 
 
 def runtime_world_size() -> int:

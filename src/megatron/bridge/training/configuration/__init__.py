@@ -1,0 +1,1 @@
+"""Section dataclasses beside ``training/config.py`` (Megatron-Bridge's upstream sections)."""

@@ -1,0 +1,1 @@
+"""Rules as data: the records, every rule table, and the one registry the validator, the docs and the tests read."""

@@ -1,0 +1,1 @@
+"""What a run measures: per-step metrics, step timing, profiling, model FLOPs."""
