@@ -28,14 +28,33 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import torch
+from megatron.core import parallel_state
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.rerun_state_machine import get_rerun_state_machine
 
-from megatron.bridge.training.loop import initialize
-from megatron.bridge.training.loop.checkpointing import CheckpointSaver, TrainState
 from megatron.bridge.training.devices.cuda_graphs import IterationGraph
-from megatron.bridge.training.loop.forward_step import StepState, bind_forward_step, check_forward_step
-from megatron.bridge.training.loop.grad_check import raise_for_nonfinite_grads
-from megatron.bridge.training.telemetry.metrics import moe_aux_losses
 from megatron.bridge.training.devices.platform import Platform, select_platform
+from megatron.bridge.training.gpt_step import forward_step as gpt_forward_step
+from megatron.bridge.training.loop import initialize
+from megatron.bridge.training.loop.builders import (
+    build_model,
+    build_optimizer,
+    build_scheduler,
+    unwire_model_config,
+    wire_model_config,
+)
+from megatron.bridge.training.loop.checkpointing import (
+    CheckpointSaver,
+    TrainState,
+    hold_save_dir,
+)
+from megatron.bridge.training.loop.data import build_train_iterator
+from megatron.bridge.training.loop.forward_step import (
+    StepState,
+    bind_forward_step,
+    check_forward_step,
+)
+from megatron.bridge.training.loop.grad_check import raise_for_nonfinite_grads
 from megatron.bridge.training.loop.run_description import (
     log_dir_of,
     moe_token_dispatch,
@@ -44,7 +63,12 @@ from megatron.bridge.training.loop.run_description import (
     startup_lines,
     wgrad_accumulation,
 )
-from megatron.bridge.training.loop.teardown import free_memory
+from megatron.bridge.training.loop.stop_request import STOP, STOP_SIGNAL_NAMES
+from megatron.bridge.training.loop.teardown import drop_autograd_graphs, free_memory
+from megatron.bridge.training.telemetry.flops import flops_per_step
+from megatron.bridge.training.telemetry.metrics import MetricsLogger, moe_aux_losses
+from megatron.bridge.training.telemetry.profiling import StepProfiler
+from megatron.bridge.training.telemetry.step_timing import StepTimer
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -82,7 +106,7 @@ def pretrain(
     platform.prepare_process(report)
 
     if forward_step_func is None:
-        from megatron.bridge.training.gpt_step import forward_step as forward_step_func
+        forward_step_func = gpt_forward_step
     check_forward_step(forward_step_func, ep_overlap=bool(resolved.comm_overlap.overlap_moe_expert_parallel_comm))
 
     created_group = not torch.distributed.is_initialized()
@@ -93,8 +117,6 @@ def pretrain(
         config_text = resolved_config_text(resolution.effective)
         return Trainer(resolved, report, env, platform, forward_step_func, verbose, config_text).run()
     finally:
-        from megatron.core import parallel_state
-
         parallel_state.destroy_model_parallel()
         if created_group and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -112,7 +134,6 @@ def _say(line: str) -> None:
 def _stop_reason(limit_min: Optional[float], start: float, device: torch.device) -> Optional[str]:
     """Why all ranks must stop now (a stop signal or ``train.exit_duration_in_mins`` on any rank),
     else ``None``. One small all-reduce per step, so every rank stops at the same iteration."""
-    from megatron.bridge.training.loop.stop_request import STOP
 
     out_of_time = bool(limit_min) and time.time() - start > 60.0 * limit_min
     flags = torch.tensor([STOP.signum or 0, int(out_of_time)], dtype=torch.int32, device=device)
@@ -164,13 +185,13 @@ class Trainer:
         self, resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, platform: Platform,
         forward_step_func: Callable[..., Any], verbose: bool, config_text: str,
     ) -> None:
-        from megatron.core import parallel_state as ps
 
         self.resolved, self.report, self.env, self.platform = resolved, report, env, platform
         self.config_text = config_text  # the effective config as YAML, for summary.json
         self.forward_step_func, self.verbose = forward_step_func, verbose
         t = resolved.train
-        self.num_microbatches = t.global_batch_size // (t.micro_batch_size * ps.get_data_parallel_world_size())
+        data_parallel = parallel_state.get_data_parallel_world_size()
+        self.num_microbatches = t.global_batch_size // (t.micro_batch_size * data_parallel)
         self.rank = torch.distributed.get_rank()
         self.is_logging_rank = self.rank == 0
         self.device = platform.device
@@ -195,8 +216,6 @@ class Trainer:
 
     def release(self) -> None:
         """Let go of the model and optimizer (also after an error), so a later run has the memory."""
-        from megatron.bridge.training.loop.builders import unwire_model_config
-        from megatron.bridge.training.loop.teardown import drop_autograd_graphs
 
         drop_autograd_graphs(self.model)
         unwire_model_config(self.resolved)
@@ -210,7 +229,6 @@ class Trainer:
 
     def hold_save_dir(self) -> None:
         """``checkpoint.save`` for this run alone (a lock file until the run ends; see ``save_lock.py``)."""
-        from megatron.bridge.training.loop.checkpointing import hold_save_dir
 
         self.save_lock, self.run_id = hold_save_dir(self.resolved, self.device)
 
@@ -223,12 +241,6 @@ class Trainer:
 
     def build(self) -> None:
         """Model chunks, optimizer (fastest kernels here), scheduler and megatron's schedule hooks."""
-        from megatron.bridge.training.loop.builders import (
-            build_model,
-            build_optimizer,
-            build_scheduler,
-            wire_model_config,
-        )
 
         self.platform.start_run()
         with self.graph.model_build_stream():
@@ -252,10 +264,7 @@ class Trainer:
 
     def resume(self) -> None:
         """The checkpoint's state (if any), then data, metrics, profiler and timer from there."""
-        from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        from megatron.bridge.training.telemetry.profiling import StepProfiler
-        from megatron.bridge.training.telemetry.step_timing import StepTimer
 
         self.state = self.saver.resume(self.is_logging_rank)
         self.data_iterator = self._data_iterator()
@@ -270,7 +279,6 @@ class Trainer:
 
     def _data_iterator(self) -> Any:
         """This rank's micro-batches from ``consumed_samples`` on; one iterator per virtual stage."""
-        from megatron.bridge.training.loop.data import build_train_iterator
 
         vpp = self.resolved.model.virtual_pipeline_model_parallel_size
         consumed = self.state.consumed_samples
@@ -279,8 +287,6 @@ class Trainer:
         return [build_train_iterator(self.resolved, consumed, self.platform) for _ in range(vpp)]
 
     def _metrics(self, log_dir: str) -> Any:
-        from megatron.bridge.training.telemetry.flops import flops_per_step
-        from megatron.bridge.training.telemetry.metrics import MetricsLogger
 
         t, seq = self.resolved.train, self.resolved.model.seq_length
         return MetricsLogger(
@@ -302,7 +308,6 @@ class Trainer:
 
     def train(self) -> Optional[str]:
         """Steps until ``train.train_iters`` or a stop; the stop's reason (``None``: ran to the end)."""
-        from megatron.bridge.training.loop.stop_request import STOP
 
         t = self.resolved.train
         with _manual_gc(t.manual_gc):
@@ -322,7 +327,6 @@ class Trainer:
 
     def train_step(self) -> None:
         """One optimizer step over ``num_microbatches`` micro-batches, timed and recorded."""
-        from megatron.core.rerun_state_machine import get_rerun_state_machine
 
         # megatron's checks (DDP's NaN check among them) name the iteration from its rerun state
         # machine, which counts from 0 internally and shows one more: the step about to run.
@@ -398,7 +402,6 @@ class Trainer:
 
     def finish(self, reason: Optional[str]) -> PretrainResult:
         """``summary.json`` (logging rank), a barrier, and what ``pretrain`` returns."""
-        from megatron.bridge.training.loop.stop_request import STOP_SIGNAL_NAMES
 
         stopped_by_signal = reason in STOP_SIGNAL_NAMES
         summary_path = self.metrics.write_summary(
