@@ -238,7 +238,7 @@ def schedule_values(
 
 
 def _resumes(cfg: "ConfigContainer") -> bool:
-    from megatron.bridge.training.loop.checkpointing import inspect_checkpoint_dir
+    from megatron.bridge.training.loop.checkpoint_dir import inspect_checkpoint_dir
 
     return bool(cfg.checkpoint.load) and inspect_checkpoint_dir(cfg.checkpoint.load).resumable
 

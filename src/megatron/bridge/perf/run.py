@@ -77,7 +77,7 @@ class Job:
 
 def checkpoint_notes(resolved) -> list[str]:
     """Where the run starts from, said before launch (validation has refused unusable directories)."""
-    from megatron.bridge.training.loop.checkpointing import inspect_checkpoint_dir
+    from megatron.bridge.training.loop.checkpoint_dir import inspect_checkpoint_dir
 
     ckpt = resolved.checkpoint
     if not ckpt.load:
@@ -96,7 +96,7 @@ def checkpoint_notes(resolved) -> list[str]:
 def nothing_to_train(resolved) -> Optional[str]:
     """Why the run has no step left (``checkpoint.load`` already holds ``train.train_iters``
     iterations or more), decided here so that no rank is started for it; ``None`` otherwise."""
-    from megatron.bridge.training.loop.checkpointing import inspect_checkpoint_dir
+    from megatron.bridge.training.loop.checkpoint_dir import inspect_checkpoint_dir
 
     ckpt, total = resolved.checkpoint, resolved.train.train_iters
     if not ckpt.load or not isinstance(total, int):
@@ -202,7 +202,7 @@ def prepare(job: Job) -> None:
 
 def stop_message(summary_path: Path, outcome: JobOutcome, save_dir: Optional[str]) -> str:
     """``stopped by signal at iteration N; checkpoint at PATH``, from what the ranks wrote."""
-    from megatron.bridge.training.loop.checkpointing import inspect_checkpoint_dir, iteration_dir
+    from megatron.bridge.training.loop.checkpoint_dir import inspect_checkpoint_dir, iteration_dir
 
     if not summary_path.is_file():
         head = ("killed by a second signal before the ranks finished" if outcome.killed

@@ -14,9 +14,12 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from megatron.bridge.training.loop.save_lock import LOCK_NAME
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
 
 TRACKER = "latest_checkpointed_iteration.txt"
 LAYOUT_FILE = "parallel_layout.json"
@@ -141,3 +144,21 @@ def inspect_checkpoint_dir(root: str | os.PathLike) -> CheckpointDir:
     if all(_leftover(child) for child in path.iterdir()):
         return CheckpointDir(path, "empty")
     return CheckpointDir(path, "no_tracker")
+
+
+def checkpoint_layout(cfg: "ConfigContainer", data_parallel_size: Optional[int]) -> dict[str, Optional[int]]:
+    """The parallel sizes that decide how model and optimizer state are sharded on disk.
+
+    Saved with every checkpoint and compared on resume: this package's optimizer format is only
+    loaded back under the layout that wrote it (resharding is not supported here).
+    """
+    m = cfg.model
+    return dict(
+        tp=m.tensor_model_parallel_size,
+        pp=m.pipeline_model_parallel_size,
+        vpp=m.virtual_pipeline_model_parallel_size,
+        cp=m.context_parallel_size,
+        ep=m.expert_model_parallel_size,
+        etp=m.expert_tensor_parallel_size or m.tensor_model_parallel_size,
+        dp=data_parallel_size,
+    )

@@ -26,7 +26,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import random
+import resource
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,18 +36,19 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import torch
+from megatron.core import dist_checkpointing, tensor_parallel
+from megatron.core import parallel_state as ps
+from megatron.core.dist_checkpointing.strategies import filesystem_async
+from megatron.core.optimizer import distrib_optimizer
+from megatron.core.utils import unwrap_model
 
-from megatron.bridge.training.loop.checkpoint_dir import (  # noqa: F401  (the names callers import from here)
-    COMMON_FILES,
+from megatron.bridge.training.loop.checkpoint_dir import (
     LAYOUT_FILE,
     REPLACED_SUFFIX,
-    STAGING_SUFFIX,
     TRACKER,
-    CheckpointDir,
-    inspect_checkpoint_dir,
+    checkpoint_layout,
     iteration_dir,
     latest_iteration,
-    missing_files,
     remove_leftover_staging,
     staging_dir,
 )
@@ -70,24 +73,6 @@ class TrainState:
     consumed_samples: int = 0
 
 
-def checkpoint_layout(cfg: "ConfigContainer", data_parallel_size: Optional[int]) -> dict[str, Optional[int]]:
-    """The parallel sizes that decide how model and optimizer state are sharded on disk.
-
-    Saved with every checkpoint and compared on resume: this package's optimizer format is only
-    loaded back under the layout that wrote it (resharding is not supported here).
-    """
-    m = cfg.model
-    return dict(
-        tp=m.tensor_model_parallel_size,
-        pp=m.pipeline_model_parallel_size,
-        vpp=m.virtual_pipeline_model_parallel_size,
-        cp=m.context_parallel_size,
-        ep=m.expert_model_parallel_size,
-        etp=m.expert_tensor_parallel_size or m.tensor_model_parallel_size,
-        dp=data_parallel_size,
-    )
-
-
 def _bare(model: list[Any]) -> list[Any]:
     """The ``GPTModel`` inside each DDP/Float16Module chunk.
 
@@ -95,7 +80,6 @@ def _bare(model: list[Any]) -> list[Any]:
     ``module.`` prefix that its ``load_state_dict`` does not strip; the bare model has neither
     problem, and its keys are megatron's usual checkpoint keys.
     """
-    from megatron.core.utils import unwrap_model
 
     return unwrap_model(model)
 
@@ -124,7 +108,6 @@ class CheckpointLoadError(RuntimeError):
 def _rng_state() -> dict[str, Any]:
     """Every RNG state of this rank as tensors, numbers and strings only: a resume reads it with
     ``torch.load(weights_only=True)``, which builds no other object (a pickled one could run code)."""
-    from megatron.core import tensor_parallel
 
     version, mt_words, gauss = random.getstate()
     kind, np_words, pos, has_gauss, cached = np.random.get_state()
@@ -141,7 +124,6 @@ def _rng_state() -> dict[str, Any]:
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
-    from megatron.core import tensor_parallel
 
     py = state["random"]
     random.setstate((py["version"], tuple(int(w) for w in py["words"].tolist()), py["gauss"]))
@@ -175,11 +157,9 @@ def _without_psutil() -> None:
     The value is only logged, so when ``psutil`` is absent (it is no dependency of torch or
     megatron-core) report the peak resident set size from the standard library instead.
     """
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     if getattr(filesystem_async, "HAVE_PSUTIL", True):
         return
-    import resource
 
     filesystem_async._process_memory = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
@@ -192,9 +172,7 @@ def _in_process_results_queue() -> None:
     seconds with torch and megatron-core). We save synchronously, where the writers are threads of
     this process, so a plain in-process queue carries the same results.
     """
-    import queue
 
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     if getattr(filesystem_async, "_results_queue", None) is None:
         filesystem_async._results_queue = queue.Queue()
@@ -248,8 +226,6 @@ def save_checkpoint(
 
     Written into this run's staging directory, published by rename, tracker replaced last.
     """
-    from megatron.core import dist_checkpointing
-    from megatron.core import parallel_state as ps
 
     _without_psutil()
     _in_process_results_queue()
@@ -292,7 +268,6 @@ def _prime_optimizer_state(optimizer: Any) -> None:
     state at all, so building the *loading* state dict of a fresh run fails. The values written
     here are placeholders, overwritten by the checkpoint.
     """
-    from megatron.core.optimizer import distrib_optimizer
 
     if getattr(distrib_optimizer, "HAVE_APEX_OR_TE", False):
         return
@@ -315,7 +290,6 @@ def _restore_adam_steps(optimizer: Any) -> None:
     built out of the *live* (primed, step 0) optimizer, so the per-parameter ``step`` tensor keeps
     the placeholder; the true step is in the loaded param groups. Bias correction needs it.
     """
-    from megatron.core.optimizer import distrib_optimizer
 
     if getattr(distrib_optimizer, "HAVE_APEX_OR_TE", False):
         return
@@ -336,7 +310,6 @@ def load_checkpoint(
 ) -> Optional[tuple["TrainState", Path]]:
     """Restore the latest checkpoint in ``cfg.checkpoint.load``: the train state and the directory
     it came from, or ``None`` when the directory holds no checkpoint yet."""
-    from megatron.core import dist_checkpointing
 
     iteration = latest_iteration(cfg.checkpoint.load)
     if iteration is None:

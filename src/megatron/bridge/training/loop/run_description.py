@@ -54,7 +54,7 @@ def parallel_layout(resolved: "ConfigContainer") -> dict[str, Any]:
     """The layout and batch shape for ``summary.json`` (the sizes are those a checkpoint records)."""
     from megatron.core import parallel_state as ps
 
-    from megatron.bridge.training.loop.checkpointing import checkpoint_layout
+    from megatron.bridge.training.loop.checkpoint_dir import checkpoint_layout
 
     return dict(
         checkpoint_layout(resolved, ps.get_data_parallel_world_size()),

@@ -2,7 +2,7 @@
 be resumed from (missing, not a checkpoint, damaged, incomplete), and a save directory that cannot be
 written.
 
-Each kind of unusable directory (see ``checkpointing.inspect_checkpoint_dir``) is one rule; resuming
+Each kind of unusable directory (see ``checkpoint_dir.inspect_checkpoint_dir``) is one rule; resuming
 with another parallel layout than the one that saved is refused too, showing both layouts.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from megatron.bridge.training.loop.checkpointing import CheckpointDir, checkpoint_layout, inspect_checkpoint_dir
+from megatron.bridge.training.loop.checkpoint_dir import CheckpointDir, checkpoint_layout, inspect_checkpoint_dir
 from megatron.bridge.training.resolution.layout import data_parallel_size, dp_known, layout_within
 from megatron.bridge.training.rules.core import Rule, RuleContext
 from megatron.bridge.training.loop.save_lock import LOCK_NAME, held_by_another_live_run
