@@ -45,11 +45,9 @@ KNOWN_LOG_RECORDS: tuple[tuple[str, str], ...] = (
     ("megatron.core.rerun_state_machine", "RerunStateMachine initialized in mode"),
     ("megatron.core.dist_checkpointing.strategies.torch", "MCore's async save is deprecated"),
     ("megatron.bridge.training.devices.cpu_compat", "CPU smoke mode: megatron-core CUDA calls mapped to CPU"),
-    ("megatron.bridge.models.torch_native.dispatcher", "torch_native MoE: "),
 )
 """(logger name, message text) of log records that repeat on every rank and need no action
-(the CPU smoke-mode banner and the MoE dispatcher choice are also printed once by rank 0's start-up
-lines, so their log copies go)."""
+(the CPU smoke-mode banner is also printed once by rank 0's start-up lines, so its log copies go)."""
 
 THIRD_PARTY_LOGGERS: tuple[str, ...] = ("megatron.core",)
 """Loggers whose INFO records (config dumps, bucket listings) are shown only with ``--verbose``."""
@@ -61,6 +59,11 @@ record says "No CUDA runtime is found" on CPU hosts, where that is expected."""
 
 SHOW_IMPORT_WARNINGS_ENV = "MEGATRON_BRIDGE_SHOW_IMPORT_WARNINGS"
 """Set to ``1`` to keep megatron-core's and torch's import-time warnings in a plain Python session."""
+
+_THIRD_PARTY_ORIGIN = {False: r"(megatron\.core|torch)(\.|$)", True: r".*[/\\](megatron[/\\]core|torch)[/\\]"}
+"""Where a known warning must come from to be dropped on import: megatron-core's or torch's modules
+(a compile-time ``SyntaxWarning`` names its file, hence the path form). A user's own code that
+raises the same text still shows it."""
 
 _IMPORT_FILTERS: list[tuple] = []
 """The warning filters :func:`quiet_imports` added (removed again by :func:`show_import_warnings`)."""
@@ -79,7 +82,9 @@ def quiet_imports() -> None:
     if _IMPORT_FILTERS or _wants_import_warnings():
         return
     before = list(warnings.filters)
-    silence_known_warnings()
+    for category, message in KNOWN_WARNINGS:
+        origin = _THIRD_PARTY_ORIGIN[category is SyntaxWarning]
+        warnings.filterwarnings("ignore", message=message, category=category, module=origin)
     _IMPORT_FILTERS.extend(f for f in warnings.filters if f not in before)
     _mute(SILENCED_LOGGERS)
 
