@@ -117,7 +117,7 @@ EP-overlap/delay-wgrad rules reject (where it has the rule) and accepts one we a
 
 EP overlap needs more than one hardware queue (32) so the all-to-all runs beside compute; TP/CP
 communication overlap wants 1 on pre-Blackwell GPUs to keep kernel order. The start-up overlap
-report (part of the resolution `megatron.bridge.training.finalize.resolve_config` returns) states
+report (part of the resolution `megatron.bridge.training.resolution.finalize.resolve_config` returns) states
 the value the run needs and reports the conflict when both apply.
 
 ## Flex dispatcher backends

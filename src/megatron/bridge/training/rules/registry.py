@@ -24,4 +24,4 @@ RULE_TABLES: dict[str, tuple[Rule, ...]] = {
 modules: the overlap groups, and ranges, precision, run and checkpoint rules)."""
 
 ALL_RULES: tuple[Rule, ...] = tuple(rule for table in RULE_TABLES.values() for rule in table)
-"""Every rule, as :func:`megatron.bridge.training.finalize.resolve_config` checks them."""
+"""Every rule, as :func:`megatron.bridge.training.resolution.finalize.resolve_config` checks them."""
