@@ -15,12 +15,11 @@ os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0
 os.environ.setdefault("MASTER_PORT", "29541")
 
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config  # noqa: E402
-from megatron.bridge.training.loop import builders  # noqa: E402
-from megatron.bridge.training.pretrain import pretrain  # noqa: E402
+from megatron.bridge.training import pretrain as pretrain_module  # noqa: E402
 
 OUT = Path(sys.argv[1])
 built = []
-_build_model = builders.build_model
+_build_model = pretrain_module.build_model
 
 
 def build_model_and_watch(*args, **kwargs):
@@ -29,7 +28,7 @@ def build_model_and_watch(*args, **kwargs):
     return chunks
 
 
-builders.build_model = build_model_and_watch
+pretrain_module.build_model = build_model_and_watch  # the name the trainer calls
 
 
 def tiny(name: str):
@@ -42,7 +41,7 @@ def tiny(name: str):
 
 report = {}
 for run in ("first", "second"):
-    result = pretrain(tiny(run))  # no gc.collect() here: the memory must be free when pretrain returns
+    result = pretrain_module.pretrain(tiny(run))  # no gc.collect() here: the memory must be free when pretrain returns
     report[run] = {"losses": len(result.losses), "alive": sum(r() is not None for r in built[-1]),
                    "watched": len(built[-1])}
 print("REPORT " + json.dumps(report))
