@@ -4,6 +4,7 @@ Megatron-Bridge's names, equal on every overlap value to the harness's EP-overla
 import io
 
 import pytest
+from seed_command import for_gpu
 
 import megatron.bridge.perf_recipes as perf_recipes
 import megatron.bridge.recipes.qwen as qwen_family
@@ -20,16 +21,6 @@ PERF_RECIPES = [
     ("qwen3_30b_a3b_pretrain_16gpu_h200_bf16_config", "h200"),
 ]
 
-# The harness's EP-overlap command (README, docs/performance/harness.md) for GPU type {gpu}.
-SEED_COMMAND = [
-    "-m", "qwen", "-mr", "qwen3_30b_a3b", "--task", "pretrain", "-g", "{gpu}", "-c", "bf16",
-    "-ng", "16", "-gn", "8", "--max_steps", "8", "--cuda_graph_impl", "none",
-    "--moe_flex_dispatcher_backend", "None", "--moe_a2a_overlap", "false",
-    "--tokenizer_type", "NullTokenizer",
-    "comm_overlap.overlap_moe_expert_parallel_comm=true",
-    "comm_overlap.delay_wgrad_compute=false",
-    "model.moe_shared_expert_overlap=false",
-]
 
 SEED_VALUES = {
     "comm_overlap.overlap_moe_expert_parallel_comm": True,
@@ -74,7 +65,7 @@ def seed_effective(tmp_path_factory):
     for _, gpu in PERF_RECIPES:
         folder = tmp_path_factory.mktemp(gpu)
         path = folder / "effective.yaml"
-        argv = [a.format(gpu=gpu) for a in SEED_COMMAND]
+        argv = for_gpu(gpu)
         out = io.StringIO()
         code = main([*argv, "-l", str(folder / "run"), "--dryrun", "--save_config_filepath", str(path)], out=out)
         assert code == 0, out.getvalue()

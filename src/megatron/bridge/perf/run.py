@@ -36,6 +36,7 @@ from megatron.bridge.perf.launcher import CONFIG_NAME, LaunchPlan, choose_mode, 
 from megatron.bridge.perf.results import SUMMARY_NAME, format_results, load_summary, summary_steady_state
 from megatron.bridge.perf.supervisor import LAUNCH_LOG, JobOutcome
 from megatron.bridge.training.entry import FAILURE_DIR
+from megatron.bridge.training.loop.checkpoint_dir import CheckpointDir, inspect_checkpoint_dir, iteration_dir
 from megatron.bridge.utils.quiet import marked, unmarked
 from megatron.bridge.perf.sweep import combine_rounds, job_dirname, parse_sweep, write_sweep_outputs
 
@@ -77,15 +78,13 @@ class Job:
 
 def checkpoint_notes(resolved) -> list[str]:
     """Where the run starts from, said before launch (validation has refused unusable directories)."""
-    from megatron.bridge.training.loop.checkpoint_dir import inspect_checkpoint_dir
-
     ckpt = resolved.checkpoint
     if not ckpt.load:
         if ckpt.save:
             return [f"starts from iteration 0; checkpoints go to {ckpt.save}"]
         return ["no checkpoints (checkpoint.save=DIR checkpoint.load=DIR: save there, resume from there)"]
     found = inspect_checkpoint_dir(ckpt.load)
-    done = nothing_to_train(resolved)
+    done = _finished(resolved, found)
     if done:
         return [done]
     if found.resumable:
@@ -96,15 +95,17 @@ def checkpoint_notes(resolved) -> list[str]:
 def nothing_to_train(resolved) -> Optional[str]:
     """Why the run has no step left (``checkpoint.load`` already holds ``train.train_iters``
     iterations or more), decided here so that no rank is started for it; ``None`` otherwise."""
-    from megatron.bridge.training.loop.checkpoint_dir import inspect_checkpoint_dir
+    if not resolved.checkpoint.load:
+        return None
+    return _finished(resolved, inspect_checkpoint_dir(resolved.checkpoint.load))
 
-    ckpt, total = resolved.checkpoint, resolved.train.train_iters
-    if not ckpt.load or not isinstance(total, int):
+
+def _finished(resolved, found: CheckpointDir) -> Optional[str]:
+    """:func:`nothing_to_train` for the ``checkpoint.load`` directory already read as ``found``."""
+    total = resolved.train.train_iters
+    if not isinstance(total, int) or not found.resumable or found.iteration < total:
         return None
-    found = inspect_checkpoint_dir(ckpt.load)
-    if not found.resumable or found.iteration < total:
-        return None
-    return (f"nothing to train: {ckpt.load} holds iteration {found.iteration} and train.train_iters={total} "
+    return (f"nothing to train: {resolved.checkpoint.load} holds iteration {found.iteration} and train.train_iters={total} "
             f"(to train on, raise --max_steps / train.train_iters above {found.iteration}; to start over, "
             "point checkpoint.load at another directory)")
 
@@ -202,8 +203,6 @@ def prepare(job: Job) -> None:
 
 def stop_message(summary_path: Path, outcome: JobOutcome, save_dir: Optional[str]) -> str:
     """``stopped by signal at iteration N; checkpoint at PATH``, from what the ranks wrote."""
-    from megatron.bridge.training.loop.checkpoint_dir import inspect_checkpoint_dir, iteration_dir
-
     if not summary_path.is_file():
         head = ("killed by a second signal before the ranks finished" if outcome.killed
                 else "stopped by signal before training started")

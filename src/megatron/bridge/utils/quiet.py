@@ -82,9 +82,7 @@ def quiet_imports() -> None:
     if _IMPORT_FILTERS or _wants_import_warnings():
         return
     before = list(warnings.filters)
-    for category, message in KNOWN_WARNINGS:
-        origin = _THIRD_PARTY_ORIGIN[category is SyntaxWarning]
-        warnings.filterwarnings("ignore", message=message, category=category, module=origin)
+    silence_known_warnings(third_party_only=True)
     _IMPORT_FILTERS.extend(f for f in warnings.filters if f not in before)
     _mute(SILENCED_LOGGERS)
 
@@ -101,10 +99,14 @@ def show_import_warnings() -> None:
         logging.getLogger(name).setLevel(logging.NOTSET)
 
 
-def silence_known_warnings(known: Iterable[tuple[type[Warning], str]] = KNOWN_WARNINGS) -> None:
-    """Ignore the known import-time warnings in this process (call before importing megatron-core)."""
+def silence_known_warnings(
+    known: Iterable[tuple[type[Warning], str]] = KNOWN_WARNINGS, *, third_party_only: bool = False
+) -> None:
+    """Ignore the known import-time warnings in this process (call before importing megatron-core);
+    ``third_party_only``: only where megatron-core or torch raises them (:data:`_THIRD_PARTY_ORIGIN`)."""
     for category, message in known:
-        warnings.filterwarnings("ignore", message=message, category=category)
+        origin = _THIRD_PARTY_ORIGIN[category is SyntaxWarning] if third_party_only else ""
+        warnings.filterwarnings("ignore", message=message, category=category, module=origin)
 
 
 class KnownRecordFilter(logging.Filter):

@@ -25,7 +25,7 @@ import torch
 
 @functools.cache
 def _sleep_cycles_per_second() -> float:
-    """Clock rate of ``torch.cuda._sleep`` on this GPU, measured once (about 2e9 on an H200)."""
+    """Clock rate of ``torch.cuda._sleep`` on this GPU, measured once per process."""
     cycles = 50_000_000
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda._sleep(cycles)  # warm-up
