@@ -12,7 +12,7 @@ Layout under ``cfg.checkpoint.save``::
 A save never touches a published checkpoint while it writes: every rank writes into
 ``iter_0000010.incomplete.<run id>``, then rank 0 renames it to ``iter_0000010`` and only then
 replaces the tracker file (atomically). A save killed midway leaves the previous checkpoint and the
-tracker as they were; the next run removes the leftover staging directory. One run at a time holds
+tracker as they were; the next save removes the leftover staging directory. One run at a time holds
 the save directory (:mod:`megatron.bridge.training.loop.save_lock`).
 
 ``load_checkpoint`` resumes from the iteration named in ``latest_checkpointed_iteration.txt`` in
