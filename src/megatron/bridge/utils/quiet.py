@@ -32,10 +32,12 @@ KNOWN_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     (FutureWarning, r"Please use DTensor instead and we are deprecating ShardedTensor"),
     (UserWarning, r"The argument order of load has been changed"),
     (UserWarning, r"torch\.distributed is disabled, unavailable or uninitialized, assuming the intent is to load"),
+    (RuntimeWarning, r"Detected a Jax installation but could not find the shared object file for the Transformer Engine Jax"),
 )
 """(category, message regex) of warnings raised while importing megatron-core without TE/Apex, and
 the notices of torch's distributed checkpoint that megatron-core's loader triggers on every load
-(it reads the common state on each rank, as intended)."""
+(it reads the common state on each rank, as intended), and Transformer Engine's notice, on a machine
+that also has JAX, that its JAX extension is not installed (this project uses its PyTorch side)."""
 
 KNOWN_LOG_RECORDS: tuple[tuple[str, str], ...] = (
     ("megatron.core.models.gpt.gpt_model", "GPTModel IS DEPRECATED"),
@@ -60,8 +62,11 @@ record says "No CUDA runtime is found" on CPU hosts, where that is expected."""
 SHOW_IMPORT_WARNINGS_ENV = "MEGATRON_BRIDGE_SHOW_IMPORT_WARNINGS"
 """Set to ``1`` to keep megatron-core's and torch's import-time warnings in a plain Python session."""
 
-_THIRD_PARTY_ORIGIN = {False: r"(megatron\.core|torch)(\.|$)", True: r".*[/\\](megatron[/\\]core|torch)[/\\]"}
-"""Where a known warning must come from to be dropped on import: megatron-core's or torch's modules
+_THIRD_PARTY_ORIGIN = {
+    False: r"(megatron\.core|torch|transformer_engine)(\.|$)",
+    True: r".*[/\\](megatron[/\\]core|torch|transformer_engine)[/\\]",
+}
+"""Where a known warning must come from to be dropped on import: megatron-core's, torch's or TE's modules
 (a compile-time ``SyntaxWarning`` names its file, hence the path form). A user's own code that
 raises the same text still shows it."""
 
