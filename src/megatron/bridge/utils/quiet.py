@@ -32,7 +32,7 @@ KNOWN_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     (FutureWarning, r"Please use DTensor instead and we are deprecating ShardedTensor"),
     (UserWarning, r"The argument order of load has been changed"),
     (UserWarning, r"torch\.distributed is disabled, unavailable or uninitialized, assuming the intent is to load"),
-    (RuntimeWarning, r"Detected a Jax installation but could not find the shared object file for the Transformer Engine Jax"),
+    (RuntimeWarning, r"Detected a Jax installation but could not find the shared object file for the Transformer"),
 )
 """(category, message regex) of warnings raised while importing megatron-core without TE/Apex, and
 the notices of torch's distributed checkpoint that megatron-core's loader triggers on every load
@@ -108,7 +108,7 @@ def silence_known_warnings(
     known: Iterable[tuple[type[Warning], str]] = KNOWN_WARNINGS, *, third_party_only: bool = False
 ) -> None:
     """Ignore the known import-time warnings in this process (call before importing megatron-core);
-    ``third_party_only``: only where megatron-core or torch raises them (:data:`_THIRD_PARTY_ORIGIN`)."""
+    ``third_party_only``: only where megatron-core, torch or TE raises them (:data:`_THIRD_PARTY_ORIGIN`)."""
     for category, message in known:
         origin = _THIRD_PARTY_ORIGIN[category is SyntaxWarning] if third_party_only else ""
         warnings.filterwarnings("ignore", message=message, category=category, module=origin)
