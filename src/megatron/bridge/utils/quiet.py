@@ -60,7 +60,7 @@ record says "No CUDA runtime is found" on CPU hosts, where that is expected."""
 
 
 SHOW_IMPORT_WARNINGS_ENV = "MEGATRON_BRIDGE_SHOW_IMPORT_WARNINGS"
-"""Set to ``1`` to keep megatron-core's and torch's import-time warnings in a plain Python session."""
+"""Set to ``1`` to keep megatron-core's, torch's and TE's import-time warnings in a plain Python session."""
 
 _THIRD_PARTY_ORIGIN = {
     False: r"(megatron\.core|torch|transformer_engine)(\.|$)",
