@@ -49,23 +49,38 @@ def test_yaml_round_trip_gives_an_equal_config(recipe, tmp_path):
     assert type(loaded.model) is type(cfg.model)
 
 
-def test_saved_copies_never_contradict_their_owners(cfg, tmp_path):
-    """Saved before any validate(): a copy is written as its owner gives it, and left out while
-    its owner is null (decided at finalize), so the file never shows a stale value."""
+@pytest.mark.parametrize("validated_first", [False, True], ids=["before-validate", "after-validate"])
+def test_saved_config_holds_owners_only(cfg, tmp_path, validated_first):
+    """A copy never appears in a saved config (so it cannot show a stale value); loading it derives
+    the copies again from their owners."""
     import yaml
 
     cfg.comm_overlap.overlap_moe_expert_parallel_comm = True
+    if validated_first:
+        cfg.validate()
     data = yaml.safe_load(cfg.to_yaml())
-    assert data["model"]["overlap_moe_expert_parallel_comm"] is True  # stale False in memory until validate()
-    assert data["model"]["bf16"] is True and data["optimizer"]["params_dtype"] == "torch.bfloat16"
-    assert data["comm_overlap"]["overlap_grad_reduce"] is None and "overlap_grad_reduce" not in data["ddp"]
+    assert data["comm_overlap"]["overlap_moe_expert_parallel_comm"] is True
+    assert data["mixed_precision"] == "bf16_mixed"
+    for section, name in (("model", "overlap_moe_expert_parallel_comm"), ("model", "bf16"),
+                          ("optimizer", "params_dtype"), ("ddp", "overlap_grad_reduce")):
+        assert name not in data[section], f"{section}.{name}"
     path = tmp_path / "cfg.yaml"
     path.write_text(cfg.to_yaml())
-    assert ConfigContainer.from_yaml(path).validate().model.overlap_moe_expert_parallel_comm is True
+    loaded = ConfigContainer.from_yaml(path).validate()
+    assert loaded.model.overlap_moe_expert_parallel_comm is True and loaded.model.bf16 is True
+
+
+def test_copies_left_to_the_user_are_saved(cfg):
+    """``mixed_precision=null`` leaves the dtype flags to the user: they are owners then, and saved."""
+    import yaml
+
+    cfg = apply_overrides(cfg, ["mixed_precision=null", "model.bf16=true"])
+    data = yaml.safe_load(cfg.to_yaml())
+    assert data["mixed_precision"] is None and data["model"]["bf16"] is True
 
 
 def test_dtype_and_callable_survive_the_round_trip(cfg, tmp_path):
-    cfg = apply_overrides(cfg, ["model.activation_func=torch.nn.functional.gelu",
+    cfg = apply_overrides(cfg, ["model.activation_func=torch.nn.functional.gelu", "mixed_precision=null",
                                 "model.params_dtype=torch.bfloat16"])
     path = tmp_path / "cfg.yaml"
     cfg.to_yaml(path)

@@ -132,7 +132,6 @@ class CommOverlapConfig(StrictFields):
         Returns each switch's value and why.
         """
         view = _SetupView(model_config, optimizer_config, ddp_config, copy.copy(self), dist_config or _NcclOnGpus())
-        ownership.carry_memory(self, view)
         written = ownership.directly_written(view)
         values = resolve_overlap_values(view, RuleContext())
         trial = copy.deepcopy(view)
@@ -142,7 +141,6 @@ class CommOverlapConfig(StrictFields):
             raise CommOverlapConfigError(problems, title="comm_overlap.setup would overwrite values set directly")
         apply_overlap_values(view, values)
         ownership.remember_copies(view)
-        ownership.carry_memory(view, self)
         return values
 
 

@@ -13,6 +13,7 @@ one ``validate()`` is seen by the next one.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Optional, Union
 
@@ -20,9 +21,8 @@ from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
 
 from megatron.bridge.models.gpt_provider import GPTModelProvider
-from megatron.bridge.training.resolution import ownership
+from megatron.bridge.training.configuration import copy_records
 from megatron.bridge.training.comm_overlap import CommOverlapConfig
-from megatron.bridge.training.resolution.finalize import Resolution, resolve_config
 from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, MixedPrecisionConfig
 from megatron.bridge.training.resolution.runtime_config import runtime_config_update  # noqa: F401  (Megatron-Bridge imports it from here)
 from megatron.bridge.utils.strict_fields import StrictFields, make_strict, register_strict
@@ -32,6 +32,8 @@ from megatron.bridge.training.utils.yaml_io import config_to_yaml, container_fro
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from megatron.bridge.training.resolution.finalize import Resolution
 
 
 @register_strict
@@ -273,6 +275,16 @@ class ConfigContainer(StrictFields):
             value = value.attached_to(self)
         super().__setattr__(name, value)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> "ConfigContainer":
+        """A deep copy whose sections keep the record of what resolution wrote into their copies."""
+        copied = object.__new__(type(self))
+        memo[id(self)] = copied
+        for name, value in vars(self).items():
+            object.__setattr__(copied, name, copy.deepcopy(value, memo))
+        for name, value in vars(self).items():
+            copy_records.follow_copy(value, vars(copied)[name])
+        return copied
+
     def __repr__(self) -> str:
         """One line: model class, layout, batch, precision and the main overlap switches (the full
         tree: ``print(cfg.to_yaml())``)."""
@@ -281,18 +293,21 @@ class ConfigContainer(StrictFields):
         except Exception:  # a half-built container still has a repr
             return f"<{type(self).__name__} (incomplete)>"
 
-    def resolve(self, world_size: Optional[int] = None) -> Resolution:
+    def resolve(self, world_size: Optional[int] = None) -> "Resolution":
         """Resolve once: the effective config, each overlap value and its source, the start-up
         report and the finalized config; raise a typed error listing all problems.
 
         ``world_size`` enables the checks that need the data-parallel size; ``None`` reads
         ``WORLD_SIZE`` from the environment and skips them when it is unset. On success the
         megatron-facing copies of this container (``model.overlap_moe_expert_parallel_comm``,
-        ``ddp.delay_wgrad_compute``, the precision flags, ...) receive the effective values.
+        ``ddp.delay_wgrad_compute``, the precision flags, ...) receive the effective values. Asked
+        again with nothing changed, it returns the same resolution.
         """
-        resolution = resolve_config(self, world_size=world_size).raise_for_errors()
-        ownership.write_copies(self, resolution.effective)
-        return resolution
+        # Deferred: the resolution brings every rule table and the GPU catalogue, which importing
+        # the configuration dataclasses must not.
+        from megatron.bridge.training.resolution.finalize import resolve_container
+
+        return resolve_container(self, world_size=world_size)
 
     def finalize(self, world_size: Optional[int] = None) -> "ConfigContainer":
         """Return a resolved and validated deep copy; raise a typed error listing all problems."""

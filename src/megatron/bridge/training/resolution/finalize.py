@@ -10,8 +10,10 @@ read it, so they cannot disagree and nothing is resolved twice.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
@@ -42,6 +44,13 @@ logger = logging.getLogger(__name__)
 _OVERLAP_RULE_IDS = frozenset(r.id for r in OVERLAP_RULES)
 
 
+def world_size_or_environment(world_size: Optional[int]) -> Optional[int]:
+    """``world_size``, else ``$WORLD_SIZE`` when set, else ``None`` (checks needing it are skipped)."""
+    if world_size is None and os.environ.get("WORLD_SIZE"):
+        return int(os.environ["WORLD_SIZE"])
+    return world_size
+
+
 def default_rule_context(
     world_size: Optional[int] = None, target_gpu: Optional[str] = None, **overrides
 ) -> RuleContext:
@@ -50,8 +59,7 @@ def default_rule_context(
     The target GPU is ``target_gpu`` (a ``-g`` type such as ``h100``/``gb200``), else the visible
     GPU, else unknown (a CPU host validates what it can and says so).
     """
-    if world_size is None and os.environ.get("WORLD_SIZE"):
-        world_size = int(os.environ["WORLD_SIZE"])
+    world_size = world_size_or_environment(world_size)
     visible_capability, _ = gpu_catalog.visible_gpu()
     target = gpu_catalog.resolve_gpu_target(device_name=target_gpu) if target_gpu else gpu_catalog.resolve_gpu_target()
     facts = dict(
@@ -102,10 +110,10 @@ class Resolution:
 def _effective_config(cfg: "ConfigContainer", ctx: RuleContext) -> tuple["ConfigContainer", dict, list[Violation]]:
     """A private copy with every derived value written, the overlap values, and the copies a user
     wrote directly that disagree with them."""
+    written = ownership.directly_written(cfg)
     work = copy.deepcopy(cfg)
     if work.comm_overlap is None:  # an old recipe or YAML: every switch unset
         work.comm_overlap = CommOverlapConfig()
-    written = ownership.directly_written(work)
     values = overlap_resolution.resolve_overlap_values(work, ctx)
     apply_mixed_precision(work)
     overlap_resolution.apply_overlap_values(work, values)
@@ -148,6 +156,54 @@ def resolve_config(
         layer_spec=layer_spec,
         config=config,
     )
+
+
+@dataclass(frozen=True)
+class _LastResolution:
+    """The last resolution of one user container, and the container as it stood afterwards."""
+
+    container: weakref.ref
+    world_size: Optional[int]
+    as_left: "ConfigContainer"
+    resolution: Resolution
+    trains: "ConfigContainer"
+    """A pristine copy of ``resolution.config`` (a run changes the config it is handed)."""
+
+    def answers(self, cfg: "ConfigContainer", world_size: Optional[int]) -> bool:
+        if self.container() is not cfg or self.world_size != world_size:
+            return False
+        try:
+            return bool(self.as_left == cfg)
+        except Exception:  # a field whose values cannot be compared: resolve again
+            return False
+
+
+_LAST_RESOLUTION: dict[int, _LastResolution] = {}
+
+
+def resolve_container(cfg: "ConfigContainer", world_size: Optional[int] = None) -> Resolution:
+    """``cfg.resolve()``: resolve the user's ``cfg``, raise the typed error listing every problem, and
+    write the effective values into its copies (owners untouched).
+
+    One resolution per process: asked again for a container unchanged since its last resolution
+    (``validate()`` in a script, then ``pretrain()``), the same resolution is returned, with a fresh
+    copy of the config that trains.
+    """
+    world_size = world_size_or_environment(world_size)
+    last = _LAST_RESOLUTION.get(id(cfg))
+    if last is not None and last.answers(cfg, world_size):
+        return dataclasses.replace(last.resolution, config=copy.deepcopy(last.trains))
+    resolution = resolve_config(cfg, world_size=world_size).raise_for_errors()
+    ownership.write_copies(cfg, resolution.effective)
+    key = id(cfg)
+    _LAST_RESOLUTION[key] = _LastResolution(
+        container=weakref.ref(cfg, lambda _ref: _LAST_RESOLUTION.pop(key, None)),
+        world_size=world_size,
+        as_left=copy.deepcopy(cfg),
+        resolution=resolution,
+        trains=copy.deepcopy(resolution.config),
+    )
+    return resolution
 
 
 def run_megatron_post_init(cfg: "ConfigContainer") -> Optional[Violation]:

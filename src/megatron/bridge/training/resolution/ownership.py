@@ -10,8 +10,11 @@ rule is enforced where values are written:
   parsed unless the value is the one the owner gives it (``override-owned-field``);
 * a copy changed directly in Python, away from the value the owner gives it, is refused by
   ``validate()`` (``owned-field-set-directly``) instead of being overwritten without a word;
-* ``validate()`` writes the effective values into the copies of the caller's config, and a saved
-  config carries them, so what a user reads is what the run uses.
+* ``validate()`` writes the effective values into the copies of the caller's config (what a user
+  reads is what the run uses), and a saved config holds the owners only.
+
+What resolution wrote into a copy is recorded beside the config
+(:mod:`~megatron.bridge.training.configuration.copy_records`), not on it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from megatron.bridge.training.configuration import copy_records
 from megatron.bridge.training.errors import Violation
 from megatron.bridge.training.mixed_precision import LEFT_TO_USER, PRECISION_TARGETS, precision_value
 from megatron.bridge.training.overlap.fields import OVERLAP_FIELDS
@@ -41,10 +45,6 @@ DECIDED_AT_FINALIZE = _DecidedAtFinalize()
 
 OWNERSHIP_RULE_IDS = ("override-owned-field", "owned-field-set-directly")
 """Ids of the violations this module reports."""
-
-_SNAPSHOT_ATTR = "_owned_field_values"
-"""Attribute of a ``ConfigContainer`` remembering the value each copy last received from its owner."""
-
 
 @dataclass(frozen=True)
 class OwnedField:
@@ -103,24 +103,25 @@ def _owned_copies(cfg: "ConfigContainer") -> list[OwnedField]:
     return [owned for owned in OWNED_FIELDS if expected_value(cfg, owned) is not FREE]
 
 
-def _snapshot(cfg: "ConfigContainer") -> dict[str, Any]:
-    return vars(cfg).setdefault(_SNAPSHOT_ATTR, {})
+def _holder(cfg: "ConfigContainer", dotted: str) -> tuple[Any, str]:
+    holder_path, _, name = dotted.rpartition(".")
+    return read_field(cfg, holder_path), name
 
 
 def remember(cfg: "ConfigContainer", values: dict[str, Any]) -> None:
-    """Record ``values`` as what the copies received from their owners (not user writes)."""
-    _snapshot(cfg).update(values)
-
-
-def carry_memory(source: "ConfigContainer", result: "ConfigContainer") -> None:
-    """Give ``result`` (a rebuilt container, e.g. ``dataclasses.replace``) what ``source`` remembered."""
-    remember(result, dict(_snapshot(source)))
+    """Record ``values`` (dotted copy -> value) as what the copies received from their owners."""
+    for dotted, value in values.items():
+        holder, name = _holder(cfg, dotted)
+        copy_records.record(holder, name, value)
 
 
 def written_directly(cfg: "ConfigContainer", owned: OwnedField) -> bool:
     """The copy holds a value its owner did not give it (a direct write in Python)."""
-    baseline = _snapshot(cfg).get(owned.target, field_default(cfg, owned.target))
-    return read_field(cfg, owned.target) != baseline
+    holder, name = _holder(cfg, owned.target)
+    baseline = copy_records.recorded(holder, name)
+    if baseline is copy_records.NOT_RECORDED:
+        baseline = field_default(cfg, owned.target)
+    return getattr(holder, name) != baseline
 
 
 def _as_override(value: Any) -> str:
@@ -202,25 +203,16 @@ def remember_copies(cfg: "ConfigContainer") -> None:
 def write_copies(user_cfg: "ConfigContainer", resolved: "ConfigContainer") -> None:
     """Give the copies of the caller's config the effective values of ``resolved`` (owners untouched)."""
     for owned in _owned_copies(user_cfg):
-        holder_path, _, name = owned.target.rpartition(".")
-        setattr(read_field(user_cfg, holder_path), name, read_field(resolved, owned.target))
+        holder, name = _holder(user_cfg, owned.target)
+        setattr(holder, name, read_field(resolved, owned.target))
     remember_copies(user_cfg)
 
 
-def serialized_copies(cfg: "ConfigContainer") -> tuple[dict[str, Any], set[str]]:
-    """How a saved config writes the copies: ``(values, left_out)``.
+def copies_left_out_of_yaml(cfg: "ConfigContainer") -> set[str]:
+    """The copies a saved config leaves out: every copy its owner decides.
 
-    A copy is saved with the value its owner gives it; left out while the owner is null (decided at
-    finalize, so a value there would contradict the owner on reload); and saved as it is when the
-    owner leaves it to the user or a user wrote it directly (then loading it reports the conflict).
+    A saved config holds the owners only; loading it derives the copies again. A copy stays in when
+    its owner leaves it to the user (``mixed_precision=null``: the flags are the user's own), or
+    when a user wrote it directly (loading it then reports the conflict instead of hiding it).
     """
-    values, left_out = {}, set()
-    for owned in OWNED_FIELDS:
-        expected = expected_value(cfg, owned)
-        if expected is FREE or written_directly(cfg, owned):
-            continue
-        if expected is DECIDED_AT_FINALIZE:
-            left_out.add(owned.target)
-        else:
-            values[owned.target] = expected
-    return values, left_out
+    return {owned.target for owned in _owned_copies(cfg) if not written_directly(cfg, owned)}

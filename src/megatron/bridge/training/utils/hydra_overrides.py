@@ -304,10 +304,6 @@ def apply_in_place(cfg: Any, overrides: Any, excluded_fields: Mapping[str, Any],
     for f in dataclasses.fields(cfg):
         if f.name in changes or (is_container(cfg) and f.name == "provenance"):
             setattr(cfg, f.name, getattr(updated, f.name))
-    if is_container(cfg):
-        from megatron.bridge.training.resolution import ownership
-
-        ownership.carry_memory(updated, cfg)
     _restore(cfg, excluded_fields, changes)
     return cfg
 

@@ -358,7 +358,6 @@ def with_overrides(cfg: Any, overrides: Union[Mapping[str, Any], Sequence[str]],
     if layer.errors:
         raise OverrideError(layer.errors, f"invalid {source} overrides")
     out = dataclasses.replace(result, provenance=layer.provenance)
-    ownership.carry_memory(cfg, out)
     ownership.remember(out, ownership.accepted_copies(out, layer.written))
     return out
 

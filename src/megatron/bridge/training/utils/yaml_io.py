@@ -101,9 +101,8 @@ def encode_value(value: Any) -> Any:
 def config_to_dict(obj: Any) -> dict[str, Any]:
     """Init fields of a dataclass tree as plain data; model providers carry ``_target_``.
 
-    For a whole ``ConfigContainer``, the fields that are copies of another field are written as
-    their owner gives them (see :func:`ownership.serialized_copies`), so a saved config never shows
-    a copy that contradicts its owner.
+    For a whole ``ConfigContainer`` the fields that are copies of another field are left out
+    (:func:`ownership.copies_left_out_of_yaml`): a saved config holds the owners only.
     """
     from megatron.bridge.models.gpt_provider import GPTModelProvider
 
@@ -113,21 +112,16 @@ def config_to_dict(obj: Any) -> dict[str, Any]:
     for name in field_annotations(type(obj)):
         data[name] = encode_value(getattr(obj, name))
     if is_container(obj):
-        _write_copies(obj, data)
+        _leave_out_copies(obj, data)
     return data
 
 
-def _write_copies(cfg: Any, data: dict[str, Any]) -> None:
-    values, left_out = ownership.serialized_copies(cfg)
-    for dotted in [*values, *left_out]:
+def _leave_out_copies(cfg: Any, data: dict[str, Any]) -> None:
+    for dotted in ownership.copies_left_out_of_yaml(cfg):
         section, _, name = dotted.rpartition(".")
         node = data.get(section)
-        if not isinstance(node, dict):
-            continue
-        if dotted in left_out:
+        if isinstance(node, dict):
             node.pop(name, None)
-        else:
-            node[name] = encode_value(values[dotted])
 
 
 def config_to_yaml(cfg: "ConfigContainer", path: Optional[Union[str, Path]] = None) -> str:
@@ -169,6 +163,4 @@ def container_from_dict(container_cls: type, data: Mapping[str, Any]) -> "Config
     saved_provenance = dict(data.get("provenance") or {})
     rest = {k: v for k, v in data.items() if k not in ("model", "provenance")}
     result = with_overrides(base, {"model": model_data, **rest}, source="yaml")
-    loaded = dataclasses.replace(result, provenance=saved_provenance)
-    ownership.carry_memory(result, loaded)
-    return loaded
+    return dataclasses.replace(result, provenance=saved_provenance)
