@@ -18,6 +18,10 @@ import cost ~30 s per process on a small CI machine, so they are paid once):
 10. a resume from a copy of the finished checkpoint whose RNG files were replaced by a pickled object
     that would run code when unpickled: refused, nothing run.
 
+Scenario 2's container is validated by the user first; what it holds after ``validate()`` and after
+``pretrain()`` (extra attributes, copies against their owners, the saved YAML, how often it was
+resolved) goes into the results too.
+
 Rank 0 writes ``results.json`` into the output directory given as the only argument.
 """
 
@@ -37,6 +41,10 @@ from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.loop import checkpointing
 from megatron.bridge.training.gpt_step import forward_step
 from megatron.bridge.training.pretrain import pretrain
+from megatron.bridge.training.resolution import finalize
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from container_facts import attributes_beyond_fields, container_extras, copies_in_saved_yaml, copies_unlike_their_owners  # noqa: E402
 
 ITERS = 10
 STOP_AT = 5
@@ -100,6 +108,40 @@ class SaveLog:
         return taken
 
 
+def container_facts(cfg) -> dict:
+    """What the user's container holds now (see ``container_facts``)."""
+    effective = cfg.resolve().effective  # the container's last resolution, not a new one
+    return {
+        "container_extras": sorted(container_extras(cfg)),
+        "tree_extras": sorted(attributes_beyond_fields(cfg)),
+        "copies_unlike_owners": copies_unlike_their_owners(cfg, effective),
+        "copies_in_yaml": copies_in_saved_yaml(cfg),
+    }
+
+
+def trained_after_validate(out: Path) -> tuple[list[float], dict]:
+    """Scenario 2: the user validates, then trains; the container is examined after each, and the
+    resolutions of it are counted."""
+    cfg = tiny_cfg(out, "on", overlap=True)
+    before = sorted(attributes_beyond_fields(cfg))
+    resolve, resolved = finalize.resolve_config, []
+
+    def counted(config, *args, **kwargs):
+        resolved.append(config is cfg)
+        return resolve(config, *args, **kwargs)
+
+    finalize.resolve_config = counted
+    try:
+        cfg.validate()
+        after_validate = container_facts(cfg)
+        losses = pretrain(cfg).losses
+    finally:
+        finalize.resolve_config = resolve
+    facts = {"tree_extras_before": before, "after_validate": after_validate,
+             "after_pretrain": container_facts(cfg), "resolutions": resolved.count(True)}
+    return losses, facts
+
+
 class RunsCode:
     """Unpickling this writes a file: what an attacker's object would do with ``os.system``."""
 
@@ -116,7 +158,7 @@ def main() -> None:
     torch.distributed.init_process_group("gloo")
     results = {}
     results["off"] = pretrain(tiny_cfg(out, "off", overlap=False)).losses
-    results["on"] = pretrain(tiny_cfg(out, "on", overlap=True)).losses
+    results["on"], results["one_storage"] = trained_after_validate(out)
 
     saves = SaveLog()
     ckpt = out / "ckpt"

@@ -63,6 +63,22 @@ def test_overlap_schedule_matches_plain_schedule(results: dict) -> None:
         assert on == pytest.approx(off, abs=1e-6)
 
 
+@pytest.mark.parametrize("moment", ["after_validate", "after_pretrain"])
+def test_the_users_container_holds_owners_and_reads_effective_copies(results: dict, moment: str) -> None:
+    """One storage per setting: the container a user validated and trained gains no attribute, a copy
+    read on it (``ddp.overlap_grad_reduce``, ``model.delay_wgrad_compute``, ...) is its owner's
+    effective value, and its saved YAML holds the owners only."""
+    facts = results["one_storage"][moment]
+    assert facts["container_extras"] == []
+    assert facts["tree_extras"] == results["one_storage"]["tree_extras_before"]
+    assert facts["copies_unlike_owners"] == []
+    assert facts["copies_in_yaml"] == []
+
+
+def test_validate_then_pretrain_resolves_the_container_once(results: dict) -> None:
+    assert results["one_storage"]["resolutions"] == 1
+
+
 def test_state_first_forward_step_trains(results: dict) -> None:
     """Megatron-Bridge's forward-step signature gets the run's state and trains as ours does."""
     assert results["state_first_step_iterations"] == [0, 1, 2]

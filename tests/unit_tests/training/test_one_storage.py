@@ -17,27 +17,10 @@ import yaml
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config, qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.errors import CommOverlapConfigError
-from megatron.bridge.training.resolution.ownership import FREE, OWNED_FIELDS, expected_value
 from megatron.bridge.training.rules.core import read_field
 from megatron.bridge.training.utils.omegaconf_utils import apply_overrides
 
-
-def attributes_beyond_fields(obj, path: str = "cfg", seen: set | None = None) -> set[str]:
-    """Every attribute of a dataclass tree that is not one of its dataclass fields."""
-    seen = set() if seen is None else seen
-    if id(obj) in seen or not dataclasses.is_dataclass(obj) or isinstance(obj, type):
-        return set()
-    seen.add(id(obj))
-    names = {f.name for f in dataclasses.fields(obj)}
-    found = {f"{path}.{name}" for name in vars(obj) if name not in names}
-    for name in names:
-        found |= attributes_beyond_fields(getattr(obj, name), f"{path}.{name}", seen)
-    return found
-
-
-def decided_copies(cfg: ConfigContainer) -> list:
-    """The copies whose owner decides them (the rest are the user's own)."""
-    return [owned for owned in OWNED_FIELDS if expected_value(cfg, owned) is not FREE]
+from container_facts import attributes_beyond_fields, container_extras, copies_in_saved_yaml, decided_copies
 
 
 @pytest.fixture
@@ -51,7 +34,7 @@ def ep_cfg() -> ConfigContainer:
 def test_validate_adds_nothing_but_the_copies_effective_values(ep_cfg) -> None:
     before = attributes_beyond_fields(ep_cfg)
     resolution = ep_cfg.resolve(world_size=16)
-    assert set(vars(ep_cfg)) == {f.name for f in dataclasses.fields(ep_cfg)}
+    assert container_extras(ep_cfg) == set()
     assert attributes_beyond_fields(ep_cfg) == before  # megatron-core's own and the section aliases
     decided = decided_copies(ep_cfg)
     assert len(decided) > 10
@@ -65,11 +48,8 @@ def test_validate_adds_nothing_but_the_copies_effective_values(ep_cfg) -> None:
 
 def test_saved_yaml_of_a_validated_container_holds_owners_only(ep_cfg) -> None:
     ep_cfg.validate(world_size=16)
-    data = yaml.safe_load(ep_cfg.to_yaml())
-    for owned in decided_copies(ep_cfg):
-        section, _, name = owned.target.rpartition(".")
-        assert name not in data[section], owned.target
-    assert data["comm_overlap"]["delay_wgrad_compute"] is True
+    assert copies_in_saved_yaml(ep_cfg) == []
+    assert yaml.safe_load(ep_cfg.to_yaml())["comm_overlap"]["delay_wgrad_compute"] is True
 
 
 def test_a_container_is_resolved_once_until_it_changes(ep_cfg, resolution_counter) -> None:
