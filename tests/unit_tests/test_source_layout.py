@@ -12,6 +12,10 @@ never run.
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -190,3 +194,34 @@ def _limit_cases():
 def test_no_source_file_above_the_line_limit(path: Path) -> None:
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(SRC)} has {lines} lines (limit {MAX_LINES}): split it by job"
+
+
+CONFIG_MUST_NOT_LOAD = (
+    "megatron.bridge.training.rules.registry", "megatron.bridge.training.overlap.rules",
+    "megatron.bridge.training.overlap.report", "megatron.bridge.training.resolution",
+    "megatron.bridge.training.utils.yaml_io", "megatron.bridge.training.comm_overlap",
+)
+"""What importing the configuration dataclasses must not load: the rule tables, the resolution (its
+GPU catalogue and ownership table), the overlap report and the YAML I/O."""
+
+
+def test_importing_the_configuration_loads_dataclasses_only() -> None:
+    probe = (
+        "import sys, megatron.bridge.training.config, json;"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('megatron.bridge'))))"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", probe], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "megatron.bridge.training.config" in loaded
+    pulled = sorted(m for m in loaded if m.startswith(CONFIG_MUST_NOT_LOAD))
+    assert not pulled, f"importing training/config.py loads {pulled}"
+
+
+def test_runtime_config_update_is_still_importable_from_the_configuration() -> None:
+    from megatron.bridge.training.config import runtime_config_update
+    from megatron.bridge.training.resolution.runtime_config import runtime_config_update as implementation
+
+    assert runtime_config_update is implementation

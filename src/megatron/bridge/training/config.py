@@ -22,13 +22,11 @@ from megatron.core.optimizer import OptimizerConfig
 
 from megatron.bridge.models.gpt_provider import GPTModelProvider
 from megatron.bridge.training.configuration import copy_records
-from megatron.bridge.training.comm_overlap import CommOverlapConfig
-from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, MixedPrecisionConfig
-from megatron.bridge.training.resolution.runtime_config import runtime_config_update  # noqa: F401  (Megatron-Bridge imports it from here)
-from megatron.bridge.utils.strict_fields import StrictFields, make_strict, register_strict
-from megatron.bridge.training.tokenizers.config import TokenizerConfig
+from megatron.bridge.training.configuration.comm_overlap_config import CommOverlapConfig
 from megatron.bridge.training.configuration.upstream_sections import RerunStateMachineConfig, ValidationConfig
-from megatron.bridge.training.utils.yaml_io import config_to_yaml, container_from_dict, load_yaml
+from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, MixedPrecisionConfig
+from megatron.bridge.training.tokenizers.config import TokenizerConfig
+from megatron.bridge.utils.strict_fields import StrictFields, make_strict, register_strict
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -318,12 +316,18 @@ class ConfigContainer(StrictFields):
         return self.finalize(world_size=world_size)
 
     def to_yaml(self, path: "Optional[str | Path]" = None) -> str:
-        """Serialize to YAML (and write it to ``path`` when given); copies as their owners give them."""
+        """Serialize to YAML (and write it to ``path`` when given): the owners, not their copies."""
+        # Deferred: YAML I/O reads the ownership table, which belongs to the resolution.
+        from megatron.bridge.training.utils.yaml_io import config_to_yaml
+
         return config_to_yaml(self, path)
 
     @classmethod
     def from_yaml(cls, path: "str | Path") -> "ConfigContainer":
         """Load a container written by :meth:`to_yaml`."""
+        # Deferred, as in to_yaml().
+        from megatron.bridge.training.utils.yaml_io import container_from_dict, load_yaml
+
         return container_from_dict(cls, load_yaml(path))
 
 
@@ -360,3 +364,13 @@ def _short_repr(cfg: ConfigContainer) -> str:
         f"dispatcher={m.moe_token_dispatcher_type}, device={cfg.dist.device}, "
         f"overlap: {' '.join(switches)})"
     )
+
+
+def __getattr__(name: str) -> Any:
+    """``runtime_config_update``, which Megatron-Bridge scripts import from here, loaded on first use
+    (it resolves the configuration, which importing these dataclasses must not)."""
+    if name == "runtime_config_update":
+        from megatron.bridge.training.resolution.runtime_config import runtime_config_update
+
+        return runtime_config_update
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

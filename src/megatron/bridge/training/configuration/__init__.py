@@ -1,1 +1,2 @@
-"""Section dataclasses beside ``training/config.py`` (Megatron-Bridge's upstream sections)."""
+"""Section dataclasses beside ``training/config.py`` (``CommOverlapConfig`` and Megatron-Bridge's
+upstream sections) and ``copy_records``, which remembers the copies a resolution wrote."""

@@ -23,7 +23,7 @@ from packaging.version import Version
 from megatron.bridge.training.resolution import gpu_catalog
 
 from megatron.bridge.training.resolution import ownership
-from megatron.bridge.training.comm_overlap import CommOverlapConfig
+from megatron.bridge.training.configuration.comm_overlap_config import CommOverlapConfig
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError, Violation
 from megatron.bridge.models.layer_specs import LayerSpecChoice
 from megatron.bridge.training.mixed_precision import apply_mixed_precision
