@@ -22,6 +22,7 @@ from megatron.bridge.training.flex_dispatcher_backend import (
     validate_flex_dispatcher_backend,
 )
 from megatron.bridge.training.resolution.gpu_catalog import GPU_TYPES, resolve_gpu_target
+from megatron.bridge.training.rules.registry import ALL_RULES
 
 # The documented support matrix: DeepEP on Ampere, Hopper, B200/B300; HybridEP on Ampere, Hopper,
 # Blackwell including GB200/GB300 NVL72.
@@ -35,6 +36,7 @@ SUPPORT = {
     "gb300": {"deepep": False, "hybridep": True},
 }
 MATRIX = [(gpu, backend, ok) for gpu, row in SUPPORT.items() for backend, ok in row.items()]
+FLEX_RULE_IDS = {rule.id for rule in FLEX_RULES}
 
 
 @pytest.fixture
@@ -217,6 +219,26 @@ def test_cfg_validate_checks_target_gpu(gpu: str, backend: str, ok: bool, cpu_ho
         with pytest.raises(CommOverlapConfigError) as info:
             cfg.validate(world_size=2)
         assert "model.moe_flex_dispatcher_backend" in info.value.fields
+
+
+@pytest.mark.parametrize("dispatcher", ["flex", "alltoall"])
+@pytest.mark.parametrize("gpu, backend, ok", MATRIX)
+def test_the_helper_and_cfg_validate_report_the_same_flex_problems(gpu, backend, ok, dispatcher, cpu_host) -> None:
+    """One path: the upstream helper checks the registry's flex rules, which cfg.validate() checks."""
+    cfg = ep_overlap_cfg()
+    cfg.dist.target_gpu = gpu
+    cfg.model.moe_token_dispatcher_type = dispatcher
+    cfg.model.moe_flex_dispatcher_backend = backend
+    resolution = finalize_module.resolve_config(cfg, world_size=2)
+    from_validate = [v for v in resolution.errors + resolution.warnings if v.rule in FLEX_RULE_IDS]
+    from_helper = fdb.flex_dispatcher_violations(cfg.model, resolve_gpu_target(device_name=gpu))
+    assert [(v.rule, v.values) for v in from_helper] == [(v.rule, v.values) for v in from_validate]
+    assert any(v.severity == "error" for v in from_helper) is not (ok and dispatcher == "flex")
+
+
+def test_the_helpers_check_the_registrys_flex_rules() -> None:
+    assert fdb.FLEX_DISPATCHER_RULES == tuple(r for r in ALL_RULES if r.group == "flex-dispatcher")
+    assert {r.id for r in fdb.FLEX_DISPATCHER_RULES} == FLEX_RULE_IDS
 
 
 def test_cfg_validate_dry_run_without_target(cpu_host, caplog) -> None:

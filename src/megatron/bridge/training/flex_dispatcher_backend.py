@@ -1,10 +1,10 @@
-"""Flex token-dispatcher backends (DeepEP, HybridEP): one support table, the rules, and selection.
+"""Flex token-dispatcher backends (DeepEP, HybridEP): Megatron-Bridge's selection and check helpers.
 
-:data:`FLEX_BACKEND_SUPPORT` says which GPUs each backend runs on. Everything else reads it: the
-rules in :data:`FLEX_RULES` (which ``cfg.validate()`` checks against the target GPU, the harness's
-``-g``), the selection :func:`apply_flex_dispatcher_backend` (which refuses through the same rules),
-the model field's allowed values, the harness's ``--moe_flex_dispatcher_backend`` choices and the
-docs table. The GPU types themselves are in :mod:`megatron.bridge.training.resolution.gpu_catalog`.
+:func:`apply_flex_dispatcher_backend` selects a dispatcher on a model config and
+:func:`validate_flex_dispatcher_backend` checks one; both check the flex-dispatcher rules of the one
+rule registry (the ones ``cfg.validate()`` checks) on a container holding that model config, for the
+target GPU. The support table and the rules live in :mod:`megatron.bridge.training.rules.flex_rules`
+and are re-exported here, where upstream scripts import them.
 
 Setting ``moe_flex_dispatcher_backend`` alone does not activate flex dispatch: the dispatcher type
 must be ``flex`` as well. A dispatcher choice therefore sets the fields :func:`dispatcher_fields`
@@ -13,18 +13,28 @@ lists, and a backend without the flex dispatcher is an error (``flex-backend-nee
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
-from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 import torch
 
-from megatron.bridge.training.resolution import gpu_catalog
+from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.errors import CommOverlapConfigError, Violation
-from megatron.bridge.training.resolution.gpu_catalog import GpuTarget, architecture_name, gpu_target_from_context, target_of
-from megatron.bridge.training.rules.core import Rule, RuleContext
-from megatron.bridge.utils.flex_backend_names import FLEX_BACKENDS, FlexBackend  # noqa: F401  (read from here)
+from megatron.bridge.training.resolution import gpu_catalog
+from megatron.bridge.training.resolution.gpu_catalog import GpuTarget
+from megatron.bridge.training.rules.core import Rule, RuleContext, check_rules
+from megatron.bridge.training.rules.flex_rules import (
+    FLEX_BACKEND_SUPPORT,
+    FLEX_RULES,
+    BackendSupport,
+    backend_support,
+    dispatcher_fields,
+    render_support_table,
+)
+from megatron.bridge.training.rules.registry import ALL_RULES
+from megatron.bridge.utils.flex_backend_names import FLEX_BACKENDS, FlexBackend
 from megatron.bridge.utils.import_utils import have_deep_ep
 
 logger = logging.getLogger(__name__)
@@ -36,207 +46,16 @@ class FlexDispatcherBackendError(CommOverlapConfigError):
     """The requested flex backend cannot run on the target GPU or machine (all problems listed)."""
 
 
-@dataclass(frozen=True)
-class BackendSupport:
-    """Where one flex backend runs: capability majors, and whether GB200/GB300 NVL72 systems count."""
-
-    name: str
-    label: str
-    majors: tuple[int, ...]
-    nvl72: bool
-    """Runs on GB200/GB300 NVL72 systems (same capability as B200/B300 boards)."""
-    applicable: str
-    """Where it runs, in the words Megatron-Bridge's own messages use (scripts may match on them)."""
-
-    def describe(self) -> str:
-        """``DeepEP: Ampere, Hopper, Blackwell B200/B300 (not GB200/GB300 NVL72)``."""
-        archs = ", ".join(architecture_name(m) for m in self.majors)
-        systems = "incl. GB200/GB300 NVL72" if self.nvl72 else "B200/B300 (not GB200/GB300 NVL72)"
-        return f"{self.label}: {archs} {systems}"
-
-    def support(self, target: GpuTarget) -> tuple[Optional[bool], str]:
-        """``True``/``False``, or ``None`` when the target cannot tell (Blackwell of unknown system)."""
-        if not target.known:
-            return None, "target GPU unknown: support not checked"
-        arch = target.architecture
-        if target.capability[0] not in self.majors:
-            return False, f"{self.applicable}. Current GPU: {_current(target)}"
-        if self.nvl72 or target.nvl72 is False:
-            return True, f"{self.label} supports {arch}" + (" incl. NVL72" if target.nvl72 else "")
-        if target.nvl72 is None:
-            return None, f"{self.describe()}; whether the target is an NVL72 system is unknown"
-        return False, f"{self.applicable} (not GB200/GB300 NVL72). Current GPU: {_current(target)}"
+FLEX_DISPATCHER_RULES: tuple[Rule, ...] = tuple(rule for rule in ALL_RULES if rule.group == "flex-dispatcher")
+"""The registry's flex-dispatcher rules: what the helpers below check."""
 
 
-def _current(target: GpuTarget) -> str:
-    """``NVIDIA GB200 (compute capability 10.0)``."""
-    major, minor = target.capability
-    return f"{target.name or 'GPU'} (compute capability {major}.{minor})"
-
-
-FLEX_BACKEND_SUPPORT: dict[str, BackendSupport] = {
-    "deepep": BackendSupport(
-        "deepep", "DeepEP", (8, 9, 10), nvl72=False,
-        applicable="DeepEP is only applicable to Ampere, Hopper, and Blackwell (B200/B300) GPUs",
-    ),
-    "hybridep": BackendSupport(
-        "hybridep", "HybridEP", (8, 9, 10), nvl72=True,
-        applicable="HybridEP is only applicable for GB200, GB300 with NVL72 and for Ampere, Hopper, "
-        "B200 and B300 GPUs",
-    ),
-}
-"""Flex backend (every name of :data:`FLEX_BACKENDS`) -> the GPUs it supports."""
-
-
-def backend_support(backend: Optional[str], target: GpuTarget) -> tuple[Optional[bool], str]:
-    """Whether ``backend`` runs on ``target``: ``True``, ``False``, or ``None`` when unknown."""
-    if backend not in FLEX_BACKEND_SUPPORT:
-        return None, f"no GPU-support table for backend {backend!r}"
-    return FLEX_BACKEND_SUPPORT[backend].support(target)
-
-
-def dispatcher_fields(backend: Optional[str]) -> dict[str, Any]:
-    """Model fields of a dispatcher choice: a flex backend, or ``None`` for plain ``alltoall``.
-
-    A flex backend also turns shared-expert overlap off, as the upstream selection does.
-    """
-    if backend is None:
-        return {"moe_token_dispatcher_type": "alltoall", "moe_flex_dispatcher_backend": None}
-    return {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": backend, "moe_shared_expert_overlap": False}
-
-
-# --------------------------------------------------------------------------------------------
-# Rules (read by cfg.validate() through the overlap rules table, and by the selection below)
-
-
-def _flex(cfg: Any) -> bool:
-    return cfg.model.moe_token_dispatcher_type == "flex"
-
-
-def _backend_known(cfg: Any) -> bool:
-    return _flex(cfg) and cfg.model.moe_flex_dispatcher_backend in FLEX_BACKEND_SUPPORT
-
-
-def _support(cfg: Any, ctx: RuleContext) -> tuple[Optional[bool], str]:
-    return backend_support(cfg.model.moe_flex_dispatcher_backend, gpu_target_from_context(ctx))
-
-
-def _gpu_text(ctx: RuleContext) -> str:
-    return gpu_target_from_context(ctx).describe()
-
-
-def _deep_ep_text(ctx: RuleContext) -> str:
-    return {True: "importable", False: "not importable", None: "unknown"}[ctx.deep_ep_available]
-
-
-def _host_text(ctx: RuleContext) -> str:
-    return "GPU host" if ctx.cuda_available else "CPU host (dry run)"
-
-
-_PLAIN_ALLTOALL = "plain alltoall (moe_flex_dispatcher_backend=null; harness: --moe_flex_dispatcher_backend None)"
-_SUPPORT_TEXT = "; ".join(b.describe() for b in FLEX_BACKEND_SUPPORT.values())
-_NVL72_BACKENDS = " or ".join(b.name for b in FLEX_BACKEND_SUPPORT.values() if b.nvl72)
-
-FLEX_RULES: tuple[Rule, ...] = (
-    Rule(
-        id="flex-backend-known",
-        group="flex-dispatcher",
-        fields=("model.moe_flex_dispatcher_backend",),
-        applies=lambda cfg, ctx: cfg.model.moe_flex_dispatcher_backend is not None,
-        holds=lambda cfg, ctx: cfg.model.moe_flex_dispatcher_backend in FLEX_BACKEND_SUPPORT,
-        message="unknown flex dispatcher backend (only backends with a GPU-support table are accepted)",
-        fix=f"use one of {', '.join(FLEX_BACKENDS)}, or {_PLAIN_ALLTOALL}",
-    ),
-    Rule(
-        id="flex-backend-needs-flex-dispatcher",
-        group="flex-dispatcher",
-        fields=("model.moe_flex_dispatcher_backend", "model.moe_token_dispatcher_type"),
-        applies=lambda cfg, ctx: cfg.model.moe_flex_dispatcher_backend is not None,
-        holds=lambda cfg, ctx: _flex(cfg),
-        message="a flex backend does nothing while the dispatcher is not flex: megatron-core reads the "
-        "backend only inside the flex dispatcher",
-        fix="set model.moe_token_dispatcher_type=flex (or use --moe_flex_dispatcher_backend, which "
-        "sets both), or model.moe_flex_dispatcher_backend=null for plain alltoall",
-    ),
-    Rule(
-        id="flex-dispatcher-needs-backend",
-        group="flex-dispatcher",
-        fields=("model.moe_token_dispatcher_type", "model.moe_flex_dispatcher_backend"),
-        applies=lambda cfg, ctx: _flex(cfg),
-        holds=lambda cfg, ctx: cfg.model.moe_flex_dispatcher_backend is not None,
-        message="the flex dispatcher needs an explicit backend (no hidden megatron-core default)",
-        fix=f"set model.moe_flex_dispatcher_backend to one of {', '.join(FLEX_BACKENDS)}",
-    ),
-    Rule(
-        id="flex-backend-supported-on-gpu",
-        group="flex-dispatcher",
-        fields=("model.moe_flex_dispatcher_backend",),
-        applies=lambda cfg, ctx: _backend_known(cfg),
-        holds=lambda cfg, ctx: _support(cfg, ctx)[0] is not False,
-        message=f"this flex backend does not support the target GPU ({_SUPPORT_TEXT})",
-        fix=f"choose a backend that supports the target GPU ({_NVL72_BACKENDS} on GB200/GB300), or {_PLAIN_ALLTOALL}",
-        extra_values=(("target_gpu", _gpu_text),),
-        derived_values=(("support", lambda cfg, ctx: _support(cfg, ctx)[1]),),
-    ),
-    Rule(
-        id="flex-backend-gpu-not-checked",
-        group="flex-dispatcher",
-        severity="warning",
-        fields=("model.moe_flex_dispatcher_backend",),
-        applies=lambda cfg, ctx: _backend_known(cfg),
-        holds=lambda cfg, ctx: _support(cfg, ctx)[0] is not None,
-        message="backend support on the target GPU could not be decided (no GPU type given and no "
-        "visible GPU, or a Blackwell capability without the system name)",
-        fix="pass the GPU type (-g h100/b200/gb200...) to validate against the cluster's GPUs",
-        extra_values=(("target_gpu", _gpu_text),),
-        derived_values=(("support", lambda cfg, ctx: _support(cfg, ctx)[1]),),
-    ),
-    Rule(
-        id="flex-needs-deep-ep",
-        group="flex-dispatcher",
-        fields=("model.moe_token_dispatcher_type", "model.moe_flex_dispatcher_backend"),
-        applies=lambda cfg, ctx: _backend_known(cfg) and bool(ctx.cuda_available),
-        holds=lambda cfg, ctx: ctx.deep_ep_available is not False,
-        message="the flex dispatcher backends need the deep_ep package, which does not import here",
-        fix="install DeepEP on the GPU machines (see https://github.com/deepseek-ai/DeepEP, hybrid-ep "
-        f"branch for hybridep), or use {_PLAIN_ALLTOALL}",
-        extra_values=(("deep_ep", _deep_ep_text), ("host", _host_text)),
-    ),
-    Rule(
-        id="flex-deep-ep-not-checked-on-cpu-host",
-        group="flex-dispatcher",
-        severity="warning",
-        fields=("model.moe_token_dispatcher_type", "model.moe_flex_dispatcher_backend"),
-        applies=lambda cfg, ctx: _backend_known(cfg) and not ctx.cuda_available,
-        holds=lambda cfg, ctx: ctx.deep_ep_available is not False,
-        message="note: deep_ep does not import on this CPU host; the GPU machines must have it",
-        fix="make sure DeepEP is installed where the job runs",
-        extra_values=(("deep_ep", _deep_ep_text), ("host", _host_text)),
-    ),
-)
-"""Flex-dispatcher prerequisites, evaluated against the target GPU of a ``RuleContext``."""
-
-
-# --------------------------------------------------------------------------------------------
-# Python API on a bare model config
-
-
-@dataclass
-class _ModelOnly:
-    """Lets the config-level rules read a bare model config (``cfg.model.<field>``)."""
-
-    model: Any
-
-
-@dataclass
-class _ModelWith:
-    """A model config seen with some fields replaced (the choice being checked), unchanged itself."""
-
-    base: Any
-    fields: dict[str, Any]
-
-    def __getattr__(self, name: str) -> Any:
-        return self.fields[name] if name in self.fields else getattr(self.base, name)
+def _with_choice(model_config: Any, choice: dict[str, Any]) -> Any:
+    """A shallow copy of ``model_config`` with the dispatcher choice set (the original unchanged)."""
+    chosen = copy.copy(model_config)
+    for name, value in choice.items():
+        setattr(chosen, name, value)
+    return chosen
 
 
 def flex_dispatcher_violations(
@@ -261,8 +80,7 @@ def flex_dispatcher_violations(
         cuda_available=gpu_host,
         deep_ep_available=deep_ep_available,
     )
-    shim = _ModelOnly(model_config)
-    return [v for v in (rule.check(shim, ctx) for rule in FLEX_RULES) if v is not None]
+    return check_rules(FLEX_DISPATCHER_RULES, ConfigContainer(model=model_config), ctx)
 
 
 def validate_flex_dispatcher_backend(
@@ -339,7 +157,7 @@ def apply_flex_dispatcher_backend(
 ) -> Optional[str]:
     """Select a dispatcher on ``model_config``; return the backend in effect (``None`` = alltoall).
 
-    Sets the fields of :func:`dispatcher_fields`. The choice is checked with :data:`FLEX_RULES` for
+    Sets the fields of :func:`dispatcher_fields`. The choice is checked with the flex rules for
     the target GPU (the arguments, else :func:`probe_target_gpu`; ``deep_ep`` is checked by
     ``validate``, where the job runs): a backend the GPU does not support raises
     ``FlexDispatcherBackendError`` naming the rule, unless ``fallback="alltoall"``, which then
@@ -365,7 +183,7 @@ def apply_flex_dispatcher_backend(
         target = GpuTarget()  # plain alltoall runs on any GPU
     else:
         target = probe_target_gpu(moe_flex_dispatcher_backend)
-    found = flex_dispatcher_violations(_ModelWith(model_config, choice), target, deep_ep_available=True)
+    found = flex_dispatcher_violations(_with_choice(model_config, choice), target, deep_ep_available=True)
     errors = [v for v in found if v.severity == "error"]
     if errors and fallback == "alltoall" and all(v.rule == "flex-backend-supported-on-gpu" for v in errors):
         logger.warning("flex dispatcher: %s\nfalling back to plain alltoall as requested", errors[0].format())
@@ -379,19 +197,19 @@ def apply_flex_dispatcher_backend(
     return choice["moe_flex_dispatcher_backend"]
 
 
-def render_support_table() -> str:
-    """Markdown table of GPU types x backends, for the docs page."""
-    names = list(FLEX_BACKEND_SUPPORT)
-    header = (
-        "| `-g` | capability | architecture | NVL72 | " + " | ".join(names) + " |\n"
-        + "|---|---|---|---|" + "---|" * len(names) + "\n"
-    )
-    rows = []
-    for entry in gpu_catalog.GPU_TYPES.values():
-        cells = ["yes" if backend_support(b, target_of(entry))[0] else "no" for b in names]
-        major, minor = entry.capability
-        rows.append(
-            f"| `{entry.name}` | {major}.{minor} | {entry.architecture} | "
-            f"{'yes' if entry.nvl72 else 'no'} | " + " | ".join(cells) + " |"
-        )
-    return header + "\n".join(rows) + "\n"
+__all__ = [
+    "FLEX_BACKENDS",
+    "FLEX_BACKEND_SUPPORT",
+    "FLEX_DISPATCHER_RULES",
+    "FLEX_RULES",
+    "BackendSupport",
+    "FlexBackend",
+    "FlexDispatcherBackendError",
+    "apply_flex_dispatcher_backend",
+    "backend_support",
+    "dispatcher_fields",
+    "flex_dispatcher_violations",
+    "probe_target_gpu",
+    "render_support_table",
+    "validate_flex_dispatcher_backend",
+]

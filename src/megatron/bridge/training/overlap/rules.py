@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-from megatron.bridge.training.flex_dispatcher_backend import FLEX_RULES
+from megatron.bridge.training.rules.flex_rules import FLEX_RULES
 from megatron.bridge.training.resolution.megatron_compat import graph_modules
 from megatron.bridge.training.overlap.facts import (
     dw_graph,
