@@ -1,5 +1,7 @@
 """Shape of ``src/megatron/bridge``: no import cycle and no import from a lower layer into a higher one
-(function-level imports included), no long file.
+(function-level imports included), no long file, ``training/`` holding sub-packages and the public
+modules only, configuration dataclasses that import no resolution, and every rule table in the one
+registry with each rule id once.
 
 The import graph is read with ``ast``, not by importing: every ``import``/``from ... import`` of a
 ``megatron.bridge`` module counts, at module level and inside functions and methods alike, because
@@ -12,13 +14,20 @@ never run.
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import os
+import pkgutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
+
+import megatron.bridge
+from megatron.bridge.training.rules.core import Rule
+from megatron.bridge.training.rules.registry import ALL_RULES
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = "megatron.bridge"
@@ -225,3 +234,24 @@ def test_runtime_config_update_is_still_importable_from_the_configuration() -> N
     from megatron.bridge.training.resolution.runtime_config import runtime_config_update as implementation
 
     assert runtime_config_update is implementation
+
+
+def _rule_tables() -> dict:
+    """``module.NAME`` -> every module-level tuple of rules in the package (importing every module)."""
+    tables = {}
+    for info in pkgutil.walk_packages(megatron.bridge.__path__, "megatron.bridge."):
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if isinstance(value, tuple) and value and all(isinstance(r, Rule) for r in value):
+                tables[f"{info.name}.{name}"] = value
+    return tables
+
+
+def test_every_rule_table_is_in_the_registry() -> None:
+    registered = {id(rule) for rule in ALL_RULES}
+    missing = {name: [r.id for r in table if id(r) not in registered] for name, table in _rule_tables().items()}
+    assert not {k: v for k, v in missing.items() if v}, missing
+
+
+def test_rule_ids_are_unique() -> None:
+    assert [rule_id for rule_id, n in Counter(r.id for r in ALL_RULES).items() if n > 1] == []
