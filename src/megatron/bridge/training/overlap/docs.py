@@ -71,12 +71,14 @@ target they are reported as not checked.
 ## Switches, ownership and computed defaults
 
 `cfg.comm_overlap` owns every switch. `null` means "framework decides"; the decision is made in one
-place, once per `finalize()`/`validate()` (so edits after a first `validate()` take effect), and
-recorded as `computed` in `cfg.provenance` of the resolved copy. The megatron-core fields a switch
-is applied to are copies, never inputs: `validate()` writes the effective values into them (in
-your config too, where the owners stay as you set them) and every saved config carries them; an
-override that writes a copy with another value than its owner's is refused when it is parsed, and
-a copy changed directly in Python is refused by `validate()`, both naming the owner.
+place, by one resolution of the config (`resolve()`; `finalize()` and `validate()` are its
+upstream names), which `pretrain()` reuses while the config is unchanged, so an edit after a first
+`validate()` takes effect. It is recorded as `computed` in `cfg.provenance` of the resolved copy.
+The megatron-core fields a switch is applied to are copies, never inputs: the resolution writes the
+effective values into them (in your config too, so that reading one gives what the run uses; the
+owners stay as you set them, and nothing else is added), and a saved config holds the owners only.
+An override that writes a copy with another value than its owner's is refused when it is parsed,
+and a copy changed directly in Python is refused by `validate()`, both naming the owner.
 
 | switch | applied to | when `null` |
 |---|---|---|
