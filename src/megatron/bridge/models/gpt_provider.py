@@ -11,14 +11,21 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Optional, Union, get_args
 
+from megatron.core import parallel_state
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from megatron.bridge.models import grad_accumulation_fusion
+from megatron.bridge.models.comm_stream_grads import keep_comm_stream_grads_for_accumulation
+from megatron.bridge.models.grad_accumulation_fusion import provide_missing_kernel
 from megatron.bridge.models.layer_specs import LayerSpecName, build_decoder_block_spec, choose_for_model
+from megatron.bridge.models.torch_native import linear
 from megatron.bridge.models.torch_native.backends import (
     CrossEntropyBackend,
     GroupedGemmBackend,
     WgradAccumulation,
 )
+from megatron.bridge.models.torch_native.compiled import set_compile_enabled
+from megatron.bridge.models.torch_native.cross_entropy import select_backend
 from megatron.bridge.utils.flex_backend_names import FlexBackend
 from megatron.bridge.utils.strict_fields import StrictFields
 
@@ -133,8 +140,6 @@ class GPTModelProvider(StrictFields, TransformerConfig):
     def describe_loss(self, device_type: str) -> str:
         """One start-up line saying which cross-entropy implementation this run uses."""
         if self.uses_torch_native_loss:
-            from megatron.bridge.models.torch_native.cross_entropy import select_backend
-
             backend = select_backend(device_type, self.torch_native_cross_entropy_backend)
             return f"loss: torch_native fused cross-entropy ({backend} kernels)"
         if self.cross_entropy_loss_fusion:
@@ -162,16 +167,17 @@ class GPTModelProvider(StrictFields, TransformerConfig):
         """The start-up line on ``gradient_accumulation_fusion`` (``None`` when it is off)."""
         if not self.gradient_accumulation_fusion:
             return None
-        from megatron.bridge.models import grad_accumulation_fusion
-
         return grad_accumulation_fusion.describe(self.resolved_layer_spec, device_type)
 
     def model_class(self) -> type:
         """megatron-core's ``GPTModel``, or its subclass with the torch-native loss."""
         if self.uses_torch_native_loss:
+            # Deferred: megatron-core's GPT model code is needed only to build a model; the
+            # configuration, which holds this provider, is imported without it.
             from megatron.bridge.models.torch_native.gpt_model import TorchNativeLossGPTModel
 
             return TorchNativeLossGPTModel
+        # Deferred, as above.
         from megatron.core.models.gpt import GPTModel
 
         return GPTModel
@@ -187,14 +193,8 @@ class GPTModelProvider(StrictFields, TransformerConfig):
         ``torch_native_compile`` applies to the whole process: the compiled functions are shared by
         every torch-native layer, so the model built last decides.
         """
-        from megatron.core import parallel_state
-
-        from megatron.bridge.models.torch_native.compiled import set_compile_enabled
-
         set_compile_enabled(self.torch_native_compile)
         if self.gradient_accumulation_fusion:
-            from megatron.bridge.models.grad_accumulation_fusion import provide_missing_kernel
-
             provide_missing_kernel()  # megatron-core's linear layers refuse the flag without a kernel
         if pre_process is None:
             pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
@@ -216,12 +216,8 @@ class GPTModelProvider(StrictFields, TransformerConfig):
             vp_stage=vp_stage,
         )
         if self.resolved_layer_spec == "torch_native":
-            from megatron.bridge.models.torch_native import linear
-
             if linear.reroutes_dense_layers(self):
                 linear.route_weight_gradients_into_main_grad(model)
         if self.overlap_moe_expert_parallel_comm:
-            from megatron.bridge.models.comm_stream_grads import keep_comm_stream_grads_for_accumulation
-
             keep_comm_stream_grads_for_accumulation(model)
         return model

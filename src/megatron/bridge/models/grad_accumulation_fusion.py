@@ -25,6 +25,7 @@ import sys
 from typing import Optional
 
 import torch
+from megatron.core.tensor_parallel import layers
 
 KERNEL_MODULE = "fused_weight_gradient_mlp_cuda"
 """The name under which megatron-core imports Apex's extension."""
@@ -92,8 +93,6 @@ def provide_missing_kernel() -> str:
     extension is missing) and any later ``import fused_weight_gradient_mlp_cuda`` (megatron's
     deferred embedding wgrad imports it inside a function).
     """
-    from megatron.core.tensor_parallel import layers
-
     if _apex_kernel() is not None:
         return APEX
     this = sys.modules[__name__]

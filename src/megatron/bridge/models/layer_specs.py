@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence
 
+import torch
+
 from megatron.bridge.utils.import_utils import have_transformer_engine
 
 if TYPE_CHECKING:
@@ -93,8 +95,6 @@ def choose_for_model(model: Any, device: Optional[str] = None) -> LayerSpecChoic
     when a GPU is visible.
     """
     if device is None:
-        import torch
-
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return choose_layer_spec(
         model.layer_spec,
@@ -108,6 +108,8 @@ def build_decoder_block_spec(
     config: "GPTModelProvider", vp_stage: Optional[int] = None
 ) -> "TransformerBlockSubmodules":
     """The decoder block spec for this pipeline stage with the resolved implementation."""
+    # Deferred: the layer specs bring every layer implementation (Transformer Engine's when
+    # installed); the configuration, which imports this module, is imported without them.
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     impl = config.resolved_layer_spec
@@ -116,6 +118,7 @@ def build_decoder_block_spec(
             config, use_transformer_engine=(impl == "transformer_engine"), vp_stage=vp_stage
         )
     if impl == "torch_native":
+        # Deferred, as above (the package loads its layer specs on first use).
         from megatron.bridge.models.torch_native import get_torch_native_decoder_block_spec
 
         return get_torch_native_decoder_block_spec(config, vp_stage=vp_stage)

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
+import torch
+
 from megatron.bridge.perf.argument_parser import parse_args
 from megatron.bridge.perf.config_builder import build_config
 from megatron.bridge.perf.launcher import ENTRY_MODULE, torchrun_argv
@@ -85,8 +87,6 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
 def matmul_ceiling_tflops() -> Optional[float]:
     """bf16 8192^3 matmul rate on GPU 0 (median of 20), the measured ceiling beside the nominal peak."""
     try:
-        import torch
-
         a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
         for _ in range(3):
@@ -120,8 +120,6 @@ def git_commit(repo: Path) -> str:
 
 def device_name() -> str:
     """``N x <GPU name>`` or ``no GPU``."""
-    import torch
-
     if not torch.cuda.is_available():
         return "no GPU"
     return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"

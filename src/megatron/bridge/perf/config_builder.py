@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
+import torch
+
 from megatron.bridge.perf.argument_parser import COMPUTE_DTYPES, PLAIN_ALLTOALL
 from megatron.bridge.perf.recipe_lookup import (
     RecipeChoice,
@@ -33,6 +35,10 @@ from megatron.bridge.perf.recipe_lookup import (
 )
 from megatron.bridge.training.telemetry.metrics import default_log_dir
 from megatron.bridge.training.rules.core import read_field
+from megatron.bridge.training.flex_dispatcher_backend import dispatcher_fields
+from megatron.bridge.training.loop.checkpoint_dir import inspect_checkpoint_dir
+from megatron.bridge.training.resolution.finalize import default_rule_context, resolve_config
+from megatron.bridge.training.utils.omegaconf_utils import apply_overrides, load_yaml
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -138,8 +144,6 @@ def nest(dotted: Mapping[str, Any]) -> dict[str, Any]:
 
 def apply_layer(cfg: "ConfigContainer", values: "Mapping[str, Any] | Sequence[str]", source: str) -> "ConfigContainer":
     """Apply dotted values (mapping or ``key=value`` strings) as layer ``source``; typed, all errors."""
-    from megatron.bridge.training.utils.omegaconf_utils import apply_overrides
-
     if not values:
         return cfg
     return apply_overrides(cfg, nest(values) if isinstance(values, Mapping) else list(values), source=source)
@@ -167,8 +171,6 @@ def flex_dispatcher_values(backend: str) -> dict[str, Any]:
     """Model fields of ``--moe_flex_dispatcher_backend``: the dispatcher choice of
     ``dispatcher_fields`` (flex with the backend, or plain alltoall). Whether the backend runs on the
     target GPU is checked with every other rule when the config is resolved."""
-    from megatron.bridge.training.flex_dispatcher_backend import dispatcher_fields
-
     chosen = dispatcher_fields(None if backend == PLAIN_ALLTOALL else backend)
     return {f"model.{name}": value for name, value in chosen.items()}
 
@@ -238,8 +240,6 @@ def schedule_values(
 
 
 def _resumes(cfg: "ConfigContainer") -> bool:
-    from megatron.bridge.training.loop.checkpoint_dir import inspect_checkpoint_dir
-
     return bool(cfg.checkpoint.load) and inspect_checkpoint_dir(cfg.checkpoint.load).resumable
 
 
@@ -261,8 +261,6 @@ def build_config(
     ``log_dir`` (used by sweeps) pins the job's log directory as a flag-layer value.
     Raises ``HarnessError`` (recipe/layout) or ``OverrideError``.
     """
-    from megatron.bridge.training.utils.omegaconf_utils import load_yaml
-
     cpu = args.gpu == "cpu"
     try:
         recipe = lookup_recipe(args.model_family_name, args.model_recipe_name, args.task, args.num_gpus)
@@ -317,15 +315,11 @@ def build_config(
 # --------------------------------------------------------------------------------------------- resolve
 def rule_context(built: BuiltConfig) -> "RuleContext":
     """Validation facts: world size of the job and the ``-g`` target GPU (not this machine's)."""
-    from megatron.bridge.training.resolution.finalize import default_rule_context
-
     return default_rule_context(built.world_size, target_gpu=built.target_gpu)
 
 
 def resolution_of(built: BuiltConfig) -> "Resolution":
     """The one resolution of the job's config; raises ``ConfigError`` listing every violation."""
-    from megatron.bridge.training.resolution.finalize import resolve_config
-
     return resolve_config(built.cfg, ctx=rule_context(built)).raise_for_errors()
 
 
@@ -378,8 +372,6 @@ def gpus_visible() -> int:
     if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
         return 0
     try:
-        import torch
-
         return torch.cuda.device_count()
     except Exception:  # pragma: no cover - a broken driver counts as no GPU
         return 0

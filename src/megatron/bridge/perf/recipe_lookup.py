@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Callable, Optional
 
 from megatron.bridge.training.errors import did_you_mean
+from megatron.bridge.training.resolution.layout import expert_parallel_span, model_parallel_size
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -145,8 +146,6 @@ def lookup_recipe(family: str, recipe: str, task: str, num_gpus: Optional[int] =
 
 def minimum_world_size(cfg: "ConfigContainer") -> int:
     """Smallest GPU count the layout fits: a multiple of TP*PP*CP and of ETP*EP*PP."""
-    from megatron.bridge.training.resolution.layout import expert_parallel_span, model_parallel_size
-
     return math.lcm(model_parallel_size(cfg), expert_parallel_span(cfg))
 
 
@@ -159,8 +158,6 @@ def fitting_gpu_counts(cfg: "ConfigContainer", upto: int) -> list[int]:
 
 def layout_problem(cfg: "ConfigContainer", num_gpus: int) -> Optional[str]:
     """Why the layout does not fit ``num_gpus`` (naming the sizes that do), or ``None``."""
-    from megatron.bridge.training.resolution.layout import expert_parallel_span, model_parallel_size
-
     m = cfg.model
     if num_gpus % model_parallel_size(cfg) == 0 and num_gpus % expert_parallel_span(cfg) == 0:
         return None
@@ -185,8 +182,6 @@ def scaled_global_batch_size(
     DP = GPUs / (TP*PP*CP). The recipe's batch belongs to ``reference_gpus`` with the recipe's
     layout; the result keeps the per-replica batch (and so the number of micro-batches) unchanged.
     """
-    from megatron.bridge.training.resolution.layout import model_parallel_size
-
     ref_gpus = reference_gpus or minimum_world_size(recipe_cfg)
     ref_dp = max(1, ref_gpus // model_parallel_size(recipe_cfg))
     dp = max(1, num_gpus // model_parallel_size(cfg))

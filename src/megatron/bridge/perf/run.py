@@ -36,6 +36,7 @@ from megatron.bridge.perf.launcher import CONFIG_NAME, LaunchPlan, choose_mode, 
 from megatron.bridge.perf.results import SUMMARY_NAME, format_results, load_summary, summary_steady_state
 from megatron.bridge.perf.supervisor import LAUNCH_LOG, JobOutcome
 from megatron.bridge.training.entry import FAILURE_DIR
+from megatron.bridge.training.errors import ConfigError
 from megatron.bridge.training.loop.checkpoint_dir import CheckpointDir, inspect_checkpoint_dir, iteration_dir
 from megatron.bridge.utils.quiet import marked, unmarked
 from megatron.bridge.perf.sweep import combine_rounds, job_dirname, parse_sweep, write_sweep_outputs
@@ -390,8 +391,6 @@ def run_sweep(args, out: TextIO) -> int:
 
 def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> int:
     """Entry point of ``scripts/performance/run_script.py``; returns the process exit code."""
-    from megatron.bridge.training.errors import ConfigError
-
     out = out or sys.stdout
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)

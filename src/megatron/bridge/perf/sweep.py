@@ -141,6 +141,7 @@ def sweep_markdown(spec: SweepSpec, points: Sequence[SweepPoint], command: str =
 def sweep_plot(spec: SweepSpec, points: Sequence[SweepPoint], path: "str | Path") -> Optional[Path]:
     """Bar chart of mean step time with min-max whiskers; ``None`` when matplotlib is missing."""
     try:
+        # Deferred: matplotlib is optional.
         import matplotlib
 
         matplotlib.use("Agg")

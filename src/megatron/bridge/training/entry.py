@@ -27,6 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
+from megatron.bridge.training.loop.failure_cause import describe_failure
 from megatron.bridge.training.loop.stop_request import STOP
 from megatron.bridge.utils.quiet import configure_logging
 
@@ -56,6 +57,7 @@ def _one_process_group(configs: list) -> Iterator[None]:
     if len(configs) < 2:
         yield
         return
+    # Deferred: torch and megatron-core load only after the stop handler is installed (see _run).
     from megatron.bridge.training.loop import initialize
 
     env = initialize.launch_env()
@@ -73,8 +75,6 @@ def failure_record_path(log_dir: Path, rank: int) -> Path:
 def write_failure_record(log_dir: Path, exc: BaseException, save_dir: Optional[str] = None) -> None:
     """What the harness needs to tell the first failing rank from the ones that failed after it: the
     error with its causes (``failure_cause.describe_failure``)."""
-    from megatron.bridge.training.loop.failure_cause import describe_failure
-
     record = {
         "rank": int(_rank()),
         "pid": os.getpid(),
@@ -106,6 +106,8 @@ def _run(args: argparse.Namespace) -> int:
     log_dir = Path(args.config_file[0]).resolve().parent
     save_dir = None
     try:
+        # Deferred: torch and megatron-core load after the stop handler is installed, and a failing
+        # import is reported like any other failure of this rank.
         from megatron.bridge.training.config import ConfigContainer
         from megatron.bridge.training.pretrain import pretrain
 
@@ -119,8 +121,6 @@ def _run(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # torch's CheckpointException is a BaseException: it is a failure too
-        from megatron.bridge.training.loop.failure_cause import describe_failure
-
         sys.stdout.flush()
         print(f"[rank {_rank()}] training failed: {describe_failure(exc, save_dir)}", file=sys.stderr)
         traceback.print_exc()

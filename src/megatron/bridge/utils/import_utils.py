@@ -19,6 +19,7 @@ def transformer_engine_version() -> Optional[Version]:
     A distribution record alone is not enough: TE must import (its CUDA libraries load at import).
     """
     try:
+        # Deferred: Transformer Engine is optional, and loads its CUDA libraries at import.
         import transformer_engine  # noqa: F401
         import transformer_engine.pytorch  # noqa: F401
     except Exception:  # any import failure (missing package, missing CUDA libs) means "absent"

@@ -9,6 +9,7 @@ GPUs and the plain math kernel on CPU.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Optional
 
@@ -26,8 +27,6 @@ _CAUSAL_TYPES = (AttnMaskType.causal,)
 
 def _sdpa_supports_enable_gqa() -> bool:
     """``enable_gqa`` exists from torch 2.5; older torch needs K/V expanded by hand."""
-    import inspect
-
     try:
         return "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
     except (TypeError, ValueError):  # builtins without a signature: probe by version

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, get_args
 import torch
 
 from megatron.bridge.models.gpt_provider import TORCH_NATIVE_DISPATCHERS, TorchNativeEPTransport
+from megatron.bridge.models.torch_native import symmetric_exchange
 from megatron.bridge.models.torch_native.symmetric_exchange import NVSHMEM_BLOCKS_ENV
 
 if TYPE_CHECKING:
@@ -131,9 +132,7 @@ def _choose(
         return DispatchChoice("megatron", MEGATRON_TRANSPORT, False, f"EP={ep_size}: {AUTO_EP_REASON}")
     if transport == "nccl":
         return DispatchChoice("sorted", "collective", False, f"EP={ep_size}, torch_native_ep_transport='nccl'")
-    from megatron.bridge.models.torch_native.symmetric_exchange import symmetric_memory_support
-
-    support = symmetric_memory_support(ep_group, device)
+    support = symmetric_exchange.symmetric_memory_support(ep_group, device)
     if support.ok:
         return DispatchChoice("sorted", "nvshmem", True, f"EP={ep_size}, {support.reason}")
     if transport == "nvshmem":

@@ -42,6 +42,7 @@ def uses_kernel(src: torch.Tensor) -> bool:
 @functools.cache
 def _kernel():
     """Build the row-gather kernel on first use (CPU builds of torch may lack Triton)."""
+    # Deferred: triton is optional (CPU builds of torch have none).
     import triton
     import triton.language as tl
 
@@ -91,6 +92,7 @@ def _column_block(width: int) -> int:
 @functools.cache
 def _sum_kernel():
     """Build the gather-sum kernel on first use."""
+    # Deferred, as in _kernel().
     import triton
     import triton.language as tl
 

@@ -120,6 +120,7 @@ def region_pack_index(recv_splits: torch.Tensor, source_rows: int, recv_rows: in
 
 def _symmetric_empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device, group_name: str) -> torch.Tensor:
     """An NVSHMEM tensor registered with the group (the CPU tests put plain tensors here)."""
+    # Deferred: torch's private symmetric-memory module is optional (builds without distributed lack it).
     import torch.distributed._symmetric_memory as symm_mem
 
     t = symm_mem.empty(*shape, dtype=dtype, device=device)
@@ -292,6 +293,7 @@ def symmetric_memory_support(group: Optional[dist.ProcessGroup], device: torch.d
     if device.type != "cuda":
         return SymmetricMemorySupport(False, "not on CUDA")
     try:
+        # Deferred, as in _symmetric_empty(): a torch without it is reported here.
         import torch.distributed._symmetric_memory as symm_mem
     except ImportError:  # pragma: no cover - torch builds without distributed
         return SymmetricMemorySupport(False, "torch has no symmetric memory")
@@ -317,6 +319,7 @@ def use_nvshmem_backend(group: dist.ProcessGroup) -> None:
     """Select NVSHMEM for symmetric-memory allocations (once per process, before the first one) and
     register ``group`` with symmetric memory."""
     global _BACKEND_SET
+    # Deferred, as in _symmetric_empty().
     import torch.distributed._symmetric_memory as symm_mem
 
     if not _BACKEND_SET:

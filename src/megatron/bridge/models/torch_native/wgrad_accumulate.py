@@ -35,6 +35,7 @@ _NUM_STAGES = 4
 def triton_available() -> bool:
     """Triton importable (it ships with CUDA builds of torch, not with every CPU build)."""
     try:
+        # Deferred: the probe of an optional package (CPU builds of torch have no triton).
         import triton  # noqa: F401
         import triton.language  # noqa: F401
     except ImportError:
@@ -57,6 +58,7 @@ def can_fuse(main_grad: torch.Tensor) -> bool:
 @functools.cache
 def _kernel():
     """Build the Triton kernel on first use (Triton is imported lazily: CPU builds may lack it)."""
+    # Deferred: triton is optional (CPU builds of torch have none).
     import triton
     import triton.language as tl
 

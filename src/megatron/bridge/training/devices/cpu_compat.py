@@ -261,6 +261,7 @@ def _cpu_maybe_move_tensor_to_cpu(
 
 
 def _patch_megatron() -> None:
+    # Deferred: the megatron-core modules this layer patches are imported when it is enabled.
     from megatron.core.transformer.moe import moe_utils, token_dispatcher
 
     moe_utils.maybe_move_tensor_to_cpu = _cpu_maybe_move_tensor_to_cpu
@@ -269,6 +270,7 @@ def _patch_megatron() -> None:
 
 def _patch_transformer_engine_kernels() -> None:
     """megatron-core's choices of TE kernels at import, undone: TE's kernels only run on CUDA."""
+    # Deferred, as in _patch_megatron().
     from megatron.core import optimizer as mcore_optimizer
     from megatron.core import utils as mcore_utils
     from megatron.core.optimizer import clip_grads
@@ -309,6 +311,7 @@ def seed_cpu_model_parallel(seed: int) -> None:
     The inference tracker makes megatron's RNG forks no-ops: CPU has a single generator and
     megatron's tracker only knows how to swap CUDA generator states.
     """
+    # Deferred, as in _patch_megatron(): this module loads no megatron-core until it is used.
     from megatron.core import tensor_parallel
 
     torch.manual_seed(seed)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Optional
 
 import torch
+from megatron.core import full_cuda_graph
 
 from megatron.bridge.training.devices import capture_memory
 from megatron.bridge.training.devices.capture_memory import CaptureMemoryReuse
@@ -101,11 +102,10 @@ class IterationGraph:
         self.first_iteration = first_iteration
         if not self.enabled:
             return forward_backward
-        from megatron.core.full_cuda_graph import FullCudaGraphWrapper
 
         self.release()  # a graph left by an earlier run in this process must not be replayed
         self.memory_reuse = capture_memory.apply(self.memory_reuse)
-        wrapper = self._wrapper = FullCudaGraphWrapper(
+        wrapper = self._wrapper = full_cuda_graph.FullCudaGraphWrapper(
             forward_backward, cuda_graph_warmup_steps=self.warmup_steps, use_single_mempool=self.use_single_mempool
         )
 
@@ -142,11 +142,9 @@ class IterationGraph:
         """Drop megatron's class-level graph, step counter and static input buffers."""
         if not self.enabled:
             return
-        from megatron.core import full_cuda_graph
-        from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
 
-        FullCudaGraphWrapper.reset_cuda_graph(self._wrapper)  # class state; the instance is not read
-        StaticBufferLoader.static_buffers = {"training": [], "validation": []}
+        full_cuda_graph.FullCudaGraphWrapper.reset_cuda_graph(self._wrapper)  # class state; the instance is not read
+        full_cuda_graph.StaticBufferLoader.static_buffers = {"training": [], "validation": []}
         # The process-wide memory pool of cuda_graph_use_single_mempool dies with the graph that used
         # it; a capture into its stale handle fails inside torch's allocator (seen on an H200 in the
         # second run of one process), so the next run's capture gets a pool of its own.
@@ -158,9 +156,7 @@ class IterationGraph:
 @contextlib.contextmanager
 def _on_capture_stream():
     """Run the block on megatron's capture stream, ordered after and before the current stream's work."""
-    from megatron.core.full_cuda_graph import get_shared_capture_stream
-
-    stream = get_shared_capture_stream()
+    stream = full_cuda_graph.get_shared_capture_stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         yield

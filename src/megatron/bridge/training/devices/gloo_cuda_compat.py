@@ -46,6 +46,7 @@ def enable_gloo_cuda_compat() -> None:
     global _ENABLED
     if _ENABLED:
         return
+    # Deferred: the megatron-core module this layer patches is imported when it is enabled.
     from megatron.core.distributed import param_and_grad_buffer
 
     param_and_grad_buffer._coalescing_manager = sequential_coalescing_manager

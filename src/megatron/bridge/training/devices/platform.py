@@ -15,6 +15,10 @@ import os
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
+from megatron.core import tensor_parallel
+
+from megatron.bridge.training.devices import gloo_cuda_compat
+from megatron.bridge.training.devices.torch_optimizer import use_torch_fast_paths
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -103,9 +107,7 @@ class CudaPlatform(Platform):
     def prepare_process(self, report: "OverlapReport") -> None:
         set_cuda_device_max_connections(report)
         if self.backend == "gloo":
-            from megatron.bridge.training.devices.gloo_cuda_compat import enable_gloo_cuda_compat
-
-            enable_gloo_cuda_compat()
+            gloo_cuda_compat.enable_gloo_cuda_compat()
 
     def bind_device(self, local_rank: int) -> None:
         # Several ranks may share one GPU when the backend allows it (gloo).
@@ -116,8 +118,6 @@ class CudaPlatform(Platform):
         return torch.device("cuda", torch.cuda.current_device())
 
     def seed_model_parallel(self, seed: int) -> None:
-        from megatron.core import tensor_parallel
-
         torch.manual_seed(seed)
         # megatron-core keeps the first tracker of the process unless told to reset it: a run with
         # the graph after an eager run in one process would get the plain tracker and fail its
@@ -137,8 +137,6 @@ class CudaPlatform(Platform):
         torch.cuda.reset_peak_memory_stats()  # each run reports its own peak
 
     def fast_optimizer_kernels(self, optimizer: Any) -> str:
-        from megatron.bridge.training.devices.torch_optimizer import use_torch_fast_paths
-
         return use_torch_fast_paths(optimizer)
 
 
@@ -149,6 +147,7 @@ class CpuPlatform(Platform):
     explicit_causal_mask = True
 
     def prepare_process(self, report: "OverlapReport") -> None:
+        # Deferred: the CPU compatibility layer is never imported on GPU (see its docstring).
         from megatron.bridge.training.devices.cpu_compat import enable_cpu_compat
 
         enable_cpu_compat()
@@ -158,6 +157,7 @@ class CpuPlatform(Platform):
         return torch.device("cpu")
 
     def seed_model_parallel(self, seed: int) -> None:
+        # Deferred, as in prepare_process().
         from megatron.bridge.training.devices.cpu_compat import seed_cpu_model_parallel
 
         seed_cpu_model_parallel(seed)

@@ -89,6 +89,7 @@ def _foreach_scale(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: List[
 
 def _patch_local_multi_tensor_kernels() -> bool:
     """Point megatron's clip-grad module at the foreach kernels where it uses its local fallbacks."""
+    # Deferred: the megatron-core modules these switches patch are imported when they are applied.
     from megatron.core import utils as mcore_utils
     from megatron.core.optimizer import clip_grads
 

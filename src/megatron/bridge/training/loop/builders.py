@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from megatron.core import tensor_parallel
+from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+from megatron.core.optimizer import get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.transformer.module import Float16Module
+
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
     from megatron.bridge.training.devices.platform import Platform
@@ -17,10 +23,6 @@ if TYPE_CHECKING:
 def build_model(resolved: "ConfigContainer", platform: "Platform", ddp_config: Any = None) -> list[Any]:
     """One DDP-wrapped chunk per virtual pipeline stage of this rank; DDP gets ``ddp_config``
     (default ``resolved.ddp``; a captured run moves the NaN check out of it)."""
-    from megatron.core import tensor_parallel
-    from megatron.core.distributed import DistributedDataParallel
-    from megatron.core.transformer.module import Float16Module
-
     m = resolved.model
     vpp = m.virtual_pipeline_model_parallel_size
     stages = [None] if vpp is None else list(range(vpp))
@@ -51,15 +53,11 @@ def build_model(resolved: "ConfigContainer", platform: "Platform", ddp_config: A
 
 def build_optimizer(resolved: "ConfigContainer", model: list[Any]) -> Any:
     """megatron-core's optimizer (distributed optimizer when ``optimizer.use_distributed_optimizer``)."""
-    from megatron.core.optimizer import get_megatron_optimizer
-
     return get_megatron_optimizer(resolved.optimizer, model)
 
 
 def build_scheduler(resolved: "ConfigContainer", optimizer: Any) -> Any:
     """``OptimizerParamScheduler`` stepped in samples (as megatron does), from ``cfg.scheduler``."""
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
     s, o, t = resolved.scheduler, resolved.optimizer, resolved.train
     gbs = t.global_batch_size
     decay_iters = s.lr_decay_iters if s.lr_decay_iters is not None else t.train_iters
@@ -94,8 +92,6 @@ def _one_or_list(hooks: list[Any]) -> Any:
 
 def wire_model_config(resolved: "ConfigContainer", model: list[Any], optimizer: Any) -> None:
     """The hooks megatron's schedules call: grad scaling, no_sync/grad_sync, finalize_model_grads."""
-    from megatron.core.distributed import finalize_model_grads
-
     config = resolved.model
     config.grad_scale_func = optimizer.scale_loss
     config.timers = None

@@ -19,11 +19,17 @@ from __future__ import annotations
 
 import logging
 import signal
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
+from megatron.core import parallel_state
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+from megatron.core.tokenizers import MegatronTokenizer
 
 from megatron.bridge.training.devices.platform import Platform, select_platform
+from megatron.bridge.training.loop.stop_request import STOP_SIGNALS
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -33,8 +39,6 @@ logger = logging.getLogger(__name__)
 
 def build_tokenizer(cfg: "ConfigContainer") -> Any:
     """megatron-core tokenizer for the dataset (``NullTokenizer``: vocab from ``cfg.model``)."""
-    from megatron.core.tokenizers import MegatronTokenizer
-
     tok = cfg.tokenizer
     if tok.tokenizer_type == "NullTokenizer":
         vocab = tok.vocab_size or cfg.model.vocab_size
@@ -73,16 +77,12 @@ def data_prefixes(data_paths: Optional[list[str]]) -> list[str]:
 
 def missing_data_files(data_paths: Optional[list[str]]) -> list[str]:
     """The ``.bin``/``.idx`` files of ``data_paths`` that do not exist."""
-    from pathlib import Path
-
     return [f"{p}{suffix}" for p in data_prefixes(data_paths) for suffix in (".bin", ".idx")
             if not Path(f"{p}{suffix}").is_file()]
 
 
 def gpt_dataset_config(cfg: "ConfigContainer", tokenizer: Any, platform: Optional[Platform] = None) -> Any:
     """The ``GPTDatasetConfig`` for this run (mock when no data paths are given)."""
-    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
-
     ds = cfg.dataset
     return GPTDatasetConfig(
         random_seed=dataset_seed(cfg),
@@ -101,11 +101,6 @@ def gpt_dataset_config(cfg: "ConfigContainer", tokenizer: Any, platform: Optiona
 
 def build_train_dataset(cfg: "ConfigContainer", platform: Optional[Platform] = None) -> Any:
     """The training split, sized for ``train_iters * global_batch_size`` samples."""
-    from megatron.core.datasets.blended_megatron_dataset_builder import (
-        BlendedMegatronDatasetBuilder,
-    )
-    from megatron.core.datasets.gpt_dataset import GPTDataset, MockGPTDataset
-
     tokenizer = build_tokenizer(cfg)
     ds_cfg = gpt_dataset_config(cfg, tokenizer, platform)
     cls = MockGPTDataset if cfg.dataset.is_mock else GPTDataset
@@ -153,8 +148,6 @@ def _ignore_stop_signals(worker_id: int) -> None:
     SLURM and torchrun signal a rank's whole process group; a loader worker killed by that signal
     would make the rank's next batch fail instead of letting it finish the step and save.
     """
-    from megatron.bridge.training.loop.stop_request import STOP_SIGNALS
-
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 
@@ -163,8 +156,6 @@ def build_train_iterator(
     cfg: "ConfigContainer", consumed_samples: int = 0, platform: Optional[Platform] = None
 ) -> Iterator[dict]:
     """An endless-enough iterator of this rank's micro-batches (dicts of CPU tensors)."""
-    from megatron.core import parallel_state
-
     platform = platform or select_platform(cfg)
     dataset = build_train_dataset(cfg, platform)
     sampler = PretrainingSampler(

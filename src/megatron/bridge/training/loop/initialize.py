@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
+from megatron.core import parallel_state
 
 from megatron.bridge.training.devices.platform import Platform, select_platform
 
@@ -79,8 +80,6 @@ def initialize_distributed(
 
 def initialize_model_parallel(cfg: "ConfigContainer") -> None:
     """megatron-core's parallel groups, sized from ``cfg.model`` (the single owner)."""
-    from megatron.core import parallel_state
-
     m = cfg.model
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=m.tensor_model_parallel_size,
@@ -105,8 +104,6 @@ def set_seeds(cfg: "ConfigContainer", platform: Optional[Platform] = None) -> No
     The pipeline rank offsets the seed (different layers per stage); data-parallel ranks share it
     unless ``rng.data_parallel_random_init``.
     """
-    from megatron.core import parallel_state
-
     seed = cfg.rng.seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
     if cfg.rng.data_parallel_random_init:
         seed += 10 * parallel_state.get_data_parallel_rank()
@@ -117,8 +114,6 @@ def set_seeds(cfg: "ConfigContainer", platform: Optional[Platform] = None) -> No
 
 def teardown() -> None:
     """Destroy megatron's parallel groups and the default process group."""
-    from megatron.core import parallel_state
-
     parallel_state.destroy_model_parallel()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

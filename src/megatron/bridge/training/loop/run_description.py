@@ -7,16 +7,17 @@ import os
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
+from megatron.core import parallel_state as ps
 
 from megatron.bridge.training.loop import initialize
+from megatron.bridge.training.loop.checkpoint_dir import checkpoint_layout
+from megatron.bridge.training.telemetry.metrics import default_log_dir
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
 
 def log_dir_of(resolved: "ConfigContainer") -> str:
-    from megatron.bridge.training.telemetry.metrics import default_log_dir
-
     return resolved.logger.log_dir or default_log_dir()
 
 
@@ -24,8 +25,6 @@ def startup_lines(
     resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, num_microbatches: int, verbose: bool,
     cuda_graph: str,
 ) -> list[str]:
-    from megatron.core import parallel_state as ps
-
     m = resolved.model
     kernels = [m.describe_torch_native_kernels()] if m.resolved_layer_spec == "torch_native" else []
     return [
@@ -52,10 +51,6 @@ def startup_lines(
 
 def parallel_layout(resolved: "ConfigContainer") -> dict[str, Any]:
     """The layout and batch shape for ``summary.json`` (the sizes are those a checkpoint records)."""
-    from megatron.core import parallel_state as ps
-
-    from megatron.bridge.training.loop.checkpoint_dir import checkpoint_layout
-
     return dict(
         checkpoint_layout(resolved, ps.get_data_parallel_world_size()),
         micro_batch_size=resolved.train.micro_batch_size,

@@ -18,6 +18,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
+import torch
+
 if TYPE_CHECKING:
     from megatron.bridge.training.rules.core import RuleContext
 
@@ -129,8 +131,6 @@ def visible_gpu() -> tuple[Optional[tuple[int, int]], Optional[str]]:
 @functools.cache
 def _probe_visible_gpu() -> tuple[Optional[tuple[int, int]], Optional[str]]:
     try:
-        import torch
-
         if not torch.cuda.is_available():
             return None, None
         if not torch.cuda.is_initialized():

@@ -8,8 +8,10 @@ reports every violated row at once, before anything is launched.
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from megatron.bridge.training.rules.core import Rule, RuleContext, read_field
@@ -157,9 +159,6 @@ def render_docs(page: str) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    import argparse
-    from pathlib import Path
-
     parser = argparse.ArgumentParser(description="The numeric ranges table of the reliability page.")
     parser.add_argument("--write-docs", action="store_true", help=f"regenerate the table in {DOCS_PATH}")
     parser.add_argument("--root", default=".", help="repository root")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
+from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
 
 
 def steady_state_stats(step_times_s: Sequence[float], window: Sequence[int]) -> dict[str, Any]:
@@ -64,7 +65,6 @@ def moe_aux_losses(model_cfg: Any, num_microbatches: int, iteration: int) -> dic
     for the next step; empty for dense models."""
     if not model_cfg.num_moe_experts:
         return {}
-    from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
 
     totals: dict[str, Any] = {}
     get_moe_metrics_tracker().report(
@@ -96,6 +96,7 @@ def default_log_dir(name: str = "") -> str:
 def open_tensorboard(log_dir: str) -> Any:
     """A TensorBoard ``SummaryWriter``; a clear error when the package is missing."""
     try:
+        # Deferred: tensorboard is optional.
         from torch.utils.tensorboard import SummaryWriter
     except (ImportError, ModuleNotFoundError) as exc:
         raise RuntimeError(

@@ -18,8 +18,9 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from megatron.bridge.training.resolution import ownership
+from megatron.bridge.models.gpt_provider import GPTModelProvider
 from megatron.bridge.training.errors import OverrideError, Violation, did_you_mean
+from megatron.bridge.training.resolution import ownership
 from megatron.bridge.training.utils.references import REFERENCE_FIX, resolve_references
 from megatron.bridge.training.utils.typed_values import (
     CallableNotAllowed,
@@ -56,8 +57,6 @@ def _suggest(key: str, choices: Sequence[str], prefix: str) -> str:
 def _target_package(base: type) -> str:
     """Where the classes a ``_target_`` may name for ``base`` live: the project's own package
     (model providers: ``megatron.bridge.models``)."""
-    from megatron.bridge.models.gpt_provider import GPTModelProvider
-
     return "megatron.bridge.models" if issubclass(base, GPTModelProvider) else "megatron.bridge"
 
 
@@ -192,8 +191,6 @@ def _apply_tree(obj: Any, changes: Mapping[str, Any], path: str, layer: _Layer) 
 
 def _declared_base(cls: type) -> type:
     """The most general dataclass a ``_target_`` may name in place of ``cls``."""
-    from megatron.bridge.models.gpt_provider import GPTModelProvider
-
     return GPTModelProvider if issubclass(cls, GPTModelProvider) else cls
 
 

@@ -21,8 +21,9 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from megatron.bridge.training.resolution import ownership
+from megatron.bridge.models.gpt_provider import GPTModelProvider
 from megatron.bridge.training.errors import ConfigFileNotFoundError, OverrideError, Violation
+from megatron.bridge.training.resolution import ownership
 from megatron.bridge.training.utils.overrides import (
     TARGET_KEY,
     class_from_target,
@@ -104,8 +105,6 @@ def config_to_dict(obj: Any) -> dict[str, Any]:
     For a whole ``ConfigContainer`` the fields that are copies of another field are left out
     (:func:`ownership.copies_left_out_of_yaml`): a saved config holds the owners only.
     """
-    from megatron.bridge.models.gpt_provider import GPTModelProvider
-
     data: dict[str, Any] = {}
     if isinstance(obj, GPTModelProvider):
         data[TARGET_KEY] = f"{type(obj).__module__}.{type(obj).__qualname__}"
@@ -150,8 +149,6 @@ def container_from_dict(container_cls: type, data: Mapping[str, Any]) -> "Config
 
     Typed, every error at once; the saved provenance is restored as it was written.
     """
-    from megatron.bridge.models.gpt_provider import GPTModelProvider
-
     model_data = dict(data.get("model") or {})
     errors: list[Violation] = []
     model_cls = GPTModelProvider
