@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 from megatron.core import parallel_state as ps
 
+from megatron.bridge.models.torch_native.linear import dense_wgrad_accumulation
 from megatron.bridge.training.loop import initialize
 from megatron.bridge.training.loop.checkpoint_dir import checkpoint_layout
 from megatron.bridge.training.telemetry.metrics import default_log_dir
@@ -63,7 +64,8 @@ def moe_token_dispatch(resolved: "ConfigContainer", model: list) -> list[dict[st
     """The token dispatchers the torch-native MoE layers of ``model`` chose, and why."""
     if resolved.model.resolved_layer_spec != "torch_native":
         return []
-    # deferred on purpose: only a torch-native model needs its modules (and their Triton kernels)
+    # Deferred: the torch-native MoE layers (megatron-core's MoE code) are loaded only for a model
+    # built from them.
     from megatron.bridge.models.torch_native.dispatcher import dispatch_choices
 
     return [dict(c.to_dict(), description=c.describe()) for c in dispatch_choices(model)]
@@ -74,9 +76,7 @@ def wgrad_accumulation(resolved: "ConfigContainer", model: list) -> dict[str, Op
     from the built parameters; ``None`` for a model of megatron's layer specs)."""
     if resolved.model.resolved_layer_spec != "torch_native":
         return {"expert_wgrad_accumulation": None, "dense_wgrad_accumulation": None}
-    # deferred on purpose, as in moe_token_dispatch
-    from megatron.bridge.models.torch_native.experts import expert_wgrad_accumulation
-    from megatron.bridge.models.torch_native.linear import dense_wgrad_accumulation
+    from megatron.bridge.models.torch_native.experts import expert_wgrad_accumulation  # as in moe_token_dispatch
 
     return {"expert_wgrad_accumulation": expert_wgrad_accumulation(model),
             "dense_wgrad_accumulation": dense_wgrad_accumulation(model)}
