@@ -10,7 +10,7 @@ import dataclasses
 
 import yaml
 
-from megatron.bridge.training.resolution.ownership import FREE, OWNED_FIELDS, expected_value
+from megatron.bridge.training.resolution.ownership import decided_copies
 from megatron.bridge.training.rules.core import read_field
 
 
@@ -30,11 +30,6 @@ def attributes_beyond_fields(obj, path: str = "cfg", seen: set | None = None) ->
 def container_extras(cfg) -> set[str]:
     """Attributes of the container itself beyond its sections."""
     return set(vars(cfg)) - {f.name for f in dataclasses.fields(cfg)}
-
-
-def decided_copies(cfg) -> list:
-    """The copies whose owner decides them (the rest are the user's own)."""
-    return [owned for owned in OWNED_FIELDS if expected_value(cfg, owned) is not FREE]
 
 
 def copies_unlike_their_owners(cfg, effective) -> list[str]:

@@ -237,7 +237,7 @@ def test_saved_config_and_launch_config_hold_the_effective_owners(readme_command
     import yaml
 
     from megatron.bridge.training.config import ConfigContainer
-    from megatron.bridge.training.resolution.ownership import FREE, OWNED_FIELDS, expected_value
+    from megatron.bridge.training.resolution.ownership import OWNED_FIELDS, decided_copies
     from megatron.bridge.training.rules.core import read_field
 
     saved = tmp_path / "saved.yaml"
@@ -247,7 +247,7 @@ def test_saved_config_and_launch_config_hold_the_effective_owners(readme_command
     assert saved.read_text() == launched.read_text()
     data = yaml.safe_load(saved.read_text())
     resolution = resolution_of(build_config(parse_args(readme_command)))
-    decided = [owned for owned in OWNED_FIELDS if expected_value(resolution.effective, owned) is not FREE]
+    decided = decided_copies(resolution.effective)
     assert len(decided) > 10
     for owned in decided:
         section, _, name = owned.target.rpartition(".")

@@ -98,7 +98,7 @@ def expected_value(cfg: "ConfigContainer", owned: OwnedField) -> Any:
     return owned.derive(owner_value(cfg, owned))
 
 
-def _owned_copies(cfg: "ConfigContainer") -> list[OwnedField]:
+def decided_copies(cfg: "ConfigContainer") -> list[OwnedField]:
     """The copies of ``cfg`` whose owner decides them (not left to the user)."""
     return [owned for owned in OWNED_FIELDS if expected_value(cfg, owned) is not FREE]
 
@@ -161,13 +161,13 @@ def override_violations(cfg: "ConfigContainer", written: Iterable[str]) -> list[
 
 def accepted_copies(cfg: "ConfigContainer", written: Iterable[str]) -> dict[str, Any]:
     """The copies in ``written`` that an override set to their owner's value (to :func:`remember`)."""
-    owned_keys = {owned.target for owned in _owned_copies(cfg)}
+    owned_keys = {owned.target for owned in decided_copies(cfg)}
     return {key: read_field(cfg, key) for key in written if key in owned_keys}
 
 
 def directly_written(cfg: "ConfigContainer") -> dict[str, Any]:
     """Copies of ``cfg`` that a user wrote in Python, with their values (owner not :data:`FREE`)."""
-    return {owned.target: read_field(cfg, owned.target) for owned in _owned_copies(cfg) if written_directly(cfg, owned)}
+    return {owned.target: read_field(cfg, owned.target) for owned in decided_copies(cfg) if written_directly(cfg, owned)}
 
 
 def direct_write_violations(written: dict[str, Any], resolved: "ConfigContainer") -> list[Violation]:
@@ -197,12 +197,12 @@ def concerns_overlap(violation: Violation) -> bool:
 
 def remember_copies(cfg: "ConfigContainer") -> None:
     """Record the copies of a resolved ``cfg`` as written by their owners."""
-    remember(cfg, {owned.target: read_field(cfg, owned.target) for owned in _owned_copies(cfg)})
+    remember(cfg, {owned.target: read_field(cfg, owned.target) for owned in decided_copies(cfg)})
 
 
 def write_copies(user_cfg: "ConfigContainer", resolved: "ConfigContainer") -> None:
     """Give the copies of the caller's config the effective values of ``resolved`` (owners untouched)."""
-    for owned in _owned_copies(user_cfg):
+    for owned in decided_copies(user_cfg):
         holder, name = _holder(user_cfg, owned.target)
         setattr(holder, name, read_field(resolved, owned.target))
     remember_copies(user_cfg)
@@ -215,4 +215,4 @@ def copies_left_out_of_yaml(cfg: "ConfigContainer") -> set[str]:
     its owner leaves it to the user (``mixed_precision=null``: the flags are the user's own), or
     when a user wrote it directly (loading it then reports the conflict instead of hiding it).
     """
-    return {owned.target for owned in _owned_copies(cfg) if not written_directly(cfg, owned)}
+    return {owned.target for owned in decided_copies(cfg) if not written_directly(cfg, owned)}
