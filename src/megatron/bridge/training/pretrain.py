@@ -49,6 +49,11 @@ from megatron.bridge.training.loop.checkpointing import (
     hold_save_dir,
 )
 from megatron.bridge.training.loop.data import build_train_iterator
+from megatron.bridge.training.loop.finite_state import (
+    NonFiniteStateError,
+    raise_for_nonfinite_loss,
+    raise_for_nonfinite_parameters,
+)
 from megatron.bridge.training.loop.forward_step import (
     StepState,
     bind_forward_step,
@@ -200,6 +205,7 @@ class Trainer:
         self.parked_steps: list[dict[str, float]] = []  # profiling.gpu_park_steps, as measured
         self.graph = IterationGraph.from_model_config(resolved.model, resolved.ddp.check_for_nan_in_grad)
         self.save_lock, self.run_id = None, "run"  # hold_save_dir()
+        self.grad_norm: Optional[float] = None  # the last step's gradient norm, as logged
 
     def run(self) -> PretrainResult:
         """Every step of the run, in order; the result this rank returns."""
@@ -208,8 +214,12 @@ class Trainer:
             self.hold_save_dir()
             self.build()
             self.resume()
-            reason = self.train()
-            self.save_on_exit()
+            try:
+                reason = self.train()
+                self.save_on_exit()
+            except NonFiniteStateError as exc:
+                self.finish(str(exc), nonfinite=exc)  # summary.json says why before the error ends the run
+                raise
             return self.finish(reason)
         finally:
             self.release()
@@ -343,7 +353,9 @@ class Trainer:
         if trace is not None:
             print(f"[megatron.bridge] rank {self.rank}: profiler trace written to {trace}", flush=True)
         self.state.consumed_samples += self.resolved.train.global_batch_size
-        self._record(_reduce_loss(losses_reduced, self.device), step_time, grad_norm, phases)
+        loss = _reduce_loss(losses_reduced, self.device)  # the same value on every rank
+        self._record(loss, step_time, grad_norm, phases)
+        raise_for_nonfinite_loss(loss, self.state.iteration, self.saver.path)
 
     def _forward_backward_and_update(self) -> tuple[list[dict], Any]:
         """megatron's schedule over the micro-batches, then the optimizer and scheduler step."""
@@ -374,8 +386,9 @@ class Trainer:
 
     def _record(self, loss: float, step_time: float, grad_norm: Any, phases: dict[str, float]) -> None:
         scalars = dict(lr=float(self.optimizer.param_groups[0]["lr"]))
-        if grad_norm is not None:
-            scalars["grad_norm"] = float(grad_norm)
+        self.grad_norm = float(grad_norm) if grad_norm is not None else None  # this step's, for a refused save
+        if self.grad_norm is not None:
+            scalars["grad_norm"] = self.grad_norm
         if "gpu_work_s" in phases:  # a parked step: kept apart, its step time is not a training speed
             self.parked_steps.append(dict(iteration=self.state.iteration, **phases))
             phases = {k: v for k, v in phases.items() if k not in ("gpu_parked_s", "gpu_work_s")}
@@ -389,19 +402,28 @@ class Trainer:
         if self.save_lock is not None:
             self.save_lock.refresh()
         if self.saver.interval_due(iteration):
-            self.saver.save(self.state)
+            self.save()
         if t.manual_gc and t.manual_gc_interval and iteration % t.manual_gc_interval == 0:
             gc.collect()
 
     # ---------------------------------------------------------------- save and report
 
+    def save(self) -> None:
+        """Save the current state, unless it is on disk already; a state with a NaN or Inf parameter
+        is never saved: the run stops instead (``finite_state.py``), the previous checkpoint stays."""
+        if self.resolved.checkpoint.save and self.state.iteration != self.saver.persisted_iteration:
+            raise_for_nonfinite_parameters(self.model, self.state.iteration, self.device, self.saver.path,
+                                           self.grad_norm)
+        self.saver.save(self.state)
+
     def save_on_exit(self) -> None:
         """``checkpoint.save_on_exit`` (or a save-interval iteration): the final state, once."""
         if self.saver.exit_due(self.state.iteration):
-            self.saver.save(self.state)
+            self.save()
 
-    def finish(self, reason: Optional[str]) -> PretrainResult:
-        """``summary.json`` (logging rank), a barrier, and what ``pretrain`` returns."""
+    def finish(self, reason: Optional[str], nonfinite: Optional[NonFiniteStateError] = None) -> PretrainResult:
+        """``summary.json`` (logging rank), a barrier, and what ``pretrain`` returns; ``nonfinite``:
+        the NaN or Inf that stopped the run, recorded as ``stopped_on_nonfinite``."""
 
         stopped_by_signal = reason in STOP_SIGNAL_NAMES
         summary_path = self.metrics.write_summary(
@@ -425,6 +447,7 @@ class Trainer:
             final_iteration=self.state.iteration,
             stopped_by_signal=stopped_by_signal,
             stop_reason=reason,
+            stopped_on_nonfinite=nonfinite.record() if nonfinite is not None else None,
             checkpoint=str(self.saver.path) if self.saver.path else None,
             resolved_config=self.config_text,
         )

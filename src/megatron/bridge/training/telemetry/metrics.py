@@ -7,7 +7,6 @@ method): early iterations include one-off costs (allocator warm-up, first-touch,
 from __future__ import annotations
 
 import json
-import math
 import os
 import resource
 import statistics
@@ -176,7 +175,6 @@ class MetricsLogger:
         # After a resume the window's steps are not its iteration numbers: record both.
         stats["steady_state_iterations"] = [timed[0], timed[-1]] if timed else None
         tp = throughput(stats["steady_state_mean_s"], self.tokens_per_step, self.flops_per_step, self.world_size)
-        finite = [x for x in self.losses if math.isfinite(x)]
         return {
             "iterations": self.iterations,
             "step_times_s": self.step_times_s,
@@ -188,7 +186,8 @@ class MetricsLogger:
             "peak_memory_gib": peak_memory_gib(self.device),
             "world_size": self.world_size,
             "device": self.device,
-            "final_loss": finite[-1] if finite else None,
+            # the last logged loss as it was: a NaN stops the run (finite_state.py) and is the final loss
+            "final_loss": self.losses[-1] if self.losses else None,
             "extra": self.extra,
             "wall_time_s": time.perf_counter() - self._t0,
             **context,
