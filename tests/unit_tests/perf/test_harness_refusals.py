@@ -153,7 +153,8 @@ def _pattern(shown: str) -> str:
     """The help's directory pattern for ``-mr qwen3_moe_tiny --task pretrain`` as a regex."""
     regex = re.escape(shown)
     for placeholder, value in ((r"<\-mr>", "qwen3_moe_tiny"), (r"<\-\-task>", "pretrain"),
-                               (r"\[_<N>gpu\]", r"(_\d+gpu)?"), ("<YYYYmmdd_HHMMSS>", r"\d{8}_\d{6}")):
+                               (r"\[_<N>gpu\]", r"(_\d+gpu)?"), ("<YYYYmmdd_HHMMSS>", r"\d{8}_\d{6}"),
+                               ("<token>", "[0-9a-f]{6}")):
         regex = regex.replace(placeholder, value)
     return regex
 

@@ -142,7 +142,7 @@ def test_sweep_keeps_environment_identical_across_values(tmp_path):
                      "--dryrun", "-l", str(tmp_path / "s"),
                      "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true"])
     assert code == 0, out
-    launches = [line for line in out.splitlines() if "torch.distributed.run" in line]
+    launches = [line for line in out.splitlines() if "loopback_torchrun" in line]
     assert len(launches) == 2 and all("CUDA_DEVICE_MAX_CONNECTIONS=32" in line for line in launches)
     assert all("--nproc-per-node=2" in line for line in launches)
     assert "'gloo'  [computed]" in out

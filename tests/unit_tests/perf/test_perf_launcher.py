@@ -34,8 +34,9 @@ def _entry_tail(argv, cfg):
 def test_single_node_uses_torchrun_one_process_per_gpu(tmp_path, ng):
     p = plan(tmp_path, ng=ng, cuda_device_max_connections=32)
     assert p.mode == "torchrun" and p.nprocs == ng and p.nodes == 1
-    assert p.argv[:3] == [PY, "-m", "torch.distributed.run"]
-    assert f"--nproc-per-node={ng}" in p.argv and "--max-restarts=0" in p.argv and "--standalone" in p.argv
+    assert p.argv[:3] == [PY, "-m", "megatron.bridge.perf.loopback_torchrun"]
+    assert f"--nproc-per-node={ng}" in p.argv and "--max-restarts=0" in p.argv and "--rdzv-backend=loopback" in p.argv
+    assert "--rdzv-endpoint=127.0.0.1:0" in p.argv and "--standalone" not in p.argv  # served on loopback only
     _entry_tail(p.argv, tmp_path / "config.yaml")
     assert p.env["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
     assert "CUDA_DEVICE_MAX_CONNECTIONS=32" in p.shell()

@@ -60,10 +60,14 @@ def _signal_me(markers: Path, *signums: int, gap_s: float = 0.3) -> threading.Th
     return thread
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_stop_signal_reaches_each_rank_once_and_not_the_launcher(markers, signum):
+    """SIGHUP too: a closed terminal stops the job the same way, and says so (it ended the harness
+    silently before)."""
     _signal_me(markers, signum)
-    outcome = _launch(markers, "graceful")
+    out = io.StringIO()
+    outcome = _launch(markers, "graceful", out=out)
+    assert f"== {signal.Signals(signum).name} received: asking the ranks" in out.getvalue()
     assert outcome.stop_signal == signum and not outcome.killed
     assert outcome.exit_code == 0  # the launcher saw its ranks finish normally
     assert [(markers / f"rank{r}.stopped").read_text() for r in (0, 1)] == ["1", "1"]
@@ -161,3 +165,16 @@ def test_console_drops_only_torchruns_own_failure_block(tmp_path, lines, verbose
     pump.close()
     assert out.getvalue().splitlines() == shown
     assert (tmp_path / LAUNCH_LOG).read_text().splitlines() == lines  # the log keeps everything
+
+
+def test_a_full_disk_under_launch_log_is_one_line_and_the_console_goes_on(tmp_path):
+    out = io.StringIO()
+    pump = OutputPump(out, tmp_path / LAUNCH_LOG, verbose=False)
+    pump.log.close()
+    pump.log = open("/dev/full", "w")  # every write: No space left on device
+    for i in range(3):
+        pump.line(f"[default0]:iteration {i + 1}/3")
+    pump.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith(f"warning: cannot write {tmp_path / LAUNCH_LOG}: No space left on device")
+    assert lines[1:] == [f"[default0]:iteration {i + 1}/3" for i in range(3)]

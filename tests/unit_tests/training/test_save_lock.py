@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,9 +18,19 @@ from megatron.bridge.perf.run import main
 from megatron.bridge.training.loop.save_lock import LOCK_NAME, STALE_AFTER_S, SaveDirInUseError, SaveDirLock, read_holder
 
 
+TAKER = Path(__file__).parent / "children" / "take_save_lock.py"
+
+
 @pytest.fixture
-def live_process():
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+def live_holder(tmp_path):
+    """Another live run holding ``tmp_path/ck`` (its pid)."""
+    go, result = tmp_path / "go_holder", tmp_path / "holder_result"
+    go.touch()
+    proc = subprocess.Popen([sys.executable, str(TAKER), str(tmp_path / "ck"), str(go), str(result), "120"])
+    deadline = time.monotonic() + 60
+    while not result.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert result.read_text() == "took"
     yield proc.pid
     proc.kill()
     proc.wait()
@@ -67,11 +78,45 @@ def test_a_lock_whose_holder_is_gone_is_taken_over_with_a_note(tmp_path, holder,
     assert "took over" in lock.note and read_holder(tmp_path / "ck").run_id == lock.run_id
 
 
-def test_the_harness_refuses_a_save_directory_another_live_run_holds(tmp_path, live_process):
-    _plant(tmp_path / "ck", live_process)
+def test_the_harness_refuses_a_save_directory_another_live_run_holds(tmp_path, live_holder):
     out = io.StringIO()
     code = main(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "-l", str(tmp_path / "run"),
                  f"checkpoint.save={tmp_path / 'ck'}", "--dryrun"], out=out)
     text = out.getvalue()
-    assert code == 2 and "checkpoint-save-not-in-use" in text and f"pid {live_process}" in text
+    assert code == 2 and "checkpoint-save-not-in-use" in text and f"pid {live_holder}" in text
     assert "nothing was launched" in text
+
+
+def _race(save_dir: Path, trial: int, tmp_path: Path) -> list[str]:
+    """Two processes take ``save_dir``'s lock at the same moment; what each got."""
+    go = tmp_path / f"go{trial}"
+    results = [tmp_path / f"trial{trial}_{i}" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(TAKER), str(save_dir), str(go), str(r)]) for r in results]
+    time.sleep(0.8)  # both are importing and then waiting for the start file
+    go.touch()
+    for proc in procs:
+        proc.wait(timeout=60)
+    return sorted(r.read_text() for r in results)
+
+
+@pytest.mark.parametrize("left_behind", ["nothing", "a lock of a gone process", "an empty lock file"])
+def test_two_runs_starting_at_once_get_the_lock_once(tmp_path, left_behind):
+    """Taking a free lock and taking over a stale one are atomic: of two runs released together,
+    exactly one holds the directory, every time (the content check let both in before)."""
+    save_dir = tmp_path / "ck"
+    for trial in range(8):
+        if left_behind == "a lock of a gone process":
+            _plant(save_dir, _gone_pid())
+        elif left_behind == "an empty lock file":
+            save_dir.mkdir(exist_ok=True)
+            (save_dir / LOCK_NAME).write_text("")
+        assert _race(save_dir, trial, tmp_path) == ["refused", "took"], f"trial {trial}"
+        (save_dir / LOCK_NAME).unlink(missing_ok=True)
+
+
+def test_a_run_lock_that_is_a_directory_is_refused_before_launch(tmp_path):
+    (tmp_path / "ck" / LOCK_NAME).mkdir(parents=True)
+    out = io.StringIO()
+    code = main(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "-l", str(tmp_path / "run"),
+                 f"checkpoint.save={tmp_path / 'ck'}", "--dryrun"], out=out)
+    assert code == 2 and "checkpoint-save-lock-usable" in out.getvalue() and "not a regular file" in out.getvalue()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from megatron.bridge.utils.paths import writable_directory_problem
+from megatron.bridge.perf.run_dir import run_dir_problems
 
 _NAME = r"[A-Za-z0-9_.+-]+"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -50,7 +50,8 @@ VALUE_RULES: dict[str, ValueRule] = {
 
 def log_dir_problems(log_dir: Path, written_to_batch_script: bool) -> list[str]:
     """Why the run directory cannot be used: a control character, characters ``sbatch`` would read
-    as part of its ``--output`` pattern, a file in its place, or no way to create or write it."""
+    as part of its ``--output`` pattern, or what ``run_dir.run_dir_problems`` finds (a file in its
+    place, another tool's or user's directory, links in it, another harness using it)."""
     text = str(log_dir)
     if _CONTROL.search(text):
         return [f"-l/logger.log_dir {text!r}: a run directory with a newline or other control character "
@@ -58,11 +59,8 @@ def log_dir_problems(log_dir: Path, written_to_batch_script: bool) -> list[str]:
     if written_to_batch_script and re.search(r'[%"\\]', text):
         return [f"-l/logger.log_dir {text!r}: sbatch reads % as a file-name pattern and the path is quoted in "
                 '"#SBATCH --output"; fix: choose a run directory without %, " or \\']
-    problem = writable_directory_problem(log_dir)
-    if problem:
-        return [f"-l/logger.log_dir {text!r} {problem}; fix: give a directory you can write (it is created if "
-                "missing)"]
-    return []
+    return [f"{problem}; fix: give a new directory, or one this harness made (it is created if missing)"
+            for problem in run_dir_problems(log_dir)]
 
 
 def launch_problems(

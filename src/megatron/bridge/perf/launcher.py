@@ -33,7 +33,11 @@ from megatron.bridge.perf.supervisor import JobOutcome, StopTarget, supervise
 from megatron.bridge.utils.quiet import MARK_ENV
 
 ENTRY_MODULE = "megatron.bridge.training.entry"
+LOOPBACK_TORCHRUN_MODULE = "megatron.bridge.perf.loopback_torchrun"
+LOOPBACK_BACKEND = "loopback"
+LOOPBACK = "127.0.0.1"
 CONFIG_NAME = "config.yaml"
+TORCHRUN_DIR = "torchrun"
 SBATCH_NAME = "launch.sbatch"
 SLURM_STOP_LEAD_S = 120
 """Seconds before the time limit at which SLURM sends the batch script SIGTERM: the ranks' time to
@@ -88,6 +92,7 @@ def worker_env(*, cpu: bool, cuda_device_max_connections: Optional[int], extra: 
     if cpu:
         env["CUDA_VISIBLE_DEVICES"] = ""  # the smoke mode must not touch a GPU even where one exists
         env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
+        env["GLOO_SOCKET_IFNAME"] = "lo"  # one machine: the ranks' connections stay on loopback
     else:
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "3"  # a failed collective aborts instead of hanging
         if cuda_device_max_connections is not None:
@@ -97,11 +102,13 @@ def worker_env(*, cpu: bool, cuda_device_max_connections: Optional[int], extra: 
 
 
 def torchrun_argv(nprocs: int, log_dir: Path, worker: Sequence[str], python: str) -> list[str]:
-    """Single-node ``torchrun`` with per-rank logs and no restarts (a failure ends the job)."""
+    """Single-node ``torchrun`` with per-rank logs and no restarts (a failure ends the job), its
+    rendezvous served on loopback only (``loopback_torchrun``)."""
     return [
-        python, "-m", "torch.distributed.run",
-        "--standalone", f"--nproc-per-node={nprocs}", "--max-restarts=0",
-        f"--log-dir={log_dir / 'torchrun'}", "--redirects=3", "--tee=3",
+        python, "-m", LOOPBACK_TORCHRUN_MODULE,
+        "--nnodes=1", f"--nproc-per-node={nprocs}", f"--rdzv-backend={LOOPBACK_BACKEND}",
+        f"--rdzv-endpoint={LOOPBACK}:0", "--max-restarts=0",
+        f"--log-dir={log_dir / TORCHRUN_DIR}", "--redirects=3", "--tee=3",
         *worker[1:],  # torchrun runs "-m module args" with its own interpreter
     ]
 

@@ -14,8 +14,8 @@ import shlex
 import shutil
 import signal
 import sys
-import time
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence, TextIO
 
@@ -32,12 +32,15 @@ from megatron.bridge.perf.config_builder import (
 )
 from megatron.bridge.perf.failure_report import failure_report
 from megatron.bridge.perf.launch_values import launch_problems
-from megatron.bridge.perf.launcher import CONFIG_NAME, LaunchPlan, choose_mode, plan_launch, run_plan
+from megatron.bridge.perf.launcher import CONFIG_NAME, TORCHRUN_DIR, LaunchPlan, choose_mode, plan_launch, run_plan
 from megatron.bridge.perf.results import SUMMARY_NAME, format_results, load_summary, summary_steady_state
-from megatron.bridge.perf.supervisor import LAUNCH_LOG, JobOutcome
+from megatron.bridge.perf.run_dir import RunDirClaim, RunDirError, claim, make_child_dir, run_dir_problems
+from megatron.bridge.perf.supervisor import JobOutcome
 from megatron.bridge.training.entry import FAILURE_DIR
 from megatron.bridge.training.errors import ConfigError
+from megatron.bridge.training.telemetry.metrics import default_log_dir
 from megatron.bridge.training.loop.checkpoint_dir import CheckpointDir, inspect_checkpoint_dir, iteration_dir
+from megatron.bridge.utils.owned_files import describe_os_error, replace_file
 from megatron.bridge.utils.quiet import marked, unmarked
 from megatron.bridge.perf.sweep import combine_rounds, job_dirname, parse_sweep, write_sweep_outputs
 
@@ -56,6 +59,13 @@ class Job:
     built: BuiltConfig
     resolution: "Resolution"
     plan: LaunchPlan
+    claim: Optional[RunDirClaim] = None
+    """The harness's hold on its run directory, from :func:`prepare` on."""
+
+    @cached_property
+    def config_text(self) -> str:
+        """The YAML the ranks load (copies equal the effective values), written once by :func:`prepare`."""
+        return self.resolution.effective.to_yaml()
 
     @property
     def resolved(self) -> "ConfigContainer":
@@ -73,8 +83,8 @@ class Job:
         return self.resolution.report.format(brief=True)
 
     def save_config(self, path: "str | Path") -> None:
-        """Write the effective config (what the ranks load; copies equal the effective values)."""
-        self.resolution.effective.to_yaml(path)
+        """Write the effective config (what the ranks load) where ``--save_config_filepath`` says."""
+        replace_file(path, self.config_text)
 
 
 def checkpoint_notes(resolved) -> list[str]:
@@ -177,6 +187,12 @@ def describe(job: Job, out: TextIO, *, verbose: bool = True, dryrun: bool = Fals
 
 def check_machine(job: Job) -> None:
     """Fail fast when this machine cannot run the job locally (instead of hanging in NCCL init)."""
+    if job.plan.mode == "srun" and shutil.which("srun") is None:
+        raise HarnessError(
+            "SLURM_JOB_ID is set, so the job would start with srun, but this machine has no srun on PATH. "
+            "Run the harness inside the allocation (where srun exists), or unset SLURM_JOB_ID to launch here",
+            EXIT_ENVIRONMENT,
+        )
     if job.plan.mode != "torchrun":
         return
     have, need = gpus_visible(), job.built.num_gpus
@@ -190,16 +206,21 @@ def check_machine(job: Job) -> None:
 
 
 def prepare(job: Job) -> None:
-    """Write the config the workers load (and the sbatch script) into the log directory; remove
-    what an earlier run in the same directory left that this run's report would misread."""
+    """Claim the run directory (``run_dir``: made or reused as this harness's own, locked, an
+    earlier run's results removed), make the directories the ranks write into, and write the config
+    the workers load (and the sbatch script). Nothing here writes through a link."""
     log_dir = job.built.log_dir
-    log_dir.mkdir(parents=True, exist_ok=True)
-    (log_dir / SUMMARY_NAME).unlink(missing_ok=True)
-    (log_dir / LAUNCH_LOG).unlink(missing_ok=True)
-    shutil.rmtree(log_dir / FAILURE_DIR, ignore_errors=True)
-    job.save_config(log_dir / CONFIG_NAME)
-    if job.plan.script_path is not None:
-        job.plan.script_path.write_text(job.plan.script_text or "")
+    try:
+        job.claim = claim(log_dir)
+        for child in (FAILURE_DIR, TORCHRUN_DIR):
+            make_child_dir(log_dir, child)
+        replace_file(log_dir / CONFIG_NAME, job.config_text)
+        if job.plan.script_path is not None:
+            replace_file(job.plan.script_path, job.plan.script_text or "", perms=0o755)
+    except RunDirError as exc:
+        raise HarnessError(f"[run-dir-usable] {exc}") from None
+    except OSError as exc:
+        raise HarnessError(f"cannot write the run directory {log_dir}: {describe_os_error(exc, log_dir)}") from None
 
 
 def stop_message(summary_path: Path, outcome: JobOutcome, save_dir: Optional[str]) -> str:
@@ -246,6 +267,10 @@ def execute(job: Job, out: TextIO, window: Optional[Sequence[int]], verbose: boo
         print(format_results(load_summary(summary_path), summary_path, window), file=out)
     else:
         print(f"warning: the run ended without writing {summary_path}", file=out)
+    if job.claim is not None and not job.claim.still_there():
+        print(f"note: the run directory {job.built.log_dir} was removed or replaced during the run (not by this "
+              "harness): the ranks' logs and results in it are gone, so what is reported above may be incomplete",
+              file=out)
     if outcome.leftovers_killed:
         print(f"note: killed {outcome.leftovers_killed} rank process(es) that outlived the launcher", file=out)
     traces = sorted(p for p in job.built.log_dir.rglob("*.json*") if "trace" in p.name)
@@ -280,16 +305,25 @@ def run_single(args, out: TextIO) -> int:
         return 0
     prepare(job)
     if job.plan.mode == "sbatch":
-        print(f"== wrote {job.plan.script_path}\n   submit it with: sbatch {job.plan.script_path}", file=out)
+        print(f"== wrote {job.plan.script_path}\n   submit it with: {shlex.join(['sbatch', str(job.plan.script_path)])}",
+              file=out)
         return 0
     return execute(job, out, args.steady_state_window, args.verbose)[0]
 
 
 def sweep_root(args) -> Path:
+    """``-l``, else a new name for this sweep (``runs/<recipe>_<task>_sweep_<time>_<token>``)."""
     if args.log_dir:
         return Path(args.log_dir).resolve()
-    stamp = time.strftime("%Y%m%d_%H%M%S")
-    return (Path("runs") / f"{args.model_recipe_name}_{args.task}_sweep_{stamp}").resolve()
+    return Path(default_log_dir(f"{args.model_recipe_name}_{args.task}_sweep"))
+
+
+def claim_sweep_root(root: Path) -> RunDirClaim:
+    """The sweep's own directory (its jobs' directories and ``sweep.md`` go into it)."""
+    try:
+        return claim(root)
+    except RunDirError as exc:
+        raise HarnessError(f"[run-dir-usable] {exc}") from None
 
 
 def same_environment(jobs: list[Job], args, out: TextIO) -> list[Job]:
@@ -335,6 +369,9 @@ def run_sweep(args, out: TextIO) -> int:
     except ValueError as exc:
         raise HarnessError(str(exc)) from None
     root = sweep_root(args)
+    problems = run_dir_problems(root)
+    if problems:
+        raise HarnessError("[run-dir-usable] the sweep's directory cannot be used:\n" + "\n".join(f"  - {p}" for p in problems))
     shadowed = [o for o in args.overrides if o.partition("=")[0].strip().lstrip("+~") == spec.key]  # Hydra forms too
     if shadowed:
         print(f"   note: the swept values replace {', '.join(shadowed)} given on the command line", file=out)
@@ -359,10 +396,12 @@ def run_sweep(args, out: TextIO) -> int:
     if args.dryrun:
         print("== dry run: nothing launched", file=out)
         return 0
+    claim_sweep_root(root)  # its lock is held until the harness exits
     if jobs[0].plan.mode == "sbatch":
         for job in jobs:
             prepare(job)
-            print(f"== wrote {job.plan.script_path} (submit with: sbatch {job.plan.script_path})", file=out)
+            print(f"== wrote {job.plan.script_path} (submit with: {shlex.join(['sbatch', str(job.plan.script_path)])})",
+                  file=out)
         print("   after the jobs finish, each directory holds its summary.json", file=out)
         return 0
     outcomes: dict[int, list] = {i: [] for i in range(len(spec.values))}

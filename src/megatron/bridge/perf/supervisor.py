@@ -3,7 +3,7 @@
 * The launcher starts in its own session, so a Ctrl-C in the terminal reaches the harness only;
   the harness decides what the job gets. On Linux the launcher also gets SIGTERM if the harness
   itself dies (``PR_SET_PDEATHSIG``), so a killed harness cannot orphan a job.
-* SIGTERM or SIGINT to the harness becomes one SIGTERM to every rank (``torchrun`` mode: the
+* SIGTERM, SIGINT or SIGHUP (its terminal closed) to the harness becomes one SIGTERM to every rank (``torchrun`` mode: the
   launcher's children) or to ``srun`` (which forwards it to its tasks). The ranks finish their step,
   save once and exit 0; ``torchrun`` then ends normally. A second signal, a second or more after
   the first, kills the job at once (an earlier one is the same Ctrl-C delivered twice).
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Optional, TextIO
 
 from megatron.bridge.training.loop.stop_request import STOP_SIGNALS
+from megatron.bridge.utils.owned_files import describe_os_error, make_dir, open_append
 from megatron.bridge.utils.quiet import marked, unmarked
 
 LAUNCH_LOG = "launch.log"
@@ -40,6 +41,8 @@ SAME_REQUEST_S = 1.0
 """A second signal within this time of the first is the same request (a terminal's Ctrl-C reaches
 both ``uv run`` and the harness, and ``uv run`` passes its copy on): only a later one kills."""
 StopTarget = Literal["ranks", "launcher"]
+HARNESS_STOP_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP)
+"""What stops a job gracefully: the ranks' stop signals, and SIGHUP (the harness's terminal closed)."""
 
 # torchrun's own lines: glog-style records of torch.distributed.elastic and its ChildFailedError
 # traceback (the ranks' lines carry a "[default<N>]:" prefix instead).
@@ -145,7 +148,7 @@ class StopForwarder:
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "StopForwarder":
-        for sig in STOP_SIGNALS:
+        for sig in HARNESS_STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -217,22 +220,44 @@ class OutputPump:
 
     def __init__(self, out: TextIO, log_path: Path, verbose: bool) -> None:
         self.out, self.verbose = out, verbose
-        self.log = open(log_path, "a", encoding="utf-8", errors="replace")
+        self.log_path = log_path
+        self.log: Optional[TextIO] = open_append(log_path)
         self.launcher_lines: list[str] = []
         self.started = self.last_output = time.monotonic()
         self.first_iteration_seen = False
         self._held: Optional[list[str]] = None
 
     def _emit(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        try:
+            print(text, file=self.out, flush=True)
+        except OSError:  # the terminal is gone (a closed SSH session): launch.log still has it all
+            pass
         self.last_output = time.monotonic()
+
+    def _log(self, text: str) -> None:
+        """Append to ``launch.log``; when that fails (a full disk), say so once and go on without it."""
+        if self.log is None:
+            return
+        try:
+            self.log.write(text + "\n")
+            self.log.flush()
+        except OSError as exc:
+            self._emit(f"warning: cannot write {self.log_path}: {describe_os_error(exc, self.log_path)}; the "
+                       "console keeps showing the run, the log stops here")
+            self._close_log()
+
+    def _close_log(self) -> None:
+        log, self.log = self.log, None
+        try:
+            log.close()
+        except OSError:
+            pass
 
     def line(self, text: str) -> None:
         quiet = marked(text)
         if quiet:
             text = unmarked(text)
-        self.log.write(text + "\n")
-        self.log.flush()
+        self._log(text)
         if quiet and not self.verbose:
             return  # known third-party noise: the log has it, the console does not
         if is_rank_line(text):
@@ -253,7 +278,8 @@ class OutputPump:
             for text in self._held:
                 self._emit(text)
         self._held = None
-        self.log.close()
+        if self.log is not None:
+            self._close_log()
 
     def tick(self) -> None:
         """A progress line when the ranks have been silent for a while before their first step."""
@@ -298,7 +324,7 @@ def supervise(
 ) -> JobOutcome:
     """Start ``argv``, stream its output, forward stop signals; returns when it and its ranks are gone."""
     out = out or sys.stdout
-    log_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(log_dir, parents=True)
     forwarder = StopForwarder(target, lambda text: print(text, file=out, flush=True))
     with forwarder:
         if forwarder.signum is not None:  # stopped while the config was being written

@@ -9,12 +9,14 @@ touches every value alike, and the table shows each round's mean and their sprea
 
 from __future__ import annotations
 
+import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
 from megatron.bridge.perf.results import SteadyState
+from megatron.bridge.utils.owned_files import replace_file
 
 
 @dataclass(frozen=True)
@@ -163,17 +165,18 @@ def sweep_plot(spec: SweepSpec, points: Sequence[SweepPoint], path: "str | Path"
     ax.set_ylabel("step time (s), mean with min-max")
     ax.set_title(f"Sweep: {spec.key}")
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=120)
     plt.close(fig)
-    return path
+    replace_file(path, image.getvalue())
+    return Path(path)
 
 
 def write_sweep_outputs(spec: SweepSpec, points: Sequence[SweepPoint], log_dir: "str | Path", command: str = "") -> tuple[Path, Optional[Path]]:
-    """Write ``sweep.md`` and ``sweep.png`` into ``log_dir``."""
+    """Write ``sweep.md`` and ``sweep.png`` into ``log_dir`` (the sweep's own directory, claimed
+    by the harness; each replaces a link at its name instead of writing through it)."""
     log_dir = Path(log_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
     md = log_dir / "sweep.md"
-    md.write_text(sweep_markdown(spec, points, command))
+    replace_file(md, sweep_markdown(spec, points, command))
     png = sweep_plot(spec, points, log_dir / "sweep.png")
     return md, png

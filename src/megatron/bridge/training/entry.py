@@ -29,6 +29,7 @@ from typing import Iterator, Optional, Sequence
 
 from megatron.bridge.training.loop.failure_cause import describe_failure
 from megatron.bridge.training.loop.stop_request import STOP
+from megatron.bridge.utils.owned_files import describe_os_error, make_dir, replace_file
 from megatron.bridge.utils.quiet import configure_logging
 
 FAILURE_DIR = "failures"
@@ -83,12 +84,10 @@ def write_failure_record(log_dir: Path, exc: BaseException, save_dir: Optional[s
     }
     path = failure_record_path(log_dir, record["rank"])
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, path)
+        make_dir(path.parent, parents=True)
+        replace_file(path, json.dumps(record))
     except OSError as err:  # the report is a convenience; never hide the real error behind it
-        print(f"[rank {_rank()}] could not write {path}: {err}", file=sys.stderr)
+        print(f"[rank {_rank()}] could not write {path}: {describe_os_error(err, path)}", file=sys.stderr)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

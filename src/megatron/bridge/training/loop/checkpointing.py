@@ -29,7 +29,6 @@ import os
 import queue
 import random
 import resource
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -53,6 +52,16 @@ from megatron.bridge.training.loop.checkpoint_dir import (
     staging_dir,
 )
 from megatron.bridge.training.loop.save_lock import SaveDirInUseError, SaveDirLock
+from megatron.bridge.utils.owned_files import (
+    UnsafePathError,
+    create_new,
+    fsync_dir,
+    make_dir,
+    make_fresh_dir,
+    open_new,
+    remove,
+    replace_file,
+)
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -178,44 +187,36 @@ def _in_process_results_queue() -> None:
         filesystem_async._results_queue = queue.Queue()
 
 
-def _fsync_dir(path: Path) -> None:
-    """Make a rename inside ``path`` durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_tracker(root: Path, iteration: int) -> None:
-    """Point ``root``'s tracker at ``iteration`` atomically (a reader sees the old or the new one)."""
-    tmp = root / f"{TRACKER}.tmp"
-    with open(tmp, "w") as handle:
-        handle.write(str(iteration))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, root / TRACKER)
-    _fsync_dir(root)
+    """Point ``root``'s tracker at ``iteration`` atomically (a reader sees the old or the new one; a
+    link planted at its name is replaced, never written through)."""
+    replace_file(root / TRACKER, str(iteration), durable=True)
 
 
 def publish(staging: Path, final: Path) -> None:
     """Rename a completely written ``staging`` directory to ``final`` (rank 0, before the tracker).
 
     An older ``final`` (a previous run's checkpoint of the same iteration in this directory) is
-    renamed aside first and deleted once the new one is in place.
+    renamed aside first and deleted once the new one is in place. Renames and removals act on names,
+    never through links (``owned_files``).
     """
     replaced = final.with_name(final.name + REPLACED_SUFFIX)
-    if final.exists():
-        shutil.rmtree(replaced, ignore_errors=True)
+    if os.path.lexists(final):
+        remove(replaced)
         os.rename(final, replaced)
+    os.chmod(staging, 0o777 & ~_umask())  # written private, published with the user's usual mode
     os.rename(staging, final)
-    _fsync_dir(final.parent)
-    shutil.rmtree(replaced, ignore_errors=True)
+    fsync_dir(final.parent)
+    remove(replaced)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (``os.umask`` would, for every thread)."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        return 0o022
 
 
 def save_checkpoint(
@@ -239,20 +240,21 @@ def save_checkpoint(
     rank = torch.distributed.get_rank()
     if rank == 0:
         remove_leftover_staging(root)  # saves that were killed; this run holds the directory's lock
-        staging.mkdir(parents=True)
+        make_dir(root, parents=True)
+        make_fresh_dir(staging, private=True)  # nobody else can plant a name in it while it is written
     torch.distributed.barrier()
     sharded = _sharded_state_dict(model, optimizer, is_loading=False)
     sharded["scheduler"] = scheduler.state_dict()
     sharded["iteration"] = state.iteration
     sharded["consumed_samples"] = state.consumed_samples
     dist_checkpointing.save(sharded, str(staging))
-    rng_dir = staging / "rng"
-    rng_dir.mkdir(exist_ok=True)
-    torch.save(_rng_state(), rng_dir / f"rank_{rank:05d}.pt")
+    rng_dir = make_dir(staging / "rng")
+    with open_new(rng_dir / f"rank_{rank:05d}.pt", "wb") as handle:
+        torch.save(_rng_state(), handle)
     torch.distributed.barrier()
     if rank == 0:
         layout = checkpoint_layout(cfg, ps.get_data_parallel_world_size())
-        (staging / LAYOUT_FILE).write_text(json.dumps(layout, indent=2))
+        create_new(staging / LAYOUT_FILE, json.dumps(layout, indent=2))
         publish(staging, final)
         write_tracker(root, state.iteration)
         print(f"[megatron.bridge] saved checkpoint at iteration {state.iteration} to {final}", flush=True)
@@ -349,7 +351,7 @@ def hold_save_dir(resolved: "ConfigContainer", device: torch.device) -> tuple[Op
         try:
             lock = SaveDirLock(resolved.checkpoint.save).acquire()
             outcome = ("ok", lock.run_id, lock.note)
-        except SaveDirInUseError as exc:
+        except (SaveDirInUseError, UnsafePathError) as exc:
             outcome = ("in_use", str(exc), None)
     shared = [outcome]
     torch.distributed.broadcast_object_list(shared, src=0, device=device)
@@ -363,8 +365,6 @@ def hold_save_dir(resolved: "ConfigContainer", device: torch.device) -> tuple[Op
 
 def _announce(line: str) -> None:
     print(f"[megatron.bridge] {line}", flush=True)
-
-
 
 
 class CheckpointSaver:

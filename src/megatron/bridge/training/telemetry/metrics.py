@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import secrets
 import statistics
 import sys
 import time
@@ -18,6 +19,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
+
+from megatron.bridge.utils.owned_files import describe_os_error, make_dir, replace_file
 
 
 def steady_state_stats(step_times_s: Sequence[float], window: Sequence[int]) -> dict[str, Any]:
@@ -86,9 +89,10 @@ def peak_memory_gib(device: str) -> float:
 
 
 def default_log_dir(name: str = "") -> str:
-    """``runs/[<name>_]<YYYYmmdd_HHMMSS>`` under the current directory: where a run without
-    ``logger.log_dir`` writes (the harness passes the recipe's name)."""
-    stamp = time.strftime("%Y%m%d_%H%M%S")
+    """``runs/[<name>_]<YYYYmmdd_HHMMSS>_<token>`` under the current directory: where a run without
+    ``logger.log_dir`` writes (the harness passes the recipe's name). The random token makes every
+    run's name its own, also for runs started in the same second."""
+    stamp = f"{time.strftime('%Y%m%d_%H%M%S')}_{secrets.token_hex(3)}"
     return os.path.abspath(os.path.join("runs", f"{name}_{stamp}" if name else stamp))
 
 
@@ -131,9 +135,9 @@ class MetricsLogger:
 
     def __post_init__(self) -> None:
         if self.is_logging_rank:
-            Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+            make_dir(self.log_dir, parents=True)
             if self.tensorboard:
-                self._writer = open_tensorboard(self.tensorboard_dir or self.log_dir)
+                self._writer = open_tensorboard(str(make_dir(self.tensorboard_dir or self.log_dir, parents=True)))
 
     def record(self, iteration: int, loss: float, step_time_s: float, **scalars: float) -> None:
         """Store one iteration; print its line (and progress) every ``log_interval`` iterations."""
@@ -194,13 +198,18 @@ class MetricsLogger:
         }
 
     def write_summary(self, **context: Any) -> Optional[Path]:
-        """Write ``summary.json`` in ``log_dir`` (logging rank only); returns its path."""
+        """Write ``summary.json`` in ``log_dir`` (logging rank only); returns its path, or ``None``
+        when it could not be written (said in one line: the run's result is not lost for that)."""
         if not self.is_logging_rank:
             return None
         path = Path(self.log_dir) / "summary.json"
-        path.write_text(json.dumps(self.summary(**context), indent=2, default=str))
         if self._writer is not None:
             self._writer.flush()
             self._writer.close()
+        try:
+            replace_file(path, json.dumps(self.summary(**context), indent=2, default=str))
+        except OSError as exc:
+            print(f"could not write {path}: {describe_os_error(exc, path)}", file=sys.stdout, flush=True)
+            return None
         print(f"summary written to {path}", file=sys.stdout, flush=True)
         return path

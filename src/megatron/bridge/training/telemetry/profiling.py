@@ -7,10 +7,14 @@ to measure how much of the MoE dispatch/combine communication is hidden under co
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import torch
+
+from megatron.bridge.utils.owned_files import make_dir, remove
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ProfilingConfig
@@ -58,7 +62,17 @@ class StepProfiler:
         if self._profiler is None:
             return None
         self._profiler.stop()
-        self.trace_path.parent.mkdir(parents=True, exist_ok=True)
-        self._profiler.export_chrome_trace(str(self.trace_path))
+        self._export()
         self._profiler = None
         return self.trace_path
+
+    def _export(self) -> None:
+        """Write the trace in a fresh private directory and rename it into place: torch's exporter
+        opens its path plainly, which must never meet a name someone else planted."""
+        folder = make_dir(self.trace_path.parent, parents=True)
+        staging = Path(tempfile.mkdtemp(prefix=".trace.", dir=folder))
+        try:
+            self._profiler.export_chrome_trace(str(staging / self.trace_path.name))
+            os.replace(staging / self.trace_path.name, self.trace_path)
+        finally:
+            remove(staging)
