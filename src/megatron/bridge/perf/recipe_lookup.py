@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from megatron.bridge.training.errors import did_you_mean
 from megatron.bridge.training.resolution.layout import expert_parallel_span, model_parallel_size
+from megatron.bridge.training.utils.shown import short_text
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -27,6 +28,8 @@ RECIPES_PACKAGE = "megatron.bridge.recipes"
 _GPU_VARIANT = re.compile(r"^(?P<base>.+)_(?P<ng>\d+)gpu_config$")
 LAYOUT_RULE = "layout-divides-gpu-count"
 """Rule id of the harness's check that the parallel layout divides the job's GPU count."""
+FAMILY_RULE = "model-family-known"
+"""Rule id of the harness's check that ``-m`` names one of the recipe packages."""
 
 
 class RecipeLookupError(LookupError):
@@ -66,16 +69,16 @@ def recipe_functions(module: ModuleType) -> dict[str, Callable[[], "ConfigContai
 
 
 def _family_module(family: str) -> ModuleType:
-    try:
+    """The recipe package ``-m`` names; only a name on :func:`available_families` is imported
+    (``-m qwen.sub`` or ``-m ..training`` is refused by its text, never tried as a module path)."""
+    families = available_families()
+    if family in families:
         return importlib.import_module(f"{RECIPES_PACKAGE}.{family}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{RECIPES_PACKAGE}.{family}":
-            raise
-        families = available_families()
-        hint = did_you_mean(family, families, prefix="-m ")
-        raise RecipeLookupError(
-            f"unknown model family {family!r} (-m); {hint + ' ' if hint else ''}available: {', '.join(families)}"
-        ) from None
+    hint = did_you_mean(family, families, prefix="-m ")
+    raise RecipeLookupError(
+        f"[{FAMILY_RULE}] unknown model family {short_text(family, 80)!r} (-m); {hint + ' ' if hint else ''}"
+        f"available: {', '.join(families)}"
+    )
 
 
 def describe_recipes(functions: dict[str, Callable]) -> str:

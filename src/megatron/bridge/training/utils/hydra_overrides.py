@@ -35,6 +35,7 @@ from megatron.bridge.training.utils.overrides import (
     with_overrides,
 )
 from megatron.bridge.training.utils.references import check_reference_syntax
+from megatron.bridge.training.utils.shown import shown
 from megatron.bridge.training.utils.typed_values import (
     CallableNotAllowed,
     callable_path,
@@ -147,10 +148,11 @@ def parse_override(text: str) -> HydraOverride:
         value = parse_value(raw)
     except (yaml.YAMLError, OmegaConfBaseException) as exc:
         rule, message, fix = value_problem(raw, exc)
-        raise OverrideValueError(text, key, raw, rule, f"{item!r}: {message}", fix) from None
+        raise OverrideValueError(text, key, raw, rule, f"{shown(item)!r}: {message}", fix) from None
     problem = check_reference_syntax(value)
     if problem is not None:
-        raise OverrideValueError(text, key, raw, "override-reference", f"{item!r}: {problem.message}", problem.fix)
+        raise OverrideValueError(text, key, raw, "override-reference", f"{shown(item)!r}: {problem.message}",
+                                 problem.fix)
     return HydraOverride(item, form, key, value)
 
 
@@ -204,10 +206,11 @@ def parse_hydra_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConf
         try:
             item = parse_override(str(text))
         except OverrideValueError as bad:
-            errors.append(Violation(bad.rule, (bad.key,), (bad.raw,), bad.message, bad.fix, value_label="given"))
+            errors.append(Violation(bad.rule, (bad.key,), (shown(bad.raw),), bad.message, bad.fix, value_label="given"))
             continue
         except ValueError:
-            errors.append(Violation("override-syntax", (str(text),), (text,), f"{text!r} is not an override",
+            errors.append(Violation("override-syntax", (str(text),), (shown(text),),
+                                    f"{shown(text)!r} is not an override",
                                     "write key=value, +key=value, ++key=value or ~key", value_label="given"))
             continue
         problem = _apply_one(cfg, item)

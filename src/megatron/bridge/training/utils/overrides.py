@@ -21,7 +21,9 @@ from omegaconf.errors import OmegaConfBaseException
 from megatron.bridge.models.gpt_provider import GPTModelProvider
 from megatron.bridge.training.errors import OverrideError, Violation, did_you_mean
 from megatron.bridge.training.resolution import ownership
+from megatron.bridge.training.utils.plain_yaml import PROBLEM_FIXES, NotPlainYaml, plain_yaml_root
 from megatron.bridge.training.utils.references import REFERENCE_FIX, resolve_references
+from megatron.bridge.training.utils.shown import short_text, shown
 from megatron.bridge.training.utils.typed_values import (
     CallableNotAllowed,
     Mismatch,
@@ -98,8 +100,8 @@ def class_from_target(target: Any, base: type, path: str, errors: list[Violation
             Violation(
                 "config-target-not-allowed",
                 (f"{path}.{TARGET_KEY}",),
-                (target,),
-                f"{text!r} is not one of the project's {base.__name__} classes; a config names only "
+                (shown(target),),
+                f"{shown(text)!r} is not one of the project's {base.__name__} classes; a config names only "
                 "those (nothing else is imported)",
                 "use one of: " + ", ".join(sorted(allowed)),
                 value_label="given",
@@ -140,9 +142,9 @@ def _apply_tree(obj: Any, changes: Mapping[str, Any], path: str, layer: _Layer) 
             errors.append(
                 Violation(
                     "override-unknown-key",
-                    (dotted,),
-                    (raw,),
-                    f"{dotted!r} is not a field of {cls.__name__}",
+                    (short_text(dotted),),
+                    (shown(raw),),
+                    f"{short_text(dotted)!r} is not a field of {cls.__name__}",
                     _suggest(key, list(annotations), f"{path}." if path else ""),
                     value_label="given",
                 )
@@ -163,8 +165,8 @@ def _apply_tree(obj: Any, changes: Mapping[str, Any], path: str, layer: _Layer) 
                 Violation(
                     "config-callable-not-allowed",
                     (dotted,),
-                    (raw,),
-                    f"{dotted} may name only {refused.expected}, not {raw!r} (a config cannot make the "
+                    (shown(raw),),
+                    f"{dotted} may name only {refused.expected}, not {shown(raw)!r} (a config cannot make the "
                     "run import anything else)",
                     f"use one of: {refused.allowed}" if refused.allowed != "none"
                     else f"leave {dotted} out of the config file and set it in Python",
@@ -177,8 +179,8 @@ def _apply_tree(obj: Any, changes: Mapping[str, Any], path: str, layer: _Layer) 
                 Violation(
                     "override-type",
                     (dotted,),
-                    (raw,),
-                    f"{dotted} expects {mismatch.expected}, got {raw!r}",
+                    (shown(raw),),
+                    f"{dotted} expects {mismatch.expected}, got {shown(raw)!r}",
                     f"give {dotted} a value of type {mismatch.expected}",
                     value_label="given",
                 )
@@ -248,23 +250,22 @@ _VALUE_FIX = (
 
 
 def value_problem(text: str, exc: Exception) -> tuple[str, str, str]:
-    """The rule id, why the YAML value ``text`` could not be read, and the fix (a tag and a
-    malformed ``${...}`` are named as such)."""
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    if isinstance(exc, yaml.constructor.ConstructorError):
-        return (
-            "override-value-syntax",
-            f"YAML tags are not read ({problem}): values are plain data, nothing is built from a tag",
-            "write the value itself; quote it ('...') if it is a string that starts with '!'",
-        )
+    """The rule id, why the YAML value ``text`` could not be read, and the fix (a tag, a key given
+    twice and a malformed ``${...}`` are named as such)."""
+    if isinstance(exc, NotPlainYaml):
+        fixes = dict.fromkeys(PROBLEM_FIXES[p.kind] for p in exc.problems)
+        return "override-value-syntax", "; ".join(p.message for p in exc.problems), "; ".join(fixes)
+    problem = short_text(getattr(exc, "problem", None) or str(exc).splitlines()[0])
     if isinstance(exc, OmegaConfBaseException) and "${" in text:
         return "override-reference", f"a ${{...}} that cannot be read ({problem})", REFERENCE_FIX
     return "override-value-syntax", f"not a valid YAML value: {problem}", _VALUE_FIX
 
 
 def parse_value(text: str) -> Any:
-    """One override value as YAML (safe loading, omegaconf's reading of numbers; ``${...}`` kept as
-    written); raises ``yaml.YAMLError`` or omegaconf's error when it is malformed."""
+    """One override value as YAML that is plain data (``plain_yaml``; omegaconf's reading of numbers;
+    ``${...}`` kept as written); raises ``yaml.YAMLError`` (:class:`NotPlainYaml` for a tag, a key
+    given twice, ...) or omegaconf's error when it cannot be read."""
+    plain_yaml_root(text)
     return OmegaConf.to_container(OmegaConf.from_dotlist([f"v={text}"]), resolve=False)["v"]
 
 
@@ -296,9 +297,9 @@ def read_dotlist(overrides: Sequence[str]) -> tuple[dict[str, Any], list[Violati
             errors.append(
                 Violation(
                     "override-syntax",
-                    (item,),
-                    (item,),
-                    f"{item!r} is not a dotted override",
+                    (short_text(item),),
+                    (shown(item),),
+                    f"{shown(item)!r} is not a dotted override",
                     "write key.path=value, e.g. model.num_layers=4",
                     value_label="given",
                 )
@@ -308,7 +309,8 @@ def read_dotlist(overrides: Sequence[str]) -> tuple[dict[str, Any], list[Violati
             value = parse_value(raw)
         except (yaml.YAMLError, OmegaConfBaseException) as exc:
             rule, message, fix = value_problem(raw, exc)
-            errors.append(Violation(rule, (key,), (raw,), f"{item!r}: {message}", fix, value_label="given"))
+            errors.append(Violation(rule, (short_text(key),), (shown(raw),), f"{shown(item)!r}: {message}", fix,
+                                    value_label="given"))
             continue
         _set_nested(tree, key, value)
     return tree, errors

@@ -3,7 +3,9 @@
 A written config loads back equal (``ConfigContainer.from_yaml``); dtypes, enums and importable
 callables are written as text; model providers carry their class in ``_target_``.
 
-Files are read with YAML's safe loading: a tag never builds a Python object. A ``_target_`` names
+A config file is at most 1 MiB of UTF-8 YAML that is plain data (``plain_yaml``: no tag builds
+anything, no key is given twice, aliases expand it to a bounded size); anything else is a listed
+problem, never a traceback. A ``_target_`` names
 one of the project's provider classes and a callable field one function of its allowed list
 (``overrides.allowed_targets``, ``typed_values.CONFIG_CALLABLES``); nothing else is imported.
 ``${section.field}`` references are kept as written here and resolved when the file is applied
@@ -12,7 +14,11 @@ to a config (``overrides.resolve_references``); resolvers such as ``${oc.env:...
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
+import io
+import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
@@ -24,18 +30,37 @@ from omegaconf.errors import OmegaConfBaseException
 from megatron.bridge.models.gpt_provider import GPTModelProvider
 from megatron.bridge.training.errors import ConfigFileNotFoundError, OverrideError, Violation
 from megatron.bridge.training.resolution import ownership
-from megatron.bridge.training.utils.overrides import (
-    TARGET_KEY,
-    class_from_target,
-    is_container,
-    plain,
-    value_problem,
-    with_overrides,
-)
+from megatron.bridge.training.utils.overrides import TARGET_KEY, class_from_target, is_container, plain, with_overrides
+from megatron.bridge.training.utils.plain_yaml import PROBLEM_FIXES, NotPlainYaml, YamlProblem, plain_yaml_root
+from megatron.bridge.training.utils.shown import short_text, shown
 from megatron.bridge.training.utils.typed_values import encode_plain, field_annotations
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
+
+
+_CONFIG_FILE = ("config_file",)
+_YAML_RULES = {"duplicate-key": "yaml-duplicate-key", "too-large": "yaml-too-large"}
+"""Rule id of each kind of :class:`YamlProblem` in a file (the others are ``yaml-syntax``)."""
+MAX_CONFIG_FILE_BYTES = 1 << 20
+"""The largest config file read (a whole saved config is about 15 KB)."""
+_NAME_MAX, _PATH_MAX = 255, 4096
+"""Bytes of one name in a path and of a whole path that Linux file systems take."""
+
+
+def _file_violation(path: Path, rule: str, message: str, fix: str) -> Violation:
+    return Violation(rule, _CONFIG_FILE, (shown(str(path)),), message, fix)
+
+
+def _cannot_load(violations: list[Violation]) -> OverrideError:
+    return OverrideError(violations, "cannot load YAML")
+
+
+def _plain_yaml_violation(path: Path, problem: YamlProblem) -> Violation:
+    """One problem of a file that is YAML but not plain data, with its own rule and fix."""
+    where = f"line {problem.line}, column {problem.column}"
+    return _file_violation(path, _YAML_RULES.get(problem.kind, "yaml-syntax"), f"at {where}: {problem.message}",
+                           PROBLEM_FIXES[problem.kind])
 
 
 def _yaml_violation(path: Path, exc: Exception) -> Violation:
@@ -43,48 +68,112 @@ def _yaml_violation(path: Path, exc: Exception) -> Violation:
     mark = getattr(exc, "problem_mark", None)
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    if isinstance(exc, yaml.constructor.ConstructorError):
-        _, _, fix = value_problem("", exc)
-        message = f"a YAML tag{where} is not read ({problem}): values are plain data, nothing is built from a tag"
-        return Violation("yaml-syntax", ("config_file",), (str(path),), message, fix)
-    return Violation(
+    return _file_violation(
+        path,
         "yaml-syntax",
-        ("config_file",),
-        (str(path),),
-        f"not valid YAML{where}: {problem}",
-        "fix the file there (indentation, a missing ':' after a key, an unclosed quote or bracket, "
-        "a key given twice); check it with: uv run python -c \"import yaml,sys; "
-        "yaml.safe_load(open(sys.argv[1]))\" FILE",
+        f"not valid YAML{where}: {short_text(problem)}",
+        "fix the file there (indentation, a missing ':' after a key, an unclosed quote or bracket); "
+        "check it with: uv run python -c \"import yaml,sys; yaml.safe_load(open(sys.argv[1]))\" FILE",
     )
 
 
-def load_yaml(path: Union[str, Path]) -> dict[str, Any]:
-    """A YAML file as a plain dict (safe loading; ``${...}`` kept as written, for the config it is
-    applied to to resolve); a clear error when it is not a mapping."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigFileNotFoundError(
-            [Violation("yaml-missing", ("config_file",), (str(path),), "config file not found",
-                       "check the path (relative paths start at the working directory)")],
-            "cannot load YAML",
-        )
+def _path_too_long(path: Path) -> Optional[Violation]:
+    """A path no file system opens (a name over 255 bytes, the whole over 4,095), said before it is tried."""
+    longest = max((len(os.fsencode(part)) for part in path.parts), default=0)
+    total = len(os.fsencode(str(path)))
+    if longest <= _NAME_MAX and total < _PATH_MAX:
+        return None
+    what = (f"a name in it is {longest:,} bytes long (at most {_NAME_MAX})" if longest > _NAME_MAX
+            else f"it is {total:,} bytes long (at most {_PATH_MAX - 1})")
+    return _file_violation(path, "yaml-path-too-long", f"the config file path cannot be opened: {what}",
+                           "check the path (an unquoted variable or a pasted text may have run into it)")
+
+
+def _not_utf8(data: bytes) -> Optional[str]:
+    """Why ``data`` is not UTF-8 text (a UTF-16/32 byte-order mark, NUL bytes, an invalid byte), or ``None``."""
+    for name, bom in (("UTF-32", codecs.BOM_UTF32_LE), ("UTF-32", codecs.BOM_UTF32_BE),
+                      ("UTF-16", codecs.BOM_UTF16_LE), ("UTF-16", codecs.BOM_UTF16_BE)):
+        if data.startswith(bom):
+            return f"it is {name} text"
+    nul = data.find(b"\0")
+    if nul >= 0:
+        return f"it holds NUL bytes (the first at byte {nul:,}): binary data, or UTF-16/32 text"
     try:
-        data = plain(OmegaConf.load(path))
-    except (yaml.YAMLError, OmegaConfBaseException) as exc:
-        raise OverrideError([_yaml_violation(path, exc)], "cannot load YAML") from None
-    if not isinstance(data, dict):
-        raise OverrideError(
-            [
-                Violation(
-                    "yaml-not-mapping",
-                    ("config_file",),
-                    (str(path),),
-                    "the YAML file must hold a mapping of config sections",
-                    "write e.g. 'model:\\n  num_layers: 4'",
-                )
-            ],
+        data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        return f"byte {exc.start:,} (0x{data[exc.start]:02x}) is not UTF-8"
+    return None
+
+
+def _unreadable(path: Path, exc: OSError) -> OverrideError:
+    return _cannot_load([_file_violation(path, "yaml-unreadable", f"cannot read the config file: {exc.strerror}",
+                                         "check the path and its permissions")])
+
+
+def _check_regular_file(path: Path) -> None:
+    """Refuse a path that is missing or not a regular file (a directory, a device, a pipe)."""
+    try:
+        info = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        info = None
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+    if info is None or not stat.S_ISREG(info.st_mode):
+        what = "config file not found" if info is None else "the config file path is not a regular file"
+        raise ConfigFileNotFoundError(
+            [_file_violation(path, "yaml-missing", what, "check the path (relative paths start at the working directory)")],
             "cannot load YAML",
         )
+
+
+def _bounded_bytes(path: Path) -> bytes:
+    """The file's bytes, read no further than :data:`MAX_CONFIG_FILE_BYTES` (a larger file is refused)."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_CONFIG_FILE_BYTES + 1)
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+    if len(data) > MAX_CONFIG_FILE_BYTES:
+        raise _cannot_load([_file_violation(path, "yaml-too-large", f"the config file is over "
+                                            f"{MAX_CONFIG_FILE_BYTES // 1024:,} KiB",
+                                            "a config file sets fields: check that this is the file meant")])
+    return data
+
+
+def _config_text(path: Path) -> str:
+    """The text of a config file: a regular file of at most 1 MiB of UTF-8, else a listed problem."""
+    problem = _path_too_long(path)
+    if problem is not None:
+        raise _cannot_load([problem])
+    _check_regular_file(path)
+    data = _bounded_bytes(path)
+    why = _not_utf8(data)
+    if why is not None:
+        raise _cannot_load([_file_violation(
+            path, "yaml-not-utf8", f"the config file is not UTF-8 text: {why}",
+            "save it as UTF-8 (e.g. iconv -f UTF-16 -t UTF-8 FILE > NEW.yaml); a config file is text")])
+    return data.decode("utf-8-sig")
+
+
+def load_yaml(path: Union[str, Path]) -> dict[str, Any]:
+    """A YAML file as a plain dict (plain data only; ``${...}`` kept as written, for the config it is
+    applied to to resolve). Every problem is a listed one: a path no file system opens, a file that
+    is missing, too large, not UTF-8, not YAML, not plain data, or not a mapping."""
+    path = Path(path)
+    text = _config_text(path)
+    try:
+        root = plain_yaml_root(text)
+    except NotPlainYaml as exc:
+        raise _cannot_load([_plain_yaml_violation(path, p) for p in exc.problems]) from None
+    except yaml.YAMLError as exc:
+        raise _cannot_load([_yaml_violation(path, exc)]) from None
+    if root is not None and not isinstance(root, yaml.MappingNode):
+        raise _cannot_load([_file_violation(path, "yaml-not-mapping", "the YAML file must hold a mapping of config "
+                                            "sections", "write e.g. 'model:\\n  num_layers: 4'")])
+    try:
+        data = plain(OmegaConf.load(io.StringIO(text))) if root is not None else {}
+    except (yaml.YAMLError, OmegaConfBaseException, OSError) as exc:
+        raise _cannot_load([_yaml_violation(path, exc)]) from None
     return data
 
 
