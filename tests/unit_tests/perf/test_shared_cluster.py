@@ -7,11 +7,14 @@ replaced by a stand-in that records what the ranks would find."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import shlex
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -195,3 +198,23 @@ def test_slurm_job_id_without_srun_is_refused_before_anything_is_written(tmp_pat
     monkeypatch.setenv("PATH", str(tmp_path))  # no srun here
     code, out = run(["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "2", "-ep", "2", "-l", str(tmp_path / "run")])
     assert code == 3 and "no srun on PATH" in out and not (tmp_path / "run").exists(), out
+
+
+# --------------------------------------------------------------------------------------------- what the ranks read
+def test_the_ranks_are_given_the_digest_of_the_config_their_harness_wrote(tmp_path, stand_in_launch):
+    code, out = run([*TINY_CPU, "--max_steps", "2", "-l", str(tmp_path / "run")])
+    assert code == 0, out
+    argv = stand_in_launch["plan"].argv
+    written = hashlib.sha256((tmp_path / "run" / "config.yaml").read_bytes()).hexdigest()
+    assert argv[argv.index("--config-sha256") + 1] == written
+
+
+def test_a_rank_refuses_a_config_file_that_is_not_the_one_its_harness_wrote(tmp_path, stand_in_launch):
+    code, out = run([*TINY_CPU, "--max_steps", "2", "-l", str(tmp_path / "run")])
+    config = tmp_path / "run" / "config.yaml"
+    config.write_text(config.read_text().replace("train_iters: 2", "train_iters: 2000"))  # replaced after launch
+    argv = stand_in_launch["plan"].argv
+    worker = argv[argv.index("-m", 3):]  # the rank's command after torchrun's flags
+    proc = subprocess.run([sys.executable, *worker], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, RANK="0", CUDA_VISIBLE_DEVICES=""))
+    assert proc.returncode == 1 and "config-file-is-the-one-written" in proc.stderr, proc.stderr

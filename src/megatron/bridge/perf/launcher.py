@@ -70,9 +70,11 @@ class LaunchPlan:
         return (env + " " if env and self.mode != "sbatch" else "") + shlex.join(self.argv)
 
 
-def worker_argv(config_path: Path, python: str, verbose: bool = False) -> list[str]:
-    """The per-rank command (the training entry point on the resolved YAML)."""
-    return [python, "-m", ENTRY_MODULE, "--config-file", str(config_path), *(["--verbose"] if verbose else [])]
+def worker_argv(config_path: Path, python: str, verbose: bool = False, config_sha256: Optional[str] = None) -> list[str]:
+    """The per-rank command (the training entry point on the resolved YAML; with its digest, the
+    ranks load only the file the harness wrote)."""
+    digest = ["--config-sha256", config_sha256] if config_sha256 else []
+    return [python, "-m", ENTRY_MODULE, "--config-file", str(config_path), *digest, *(["--verbose"] if verbose else [])]
 
 
 def choose_mode(*, cpu: bool, num_gpus: int, gpus_per_node: int, environ: Mapping[str, str]) -> LaunchMode:
@@ -186,6 +188,7 @@ def plan_launch(
     python: Optional[str] = None,
     workdir: Optional[Path] = None,
     verbose: bool = False,
+    config_sha256: Optional[str] = None,
 ) -> LaunchPlan:
     """Build (do not run) the launch for a job of ``num_gpus`` GPUs (processes in CPU mode)."""
     environ = os.environ if environ is None else environ
@@ -196,7 +199,7 @@ def plan_launch(
     tasks_per_node = per_node_gpus * (1 if cpu else procs_per_gpu)
     nprocs = num_gpus * (1 if cpu else procs_per_gpu)
     env = worker_env(cpu=cpu, cuda_device_max_connections=cuda_device_max_connections)
-    worker = worker_argv(config_path, python, verbose)
+    worker = worker_argv(config_path, python, verbose, config_sha256)
     plan = LaunchPlan(mode, [], env, nprocs, nodes, log_dir)
     if mode != "sbatch" and not verbose:  # an sbatch job's output goes to SLURM's file, unfiltered by the harness
         plan.supervised_env[MARK_ENV] = "1"

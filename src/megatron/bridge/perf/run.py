@@ -9,13 +9,13 @@ failing job's own exit code.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import shutil
 import signal
 import sys
 from dataclasses import dataclass, replace
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence, TextIO
 
@@ -59,13 +59,11 @@ class Job:
     built: BuiltConfig
     resolution: "Resolution"
     plan: LaunchPlan
+    config_text: str
+    """The YAML the ranks load (copies equal the effective values), written by :func:`prepare`; the
+    ranks get its digest and refuse any other file."""
     claim: Optional[RunDirClaim] = None
     """The harness's hold on its run directory, from :func:`prepare` on."""
-
-    @cached_property
-    def config_text(self) -> str:
-        """The YAML the ranks load (copies equal the effective values), written once by :func:`prepare`."""
-        return self.resolution.effective.to_yaml()
 
     @property
     def resolved(self) -> "ConfigContainer":
@@ -84,7 +82,11 @@ class Job:
 
     def save_config(self, path: "str | Path") -> None:
         """Write the effective config (what the ranks load) where ``--save_config_filepath`` says."""
-        replace_file(path, self.config_text)
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            replace_file(path, self.config_text)
+        except OSError as exc:
+            raise HarnessError(f"--save_config_filepath {path}: {describe_os_error(exc, path)}") from None
 
 
 def checkpoint_notes(resolved) -> list[str]:
@@ -133,10 +135,16 @@ def data_notes(resolved) -> list[str]:
 def make_job(built: BuiltConfig, args, max_connections: Optional[int] = None) -> Job:
     """Resolve once (raises ``ConfigError`` with every violation) and plan the launch."""
     resolution = resolution_of(built)
-    return Job(built, resolution, plan_job(built, resolution, args, max_connections))
+    text = resolution.effective.to_yaml()
+    return Job(built, resolution, plan_job(built, resolution, args, max_connections, digest(text)), text)
 
 
-def plan_job(built: BuiltConfig, resolution: "Resolution", args, max_connections: Optional[int] = None) -> LaunchPlan:
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def plan_job(built: BuiltConfig, resolution: "Resolution", args, max_connections: Optional[int] = None,
+             config_sha256: Optional[str] = None) -> LaunchPlan:
     """The launch of a resolved job. ``max_connections`` replaces the report's
     ``CUDA_DEVICE_MAX_CONNECTIONS`` (sweeps keep the environment identical across values)."""
     needed = resolution.report.cuda_device_max_connections
@@ -160,6 +168,7 @@ def plan_job(built: BuiltConfig, resolution: "Resolution", args, max_connections
         time_limit=args.time_limit,
         job_name=built.recipe.function_name.removesuffix("_config"),
         verbose=args.verbose,
+        config_sha256=config_sha256,
     )
 
 
@@ -340,7 +349,8 @@ def same_environment(jobs: list[Job], args, out: TextIO) -> list[Job]:
         return jobs
     value = int(needs.pop())
     return [
-        job if job.plan.env.get(key) == str(value) else replace(job, plan=plan_job(job.built, job.resolution, args, value))
+        job if job.plan.env.get(key) == str(value)
+        else replace(job, plan=plan_job(job.built, job.resolution, args, value, digest(job.config_text)))
         for job in jobs
     ]
 

@@ -323,12 +323,12 @@ class ConfigContainer(StrictFields):
         return config_to_yaml(self, path)
 
     @classmethod
-    def from_yaml(cls, path: "str | Path") -> "ConfigContainer":
-        """Load a container written by :meth:`to_yaml`."""
+    def from_yaml(cls, path: "str | Path", sha256: Optional[str] = None) -> "ConfigContainer":
+        """Load a container written by :meth:`to_yaml` (with ``sha256``: only the file of that digest)."""
         # Deferred, as in to_yaml().
         from megatron.bridge.training.utils.yaml_io import container_from_dict, load_yaml
 
-        return container_from_dict(cls, load_yaml(path))
+        return container_from_dict(cls, load_yaml(path, sha256))
 
 
 _REPR_SWITCHES: tuple[tuple[str, str], ...] = (

@@ -1,6 +1,7 @@
 """Process entry point the launchers start on every rank.
 
-    python -m megatron.bridge.training.entry --config-file RESOLVED.yaml [--config-file NEXT.yaml ...] [--verbose]
+    python -m megatron.bridge.training.entry --config-file RESOLVED.yaml [--config-file NEXT.yaml ...]
+        [--config-sha256 DIGEST ...] [--verbose]
 
 (under ``torchrun``/``python -m torch.distributed.run`` or ``srun``). It loads the YAML written by
 ``ConfigContainer.to_yaml`` and calls :func:`megatron.bridge.training.pretrain.pretrain`.
@@ -45,6 +46,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "--config-file", required=True, action="append",
         help="YAML written by ConfigContainer.to_yaml(); repeat it to train several configs one after "
         "another in the same processes (benchmarks: one start-up for many runs)",
+    )
+    parser.add_argument(
+        "--config-sha256", action="append", default=None,
+        help="the SHA-256 of each --config-file, in order: a file with other bytes is refused (the harness "
+        "passes the digest of the config it wrote, so the ranks train exactly that)",
     )
     parser.add_argument("--verbose", action="store_true",
                         help="keep third-party warnings, megatron-core's INFO logs and the full start-up report")
@@ -110,7 +116,8 @@ def _run(args: argparse.Namespace) -> int:
         from megatron.bridge.training.config import ConfigContainer
         from megatron.bridge.training.pretrain import pretrain
 
-        configs = [ConfigContainer.from_yaml(path) for path in args.config_file]
+        digests = args.config_sha256 or [None] * len(args.config_file)
+        configs = [ConfigContainer.from_yaml(path, digest) for path, digest in zip(args.config_file, digests, strict=True)]
         with _one_process_group(configs):
             for cfg in configs:
                 log_dir = Path(cfg.logger.log_dir) if cfg.logger.log_dir else log_dir

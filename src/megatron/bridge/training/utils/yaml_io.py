@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import hashlib
 import io
 import os
 import stat
@@ -34,6 +35,7 @@ from megatron.bridge.training.utils.overrides import TARGET_KEY, class_from_targ
 from megatron.bridge.training.utils.plain_yaml import PROBLEM_FIXES, NotPlainYaml, YamlProblem, plain_yaml_root
 from megatron.bridge.training.utils.shown import short_text, shown
 from megatron.bridge.training.utils.typed_values import encode_plain, field_annotations
+from megatron.bridge.utils.owned_files import replace_file
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -140,13 +142,21 @@ def _bounded_bytes(path: Path) -> bytes:
     return data
 
 
-def _config_text(path: Path) -> str:
-    """The text of a config file: a regular file of at most 1 MiB of UTF-8, else a listed problem."""
+def _config_text(path: Path, sha256: Optional[str] = None) -> str:
+    """The text of a config file: a regular file of at most 1 MiB of UTF-8 (with ``sha256``, exactly
+    the file of that digest), else a listed problem."""
     problem = _path_too_long(path)
     if problem is not None:
         raise _cannot_load([problem])
     _check_regular_file(path)
     data = _bounded_bytes(path)
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise _cannot_load([_file_violation(
+            path, "config-file-is-the-one-written",
+            "the config file is not the one the harness wrote for this run (its SHA-256 differs): something "
+            "replaced or changed it after the launch, so these ranks would train another configuration",
+            "launch again; keep the run directory to this run (another harness, or a user with write access "
+            "to it, changed the file)")])
     why = _not_utf8(data)
     if why is not None:
         raise _cannot_load([_file_violation(
@@ -155,12 +165,13 @@ def _config_text(path: Path) -> str:
     return data.decode("utf-8-sig")
 
 
-def load_yaml(path: Union[str, Path]) -> dict[str, Any]:
+def load_yaml(path: Union[str, Path], sha256: Optional[str] = None) -> dict[str, Any]:
     """A YAML file as a plain dict (plain data only; ``${...}`` kept as written, for the config it is
     applied to to resolve). Every problem is a listed one: a path no file system opens, a file that
-    is missing, too large, not UTF-8, not YAML, not plain data, or not a mapping."""
+    is missing, too large, not UTF-8, not YAML, not plain data, or not a mapping; with ``sha256``,
+    a file whose bytes are not the ones of that digest (read once: what is checked is what loads)."""
     path = Path(path)
-    text = _config_text(path)
+    text = _config_text(path, sha256)
     try:
         root = plain_yaml_root(text)
     except NotPlainYaml as exc:
@@ -217,7 +228,7 @@ def config_to_yaml(cfg: "ConfigContainer", path: Optional[Union[str, Path]] = No
     text = OmegaConf.to_yaml(OmegaConf.create(_literal_dollars(config_to_dict(cfg))))
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(text)
+        replace_file(path, text)  # a link at ``path`` is replaced, never written through
     return text
 
 
