@@ -4,6 +4,7 @@ names the field, the value, the rule and the fix. Each case is one a new user tr
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,39 @@ def _checkpoint(tmp: Path, layout: dict) -> Path:
 def _other_layout(tmp: Path) -> list[str]:
     root = _checkpoint(tmp, dict(tp=1, pp=1, vpp=None, cp=1, ep=2, etp=1, dp=2))
     return ["-ep", "1", f"checkpoint.load={root}", f"checkpoint.save={root}"]
+
+
+TINY_LAYOUT = dict(tp=1, pp=1, vpp=None, cp=1, ep=2, etp=1, dp=2)
+"""The layout ``TINY_CPU`` trains with (what its checkpoints record)."""
+
+
+def _resume_from(root: Path) -> list[str]:
+    return [f"checkpoint.load={root}", f"checkpoint.save={root}"]
+
+
+def _damaged_record(text: str):
+    """A checkpoint of the tiny run whose ``parallel_layout.json`` holds ``text`` instead."""
+    def build(tmp: Path) -> list[str]:
+        root = _checkpoint(tmp, TINY_LAYOUT)
+        (root / "iter_0000003" / "parallel_layout.json").write_text(text)
+        return _resume_from(root)
+    return build
+
+
+def _long_tracker(tmp: Path) -> list[str]:
+    root = _checkpoint(tmp, TINY_LAYOUT)
+    (root / "latest_checkpointed_iteration.txt").write_text("9" * 5000)
+    return _resume_from(root)
+
+
+def _other_model(tmp: Path) -> list[str]:
+    """A checkpoint with the tiny run's layout, written by a tiny model of four layers (two here)."""
+    from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
+    from megatron.bridge.training.loop.checkpoint_dir import model_shape
+
+    other = qwen3_moe_tiny_pretrain_config()
+    other.model.num_layers = 4
+    return _resume_from(_checkpoint(tmp, {**TINY_LAYOUT, "model": model_shape(other)}))
 
 
 # case -> (extra argv built under tmp_path, rule id, texts the message must contain)
@@ -73,6 +107,32 @@ CASES = {
     "grouped_mm in cpu mode": (
         lambda tmp: ["model.torch_native_grouped_gemm_backend=grouped_mm"], "grouped-mm-needs-hopper-bf16",
         ["model.torch_native_grouped_gemm_backend='grouped_mm'", "compute capability 9.0"]),
+    "tensor parallel size 0": (
+        lambda tmp: ["model.tensor_model_parallel_size=0"], "range:model.tensor_model_parallel_size",
+        ["model.tensor_model_parallel_size=0", ">= 1"]),
+    "context parallel size 0": (
+        lambda tmp: ["model.context_parallel_size=0"], "range:model.context_parallel_size",
+        ["model.context_parallel_size=0", ">= 1"]),
+    "expert parallel size 0": (
+        lambda tmp: ["model.expert_model_parallel_size=0"], "range:model.expert_model_parallel_size",
+        ["model.expert_model_parallel_size=0", ">= 1"]),
+    "layout record of 10**12 data-parallel ranks": (
+        _damaged_record(json.dumps({**TINY_LAYOUT, "dp": 10**12})), "checkpoint-layout-record-valid",
+        ["iter_0000003/parallel_layout.json", "1000000000000 ranks", "at most 131072"]),
+    "empty layout record": (
+        _damaged_record("{}"), "checkpoint-layout-record-valid", ["parallel_layout.json", "'tp is missing'"]),
+    "layout record with a size that is text": (
+        _damaged_record(json.dumps({**TINY_LAYOUT, "ep": "2"})), "checkpoint-layout-record-valid",
+        ["ep='2' is not a positive integer"]),
+    "tracker of 5000 digits": (
+        _long_tracker, "checkpoint-load-has-tracker",
+        ["latest_checkpointed_iteration.txt holds more than 12 characters"]),
+    "checkpoint of another model shape": (
+        _other_model, "resume-same-model-shape",
+        ["saved_model={'num_layers': 4}", "current_model={'num_layers': 2}"]),
+    "a million experts in cpu mode": (
+        lambda tmp: ["model.num_moe_experts=1000000"], "model-state-fits-host-memory",
+        ["model.num_moe_experts=1000000", "estimate='at least", "GiB for the 2 rank(s) on this host", "limit='"]),
     "checkpoint.load at one iteration": (
         lambda tmp: [f"checkpoint.load={_checkpoint(tmp, {}) / 'iter_0000003'}"], "checkpoint-load-is-iteration-dir",
         ["iter_0000003", "parent directory"]),
@@ -158,3 +218,51 @@ def test_resuming_says_the_checkpoints_schedule_continues(tmp_path):
     out = io.StringIO()
     code = main([*TINY_CPU[:-1], "20", "--dryrun", f"checkpoint.load={root}", f"checkpoint.save={root}"], out=out)
     assert code == 0 and RESUMED_SCHEDULE_NOTE in out.getvalue() and "scaled with it" not in out.getvalue()
+
+
+# --------------------------------------------------------------------------------------------- sizes and counts
+@pytest.mark.parametrize(
+    "argv, rule, texts",
+    [
+        (["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "131072", "--procs_per_gpu", "2", "-ep", "2"],
+         "world-size-bounded", ["262144 ranks", "at most 131072"]),
+        (["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "99999", "-ep", "2"],
+         "layout-divides-gpu-count", ["GPU counts that fit: 2, 4, 6, 8, ..., 99998, 100000"]),
+    ],
+    ids=["ranks beyond any job", "odd GPU count near 100000"],
+)
+def test_sizes_and_counts_are_refused_with_a_bounded_message(argv, rule, texts, tmp_path, no_launch):
+    """Refused before launch with the rule and its numbers, in a message of a few lines (every fitting GPU
+    count up to twice -ng was listed: 8.4 MB for -ng 999999), never an allocation failure in every rank."""
+    out = io.StringIO()
+    code = main([*argv, "--dryrun", "-l", str(tmp_path / "run")], out=out)
+    text = out.getvalue()
+    assert code == 2 and f"[{rule}]" in text and "nothing was launched" in text, text
+    assert len(text) < 3000, len(text)
+    for fragment in texts:
+        assert fragment in text, (fragment, text)
+
+
+@pytest.mark.parametrize("count", ["999999", "99999999"])
+def test_an_absurd_gpu_count_is_a_usage_error_with_the_bound(count, capsys):
+    """``-ng 99999999 -ep 2`` ran out of memory after 149 s listing the GPU counts that fit, ``-ng 999999``
+    printed 8.4 MB; now the count is refused with the bound, before any config is built."""
+    with pytest.raises(SystemExit) as exc:
+        main([*TINY_CPU[:4], "-ng", count, "-ep", "2", "--dryrun"], out=io.StringIO())
+    assert exc.value.code == 2
+    assert f"-ng/--num_gpus: at most 131072 GPUs (more than any training job has: a typo?), got '{count}'" in (
+        capsys.readouterr().err)
+
+
+def test_a_million_experts_are_refused_on_h100_and_the_readme_layout_is_accepted(tmp_path, no_launch):
+    """Refused with the estimate and the limit (it passed validation and failed allocating in every rank);
+    the estimate is a lower bound, so the real recipe at its README layout is accepted."""
+    out = io.StringIO()
+    code = main(["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "2", "-ep", "2", "model.num_moe_experts=1000000",
+                 "--dryrun", "-l", str(tmp_path / "tiny")], out=out)
+    text = out.getvalue()
+    assert code == 2 and "[model-state-fits-gpu-memory]" in text and "nothing was launched" in text, text
+    assert "estimate='at least" in text and "GiB per rank" in text and "limit='94.0 GiB on one h100'" in text, text
+    out = io.StringIO()
+    code = main(["-mr", "qwen3_30b_a3b", "-g", "h100", "-ng", "16", "--dryrun", "-l", str(tmp_path / "30b")], out=out)
+    assert code == 0 and "model-state-fits" not in out.getvalue(), out.getvalue()

@@ -12,6 +12,7 @@ from packaging.version import Version
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config, qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.errors import ConfigValidationError
+from megatron.bridge.training.loop.checkpoint_dir import model_shape
 from megatron.bridge.training.resolution.finalize import default_rule_context
 from megatron.bridge.training.rules.core import check_rules
 from megatron.bridge.training.rules.ranges import RANGES
@@ -261,7 +262,9 @@ def test_interleaved_rule_matches_megatron_core_0_19_2():
 
 
 # ------------------------------------------------------------------------------------------ checkpoints
-SAVED_EP8 = dict(tp=1, pp=1, vpp=None, cp=1, ep=8, etp=1, dp=16)
+SAVED_EP8 = dict(tp=1, pp=1, vpp=None, cp=1, ep=8, etp=1, dp=16, model=model_shape(qwen3_30b_a3b_pretrain_config()))
+WITHOUT_MODEL = {k: v for k, v in SAVED_EP8.items() if k != "model"}
+"""A record as written before checkpoints recorded the model's shape."""
 
 
 def _tracker_dir(root, iteration=4, layout=SAVED_EP8, drop=()):
@@ -303,6 +306,13 @@ CHECKPOINT_CASES = {
         lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "save")),
     "checkpoint-save-writable": (
         lambda tmp: (_tracker_dir(tmp / "ck"), _a_file(tmp)), lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "new" / "dir")),
+    "checkpoint-layout-record-valid": (
+        lambda tmp: _tracker_dir(tmp / "ck", layout={}), lambda tmp: (_tracker_dir(tmp / "ck"), None)),
+    "resume-same-model-shape": (
+        lambda tmp: _tracker_dir(tmp / "ck", layout={**SAVED_EP8, "model": {**SAVED_EP8["model"], "num_layers": 4}}),
+        lambda tmp: (_tracker_dir(tmp / "ck"), None)),
+    "checkpoint-records-model-shape": (
+        lambda tmp: _tracker_dir(tmp / "ck", layout=WITHOUT_MODEL), lambda tmp: (_tracker_dir(tmp / "ck"), None)),
 }
 
 
@@ -367,6 +377,23 @@ def test_reliability_page_lists_every_range():
     assert page == render_docs(page), "run: uv run python -m megatron.bridge.training.rules.ranges --write-docs"
 
 
+def _layout_text(ck: Path, text: str) -> None:
+    (ck / "iter_0000004" / "parallel_layout.json").write_text(text)
+
+
+def _fifo(path: Path) -> None:
+    """A named pipe in place of a file (reading it waited for a writer forever)."""
+    import os
+
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _record(ck: Path, keep=tuple(SAVED_EP8), **changes) -> None:
+    """The latest checkpoint's layout record with only the keys in ``keep``, then ``changes``."""
+    _layout_text(ck, json.dumps({**{k: SAVED_EP8[k] for k in keep}, **changes}))
+
+
 @pytest.mark.parametrize(
     "damage, words",
     [
@@ -375,14 +402,44 @@ def test_reliability_page_lists_every_range():
         (lambda ck: (ck / "iter_0000004" / "rng" / "rank_00001.pt").unlink(), "rng/rank_00001.pt"),
         (lambda ck: (ck / "iter_0000004" / "parallel_layout.json").unlink(), "parallel_layout.json"),
         (lambda ck: (ck / "iter_0000004" / ".metadata").unlink(), ".metadata"),
+        (lambda ck: (ck / "latest_checkpointed_iteration.txt").write_text("9" * 5000), "more than 12 characters"),
+        (lambda ck: _record(ck, dp=10**12), "tp*pp*cp*dp = 1000000000000 ranks, more than any run has"),
+        (lambda ck: _record(ck, keep=()), "tp is missing"),
+        (lambda ck: _record(ck, tp=True), "tp=True is not a positive integer"),
+        (lambda ck: _record(ck, vpp=0), "vpp=0 is neither null nor a positive integer"),
+        (lambda ck: _record(ck, model=3), "model=3 is not a JSON object"),
+        (lambda ck: _record(ck, ep=3), "ep*etp*pp = 3 does not divide the 16 ranks"),
+        (lambda ck: _record(ck, dp=8), "rng/ holds rank_00008.pt: the record does not match the files"),
+        (lambda ck: _layout_text(ck, "[1, 2]"), "parallel_layout.json holds [1, 2], not a JSON object"),
+        (lambda ck: _layout_text(ck, "{"), "parallel_layout.json is not JSON"),
+        (lambda ck: _layout_text(ck, "[" * 50_000), "parallel_layout.json is not JSON"),
+        (lambda ck: _layout_text(ck, " " * 70_000), "larger than 64 KiB"),
+        (lambda ck: _fifo(ck / "iter_0000004" / "parallel_layout.json"), "parallel_layout.json cannot be read (not a"),
+        (lambda ck: [(ck / "iter_0000004" / "rng" / f"rank_{r:05d}.pt").unlink() for r in range(1, 16)],
+         "'rng/rank_00008.pt', \"... and 7 more of 16 ranks' RNG files\"]"),
     ],
 )
 def test_a_damaged_checkpoint_is_refused_naming_what_is_wrong(tmp_path, damage, words):
-    """Through ``validate()`` (what the harness runs before launch): never a traceback, a silent skip or
-    a fresh start."""
+    """Through ``validate()`` (what the harness runs before launch): never a traceback, a hang (a record of
+    10**12 ranks was one file check per rank), a silent skip (``{}`` skipped the layout and RNG checks),
+    a fresh start or an unbounded message."""
     ck = _tracker_dir(tmp_path / "ck")
     damage(ck)
     cfg = _checkpoint_cfg(ck)
     with pytest.raises(ConfigValidationError) as info:
         cfg.validate(world_size=16)
     assert words in str(info.value)
+
+
+def test_the_recorded_model_shape_is_the_one_compared_before_launch():
+    """The record is written from the config the ranks train (after megatron-core's ``__post_init__``
+    filled its defaults) and compared against the user's config before it: both give one shape."""
+    from megatron.bridge.training.loop.checkpoint_dir import checkpoint_layout
+    from megatron.bridge.training.resolution.finalize import resolve_config
+
+    cfg = qwen3_moe_tiny_pretrain_config()
+    cfg.model.num_query_groups = cfg.model.kv_channels = cfg.model.moe_ffn_hidden_size = None
+    trained = resolve_config(cfg, world_size=1).raise_for_errors().config
+    assert (trained.model.num_query_groups, trained.model.kv_channels) == (4, 32)  # megatron-core's defaults
+    record = json.loads(json.dumps(checkpoint_layout(trained, 1)))
+    assert record["model"] == model_shape(cfg) and record["model"]["moe_ffn_hidden_size"] == 256

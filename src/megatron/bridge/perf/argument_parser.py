@@ -19,6 +19,7 @@ from typing import NoReturn, Optional, Sequence
 from megatron.bridge.training.errors import did_you_mean
 from megatron.bridge.training.flex_dispatcher_backend import FLEX_BACKENDS
 from megatron.bridge.training.resolution.gpu_catalog import GPU_TYPES
+from megatron.bridge.training.resolution.layout import MAX_WORLD_SIZE
 
 PLAIN_ALLTOALL = "alltoall"
 """Parsed value of ``--moe_flex_dispatcher_backend None``: plain alltoall, no flex backend."""
@@ -80,6 +81,16 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def gpu_count(text: str) -> int:
+    """``-ng``: a positive integer up to ``MAX_WORLD_SIZE`` (a larger count is a typo; the harness's
+    GPU-count arithmetic and messages are bounded by it)."""
+    value = positive_int(text)
+    if value > MAX_WORLD_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"at most {MAX_WORLD_SIZE} GPUs (more than any training job has: a typo?), got {text!r}")
     return value
 
 
@@ -202,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="target GPU type for validation (and flex backend support); cpu = CPU smoke mode")
     run.add_argument("-c", "--compute_dtype", type=_choice(tuple(COMPUTE_DTYPES)), default=None,
                      help="compute precision; fp8 variants need Transformer Engine")
-    run.add_argument("-ng", "--num_gpus", type=positive_int, default=None,
+    run.add_argument("-ng", "--num_gpus", type=gpu_count, default=None,
                      help="total GPUs (processes in CPU mode) (default: the recipe's reference GPU count)")
     run.add_argument("-gn", "--gpus_per_node", type=positive_int, default=None,
                      help="GPUs per node (default: -ng, at most 8)")

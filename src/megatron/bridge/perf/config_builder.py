@@ -34,16 +34,16 @@ from megatron.bridge.perf.recipe_lookup import (
     scaled_global_batch_size,
 )
 from megatron.bridge.training.telemetry.metrics import default_log_dir
-from megatron.bridge.training.rules.core import read_field
+from megatron.bridge.training.rules.core import RuleContext, read_field
 from megatron.bridge.training.flex_dispatcher_backend import dispatcher_fields
 from megatron.bridge.training.loop.checkpoint_dir import inspect_checkpoint_dir
 from megatron.bridge.training.resolution.finalize import default_rule_context, resolve_config
+from megatron.bridge.training.resolution.layout import MAX_WORLD_SIZE, layout_within
 from megatron.bridge.training.utils.omegaconf_utils import apply_overrides, load_yaml
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
     from megatron.bridge.training.resolution.finalize import Resolution
-    from megatron.bridge.training.rules.core import RuleContext
 
 DEFAULT_GPUS_PER_NODE = 8
 
@@ -175,12 +175,37 @@ def flex_dispatcher_values(backend: str) -> dict[str, Any]:
     return {f"model.{name}": value for name, value in chosen.items()}
 
 
+def sizes_within_ranges(cfg: "ConfigContainer") -> bool:
+    """Whether every parallel size is inside its range: the harness's GPU-count arithmetic divides by
+    them, so with a zero or negative size it is skipped and validation reports the range instead
+    (with every other problem, never a ``ZeroDivisionError``)."""
+    return layout_within(cfg, RuleContext())
+
+
+WORLD_SIZE_RULE = "world-size-bounded"
+"""Rule id of the harness's bound on the job's rank count."""
+
+
+def world_size_problem(built: BuiltConfig, args: Namespace) -> str:
+    """Why a job of ``built.world_size`` ranks is refused: more than any job has (a typo, or a layout
+    whose smallest GPU count is absurd when ``-ng`` is not given)."""
+    m = built.cfg.model
+    return (
+        f"[{WORLD_SIZE_RULE}] the job would have {built.world_size} ranks, more than any training job has "
+        f"(at most {MAX_WORLD_SIZE}): a larger count is a typo\n"
+        f"    given: -ng={args.num_gpus}, --procs_per_gpu={built.procs_per_gpu}, "
+        f"-tp={m.tensor_model_parallel_size}, -pp={m.pipeline_model_parallel_size}, -cp={m.context_parallel_size}, "
+        f"-ep={m.expert_model_parallel_size}, -et={m.expert_tensor_parallel_size}\n"
+        "    fix: give a smaller -ng (without -ng the layout's smallest GPU count is used), or smaller parallel sizes"
+    )
+
+
 def computed_values(cfg: "ConfigContainer", recipe: RecipeChoice, recipe_cfg: "ConfigContainer",
                     world_size: int, procs_per_gpu: int) -> dict[str, Any]:
     """Values for keys no user layer set (global batch scaling, log dir, gloo for shared GPUs)."""
     values: dict[str, Any] = {}
     given = cfg.provenance
-    if "train.global_batch_size" not in given and not recipe.gpu_specific:
+    if "train.global_batch_size" not in given and not recipe.gpu_specific and sizes_within_ranges(cfg):
         gbs = scaled_global_batch_size(
             recipe_cfg.train.global_batch_size, recipe_cfg, recipe.reference_num_gpus, cfg, world_size
         )
@@ -277,7 +302,8 @@ def build_config(
     cfg = apply_layer(cfg, flags, "flag")
     cfg = apply_layer(cfg, [*args.overrides, *extra_overrides], "cli")
 
-    num_gpus = args.num_gpus or recipe.reference_num_gpus or minimum_world_size(cfg)
+    sizes_ok = sizes_within_ranges(cfg)
+    num_gpus = args.num_gpus or recipe.reference_num_gpus or (minimum_world_size(cfg) if sizes_ok else 1)
     procs_per_gpu = 1 if cpu else args.procs_per_gpu
     built = BuiltConfig(
         cfg=cfg,
@@ -290,9 +316,11 @@ def build_config(
     )
     if args.num_gpus is None:
         built.notes.append(f"-ng not given: using {num_gpus} (the recipe's reference GPU count)")
-    problem = layout_problem(cfg, built.world_size)
+    problem = layout_problem(cfg, built.world_size) if sizes_ok else None
     if problem:
         raise HarnessError(problem)
+    if built.world_size > MAX_WORLD_SIZE:
+        raise HarnessError(world_size_problem(built, args))
     if procs_per_gpu > 1 and cfg.dist.distributed_backend == "nccl":
         raise HarnessError(
             f"[procs-per-gpu-needs-gloo] --procs_per_gpu {procs_per_gpu} puts several ranks on one GPU, which "

@@ -152,11 +152,22 @@ def minimum_world_size(cfg: "ConfigContainer") -> int:
     return math.lcm(model_parallel_size(cfg), expert_parallel_span(cfg))
 
 
-def fitting_gpu_counts(cfg: "ConfigContainer", upto: int) -> list[int]:
-    """GPU counts up to ``upto`` (at least four of them) that the layout divides."""
+def fitting_gpu_counts(cfg: "ConfigContainer", near: int) -> list[int]:
+    """GPU counts the layout divides: the four smallest and the two around ``near`` (at most six,
+    whatever ``near`` is: a message lists them)."""
     step = minimum_world_size(cfg)
-    count = max(4, upto // step)
-    return [step * k for k in range(1, count + 1)]
+    below = near // step
+    multiples = {1, 2, 3, 4, below, below + 1} - {0}
+    return [step * k for k in sorted(multiples)]
+
+
+def _listed(counts: list[int]) -> str:
+    """``2, 4, 6, 8, ..., 998, 1000``: the elision shows where counts were left out."""
+    parts = [str(counts[0])]
+    for previous, count in zip(counts, counts[1:]):
+        parts += ["..."] if count - previous > counts[0] else []
+        parts.append(str(count))
+    return ", ".join(parts)
 
 
 def layout_problem(cfg: "ConfigContainer", num_gpus: int) -> Optional[str]:
@@ -164,7 +175,7 @@ def layout_problem(cfg: "ConfigContainer", num_gpus: int) -> Optional[str]:
     m = cfg.model
     if num_gpus % model_parallel_size(cfg) == 0 and num_gpus % expert_parallel_span(cfg) == 0:
         return None
-    fits = ", ".join(map(str, fitting_gpu_counts(cfg, max(num_gpus * 2, 16))))
+    fits = _listed(fitting_gpu_counts(cfg, num_gpus))
     return (
         f"[{LAYOUT_RULE}] the layout TP={m.tensor_model_parallel_size} PP={m.pipeline_model_parallel_size} "
         f"CP={m.context_parallel_size} EP={m.expert_model_parallel_size} "

@@ -33,19 +33,29 @@ class GpuType:
     architecture: str
     nvl72: bool = False
     """Part of a GB200/GB300 NVL72 rack-scale system (multi-node NVLink domain)."""
+    memory_gib: Optional[float] = None
+    """Memory of one GPU, GiB: the largest variant sold under the name (H100 NVL's 94 rather than
+    SXM's 80), so that a memory check against it refuses only what fits no variant."""
 
 
 GPU_TYPES: dict[str, GpuType] = {
-    "a100": GpuType("a100", (8, 0), "Ampere"),
-    "h100": GpuType("h100", (9, 0), "Hopper"),
-    "h200": GpuType("h200", (9, 0), "Hopper"),
-    "b200": GpuType("b200", (10, 0), "Blackwell"),
+    "a100": GpuType("a100", (8, 0), "Ampere", memory_gib=80),
+    "h100": GpuType("h100", (9, 0), "Hopper", memory_gib=94),
+    "h200": GpuType("h200", (9, 0), "Hopper", memory_gib=141),
+    "b200": GpuType("b200", (10, 0), "Blackwell", memory_gib=192),
     # B300/GB300 (Blackwell Ultra) report compute capability 10.3 (sm_103).
-    "b300": GpuType("b300", (10, 3), "Blackwell"),
-    "gb200": GpuType("gb200", (10, 0), "Blackwell", nvl72=True),
-    "gb300": GpuType("gb300", (10, 3), "Blackwell", nvl72=True),
+    "b300": GpuType("b300", (10, 3), "Blackwell", memory_gib=288),
+    "gb200": GpuType("gb200", (10, 0), "Blackwell", nvl72=True, memory_gib=192),
+    "gb300": GpuType("gb300", (10, 3), "Blackwell", nvl72=True, memory_gib=288),
 }
 """``-g`` GPU types. B300/GB300 are listed as (10, 3): that is what the chips report."""
+
+
+def gpu_memory_bytes(name: Optional[str]) -> Optional[int]:
+    """Memory of one GPU of the type ``name`` (a ``-g`` type or a device name), ``None`` when the
+    type is not in the table (nothing is then checked against it)."""
+    entry = gpu_type(name) if name else None
+    return None if entry is None or entry.memory_gib is None else int(entry.memory_gib * 2**30)
 
 ARCHITECTURES: dict[int, str] = {8: "Ampere", 9: "Hopper", 10: "Blackwell", 12: "Blackwell (consumer)"}
 """Compute-capability major -> architecture name."""

@@ -15,6 +15,12 @@ if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
 
+MAX_WORLD_SIZE = 131072
+"""The most ranks a job may have (``-ng``, and a checkpoint's recorded layout): 2^17, above the largest
+training jobs run today. A larger count is a typo or a damaged record; every check that enumerates
+ranks or GPU counts is bounded by it."""
+
+
 def model_parallel_size(cfg: "ConfigContainer") -> int:
     """GPUs one model replica spans (TP x PP x CP)."""
     m = cfg.model
@@ -29,8 +35,12 @@ def expert_parallel_span(cfg: "ConfigContainer") -> int:
 
 
 def data_parallel_size(cfg: "ConfigContainer", world_size: int) -> Optional[int]:
-    """Data-parallel size for ``world_size`` GPUs, ``None`` when the layout does not divide it."""
+    """Data-parallel size for ``world_size`` GPUs, ``None`` when the layout does not divide it or a
+    parallel size is out of its range (zero or negative: its range rule reports it; every caller,
+    the overlap defaults among them, then treats DP as unknown instead of dividing by zero)."""
     span = model_parallel_size(cfg)
+    if not isinstance(span, int) or span < 1:
+        return None
     return world_size // span if world_size % span == 0 else None
 
 

@@ -3,15 +3,26 @@ be resumed from (missing, not a checkpoint, damaged, incomplete), and a save dir
 written.
 
 Each kind of unusable directory (see ``checkpoint_dir.inspect_checkpoint_dir``) is one rule; resuming
-with another parallel layout than the one that saved is refused too, showing both layouts.
+with another parallel layout or another model shape than the one that saved is refused too, showing
+the saved and the current values. Everything is read from the directory as bounded JSON and names:
+nothing there is unpickled or run before launch.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from megatron.bridge.training.loop.checkpoint_dir import CheckpointDir, checkpoint_layout, inspect_checkpoint_dir
+from megatron.bridge.training.loop.checkpoint_dir import (
+    LAYOUT_FILE,
+    MODEL_KEY,
+    TRACKER,
+    CheckpointDir,
+    inspect_checkpoint_dir,
+    iteration_dir,
+    model_shape,
+    parallel_sizes,
+)
 from megatron.bridge.training.resolution.layout import data_parallel_size, dp_known, layout_within
 from megatron.bridge.training.rules.core import Rule, RuleContext
 from megatron.bridge.training.loop.save_lock import LOCK_NAME, held_by_another_live_run
@@ -35,11 +46,32 @@ def _load_is(*kinds: str):
 
 def _current_layout(cfg: "ConfigContainer", ctx: RuleContext) -> dict[str, Optional[int]]:
     dp = data_parallel_size(cfg, ctx.world_size) if dp_known(cfg, ctx) else None
-    return checkpoint_layout(cfg, dp)
+    return parallel_sizes(cfg, dp)
 
 
 def _saved_layout(cfg: "ConfigContainer", ctx: RuleContext) -> Optional[dict]:
-    return _load_dir(cfg).layout
+    """The saved parallel sizes (the record less its model shape)."""
+    layout = _load_dir(cfg).layout
+    return None if layout is None else {k: v for k, v in layout.items() if k != MODEL_KEY}
+
+
+def _shape_differences(cfg: "ConfigContainer") -> dict[str, tuple[Any, Any]]:
+    """Field -> (saved, current) for every recorded shape field whose value differs now."""
+    saved, current = _load_dir(cfg).model or {}, model_shape(cfg)
+    return {k: (saved[k], v) for k, v in current.items() if k in saved and saved[k] != v}
+
+
+def _resuming_with_model_record(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    return bool(cfg.checkpoint.load) and _load_dir(cfg).resumable and _load_dir(cfg).model is not None
+
+
+def _resuming_without_model_record(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    return bool(cfg.checkpoint.load) and _load_dir(cfg).resumable and _load_dir(cfg).model is None
+
+
+def _layout_file(cfg: "ConfigContainer", ctx: RuleContext) -> str:
+    found = _load_dir(cfg)
+    return str(iteration_dir(found.path, found.iteration) / LAYOUT_FILE)
 
 
 def layout_matches_checkpoint(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
@@ -90,6 +122,7 @@ CHECKPOINT_RULES: tuple[Rule, ...] = (
         "checkpoint-load-has-tracker", ("no_tracker", "bad_tracker"),
         "checkpoint.load holds files but no readable latest_checkpointed_iteration.txt: it is not a "
         "checkpoint directory of this package",
+        derived_values=(("tracker", lambda cfg, ctx: (list(_load_dir(cfg).problems) or [f"no {TRACKER}"])[0]),),
     ),
     _load_dir_rule(
         "checkpoint-load-tracker-names-saved-iteration", ("tracker_without_iteration",),
@@ -107,6 +140,16 @@ CHECKPOINT_RULES: tuple[Rule, ...] = (
         "latest_checkpointed_iteration.txt",
         derived_values=(("iteration", lambda cfg, ctx: _load_dir(cfg).iteration),
                         ("missing", lambda cfg, ctx: list(_load_dir(cfg).missing))),
+    ),
+    _load_dir_rule(
+        "checkpoint-layout-record-valid", ("bad_layout",),
+        f"the latest checkpoint's {LAYOUT_FILE} is not a layout record this package writes (damaged or "
+        "edited): a key is missing or not a size, or its sizes fit no run or not the files saved beside "
+        "it; the layout and RNG checks cannot trust it",
+        "restore the file from the run that wrote the checkpoint, or write the number of an earlier "
+        f"complete iteration into {TRACKER}",
+        derived_values=(("layout_file", _layout_file),
+                        ("problems", lambda cfg, ctx: list(_load_dir(cfg).problems + _load_dir(cfg).missing))),
     ),
     Rule(
         id="checkpoint-save-writable",
@@ -141,6 +184,32 @@ CHECKPOINT_RULES: tuple[Rule, ...] = (
         fix="resume with the saved layout (same -tp/-pp/-vp/-cp/-ep/-et and GPU count), or start a "
         "new run without checkpoint.load",
         derived_values=(("saved_layout", _saved_layout), ("current_layout", _current_layout)),
+        group="checkpoint",
+    ),
+    Rule(
+        id="resume-same-model-shape",
+        fields=("checkpoint.load",),
+        applies=_resuming_with_model_record,
+        holds=lambda cfg, ctx: not _shape_differences(cfg),
+        message="the checkpoint holds another model: its weights do not have this config's shapes, so "
+        "every rank would fail loading it",
+        fix="set the model.* fields to the saved values shown (or resume with the config that wrote the "
+        "checkpoint), or start a new run without checkpoint.load",
+        derived_values=(
+            ("saved_model", lambda cfg, ctx: {k: s for k, (s, _) in _shape_differences(cfg).items()}),
+            ("current_model", lambda cfg, ctx: {k: c for k, (_, c) in _shape_differences(cfg).items()}),
+        ),
+        group="checkpoint",
+    ),
+    Rule(
+        id="checkpoint-records-model-shape",
+        fields=("checkpoint.load",),
+        applies=_resuming_without_model_record,
+        holds=lambda cfg, ctx: False,
+        message=f"the checkpoint was written before {LAYOUT_FILE} recorded the model's shape: its shapes are "
+        "not compared before launch (a checkpoint of another model would fail on every rank when it loads)",
+        fix="nothing to do if the checkpoint is this model's; its next save records the shape",
+        severity="warning",
         group="checkpoint",
     ),
 )
