@@ -13,6 +13,7 @@ from packaging.version import Version
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config, qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.errors import ConfigValidationError
 from megatron.bridge.training.loop.checkpoint_dir import model_shape
+from megatron.bridge.training.loop.save_lock import LOCK_NAME, SaveDirLock
 from megatron.bridge.training.resolution.finalize import default_rule_context
 from megatron.bridge.training.rules.core import check_rules
 from megatron.bridge.training.rules.ranges import RANGES
@@ -302,10 +303,16 @@ CHECKPOINT_CASES = {
     "checkpoint-load-complete": (
         lambda tmp: _tracker_dir(tmp / "ck", drop=("rng/rank_00001.pt",)), lambda tmp: (_tracker_dir(tmp / "ck"), None)),
     "checkpoint-save-not-in-use": (
-        lambda tmp: (_tracker_dir(tmp / "ck"), _held_by_this_process(tmp / "save")),
+        lambda tmp: (_tracker_dir(tmp / "ck"), _held_by_another_run(tmp / "save")),
         lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "save")),
     "checkpoint-save-writable": (
         lambda tmp: (_tracker_dir(tmp / "ck"), _a_file(tmp)), lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "new" / "dir")),
+    "checkpoint-save-lock-usable": (
+        lambda tmp: (_tracker_dir(tmp / "ck"), _with_lock_dir(tmp / "save")), lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "save")),
+    "checkpoint-save-entries-yours": (
+        lambda tmp: (_tracker_dir(tmp / "ck"), _with_link(tmp / "save")), lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "save")),
+    "checkpoint-load-entries-yours": (
+        lambda tmp: _with_link(_tracker_dir(tmp / "ck"), "notes"), lambda tmp: (_tracker_dir(tmp / "ck"), None)),
     "checkpoint-layout-record-valid": (
         lambda tmp: _tracker_dir(tmp / "ck", layout={}), lambda tmp: (_tracker_dir(tmp / "ck"), None)),
     "resume-same-model-shape": (
@@ -316,15 +323,25 @@ CHECKPOINT_CASES = {
 }
 
 
-def _held_by_this_process(save):
-    """A save directory whose lock names a live run (this test process, seen as another run's pid)."""
-    import os
-    import socket
+_HELD: list[SaveDirLock] = []
 
-    save.mkdir(parents=True)
-    (save / "run.lock").write_text(json.dumps(dict(host=socket.gethostname(), pid=os.getppid(), started=0.0,
-                                                   run_id="other")))
+
+def _held_by_another_run(save):
+    """A save directory whose lock a live run holds (this test process, through an open file of its
+    own: to the rule, another run)."""
+    _HELD.append(SaveDirLock(save).acquire())
     return save
+
+
+def _with_lock_dir(save):
+    (save / LOCK_NAME).mkdir(parents=True)
+    return save
+
+
+def _with_link(directory, name="latest_checkpointed_iteration.txt.tmp"):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).symlink_to(directory.parent / "elsewhere")
+    return directory
 
 
 def _a_file(tmp):
@@ -365,7 +382,7 @@ def test_layout_violation_shows_saved_and_current_layout(tmp_path):
 @pytest.mark.parametrize("name", ["ck", "iter_runs"])
 def test_leftover_of_a_killed_first_save_counts_as_empty(tmp_path, name):
     (tmp_path / name / "iter_0000002.incomplete").mkdir(parents=True)
-    (tmp_path / name / "latest_checkpointed_iteration.txt.tmp").write_text("2")
+    (tmp_path / name / ".latest_checkpointed_iteration.txt.5e1f0a2b9c3d.tmp").write_text("2")  # replace_file's
     cfg = _checkpoint_cfg(tmp_path / name, tmp_path / name)
     assert not _violated_ids(cfg, dict(world_size=16)) & CHECKPOINT_RULE_IDS
 

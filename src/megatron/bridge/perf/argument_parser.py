@@ -13,6 +13,7 @@ Conventions that differ from Megatron-Bridge's harness on purpose:
 from __future__ import annotations
 
 import argparse
+import textwrap
 import re
 from typing import NoReturn, Optional, Sequence
 
@@ -105,6 +106,14 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def path_text(text: str) -> str:
+    """A path that names something: an empty or blank value (``-l "$UNSET"``) would mean the
+    current directory, whose files a run would then replace."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a path, got {text!r} (an unset shell variable?)")
+    return text
+
+
 def window(text: str) -> list[int]:
     """Two 1-based iterations ``FIRST,LAST`` with ``FIRST <= LAST``."""
     values = int_list(text)
@@ -142,10 +151,11 @@ exit codes: 0 ok, 2 refused input (nothing launched), 3 machine cannot run it, 1
 """
 
 
-LOG_DIR_DEFAULT = "runs/<-mr>_<--task>[_<N>gpu]_<YYYYmmdd_HHMMSS>"
+LOG_DIR_DEFAULT = "runs/<-mr>_<--task>[_<N>gpu]_<YYYYmmdd_HHMMSS>_<token>"
 """The run directory when ``-l`` is not given (``training.metrics.default_log_dir``: the recipe
-function's name without ``_config``, then the time), e.g. ``runs/qwen3_moe_tiny_pretrain_20250101_120000``."""
-SWEEP_DIR_DEFAULT = "runs/<-mr>_<--task>_sweep_<YYYYmmdd_HHMMSS>"
+function's name without ``_config``, then the time and a random token, so that every run gets its
+own), e.g. ``runs/qwen3_moe_tiny_pretrain_20250101_120000_3fa9c1``."""
+SWEEP_DIR_DEFAULT = "runs/<-mr>_<--task>_sweep_<YYYYmmdd_HHMMSS>_<token>"
 """The sweep's directory when ``-l`` is not given (``run.sweep_root``)."""
 
 SHORT_USAGE = "usage: run_script.py -mr RECIPE [-g GPU] [-ng N] [flags ...] [key=value ...]"
@@ -163,6 +173,10 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         if "default" in text or default in (None, False, argparse.SUPPRESS) or action.nargs == "*":
             return text
         return f"{text} (default: {default})" if text else f"(default: {default})"
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        """Wrapped at spaces only: a path pattern such as ``runs/<-mr>_<--task>`` stays whole."""
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -248,8 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     io = p.add_argument_group("inputs, outputs and modes")
     io.add_argument("--config_file", default=None, help="YAML applied over the recipe")
     io.add_argument("--dryrun", action="store_true", help="resolve, validate, report; launch nothing")
-    io.add_argument("--save_config_filepath", default=None, help="write the resolved config YAML here")
-    io.add_argument("-l", "--log_dir", default=None,
+    io.add_argument("--save_config_filepath", type=path_text, default=None, help="write the resolved config YAML here")
+    io.add_argument("-l", "--log_dir", type=path_text, default=None,
                     help=f"run directory (default: {LOG_DIR_DEFAULT}; a sweep: {SWEEP_DIR_DEFAULT})")
     io.add_argument("--steady_state_window", type=window, default=None,
                     help="FIRST,LAST iterations of the steady-state mean (default: 3,8)")

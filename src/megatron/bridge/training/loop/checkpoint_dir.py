@@ -134,7 +134,10 @@ def _looks_like_iteration_dir(path: Path) -> bool:
 def _leftover(child: Path) -> bool:
     """What a save killed before publishing its first checkpoint leaves behind (and the lock of a run
     that is gone: a live one is refused by its own rule)."""
-    return STAGING_SUFFIX in child.name or child.name in (f"{TRACKER}.tmp", LOCK_NAME)
+    if child.is_symlink():
+        return False  # never harmless: refused by the entries rule
+    tracker_tmp = child.name.startswith(f".{TRACKER}.") and child.name.endswith(".tmp")  # owned_files.replace_file
+    return STAGING_SUFFIX in child.name or tracker_tmp or child.name == LOCK_NAME
 
 
 def staging_dir(final: Path, run_id: str) -> Path:

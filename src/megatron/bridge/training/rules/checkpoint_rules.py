@@ -25,11 +25,23 @@ from megatron.bridge.training.loop.checkpoint_dir import (
 )
 from megatron.bridge.training.resolution.layout import data_parallel_size, dp_known, layout_within
 from megatron.bridge.training.rules.core import Rule, RuleContext
-from megatron.bridge.training.loop.save_lock import LOCK_NAME, held_by_another_live_run
+from megatron.bridge.training.loop.save_lock import LOCK_NAME, held_by_another_live_run, lock_problem
+from megatron.bridge.utils.owned_files import MAX_LISTED, unsafe_entries
 from megatron.bridge.utils.paths import writable_directory_problem
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
+
+
+def _existing_dir(path: Optional[str]) -> bool:
+    return bool(path) and Path(path).is_dir()
+
+
+def _unsafe(path: Optional[str]) -> list[str]:
+    """Top-level entries of a checkpoint directory that are links or another user's (the run acts on
+    names at the top only: the tracker, its lock, iteration and staging directories); at most a few."""
+    found = unsafe_entries(path, recursive=False) if _existing_dir(path) else []
+    return found[:MAX_LISTED] + ([f"... and {len(found) - MAX_LISTED} more"] if len(found) > MAX_LISTED else [])
 
 
 def _load_dir(cfg: "ConfigContainer") -> CheckpointDir:
@@ -173,6 +185,32 @@ CHECKPOINT_RULES: tuple[Rule, ...] = (
         f"{LOCK_NAME}",
         derived_values=(("held_by", lambda cfg, ctx: held_by_another_live_run(cfg.checkpoint.save).describe()),),
         group="checkpoint",
+    ),
+    Rule(
+        id="checkpoint-save-lock-usable",
+        fields=("checkpoint.save",),
+        applies=lambda cfg, ctx: bool(cfg.checkpoint.save),
+        holds=lambda cfg, ctx: lock_problem(cfg.checkpoint.save) is None,
+        message=f"checkpoint.save's {LOCK_NAME} must be a plain file of yours: the run takes it as its lock at "
+        "start, and anything else there would stop rank 0 after launch",
+        fix=f"remove that {LOCK_NAME} (no run of this tool made it), or give this run another checkpoint.save",
+        derived_values=(("problem", lambda cfg, ctx: lock_problem(cfg.checkpoint.save)),),
+        group="checkpoint",
+    ),
+    *(
+        Rule(
+            id=f"checkpoint-{which}-entries-yours",
+            fields=(f"checkpoint.{which}",),
+            applies=lambda cfg, ctx, which=which: _existing_dir(getattr(cfg.checkpoint, which)),
+            holds=lambda cfg, ctx, which=which: not _unsafe(getattr(cfg.checkpoint, which)),
+            message=f"checkpoint.{which} holds links or entries of another user: a run renames, replaces and "
+            "removes names there (the tracker, iteration directories, leftovers of killed saves) and must never "
+            "do so through a link or in someone else's files",
+            fix="remove the listed entries (or ask their owner to), or choose a directory of your own",
+            derived_values=(("entries", lambda cfg, ctx, which=which: _unsafe(getattr(cfg.checkpoint, which))),),
+            group="checkpoint",
+        )
+        for which in ("save", "load")
     ),
     Rule(
         id="resume-same-parallel-layout",
