@@ -133,6 +133,13 @@ CASES = {
     "a million experts in cpu mode": (
         lambda tmp: ["model.num_moe_experts=1000000"], "model-state-fits-host-memory",
         ["model.num_moe_experts=1000000", "estimate='at least", "GiB for the 2 rank(s) on this host", "limit='"]),
+    "fresh run saving over another run's checkpoints": (
+        lambda tmp: [f"checkpoint.save={_checkpoint(tmp, {})}"], "checkpoint-save-not-another-runs",
+        ["saved iteration(s) (iter_0000003)", "latest iteration 3", "checkpoint.load = checkpoint.save",
+         "another (new or empty) checkpoint.save"]),
+    "empty checkpoint.load (an unset variable)": (
+        lambda tmp: ["checkpoint.load=", f"checkpoint.save={tmp / 'new'}"], "override-empty-value",
+        ["checkpoint.load= gives no value", "checkpoint.load=null"]),
     "checkpoint.load at one iteration": (
         lambda tmp: [f"checkpoint.load={_checkpoint(tmp, {}) / 'iter_0000003'}"], "checkpoint-load-is-iteration-dir",
         ["iter_0000003", "parent directory"]),

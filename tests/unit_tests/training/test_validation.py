@@ -307,6 +307,12 @@ CHECKPOINT_CASES = {
         lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "save")),
     "checkpoint-save-writable": (
         lambda tmp: (_tracker_dir(tmp / "ck"), _a_file(tmp)), lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "new" / "dir")),
+    "checkpoint-save-not-another-runs": (
+        lambda tmp: (_tracker_dir(tmp / "ck"), _tracker_dir(tmp / "other_run", iteration=50)),
+        lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "ck")),
+    "checkpoint-load-path-not-empty": (lambda tmp: "", lambda tmp: (_tracker_dir(tmp / "ck"), None)),
+    "checkpoint-save-path-not-empty": (
+        lambda tmp: (_tracker_dir(tmp / "ck"), " "), lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "new")),
     "checkpoint-save-lock-usable": (
         lambda tmp: (_tracker_dir(tmp / "ck"), _with_lock_dir(tmp / "save")), lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "save")),
     "checkpoint-save-entries-yours": (
@@ -460,3 +466,31 @@ def test_the_recorded_model_shape_is_the_one_compared_before_launch():
     assert (trained.model.num_query_groups, trained.model.kv_channels) == (4, 32)  # megatron-core's defaults
     record = json.loads(json.dumps(checkpoint_layout(trained, 1)))
     assert record["model"] == model_shape(cfg) and record["model"]["moe_ffn_hidden_size"] == 256
+
+
+# ------------------------------------------------------------------------------------------ Python values
+def _bad_values(r):
+    """Values of the wrong kind for a range's field, as a script can set them: text, a list, a value
+    outside the range, and a float where a whole number is needed."""
+    values = ["2", [1], r.example_outside()]
+    return values + ([1e30, 2.5] if r.integer else [])
+
+
+@pytest.mark.parametrize("field, value", [(r.field, v) for r in RANGES for v in _bad_values(r)],
+                         ids=lambda x: repr(x)[:24])
+def test_validate_lists_a_value_of_the_wrong_kind_instead_of_crashing(field, value):
+    """``cfg.model.expert_model_parallel_size = "2"`` was a ``TypeError`` from inside validate()."""
+    cfg = _set(**{field: value})(qwen3_moe_tiny_pretrain_config())
+    with pytest.raises(ConfigValidationError) as info:
+        cfg.validate(world_size=2)
+    assert f"range:{field}" in {v.rule for v in info.value.violations}
+
+
+@pytest.mark.parametrize("world_size", [0, -1, "2", 2.0, True], ids=repr)
+def test_validate_lists_a_world_size_that_is_not_a_positive_whole_number(world_size):
+    """``world_size=0`` was a ``ZeroDivisionError`` and ``world_size="2"`` a ``TypeError``."""
+    cfg = qwen3_moe_tiny_pretrain_config()
+    cfg.model.expert_model_parallel_size = 0  # another problem: both are listed at once
+    with pytest.raises(ConfigValidationError) as info:
+        cfg.validate(world_size=world_size)
+    assert {"world-size-positive", "range:model.expert_model_parallel_size"} <= {v.rule for v in info.value.violations}

@@ -38,8 +38,8 @@ from megatron.bridge.perf.run_dir import RunDirClaim, RunDirError, claim, make_c
 from megatron.bridge.perf.supervisor import JobOutcome
 from megatron.bridge.training.entry import FAILURE_DIR
 from megatron.bridge.training.errors import ConfigError
-from megatron.bridge.training.telemetry.metrics import default_log_dir
 from megatron.bridge.training.loop.checkpoint_dir import CheckpointDir, inspect_checkpoint_dir, iteration_dir
+from megatron.bridge.utils.gpu_count import too_few_gpus
 from megatron.bridge.utils.owned_files import describe_os_error, replace_file
 from megatron.bridge.utils.quiet import marked, unmarked
 from megatron.bridge.perf.sweep import combine_rounds, job_dirname, parse_sweep, write_sweep_outputs
@@ -207,7 +207,7 @@ def check_machine(job: Job) -> None:
     have, need = gpus_visible(), job.built.num_gpus
     if have < need:
         raise HarnessError(
-            f"this machine has {have} visible GPU(s) but the run needs {need} (-ng {need}). "
+            f"{too_few_gpus(have, need, f'-ng {need}')}. "
             "Use --dryrun to validate here, -g cpu for the CPU smoke mode, run inside a SLURM "
             "allocation (srun), or ask for more GPUs per node with -gn to get an sbatch script.",
             EXIT_ENVIRONMENT,
@@ -324,6 +324,9 @@ def sweep_root(args) -> Path:
     """``-l``, else a new name for this sweep (``runs/<recipe>_<task>_sweep_<time>_<token>``)."""
     if args.log_dir:
         return Path(args.log_dir).resolve()
+    # Deferred: the metrics module is the ranks' logger and imports torch and megatron-core.
+    from megatron.bridge.training.telemetry.metrics import default_log_dir
+
     return Path(default_log_dir(f"{args.model_recipe_name}_{args.task}_sweep"))
 
 

@@ -1,11 +1,14 @@
-"""The configuration errors a user catches (``except ConfigValidationError``): the public import
-path of :mod:`megatron.bridge.utils.errors`, where they are defined below every other layer."""
+"""The errors a user catches (``except ConfigValidationError`` for any configuration problem,
+``MachineError`` for a machine that cannot run the config): the public import path of
+:mod:`megatron.bridge.utils.errors`, where they are defined below every other layer."""
 
 from megatron.bridge.utils.errors import (
+    ArgumentError,
     CommOverlapConfigError,
     ConfigError,
     ConfigFileNotFoundError,
     ConfigValidationError,
+    MachineError,
     OverrideError,
     OverridesError,
     Severity,
@@ -15,10 +18,12 @@ from megatron.bridge.utils.errors import (
 )
 
 __all__ = [
+    "ArgumentError",
     "CommOverlapConfigError",
     "ConfigError",
     "ConfigFileNotFoundError",
     "ConfigValidationError",
+    "MachineError",
     "OverrideError",
     "OverridesError",
     "Severity",

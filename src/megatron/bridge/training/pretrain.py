@@ -60,6 +60,7 @@ from megatron.bridge.training.loop.forward_step import (
     check_forward_step,
 )
 from megatron.bridge.training.loop.grad_check import raise_for_nonfinite_grads
+from megatron.bridge.training.loop.pretrain_arguments import checked_pretrain_arguments
 from megatron.bridge.training.loop.run_description import (
     log_dir_of,
     moe_token_dispatch,
@@ -74,6 +75,8 @@ from megatron.bridge.training.telemetry.flops import flops_per_step
 from megatron.bridge.training.telemetry.metrics import MetricsLogger, moe_aux_losses
 from megatron.bridge.training.telemetry.profiling import StepProfiler
 from megatron.bridge.training.telemetry.step_timing import StepTimer
+from megatron.bridge.utils.errors import MachineError
+from megatron.bridge.utils.gpu_count import too_few_gpus, visible_gpu_count
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -94,19 +97,43 @@ class PretrainResult:
     stopped_by_signal: bool = False
 
 
-def pretrain(
-    cfg: "ConfigContainer", forward_step_func: Optional[Callable[..., Any]] = None, *, verbose: bool = False
-) -> PretrainResult:
-    """Train ``cfg`` with megatron-core; returns the losses/step times (summary on rank 0).
+def refuse_gpu_run_without_gpu(resolved: "ConfigContainer") -> None:
+    """A GPU config (``dist.device="cuda"``, the default) on a machine without a visible GPU stops
+    here, in the harness's words, instead of in the driver on every rank."""
+    have = visible_gpu_count() if resolved.dist.device == "cuda" else 1
+    if have < 1:
+        raise MachineError(
+            f"{too_few_gpus(have, 1, 'dist.device=cuda: one GPU per rank')}. For the CPU smoke mode (gloo, any "
+            'machine) set cfg.dist.device = "cpu" before pretrain(); otherwise run on a GPU machine '
+            "(README: Your own training script)"
+        )
 
+
+def pretrain(
+    config: Optional["ConfigContainer"] = None,
+    forward_step_func: Optional[Callable[..., Any]] = None,
+    callbacks: Any = None,
+    *,
+    verbose: bool = False,
+    cfg: Optional["ConfigContainer"] = None,
+) -> PretrainResult:
+    """Train ``config`` with megatron-core; returns the losses/step times (summary on rank 0).
+
+    Megatron-Bridge's signature: ``pretrain(config, forward_step_func, callbacks=None)``, positionally
+    or by keyword (``cfg=`` is this package's older keyword for ``config``). ``callbacks`` other than
+    none are refused (this loop calls no callbacks), as is a config that is not a ``ConfigContainer``:
+    an ``ArgumentError`` (a ``TypeError``) before any work (``loop/pretrain_arguments.py``).
     SIGTERM/SIGINT stop the run between two steps (all ranks at the same iteration) and save once.
     ``verbose`` prints the full overlap report at start-up instead of its brief form.
-    ``forward_step_func`` may take ``(data_iterator, model, return_schedule_plan=False)`` or, as in
-    Megatron-Bridge, ``(state, data_iterator, model, return_schedule_plan=False)``.
+    ``forward_step_func`` (default: the GPT forward step) may take ``(data_iterator, model,
+    return_schedule_plan=False)`` or, as in Megatron-Bridge, ``(state, data_iterator, model,
+    return_schedule_plan=False)``.
     """
+    cfg, forward_step_func = checked_pretrain_arguments(config, cfg, forward_step_func, callbacks)
     env = initialize.launch_env()
     resolution = cfg.resolve(world_size=env.world_size)  # once, before any process group or CUDA work
     resolved, report = resolution.config, resolution.report
+    refuse_gpu_run_without_gpu(resolved)
     platform = select_platform(resolved)
     platform.prepare_process(report)
 

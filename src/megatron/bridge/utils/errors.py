@@ -8,6 +8,7 @@ The hierarchy, and what to catch::
     |       +-- FlexDispatcherBackendError ... where the flex dispatcher backend is
     +-- OverrideError (OverridesError)     a YAML file or dotted override that cannot be applied
     +-- UnknownFieldError                  an attribute a config dataclass does not have
+    +-- ArgumentError (a TypeError)        an argument pretrain() or a recipe cannot take here
 
 Catch ``ConfigValidationError`` for any validation failure (a layout, batch or range rule as well
 as an overlap prerequisite); ``CommOverlapConfigError`` only catches the failures that involve an
@@ -104,6 +105,19 @@ class UnknownFieldError(ConfigError, AttributeError):
         self.name = obj_name
 
 
+class ArgumentError(ConfigError, TypeError):
+    """A function of the public API (``pretrain``, a recipe) was given an argument it cannot take
+    here: each violation names the argument, its value, why, and what to do instead.
+
+    Also a ``TypeError``, which is what Python raises for an argument a function does not take.
+    """
+
+
 class ConfigFileNotFoundError(OverrideError, FileNotFoundError):
     """The config file given is not there: an ``OverrideError`` (a listed problem with its fix) and a
     ``FileNotFoundError`` (what Megatron-Bridge's helpers raise for it)."""
+
+
+class MachineError(RuntimeError):
+    """The machine cannot run the configuration (a GPU run without a visible GPU): raised by
+    ``pretrain()`` before any process group or CUDA call, with what to change."""

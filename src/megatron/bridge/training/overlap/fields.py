@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from megatron.bridge.training.rules.core import RuleContext, field_default
-from megatron.bridge.training.resolution.layout import data_parallel_size
+from megatron.bridge.training.resolution.layout import data_parallel_size, positive_size
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -49,7 +49,9 @@ def _value(partial: Partial, name: str) -> Any:
 
 
 def _pipeline(cfg: "ConfigContainer") -> tuple[int, Optional[int]]:
-    return cfg.model.pipeline_model_parallel_size, cfg.model.virtual_pipeline_model_parallel_size
+    """PP and VPP; a PP that is not a positive integer counts as 1 here (its range rule reports it)."""
+    m = cfg.model
+    return positive_size(m.pipeline_model_parallel_size) or 1, positive_size(m.virtual_pipeline_model_parallel_size)
 
 
 def data_parallel(cfg: "ConfigContainer", ctx: RuleContext) -> Optional[int]:

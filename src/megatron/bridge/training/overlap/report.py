@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from megatron.bridge.training.errors import Violation
 from megatron.bridge.training.resolution.gpu_catalog import gpu_target_from_context
+from megatron.bridge.training.resolution.layout import positive_size
 from megatron.bridge.training.overlap.resolution import EffectiveValue
 from megatron.bridge.training.overlap.rules import NO_EFFECT_RULE_IDS, OVERLAP_RULES
 from megatron.bridge.training.resolution.ownership import OWNERSHIP_RULE_IDS, concerns_overlap
 from megatron.bridge.training.rules.core import RuleContext, read_field, te_version_text
+from megatron.bridge.training.rules.flex_rules import describe_dispatcher
 
 if TYPE_CHECKING:
     from megatron.bridge.models.layer_specs import LayerSpecChoice
@@ -52,7 +54,12 @@ FEATURES: tuple[FeatureSpec, ...] = (
     FeatureSpec("grad_reduce_overlap", "comm_overlap.overlap_grad_reduce", ("data-parallel",)),
     FeatureSpec("param_gather_overlap", "comm_overlap.overlap_param_gather", ("data-parallel",)),
     FeatureSpec("shared_expert_overlap", "model.moe_shared_expert_overlap", ("shared-expert",)),
-    FeatureSpec("flex_dispatcher", "model.moe_token_dispatcher_type", ("flex-dispatcher",)),
+    FeatureSpec("flex_dispatcher", "model.moe_token_dispatcher_type", ("flex-dispatcher", "flex-settings")),
+    FeatureSpec("ep_early_attn_release", "model.ep_overlap_early_attn_memory_release", ("ep-early-release",),
+                "moe_ep_overlap"),
+    FeatureSpec("dispatch_wgrad_overlap", "model.overlap_dispatch_backward_with_experts_wgrad", ("dispatch-wgrad",)),
+    FeatureSpec("activation_offload", "model.fine_grained_activation_offloading", ("activation-offload",)),
+    FeatureSpec("paged_stash", "model.moe_paged_stash", ("paged-stash",)),
 )
 
 
@@ -98,6 +105,8 @@ class OverlapReport:
     effective: dict[str, EffectiveValue] = field(default_factory=dict)
     errors: tuple[Violation, ...] = ()
     notes: tuple[Violation, ...] = ()
+    dispatcher_path: str = ""
+    """Which dispatch path runs, with the flex backend's settings (``describe_dispatcher``)."""
 
     @property
     def active(self) -> list[str]:
@@ -143,6 +152,7 @@ class OverlapReport:
             },
             "dispatcher": self.dispatcher,
             "flex_backend": self.flex_backend,
+            "dispatcher_path": self.dispatcher_path,
             "target_gpu": self.target_gpu,
             "layer_spec": self.layer_spec,
             "layer_spec_reason": self.layer_spec_reason,
@@ -200,11 +210,12 @@ class OverlapReport:
 
     def _setting_lines(self) -> list[str]:
         backend = f", backend {self.flex_backend}" if self.flex_backend else ""
+        path = self.dispatcher_path or f"{self.dispatcher}{backend}"
         need = self.cuda_device_max_connections
         te = f"Transformer Engine {self.transformer_engine}"
         te_suffix = "" if te in self.layer_spec_line else f"; {te}"  # the reason may say it already
         return [
-            f"  dispatcher: {self.dispatcher}{backend}",
+            f"  dispatcher: {path}",
             f"  target GPU: {self.target_gpu}",
             f"  {self.layer_spec_line}{te_suffix}",
             f"  CUDA_DEVICE_MAX_CONNECTIONS: {'no requirement' if need is None else need} "
@@ -260,7 +271,8 @@ def _max_connections(
     """Value the run needs, why, and the conflict between EP overlap and TP/CP comm ordering."""
     target = gpu_target_from_context(ctx)
     m = cfg.model
-    tp_cp_comm = tp_overlap_active or m.tensor_model_parallel_size > 1 or m.context_parallel_size > 1
+    tp_cp_comm = tp_overlap_active or any((positive_size(size) or 1) > 1 for size in (m.tensor_model_parallel_size,
+                                                                                        m.context_parallel_size))
     pre_blackwell = target.capability is None or target.capability[0] < 10
     arch = "unknown GPU, assumed pre-Blackwell" if target.capability is None else target.architecture
     wants_one = tp_cp_comm and pre_blackwell
@@ -310,6 +322,7 @@ def report_from(
         features=features,
         dispatcher=dispatcher,
         flex_backend=cfg.model.moe_flex_dispatcher_backend if dispatcher == "flex" else None,
+        dispatcher_path=describe_dispatcher(cfg.model),
         target_gpu=_target_text(cfg, ctx),
         layer_spec=layer_spec.name,
         layer_spec_reason=layer_spec.reason,

@@ -34,7 +34,8 @@ from megatron.bridge.training.overlap.rules import OVERLAP_RULES
 from megatron.bridge.training.overlap.report import OverlapReport, report_from
 from megatron.bridge.training.rules.registry import ALL_RULES
 from megatron.bridge.training.rules.core import RuleContext, check_rules
-from megatron.bridge.utils.import_utils import have_deep_ep, transformer_engine_version
+from megatron.bridge.training.tokenizers.config import derive_vocab_size
+from megatron.bridge.utils.import_utils import have_deep_ep, have_te_nccl_ep, transformer_engine_version
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -49,6 +50,17 @@ def world_size_or_environment(world_size: Optional[int]) -> Optional[int]:
     if world_size is None and os.environ.get("WORLD_SIZE"):
         return int(os.environ["WORLD_SIZE"])
     return world_size
+
+
+def world_size_violation(world_size: object) -> Optional[Violation]:
+    """``world_size`` (the ranks the run will have) must be a whole number >= 1, or ``None``
+    (unknown: the checks that need it are skipped)."""
+    if world_size is None or (isinstance(world_size, int) and not isinstance(world_size, bool) and world_size >= 1):
+        return None
+    return Violation("world-size-positive", ("world_size",), (world_size,),
+                     "world_size counts the ranks of the run: a whole number of at least 1",
+                     "pass e.g. cfg.validate(world_size=16) (an int), or leave it out to check what does not "
+                     "depend on it", value_label="given")
 
 
 def default_rule_context(
@@ -70,6 +82,7 @@ def default_rule_context(
         device_name=target.name,
         cuda_available=visible_capability is not None,
         deep_ep_available=have_deep_ep(),
+        te_nccl_ep_available=have_te_nccl_ep(),
     )
     facts.update(overrides)
     return RuleContext(**facts)
@@ -114,6 +127,7 @@ def _effective_config(cfg: "ConfigContainer", ctx: RuleContext) -> tuple["Config
     work = copy.deepcopy(cfg)
     if work.comm_overlap is None:  # an old recipe or YAML: every switch unset
         work.comm_overlap = CommOverlapConfig()
+    derive_vocab_size(work)  # model.vocab_size unset: the NullTokenizer's vocabulary
     values = overlap_resolution.resolve_overlap_values(work, ctx)
     apply_mixed_precision(work)
     overlap_resolution.apply_overlap_values(work, values)
@@ -129,11 +143,13 @@ def resolve_config(
     Order: precision flags and overlap switches, then every rule at once, then megatron-core's own
     deferred ``__post_init__`` (only when our rules pass; its complaints become a violation).
     """
+    world_problem = world_size_violation(world_size)
+    if world_problem is not None:
+        world_size = None  # checked as unknown: its own problem is listed with the others
     ctx = ctx or default_rule_context(world_size, target_gpu=getattr(cfg.dist, "target_gpu", None))
     effective, values, violations = _effective_config(cfg, ctx)
-    violations += check_rules(
-        ALL_RULES, effective, ctx,
-    )
+    violations += [world_problem] if world_problem else []
+    violations += check_rules(ALL_RULES, effective, ctx)
     warnings = [v for v in violations if v.severity != "error"]
     for warning in warnings:
         logger.warning("config: %s", warning.format())

@@ -21,10 +21,19 @@ training jobs run today. A larger count is a typo or a damaged record; every che
 ranks or GPU counts is bounded by it."""
 
 
-def model_parallel_size(cfg: "ConfigContainer") -> int:
-    """GPUs one model replica spans (TP x PP x CP)."""
+def positive_size(value: object) -> Optional[int]:
+    """``value`` when it is a whole number >= 1 (a parallel size), else ``None``: text, zero, a
+    negative number or ``None`` is reported by its range rule, and every size computed from it is
+    unknown instead of a crash."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def model_parallel_size(cfg: "ConfigContainer") -> Optional[int]:
+    """GPUs one model replica spans (TP x PP x CP); ``None`` when a size is not a positive integer."""
     m = cfg.model
-    return m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+    sizes = [positive_size(v) for v in (m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
+                                        m.context_parallel_size)]
+    return None if None in sizes else sizes[0] * sizes[1] * sizes[2]
 
 
 def expert_parallel_span(cfg: "ConfigContainer") -> int:
@@ -39,7 +48,7 @@ def data_parallel_size(cfg: "ConfigContainer", world_size: int) -> Optional[int]
     parallel size is out of its range (zero or negative: its range rule reports it; every caller,
     the overlap defaults among them, then treats DP as unknown instead of dividing by zero)."""
     span = model_parallel_size(cfg)
-    if not isinstance(span, int) or span < 1:
+    if span is None or positive_size(world_size) is None:
         return None
     return world_size // span if world_size % span == 0 else None
 

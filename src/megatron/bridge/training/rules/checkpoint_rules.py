@@ -44,6 +44,16 @@ def _unsafe(path: Optional[str]) -> list[str]:
     return found[:MAX_LISTED] + ([f"... and {len(found) - MAX_LISTED} more"] if len(found) > MAX_LISTED else [])
 
 
+def _saved_iterations(save: str) -> Optional[str]:
+    """What of another run ``save`` holds (its latest iteration, how many saved), ``None`` for nothing."""
+    saved = sorted(p.name for p in Path(save).glob("iter_[0-9][0-9][0-9][0-9][0-9][0-9][0-9]") if p.is_dir())
+    found = inspect_checkpoint_dir(save)
+    if not saved and found.iteration is None:
+        return None
+    latest = f"latest iteration {found.iteration}" if found.iteration is not None else "no readable tracker"
+    return f"{len(saved)} saved iteration(s) ({', '.join(saved[:3])}{', ...' if len(saved) > 3 else ''}), {latest}"
+
+
 def _load_dir(cfg: "ConfigContainer") -> CheckpointDir:
     return inspect_checkpoint_dir(cfg.checkpoint.load)
 
@@ -185,6 +195,32 @@ CHECKPOINT_RULES: tuple[Rule, ...] = (
         f"{LOCK_NAME}",
         derived_values=(("held_by", lambda cfg, ctx: held_by_another_live_run(cfg.checkpoint.save).describe()),),
         group="checkpoint",
+    ),
+    Rule(
+        id="checkpoint-save-not-another-runs",
+        fields=("checkpoint.save", "checkpoint.load"),
+        applies=lambda cfg, ctx: _existing_dir(cfg.checkpoint.save) and not _same_dir(cfg.checkpoint.load,
+                                                                                       cfg.checkpoint.save),
+        holds=lambda cfg, ctx: _saved_iterations(cfg.checkpoint.save) is None,
+        message="checkpoint.save already holds the checkpoints of another run and this run does not resume from "
+        "it: its saves would replace that run's iterations and move its latest_checkpointed_iteration.txt "
+        "back to this run's",
+        fix="resume from it (checkpoint.load = checkpoint.save), or choose another (new or empty) checkpoint.save",
+        derived_values=(("holds", lambda cfg, ctx: _saved_iterations(cfg.checkpoint.save)),),
+        group="checkpoint",
+    ),
+    *(
+        Rule(
+            id=f"checkpoint-{which}-path-not-empty",
+            fields=(f"checkpoint.{which}",),
+            applies=lambda cfg, ctx, which=which: isinstance(getattr(cfg.checkpoint, which), str),
+            holds=lambda cfg, ctx, which=which: bool(getattr(cfg.checkpoint, which).strip()),
+            message=f"checkpoint.{which} is an empty path (an unset shell variable?): it would mean no "
+            f"checkpoint{' to resume from' if which == 'load' else 's'} without a word",
+            fix=f"give checkpoint.{which} a directory, or leave it out (null) on purpose",
+            group="checkpoint",
+        )
+        for which in ("load", "save")
     ),
     Rule(
         id="checkpoint-save-lock-usable",

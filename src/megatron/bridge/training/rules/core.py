@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import operator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
@@ -37,6 +36,9 @@ class RuleContext:
     """Whether this process runs on a GPU machine (``False`` on a CPU host: a dry run)."""
     deep_ep_available: Optional[bool] = None
     """Whether ``deep_ep`` (flex dispatcher backends) imports here; ``None``: not checked."""
+    te_nccl_ep_available: Optional[bool] = None
+    """Whether Transformer Engine's NCCL EP module (the ``ncclep`` flex backend) imports here;
+    ``None``: not checked."""
 
 
 def te_version_text(ctx: RuleContext) -> str:
@@ -99,8 +101,29 @@ class Rule:
         return Violation(self.id, names, values, self.message, self.fix, self.severity)
 
 
+RANGE_PREFIX = "range:"
+"""Rule ids of the numeric ranges (``ranges.py``): a value of the wrong type or out of range."""
+_BAD_VALUE_ERRORS = (TypeError, ValueError, ArithmeticError)
+
+
 def check_rules(
     rules: Iterable[Rule], cfg: "ConfigContainer", ctx: RuleContext
 ) -> list[Violation]:
-    """Every violation of ``rules`` by ``cfg`` (never stops at the first)."""
-    return [v for v in map(operator.methodcaller("check", cfg, ctx), rules) if v is not None]
+    """Every violation of ``rules`` by ``cfg`` (never stops at the first).
+
+    A rule that cannot even be evaluated (it compares or divides a value that is text, zero or
+    negative) is left out when a range rule among ``rules`` already reports such a value: the user
+    sees that value's problem once, with its range, instead of a crash. Otherwise its error is raised
+    (a rule that fails on valid values is a bug to see)."""
+    found, failed = [], []
+    for rule in rules:
+        try:
+            violation = rule.check(cfg, ctx)
+        except _BAD_VALUE_ERRORS as exc:
+            failed.append(exc)
+            continue
+        if violation is not None:
+            found.append(violation)
+    if failed and not any(v.rule.startswith(RANGE_PREFIX) for v in found):
+        raise failed[0]
+    return found

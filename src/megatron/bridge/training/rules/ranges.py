@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from megatron.bridge.training.rules.core import Rule, RuleContext, read_field
+from megatron.bridge.training.rules.core import RANGE_PREFIX, Rule, RuleContext, read_field
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -31,10 +31,12 @@ class FieldRange:
     high_inclusive: bool = True
     optional: bool = False
     why: str = ""
+    integer: bool = False
+    """A count or a size: a whole number (``2.0``, ``1e30`` or ``"2"`` are refused)."""
 
     @property
     def rule_id(self) -> str:
-        return f"range:{self.field}"
+        return f"{RANGE_PREFIX}{self.field}"
 
     def describe(self) -> str:
         """``>= 1``, ``> 0``, ``in [0, 1)``."""
@@ -48,11 +50,17 @@ class FieldRange:
     def allows(self, value: Any) -> bool:
         if value is None:
             return self.optional
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
+            return False
+        if isinstance(value, float) and math.isnan(value):
             return False
         if self.low is not None and (value < self.low or (value == self.low and not self.low_inclusive)):
             return False
         return self.high is None or not (value > self.high or (value == self.high and not self.high_inclusive))
+
+    @property
+    def kind(self) -> str:
+        return "a whole number" if self.integer else "a number"
 
     def example_outside(self) -> float:
         """A value this range refuses (for the tests and the docs)."""
@@ -66,7 +74,7 @@ class FieldRange:
             id=self.rule_id,
             fields=(self.field,),
             holds=lambda cfg, ctx: self.allows(read_field(cfg, self.field)),
-            message=f"{self.field} must be a number {self.describe()}{unset}" + (f": {self.why}" if self.why else ""),
+            message=f"{self.field} must be {self.kind} {self.describe()}{unset}" + (f": {self.why}" if self.why else ""),
             fix=f"set {self.field} to a value {self.describe()}",
             group="ranges",
         )
@@ -77,7 +85,7 @@ def _num(value: float) -> str:
 
 
 def _positive_int(field: str, why: str, optional: bool = False) -> FieldRange:
-    return FieldRange(field, low=1, optional=optional, why=why)
+    return FieldRange(field, low=1, optional=optional, why=why, integer=True)
 
 
 RANGES: tuple[FieldRange, ...] = (
@@ -137,7 +145,8 @@ RANGE_RULES: tuple[Rule, ...] = tuple(r.rule() for r in RANGES)
 
 def ranges_markdown() -> str:
     """The docs table of :data:`RANGES`."""
-    rows = [f"| `{r.field}` | {r.describe()}{' or null' if r.optional else ''} | {r.why} |" for r in RANGES]
+    rows = [f"| `{r.field}` | {'whole, ' if r.integer else ''}{r.describe()}{' or null' if r.optional else ''} | {r.why} |"
+            for r in RANGES]
     return "| field | allowed | why |\n|---|---|---|\n" + "\n".join(rows) + "\n"
 
 
