@@ -99,13 +99,20 @@ def gpt_dataset_config(cfg: "ConfigContainer", tokenizer: Any, platform: Optiona
     )
 
 
+def dataset_sample_counts(cfg: "ConfigContainer") -> tuple[int, int]:
+    """Samples the dataset build indexes (training, evaluation) before the first step; the size rules
+    (``training/rules/size_rules.py``) bound them."""
+    train_samples = cfg.train.train_iters * cfg.train.global_batch_size
+    eval_samples = max(cfg.train.eval_iters, 1) * cfg.train.global_batch_size
+    return train_samples, eval_samples
+
+
 def build_train_dataset(cfg: "ConfigContainer", platform: Optional[Platform] = None) -> Any:
     """The training split, sized for ``train_iters * global_batch_size`` samples."""
     tokenizer = build_tokenizer(cfg)
     ds_cfg = gpt_dataset_config(cfg, tokenizer, platform)
     cls = MockGPTDataset if cfg.dataset.is_mock else GPTDataset
-    train_samples = cfg.train.train_iters * cfg.train.global_batch_size
-    eval_samples = max(cfg.train.eval_iters, 1) * cfg.train.global_batch_size
+    train_samples, eval_samples = dataset_sample_counts(cfg)
     train, _valid, _test = BlendedMegatronDatasetBuilder(
         cls, [train_samples, eval_samples, 0], lambda: True, ds_cfg
     ).build()

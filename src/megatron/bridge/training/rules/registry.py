@@ -8,6 +8,7 @@ from megatron.bridge.training.rules.cuda_graph_rules import CUDA_GRAPH_RULES
 from megatron.bridge.training.rules.dispatch_rules import TORCH_NATIVE_DISPATCH_RULES
 from megatron.bridge.training.rules.kernel_rules import TORCH_NATIVE_KERNEL_RULES
 from megatron.bridge.training.rules.memory_rules import MEMORY_RULES
+from megatron.bridge.training.rules.size_rules import SIZE_RULES
 from megatron.bridge.training.overlap.rules import OVERLAP_RULES
 from megatron.bridge.training.rules.core import Rule
 from megatron.bridge.training.configuration.upstream_sections import UPSTREAM_SECTION_RULES
@@ -21,6 +22,7 @@ RULE_TABLES: dict[str, tuple[Rule, ...]] = {
     "torch-native-kernels": TORCH_NATIVE_KERNEL_RULES,
     "upstream-sections": UPSTREAM_SECTION_RULES,
     "memory": MEMORY_RULES,
+    "sizes": SIZE_RULES,
 }
 """Table name -> its rules (``overlap`` and ``general`` are built from smaller tables of their own
 modules: the overlap groups, and ranges, precision, run and checkpoint rules)."""
