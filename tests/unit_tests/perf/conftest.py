@@ -4,6 +4,11 @@
 import pytest
 from seed_command import README_COMMAND
 
+# The harness imports megatron-core only when it builds a config. The tests import it here, while they
+# are collected, where the package's quiet filters apply (megatron.bridge.utils.quiet), so that its
+# import-time warnings stay out of the test report (inside a test pytest resets the filters).
+import megatron.bridge.training.config  # noqa: E402,F401
+
 
 @pytest.fixture(scope="session")
 def readme_argv():

@@ -18,7 +18,7 @@ import re
 from typing import NoReturn, Optional, Sequence
 
 from megatron.bridge.training.errors import did_you_mean
-from megatron.bridge.training.flex_dispatcher_backend import FLEX_BACKENDS
+from megatron.bridge.utils.flex_backend_names import FLEX_BACKENDS
 from megatron.bridge.training.resolution.gpu_catalog import GPU_TYPES
 from megatron.bridge.training.resolution.layout import MAX_WORLD_SIZE
 

@@ -12,6 +12,10 @@ Precedence (lowest first), each layer recorded in ``cfg.provenance``:
 
 Flags are turned into dotted keys and applied through the same typed override machinery as YAML
 and CLI overrides, so a flag value is checked against the field type exactly like ``key=value``.
+
+Importing this module loads neither torch nor megatron-core: the harness imports it before it has
+read its arguments, and ``-h``, a mistyped flag or an unknown recipe are answered without them. The
+override machinery, the resolution and the recipe itself load on first use (each such import says so).
 """
 
 from __future__ import annotations
@@ -23,8 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-import torch
-
 from megatron.bridge.perf.argument_parser import COMPUTE_DTYPES, PLAIN_ALLTOALL
 from megatron.bridge.perf.recipe_lookup import (
     RecipeChoice,
@@ -33,13 +35,9 @@ from megatron.bridge.perf.recipe_lookup import (
     minimum_world_size,
     scaled_global_batch_size,
 )
-from megatron.bridge.training.telemetry.metrics import default_log_dir
 from megatron.bridge.training.rules.core import RuleContext, read_field
-from megatron.bridge.training.flex_dispatcher_backend import dispatcher_fields
 from megatron.bridge.training.loop.checkpoint_dir import inspect_checkpoint_dir
-from megatron.bridge.training.resolution.finalize import default_rule_context, resolve_config
 from megatron.bridge.training.resolution.layout import MAX_WORLD_SIZE, layout_within
-from megatron.bridge.training.utils.omegaconf_utils import apply_overrides, load_yaml
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -146,6 +144,9 @@ def apply_layer(cfg: "ConfigContainer", values: "Mapping[str, Any] | Sequence[st
     """Apply dotted values (mapping or ``key=value`` strings) as layer ``source``; typed, all errors."""
     if not values:
         return cfg
+    # Deferred: the override machinery imports the configuration classes (torch and megatron-core).
+    from megatron.bridge.training.utils.omegaconf_utils import apply_overrides
+
     return apply_overrides(cfg, nest(values) if isinstance(values, Mapping) else list(values), source=source)
 
 
@@ -171,6 +172,9 @@ def flex_dispatcher_values(backend: str) -> dict[str, Any]:
     """Model fields of ``--moe_flex_dispatcher_backend``: the dispatcher choice of
     ``dispatcher_fields`` (flex with the backend, or plain alltoall). Whether the backend runs on the
     target GPU is checked with every other rule when the config is resolved."""
+    # Deferred: the flex helpers import the configuration classes (torch and megatron-core).
+    from megatron.bridge.training.flex_dispatcher_backend import dispatcher_fields
+
     chosen = dispatcher_fields(None if backend == PLAIN_ALLTOALL else backend)
     return {f"model.{name}": value for name, value in chosen.items()}
 
@@ -212,6 +216,9 @@ def computed_values(cfg: "ConfigContainer", recipe: RecipeChoice, recipe_cfg: "C
         if gbs != cfg.train.global_batch_size:
             values["train.global_batch_size"] = gbs
     if cfg.logger.log_dir is None:
+        # Deferred: the metrics module is the ranks' logger and imports torch and megatron-core.
+        from megatron.bridge.training.telemetry.metrics import default_log_dir
+
         values["logger.log_dir"] = default_log_dir(recipe.function_name.removesuffix("_config"))
     if procs_per_gpu > 1 and cfg.dist.distributed_backend is None and cfg.dist.device != "cpu":
         values["dist.distributed_backend"] = "gloo"
@@ -294,6 +301,9 @@ def build_config(
     recipe_cfg = recipe.factory()
     cfg = copy.deepcopy(recipe_cfg)
     if args.config_file:
+        # Deferred: the YAML reader imports the configuration classes (torch and megatron-core).
+        from megatron.bridge.training.utils.omegaconf_utils import load_yaml
+
         cfg = apply_layer(cfg, load_yaml(args.config_file), "yaml")
 
     flags = flag_values(args)
@@ -343,11 +353,17 @@ def build_config(
 # --------------------------------------------------------------------------------------------- resolve
 def rule_context(built: BuiltConfig) -> "RuleContext":
     """Validation facts: world size of the job and the ``-g`` target GPU (not this machine's)."""
+    # Deferred: the resolution imports every rule table, the configuration and megatron-core.
+    from megatron.bridge.training.resolution.finalize import default_rule_context
+
     return default_rule_context(built.world_size, target_gpu=built.target_gpu)
 
 
 def resolution_of(built: BuiltConfig) -> "Resolution":
     """The one resolution of the job's config; raises ``ConfigError`` listing every violation."""
+    # Deferred: as in rule_context.
+    from megatron.bridge.training.resolution.finalize import resolve_config
+
     return resolve_config(built.cfg, ctx=rule_context(built)).raise_for_errors()
 
 
@@ -399,6 +415,9 @@ def gpus_visible() -> int:
     """GPUs this process can see (0 without CUDA); does not need a process group."""
     if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
         return 0
+    # Deferred: only a launch on this machine asks, and torch takes seconds to import.
+    import torch
+
     try:
         return torch.cuda.device_count()
     except Exception:  # pragma: no cover - a broken driver counts as no GPU

@@ -5,17 +5,24 @@ it exists for the requested GPU count (its layout and batch are tuned for that c
 the generic ``<mr>_<task>_config`` is used, its parallel layout must divide ``-ng``, and its global
 batch is scaled with the data-parallel size the way Megatron-Bridge's harness does: the recipe's batch
 is meant for the recipe's own reference GPU count.
+
+A name is looked up in the family package's source first (:func:`declared_recipe_names`), so an
+unknown ``-m``/``-mr`` is answered without importing the recipes, which import torch and
+megatron-core (seconds); only a recipe that exists is imported.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import math
 import pkgutil
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
 from megatron.bridge.training.errors import did_you_mean
 from megatron.bridge.training.resolution.layout import expert_parallel_span, model_parallel_size
@@ -59,6 +66,33 @@ def available_families() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_"))
 
 
+def declared_recipe_names(family: str) -> Optional[set[str]]:
+    """The public ``*_config`` names the family package binds (defines, imports or assigns), read from
+    its ``__init__`` source without running it; ``None`` when the source cannot say (no source file,
+    a star import, a module ``__getattr__``), and the package is then imported to find out."""
+    spec = importlib.util.find_spec(f"{RECIPES_PACKAGE}.{family}")
+    origin = spec.origin if spec is not None else None
+    if not origin or not origin.endswith(".py"):
+        return None
+    try:
+        tree = ast.parse(Path(origin).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(alias.name == "*" for alias in node.names):
+                return None
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == "__getattr__":
+                return None
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return {name for name in names if name.endswith("_config") and not name.startswith("_")}
+
+
 def recipe_functions(module: ModuleType) -> dict[str, Callable[[], "ConfigContainer"]]:
     """Public ``*_config`` callables of a family package."""
     return {
@@ -68,12 +102,12 @@ def recipe_functions(module: ModuleType) -> dict[str, Callable[[], "ConfigContai
     }
 
 
-def _family_module(family: str) -> ModuleType:
-    """The recipe package ``-m`` names; only a name on :func:`available_families` is imported
-    (``-m qwen.sub`` or ``-m ..training`` is refused by its text, never tried as a module path)."""
+def _check_family(family: str) -> None:
+    """Refuse a ``-m`` that is not on :func:`available_families` (``-m qwen.sub`` or ``-m ..training``
+    is refused by its text, never tried as a module path); nothing is imported."""
     families = available_families()
     if family in families:
-        return importlib.import_module(f"{RECIPES_PACKAGE}.{family}")
+        return
     hint = did_you_mean(family, families, prefix="-m ")
     raise RecipeLookupError(
         f"[{FAMILY_RULE}] unknown model family {short_text(family, 80)!r} (-m); {hint + ' ' if hint else ''}"
@@ -81,7 +115,7 @@ def _family_module(family: str) -> ModuleType:
     )
 
 
-def describe_recipes(functions: dict[str, Callable]) -> str:
+def describe_recipes(functions: Iterable[str]) -> str:
     """Human list of the recipes of a family: ``-mr`` / ``--task`` / GPU-specific variants."""
     lines = []
     for name in sorted(functions):
@@ -93,8 +127,8 @@ def describe_recipes(functions: dict[str, Callable]) -> str:
     return "\n".join(lines)
 
 
-def recipe_names(functions: dict[str, Callable]) -> dict[str, set[str]]:
-    """``-mr`` name -> the ``--task`` values it has, from a family's recipe functions."""
+def recipe_names(functions: Iterable[str]) -> dict[str, set[str]]:
+    """``-mr`` name -> the ``--task`` values it has, from a family's recipe function names."""
     names: dict[str, set[str]] = {}
     for name in functions:
         m = _GPU_VARIANT.match(name)
@@ -104,7 +138,7 @@ def recipe_names(functions: dict[str, Callable]) -> dict[str, set[str]]:
     return names
 
 
-def recipe_hint(recipe: str, task: str, functions: dict[str, Callable]) -> str:
+def recipe_hint(recipe: str, task: str, functions: Iterable[str]) -> str:
     """What the user probably meant: the same ``-mr`` with another ``--task``, or close spellings."""
     names = recipe_names(functions)
     if recipe in names:
@@ -121,10 +155,15 @@ def reference_num_gpus(factory: Callable) -> Optional[int]:
 
 
 def lookup_recipe(family: str, recipe: str, task: str, num_gpus: Optional[int] = None) -> RecipeChoice:
-    """Find the recipe function for ``-m/-mr/--task`` (GPU-count variant first)."""
-    module = _family_module(family)
-    functions = recipe_functions(module)
+    """Find the recipe function for ``-m/-mr/--task`` (GPU-count variant first); the family is
+    imported only when its source declares one of the names asked for."""
+    _check_family(family)
     candidates = ([f"{recipe}_{task}_{num_gpus}gpu_config"] if num_gpus else []) + [f"{recipe}_{task}_config"]
+    declared = declared_recipe_names(family)
+    if declared is not None and not declared.intersection(candidates):
+        raise RecipeLookupError(_not_found(family, recipe, task, candidates, declared))
+    module = importlib.import_module(f"{RECIPES_PACKAGE}.{family}")
+    functions = recipe_functions(module)
     for name in candidates:
         if name in functions:
             factory = functions[name]
@@ -137,14 +176,17 @@ def lookup_recipe(family: str, recipe: str, task: str, num_gpus: Optional[int] =
                 gpu_specific=gpu_specific,
                 reference_num_gpus=num_gpus if gpu_specific else reference_num_gpus(factory),
             )
-    variants = sorted(n for n in functions if n.startswith(f"{recipe}_{task}_") and _GPU_VARIANT.match(n))
+    raise RecipeLookupError(_not_found(family, recipe, task, candidates, set(functions)))
+
+
+def _not_found(family: str, recipe: str, task: str, candidates: list[str], names: set[str]) -> str:
+    """Why none of ``candidates`` is among the family's recipe ``names``, with what exists."""
+    variants = sorted(n for n in names if n.startswith(f"{recipe}_{task}_") and _GPU_VARIANT.match(n))
     hint = f"; GPU-count-specific variants exist: {', '.join(variants)}" if variants else ""
-    close = "" if variants else recipe_hint(recipe, task, functions)
+    close = "" if variants else recipe_hint(recipe, task, names)
     hint += f"; {close}" if close else ""
-    head = f"no recipe {candidates[-1]!r} in {module.__name__} (-m {family} -mr {recipe} --task {task}){hint}"
-    raise RecipeLookupError(
-        f"{head}{'' if head.endswith('?') else '.'}\nAvailable recipes:\n{describe_recipes(functions)}"
-    )
+    head = f"no recipe {candidates[-1]!r} in {RECIPES_PACKAGE}.{family} (-m {family} -mr {recipe} --task {task}){hint}"
+    return f"{head}{'' if head.endswith('?') else '.'}\nAvailable recipes:\n{describe_recipes(names)}"
 
 
 def minimum_world_size(cfg: "ConfigContainer") -> int:

@@ -110,24 +110,17 @@ def refuse_gpu_run_without_gpu(resolved: "ConfigContainer") -> None:
 
 
 def pretrain(
-    config: Optional["ConfigContainer"] = None,
-    forward_step_func: Optional[Callable[..., Any]] = None,
-    callbacks: Any = None,
-    *,
-    verbose: bool = False,
-    cfg: Optional["ConfigContainer"] = None,
+    config: Optional["ConfigContainer"] = None, forward_step_func: Optional[Callable[..., Any]] = None,
+    callbacks: Any = None, *, verbose: bool = False, cfg: Optional["ConfigContainer"] = None,
 ) -> PretrainResult:
     """Train ``config`` with megatron-core; returns the losses/step times (summary on rank 0).
 
-    Megatron-Bridge's signature: ``pretrain(config, forward_step_func, callbacks=None)``, positionally
-    or by keyword (``cfg=`` is this package's older keyword for ``config``). ``callbacks`` other than
-    none are refused (this loop calls no callbacks), as is a config that is not a ``ConfigContainer``:
-    an ``ArgumentError`` (a ``TypeError``) before any work (``loop/pretrain_arguments.py``).
+    Megatron-Bridge's signature (``cfg=``: the older keyword of ``config``); what cannot work, callbacks
+    among it, is refused before any work (``loop/pretrain_arguments.py``).
     SIGTERM/SIGINT stop the run between two steps (all ranks at the same iteration) and save once.
     ``verbose`` prints the full overlap report at start-up instead of its brief form.
-    ``forward_step_func`` (default: the GPT forward step) may take ``(data_iterator, model,
-    return_schedule_plan=False)`` or, as in Megatron-Bridge, ``(state, data_iterator, model,
-    return_schedule_plan=False)``.
+    ``forward_step_func`` may take ``(data_iterator, model, return_schedule_plan=False)`` or, as in
+    Megatron-Bridge, ``(state, data_iterator, model, return_schedule_plan=False)``.
     """
     cfg, forward_step_func = checked_pretrain_arguments(config, cfg, forward_step_func, callbacks)
     env = initialize.launch_env()

@@ -18,8 +18,6 @@ import subprocess
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-import torch
-
 if TYPE_CHECKING:
     from megatron.bridge.training.rules.core import RuleContext
 
@@ -140,6 +138,10 @@ def visible_gpu() -> tuple[Optional[tuple[int, int]], Optional[str]]:
 
 @functools.cache
 def _probe_visible_gpu() -> tuple[Optional[tuple[int, int]], Optional[str]]:
+    # Deferred: torch takes seconds to import, and the harness reads the GPU types (its -g choices)
+    # from this module before it knows whether it will build a config at all (-h, a mistyped flag).
+    import torch
+
     try:
         if not torch.cuda.is_available():
             return None, None
