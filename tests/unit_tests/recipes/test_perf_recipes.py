@@ -79,6 +79,16 @@ def test_both_import_paths_give_the_same_function(name):
     assert perf_recipe(name) is getattr(qwen3_moe_perf, name)
 
 
+@pytest.mark.parametrize("name, gpu", PERF_RECIPES)
+def test_megatron_bridge_s_package_paths_give_the_same_function(name, gpu):
+    """``perf_recipes`` is a package laid out as Megatron-Bridge's: family, GPU type, module."""
+    import importlib
+
+    for path in ("megatron.bridge.perf_recipes.qwen", f"megatron.bridge.perf_recipes.qwen.{gpu}",
+                 f"megatron.bridge.perf_recipes.qwen.{gpu}.qwen3_moe"):
+        assert getattr(importlib.import_module(path), name) is getattr(qwen3_moe_perf, name), path
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_each_call_returns_a_new_container(name):
     first, second = perf_recipe(name)(), perf_recipe(name)()

@@ -8,6 +8,7 @@ from packaging.version import Version
 from overlap_helpers import ep_overlap_cfg, set_fields
 
 from megatron.bridge.training import mixed_precision as mp
+from megatron.bridge.training.errors import ConfigError
 from megatron.bridge.training.resolution.finalize import resolve_config
 from megatron.bridge.training.mixed_precision import MixedPrecisionConfig, get_mixed_precision_config
 from megatron.bridge.training.rules.mixed_precision_rules import PRECISION_RULES
@@ -66,9 +67,51 @@ def test_a_config_object_is_returned_as_it_is() -> None:
 
 
 @pytest.mark.parametrize("name", ["bf16_mixd", "nope", ""])
-def test_unknown_name_is_a_value_error(name) -> None:
-    with pytest.raises(ValueError, match="unknown mixed-precision recipe"):
+def test_unknown_name_is_a_value_error_with_megatron_bridge_s_sentence(name) -> None:
+    """Megatron-Bridge's sentence, verbatim, inside a typed error naming the field, value and fix."""
+    with pytest.raises(ValueError, match="Unknown mixed-precision recipe") as info:
         get_mixed_precision_config(name)
+    err = info.value
+    assert isinstance(err, KeyError) and isinstance(err, ConfigError)
+    assert [(v.rule, v.fields, v.values) for v in err.violations] == [("mixed-precision-known", ("mixed_precision",),
+                                                                        (name,))]
+    assert "Available recipes: bf16_mixed" in str(err) and "fix:" in str(err)
+
+
+def test_unknown_name_in_a_config_is_reported_in_megatron_bridge_s_words() -> None:
+    cfg = set_fields(ep_overlap_cfg(), {"mixed_precision": "bf17_mixed"})
+    with pytest.raises(ValueError, match="Unknown mixed-precision recipe"):
+        cfg.validate()
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_the_recipe_table_answers_for_the_hyphenated_name(name) -> None:
+    hyphenated = name.replace("_", "-")
+    table = mp.MIXED_PRECISION_RECIPES
+    assert hyphenated in table and table[hyphenated] is table[name] and table.get(hyphenated) is table[name]
+    assert hyphenated not in list(table)  # each recipe is listed once, by its underscore name
+
+
+# recipe name -> the pipeline dtype it sets (model.pipeline_dtype)
+PIPELINE_DTYPES = {"bf16_mixed": torch.bfloat16, "fp16_mixed": torch.half,
+                   "bf16_with_fp8_current_scaling_mixed": torch.bfloat16, "fp16_with_mxfp8_mixed": torch.half}
+
+
+@pytest.mark.parametrize("name, dtype", PIPELINE_DTYPES.items(), ids=list(PIPELINE_DTYPES))
+def test_recipe_sets_the_pipeline_dtype(name, dtype) -> None:
+    assert getattr(mp, name)().pipeline_dtype == dtype
+    assert get_mixed_precision_config(name.replace("_", "-")).pipeline_dtype == dtype
+    cfg = set_fields(ep_overlap_cfg(), {"mixed_precision": name, "comm_overlap.overlap_moe_expert_parallel_comm": False})
+    assert resolve_config(cfg).effective.model.pipeline_dtype == dtype
+
+
+@pytest.mark.parametrize("pipeline_dtype, expected", [(None, torch.bfloat16), (torch.float32, torch.float32)])
+def test_a_config_object_s_pipeline_dtype_reaches_the_model(pipeline_dtype, expected) -> None:
+    """``None`` sends activations between stages in ``params_dtype``; a dtype given is used."""
+    precision = MixedPrecisionConfig(bf16=True, pipeline_dtype=pipeline_dtype)
+    cfg = set_fields(ep_overlap_cfg(), {"mixed_precision": precision,
+                                        "comm_overlap.overlap_moe_expert_parallel_comm": False})
+    assert resolve_config(cfg).effective.model.pipeline_dtype == expected
 
 
 @pytest.mark.parametrize("name", ["bf16-mixed", "nemotron_h_bf16_with_fp8_current_scaling_mixed"])

@@ -71,9 +71,40 @@ def test_excluded_fields_with_or_without_the_root_prefix_are_restored(cfg, key) 
 )
 def test_a_missing_config_file_is_a_file_not_found_error(tmp_path, call) -> None:
     missing = tmp_path / "absent.yaml"
-    with pytest.raises(FileNotFoundError) as info:
+    with pytest.raises(FileNotFoundError, match="Config file not found") as info:  # Megatron-Bridge's sentence
         call(missing)
     assert isinstance(info.value, OverrideError) and str(missing) in str(info.value)
+    assert [v.rule for v in info.value.violations] == ["yaml-missing"] and "fix:" in str(info.value)
+
+
+def _yaml(tmp_path, text: str):
+    path = tmp_path / "over.yaml"
+    path.write_text(text)
+    return path
+
+
+# case -> (YAML text or None, dotted overrides, {field: value after})
+IN_PLACE = {
+    "overrides": (None, ["train.train_iters=7"], {"train_iters": 7, "global_batch_size": 8}),
+    "file then overrides": ("train:\n  global_batch_size: 16\n", ["train.train_iters=7"],
+                            {"train_iters": 7, "global_batch_size": 16}),
+    "file only": ("train:\n  global_batch_size: 16\n", None, {"train_iters": 10, "global_batch_size": 16}),
+}
+
+
+@pytest.mark.parametrize("case", list(IN_PLACE))
+def test_process_config_with_overrides_updates_the_config_it_was_given(tmp_path, case) -> None:
+    """Megatron-Bridge's behaviour: the same object comes back, updated. All or nothing: a later
+    call whose good file is followed by a bad override leaves it as it was."""
+    text, overrides, expected = IN_PLACE[case]
+    cfg = qwen3_moe_tiny_pretrain_config()
+    result = process_config_with_overrides(cfg, _yaml(tmp_path, text) if text else None, overrides)
+    assert result is cfg
+    assert {name: getattr(cfg.train, name) for name in expected} == expected
+    with pytest.raises(OverrideError):
+        process_config_with_overrides(cfg, _yaml(tmp_path, "train:\n  global_batch_size: 32\n"),
+                                      ["train.train_itres=9"])
+    assert {name: getattr(cfg.train, name) for name in expected} == expected
 
 
 @pytest.mark.parametrize("cls", [OverridesError, OverrideError])

@@ -111,6 +111,8 @@ CASES = {
         {}, _set(**{"model.pipeline_model_parallel_size": 5}),
         _set(**{"model.pipeline_model_parallel_size": 4})),
     "vocab-size-set": ({}, _set(**{"model.vocab_size": None}), _set(**{"model.vocab_size": 32000})),
+    "tokenizer-vocab-fits-model": (
+        {}, _set(**{"tokenizer.vocab_size": 151937}), _set(**{"tokenizer.vocab_size": 151936})),
     "hf-tokenizer-needs-model": (
         {}, _set(**{"tokenizer.tokenizer_type": "HuggingFaceTokenizer"}),
         _set(**{"tokenizer.tokenizer_type": "HuggingFaceTokenizer", "tokenizer.tokenizer_model": "/tok"})),

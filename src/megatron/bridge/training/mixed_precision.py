@@ -15,11 +15,16 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 
-from megatron.bridge.training.errors import did_you_mean
+from megatron.bridge.training.errors import ConfigError, Violation, did_you_mean
 from megatron.bridge.utils.strict_fields import StrictFields
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
+
+
+def canonical_name(name: str) -> str:
+    """``bf16-mixed`` -> ``bf16_mixed``: both spellings name one recipe."""
+    return name.replace("-", "_")
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,9 @@ class MixedPrecisionRecipe:
     fp4: Optional[str] = None
     """FP4 compute format (``e2m1``); needs Transformer Engine on a Blackwell GPU."""
     fp4_recipe: str = "nvfp4"
+    pipeline_dtype: Optional[torch.dtype] = None
+    """dtype of the activations sent between pipeline stages (``model.pipeline_dtype``); every recipe
+    of the table sets it, and :meth:`MixedPrecisionConfig.as_recipe` fills it in."""
 
     @property
     def needs_transformer_engine(self) -> bool:
@@ -50,8 +58,8 @@ class MixedPrecisionRecipe:
         return self.fp8 is not None or self.fp4 is not None
 
 
-_BF16 = dict(bf16=True, fp16=False, params_dtype=torch.bfloat16, grad_reduce_in_fp32=True)
-_FP16 = dict(bf16=False, fp16=True, params_dtype=torch.half, grad_reduce_in_fp32=False)
+_BF16 = dict(bf16=True, fp16=False, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, grad_reduce_in_fp32=True)
+_FP16 = dict(bf16=False, fp16=True, params_dtype=torch.half, pipeline_dtype=torch.half, grad_reduce_in_fp32=False)
 _DELAYED = dict(fp8="hybrid", fp8_recipe="delayed", fp8_amax_history_len=1024, fp8_amax_compute_algo="max")
 _MXFP8 = dict(fp8="e4m3", fp8_recipe="mxfp8")
 _CURRENT = dict(fp8="hybrid", fp8_recipe="tensorwise", first_last_layers_bf16=True,
@@ -60,10 +68,27 @@ _SUBCHANNEL = dict(fp8="hybrid", fp8_recipe="blockwise")
 _NVFP4 = dict(fp4="e2m1", fp4_recipe="nvfp4")
 _EDGE_2 = dict(first_last_layers_bf16=True, num_layers_at_start_in_bf16=2, num_layers_at_end_in_bf16=2)
 
-MIXED_PRECISION_RECIPES: dict[str, MixedPrecisionRecipe] = {
+class RecipeTable(dict):
+    """The recipe table: a ``dict`` keyed by the underscore names whose lookups (``in``, ``[]``,
+    ``get``) also take the hyphenated spelling (``"bf16-mixed" in MIXED_PRECISION_RECIPES``), so the
+    table answers for every name :func:`get_mixed_precision_config` accepts. Iteration lists each
+    recipe once, by its underscore name."""
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and super().__contains__(canonical_name(name))
+
+    def __getitem__(self, name: str) -> "MixedPrecisionRecipe":
+        return super().__getitem__(canonical_name(name) if isinstance(name, str) else name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The recipe called ``name`` (either spelling), else ``default``."""
+        return self[name] if name in self else default
+
+
+MIXED_PRECISION_RECIPES: RecipeTable = RecipeTable({
     "bf16_mixed": MixedPrecisionRecipe(**_BF16),
     "fp16_mixed": MixedPrecisionRecipe(**_FP16),
-    "fp32": MixedPrecisionRecipe(False, False, torch.float32, False),
+    "fp32": MixedPrecisionRecipe(False, False, torch.float32, False, pipeline_dtype=torch.float32),
     "bf16_with_fp8_delayed_scaling_mixed": MixedPrecisionRecipe(**_BF16, **_DELAYED),
     "fp16_with_fp8_delayed_scaling_mixed": MixedPrecisionRecipe(**_FP16, **_DELAYED),
     "bf16_with_fp8_current_scaling_mixed": MixedPrecisionRecipe(**_BF16, **_CURRENT),
@@ -80,24 +105,26 @@ MIXED_PRECISION_RECIPES: dict[str, MixedPrecisionRecipe] = {
     "nemotron_3_super_bf16_with_nvfp4_mixed": MixedPrecisionRecipe(
         **_BF16, **_NVFP4, first_last_layers_bf16=True, num_layers_at_end_in_bf16=14
     ),
-}
+})
 """Every precision recipe by name; the recipe functions below and ``cfg.mixed_precision="<name>"``
 read this one table (hyphens may stand for underscores: ``bf16-mixed``)."""
 
 
-def canonical_name(name: str) -> str:
-    """``bf16-mixed`` -> ``bf16_mixed``: both spellings name one recipe."""
-    return name.replace("-", "_")
-
-
-class UnknownMixedPrecisionError(ValueError, KeyError):
+class UnknownMixedPrecisionError(ConfigError, KeyError):
     """A recipe name that is not in :data:`MIXED_PRECISION_RECIPES`, with the closest names. A
-    ``ValueError`` (Megatron-Bridge's error for it) and a ``KeyError`` (a failed table lookup)."""
+    ``ConfigError`` (so a ``ValueError``, Megatron-Bridge's error for it; its text carries
+    Megatron-Bridge's sentence "Unknown mixed-precision recipe") and a ``KeyError`` (a failed table
+    lookup)."""
 
-    def __init__(self, name: str) -> None:
-        close = did_you_mean(canonical_name(name), MIXED_PRECISION_RECIPES)
-        fix = close or f"use one of {sorted(MIXED_PRECISION_RECIPES)}"
-        super().__init__(f"unknown mixed-precision recipe {name!r}: {fix}")
+    def __init__(self, name: Any) -> None:
+        known = sorted(MIXED_PRECISION_RECIPES)
+        close = did_you_mean(canonical_name(name), known) if isinstance(name, str) else None
+        fix = close or "use one of the recipes listed, or pass a MixedPrecisionConfig"
+        violation = Violation(
+            "mixed-precision-known", ("mixed_precision",), (name,),
+            f"Unknown mixed-precision recipe {name!r}. Available recipes: {', '.join(known)}.", fix,
+        )
+        super().__init__([violation], "Unknown mixed-precision recipe")
         self.name = name
 
     def __str__(self) -> str:
@@ -126,6 +153,9 @@ class MixedPrecisionConfig(StrictFields):
     fp4: Optional[str] = None
     """FP4 compute format (``e2m1``); needs Transformer Engine on a Blackwell GPU."""
     fp4_recipe: str = "nvfp4"
+    pipeline_dtype: Optional[torch.dtype] = None
+    """dtype of the activations sent between pipeline stages (``model.pipeline_dtype``); ``None``:
+    ``params_dtype``."""
 
     @classmethod
     def from_name(cls, name: str) -> "MixedPrecisionConfig":
@@ -141,6 +171,8 @@ class MixedPrecisionConfig(StrictFields):
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(MixedPrecisionRecipe)}
         if values["params_dtype"] is None:
             values["params_dtype"] = torch.bfloat16 if self.bf16 else torch.half if self.fp16 else torch.float32
+        if values["pipeline_dtype"] is None:
+            values["pipeline_dtype"] = values["params_dtype"]
         return MixedPrecisionRecipe(**values)
 
 
@@ -160,7 +192,7 @@ PRECISION_TARGETS: dict[str, str] = {
     "model.bf16": "bf16",
     "model.fp16": "fp16",
     "model.params_dtype": "params_dtype",
-    "model.pipeline_dtype": "params_dtype",
+    "model.pipeline_dtype": "pipeline_dtype",
     "model.fp8": "fp8",
     "model.fp8_recipe": "fp8_recipe",
     "model.first_last_layers_bf16": "first_last_layers_bf16",

@@ -8,6 +8,10 @@ The published-model recipes train with Megatron-Bridge's pretraining values (run
 weight-decay schedule, Adam epsilon, manual garbage collection); the values that need an optional
 package (a Hugging Face tokenizer download, DeepEP/HybridEP, Transformer Engine kernels) are left
 at what runs without it. ``docs/compatibility.md`` lists each difference.
+
+Called without arguments a recipe is as written here; Megatron-Bridge's earlier keyword arguments
+(``mock=True``, ``train_iters=...``, ``tensor_model_parallel_size=...``, ``dir=...``) are applied to
+the fields they stand for or refused with the reason (``recipes/recipe_arguments.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
 
 from megatron.bridge.models.gpt_provider import GPTModelProvider
+from megatron.bridge.recipes.recipe_arguments import RECIPE_WARMUP_ITERS, takes_upstream_arguments
 from megatron.bridge.models.qwen import (
     Qwen3MoEModelProvider,
     Qwen3MoEModelProvider30B_A3B,
@@ -65,7 +70,7 @@ def _pretrain_config(
     train_iters: int = 300_000,
     lr: float = 3e-4,
     min_lr: float = 3e-5,
-    lr_warmup_iters: int = 500,
+    lr_warmup_iters: int = RECIPE_WARMUP_ITERS,
 ) -> ConfigContainer:
     """Shared pretraining defaults: Adam, cosine decay, distributed optimizer, mock data."""
     return ConfigContainer(
@@ -156,6 +161,7 @@ def _alltoall(model: GPTModelProvider) -> GPTModelProvider:
 
 
 @written_for_gpus(16)
+@takes_upstream_arguments(hf_path="Qwen/Qwen3-30B-A3B")
 def qwen3_30b_a3b_pretrain_config() -> ConfigContainer:
     """Qwen3-30B-A3B on 16 GPUs: TP1/PP1/EP16, GBS 1024, MBS 1, seq 4096."""
     model = _alltoall(_layout(Qwen3MoEModelProvider30B_A3B(), tp=1, pp=1, ep=16))
@@ -163,6 +169,7 @@ def qwen3_30b_a3b_pretrain_config() -> ConfigContainer:
 
 
 @written_for_gpus(8)
+@takes_upstream_arguments(hf_path="Qwen/Qwen3-30B-A3B")
 def qwen3_30b_a3b_pretrain_8gpu_config() -> ConfigContainer:
     """Qwen3-30B-A3B on 8 GPUs: TP4/PP2/EP4 (sequence parallel on), GBS 1024, MBS 1, seq 4096."""
     model = _alltoall(_layout(Qwen3MoEModelProvider30B_A3B(), tp=4, pp=2, ep=4))
@@ -170,6 +177,7 @@ def qwen3_30b_a3b_pretrain_8gpu_config() -> ConfigContainer:
 
 
 @written_for_gpus(256)
+@takes_upstream_arguments(hf_path="Qwen/Qwen3-235B-A22B")
 def qwen3_235b_a22b_pretrain_config() -> ConfigContainer:
     """Qwen3-235B-A22B on 256 GPUs: TP4/PP16/CP2/EP8, GBS 1024, MBS 1, seq 4096.
 
@@ -182,6 +190,7 @@ def qwen3_235b_a22b_pretrain_config() -> ConfigContainer:
 
 
 @written_for_gpus(1)
+@takes_upstream_arguments(hf_path=None)
 def qwen3_moe_tiny_pretrain_config() -> ConfigContainer:
     """A 2-layer Qwen3-MoE-shaped model (hidden 128, 8 experts top-2, vocab 1024, seq 128).
 

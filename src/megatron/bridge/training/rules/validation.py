@@ -60,6 +60,11 @@ def _window_ok(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     return len(w) == 2 and all(isinstance(i, int) for i in w) and 1 <= w[0] <= w[1]
 
 
+def _whole(value: object) -> bool:
+    """An ``int`` (not a ``bool``): a size a comparison can use (others are the range rules' to report)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _is_moe(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     return bool(cfg.model.num_moe_experts)
 
@@ -69,7 +74,7 @@ CONFIG_RULES: tuple[Rule, ...] = (
         id="mixed-precision-known",
         fields=("mixed_precision",),
         holds=lambda cfg, ctx: is_known_setting(cfg.mixed_precision),
-        message="unknown mixed-precision recipe",
+        message="Unknown mixed-precision recipe",
         fix=f"use one of {sorted(MIXED_PRECISION_RECIPES)}, a MixedPrecisionConfig, or null (no recipe: "
         "the dtype flags of model, optimizer and DDP stand as set)",
     ),
@@ -303,10 +308,24 @@ CONFIG_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         id="vocab-size-set",
-        fields=("model.vocab_size",),
+        fields=("model.vocab_size", "tokenizer.tokenizer_type", "tokenizer.vocab_size"),
         holds=lambda cfg, ctx: cfg.model.vocab_size is not None and cfg.model.vocab_size > 0,
-        message="the model needs a vocabulary size",
-        fix="set model.vocab_size (e.g. 151936 for Qwen3)",
+        message="the model needs a vocabulary size: model.vocab_size, or with model.vocab_size unset the "
+        "NullTokenizer's tokenizer.vocab_size (a Hugging Face tokenizer's is read only when it is loaded, "
+        "after the checks made before launch)",
+        fix="set model.vocab_size (e.g. 151936 for Qwen3; at least the tokenizer's vocabulary), or "
+        "tokenizer.vocab_size with tokenizer.tokenizer_type=NullTokenizer",
+    ),
+    Rule(
+        id="tokenizer-vocab-fits-model",
+        fields=("tokenizer.vocab_size", "model.vocab_size"),
+        applies=lambda cfg, ctx: cfg.tokenizer.tokenizer_type == "NullTokenizer"
+        and _whole(cfg.tokenizer.vocab_size) and _whole(cfg.model.vocab_size),
+        holds=lambda cfg, ctx: cfg.tokenizer.vocab_size <= cfg.model.vocab_size,
+        message="Model vocab_size cannot be smaller than tokenizer's vocab_size: the token ids past "
+        "model.vocab_size (the end-of-document id among them) would have no embedding",
+        fix="raise model.vocab_size to at least tokenizer.vocab_size, or unset tokenizer.vocab_size "
+        "(the NullTokenizer then uses model.vocab_size)",
     ),
     Rule(
         id="hf-tokenizer-needs-model",

@@ -7,7 +7,8 @@ and ``=1`` on a bool field is a real ``True``. A field that is a copy of another
 ``model.overlap_moe_expert_parallel_comm``, owned by ``comm_overlap.overlap_moe_expert_parallel_comm``)
 cannot be set to anything but its owner's value: the override is refused with the owner's name.
 
-Every entry point works on a copy and returns it: on error the caller's config is unchanged, and
+Every entry point works on a copy (``process_config_with_overrides`` then writes the result into the
+config it was given, as Megatron-Bridge's does): on error the caller's config is unchanged, and
 all problems are reported together in one :class:`OverrideError` (also importable under
 Megatron-Bridge's name, ``OverridesError``). The work is done by ``typed_values`` (one value),
 ``overrides`` (a layer of overrides), ``yaml_io`` (files) and ``hydra_overrides`` (Megatron-Bridge's
@@ -17,9 +18,10 @@ forms, and ``apply_overrides(cfg, overrides, excluded_fields)``, which updates `
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.errors import ConfigFileNotFoundError, OverrideError, OverridesError
@@ -38,13 +40,27 @@ def process_config_with_overrides(
     config_filepath: Optional[Union[str, Path]] = None,
     cli_overrides: Optional[Sequence[str]] = None,
 ) -> ConfigContainer:
-    """Apply a YAML file first, then dotted CLI overrides; return the updated copy of ``cfg``
-    (:class:`ConfigFileNotFoundError`, a ``FileNotFoundError``, when the file is missing)."""
+    """Apply a YAML file first, then dotted CLI overrides, to ``cfg`` itself, and return ``cfg``
+    (Megatron-Bridge's behaviour). All or nothing: both layers are applied to a copy first, so when
+    either fails (:class:`OverrideError`; :class:`ConfigFileNotFoundError`, a ``FileNotFoundError``,
+    for a missing file) ``cfg`` is unchanged. ``cfg`` may be a ``ConfigContainer`` or any config
+    dataclass."""
+    updated = cfg
     if config_filepath is not None:
-        cfg = apply_overrides(cfg, load_yaml(config_filepath), source="yaml")
+        updated = apply_overrides(updated, load_yaml(config_filepath), source="yaml")
     if cli_overrides:
-        cfg = apply_overrides(cfg, list(cli_overrides), source="cli")
+        updated = apply_overrides(updated, list(cli_overrides), source="cli")
+    if updated is not cfg:
+        _take_fields(cfg, updated)
     return cfg
+
+
+def _take_fields(cfg: Any, updated: Any) -> None:
+    """Give ``cfg`` every top-level field of ``updated`` (its updated copy) that differs."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(updated, f.name)
+        if getattr(cfg, f.name) is not value:
+            setattr(cfg, f.name, value)
 
 
 def config_from_yaml(path: Union[str, Path]) -> ConfigContainer:

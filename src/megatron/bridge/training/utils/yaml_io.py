@@ -121,7 +121,7 @@ def _check_regular_file(path: Path) -> None:
     except OSError as exc:
         raise _unreadable(path, exc) from None
     if info is None or not stat.S_ISREG(info.st_mode):
-        what = "config file not found" if info is None else "the config file path is not a regular file"
+        what = "Config file not found" if info is None else "the config file path is not a regular file"
         raise ConfigFileNotFoundError(
             [_file_violation(path, "yaml-missing", what, "check the path (relative paths start at the working directory)")],
             "cannot load YAML",
