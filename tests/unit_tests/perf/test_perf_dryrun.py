@@ -162,12 +162,18 @@ def _fake_run_plan(plan, stream=None, verbose=False):
     return JobOutcome(0)
 
 
-def test_sweep_runs_each_value_and_writes_outputs(tmp_path, monkeypatch):
+def _on_a_gpu_machine(monkeypatch):
+    """Sweeps on a GPU target (the machine check sees eight GPUs; the launch is faked)."""
     import megatron.bridge.perf.run as run_module
 
     monkeypatch.setattr(run_module, "run_plan", _fake_run_plan)
+    monkeypatch.setattr(run_module, "gpus_visible", lambda: 8)
+
+
+def test_sweep_runs_each_value_and_writes_outputs(tmp_path, monkeypatch):
+    _on_a_gpu_machine(monkeypatch)
     root = tmp_path / "s"
-    argv = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--max_steps", "8", "-l", str(root),
+    argv = ["-mr", "qwen3_moe_tiny", "-g", "h200", "-ng", "2", "-ep", "2", "--max_steps", "8", "-l", str(root),
             "comm_overlap.overlap_moe_expert_parallel_comm=false",
             "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true"]
     code, out = run(argv)
@@ -186,11 +192,9 @@ def test_sweep_runs_each_value_and_writes_outputs(tmp_path, monkeypatch):
 
 
 def test_sweep_repeats_interleave_the_values_and_report_each_round(tmp_path, monkeypatch):
-    import megatron.bridge.perf.run as run_module
-
-    monkeypatch.setattr(run_module, "run_plan", _fake_run_plan)
+    _on_a_gpu_machine(monkeypatch)
     root = tmp_path / "s"
-    argv = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--max_steps", "8", "-l", str(root),
+    argv = ["-mr", "qwen3_moe_tiny", "-g", "h200", "-ng", "2", "-ep", "2", "--max_steps", "8", "-l", str(root),
             "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true", "--sweep_repeats", "2"]
     code, out = run(argv)
     assert code == 0, out

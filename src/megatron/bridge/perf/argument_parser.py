@@ -44,12 +44,15 @@ TOKENIZER_TYPES = ("NullTokenizer", "HuggingFaceTokenizer")
 
 _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
+TOP_LEVEL_KEYS = ("mixed_precision",)
+"""Settings at the top of the config tree rather than in a section (``mixed_precision=bf16_mixed``)."""
 _OVERRIDE = re.compile(
-    r"^((\+\+|\+)?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+=.*"
+    r"^((\+\+|\+)?([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+|" + "|".join(TOP_LEVEL_KEYS) + r")=.*"
     r"|~[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+(=.*)?)$",
     re.S,
 )
-"""A dotted override, in Hydra's forms too: ``key=v``, ``+key=v``, ``++key=v``, ``~key``."""
+"""A dotted override (or one of :data:`TOP_LEVEL_KEYS`), in Hydra's forms too: ``key=v``, ``+key=v``,
+``++key=v``, ``~key``."""
 
 
 def str_to_bool(text: str) -> bool:
@@ -304,7 +307,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error(f"unrecognized arguments: {' '.join(extras)}")
     bad = [o for o in args.overrides if not _OVERRIDE.match(o)]
     if bad:
-        parser.error(f"dotted overrides look like section.field=value; got {bad}")
+        parser.error(f"dotted overrides look like section.field=value (or mixed_precision=NAME); got {bad}")
     if args.sweep is not None and not _OVERRIDE.match(args.sweep):
         parser.error(f"--sweep expects dotted.key=v1,v2,...; got {args.sweep!r}")
     if args.sweep_repeats > 1 and args.sweep is None:

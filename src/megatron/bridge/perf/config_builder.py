@@ -282,6 +282,21 @@ def _gpus_per_node(args: Namespace, num_gpus: int, cpu: bool) -> int:
     return args.gpus_per_node or min(num_gpus, DEFAULT_GPUS_PER_NODE)
 
 
+def default_num_gpus(args: Namespace, recipe: RecipeChoice, cfg: "ConfigContainer", sizes_ok: bool,
+                     cpu: bool) -> tuple[int, Optional[str]]:
+    """``-ng``, else its default and the note that says which: in CPU smoke mode the smallest process
+    count the layout fits (a recipe's GPU count says nothing about CPU processes), else the recipe's
+    reference GPU count (or the layout's smallest)."""
+    if args.num_gpus:
+        return args.num_gpus, None
+    smallest = minimum_world_size(cfg) if sizes_ok else 1
+    if cpu:
+        return smallest, f"-ng not given: using {smallest} process(es), the smallest count the layout fits (CPU smoke mode)"
+    if recipe.reference_num_gpus:
+        return recipe.reference_num_gpus, f"-ng not given: using {recipe.reference_num_gpus} (the recipe's reference GPU count)"
+    return smallest, f"-ng not given: using {smallest}, the smallest GPU count the layout fits"
+
+
 def build_config(
     args: Namespace,
     *,
@@ -312,8 +327,9 @@ def build_config(
     cfg = apply_layer(cfg, flags, "flag")
     cfg = apply_layer(cfg, [*args.overrides, *extra_overrides], "cli")
 
+    cpu = cpu or (args.gpu is None and cfg.dist.device == "cpu")  # a config file or override chose CPU mode
     sizes_ok = sizes_within_ranges(cfg)
-    num_gpus = args.num_gpus or recipe.reference_num_gpus or (minimum_world_size(cfg) if sizes_ok else 1)
+    num_gpus, count_note = default_num_gpus(args, recipe, cfg, sizes_ok, cpu)
     procs_per_gpu = 1 if cpu else args.procs_per_gpu
     built = BuiltConfig(
         cfg=cfg,
@@ -324,8 +340,8 @@ def build_config(
         target_gpu=None if cpu else cfg.dist.target_gpu,
         cpu=cpu,
     )
-    if args.num_gpus is None:
-        built.notes.append(f"-ng not given: using {num_gpus} (the recipe's reference GPU count)")
+    if count_note:
+        built.notes.append(count_note)
     problem = layout_problem(cfg, built.world_size) if sizes_ok else None
     if problem:
         raise HarnessError(problem)

@@ -23,6 +23,13 @@ What counts as dispatch/combine:
 
 Other NCCL collectives (all-reduce, reduce-scatter, all-gather: gradient/parameter traffic) are
 neither dispatch/combine nor compute. Memcpy/memset are not compute.
+
+A trace without any GPU kernel comes from a CPU run (CPU smoke mode): its intervals are measured as
+any other, but its timings rank nothing (the compute and gloo's all-to-all share a few CPU cores
+with whatever else runs on the host), so its decision says that and recommends nothing.
+
+A file that is not a torch profiler trace (not JSON, not gzip, no event list) raises
+:class:`TraceError`, which says what was found.
 """
 
 from __future__ import annotations
@@ -115,12 +122,42 @@ class Event:
     stream: str
 
 
+class TraceError(ValueError):
+    """The file is not a torch profiler Chrome trace; the message says why."""
+
+
 def load_trace(path: "str | Path") -> dict[str, Any]:
-    """Read a Chrome trace (``.json`` or ``.json.gz``)."""
+    """Read a Chrome trace (``.json`` or ``.json.gz``); :class:`TraceError` when the file is not one
+    (an ``OSError`` when it cannot be read at all)."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as fh:
-        return json.load(fh)
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            trace = json.load(fh)
+    except (gzip.BadGzipFile, EOFError) as exc:
+        raise TraceError(f"not a gzip-compressed trace ({exc})") from None
+    except UnicodeDecodeError:
+        raise TraceError("not a trace: the file is not UTF-8 text (a binary file?)") from None
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"not a trace: not JSON ({exc})") from None
+    _trace_events(trace)
+    return trace
+
+
+def _trace_events(trace: Any) -> list[dict[str, Any]]:
+    """The event list of a Chrome trace (a ``{"traceEvents": [...]}`` object or a bare list of event
+    objects); :class:`TraceError` for anything else."""
+    raw = trace.get("traceEvents") if isinstance(trace, dict) else trace
+    if not isinstance(raw, list):
+        raise TraceError("not a trace: JSON without a traceEvents list (is it a torch profiler export?)")
+    if not all(isinstance(ev, dict) for ev in raw):
+        raise TraceError("not a trace: its traceEvents are not all JSON objects")
+    return raw
+
+
+def gpu_kernel_count(trace: dict[str, Any]) -> int:
+    """GPU kernels in the trace: none means a CPU run, whose timings rank nothing."""
+    return sum(1 for ev in _trace_events(trace) if ev.get("cat") in _KERNEL_CATS)
 
 
 def _events(trace: dict[str, Any], *, include_sendrecv: bool,
@@ -129,12 +166,14 @@ def _events(trace: dict[str, Any], *, include_sendrecv: bool,
     ``include_cpu_ops`` is true, or (``None``) when the trace has no dispatch/combine kernels."""
     events: list[Event] = []
     steps: list[tuple[int, float, float]] = []
-    raw = trace.get("traceEvents", trace if isinstance(trace, list) else [])
-    for ev in raw:
+    for index, ev in enumerate(_trace_events(trace)):
         if ev.get("ph") != "X" or "dur" not in ev:
             continue
         name, cat = str(ev.get("name", "")), str(ev.get("cat", ""))
-        start, end = float(ev["ts"]), float(ev["ts"]) + float(ev["dur"])
+        try:
+            start, end = float(ev["ts"]), float(ev["ts"]) + float(ev["dur"])
+        except (KeyError, TypeError, ValueError):
+            raise TraceError(f"not a trace: event {index} ({name[:80]!r}) has no numeric ts/dur") from None
         step_match = _STEP.match(name)
         if step_match:
             # torch marks each step on the CPU and again on every GPU stream it ran on
@@ -160,6 +199,14 @@ def _events(trace: dict[str, Any], *, include_sendrecv: bool,
 
 
 # ----------------------------------------------------------------------------- the report
+CPU_TRACE_DECISION = (
+    "none: a CPU trace (no GPU kernels; CPU smoke mode) ranks nothing. Its compute and gloo's all-to-all share "
+    "a few CPU cores with whatever else runs on the host, so neither whether EP overlap pays nor which "
+    "dispatcher to use follows from it; profile the run on GPUs (-g <gpu>) to decide."
+)
+"""The decision for a trace without GPU kernels."""
+
+
 @dataclass
 class OverlapAnalysis:
     """Interval totals (milliseconds) and the quick decision."""
@@ -177,6 +224,8 @@ class OverlapAnalysis:
     threshold: float = DEFAULT_THRESHOLD
     ep_overlap_active: Optional[bool] = None
     """Whether the profiled run had EP overlap on (from its ``summary.json``); ``None``: unknown."""
+    gpu_kernels: Optional[int] = None
+    """GPU kernels in the trace (``0``: a CPU run, whose timings rank nothing); ``None``: not counted."""
 
     @property
     def hidden_fraction(self) -> float:
@@ -193,6 +242,8 @@ class OverlapAnalysis:
         ep = self.expert_parallel_size
         if ep is not None and ep <= 1:
             return "EP=1: tokens never leave the GPU, EP overlap has nothing to hide; leave it off."
+        if self.gpu_kernels == 0:
+            return CPU_TRACE_DECISION
         if self.comm_kernels == 0:
             return ("no dispatch/combine found in the trace (gloo collectives show only as CPU ops; "
                     "profile a GPU run with NCCL/DeepEP/HybridEP or keep CPU ops in the analysis).")
@@ -225,6 +276,8 @@ class OverlapAnalysis:
             ("compute kernels (union)", f"{self.compute_ms:.3f} ms"),
             ("other comm (union)", f"{self.other_comm_ms:.3f} ms"),
         ]
+        if self.gpu_kernels == 0:
+            rows.append(("device", "CPU only (no GPU kernels): these timings rank nothing"))
         width = max(len(k) for k, _ in rows)
         body = "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
         return f"EP dispatch/combine overlap analysis\n{body}\n  decision: {self.decision()}"
@@ -299,4 +352,6 @@ def analyze_trace(
     if not isinstance(trace, dict):
         trace = load_trace(trace)
     events, steps = _events(trace, include_sendrecv=include_sendrecv, include_cpu_ops=include_cpu_ops)
-    return analyze_events(events, steps, expert_parallel_size=expert_parallel_size, threshold=threshold)
+    analysis = analyze_events(events, steps, expert_parallel_size=expert_parallel_size, threshold=threshold)
+    analysis.gpu_kernels = gpu_kernel_count(trace)
+    return analysis

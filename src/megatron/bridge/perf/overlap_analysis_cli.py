@@ -1,14 +1,19 @@
-"""Command line of ``scripts/performance/analyze_overlap.py`` (kept importable for tests)."""
+"""Command line of ``scripts/performance/analyze_overlap.py`` (kept importable for tests).
+
+Every file named is analysed; one that is missing, unreadable or not a torch profiler trace is
+listed with its reason after the others' reports (exit 2), never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
-from megatron.bridge.perf.overlap_analysis import DEFAULT_THRESHOLD, analyze_trace
+from megatron.bridge.perf.overlap_analysis import DEFAULT_THRESHOLD, OverlapAnalysis, TraceError, analyze_trace
 
 
 def _run_facts_near(trace: Path) -> tuple[Optional[int], Optional[bool]]:
@@ -45,22 +50,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the numbers as JSON")
     args = p.parse_args(argv)
 
-    results = {}
+    results, problems = {}, []
     for trace in args.traces:
-        if not trace.is_file():
-            p.error(f"no such trace file: {trace}")
-        summary_ep, overlap_on = _run_facts_near(trace)
-        analysis = analyze_trace(
-            trace,
-            expert_parallel_size=args.ep or summary_ep,
-            threshold=args.threshold,
-            include_sendrecv=args.sendrecv,
-            include_cpu_ops=args.cpu_ops,
-        )
-        analysis = dataclasses.replace(analysis, ep_overlap_active=overlap_on)
+        try:
+            analysis = _analyze(trace, args)
+        except (TraceError, OSError) as exc:
+            problems.append(f"  - {trace}: {_reason(exc)}")
+            continue
         print(f"== {trace}")
         print(analysis.format())
         results[str(trace)] = analysis.to_dict()
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
+    if problems:
+        print(f"{p.prog}: error: {len(problems)} file(s) not analysed:\n" + "\n".join(problems), file=sys.stderr)
+        return 2
     return 0
+
+
+def _analyze(trace: Path, args: Any) -> OverlapAnalysis:
+    """One trace's analysis with the facts of its run (``summary.json`` nearby)."""
+    if not trace.is_file():
+        raise TraceError("no such file" if not trace.exists() else "not a file")
+    summary_ep, overlap_on = _run_facts_near(trace)
+    analysis = analyze_trace(trace, expert_parallel_size=args.ep or summary_ep, threshold=args.threshold,
+                             include_sendrecv=args.sendrecv, include_cpu_ops=args.cpu_ops)
+    return dataclasses.replace(analysis, ep_overlap_active=overlap_on)
+
+
+def _reason(exc: Exception) -> str:
+    """A refusal's reason in one line (an ``OSError`` as its message, without the errno tuple)."""
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return str(exc)

@@ -35,7 +35,7 @@ from megatron.bridge.perf.launch_values import launch_problems
 from megatron.bridge.perf.launcher import CONFIG_NAME, TORCHRUN_DIR, LaunchPlan, choose_mode, plan_launch, run_plan
 from megatron.bridge.perf.results import SUMMARY_NAME, format_results, load_summary, summary_steady_state
 from megatron.bridge.perf.run_dir import RunDirClaim, RunDirError, claim, make_child_dir, run_dir_problems
-from megatron.bridge.perf.supervisor import JobOutcome
+from megatron.bridge.perf.supervisor import LAUNCH_LOG, JobOutcome
 from megatron.bridge.training.entry import FAILURE_DIR
 from megatron.bridge.training.errors import ConfigError
 from megatron.bridge.training.loop.checkpoint_dir import CheckpointDir, inspect_checkpoint_dir, iteration_dir
@@ -252,14 +252,18 @@ def stop_message(summary_path: Path, outcome: JobOutcome, save_dir: Optional[str
     return f"stopped by signal at iteration {summary.get('final_iteration')}; {saved}"
 
 
-def execute(job: Job, out: TextIO, window: Optional[Sequence[int]], verbose: bool = False) -> tuple[int, bool]:
-    """Launch; print the results table (or how it stopped, or which rank failed first).
+def execute(job: Job, out: TextIO, window: Optional[Sequence[int]], verbose: bool = False,
+            ended: Optional[list[Path]] = None) -> tuple[int, bool]:
+    """Launch; print the results table (or how it stopped, or which rank failed first). The job's
+    directory is added to ``ended`` once the job and its ranks are gone (:func:`interrupted_message`).
 
     Returns the exit code for the harness and whether a signal stopped the job."""
     print(f"== starting {job.plan.nprocs} rank(s): importing torch and megatron-core takes about a "
           "minute on a small machine; Ctrl-C stops the job after the current step, with a checkpoint "
           "when checkpoint.save is set", file=out, flush=True)
     outcome = run_plan(job.plan, stream=out, verbose=verbose)
+    if ended is not None:
+        ended.append(job.built.log_dir)
     summary_path = job.built.log_dir / SUMMARY_NAME
     if outcome.stopped:
         if outcome.exit_code != 0 and not outcome.killed:
@@ -317,7 +321,7 @@ def run_single(args, out: TextIO) -> int:
         print(f"== wrote {job.plan.script_path}\n   submit it with: {shlex.join(['sbatch', str(job.plan.script_path)])}",
               file=out)
         return 0
-    return execute(job, out, args.steady_state_window, args.verbose)[0]
+    return execute(job, out, args.steady_state_window, args.verbose, args.ended_jobs)[0]
 
 
 def sweep_root(args) -> Path:
@@ -423,7 +427,7 @@ def run_sweep(args, out: TextIO) -> int:
         label = f" (round {round_number} of {rounds})" if rounds > 1 else ""
         print(f"== running {spec.key}={value}{label} in {job.built.log_dir}", file=out)
         prepare(job)
-        code, stopped = execute(job, out, args.steady_state_window, args.verbose)
+        code, stopped = execute(job, out, args.steady_state_window, args.verbose, args.ended_jobs)
         if stopped:
             print("== sweep stopped by signal: the remaining values were not run", file=out)
             return code
@@ -435,7 +439,7 @@ def run_sweep(args, out: TextIO) -> int:
         worst = worst or code
     points = [combine_rounds(v, *map(list, zip(*outcomes[i]))) for i, v in enumerate(spec.values)]
     command = shlex.join(["uv", "run", "python", "scripts/performance/run_script.py", *args.argv])
-    md, png = write_sweep_outputs(spec, points, root, command)
+    md, png = write_sweep_outputs(spec, points, root, command, cpu=jobs[0].built.cpu)
     print(md.read_text(), file=out)
     print(f"== wrote {md}" + (f" and {png}" if png else " (matplotlib missing: no plot)"), file=out)
     return worst
@@ -447,6 +451,7 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     args.argv = argv
+    args.ended_jobs = []
     try:
         return run_sweep(args, out) if args.sweep else run_single(args, out)
     except NothingToTrain as exc:
@@ -460,6 +465,28 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> 
         print(f"error: {exc}", file=out)
         print("nothing was launched", file=out)
         return EXIT_CONFIG
-    except KeyboardInterrupt:  # Ctrl-C while the config was still being built
-        print("interrupted before launch: nothing was launched", file=out)
+    except KeyboardInterrupt:  # Ctrl-C outside a job (during one, the supervisor turns it into a stop)
+        print(interrupted_message(args.ended_jobs), file=out)
         return 128 + signal.SIGINT
+
+
+def interrupted_message(ended: Sequence[Path]) -> str:
+    """What a Ctrl-C that interrupted the harness itself leaves: nothing launched (it came while the
+    config was built), or jobs that had already ended (it came while a result was reported, or between
+    a sweep's jobs), the last one's outcome read from what it wrote."""
+    if not ended:
+        return "interrupted before launch: nothing was launched"
+    last = ended[-1]
+    return (f"interrupted after {len(ended)} launched job(s) had ended, before the harness finished reporting; "
+            f"nothing more was launched. The last job, in {last}: {job_record(last)}")
+
+
+def job_record(log_dir: Path) -> str:
+    """A finished job's outcome in one line, from its ``summary.json`` (else where its log is)."""
+    try:
+        summary = load_summary(log_dir / SUMMARY_NAME)
+    except (OSError, ValueError):
+        return f"no summary.json; its output is in {log_dir / LAUNCH_LOG}"
+    where = summary.get("checkpoint")
+    saved = f"checkpoint at {where}" if where else "no checkpoint written"
+    return f"ran to iteration {summary.get('final_iteration')}; {saved}"

@@ -10,8 +10,9 @@
 * The launcher's output (ranks' lines and its own) passes through: all of it into
   ``<log_dir>/launch.log``, the console without ``torchrun``'s own failure traceback (the harness
   prints a shorter report naming the first failing rank) and without the ranks' known third-party
-  noise (the lines they mark, ``utils.quiet.MARK_ENV``) unless ``verbose``. While the ranks are
-  still starting, a progress line every ``PROGRESS_EVERY_S`` seconds of silence.
+  noise (the lines they mark, ``utils.quiet.MARK_ENV``, and the native libraries' lines of
+  :data:`KNOWN_NATIVE_LINES`, which no rank can mark) unless ``verbose``. While the ranks are still
+  starting, a progress line every ``PROGRESS_EVERY_S`` seconds of silence.
 * When the launcher has exited, any rank process still alive is killed: nothing stays behind.
 """
 
@@ -49,6 +50,23 @@ HARNESS_STOP_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP)
 _TORCHRUN_RECORD = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ .*torch/distributed/")
 _TRACEBACK_START = "Traceback (most recent call last):"
 _SRUN_LABEL = re.compile(r"^\s*\d+: ")
+_RANK_PREFIX = re.compile(r"^(\[default\d+\]:|\s*\d+: )")
+
+KNOWN_NATIVE_LINES: tuple[re.Pattern[str], ...] = (
+    re.compile(r"DeviceProperties\.cpp:\d+\] gpuGetDeviceCount failed with code 35$"),
+    re.compile(r"^USDT:.* SyncActivityProfilerHandler\.cpp:\d+\] profiler_(start|stop)$"),
+)
+"""Lines torch's profiler library (kineto) writes straight to a rank's stderr, past Python, when a
+profiled run starts and stops: on a host without a CUDA driver (CPU smoke mode) it asks the driver for
+GPUs and logs that it found none (CUDA error 35, insufficient driver: expected there, the CPU trace is
+written all the same), and it logs the capture window's start and stop. The console leaves them out
+unless ``verbose``; ``launch.log`` keeps them."""
+
+
+def known_native_line(text: str) -> bool:
+    """Whether a rank line (launcher prefix removed) is one of :data:`KNOWN_NATIVE_LINES`."""
+    body = _RANK_PREFIX.sub("", text, count=1).strip()
+    return any(pattern.search(body) for pattern in KNOWN_NATIVE_LINES)
 
 
 @dataclass
@@ -262,7 +280,8 @@ class OutputPump:
             return  # known third-party noise: the log has it, the console does not
         if is_rank_line(text):
             self.first_iteration_seen = self.first_iteration_seen or "iteration " in text
-            self._emit(text)
+            if self.verbose or not known_native_line(text):
+                self._emit(text)
             return
         self.launcher_lines.append(text)
         if self.verbose:
@@ -343,10 +362,12 @@ def supervise(
             if proc.poll() is None:  # the harness itself is failing: take the job with it
                 forwarder.kill()
                 proc.wait()
+        # still under the forwarder: a stop signal now is the job's, not an interruption of the harness
+        leftovers = forwarder.kill_leftovers()
     return JobOutcome(
         exit_code=code,
         stop_signal=forwarder.signum,
         killed=forwarder.killed,
         launcher_lines=pump.launcher_lines,
-        leftovers_killed=forwarder.kill_leftovers(),
+        leftovers_killed=leftovers,
     )

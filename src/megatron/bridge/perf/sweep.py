@@ -5,6 +5,10 @@ per value and round); afterwards ``sweep.md`` (mean/min/max step time, speedup a
 value) and ``sweep.png`` (bars with min-max whiskers) are written next to them. With several
 rounds the values run interleaved (v1, v2, v1, v2, ...), so a drift of the machine over time
 touches every value alike, and the table shows each round's mean and their spread.
+
+A sweep in CPU smoke mode shows that every value runs, and its step times, but no speedup: on a CPU
+the compute and gloo's communication share a few cores with whatever else runs on the host, so its
+timings rank nothing (a CPU sweep once put a "2.039x" overlap speedup into the table).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from megatron.bridge.perf.argument_parser import TOP_LEVEL_KEYS
 from megatron.bridge.perf.results import SteadyState
 from megatron.bridge.utils.owned_files import replace_file
 
@@ -55,7 +60,7 @@ def parse_sweep(text: str) -> SweepSpec:
     """``key=v1,v2,...`` -> :class:`SweepSpec`; at least two distinct values are required."""
     key, sep, rest = text.partition("=")
     key = key.strip()
-    if not sep or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", key):
+    if not sep or not (re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", key) or key in TOP_LEVEL_KEYS):
         raise ValueError(f"--sweep expects dotted.key=v1,v2,...; got {text!r}")
     values = split_values(rest)
     if any(v == "" for v in values):
@@ -110,9 +115,30 @@ def _table_row(cells: Sequence[str]) -> str:
     return "|" + "|".join(f" {c} " if c else " " for c in cells) + "|"
 
 
-def sweep_markdown(spec: SweepSpec, points: Sequence[SweepPoint], command: str = "") -> str:
+CPU_TIMINGS_NOTE = (
+    "CPU smoke mode: these step times show that every value runs; they rank nothing. On a CPU the compute and "
+    "gloo's communication share a few cores with whatever else runs on the host, so no speedup is given: "
+    "compare the values on GPUs."
+)
+"""What a CPU sweep's ``sweep.md`` says instead of a speedup."""
+
+ONE_ROUND_NOTE = (
+    "One round per value: a drift of the machine between the jobs can decide the order. For a number to "
+    "quote, run at least two interleaved rounds (--sweep_repeats 2) of 12 steps or more."
+)
+
+
+def _notes(points: Sequence[SweepPoint], rounds: int, cpu: bool) -> list[str]:
+    """What the table's numbers cannot say, as paragraphs under its heading."""
+    notes = [CPU_TIMINGS_NOTE] if cpu else []
+    if rounds < 2 and any(p.stats is not None for p in points):
+        notes.append(ONE_ROUND_NOTE)
+    return [line for note in notes for line in (note, "")]
+
+
+def sweep_markdown(spec: SweepSpec, points: Sequence[SweepPoint], command: str = "", cpu: bool = False) -> str:
     """The ``sweep.md`` table: mean/min/max and speedup against the first value (with several
-    rounds also each round's mean and their spread)."""
+    rounds also each round's mean and their spread); a CPU sweep (``cpu``) gives no speedup."""
     base = points[0].stats.mean_s if points and points[0].stats else None
     window = next((p.stats.label().removeprefix("iterations ") for p in points if p.stats), "n/a")
     rounds = max((len(p.rounds) for p in points), default=0)
@@ -123,12 +149,12 @@ def sweep_markdown(spec: SweepSpec, points: Sequence[SweepPoint], command: str =
     columns = [spec.key, "mean (s)", "min (s)", "max (s)", f"speedup vs `{spec.values[0]}`"]
     columns += ["round means (s)", "spread (s)", "runs"] if rounds > 1 else ["run"]
     lines = [f"# Sweep of `{spec.key}`", "", f"{how}; speedup = first value's mean / this mean.", "",
-             _table_row(columns), "|" + "---|" * len(columns)]
+             *_notes(points, rounds, cpu), _table_row(columns), "|" + "---|" * len(columns)]
     for p in points:
         if p.stats is None:
             cells = [f"`{p.value}`", f"failed (exit {p.exit_code})"] + [""] * (len(columns) - 3)
         else:
-            speed = f"{base / p.stats.mean_s:.3f}x" if base and p.stats.mean_s else "n/a"
+            speed = "n/a (CPU)" if cpu else f"{base / p.stats.mean_s:.3f}x" if base and p.stats.mean_s else "n/a"
             cells = [f"`{p.value}`", f"{p.stats.mean_s:.4f}", f"{p.stats.min_s:.4f}", f"{p.stats.max_s:.4f}", speed]
             if rounds > 1:
                 means = p.round_means()
@@ -172,11 +198,13 @@ def sweep_plot(spec: SweepSpec, points: Sequence[SweepPoint], path: "str | Path"
     return Path(path)
 
 
-def write_sweep_outputs(spec: SweepSpec, points: Sequence[SweepPoint], log_dir: "str | Path", command: str = "") -> tuple[Path, Optional[Path]]:
+def write_sweep_outputs(spec: SweepSpec, points: Sequence[SweepPoint], log_dir: "str | Path", command: str = "",
+                        cpu: bool = False) -> tuple[Path, Optional[Path]]:
     """Write ``sweep.md`` and ``sweep.png`` into ``log_dir`` (the sweep's own directory, claimed
-    by the harness; each replaces a link at its name instead of writing through it)."""
+    by the harness; each replaces a link at its name instead of writing through it); ``cpu``: a CPU
+    smoke-mode sweep (no speedup, see :data:`CPU_TIMINGS_NOTE`)."""
     log_dir = Path(log_dir)
     md = log_dir / "sweep.md"
-    replace_file(md, sweep_markdown(spec, points, command))
+    replace_file(md, sweep_markdown(spec, points, command, cpu))
     png = sweep_plot(spec, points, log_dir / "sweep.png")
     return md, png
