@@ -23,6 +23,7 @@ from megatron.core.optimizer import OptimizerConfig
 from megatron.bridge.models.gpt_provider import GPTModelProvider
 from megatron.bridge.training.configuration import copy_records
 from megatron.bridge.training.configuration.comm_overlap_config import CommOverlapConfig
+from megatron.bridge.training.configuration.emulation_config import EmulationConfig
 from megatron.bridge.training.configuration.upstream_sections import RerunStateMachineConfig, ValidationConfig
 from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, MixedPrecisionConfig
 from megatron.bridge.training.tokenizers.config import TokenizerConfig
@@ -258,6 +259,8 @@ class ConfigContainer(StrictFields):
     or a ``MixedPrecisionConfig``. ``None``: no precision recipe; the model's, optimizer's and
     DDP's own dtype flags stand as set."""
     comm_overlap: CommOverlapConfig = field(default_factory=CommOverlapConfig)
+    emulation: EmulationConfig = field(default_factory=EmulationConfig)
+    """One rank of an N-GPU layout trained in this process against a network model (off by default)."""
     provenance: dict[str, str] = field(default_factory=dict)
     """Dotted key -> the layer that set it (``yaml``, ``flag``, ``cli``). Unlisted keys come from
     the recipe or a default; the resolved copy also marks ``computed`` values."""

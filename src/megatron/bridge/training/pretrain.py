@@ -32,6 +32,9 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.rerun_state_machine import get_rerun_state_machine
 
+from megatron.bridge.emulation.backend import current_world, stop_world
+from megatron.bridge.emulation.describe import startup_line as emulation_startup_line
+from megatron.bridge.emulation.describe import summary_section as emulation_summary
 from megatron.bridge.training.devices.cuda_graphs import IterationGraph
 from megatron.bridge.training.devices.platform import Platform, select_platform
 from megatron.bridge.training.gpt_step import forward_step as gpt_forward_step
@@ -124,7 +127,10 @@ def pretrain(
     """
     cfg, forward_step_func = checked_pretrain_arguments(config, cfg, forward_step_func, callbacks)
     env = initialize.launch_env()
-    resolution = cfg.resolve(world_size=env.world_size)  # once, before any process group or CUDA work
+    if cfg.emulation.enabled and env.world_size != 1:
+        raise MachineError(f"an emulated world runs in one process (it plays rank {cfg.emulation.rank} of "
+                           f"{cfg.emulation.world_size}), but {env.world_size} processes were launched: start one")
+    resolution = cfg.resolve(world_size=initialize.world_to_validate(cfg, env))  # once, before any group or CUDA work
     resolved, report = resolution.config, resolution.report
     refuse_gpu_run_without_gpu(resolved)
     platform = select_platform(resolved)
@@ -145,6 +151,7 @@ def pretrain(
         parallel_state.destroy_model_parallel()
         if created_group and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+            stop_world()
         free_memory()  # the trainer is gone: its model's memory is free when pretrain returns
 
 
@@ -218,7 +225,9 @@ class Trainer:
         data_parallel = parallel_state.get_data_parallel_world_size()
         self.num_microbatches = t.global_batch_size // (t.micro_batch_size * data_parallel)
         self.rank = torch.distributed.get_rank()
-        self.is_logging_rank = self.rank == 0
+        self.emulated = current_world()  # one rank of an emulated world: this process reports for it
+        self.emulated_steps: list[dict] = []
+        self.is_logging_rank = self.rank == 0 or self.emulated is not None
         self.device = platform.device
         self.state = TrainState()
         self.model: list = []  # model chunks, from build()
@@ -265,6 +274,8 @@ class Trainer:
     def announce(self) -> None:
         """The start-up lines: launch, layout, batch, layers, loss, dispatcher, schedule, CUDA graph, overlap."""
         if self.is_logging_rank:
+            if self.emulated is not None:
+                _say(emulation_startup_line(self.emulated))
             for line in startup_lines(self.resolved, self.report, self.env, self.num_microbatches, self.verbose,
                                        cuda_graph=self.graph.describe()):
                 _say(line)
@@ -306,6 +317,8 @@ class Trainer:
         uses_cuda = self.platform.uses_cuda
         self.profiler = StepProfiler(self.resolved.profiling, self.rank, log_dir, use_cuda=uses_cuda)
         self.timer = StepTimer(use_cuda=uses_cuda)
+        if self.emulated is not None:
+            self.emulated.record.take()  # what building and loading issued is not a step's
 
     def _data_iterator(self) -> Any:
         """This rank's micro-batches from ``consumed_samples`` on; one iterator per virtual stage."""
@@ -414,6 +427,10 @@ class Trainer:
             phases = {k: v for k, v in phases.items() if k not in ("gpu_parked_s", "gpu_work_s")}
         scalars.update(phases)
         scalars.update(moe_aux_losses(self.resolved.model, self.num_microbatches, self.state.iteration))
+        if self.emulated is not None:
+            step = self.emulated.record.take()
+            self.emulated_steps.append(dict(iteration=self.state.iteration, **step))
+            scalars.update(modeled_comm_s=step["modeled_s"], emulation_host_s=step["host_s"])
         self.metrics.record(self.state.iteration, loss, step_time, **scalars)
 
     def after_step(self) -> None:
@@ -470,6 +487,7 @@ class Trainer:
             stopped_on_nonfinite=nonfinite.record() if nonfinite is not None else None,
             checkpoint=str(self.saver.path) if self.saver.path else None,
             resolved_config=self.config_text,
+            emulation=emulation_summary(self.emulated, self.emulated_steps) if self.emulated is not None else None,
         )
         torch.distributed.barrier()
         return PretrainResult(

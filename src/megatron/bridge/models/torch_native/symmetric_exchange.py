@@ -42,6 +42,8 @@ from typing import List, Mapping, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from megatron.bridge.emulation.backend import BACKEND as EMULATED_BACKEND
+
 from megatron.bridge.models.torch_native.token_exchange import (
     ROW_ALIGN_BYTES,
     CollectiveExchange,
@@ -292,6 +294,8 @@ def symmetric_memory_support(group: Optional[dist.ProcessGroup], device: torch.d
     """
     if device.type != "cuda":
         return SymmetricMemorySupport(False, "not on CUDA")
+    if group is not None and group.getBackendName() == EMULATED_BACKEND:
+        return SymmetricMemorySupport(False, "an emulated world has no peers to share memory with")
     try:
         # Deferred, as in _symmetric_empty(): a torch without it is reported here.
         import torch.distributed._symmetric_memory as symm_mem

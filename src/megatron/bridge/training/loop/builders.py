@@ -53,7 +53,8 @@ def build_model(resolved: "ConfigContainer", platform: "Platform", ddp_config: A
 
 def build_optimizer(resolved: "ConfigContainer", model: list[Any]) -> Any:
     """megatron-core's optimizer (distributed optimizer when ``optimizer.use_distributed_optimizer``)."""
-    return get_megatron_optimizer(resolved.optimizer, model)
+    return get_megatron_optimizer(resolved.optimizer, model,
+                                  use_gloo_process_groups=not resolved.emulation.enabled)  # no peers for gloo
 
 
 def build_scheduler(resolved: "ConfigContainer", optimizer: Any) -> Any:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from megatron.core import parallel_state
 
+from megatron.bridge.emulation.backend import label_groups, start_world, stop_world
 from megatron.bridge.training.devices.platform import Platform, select_platform
 
 if TYPE_CHECKING:
@@ -53,6 +54,11 @@ def launch_env(environ: Optional[dict] = None) -> LaunchEnv:
     return LaunchEnv(0, 1, 0, "single")
 
 
+def world_to_validate(cfg: "ConfigContainer", env: LaunchEnv) -> object:
+    """The world size the run is validated for: the emulated layout's, else the launcher's."""
+    return cfg.emulation.world_size if cfg.emulation.enabled else env.world_size
+
+
 def initialize_distributed(
     cfg: "ConfigContainer", env: Optional[LaunchEnv] = None, platform: Optional[Platform] = None
 ) -> LaunchEnv:
@@ -67,13 +73,14 @@ def initialize_distributed(
         return LaunchEnv(
             torch.distributed.get_rank(), torch.distributed.get_world_size(), env.local_rank, "existing"
         )
+    timeout = datetime.timedelta(minutes=cfg.dist.distributed_timeout_minutes)
+    if cfg.emulation.enabled:  # this process plays one rank; the backend plays the others
+        world = start_world(cfg.emulation.rank, cfg.emulation.world_size, cfg.emulation.model(), timeout)
+        return LaunchEnv(world.rank, world.world_size, env.local_rank, "emulated")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
     torch.distributed.init_process_group(
-        backend=cfg.dist.effective_backend,
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=datetime.timedelta(minutes=cfg.dist.distributed_timeout_minutes),
+        backend=cfg.dist.effective_backend, rank=env.rank, world_size=env.world_size, timeout=timeout,
     )
     return env
 
@@ -89,7 +96,10 @@ def initialize_model_parallel(cfg: "ConfigContainer") -> None:
         expert_model_parallel_size=m.expert_model_parallel_size,
         expert_tensor_parallel_size=m.expert_tensor_parallel_size,
         distributed_timeout_minutes=cfg.dist.distributed_timeout_minutes,
+        create_gloo_process_groups=not cfg.emulation.enabled,  # gloo groups would need real peers
     )
+    if cfg.emulation.enabled:
+        label_groups()
     got = parallel_state.get_expert_model_parallel_world_size()
     if got != m.expert_model_parallel_size:  # defensive: the two owners must never disagree
         raise RuntimeError(
@@ -113,7 +123,8 @@ def set_seeds(cfg: "ConfigContainer", platform: Optional[Platform] = None) -> No
 
 
 def teardown() -> None:
-    """Destroy megatron's parallel groups and the default process group."""
+    """Destroy megatron's parallel groups and the default process group (and an emulated world)."""
     parallel_state.destroy_model_parallel()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    stop_world()

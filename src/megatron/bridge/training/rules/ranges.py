@@ -137,6 +137,18 @@ RANGES: tuple[FieldRange, ...] = (
     FieldRange("dataset.num_workers", low=0, why="data-loader processes per rank (0: in the rank)"),
     _positive_int("tokenizer.vocab_size", "the NullTokenizer's vocabulary (null: model.vocab_size)", optional=True),
     FieldRange("rng.seed", low=0, high=2**32 - 1, why="numpy accepts seeds in [0, 2^32 - 1]"),
+    _positive_int("emulation.world_size", "GPUs of the emulated layout (null: a real world)", optional=True),
+    FieldRange("emulation.rank", low=0, integer=True, why="the rank this process plays"),
+    _positive_int("emulation.gpus_per_node", "GPUs per node of the emulated cluster (null: the preset's)",
+                  optional=True),
+    FieldRange("emulation.comm_sms", low=0, integer=True, optional=True,
+               why="SMs a modeled collective keeps busy (null: the preset's)"),
+    FieldRange("emulation.intra_node_gbps", low=0, low_inclusive=False, optional=True,
+               why="NVLink GB/s per GPU and direction (null: the preset's)"),
+    FieldRange("emulation.inter_node_gbps", low=0, low_inclusive=False, optional=True,
+               why="NIC GB/s per GPU and direction (null: the preset's)"),
+    FieldRange("emulation.intra_node_latency_us", low=0, optional=True, why="microseconds (null: the preset's)"),
+    FieldRange("emulation.inter_node_latency_us", low=0, optional=True, why="microseconds (null: the preset's)"),
 )
 """Every numeric setting with a range, in the order they are reported and documented."""
 

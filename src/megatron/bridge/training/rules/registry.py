@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from megatron.bridge.training.rules.cuda_graph_rules import CUDA_GRAPH_RULES
 from megatron.bridge.training.rules.dispatch_rules import TORCH_NATIVE_DISPATCH_RULES
+from megatron.bridge.training.rules.emulation_rules import EMULATION_RULES
 from megatron.bridge.training.rules.kernel_rules import TORCH_NATIVE_KERNEL_RULES
 from megatron.bridge.training.rules.memory_rules import MEMORY_RULES
 from megatron.bridge.training.rules.size_rules import SIZE_RULES
@@ -23,6 +24,7 @@ RULE_TABLES: dict[str, tuple[Rule, ...]] = {
     "upstream-sections": UPSTREAM_SECTION_RULES,
     "memory": MEMORY_RULES,
     "sizes": SIZE_RULES,
+    "emulation": EMULATION_RULES,
 }
 """Table name -> its rules (``overlap`` and ``general`` are built from smaller tables of their own
 modules: the overlap groups, and ranges, precision, run and checkpoint rules)."""

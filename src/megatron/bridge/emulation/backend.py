@@ -1,0 +1,382 @@
+"""The torch.distributed backend of the emulated world: one real rank, every peer played by symmetry.
+
+Registered with ``torch.distributed.Backend.register_backend`` under :data:`BACKEND`; every process
+group megatron-core creates is an :class:`EmulatedGroup` (this process is rank ``world.rank`` of
+``world.world_size``; groups without it are never created). What a collective returns follows from
+a symmetric world, where every rank holds the same tokens and the same replicated weights and only
+the experts it owns differ:
+
+* all-reduce: SUM gives ``n`` times the input, PRODUCT its ``n``-th power; AVG, MAX, MIN and the
+  bitwise ops leave it unchanged;
+* all-gather replicates the input ``n`` times, except in place (the input is this rank's chunk of
+  the output, as the distributed optimizer gathers its parameter shards): the other chunks already
+  hold what the other ranks have, the replicated values, and stay; reduce-scatter returns this
+  rank's chunk of the input summed over ``n`` identical ranks (AVG: the chunk);
+* broadcast and barrier change nothing;
+* all-to-all: from every peer, the rows its split size says, taken from the rows this rank sends to
+  itself (a peer's rows for this rank are shaped like this rank's rows for itself). Where a peer's
+  split differs from that (never in a symmetric world), the first rows are copied and the rest are
+  zero.
+
+Each collective enqueues its copies on the stream that issues it, then holds ``comm_sms`` SMs of
+the GPU for the modeled time (:mod:`hold`), where an NCCL kernel would run; the returned work makes
+a waiting stream wait for it, as NCCL's does. Nothing else is supported (point-to-point, gather,
+scatter, a premultiplied sum): those raise :class:`EmulationUnsupported`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+from megatron.bridge.emulation.hold import Hold
+from megatron.bridge.emulation.network import NetworkModel
+from megatron.bridge.emulation.record import CommRecord, HostTimer
+
+logger = logging.getLogger(__name__)
+
+BACKEND = "megatron_bridge_emulated"
+_UNCHANGED_OPS = (ReduceOp.AVG, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
+
+
+class EmulationUnsupported(RuntimeError):
+    """A collective the emulated world cannot give a meaningful result for."""
+
+
+@dataclass
+class EmulatedWorld:
+    """The one real rank, the network it is charged for, and what it has done."""
+
+    rank: int
+    world_size: int
+    network: NetworkModel
+    record: CommRecord = field(default_factory=CommRecord)
+    hold: Hold = field(default_factory=Hold)
+
+    def charge(self, group: "EmulatedGroup", kind: str, nbytes: int, seconds: float, device: torch.device) -> None:
+        """Record a collective and hold the GPU for its modeled time on the issuing stream."""
+        self.record.add(group.label, kind, nbytes, seconds)
+        if seconds > 0 and device.type == "cuda":
+            self.hold(seconds, self.network.comm_sms)
+
+
+_WORLD: Optional[EmulatedWorld] = None
+
+
+def current_world() -> Optional[EmulatedWorld]:
+    """The emulated world of this process (``None`` when the world is real)."""
+    return _WORLD
+
+
+class _Done(dist.Work):
+    """A collective already enqueued: waiting makes the current stream wait for its last kernel."""
+
+    def __init__(self, event: Optional[torch.cuda.Event], result: Any = None) -> None:
+        super().__init__()
+        self.event, self.result_value = event, result
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        if self.event is not None:
+            torch.cuda.current_stream().wait_event(self.event)
+        return True
+
+    def is_completed(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def is_success(self) -> bool:
+        return True
+
+    def result(self) -> Any:
+        return self.result_value
+
+
+class EmulatedGroup(dist.ProcessGroup):
+    """One process group of the emulated world (this rank's view of it)."""
+
+    def __init__(self, world: EmulatedWorld, rank: int, size: int, ranks: Sequence[int], name: str) -> None:
+        super().__init__(rank, size)
+        self.world, self.me, self.n = world, rank, size
+        self.ranks = tuple(ranks) or tuple(range(size))
+        self.name_ = name
+        self.label = f"group{name}[{len(self.ranks)}]"
+        """What the record calls this group (megatron-core's name once ``label_groups`` ran)."""
+
+    # ------------------------------------------------------------------------------- identity
+    @property
+    def group_name(self) -> str:
+        return self.name_
+
+    @property
+    def pg_name(self) -> str:
+        return self.name_
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def __repr__(self) -> str:
+        return f"EmulatedGroup({self.label}, rank {self.me} of {self.n})"
+
+    # ------------------------------------------------------------------------------- collectives
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        return self._all_reduce(tensors, opts.reduceOp)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        return self._all_reduce(tensors, opts.reduceOp)
+
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        with HostTimer(self.world.record):
+            for outs, tensor in zip(outputs, inputs):
+                for out in outs:
+                    if out.data_ptr() != tensor.data_ptr():
+                        out.copy_(tensor)
+            return self._done("all_gather", sum(_nbytes(t) * self.n for t in inputs), inputs[0])
+
+    def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> dist.Work:
+        with HostTimer(self.world.record):
+            _replicate(output, tensor, self.n, self.me)
+            return self._done("all_gather", _nbytes(output), output)
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                    opts: Any = None) -> dist.Work:
+        with HostTimer(self.world.record):
+            for output, tensor in zip(outputs, inputs):
+                _replicate(output, tensor, self.n, self.me)
+            return self._done("all_gather", sum(map(_nbytes, outputs)), outputs[0])
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> dist.Work:
+        with HostTimer(self.world.record):
+            self._own_chunk(output, tensor, opts.reduceOp)
+            return self._done("reduce_scatter", _nbytes(tensor), output)
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> dist.Work:
+        with HostTimer(self.world.record):
+            for output, tensor in zip(outputs, inputs):
+                self._own_chunk(output, tensor, opts.reduceOp)
+            return self._done("reduce_scatter", sum(map(_nbytes, inputs)), outputs[0])
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                       opts: Any = None) -> dist.Work:
+        with HostTimer(self.world.record):
+            for output, chunks in zip(outputs, input_lists):
+                output.copy_(chunks[self.me])
+                _reduce_identical(output, opts.reduceOp, self.n)
+            return self._done("reduce_scatter", sum(_nbytes(c) for chunks in input_lists for c in chunks), outputs[0])
+
+    def all_to_all_single(self, output: torch.Tensor, tensor: torch.Tensor, output_split_sizes: list[int],
+                          input_split_sizes: list[int], opts: Any = None) -> dist.Work:
+        with HostTimer(self.world.record):
+            sent = _exchange_rows(output, tensor, output_split_sizes, input_split_sizes, self.me, self.n)
+            row = _nbytes(tensor) // max(1, tensor.shape[0]) if tensor.dim() else _nbytes(tensor)
+            to_peer = [rows * row for rows in sent]
+            seconds = self.world.network.all_to_all_seconds(self.ranks, self.me, to_peer)
+            return self._charged("all_to_all", sum(to_peer) - to_peer[self.me], seconds, output)
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        with HostTimer(self.world.record):
+            own = inputs[self.me]
+            for out in outputs:
+                _copy_rows(out, own)
+            to_peer = [_nbytes(t) for t in inputs]
+            seconds = self.world.network.all_to_all_seconds(self.ranks, self.me, to_peer)
+            return self._charged("all_to_all", sum(to_peer) - to_peer[self.me], seconds, outputs[0])
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        with HostTimer(self.world.record):
+            return self._done("broadcast", sum(map(_nbytes, tensors)), tensors[0])
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        with HostTimer(self.world.record):
+            return self._charged("barrier", 0, self.world.network.seconds("barrier", self.ranks, 0), None)
+
+    # ------------------------------------------------------------------------------- refused
+    def _refuse(self, what: str) -> None:
+        raise EmulationUnsupported(
+            f"{what} on {self.label}: the emulated world plays its peers by symmetry and cannot say what a "
+            "peer would send point to point (pipeline or context parallelism); run those layouts on real GPUs")
+
+    def send(self, *args: Any, **kwargs: Any) -> dist.Work:
+        self._refuse("send")
+
+    def recv(self, *args: Any, **kwargs: Any) -> dist.Work:
+        self._refuse("recv")
+
+    def recv_anysource(self, *args: Any, **kwargs: Any) -> dist.Work:
+        self._refuse("recv from any source")
+
+    def gather(self, *args: Any, **kwargs: Any) -> dist.Work:
+        self._refuse("gather")
+
+    def scatter(self, *args: Any, **kwargs: Any) -> dist.Work:
+        self._refuse("scatter")
+
+    def reduce(self, *args: Any, **kwargs: Any) -> dist.Work:
+        self._refuse("reduce")
+
+    # ------------------------------------------------------------------------------- helpers
+    def _all_reduce(self, tensors: list[torch.Tensor], op: ReduceOp) -> dist.Work:
+        with HostTimer(self.world.record):
+            for tensor in tensors:
+                _reduce_identical(tensor, op, self.n)
+            return self._done("all_reduce", sum(map(_nbytes, tensors)), tensors[0])
+
+    def _own_chunk(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp) -> None:
+        output.view(-1).copy_(tensor.reshape(self.n, -1)[self.me])
+        _reduce_identical(output, op, self.n)
+
+    def _done(self, kind: str, nbytes: int, tensor: Optional[torch.Tensor]) -> dist.Work:
+        return self._charged(kind, nbytes, self.world.network.seconds(kind, self.ranks, nbytes), tensor)
+
+    def _charged(self, kind: str, nbytes: int, seconds: float, tensor: Optional[torch.Tensor]) -> dist.Work:
+        device = tensor.device if tensor is not None else torch.device("cpu")
+        self.world.charge(self, kind, nbytes, seconds, device)
+        event = None
+        if device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return _Done(event)
+
+
+# ------------------------------------------------------------------------------------------- semantics
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _reduce_identical(tensor: torch.Tensor, op: ReduceOp, n: int) -> None:
+    """``tensor`` reduced with ``op`` over ``n`` ranks that all hold it."""
+    if op == ReduceOp.SUM:
+        tensor.mul_(n)
+    elif op == ReduceOp.PRODUCT:
+        tensor.pow_(n)
+    elif not any(op == unchanged for unchanged in _UNCHANGED_OPS):
+        raise EmulationUnsupported(f"all-reduce with {op}: only SUM, PRODUCT, AVG, MAX, MIN and bitwise ops are emulated")
+
+
+def _replicate(output: torch.Tensor, tensor: torch.Tensor, n: int, me: int) -> None:
+    """Every chunk of ``output`` is ``tensor``; in place (``tensor`` is chunk ``me`` of ``output``)
+    nothing moves: a symmetric world's other ranks hold the same values in their chunks already."""
+    chunks = output.view(n, -1)
+    if tensor.numel() and tensor.data_ptr() == chunks[me].data_ptr():
+        return
+    chunks.copy_(tensor.reshape(1, -1).expand(n, -1))
+
+
+def _copy_rows(out: torch.Tensor, rows: torch.Tensor) -> None:
+    """``out`` gets the first rows of ``rows`` (zeros where ``rows`` has fewer)."""
+    k = min(out.shape[0], rows.shape[0]) if out.dim() else 0
+    if not out.dim():
+        out.copy_(rows)
+        return
+    out[:k].copy_(rows[:k])
+    if k < out.shape[0]:
+        out[k:].zero_()
+
+
+def _exchange_rows(output: torch.Tensor, tensor: torch.Tensor, out_splits: list[int], in_splits: list[int],
+                   me: int, n: int) -> list[int]:
+    """Fill ``output`` as a symmetric all-to-all does; returns the rows this rank sends to each peer."""
+    in_splits, out_splits = _sizes(in_splits), _sizes(out_splits)
+    if not in_splits:
+        rows = tensor.shape[0] // n
+        own = tensor.narrow(0, me * rows, rows)
+        output.view(n, *own.shape).copy_(own.unsqueeze(0).expand(n, *own.shape))
+        return [rows] * n
+    start = sum(in_splits[:me])
+    own = tensor.narrow(0, start, in_splits[me])
+    splits = out_splits or [output.shape[0] // n] * n
+    if all(s == in_splits[me] for s in splits):
+        output.view(n, *own.shape).copy_(own.unsqueeze(0).expand(n, *own.shape))
+        return list(in_splits)
+    offset = 0
+    for size in splits:
+        _copy_rows(output.narrow(0, offset, size), own)
+        offset += size
+    return list(in_splits)
+
+
+def _sizes(splits: Any) -> list[int]:
+    """Split sizes as a list of ints (callers pass lists, tuples or numpy arrays; ``None``: equal)."""
+    return [] if splits is None else [int(size) for size in splits]
+
+
+# ------------------------------------------------------------------------------------------- the world
+def _create(opts: Any, backend_options: Any = None) -> EmulatedGroup:
+    if _WORLD is None:
+        raise EmulationUnsupported("the emulated backend was used before start_world() set up its world")
+    return EmulatedGroup(_WORLD, opts.group_rank, opts.group_size, list(opts.global_ranks_in_group), opts.group_id)
+
+
+def start_world(rank: int, world_size: int, network: NetworkModel, timeout: timedelta) -> EmulatedWorld:
+    """Register the backend and make it the default process group: this process is ``rank`` of
+    ``world_size`` (no peer is contacted: the store is this process's own)."""
+    global _WORLD
+    _WORLD = EmulatedWorld(rank, world_size, network)
+    if BACKEND not in dist.Backend.backend_list:
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+    dist.init_process_group(BACKEND, rank=rank, world_size=world_size, store=dist.HashStore(), timeout=timeout)
+    dist.group.WORLD.label = f"world[{world_size}]"
+    return _WORLD
+
+
+def stop_world() -> None:
+    global _WORLD
+    _WORLD = None
+
+
+MEGATRON_GROUPS = (
+    ("ep", "get_expert_model_parallel_group", {}),
+    ("etp", "get_expert_tensor_parallel_group", {}),
+    ("tp_ep", "get_expert_tensor_and_model_parallel_group", {}),
+    ("edp", "get_expert_data_parallel_group", {}),
+    ("tp", "get_tensor_model_parallel_group", {}),
+    ("cp", "get_context_parallel_group", {}),
+    ("pp", "get_pipeline_model_parallel_group", {}),
+    ("dp", "get_data_parallel_group", {}),
+    ("dp_cp", "get_data_parallel_group", {"with_context_parallel": True}),
+    ("dist_opt", "get_intra_distributed_optimizer_instance_group", {}),
+    ("tp_cp", "get_tensor_and_context_parallel_group", {}),
+    ("tp_dp", "get_tensor_and_data_parallel_group", {}),
+    ("tp_dp_cp", "get_tensor_and_data_parallel_group", {"with_context_parallel": True}),
+    ("mp", "get_model_parallel_group", {}),
+    ("embd", "get_embedding_group", {}),
+    ("pos_embd", "get_position_embedding_group", {}),
+)
+"""megatron-core's groups (getter and arguments), most specific first: a group gets the first name
+whose getter returns it."""
+
+
+def megatron_group_names() -> dict[int, str]:
+    """``id(group) -> name`` for megatron-core's groups of this process (after ``initialize_model_parallel``)."""
+    from megatron.core import parallel_state  # deferred: the backend itself does not need megatron-core
+
+    names: dict[int, str] = {}
+    for label, getter, kwargs in MEGATRON_GROUPS:
+        try:
+            group = getattr(parallel_state, getter)(**kwargs)
+        except Exception:  # a group this layout does not create, or a getter this version lacks
+            continue
+        names.setdefault(id(group), label)
+    return names
+
+
+def label_groups() -> None:
+    """Name each emulated group by megatron-core's getter that returns it, with its size."""
+    names = megatron_group_names()
+    for group in [*_created_groups(), dist.group.WORLD]:
+        if isinstance(group, EmulatedGroup):
+            base = names.get(id(group), "world" if group is dist.group.WORLD else f"group{group.name_}")
+            group.label = f"{base}[{group.n}]"
+
+
+def _created_groups() -> list[Any]:
+    return list(dist.distributed_c10d._world.pg_map.keys())

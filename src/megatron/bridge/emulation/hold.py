@@ -1,0 +1,73 @@
+"""Keep SMs of the GPU busy for a modeled time, on the current stream, as a running NCCL kernel does.
+
+An NCCL collective is a kernel: it occupies one thread block per channel on as many SMs, on the
+stream the collective runs on, for as long as the transfer takes. :class:`Hold` launches a kernel
+of ``sms`` blocks (512 threads each) whose threads spin on the GPU's global timer until the modeled
+time has passed: kernels behind it on the same stream wait, kernels on other streams share the GPU
+with it, and a CUDA graph captures it like any kernel. It is written in Triton; where Triton is
+missing, ``torch.cuda._sleep`` (one thread, one SM, clock cycles) stands in and :attr:`Hold.kind`
+says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+try:  # deferred-capable: Triton is optional (CPU machines have none)
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised on machines without Triton
+    triton = None
+
+
+if triton is not None:
+
+    @triton.jit
+    def _spin(nanoseconds):
+        start = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                          pack=1)
+        now = start
+        while now - start < nanoseconds:
+            now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                            is_pure=False, pack=1)
+
+
+class Hold:
+    """``hold(seconds, sms)``: the current CUDA stream is busy on ``sms`` SMs for ``seconds``."""
+
+    def __init__(self) -> None:
+        self.kind: Optional[str] = None
+        self._cycles_per_ns: Optional[float] = None
+
+    def __call__(self, seconds: float, sms: int) -> None:
+        nanoseconds = int(seconds * 1e9)
+        if nanoseconds <= 0:
+            return
+        if self.kind is None:
+            self.kind = self._choose()
+        if self.kind == "triton":
+            _spin[(max(1, sms),)](nanoseconds, num_warps=16)
+        else:
+            torch.cuda._sleep(int(nanoseconds * self._clock_ghz()))
+
+    def _choose(self) -> str:
+        if triton is None:
+            logger.warning("Triton is not installed: modeled communication holds one SM (torch.cuda._sleep)")
+            return "sleep"
+        try:
+            _spin[(1,)](1000, num_warps=16)
+            return "triton"
+        except Exception as exc:  # a Triton that cannot build the kernel on this GPU
+            logger.warning("the Triton hold kernel failed (%s): modeled communication holds one SM", exc)
+            return "sleep"
+
+    def _clock_ghz(self) -> float:
+        if self._cycles_per_ns is None:
+            rate_khz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) or 1_500_000
+            self._cycles_per_ns = rate_khz / 1e6
+        return self._cycles_per_ns

@@ -1,0 +1,116 @@
+"""The network model: how long one collective takes, from its group, its bytes and the links it crosses.
+
+A collective costs a latency plus its bytes over the slowest link it uses: NVLink between GPUs of
+one node, the GPU's own NIC (InfiniBand or RoCE) between nodes. The bytes each GPU moves follow the
+algorithm NCCL runs: a ring all-reduce sends ``2(n-1)/n`` of the tensor, all-gather and
+reduce-scatter ``(n-1)/n`` of the whole, broadcast the tensor once, and an all-to-all what its split
+sizes say, to peers in the node over NVLink and to the others over the NIC at the same time.
+
+Bandwidths are the documented line rates per direction (what NCCL reaches is lower: 80-90 % is
+usual), so modeled times are a lower bound for the hardware named. Every figure can be overridden.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class NetworkModel:
+    """Figures of one kind of cluster (per GPU, per direction)."""
+
+    name: str
+    gpus_per_node: int
+    intra_node_gbps: float
+    """NVLink bandwidth of one GPU, GB/s per direction."""
+    inter_node_gbps: float
+    """The GPU's NIC bandwidth between nodes, GB/s per direction."""
+    intra_node_latency_us: float
+    inter_node_latency_us: float
+    comm_sms: int = 16
+    """SMs a collective keeps busy while it runs (NCCL runs one thread block per channel, on
+    Hopper up to 32 channels; 16 is assumed: set what NCCL_DEBUG=INFO reports on your cluster)."""
+    source: str = ""
+
+    @property
+    def free(self) -> bool:
+        return self.intra_node_gbps == float("inf") and self.inter_node_gbps == float("inf")
+
+    def with_overrides(self, **figures: Optional[float]) -> "NetworkModel":
+        """A copy with the given figures replaced (``None`` keeps the preset's)."""
+        return dataclasses.replace(self, **{k: v for k, v in figures.items() if v is not None})
+
+    # -------------------------------------------------------------------------------- collectives
+    def spans_nodes(self, ranks: Sequence[int]) -> bool:
+        return len({r // self.gpus_per_node for r in ranks}) > 1
+
+    def _link(self, ranks: Sequence[int]) -> tuple[float, float]:
+        """(seconds of latency, bytes per second) of the slowest link the group's ring crosses."""
+        if self.spans_nodes(ranks):
+            return self.inter_node_latency_us * 1e-6, self.inter_node_gbps * GB
+        return self.intra_node_latency_us * 1e-6, self.intra_node_gbps * GB
+
+    def seconds(self, kind: str, ranks: Sequence[int], nbytes: int) -> float:
+        """Modeled time of a collective of ``kind`` over ``ranks`` on a tensor of ``nbytes``
+        (all-gather: the output; reduce-scatter: the input; all-reduce and broadcast: the tensor)."""
+        n = len(ranks)
+        if n <= 1 or self.free:
+            return 0.0
+        latency, bandwidth = self._link(ranks)
+        factor = ALGORITHM_FACTORS[kind](n)
+        return latency + factor * nbytes / bandwidth
+
+    def all_to_all_seconds(self, ranks: Sequence[int], me: int, bytes_to_peer: Sequence[int]) -> float:
+        """Modeled time of an all-to-all in which this rank (``ranks[me]``) sends ``bytes_to_peer[j]``
+        to ``ranks[j]`` (and, the world being symmetric, receives as much): NVLink and NIC at once."""
+        if len(ranks) <= 1 or self.free:
+            return 0.0
+        node = ranks[me] // self.gpus_per_node
+        intra = sum(b for j, b in enumerate(bytes_to_peer) if j != me and ranks[j] // self.gpus_per_node == node)
+        inter = sum(b for j, b in enumerate(bytes_to_peer) if ranks[j] // self.gpus_per_node != node)
+        times = [0.0]
+        if intra:
+            times.append(self.intra_node_latency_us * 1e-6 + intra / (self.intra_node_gbps * GB))
+        if inter:
+            times.append(self.inter_node_latency_us * 1e-6 + inter / (self.inter_node_gbps * GB))
+        return max(times)
+
+
+ALGORITHM_FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "barrier": lambda n: 0.0,
+}
+"""Bytes each GPU moves per byte of the collective's tensor, for NCCL's ring algorithms."""
+
+_HOPPER_SOURCES = (
+    "NVLink 4: 900 GB/s per GPU, both directions together (NVIDIA H100 and H200 SXM datasheets); one "
+    "ConnectX-7 400 Gb/s NIC per GPU and 8 GPUs per node (NVIDIA DGX H100/H200 system specifications); "
+    "latencies are assumed figures for NCCL's small messages"
+)
+
+PRESETS: Mapping[str, NetworkModel] = {
+    "h100_ib400": NetworkModel("h100_ib400", 8, 450.0, 50.0, 5.0, 15.0, source=_HOPPER_SOURCES),
+    "h200_ib400": NetworkModel("h200_ib400", 8, 450.0, 50.0, 5.0, 15.0, source=_HOPPER_SOURCES),
+    "gb200_nvl72": NetworkModel(
+        "gb200_nvl72", 72, 900.0, 50.0, 5.0, 15.0,
+        source="NVLink 5: 1.8 TB/s per GPU, both directions, 72 GPUs in one NVLink domain (NVIDIA GB200 NVL72 "
+        "specifications); a 400 Gb/s NIC per GPU between racks; latencies assumed as for Hopper",
+    ),
+    "free": NetworkModel("free", 8, float("inf"), float("inf"), 0.0, 0.0, comm_sms=0,
+                         source="no cost at all: the compute-only reference"),
+}
+"""Named clusters; every figure can be overridden (``emulation.*`` settings)."""
+
+
+def network_model(name: str, **overrides: Optional[float]) -> NetworkModel:
+    """The preset ``name`` with ``overrides`` (a ``KeyError`` names the presets)."""
+    if name not in PRESETS:
+        raise KeyError(f"unknown network {name!r}; presets: {', '.join(PRESETS)}")
+    return PRESETS[name].with_overrides(**overrides)

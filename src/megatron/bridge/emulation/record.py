@@ -1,0 +1,73 @@
+"""What the emulated collectives of one step did: per group and kind, calls, bytes and modeled seconds.
+
+The backend adds every collective it runs; the training loop takes the step's record after each
+step (``summary.json`` keeps them all, the step line shows the modeled total). ``host_seconds`` is
+what the emulation itself cost the host (inside the backend's methods), so a step time can be
+checked for being bound by the emulation rather than by the work it emulates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Tally:
+    calls: int = 0
+    bytes: int = 0
+    modeled_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"calls": self.calls, "bytes": self.bytes, "modeled_s": self.modeled_s}
+
+
+@dataclass
+class CommRecord:
+    """Collectives since the last :meth:`take`, by group label and kind."""
+
+    tallies: dict[tuple[str, str], Tally] = field(default_factory=lambda: defaultdict(Tally))
+    host_s: float = 0.0
+    order: list[tuple[str, str, int]] = field(default_factory=list)
+    """``(group, kind, bytes)`` of every collective in issue order (kept only when ``keep_order``, for
+    tests that compare a step with a real world's, and then in each step's record)."""
+    keep_order: bool = False
+
+    def add(self, group: str, kind: str, nbytes: int, modeled_s: float) -> None:
+        tally = self.tallies[(group, kind)]
+        tally.calls += 1
+        tally.bytes += nbytes
+        tally.modeled_s += modeled_s
+        if self.keep_order:
+            self.order.append((group, kind, nbytes))
+
+    def take(self) -> dict[str, Any]:
+        """This step's record (``{"groups": {group: {kind: {...}}}, "modeled_s", "host_s"}``), then empty."""
+        groups: dict[str, dict[str, Any]] = {}
+        for (group, kind), tally in sorted(self.tallies.items()):
+            groups.setdefault(group, {})[kind] = tally.as_dict()
+        step = {"groups": groups, "modeled_s": sum(t.modeled_s for t in self.tallies.values()),
+                "host_s": self.host_s}
+        if self.keep_order:
+            step["order"] = list(self.order)
+        self.tallies.clear()
+        self.order.clear()
+        self.host_s = 0.0
+        return step
+
+
+class HostTimer:
+    """Adds the time spent inside a ``with`` block to ``record.host_s``."""
+
+    __slots__ = ("record", "start")
+
+    def __init__(self, record: CommRecord) -> None:
+        self.record = record
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.record.host_s += time.perf_counter() - self.start
