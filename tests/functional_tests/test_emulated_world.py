@@ -89,3 +89,28 @@ def test_the_gradient_reduce_scatter_moves_twice_a_parameter_gather(runs):
     """float32 gradients, bfloat16 parameters: one gradient buffer is two parameter gathers' bytes."""
     groups = runs["record"]["groups"]["dp_cp[4]"]
     assert groups["reduce_scatter"]["bytes"] == groups["all_gather"]["bytes"]
+
+
+# (d) The README's command with the emulation flag, on the CPU at the tiny recipe's sizes.
+TINY_SIZES = ["model.num_layers=2", "model.hidden_size=128", "model.num_attention_heads=4", "model.num_query_groups=2",
+              "model.kv_channels=32", "model.ffn_hidden_size=256", "model.moe_ffn_hidden_size=64",
+              "model.num_moe_experts=16", "model.moe_router_topk=2", "model.vocab_size=1024", "model.seq_length=128",
+              "dataset.num_workers=0"]
+
+
+def test_the_readme_command_emulated_dry_runs_and_trains_three_steps_on_the_cpu(tmp_path):
+    from seed_command import for_gpu
+
+    from megatron.bridge.perf.run import main
+
+    argv = [*for_gpu("cpu"), "--emulate", "--network", "h100_ib400", *TINY_SIZES, "--max_steps", "3"]
+    assert main([*argv, "-l", str(tmp_path / "dry"), "--dryrun"]) == 0
+    script = Path(__file__).resolve().parents[2] / "scripts" / "performance" / "run_script.py"
+    proc = subprocess.run([sys.executable, str(script), *argv, "-l", str(tmp_path / "run")], capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "EMULATED world: this process plays rank 0 of 16 (2 node(s) x 8 GPUs)" in proc.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["final_iteration"] == 3 and summary["emulation"]["emulated"]
+    assert "modeled, not measured" in summary["emulation"]["note"]
+    assert all(step["modeled_s"] > 0 for step in summary["emulation"]["steps"])

@@ -8,6 +8,8 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+
+import megatron.bridge.training.pretrain as pretrain_module
 import torch
 
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
@@ -69,6 +71,7 @@ def test_pretrain_resolves_once_and_starts_from_that_resolution(monkeypatch, res
         raise _StopBeforeProcessGroup
 
     monkeypatch.setattr(initialize, "initialize_distributed", stop)
+    monkeypatch.setattr(pretrain_module, "visible_gpu_count", lambda: 1)  # a GPU machine, also on CPU-only CI
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
     cfg = qwen3_moe_tiny_pretrain_config()
     with pytest.raises(_StopBeforeProcessGroup):

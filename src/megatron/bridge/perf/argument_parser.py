@@ -19,6 +19,7 @@ from typing import NoReturn, Optional, Sequence
 
 from megatron.bridge.training.errors import did_you_mean
 from megatron.bridge.utils.flex_backend_names import FLEX_BACKENDS
+from megatron.bridge.emulation.network import PRESETS as NETWORK_PRESETS
 from megatron.bridge.training.resolution.gpu_catalog import GPU_TYPES
 from megatron.bridge.training.resolution.layout import MAX_WORLD_SIZE
 
@@ -280,6 +281,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "with its source (--dryrun always does); on the console, also the ranks' third-party "
                     "warnings and megatron-core's INFO logs (<log_dir>/launch.log holds all of the launcher's "
                     "and the ranks' output either way)")
+
+    emu = p.add_argument_group("emulated world (one process trains one rank of the -ng layout; communication "
+                               "times are modeled, not measured)")
+    emu.add_argument("--emulate", action="store_true",
+                     help="validate the -ng/-gn layout as for a real run, then train its rank --emulate_rank in one "
+                     "process; every collective takes the time --network gives it")
+    emu.add_argument("--network", type=_choice(tuple(NETWORK_PRESETS)), default=None,
+                     help=f"network model of the emulated world: {'|'.join(NETWORK_PRESETS)} (default: h100_ib400); "
+                     "figures can be overridden with emulation.* overrides")
+    emu.add_argument("--emulate_rank", type=int, default=None, help="the rank the process plays (default: 0)")
 
     prof = p.add_argument_group("profiling")
     prof.add_argument("--profile", action="store_true", help="capture a torch profiler trace")

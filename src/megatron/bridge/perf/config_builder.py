@@ -119,6 +119,11 @@ class BuiltConfig:
         return self.num_gpus * (1 if self.cpu else self.procs_per_gpu)
 
     @property
+    def emulated(self) -> bool:
+        """One process plays one rank of the ``num_gpus`` layout (``--emulate``)."""
+        return self.cfg.emulation.world_size is not None
+
+    @property
     def num_nodes(self) -> int:
         return 1 if self.cpu else -(-self.num_gpus // self.gpus_per_node)
 
@@ -165,6 +170,21 @@ def flag_values(args: Namespace) -> dict[str, Any]:
         values["profiling.use_pytorch_profiler"] = True
     if args.log_dir is not None:
         values["logger.log_dir"] = str(Path(args.log_dir).resolve())
+    if args.network is not None:
+        values["emulation.network"] = args.network
+    if args.emulate_rank is not None:
+        values["emulation.rank"] = args.emulate_rank
+    return values
+
+
+def emulation_values(args: Namespace, num_gpus: int) -> dict[str, Any]:
+    """``--emulate``: the emulated world is the ``-ng`` layout, ``-gn`` GPUs to a node (else the
+    network preset's)."""
+    if not args.emulate:
+        return {}
+    values: dict[str, Any] = {"emulation.world_size": num_gpus}
+    if args.gpus_per_node is not None:
+        values["emulation.gpus_per_node"] = args.gpus_per_node
     return values
 
 
@@ -291,9 +311,10 @@ def default_num_gpus(args: Namespace, recipe: RecipeChoice, cfg: "ConfigContaine
         return args.num_gpus, None
     smallest = minimum_world_size(cfg) if sizes_ok else 1
     if cpu:
-        return smallest, f"-ng not given: using {smallest} process(es), the smallest count the layout fits (CPU smoke mode)"
-    if recipe.reference_num_gpus:
-        return recipe.reference_num_gpus, f"-ng not given: using {recipe.reference_num_gpus} (the recipe's reference GPU count)"
+        return smallest, f"-ng not given: using {smallest} process(es), the smallest count the layout fits (CPU mode)"
+    reference = recipe.reference_num_gpus
+    if reference:
+        return reference, f"-ng not given: using {reference} (the recipe's reference GPU count)"
     return smallest, f"-ng not given: using {smallest}, the smallest GPU count the layout fits"
 
 
@@ -330,6 +351,10 @@ def build_config(
     cpu = cpu or (args.gpu is None and cfg.dist.device == "cpu")  # a config file or override chose CPU mode
     sizes_ok = sizes_within_ranges(cfg)
     num_gpus, count_note = default_num_gpus(args, recipe, cfg, sizes_ok, cpu)
+    cfg = apply_layer(cfg, emulation_values(args, num_gpus), "flag")
+    if args.emulate and args.procs_per_gpu > 1:
+        raise HarnessError("[emulate-one-process] --emulate trains one rank in one process; --procs_per_gpu "
+                           f"{args.procs_per_gpu} asks for several\n    fix: leave --procs_per_gpu out")
     procs_per_gpu = 1 if cpu else args.procs_per_gpu
     built = BuiltConfig(
         cfg=cfg,
@@ -421,6 +446,11 @@ def environment_summary(built: BuiltConfig) -> str:
     """One line: recipe, GPUs, nodes, ranks, target."""
     mode = "CPU smoke mode (gloo)" if built.cpu else f"target GPU {built.target_gpu or 'unspecified'}"
     share = f", {built.procs_per_gpu} ranks per GPU" if built.procs_per_gpu > 1 else ""
+    if built.emulated:
+        e = built.cfg.emulation
+        return (f"recipe {built.recipe.qualified_name}; EMULATED world of {built.num_gpus} GPUs: one process "
+                f"{'on the CPU' if built.cpu else 'on one GPU'} plays rank {e.rank}, the others are played by "
+                f"symmetry; communication times are MODELED by network {e.network!r}, not measured; {mode}")
     return (
         f"recipe {built.recipe.qualified_name}; {built.num_gpus} {'processes' if built.cpu else 'GPUs'} on "
         f"{built.num_nodes} node(s){share}; world size {built.world_size}; {mode}"

@@ -148,17 +148,18 @@ def plan_job(built: BuiltConfig, resolution: "Resolution", args, max_connections
     """The launch of a resolved job. ``max_connections`` replaces the report's
     ``CUDA_DEVICE_MAX_CONNECTIONS`` (sweeps keep the environment identical across values)."""
     needed = resolution.report.cuda_device_max_connections
+    launched_gpus, gpus_per_node = (1, 1) if built.emulated else (built.num_gpus, built.gpus_per_node)
     problems = launch_problems(
         account=args.account, partition=args.partition, time_limit=args.time_limit, log_dir=built.log_dir,
-        written_to_batch_script=choose_mode(cpu=built.cpu, num_gpus=built.num_gpus, gpus_per_node=built.gpus_per_node,
+        written_to_batch_script=choose_mode(cpu=built.cpu, num_gpus=launched_gpus, gpus_per_node=gpus_per_node,
                                             environ=os.environ) == "sbatch",
     )
     if problems:
         raise HarnessError("the launch cannot be written:\n" + "\n".join(f"  - {p}" for p in problems), EXIT_CONFIG)
     return plan_launch(
         cpu=built.cpu,
-        num_gpus=built.num_gpus,
-        gpus_per_node=built.gpus_per_node,
+        num_gpus=launched_gpus,  # an emulated world is one process
+        gpus_per_node=gpus_per_node,
         procs_per_gpu=built.procs_per_gpu,
         config_path=built.log_dir / CONFIG_NAME,
         log_dir=built.log_dir,
@@ -204,7 +205,7 @@ def check_machine(job: Job) -> None:
         )
     if job.plan.mode != "torchrun":
         return
-    have, need = gpus_visible(), job.built.num_gpus
+    have, need = gpus_visible(), 1 if job.built.emulated else job.built.num_gpus
     if have < need:
         raise HarnessError(
             f"{too_few_gpus(have, need, f'-ng {need}')}. "

@@ -1,0 +1,48 @@
+"""``--emulate`` through the harness: the layout is validated for its real GPU count, one process is
+launched, the start-up says the world is emulated, and what it cannot play is refused before launch."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from seed_command import README_COMMAND, for_gpu
+
+from megatron.bridge.perf.run import main
+
+EMULATE = ["--emulate", "--network", "h100_ib400"]
+
+
+def run(argv: list[str]) -> tuple[int, str]:
+    out = io.StringIO()
+    return main(argv, out=out), out.getvalue()
+
+
+def test_the_readme_command_emulated_is_validated_for_16_gpus_and_launches_one_process(tmp_path):
+    code, out = run([*README_COMMAND, *EMULATE, "-l", str(tmp_path / "run"), "--dryrun"])
+    assert code == 0, out
+    assert "EMULATED world of 16 GPUs: one process on one GPU plays rank 0" in out
+    assert "MODELED by network 'h100_ib400', not measured" in out
+    launch = next(line for line in out.splitlines() if "loopback_torchrun" in line)
+    assert "--nproc-per-node=1" in launch and "sbatch" not in out
+
+
+@pytest.mark.parametrize("extra, rule", [
+    (["-pp", "2", "-ng", "32"], "emulation-no-pipeline-parallel"),
+    (["--moe_flex_dispatcher_backend", "deepep"], "emulation-no-flex-dispatcher"),
+    (["model.torch_native_ep_transport=nvshmem"], "emulation-no-symmetric-memory"),
+    (["--emulate_rank", "16"], "emulation-rank-in-world"),
+    (["emulation.network=h100_ib800"], "emulation-network-known"),
+    (["--procs_per_gpu", "2"], "emulate-one-process"),
+], ids=["pipeline", "deepep", "nvshmem", "rank", "network", "procs-per-gpu"])
+def test_what_an_emulated_world_cannot_play_is_refused_before_launch(extra, rule, tmp_path, no_launch):
+    code, out = run([*README_COMMAND, *EMULATE, *extra, "-l", str(tmp_path / "run")])
+    assert code == 2 and f"[{rule}]" in out and "nothing was launched" in out, out
+
+
+def test_an_emulated_run_saves_no_checkpoint(tmp_path, no_launch):
+    ckpt = tmp_path / "ck"
+    ckpt.mkdir()
+    code, out = run([*for_gpu("cpu"), *EMULATE, f"checkpoint.save={ckpt}", f"checkpoint.load={ckpt}",
+                     "-l", str(tmp_path / "run")])
+    assert code == 2 and "[emulation-no-checkpoints]" in out, out
