@@ -150,6 +150,7 @@ class EmulatedGroup(dist.ProcessGroup):
             return self._done("all_gather", sum(map(_nbytes, outputs)), outputs[0])
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
+    _allgather_base = all_gather_single  # the name torch 2.11's all_gather_into_tensor calls
 
     def reduce_scatter_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> dist.Work:
         with HostTimer(self.world.record):
@@ -164,6 +165,7 @@ class EmulatedGroup(dist.ProcessGroup):
             return self._done("reduce_scatter", sum(map(_nbytes, inputs)), outputs[0])
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    _reduce_scatter_base = reduce_scatter_single  # the name torch 2.11's reduce_scatter_tensor calls
 
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts: Any = None) -> dist.Work:
@@ -181,6 +183,8 @@ class EmulatedGroup(dist.ProcessGroup):
             to_peer = [rows * row for rows in sent]
             seconds = self.world.network.all_to_all_seconds(self.ranks, self.me, to_peer)
             return self._charged("all_to_all", sum(to_peer) - to_peer[self.me], seconds, output)
+
+    alltoall_base = all_to_all_single  # the name older torch's all_to_all_single calls
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
         with HostTimer(self.world.record):

@@ -68,7 +68,8 @@ def _one_process_group(configs: list) -> Iterator[None]:
     from megatron.bridge.training.loop import initialize
 
     env = initialize.launch_env()
-    initialize.initialize_distributed(configs[0].validate(world_size=env.world_size), env)
+    first = configs[0].validate(world_size=initialize.world_to_validate(configs[0], env))
+    initialize.initialize_distributed(first, env)
     try:
         yield
     finally:

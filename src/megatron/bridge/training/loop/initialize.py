@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from megatron.core import parallel_state
 
-from megatron.bridge.emulation.backend import label_groups, start_world, stop_world
+from megatron.bridge.emulation.backend import current_world, label_groups, start_world, stop_world
 from megatron.bridge.training.devices.platform import Platform, select_platform
 
 if TYPE_CHECKING:
@@ -70,6 +70,8 @@ def initialize_distributed(
     env = env or launch_env()
     (platform or select_platform(cfg)).bind_device(env.local_rank)
     if torch.distributed.is_initialized():
+        if cfg.emulation.enabled:
+            join_emulated_world(cfg)
         return LaunchEnv(
             torch.distributed.get_rank(), torch.distributed.get_world_size(), env.local_rank, "existing"
         )
@@ -83,6 +85,18 @@ def initialize_distributed(
         backend=cfg.dist.effective_backend, rank=env.rank, world_size=env.world_size, timeout=timeout,
     )
     return env
+
+
+def join_emulated_world(cfg: "ConfigContainer") -> None:
+    """A run in a process whose emulated world exists (several configs, one start-up): the same
+    rank of the same world size, charged for this config's network."""
+    world = current_world()
+    e = cfg.emulation
+    if world is None or (world.world_size, world.rank) != (e.world_size, e.rank):
+        have = "a real world" if world is None else f"rank {world.rank} of an emulated {world.world_size}"
+        raise RuntimeError(f"this process already holds {have}; the config asks for rank {e.rank} of an emulated "
+                           f"{e.world_size}: run it in a process of its own")
+    world.network = e.model()
 
 
 def initialize_model_parallel(cfg: "ConfigContainer") -> None:

@@ -1,0 +1,122 @@
+"""EP overlap in an emulated cluster, on one GPU: writes ``docs/benchmarks/ep_emulated_cluster_results.json``.
+
+Qwen3-30B-A3B's layer shape at EP=8*nodes over ``nodes`` x 8 GPUs, one rank trained on this GPU in
+an emulated world whose collectives take the time of a network model (modeled, not measured), with
+EP overlap off and on, against EP=1 on the same GPU (see ``megatron.bridge.perf.emulation_benchmark``
+for the arms and the hidden share).
+
+    uv run python scripts/performance/ep_emulation_benchmark.py --out runs/ep_emulation --publish
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from megatron.bridge.emulation.network import PRESETS
+from megatron.bridge.perf import emulation_benchmark as bench
+from megatron.bridge.perf.benchmark_jobs import (
+    NOMINAL_PEAK_TFLOPS,
+    SAFE_ENV,
+    device_name,
+    git_commit,
+    job_argv,
+    matmul_ceiling_tflops,
+    run_logged,
+    write_configs,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS_JSON = REPO / "docs" / "benchmarks" / "ep_emulated_cluster_results.json"
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("runs/ep_emulation"))
+    p.add_argument("--networks", default="h100_ib400,h200_ib400", help=f"comma-separated: {', '.join(PRESETS)}")
+    p.add_argument("--dispatchers", default="alltoall,sorted", help=", ".join(bench.DISPATCHERS))
+    p.add_argument("--arms", default=",".join(bench.ARMS))
+    p.add_argument("--nodes", type=int, default=2, help="nodes of 8 GPUs (EP = 8 x nodes)")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--window-start", type=int, default=4)
+    p.add_argument("--gpu", default="h200", help="the -g target the cases are validated for")
+    p.add_argument("--job-timeout", type=float, default=540.0)
+    p.add_argument("--publish", action="store_true", help=f"also write {RESULTS_JSON.relative_to(REPO)}")
+    p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="RESULTS_JSON",
+                   help="instead of running: merge the results.json of separate runs (their repeats side by side, "
+                   "hidden shares of the pooled means) into --out/results.json (and, with --publish, the docs)")
+    p.add_argument("--ran-at", default=None, help="with --merge: the commit whose code the runs ran")
+    return p.parse_args(argv)
+
+
+def merge(args: argparse.Namespace) -> int:
+    """Runs of the same benchmark made in separate calls, as one table: every repeat of every row."""
+    runs = [json.loads(path.read_text()) for path in args.merge]
+    table = bench.merge_rows([run["rows"] for run in runs], args.ran_at)
+    meta = {key: runs[0][key] for key in ("question", "modeled", "networks", "layers", "steps", "window_start")}
+    meta.update(commands=[run["command"] for run in runs], devices=sorted({run["device"] for run in runs}),
+                matmul_ceiling_tflops=[run["matmul_ceiling_tflops"] for run in runs],
+                nominal_peak_tflops=NOMINAL_PEAK_TFLOPS, ran_at=args.ran_at,
+                merged_by=shlex.join(["uv", "run", "python", "scripts/performance/ep_emulation_benchmark.py",
+                                      "--merge", *(p.name for p in args.merge)]))
+    args.out.mkdir(parents=True, exist_ok=True)
+    bench.write_results(args.out / "results.json", table, meta)
+    if args.publish:
+        bench.write_results(RESULTS_JSON, table, meta)
+    print(json.dumps(table, indent=1))
+    return 0
+
+
+def run_job(name: str, cases: list[bench.Case], out: Path, timeout: float) -> dict[str, dict]:
+    """Train ``cases`` in one process; the summary of every case that finished."""
+    paths, env = write_configs([case.argv(out / "cases") for case in cases])
+    log = out / f"{name}.log"
+    code = run_logged(job_argv(1, out / f"{name}_torchrun", paths), {**os.environ, **SAFE_ENV, **env}, log, timeout)
+    print(f"job {name}: exit {code}, log {log}", flush=True)
+    found = {}
+    for case in cases:
+        summary = out / "cases" / case.name / "summary.json"
+        if summary.is_file():
+            found[case.name] = json.loads(summary.read_text())
+    return found
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    if args.merge:
+        return merge(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    jobs = bench.plan(args.networks.split(","), args.dispatchers.split(","), args.repeats, args.layers, args.nodes,
+                      args.steps, args.gpu, args.arms.split(","))
+    ceiling = matmul_ceiling_tflops()
+    results: dict[str, dict] = {}
+    started = time.time()
+    for name, cases in jobs.items():
+        for case_name, summary in run_job(name, cases, args.out, args.job_timeout).items():
+            results[case_name] = bench.case_result(next(c for c in cases if c.name == case_name), summary,
+                                                   args.window_start)
+    cases = [case for cases in jobs.values() for case in cases]
+    table = bench.rows(cases, results, git_commit(REPO), args.nodes)
+    meta = {"question": "how much of the modeled EP communication does EP overlap hide at EP=8 x nodes?",
+            "command": shlex.join(["uv", "run", "python", "scripts/performance/ep_emulation_benchmark.py", *argv]),
+            "device": device_name(), "matmul_ceiling_tflops": ceiling, "nominal_peak_tflops": NOMINAL_PEAK_TFLOPS,
+            "modeled": "emulated rows: communication times are modeled by the named network, not measured",
+            "networks": {n: vars(PRESETS[n]) | {"source": PRESETS[n].source} for n in args.networks.split(",")},
+            "layers": args.layers, "steps": args.steps, "window_start": args.window_start,
+            "wall_s": time.time() - started, "complete": len(results) == len(cases)}
+    bench.write_results(args.out / "results.json", table, meta)
+    if args.publish:
+        bench.write_results(RESULTS_JSON, table, meta)
+    print(json.dumps(table, indent=1))
+    return 0 if meta["complete"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
