@@ -56,12 +56,20 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _portable(command: str) -> str:
+    """``command`` with the machine's output folder written as the default ``runs/ep_emulation``."""
+    words = shlex.split(command)
+    if "--out" in words:
+        words[words.index("--out") + 1] = "runs/ep_emulation"
+    return shlex.join(words)
+
+
 def merge(args: argparse.Namespace) -> int:
     """Runs of the same benchmark made in separate calls, as one table: every repeat of every row."""
     runs = [json.loads(path.read_text()) for path in args.merge]
     table = bench.merge_rows([run["rows"] for run in runs], args.ran_at)
     meta = {key: runs[0][key] for key in ("question", "modeled", "networks", "layers", "steps", "window_start")}
-    meta.update(commands=[run["command"] for run in runs], devices=sorted({run["device"] for run in runs}),
+    meta.update(commands=[_portable(run["command"]) for run in runs], devices=sorted({run["device"] for run in runs}),
                 matmul_ceiling_tflops=[run["matmul_ceiling_tflops"] for run in runs],
                 nominal_peak_tflops=NOMINAL_PEAK_TFLOPS, ran_at=args.ran_at,
                 merged_by=shlex.join(["uv", "run", "python", "scripts/performance/ep_emulation_benchmark.py",
