@@ -301,11 +301,23 @@ def _exchange_rows(output: torch.Tensor, tensor: torch.Tensor, out_splits: list[
     if all(s == in_splits[me] for s in splits):
         output.view(n, *own.shape).copy_(own.unsqueeze(0).expand(n, *own.shape))
         return list(in_splits)
-    offset = 0
-    for size in splits:
-        _copy_rows(output.narrow(0, offset, size), own)
-        offset += size
+    _fill_chunks(output, own, splits)
     return list(in_splits)
+
+
+def _fill_chunks(output: torch.Tensor, own: torch.Tensor, splits: list[int]) -> None:
+    """Chunk ``j`` of ``output`` (``splits[j]`` rows) gets the first rows of ``own``, zeros past them:
+    one gather over a zero-padded copy of ``own`` instead of a copy per peer (a combine, whose chunks
+    differ in size, would otherwise launch two kernels for each of the group's ranks)."""
+    total = sum(splits)
+    if total == 0:
+        return
+    sizes = torch.tensor(splits, dtype=torch.int64).to(output.device, non_blocking=True)
+    starts = torch.cumsum(sizes, 0) - sizes
+    within = torch.arange(total, device=output.device) - torch.repeat_interleave(starts, sizes, output_size=total)
+    padded = torch.zeros((own.shape[0] + 1, *own.shape[1:]), dtype=own.dtype, device=own.device)
+    padded[:own.shape[0]].copy_(own)
+    torch.index_select(padded, 0, within.clamp_(max=own.shape[0]), out=output)
 
 
 def _sizes(splits: Any) -> list[int]:

@@ -1,0 +1,47 @@
+"""The emulation benchmark's plan and results: the cases it builds through the harness, the rows and
+hidden shares it writes, and the merge of runs made in separate calls."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from megatron.bridge.perf import emulation_benchmark as bench
+from megatron.bridge.perf.run import main
+
+
+def test_the_plan_interleaves_repeats_and_runs_free_once_per_dispatcher():
+    jobs = bench.plan(["h100_ib400", "h200_ib400"], ["alltoall"], repeats=2, layers=4, nodes=2, steps=12, gpu="h200")
+    names = [case.name for case in jobs["emulated"]]
+    assert names[:3] == ["free_free_alltoall_r1", "off_h100_ib400_alltoall_r1", "on_h100_ib400_alltoall_r1"]
+    assert names.count("free_free_alltoall_r1") == 1 and len(names) == 2 * (1 + 2 * 3)
+    assert [case.name for case in jobs["ep1"]] == ["ep1_none_none_r1", "ep1_none_none_r2"]
+
+
+@pytest.mark.parametrize("arm", ["ep1", "free", "on_delay_wgrad"])
+def test_every_case_is_a_command_line_the_harness_accepts(arm, tmp_path):
+    case = bench.Case(arm, "h100_ib400", "sorted", 1, 4, 2, 12, "h200")
+    out = io.StringIO()
+    assert main([*case.argv(tmp_path), "--dryrun"], out=out) == 0, out.getvalue()
+    assert ("EMULATED world of 16 GPUs" in out.getvalue()) == (arm != "ep1")
+
+
+def _row(arm: str, network: str, steps: list[float]) -> dict:
+    return {"network": network, "dispatcher": "alltoall", "arm": arm, "step_s": steps, "tflops_per_gpu": 100.0,
+            "commit": "c"}
+
+
+def test_the_hidden_share_is_what_overlap_took_off_what_communication_added():
+    table = [_row("free", "free", [1.0]), _row("off", "h100_ib400", [1.5]), _row("on", "h100_ib400", [1.1])]
+    bench._add_hidden_shares(table)
+    assert table[2]["hidden_share"] == pytest.approx(0.8)
+
+
+def test_runs_of_separate_calls_merge_their_repeats_side_by_side():
+    first = [_row("free", "free", [1.0]), _row("off", "h100_ib400", [1.5]), _row("on", "h100_ib400", [1.6])]
+    second = [_row("free", "free", [1.2]), _row("off", "h100_ib400", [1.7]), _row("on", "h100_ib400", [1.6])]
+    merged = {row["arm"]: row for row in bench.merge_rows([first, second], "abc")}
+    assert merged["off"]["step_s"] == [1.5, 1.7] and merged["on"]["commit"] == "abc"
+    assert merged["on"]["hidden_share"] == pytest.approx((1.6 - 1.6) / (1.6 - 1.1))
