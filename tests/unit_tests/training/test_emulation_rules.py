@@ -29,6 +29,7 @@ CASES = {
     "emulation-no-flex-dispatcher": {"model.moe_token_dispatcher_type": "flex"},
     "emulation-no-symmetric-memory": {"model.torch_native_ep_transport": "nvshmem"},
     "emulation-no-gloo-on-gpus": {"dist.device": "cuda", "dist.distributed_backend": "gloo"},
+    "emulation-no-cuda-graph": {"model.cuda_graph_impl": "full_iteration"},
 }
 
 

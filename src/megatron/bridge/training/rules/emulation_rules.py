@@ -63,6 +63,11 @@ EMULATION_RULES: tuple[Rule, ...] = (
           lambda cfg, ctx: cfg.model.torch_native_ep_transport != "nvshmem",
           "the NVSHMEM exchange maps memory of real peers (torch symmetric memory)",
           "emulate with model.torch_native_ep_transport=nccl or auto"),
+    _rule("emulation-no-cuda-graph", ("model.cuda_graph_impl",),
+          lambda cfg, ctx: cfg.model.cuda_graph_impl in (None, "none"),
+          "the emulated collectives have not been run under CUDA-graph capture yet (a combine whose chunks differ "
+          "copies its split sizes to the GPU, which a capture cannot hold); an emulated run is eager until that "
+          "is shown to work", "emulate with --cuda_graph_impl none"),
     _rule("emulation-no-gloo-on-gpus", ("dist.distributed_backend", "dist.device"),
           lambda cfg, ctx: not (cfg.dist.distributed_backend == "gloo" and cfg.dist.device == "cuda"),
           "gloo between ranks that share a GPU is a real multi-process world; the emulated world has one "
