@@ -33,7 +33,7 @@ CASES = {
     "dataset-tokens-bounded": (
         16,
         lambda: _set(qwen3_30b_a3b_pretrain_config(), train__train_iters=ABSURD_STEPS),
-        lambda: _set(qwen3_30b_a3b_pretrain_config(), train__train_iters=10_000_000),  # 4.3e+13 tokens, the longest runs
+        lambda: _set(qwen3_30b_a3b_pretrain_config(), train__train_iters=10_000_000),  # 4.3e+13 tokens: the longest
         [f"train.train_iters={ABSURD_STEPS}", "tokens='4.19e+26 (1.02e+23 training", "more than 1e+15 tokens"],
     ),
     "dataset-index-fits-host-memory": (

@@ -114,6 +114,10 @@ def measure(trees: dict[str, Path], repeats: int, commands: Sequence[str] = tupl
     return results
 
 
+IMPORT_GROUPS = ("megatron.core", "megatron.bridge", "torch")
+"""The packages whose import time :func:`import_breakdown` sums apart (the rest is ``other``)."""
+
+
 def import_breakdown(tree: Path) -> dict[str, float]:
     """Seconds the README's dry run spends importing, by package (``-X importtime``'s own times)."""
     with tempfile.TemporaryDirectory() as scratch:
@@ -124,8 +128,7 @@ def import_breakdown(tree: Path) -> dict[str, float]:
         if not line.startswith("import time:") or "self [us]" in line:
             continue
         self_us, _, name = (part.strip() for part in line.removeprefix("import time:").split("|"))
-        group = next((g for g in ("megatron.core", "megatron.bridge", "torch") if name == g or name.startswith(g + ".")),
-                     "other")
+        group = next((g for g in IMPORT_GROUPS if name == g or name.startswith(g + ".")), "other")
         totals[group] = totals.get(group, 0.0) + int(self_us) / 1e6
     totals["all imports"] = sum(totals.values())
     return totals
