@@ -20,7 +20,7 @@ CHILD = Path(__file__).with_name("children") / "harness_imports.py"
 
 ANSWERED_WITHOUT_A_CONFIG = {
     "help": (["--help"], 0, "--max_steps"),
-    "unknown-flag": (["-mr", "qwen3_moe_tiny", "--max-step", "10"], 2, "did you mean --max_steps?"),
+    "unknown-flag": (["-mr", "qwen3_moe_tiny", "--max-step", "10"], 2, "did you mean --max_steps"),
     "unknown-recipe": (["-mr", "qwen3_moe_tinny", "-g", "cpu"], 2, "did you mean -mr qwen3_moe_tiny?"),
     "unknown-task": (["-mr", "qwen3_moe_tiny", "--task", "sft"], 2, "exists for --task pretrain"),
     "unknown-family": (["-m", "qwn", "-mr", "qwen3_moe_tiny"], 2, "did you mean -m qwen?"),
