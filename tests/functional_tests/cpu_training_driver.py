@@ -16,7 +16,9 @@ import cost ~30 s per process on a small CI machine, so they are paid once):
 9. ``model.gradient_accumulation_fusion=true`` without Apex: megatron-core's layers add their weight
    gradients into ``main_grad`` through this package's kernel;
 10. a resume from a copy of the finished checkpoint whose RNG files were replaced by a pickled object
-    that would run code when unpickled: refused, nothing run.
+    that would run code when unpickled: refused, nothing run;
+11. overlap on with ``model.ep_overlap_early_attn_memory_release=true`` (megatron-core's EP-overlap
+    schedule running each layer's attention backward earlier), 3 iterations.
 
 Scenario 2's container is validated by the user first; what it holds after ``validate()`` and after
 ``pretrain()`` (extra attributes, copies against their owners, the saved YAML, how often it was
@@ -227,6 +229,10 @@ def main() -> None:
     cfg = tiny_cfg(out, "gaf", overlap=False)
     cfg.model.gradient_accumulation_fusion = True
     results["gaf"] = pretrain(cfg).losses
+    cfg = tiny_cfg(out, "early_attn_release", overlap=True)
+    cfg.model.ep_overlap_early_attn_memory_release = True
+    cfg.train.train_iters = 3
+    results["early_attn_release"] = pretrain(cfg).losses
     if torch.distributed.get_rank() == 0:
         (out / "results.json").write_text(json.dumps(results, indent=2))
     torch.distributed.barrier()

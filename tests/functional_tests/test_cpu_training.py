@@ -97,6 +97,14 @@ def test_gradient_accumulation_fusion_without_apex_trains_like_the_unfused_run(r
     assert summary["gradient_accumulation_fusion"]["enabled"] is True
 
 
+def test_early_attention_release_reorders_the_ep_overlap_schedule_not_the_math(results: dict) -> None:
+    """megatron-core's ``ep_overlap_early_attn_memory_release`` moves each layer's attention backward
+    before the next micro-batch's MLP forward inside the EP-overlap schedule: the same losses (CPU:
+    bit for bit), and the start-up report lists it as active."""
+    assert results["early_attn_release"] == results["on"][:3]
+    assert any("ep_early_attn_release" in line for line in results["stdout"].splitlines() if "active:" in line)
+
+
 def test_a_resume_never_runs_code_planted_in_the_checkpoint(results: dict) -> None:
     """The per-rank RNG file is read with ``weights_only=True``: an object in its place is refused, its
     code never runs, and the message names the file."""

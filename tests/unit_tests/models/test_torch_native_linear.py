@@ -56,6 +56,22 @@ def test_rerouted_layer_matches_megatron_and_accumulates_into_main_grad(
     assert rerouted.weight.grad.shape == rerouted.weight.shape
 
 
+@pytest.mark.parametrize("kind", ["column", "row"])
+def test_main_grad_is_reached_under_saved_tensor_hooks(model_parallel, tiny_moe_config, cpu_accumulation, kind):
+    """megatron-core's fine-grained activation offloading runs the forward under saved-tensor hooks,
+    which give the backward a plain-tensor alias of the weight: its gradient still reaches the
+    parameter's main_grad, and DDP's flag is set on the parameter."""
+    reference, rerouted = _pair(kind, tiny_moe_config())
+    x = torch.randn(5, 2, 32)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        (y_ref, _), (y_new, _) = reference(x), rerouted(x)
+    dy = torch.randn_like(y_ref)
+    y_ref.backward(dy)
+    y_new.backward(dy)
+    torch.testing.assert_close(rerouted.weight.main_grad, reference.weight.grad)
+    assert rerouted.weight.grad_added_to_main_grad is True
+
+
 @pytest.mark.parametrize(
     "call",
     [

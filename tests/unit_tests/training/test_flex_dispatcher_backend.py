@@ -25,16 +25,19 @@ from megatron.bridge.training.resolution.gpu_catalog import GPU_TYPES, resolve_g
 from megatron.bridge.training.rules.registry import ALL_RULES
 
 # The documented support matrix: DeepEP on Ampere, Hopper, B200/B300; HybridEP on Ampere, Hopper,
-# Blackwell including GB200/GB300 NVL72.
+# Blackwell including GB200/GB300 NVL72; NCCL EP on Hopper and Blackwell including NVL72.
 SUPPORT = {
-    "a100": {"deepep": True, "hybridep": True},
-    "h100": {"deepep": True, "hybridep": True},
-    "h200": {"deepep": True, "hybridep": True},
-    "b200": {"deepep": True, "hybridep": True},
-    "b300": {"deepep": True, "hybridep": True},
-    "gb200": {"deepep": False, "hybridep": True},
-    "gb300": {"deepep": False, "hybridep": True},
+    "a100": {"deepep": True, "hybridep": True, "ncclep": False},
+    "h100": {"deepep": True, "hybridep": True, "ncclep": True},
+    "h200": {"deepep": True, "hybridep": True, "ncclep": True},
+    "b200": {"deepep": True, "hybridep": True, "ncclep": True},
+    "b300": {"deepep": True, "hybridep": True, "ncclep": True},
+    "gb200": {"deepep": False, "hybridep": True, "ncclep": True},
+    "gb300": {"deepep": False, "hybridep": True, "ncclep": True},
 }
+PACKAGE_NOTE = {"deepep": "flex-deep-ep-not-checked-on-cpu-host", "hybridep": "flex-deep-ep-not-checked-on-cpu-host",
+                "ncclep": "ncclep-te-nccl-ep-not-checked-on-cpu-host"}
+"""The note a CPU host gets for each backend: its package is checked where the job runs."""
 MATRIX = [(gpu, backend, ok) for gpu, row in SUPPORT.items() for backend, ok in row.items()]
 FLEX_RULE_IDS = {rule.id for rule in FLEX_RULES}
 
@@ -46,20 +49,27 @@ def model() -> Qwen3MoEModelProvider:
     return m
 
 
+def _machine(monkeypatch, gpu, deep_ep: bool = False, te_nccl_ep: bool = False) -> None:
+    """This process sees ``gpu`` (``(capability, name)`` or ``(None, None)``) through the catalogue,
+    nvidia-smi and torch, and the flex packages as given, whatever machine the tests run on."""
+    monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: gpu)
+    monkeypatch.setattr(gpu_catalog, "nvidia_smi_gpu", lambda: gpu)
+    monkeypatch.setattr(fdb.torch.cuda, "is_available", lambda: gpu[0] is not None)
+    for module in (fdb, finalize_module):
+        monkeypatch.setattr(module, "have_deep_ep", lambda: deep_ep)
+        monkeypatch.setattr(module, "have_te_nccl_ep", lambda: te_nccl_ep)
+
+
 @pytest.fixture
 def cpu_host(monkeypatch):
-    """No visible GPU and no deep_ep, whatever machine the tests run on."""
-    monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: (None, None))
-    monkeypatch.setattr(fdb, "have_deep_ep", lambda: False)
-    monkeypatch.setattr(finalize_module, "have_deep_ep", lambda: False)
+    """No visible GPU, no deep_ep and no Transformer Engine NCCL EP."""
+    _machine(monkeypatch, (None, None))
 
 
 @pytest.fixture
 def gpu_host(monkeypatch):
-    """A visible H200 without deep_ep."""
-    monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: ((9, 0), "NVIDIA H200"))
-    monkeypatch.setattr(fdb, "have_deep_ep", lambda: False)
-    monkeypatch.setattr(finalize_module, "have_deep_ep", lambda: False)
+    """A visible H200 without deep_ep and without Transformer Engine NCCL EP."""
+    _machine(monkeypatch, ((9, 0), "NVIDIA H200"))
 
 
 def test_gpu_table_covers_every_generation() -> None:
@@ -96,7 +106,7 @@ def test_validate_on_every_gpu(gpu: str, backend: str, ok: bool, model, cpu_host
     model.moe_flex_dispatcher_backend = backend
     if ok:
         notes = validate_flex_dispatcher_backend(model, device_name=gpu)
-        assert [n.rule for n in notes] == ["flex-deep-ep-not-checked-on-cpu-host"]
+        assert [n.rule for n in notes] == [PACKAGE_NOTE[backend]]
     else:
         with pytest.raises(FlexDispatcherBackendError) as info:
             validate_flex_dispatcher_backend(model, device_name=gpu)
@@ -185,8 +195,7 @@ def test_missing_deep_ep_on_gpu_host_fails_with_install_hint(model, gpu_host) ->
 
 
 def test_deep_ep_present_on_gpu_host(model, monkeypatch) -> None:
-    monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: ((9, 0), "NVIDIA H100"))
-    monkeypatch.setattr(fdb, "have_deep_ep", lambda: True)
+    _machine(monkeypatch, ((9, 0), "NVIDIA H100"), deep_ep=True)
     model.moe_token_dispatcher_type = "flex"
     model.moe_flex_dispatcher_backend = "deepep"
     assert validate_flex_dispatcher_backend(model) == []
@@ -213,6 +222,8 @@ def test_cfg_validate_checks_target_gpu(gpu: str, backend: str, ok: bool, cpu_ho
     cfg.dist.target_gpu = gpu
     cfg.model.moe_token_dispatcher_type = "flex"
     cfg.model.moe_flex_dispatcher_backend = backend
+    if backend == "ncclep":
+        cfg.model.moe_expert_rank_capacity_factor = 1.5  # megatron-core 0.19.2's NCCL EP needs its budget
     if ok:
         assert cfg.validate(world_size=2).model.moe_flex_dispatcher_backend == backend
     else:
@@ -277,7 +288,7 @@ def test_one_table_feeds_backend_names_rules_and_flag_choices() -> None:
     flag = next(a for a in build_parser()._actions if a.dest == "moe_flex_dispatcher_backend")
     assert all(name in flag.help for name in FLEX_BACKENDS)
     supported_rule = next(r for r in FLEX_RULES if r.id == "flex-backend-supported-on-gpu")
-    assert all(b.describe() in supported_rule.message for b in fdb.FLEX_BACKEND_SUPPORT.values())
+    assert all(b.supported in supported_rule.message for b in fdb.FLEX_BACKEND_SUPPORT.values())
 
 
 @pytest.mark.parametrize("gpu", ["gb200", "gb300"])

@@ -217,12 +217,11 @@ def test_megatron_core_accepts_what_we_accept(change, context, te) -> None:
 
 
 def test_megatron_only_check_still_surfaces_as_typed_error() -> None:
-    """A check only megatron-core has (early attention-memory release needs EP overlap) is turned
-    into a typed error by finalize, never a bare assert."""
+    """A check only megatron-core has (padding to capacity needs a capacity factor) is turned into a
+    typed error by finalize, never a bare raise."""
     from megatron.bridge.training.errors import ConfigValidationError
 
-    cfg = set_fields(ep_overlap_cfg(), {"comm_overlap.overlap_moe_expert_parallel_comm": False,
-                                        "model.ep_overlap_early_attn_memory_release": True})
+    cfg = set_fields(ep_overlap_cfg(), {"model.moe_pad_expert_input_to_capacity": True})
     assert violated_ids(cfg) == set()
     with pytest.raises(ConfigValidationError) as info:
         finalize(cfg)

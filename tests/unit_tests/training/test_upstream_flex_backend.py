@@ -16,13 +16,24 @@ from megatron.bridge.models.qwen import Qwen3MoEModelProvider
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.resolution import gpu_catalog
 from megatron.bridge.training.errors import CommOverlapConfigError
-from megatron.bridge.training.flex_dispatcher_backend import FlexDispatcherBackendError, apply_flex_dispatcher_backend
+from megatron.bridge.training.flex_dispatcher_backend import (
+    FlexDispatcherBackendError,
+    FlexGpuProbeError,
+    apply_flex_dispatcher_backend,
+    validate_flex_dispatcher_backend,
+)
 
 DISPATCHER_FIELDS = ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_shared_expert_overlap")
 
 DEEPEP_WORDS = "DeepEP is only applicable to Ampere, Hopper, and Blackwell (B200/B300) GPUs"
 HYBRIDEP_WORDS = "HybridEP is only applicable for GB200, GB300 with NVL72 and for Ampere, Hopper, B200 and B300 GPUs"
-WORDS = {"deepep": DEEPEP_WORDS, "hybridep": HYBRIDEP_WORDS}
+NCCLEP_WORDS = "NCCL EP is only applicable to Hopper and Blackwell GPUs"
+WORDS = {"deepep": DEEPEP_WORDS, "hybridep": HYBRIDEP_WORDS, "ncclep": NCCLEP_WORDS}
+VALIDATE_WORDS = {  # upstream's validate_flex_dispatcher_backend error sentences
+    "deepep": "DeepEP is supported for Ampere, Hopper, and Blackwell (B200/B300) GPUs",
+    "hybridep": "HybridEP is supported for GB200, GB300 with NVL72 and for Ampere, Hopper, B200 and B300 GPUs",
+    "ncclep": "NCCL EP is supported for Hopper and Blackwell GPUs",
+}
 
 VOLTA = ((7, 0), "Tesla V100-SXM2-32GB")
 FUTURE_11 = ((11, 0), "NVIDIA Next")
@@ -30,6 +41,7 @@ FUTURE_12 = ((12, 0), "NVIDIA RTX PRO 6000 Blackwell Server Edition")
 H100 = ((9, 0), "NVIDIA H100 80GB HBM3")
 B200 = ((10, 0), "NVIDIA B200")
 GB200 = ((10, 0), "NVIDIA GB200")
+A100 = ((8, 0), "NVIDIA A100-SXM4-80GB")
 
 
 @pytest.fixture
@@ -58,6 +70,7 @@ def gpu(monkeypatch):
             return SimpleNamespace(major=major, minor=minor, name=name)
 
         monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: (None, None))
+        monkeypatch.setattr(gpu_catalog, "nvidia_smi_gpu", lambda: (None, None))
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
 
@@ -103,6 +116,9 @@ UNSUPPORTED = [
     ("deepep", FUTURE_12),
     ("hybridep", FUTURE_12),
     ("deepep", GB200),
+    ("ncclep", VOLTA),
+    ("ncclep", A100),
+    ("ncclep", FUTURE_12),
 ]
 
 
@@ -120,7 +136,8 @@ def test_unsupported_gpu_is_refused_in_upstream_words_with_field_value_and_fix(b
     assert dispatcher_state(model) == before
 
 
-SUPPORTED = [("deepep", H100), ("hybridep", H100), ("deepep", B200), ("hybridep", B200), ("hybridep", GB200)]
+SUPPORTED = [("deepep", H100), ("hybridep", H100), ("deepep", B200), ("hybridep", B200), ("hybridep", GB200),
+             ("ncclep", H100), ("ncclep", B200), ("ncclep", GB200)]
 
 
 @pytest.mark.parametrize("backend, device", SUPPORTED, ids=lambda x: x if isinstance(x, str) else x[1])
@@ -140,3 +157,41 @@ def test_validate_speaks_the_same_words_for_the_target_gpu(monkeypatch) -> None:
     with pytest.raises(CommOverlapConfigError) as info:
         cfg.validate(world_size=1)
     assert DEEPEP_WORDS in str(info.value) and "model.moe_flex_dispatcher_backend='deepep'" in str(info.value)
+
+
+@pytest.mark.parametrize("backend", ["deepep", "ncclep"])
+def test_a_failing_gpu_probe_is_also_a_runtime_error(backend, model, gpu) -> None:
+    """Upstream's helper lets torch's CUDA error through; scripts that catch it as a RuntimeError
+    still do, and it is the listed problem with its fix as well."""
+    failure = RuntimeError("CUDA initialization failed")
+    gpu(failure)
+    with pytest.raises(RuntimeError, match="CUDA initialization failed") as info:
+        apply_flex_dispatcher_backend(model, backend)
+    assert isinstance(info.value, FlexGpuProbeError) and isinstance(info.value, FlexDispatcherBackendError)
+    assert info.value.__cause__ is failure
+
+
+@pytest.mark.parametrize("major, backend, applied", [(9, "deepep", True), (8, "ncclep", False), (7, "hybridep", False)])
+def test_properties_without_a_name_are_checked_by_architecture(major, backend, applied, model, monkeypatch, gpu) -> None:
+    """A device whose properties give only the capability major (a driver or a stand-in that leaves the
+    minor and the name out) is checked against its architecture, not refused as unreadable."""
+    gpu(H100)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: SimpleNamespace(major=major))
+    if applied:
+        assert apply_flex_dispatcher_backend(model, backend) == backend
+    else:
+        with pytest.raises(FlexDispatcherBackendError) as info:
+            apply_flex_dispatcher_backend(model, backend)
+        assert [v.rule for v in info.value.violations] == ["flex-backend-supported-on-gpu"]
+
+
+@pytest.mark.parametrize("backend, device", UNSUPPORTED, ids=lambda x: x if isinstance(x, str) else x[1])
+def test_validate_checks_the_gpu_this_process_runs_on_in_upstream_words(backend, device, model, gpu) -> None:
+    """``validate_flex_dispatcher_backend(model_config)`` as upstream calls it (no target GPU): a flex
+    backend is checked against the GPU torch reports, with upstream's validation sentence in the error."""
+    gpu(device)
+    model.moe_token_dispatcher_type, model.moe_flex_dispatcher_backend = "flex", backend
+    with pytest.raises(FlexDispatcherBackendError) as info:
+        validate_flex_dispatcher_backend(model)
+    assert isinstance(info.value, ValueError) and VALIDATE_WORDS[backend] in str(info.value)
+    assert "flex-backend-supported-on-gpu" in {v.rule for v in info.value.violations}

@@ -1,4 +1,4 @@
-"""Flex token-dispatcher backends (DeepEP, HybridEP): Megatron-Bridge's selection and check helpers.
+"""Flex token-dispatcher backends (DeepEP, HybridEP, NCCL EP): Megatron-Bridge's selection and check helpers.
 
 :func:`apply_flex_dispatcher_backend` selects a dispatcher on a model config and
 :func:`validate_flex_dispatcher_backend` checks one; both check the flex-dispatcher rules of the one
@@ -30,12 +30,13 @@ from megatron.bridge.training.rules.flex_rules import (
     FLEX_RULES,
     BackendSupport,
     backend_support,
+    describe_dispatcher,
     dispatcher_fields,
     render_support_table,
 )
 from megatron.bridge.training.rules.registry import ALL_RULES
-from megatron.bridge.utils.flex_backend_names import FLEX_BACKENDS, FlexBackend
-from megatron.bridge.utils.import_utils import have_deep_ep
+from megatron.bridge.utils.flex_backend_names import DEEP_EP_BACKENDS, FLEX_BACKENDS, FlexBackend
+from megatron.bridge.utils.import_utils import have_deep_ep, have_te_nccl_ep
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,12 @@ Fallback = Optional[Literal["alltoall"]]
 
 class FlexDispatcherBackendError(CommOverlapConfigError):
     """The requested flex backend cannot run on the target GPU or machine (all problems listed)."""
+
+
+class FlexGpuProbeError(FlexDispatcherBackendError, RuntimeError):
+    """CUDA reports a GPU whose type could not be read, so the backend cannot be checked: a
+    ``FlexDispatcherBackendError`` (the listed problem with its fix) and a ``RuntimeError``, the class
+    of torch's CUDA errors that Megatron-Bridge's helpers let through (the original is chained)."""
 
 
 FLEX_DISPATCHER_RULES: tuple[Rule, ...] = tuple(rule for rule in ALL_RULES if rule.group == "flex-dispatcher")
@@ -64,21 +71,27 @@ def flex_dispatcher_violations(
     *,
     deep_ep_available: Optional[bool] = None,
     gpu_host: Optional[bool] = None,
+    te_nccl_ep_available: Optional[bool] = None,
 ) -> list[Violation]:
     """Every flex-dispatcher problem of ``model_config`` for ``target`` (errors and notes).
 
     ``gpu_host``: whether this process runs on a GPU machine (default: a GPU is visible). A missing
-    ``deep_ep`` is an error there and a note on a CPU host (dry run).
+    ``deep_ep`` (DeepEP, HybridEP) or Transformer Engine NCCL EP module (NCCL EP) is an error there
+    and a note on a CPU host (dry run); each is looked up only when its backend is configured.
     """
     if gpu_host is None:
         gpu_host = gpu_catalog.visible_gpu()[0] is not None
-    if deep_ep_available is None:
+    backend = getattr(model_config, "moe_flex_dispatcher_backend", None)
+    if deep_ep_available is None and backend in DEEP_EP_BACKENDS:
         deep_ep_available = have_deep_ep()
+    if te_nccl_ep_available is None and backend == "ncclep":
+        te_nccl_ep_available = have_te_nccl_ep()
     ctx = RuleContext(
         device_capability=target.capability,
         device_name=target.name,
         cuda_available=gpu_host,
         deep_ep_available=deep_ep_available,
+        te_nccl_ep_available=te_nccl_ep_available,
     )
     return check_rules(FLEX_DISPATCHER_RULES, ConfigContainer(model=model_config), ctx)
 
@@ -91,17 +104,33 @@ def validate_flex_dispatcher_backend(
 ) -> list[Violation]:
     """Raise ``FlexDispatcherBackendError`` listing every problem; return the notes (warnings).
 
-    Call it before the model is built: megatron-core only notices a missing ``deep_ep`` when it
-    builds the MoE layer.
+    Call it before the model is built: megatron-core only notices a missing ``deep_ep`` or NCCL EP
+    when it builds the MoE layer. Given no target GPU, a flex backend is checked against the GPU this
+    process runs on (:func:`probe_target_gpu`); another dispatcher needs no GPU and none is probed.
     """
-    target = gpu_catalog.resolve_gpu_target(device_capability, device_name)
-    found = flex_dispatcher_violations(model_config, target)
+    target, gpu_host = _validation_target(model_config, device_capability, device_name)
+    found = flex_dispatcher_violations(model_config, target, gpu_host=gpu_host)
     errors = [v for v in found if v.severity == "error"]
     if errors:
         raise FlexDispatcherBackendError(errors, title="flex dispatcher cannot run as configured")
     for note in found:
         logger.warning("flex dispatcher: %s", note.format())
     return found
+
+
+def _validation_target(
+    model_config: Any, device_capability: Optional[tuple[int, int]], device_name: Optional[str]
+) -> tuple[GpuTarget, Optional[bool]]:
+    """The GPU ``validate_flex_dispatcher_backend`` checks and whether this process runs on a GPU
+    machine: the arguments (the machine: the visible GPU), else, with a flex backend configured, the
+    GPU this process runs on (a GPU machine when one was found), else none (nothing GPU-specific)."""
+    if device_capability is not None or device_name is not None:
+        return gpu_catalog.resolve_gpu_target(device_capability, device_name), None
+    backend = getattr(model_config, "moe_flex_dispatcher_backend", None)
+    if getattr(model_config, "moe_token_dispatcher_type", None) != "flex" or backend is None:
+        return GpuTarget(), False
+    target = probe_target_gpu(backend)
+    return target, target.known
 
 
 def _rank_zero() -> bool:
@@ -117,22 +146,37 @@ def _is_dense(model_config: Any) -> bool:
 
 
 def probe_target_gpu(backend: Optional[str]) -> GpuTarget:
-    """The GPU this process runs on, for a selection given no target GPU.
+    """The GPU this process runs on, for a selection or a check given no target GPU.
 
-    The catalogue's probe answers first (it leaves CUDA uninitialised). When it cannot tell but
-    CUDA reports a GPU, torch is asked, and a failure there raises ``FlexDispatcherBackendError``
-    (the original error chained): the backend is never applied unchecked on a GPU machine.
+    ``nvidia-smi`` answers first unless CUDA is already initialised (it leaves CUDA uninitialised, so
+    ``CUDA_DEVICE_MAX_CONNECTIONS`` can still be set). When it cannot tell but CUDA reports a GPU,
+    torch is asked once, and a failure there raises ``FlexGpuProbeError`` (the original error
+    chained): the backend is never applied unchecked on a GPU machine. No GPU: an unknown target.
     """
-    target = gpu_catalog.resolve_gpu_target()
-    if target.known or not torch.cuda.is_available():
-        return target
+    if not torch.cuda.is_initialized():
+        capability, name = gpu_catalog.nvidia_smi_gpu()
+        if capability is not None:
+            return dataclasses.replace(gpu_catalog.resolve_gpu_target(capability, name), source="visible GPU")
+    if not torch.cuda.is_available():
+        return GpuTarget()
     try:
-        props = torch.cuda.get_device_properties(0)
-        found = gpu_catalog.resolve_gpu_target((props.major, props.minor), props.name)
+        found = _target_of_properties(torch.cuda.get_device_properties(0))
     except Exception as exc:
         problem = _probe_failure(backend, exc)
-        raise FlexDispatcherBackendError([problem], title="flex dispatcher cannot check the GPU") from exc
+        raise FlexGpuProbeError([problem], title="flex dispatcher cannot check the GPU") from exc
     return dataclasses.replace(found, source="visible GPU")
+
+
+def _target_of_properties(props: Any) -> GpuTarget:
+    """The target described by torch's device properties. The capability major must be a number;
+    a minor or a name that is not one (a driver or a stand-in that leaves them out) counts as 0 and
+    as no name, so the architecture still decides and an unknown system is reported as such."""
+    major = props.major
+    if not isinstance(major, int) or isinstance(major, bool):
+        raise TypeError(f"compute capability major is {major!r}, not a number")
+    minor = props.minor if isinstance(getattr(props, "minor", None), int) else 0
+    name = props.name if isinstance(getattr(props, "name", None), str) else None
+    return gpu_catalog.resolve_gpu_target((major, minor), name)
 
 
 def _probe_failure(backend: Optional[str], exc: Exception) -> Violation:
@@ -169,7 +213,7 @@ def apply_flex_dispatcher_backend(
     if _is_dense(model_config):
         if _rank_zero():
             logger.warning(
-                "flex dispatcher: DeepEP and HybridEP are only applicable to MoE models; "
+                "flex dispatcher: DeepEP and HybridEP are only applicable to MoE models (NCCL EP too); "
                 "model.num_moe_experts=%r, so the dispatcher selection (%r) is skipped and the model "
                 "config is left unchanged",
                 getattr(model_config, "num_moe_experts", None),
@@ -183,7 +227,10 @@ def apply_flex_dispatcher_backend(
         target = GpuTarget()  # plain alltoall runs on any GPU
     else:
         target = probe_target_gpu(moe_flex_dispatcher_backend)
-    found = flex_dispatcher_violations(_with_choice(model_config, choice), target, deep_ep_available=True)
+    found = flex_dispatcher_violations(  # the packages are checked by validate, where the job runs
+        _with_choice(model_config, choice), target, deep_ep_available=True, te_nccl_ep_available=True,
+        gpu_host=target.source == "visible GPU",
+    )
     errors = [v for v in found if v.severity == "error"]
     if errors and fallback == "alltoall" and all(v.rule == "flex-backend-supported-on-gpu" for v in errors):
         logger.warning("flex dispatcher: %s\nfalling back to plain alltoall as requested", errors[0].format())
@@ -205,8 +252,10 @@ __all__ = [
     "BackendSupport",
     "FlexBackend",
     "FlexDispatcherBackendError",
+    "FlexGpuProbeError",
     "apply_flex_dispatcher_backend",
     "backend_support",
+    "describe_dispatcher",
     "dispatcher_fields",
     "flex_dispatcher_violations",
     "probe_target_gpu",

@@ -47,3 +47,18 @@ def describe_transformer_engine() -> str:
 def have_deep_ep() -> bool:
     """True when the ``deep_ep`` package (needed by the flex dispatcher backends) is importable."""
     return importlib.util.find_spec("deep_ep") is not None
+
+
+@functools.cache
+def have_te_nccl_ep() -> bool:
+    """True when Transformer Engine imports with its NCCL expert-parallel module
+    (``transformer_engine.pytorch.ep``, built with ``NVTE_BUILD_WITH_NCCL_EP=1``), which the ``ncclep``
+    flex backend calls. Without TE it is ``False`` at once (nothing is imported)."""
+    if transformer_engine_version() is None:
+        return False
+    try:
+        # Deferred: only asked where TE imports; a TE built without NCCL EP lacks the module.
+        from transformer_engine.pytorch import ep  # noqa: F401
+    except Exception:  # any import failure means the backend cannot run here
+        return False
+    return True

@@ -54,6 +54,10 @@ class MainGradLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):  # noqa: D102
         ctx.save_for_backward(x, weight)
+        # The parameter itself, for its main_grad and DDP's flag: under saved-tensor hooks (megatron-
+        # core's fine-grained activation offloading) ctx.saved_tensors gives back a plain-tensor alias
+        # of the weight, without the parameter's attributes.
+        ctx.param = weight
         ctx.has_bias = bias is not None
         out = torch.matmul(x, weight.t())
         return out + bias if bias is not None else out
@@ -63,11 +67,11 @@ class MainGradLinearFunction(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         dx = dy.matmul(weight)
         dy2d, x2d = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
-        accumulate_dense_wgrad(dy2d, x2d, weight.main_grad)
+        accumulate_dense_wgrad(dy2d, x2d, ctx.param.main_grad)
         # DDP's hook must not add the placeholder below; it still wants a gradient to see (its hook
         # fires from the accumulator), so an uninitialised one of the right shape is returned, as
         # megatron-core's fused linear layers do.
-        weight.grad_added_to_main_grad = True
+        ctx.param.grad_added_to_main_grad = True
         db = dy2d.sum(dim=0) if ctx.has_bias else None
         return dx, torch.empty_like(weight), db
 

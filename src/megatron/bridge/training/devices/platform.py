@@ -18,6 +18,7 @@ import torch
 from megatron.core import tensor_parallel
 
 from megatron.bridge.training.devices import gloo_cuda_compat
+from megatron.bridge.training.devices.offload_flag import provide_offload_flag
 from megatron.bridge.training.devices.torch_optimizer import use_torch_fast_paths
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ class Platform:
         self.te_rng_tracker = bool(resolved.rng.te_rng_tracker)
         # A captured graph must advance the RNG on the GPU (megatron-core's graph-safe tracker).
         self.graph_safe_rng = resolved.model.cuda_graph_impl not in (None, "none")
+        self.activation_offload = bool(getattr(resolved.model, "fine_grained_activation_offloading", False))
 
     def prepare_process(self, report: "OverlapReport") -> None:
         """Process-wide set-up before any process group or CUDA context exists."""
@@ -108,6 +110,8 @@ class CudaPlatform(Platform):
         set_cuda_device_max_connections(report)
         if self.backend == "gloo":
             gloo_cuda_compat.enable_gloo_cuda_compat()
+        if self.activation_offload:
+            provide_offload_flag()
 
     def bind_device(self, local_rank: int) -> None:
         # Several ranks may share one GPU when the backend allows it (gloo).

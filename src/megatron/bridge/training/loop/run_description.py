@@ -12,6 +12,7 @@ from megatron.core import parallel_state as ps
 from megatron.bridge.models.torch_native.linear import dense_wgrad_accumulation
 from megatron.bridge.training.loop import initialize
 from megatron.bridge.training.loop.checkpoint_dir import checkpoint_layout
+from megatron.bridge.training.rules.flex_rules import describe_dispatcher
 from megatron.bridge.training.telemetry.metrics import default_log_dir
 
 if TYPE_CHECKING:
@@ -41,8 +42,7 @@ def startup_lines(
         *kernels,
         m.describe_loss(resolved.dist.device),
         *filter(None, [m.describe_gradient_accumulation_fusion(resolved.dist.device)]),
-        f"dispatcher: {m.moe_token_dispatcher_type}"
-        + (f" (flex backend {m.moe_flex_dispatcher_backend})" if m.moe_token_dispatcher_type == "flex" else ""),
+        f"dispatcher: {describe_dispatcher(m)}",
         f"schedule: {'combined 1F1B (EP overlap)' if m.overlap_moe_expert_parallel_comm else 'standard 1F1B'}",
         cuda_graph,
         f"CUDA_DEVICE_MAX_CONNECTIONS={os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS', 'unset')}",

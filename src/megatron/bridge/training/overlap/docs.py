@@ -100,15 +100,39 @@ EP-overlap/delay-wgrad rules reject (where it has the rule) and accepts one we a
   read the rule context.
 - Taken from megatron-core: TE >= 2.10 for delayed wgrad with `cuda_graph_impl="transformer_engine"`
   (`delay-wgrad-te-cuda-graph-te-2.10`; megatron-core treats a missing TE as version 0, we report
-  `te-cuda-graph-needs-te` instead) and `ep-overlap-excludes-dispatch-wgrad-overlap`.
-- megatron-core only (still reported, as a typed `megatron-core-post-init` error, because finalize
-  runs megatron-core's checks after ours): `ep_overlap_early_attn_memory_release` needing EP
-  overlap.
+  `te-cuda-graph-needs-te` instead), `ep-overlap-excludes-dispatch-wgrad-overlap`,
+  `ep-early-attn-release-needs-ep-overlap`, the flex backends' own checks (`flex-num-sms-one-value`,
+  `rank-capacity-factor-hybridep-needs-op-fuser`, `ncclep-needs-rank-capacity-factor`,
+  `ncclep-zero-copy-needs-static-shape`, `ncclep-static-shape-needs-fused-grouped-experts`,
+  `ncclep-static-shape-low-precision-needs-blackwell`, `flex-backend-needs-tp-x-ep`, the warning
+  `ncclep-ep-overlap-syncs-without-static-shape`; DeepEP's even SM count, `deepep-num-sms-even`,
+  is deep_ep's own assertion) and the offload-module checks (`activation-offload-needs-known-modules`,
+  `activation-offload-attn-proj-needs-core-attn`, `ncclep-ep-overlap-no-expert-fc1-offload`). Each is
+  raised by megatron-core one at a time (most only when the model or the dispatcher is built, on the
+  GPUs); here every one is reported before launch, together.
+- Not built here (refused): `overlap_dispatch_backward_with_experts_wgrad`
+  (`dispatch-wgrad-overlap-not-built`: megatron-core hands its delayed expert gradients to
+  megatron-FSDP only, and this package trains with megatron's DistributedDataParallel) and
+  `moe_paged_stash` (`paged-stash-not-built`: it needs megatron-core's `PagedStashRunner` around every
+  step to catch a stash overflow, which this package's training step does not run).
 - Stricter than megatron-core: an explicit `overlap_p2p_comm` without the interleaved schedule is
   rejected at validation (megatron-core raises only when the schedule runs); a flex backend set
   while the dispatcher is not flex is an error (megatron-core ignores the backend there); the flex
-  dispatcher needs an explicit backend (megatron-core silently defaults to `deepep`); a backend
-  without a GPU-support table here (megatron-core's `ncclep`) is refused (`flex-backend-known`).
+  dispatcher needs an explicit backend (megatron-core silently defaults to `deepep`); settings that
+  would do nothing are refused (megatron-core ignores them): a flex backend's settings without it
+  (SM counts, the per-rank capacity factor, NCCL EP's static shape and zero copy), the paged stash's
+  sizes without it, `offload_modules` without offloading, and an expert offload module with experts
+  that have no offload hook (`activation-offload-expert-modules-need-te-experts`).
+- Fine-grained activation offloading (`fine_grained_activation_offloading`, `offload_modules`) runs
+  megatron-core's own offload hooks. Without Transformer Engine megatron-core stops at the first
+  offloaded module ("TE CPU offload is not available": it sets a flag only TE's modules read), so a
+  run without TE gets that flag from this package (`training/devices/offload_flag.py`). Trained on an
+  H200 without TE (`tests/gpu/test_activation_offload_cuda.py`): megatron-core's `local` layers with
+  the attention and norm inputs offloaded, under the standard and the EP-overlap schedule, gave the
+  losses of the same run without offloading bit for bit; the torch-native layers only with the norm
+  inputs (`activation-offload-torch-native-norms-only`: their attention failed after the reload).
+  CPU smoke mode has nothing to offload to (`activation-offload-needs-gpu`). With Transformer Engine's
+  layers it is megatron-core's path, not trained here.
 - Scopes: megatron-core 0.19.2 names capture regions `cuda_graph_modules` (the old
   `cuda_graph_scope` is deprecated and migrated); both are read here. An empty list (or the
   deprecated `"full"`) captures the whole layer, which we count as "attention inside the graph"
@@ -130,7 +154,12 @@ sets `model.moe_token_dispatcher_type=flex`, the backend and `model.moe_shared_e
 (`None`: `alltoall` and no backend). Whether the backend runs on the target GPU is the rule
 `flex-backend-supported-on-gpu`, the same for `validate()`, the flag and
 `apply_flex_dispatcher_backend` (in Python, `fallback="alltoall"` selects plain alltoall instead
-and logs why). Support by GPU type (`-g`):
+and logs why). DeepEP and HybridEP need the `deep_ep` package, NCCL EP (`ncclep`) a Transformer
+Engine built with NCCL EP (`transformer_engine.pytorch.ep`) and, in megatron-core 0.19.2,
+`model.moe_expert_rank_capacity_factor`; none runs in CPU smoke mode. The start-up line
+`dispatcher: ...` and the dry run's overlap report say which path runs, e.g.
+`flex, backend ncclep (sized per step (host sync), zero copy off, per-rank capacity factor 1.5, SMs:
+backend default)`. Support by GPU type (`-g`):
 
 """
 

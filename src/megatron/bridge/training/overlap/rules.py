@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-from megatron.bridge.training.rules.flex_rules import FLEX_RULES
+from megatron.bridge.training.overlap.knob_rules import ACTIVATION_MEMORY_RULES, EP_OVERLAP_SCHEDULE_RULES
+from megatron.bridge.training.rules.flex_rules import FLEX_RULES, FLEX_SETTING_RULES
 from megatron.bridge.training.resolution.megatron_compat import graph_modules
 from megatron.bridge.training.overlap.facts import (
     dw_graph,
@@ -483,14 +484,9 @@ def _switch_type_rule(name: str) -> Rule:
 TYPE_RULES: tuple[Rule, ...] = tuple(_switch_type_rule(name) for name in BOOL_SWITCHES)
 
 OVERLAP_RULES: tuple[Rule, ...] = (
-    TYPE_RULES
-    + EP_OVERLAP_RULES
-    + DELAY_WGRAD_RULES
-    + TE_CUDA_GRAPH_OVERLAP_RULES
-    + SHARED_EXPERT_RULES
-    + TP_OVERLAP_RULES
-    + PIPELINE_DP_RULES
-    + FLEX_RULES
+    TYPE_RULES + EP_OVERLAP_RULES + EP_OVERLAP_SCHEDULE_RULES + DELAY_WGRAD_RULES + TE_CUDA_GRAPH_OVERLAP_RULES
+    + SHARED_EXPERT_RULES + TP_OVERLAP_RULES + PIPELINE_DP_RULES + FLEX_RULES + FLEX_SETTING_RULES
+    + ACTIVATION_MEMORY_RULES
 )
 """Every overlap prerequisite, in the order they are reported and documented."""
 

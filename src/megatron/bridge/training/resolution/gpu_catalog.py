@@ -154,6 +154,12 @@ def _probe_visible_gpu() -> tuple[Optional[tuple[int, int]], Optional[str]]:
         return None, None
 
 
+def nvidia_smi_gpu() -> tuple[Optional[tuple[int, int]], Optional[str]]:
+    """GPU 0 as ``nvidia-smi`` reports it, never asking torch (so CUDA stays uninitialised);
+    ``(None, None)`` when it cannot tell."""
+    return _query_nvidia_smi()
+
+
 def _query_nvidia_smi() -> tuple[Optional[tuple[int, int]], Optional[str]]:
     """``(capability, name)`` of GPU 0 from ``nvidia-smi`` (does not initialise CUDA here)."""
     exe = shutil.which("nvidia-smi")

@@ -476,8 +476,8 @@ RUN_RULES: tuple[Rule, ...] = (
         fields=("dist.device", "model.moe_token_dispatcher_type", "model.moe_flex_dispatcher_backend"),
         applies=_flex_on_cpu,
         holds=lambda cfg, ctx: cfg.model.moe_token_dispatcher_type != "flex",
-        message="the flex dispatcher's backends (DeepEP, HybridEP) are CUDA kernels from the deep_ep "
-        "package; the CPU smoke mode cannot run them",
+        message="the flex dispatcher's backends are CUDA kernels (DeepEP and HybridEP from the deep_ep "
+        "package, NCCL EP from NCCL through Transformer Engine); the CPU smoke mode cannot run them",
         fix="use plain alltoall in CPU mode (--moe_flex_dispatcher_backend None), or run on GPUs",
     ),
 )
