@@ -13,6 +13,7 @@ Conventions that differ from Megatron-Bridge's harness on purpose:
 from __future__ import annotations
 
 import argparse
+import difflib
 import textwrap
 import re
 from typing import NoReturn, Optional, Sequence
@@ -201,9 +202,17 @@ def unknown_flags_message(parser: argparse.ArgumentParser, extras: Sequence[str]
     for token in flags:
         name = token.split("=", 1)[0]
         spelt = "--" + name.lstrip("-").replace("-", "_")
-        hint = (f"did you mean {spelt}?" if spelt in options else did_you_mean(spelt, options))
+        near = spelt if spelt in options else _nearly(spelt, options)
+        hint = f"did you mean {near}?" if near else did_you_mean(spelt, options)
         parts.append(f"{name} ({hint})" if hint else name)
     return f"unrecognized argument{'s' if len(parts) > 1 else ''}: {', '.join(parts)}"
+
+
+def _nearly(name: str, options: Sequence[str]) -> Optional[str]:
+    """The one option ``name`` differs from by a letter or so (``--max_step``: ``--max_steps``), if any:
+    then it alone is suggested, not every option that shares a few letters with it."""
+    best = difflib.get_close_matches(name, options, n=1, cutoff=0.9)
+    return best[0] if best else None
 
 
 def _is_number(text: str) -> bool:
