@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 CrossEntropyImpl = Literal["native", "te", "torch_native"]
 CROSS_ENTROPY_IMPLS = get_args(CrossEntropyImpl)
-TorchNativeDispatcher = Literal["auto", "sorted", "megatron"]
+TorchNativeDispatcher = Literal["auto", "sorted", "megatron", "node_aware"]
 TORCH_NATIVE_DISPATCHERS = get_args(TorchNativeDispatcher)
 TorchNativeEPTransport = Literal["auto", "nvshmem", "nccl"]
 
@@ -79,7 +79,14 @@ class GPTModelProvider(StrictFields, TransformerConfig):
     ``all_to_all_single`` with host split sizes where NVSHMEM is absent), ``megatron`` (megatron-core's
     alltoall dispatcher, which waits for the GPU before every all-to-all), or ``auto`` (``sorted``
     where it is exact and, with EP > 1, sync-free; ``megatron`` otherwise). The start-up line names
-    the choice and the reason."""
+    the choice and the reason. ``node_aware``: two-stage EP dispatch that sends each token once per
+    destination node over the inter-node link, then to its experts' GPUs inside the node (needs
+    ``torch_native_gpus_per_node``; ``auto`` does not pick it: it is not measured yet)."""
+    torch_native_gpus_per_node: Optional[int] = None
+    """GPUs per node for ``torch_native_dispatcher=node_aware``: ranks with the same ``global_rank //
+    torch_native_gpus_per_node`` share a node. The harness sets it from ``-gn`` when the
+    node-aware dispatcher is asked for; it must divide the EP size (or the EP size divide it: EP
+    inside one node, one stage). ``None`` with another dispatcher (a value there is refused)."""
     torch_native_ep_transport: TorchNativeEPTransport = "auto"
     """With EP > 1, how the sorted dispatcher exchanges tokens: ``nvshmem`` (symmetric-memory
     all-to-all, split sizes stay on the GPU), ``nccl`` (``all_to_all_single``: the host waits for the

@@ -1,9 +1,12 @@
 """Which token dispatcher a torch-native MoE layer runs, over which transport, and why.
 
 Kept apart from the dispatchers themselves (no megatron MoE imports) so that validation rules and
-dry runs can ask the same questions on a CPU login node. Three model fields decide:
+dry runs can ask the same questions on a CPU login node. These model fields decide:
 
-* ``torch_native_dispatcher``: ``auto`` | ``sorted`` | ``megatron`` (see :func:`choose_dispatch`);
+* ``torch_native_dispatcher``: ``auto`` | ``sorted`` | ``megatron`` | ``node_aware`` (see
+  :func:`choose_dispatch`);
+* ``torch_native_gpus_per_node``: where the node boundaries lie for ``node_aware`` (see
+  :func:`node_layout_problem`);
 * ``torch_native_ep_transport``: with EP > 1, how the sorted dispatcher moves rows between ranks:
   ``nvshmem`` (torch's symmetric-memory ``all_to_all_vdev``: split sizes stay on the GPU, the host
   never waits), ``nccl`` (``all_to_all_single``, which needs the split sizes on the host: one
@@ -70,7 +73,7 @@ def fast_path_blockers(config: Any, ep_size: int, tp_size: int) -> List[str]:
 class DispatchChoice:
     """Which dispatcher an MoE layer runs, with which transport, and why."""
 
-    dispatcher: str  # "sorted" or "megatron"
+    dispatcher: str  # "sorted", "megatron" or "node_aware"
     transport: str  # what moves tokens between EP ranks ("none" for one rank)
     sync_free: bool
     reason: str
@@ -81,6 +84,8 @@ class DispatchChoice:
     def describe(self) -> str:
         if self.dispatcher == "megatron":
             return f"megatron-core alltoall dispatcher ({self.reason})"
+        if self.dispatcher == "node_aware":
+            return f"node-aware dispatcher, host-synchronised, transport: {self.transport} ({self.reason})"
         how = "sync-free" if self.sync_free else "host-synchronised"
         indices = ", indices from a CUDA graph" if self.index_graph else ""
         return f"sorted dispatcher, {how}{indices}, transport: {self.transport} ({self.reason})"
@@ -88,6 +93,57 @@ class DispatchChoice:
     def to_dict(self) -> dict:
         return dict(dispatcher=self.dispatcher, transport=self.transport, sync_free=self.sync_free,
                     index_graph=self.index_graph, reason=self.reason)
+
+
+NODE_AWARE_TRANSPORT = "all_to_all_single in two stages (between nodes, then inside the node)"
+
+
+def node_layout_problem(ep_size: int, gpus_per_node: Any) -> Optional[str]:
+    """Why the node-aware dispatcher cannot split an EP group of ``ep_size`` ranks into nodes of
+    ``gpus_per_node`` (``None``: it can). EP groups are runs of consecutive ranks (expert TP 1), so
+    they cover whole nodes where ``gpus_per_node`` divides the EP size, and lie inside one node
+    (one stage) where the EP size divides it; otherwise some group would straddle nodes unevenly."""
+    if not isinstance(gpus_per_node, int) or isinstance(gpus_per_node, bool) or gpus_per_node < 1:
+        return f"torch_native_gpus_per_node={gpus_per_node!r} is not a GPU count"
+    if ep_size % gpus_per_node and gpus_per_node % ep_size:
+        return (f"torch_native_gpus_per_node={gpus_per_node} neither divides the EP size {ep_size} nor is "
+                "a multiple of it")
+    return None
+
+
+def node_count(ep_size: int, gpus_per_node: int) -> int:
+    """Nodes one EP group spans (1: EP inside one node, the dispatch has one stage)."""
+    return max(1, ep_size // gpus_per_node)
+
+
+def node_aware_blockers(config: Any, ep_size: int, tp_size: int) -> List[str]:
+    """Why the node-aware dispatcher cannot run for this config and EP size (empty list: it can):
+    the sorted dispatcher's exactness conditions, EP > 1, a node layout that splits the EP group,
+    and no sorted-dispatcher transport settings (they would have no effect)."""
+    blockers = fast_path_blockers(config, ep_size, tp_size)
+    if ep_size < 2:
+        blockers.append("EP=1: no token leaves its rank")
+    problem = node_layout_problem(ep_size, getattr(config, "torch_native_gpus_per_node", None))
+    if problem:
+        blockers.append(problem)
+    if getattr(config, "torch_native_ep_transport", "auto") != "auto":
+        blockers.append("torch_native_ep_transport is a setting of the sorted dispatcher")
+    if getattr(config, "torch_native_nvshmem_blocks", None) is not None:
+        blockers.append("torch_native_nvshmem_blocks is a setting of the sorted dispatcher")
+    return blockers
+
+
+def _node_aware_choice(config: Any, ep_size: int, tp_size: int) -> DispatchChoice:
+    """The node-aware dispatcher where it can run; an error naming every blocker otherwise (it is
+    only ever asked for explicitly)."""
+    blockers = node_aware_blockers(config, ep_size, tp_size)
+    if blockers:
+        raise ValueError("torch_native_dispatcher='node_aware' cannot run here: " + "; ".join(blockers))
+    gpus = config.torch_native_gpus_per_node
+    nodes = node_count(ep_size, gpus)
+    shape = f"{nodes} nodes x {ep_size // nodes} GPUs" if nodes > 1 else "EP inside one node: one stage"
+    return DispatchChoice("node_aware", NODE_AWARE_TRANSPORT, False,
+                          f"EP={ep_size}, torch_native_gpus_per_node={gpus}: {shape}")
 
 
 def choose_dispatch(
@@ -111,7 +167,8 @@ def _choose(
     ``torch_native_ep_transport`` is set, which asks for the sorted dispatcher over that transport.
     ``"sorted"``: the sorted dispatcher (NVSHMEM where it runs, else ``all_to_all_single``); an
     inexact setting, or ``nvshmem`` requested where it cannot run, is an error. ``"megatron"``:
-    megatron-core's alltoall dispatcher.
+    megatron-core's alltoall dispatcher. ``"node_aware"``: the two-stage node-aware dispatcher, or
+    an error where it cannot run (``auto`` never picks it: it is not measured yet).
     """
     requested = getattr(config, "torch_native_dispatcher", "auto")
     transport = getattr(config, "torch_native_ep_transport", "auto")
@@ -121,6 +178,8 @@ def _choose(
         raise ValueError(f"torch_native_ep_transport={transport!r} is not one of {EP_TRANSPORTS}")
     if requested == "megatron":
         return DispatchChoice("megatron", MEGATRON_TRANSPORT, False, "torch_native_dispatcher='megatron'")
+    if requested == "node_aware":
+        return _node_aware_choice(config, ep_size, tp_size)
     blockers = fast_path_blockers(config, ep_size, tp_size)
     if blockers:
         if requested == "sorted":

@@ -22,8 +22,8 @@ Rows past the received total are padding: the experts skip them
 (``tokens_per_expert`` does not cover them) and nothing sends them back.
 
 :class:`TorchNativeMoELayer` is megatron's ``MoELayer`` whose dispatcher is swapped according to
-``config.torch_native_dispatcher`` (``"auto"``, ``"sorted"`` or ``"megatron"``, see
-:func:`choose_dispatch`). Both dispatchers subclass megatron's ``MoEAlltoAllTokenDispatcher`` and
+``config.torch_native_dispatcher`` (``"auto"``, ``"sorted"``, ``"megatron"`` or ``"node_aware"``,
+see :func:`choose_dispatch`; the node-aware one is in :mod:`node_aware_dispatcher`). The dispatchers subclass megatron's ``MoEAlltoAllTokenDispatcher`` and
 implement the six stage methods that the MoE layer and the combined-1F1B schedule call, so
 ``build_schedule_plan`` keeps working; state the backward needs lives in autograd contexts, so a
 forward of the next micro-batch may run between a forward and its backward.
@@ -44,6 +44,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.bridge.models.torch_native.compiled import LazyCompiled
 from megatron.bridge.models.torch_native.dispatch_policy import DispatchChoice, apply_nvshmem_blocks, choose_dispatch
 from megatron.bridge.models.torch_native.index_graph import GraphedIndexFunction
+from megatron.bridge.models.torch_native.node_aware_dispatcher import NodeAwareDispatcher
 from megatron.bridge.models.torch_native.sorted_permutation import (
     graphed_routing_indices,
     permutation_indices,
@@ -456,6 +457,11 @@ class TorchNativeMoELayer(MoELayer):
                 self.token_dispatcher = ExpertParallelSortedDispatcher(
                     self.num_local_experts, self.local_expert_indices, transport=choice.transport, **common
                 )
+        if choice.dispatcher == "node_aware":
+            self.token_dispatcher = NodeAwareDispatcher(
+                self.num_local_experts, self.local_expert_indices, config=config,
+                pg_collection=_DispatcherGroups(old), gpus_per_node=config.torch_native_gpus_per_node,
+            )
         self.dispatch_choice = choice
         logger.debug("torch_native MoE: %s", choice.describe())
 
