@@ -25,6 +25,7 @@ def _set(**changes):
 M = "model."
 GG, CE, COMPILE = M + "torch_native_grouped_gemm_backend", M + "torch_native_cross_entropy_backend", M + "torch_native_compile"
 WA = M + "torch_native_wgrad_accumulation"
+NA, GPN, EP = M + "torch_native_dispatcher", M + "torch_native_gpus_per_node", M + "expert_model_parallel_size"
 BF16 = {M + "bf16": True}
 # rule id -> (context facts, mutation that breaks the rule, mutation that satisfies it)
 CASES = {
@@ -43,6 +44,23 @@ CASES = {
         _set(**{M + "torch_native_ep_transport": "nvshmem"})),
     "nvshmem-blocks-in-range": (
         TE_ABSENT, _set(**{M + "torch_native_nvshmem_blocks": 12}), _set(**{M + "torch_native_nvshmem_blocks": 16})),
+    "node-aware-dispatch-needs-gpus-per-node": (
+        TE_ABSENT, _set(**{NA: "node_aware"}), _set(**{NA: "node_aware", GPN: 8})),
+    "gpus-per-node-divides-ep-size": (
+        TE_ABSENT, _set(**{NA: "node_aware", GPN: 6}), _set(**{NA: "node_aware", GPN: 8})),
+    "node-aware-dispatch-needs-ep": (
+        TE_ABSENT, _set(**{NA: "node_aware", GPN: 8, EP: 1}), _set(**{NA: "node_aware", GPN: 8, EP: 2})),
+    "node-aware-dispatch-must-be-exact": (
+        TE_ABSENT, _set(**{NA: "node_aware", GPN: 8, M + "moe_expert_capacity_factor": 1.25}),
+        _set(**{NA: "node_aware", GPN: 8})),
+    "node-aware-dispatch-takes-no-sorted-transport": (
+        TE_ABSENT, _set(**{NA: "node_aware", GPN: 8, M + "torch_native_ep_transport": "nccl"}),
+        _set(**{NA: "node_aware", GPN: 8})),
+    "gpus-per-node-needs-node-aware-dispatch": (
+        TE_ABSENT, _set(**{NA: "sorted", GPN: 8}), _set(**{NA: "node_aware", GPN: 8})),
+    "node-aware-gpus-per-node-matches-emulated-network": (
+        TE_ABSENT, _set(**{NA: "node_aware", GPN: 4, "emulation.world_size": 16}),  # h100_ib400: 8 per node
+        _set(**{NA: "node_aware", GPN: 4, "emulation.world_size": 16, "emulation.gpus_per_node": 4})),
     "torch-native-grouped-gemm-backend-known": (TE_ABSENT, _set(**{GG: "cutlass"}), _set(**{GG: "loop"})),
     "torch-native-cross-entropy-backend-known": (TE_ABSENT, _set(**{CE: "cudnn"}), _set(**{CE: "torch"})),
     "torch-native-kernel-settings-need-torch-native-layers": (

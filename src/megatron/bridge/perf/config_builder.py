@@ -188,6 +188,24 @@ def emulation_values(args: Namespace, num_gpus: int) -> dict[str, Any]:
     return values
 
 
+def node_aware_values(cfg: "ConfigContainer", given: Optional[int], launch_gpus_per_node: int) -> dict[str, Any]:
+    """``model.torch_native_gpus_per_node`` for the node-aware dispatcher, where no layer set it:
+    ``-gn``, else the emulated network's GPUs per node (``--emulate``), else the launch's (``-gn``'s
+    default; in CPU smoke mode every process is on this one host, so ``-gn`` alone draws node
+    boundaries there). Other dispatchers get nothing (the field would have no effect)."""
+    m = cfg.model
+    if m.torch_native_dispatcher != "node_aware" or m.torch_native_gpus_per_node is not None:
+        return {}
+    emulated = None
+    if cfg.emulation.world_size is not None:
+        # Deferred: only --emulate runs need the network presets.
+        from megatron.bridge.emulation.network import PRESETS
+
+        preset = PRESETS.get(cfg.emulation.network)
+        emulated = cfg.emulation.gpus_per_node or (preset.gpus_per_node if preset else None)
+    return {"model.torch_native_gpus_per_node": given or emulated or launch_gpus_per_node}
+
+
 def flex_dispatcher_values(backend: str) -> dict[str, Any]:
     """Model fields of ``--moe_flex_dispatcher_backend``: the dispatcher choice of
     ``dispatcher_fields`` (flex with the backend, or plain alltoall). Whether the backend runs on the
@@ -356,11 +374,14 @@ def build_config(
         raise HarnessError("[emulate-one-process] --emulate trains one rank in one process; --procs_per_gpu "
                            f"{args.procs_per_gpu} asks for several\n    fix: leave --procs_per_gpu out")
     procs_per_gpu = 1 if cpu else args.procs_per_gpu
+    gpus_per_node = _gpus_per_node(args, num_gpus, cpu)
+    cfg = apply_layer(cfg, node_aware_values(cfg, args.gpus_per_node, gpus_per_node),
+                      "flag" if args.gpus_per_node else "computed")
     built = BuiltConfig(
         cfg=cfg,
         recipe=recipe,
         num_gpus=num_gpus,
-        gpus_per_node=_gpus_per_node(args, num_gpus, cpu),
+        gpus_per_node=gpus_per_node,
         procs_per_gpu=procs_per_gpu,
         target_gpu=None if cpu else cfg.dist.target_gpu,
         cpu=cpu,
