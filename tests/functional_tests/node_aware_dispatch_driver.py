@@ -8,7 +8,9 @@ four and four nodes of one). One launch runs every scenario (start-up dominates 
    rows weighted by their probabilities): the experts' inputs, outputs and gradients (of the hidden
    states, probabilities and expert weights) of both, and the hidden-state rows each sends across
    nodes (counted at ``torch.distributed.all_to_all_single``) beside the routing's unique (token,
-   remote node), (token, remote rank) and (token, remote expert) pairs;
+   remote node), (token, remote rank) and (token, remote expert) pairs; on two nodes of two also a
+   dispatcher that sends one copy per destination *rank* (the node-aware one told every GPU is a
+   node), which the row count must tell apart;
 2. a 2-layer Qwen3-MoE-like model (torch-native layers) under megatron's standard 1F1B schedule, its
    combined-1F1B EP-overlap schedule, and that schedule with delayed expert wgrad: losses and
    gradients against megatron's dispatcher;
@@ -142,6 +144,8 @@ def make_dispatcher(kind: str, topk: int, gpus_per_node: int):
     args = (local, list(range(dist.get_rank() * local, (dist.get_rank() + 1) * local)))
     if kind == "megatron":
         return MoEAlltoAllTokenDispatcher(*args, config=config, pg_collection=groups)
+    if kind == "per_rank":  # every rank its own "node": one copy of a token per destination rank
+        gpus_per_node = 1
     return NodeAwareDispatcher(*args, config=config, pg_collection=groups, gpus_per_node=gpus_per_node)
 
 
@@ -188,7 +192,8 @@ def dispatcher_cases(counter: InterNodeRows) -> dict:
         routing_map, probs = routing(case, dist.get_rank())
         counter.gpus_per_node = gpus_per_node
         runs, traffic = {}, {}
-        for kind in ("megatron", "node_aware"):
+        kinds = ("megatron", "node_aware", "per_rank") if gpus_per_node == 2 else ("megatron", "node_aware")
+        for kind in kinds:
             runs[kind] = through_stages(make_dispatcher(kind, topk, gpus_per_node), counter, routing_map, probs)
             traffic[kind] = counter.take()
         ref, got = runs["megatron"], runs["node_aware"]

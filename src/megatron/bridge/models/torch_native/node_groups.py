@@ -83,7 +83,8 @@ def node_groups(ep_group: dist.ProcessGroup, gpus_per_node: int) -> NodeGroups:
     if key not in _GROUPS:
         _make_every_group(key[0], gpus_per_node)
     groups = _GROUPS[key]
-    assert groups is not None, "this rank's own EP group was not among the gathered groups"
+    if groups is None:
+        raise RuntimeError(f"rank {dist.get_rank()} is not in its own EP group {list(key[0])}")
     return groups
 
 
