@@ -8,6 +8,7 @@ import pytest
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config, qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.telemetry.flops import flops_per_step, flops_per_token, moe_layer_pattern
+from megatron.bridge.training.telemetry.metrics import throughput
 
 
 def toy(**kw) -> SimpleNamespace:
@@ -96,3 +97,22 @@ def test_qwen3_30b_a3b_active_parameters_ballpark() -> None:
 
 def test_tiny_recipe_has_positive_flops() -> None:
     assert flops_per_step(qwen3_moe_tiny_pretrain_config().model, 8) > 0
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("window_size", (128, 0), "sliding attention window"),
+    ("multi_latent_attention", True, "multi-latent attention"),
+    ("attention_output_gate", True, "gated attention output"),
+    ("experimental_attention_variant", "gated_delta_net", "experimental attention variant"),
+], ids=["window", "mla", "output-gate", "experimental"])
+def test_an_attention_the_formula_does_not_count_gives_no_figure(field, value, named, caplog):
+    """Never a silently wrong MFU: an attention outside the formula is not counted, and the run says so."""
+    model = qwen3_30b_a3b_pretrain_config().model
+    setattr(model, field, value)
+    assert flops_per_step(model, 8) is None
+    assert named in caplog.text and "n/a" in caplog.text
+    assert throughput(1.0, 100, None, 8)["tflops_per_gpu"] is None
+
+
+def test_the_qwen3_attention_is_counted():
+    assert flops_per_step(qwen3_30b_a3b_pretrain_config().model, 8) > 0

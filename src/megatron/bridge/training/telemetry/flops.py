@@ -15,12 +15,30 @@ plus, once per token, the output logits ``2*h*V`` (the embedding lookup costs no
 Forward + backward is ``3x`` the forward (backward computes input and weight gradients).
 Normalisations, activations, softmax and rotary embeddings are ignored (lower order).
 Multi-token-prediction layers and recompute are not counted (recompute is not model FLOPs).
+
+Attention this formula does not describe (a sliding window, multi-latent attention, an output gate,
+linear or experimental attention variants, heterogeneous blocks) is not counted at all:
+:func:`flops_per_step` returns ``None`` and says why, and the run reports model TFLOP/s as ``n/a``
+rather than a figure that would be silently wrong.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence, Union
+from typing import Any, Optional, Sequence, Union
+
+logger = logging.getLogger(__name__)
+
+UNCOUNTED_ATTENTION = (
+    ("window_size", "a sliding attention window"),
+    ("multi_latent_attention", "multi-latent attention"),
+    ("attention_output_gate", "a gated attention output"),
+    ("experimental_attention_variant", "an experimental attention variant"),
+    ("linear_attention_freq", "linear attention layers"),
+    ("heterogeneous_block_specs", "heterogeneous transformer blocks"),
+)
+"""Model fields under which the attention FLOPs above do not hold, and what each names."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +108,18 @@ def flops_per_token(model: Any, seq_length: int | None = None, causal: bool = Tr
     )
 
 
-def flops_per_step(model: Any, global_batch_size: int, seq_length: int | None = None) -> float:
-    """Model FLOPs (forward + backward) of one optimizer step over the whole global batch."""
+def uncounted_attention(model: Any) -> Optional[str]:
+    """What in ``model``'s attention the formula does not count (``None``: everything is counted)."""
+    found = [what for field, what in UNCOUNTED_ATTENTION if getattr(model, field, None)]
+    return ", ".join(found) or None
+
+
+def flops_per_step(model: Any, global_batch_size: int, seq_length: int | None = None) -> Optional[float]:
+    """Model FLOPs (forward + backward) of one optimizer step over the whole global batch; ``None``
+    (said once in the log) for an attention the formula does not count."""
+    why = uncounted_attention(model)
+    if why is not None:
+        logger.warning("model FLOPs are not counted for %s: TFLOP/s per GPU is reported as n/a", why)
+        return None
     s = seq_length if seq_length is not None else model.seq_length
     return flops_per_token(model, s).forward_backward * global_batch_size * s

@@ -52,14 +52,20 @@ def steady_state_stats(step_times_s: Sequence[float], window: Sequence[int]) -> 
     )
 
 
-def throughput(step_time_s: Optional[float], tokens_per_step: int, flops_per_step: float, world_size: int) -> dict[str, Optional[float]]:
-    """Tokens/s for the whole job and model TFLOP/s per GPU at ``step_time_s``."""
+def throughput(step_time_s: Optional[float], tokens_per_step: int, flops_per_step: Optional[float],
+               world_size: int) -> dict[str, Optional[float]]:
+    """Tokens/s for the whole job and model TFLOP/s per GPU at ``step_time_s`` (``None`` where the
+    model's FLOPs are not counted, ``telemetry.flops``)."""
     if not step_time_s or step_time_s <= 0:
         return dict(tokens_per_s=None, tflops_per_gpu=None)
     return dict(
         tokens_per_s=tokens_per_step / step_time_s,
-        tflops_per_gpu=flops_per_step / step_time_s / world_size / 1e12,
+        tflops_per_gpu=flops_per_step / step_time_s / world_size / 1e12 if flops_per_step is not None else None,
     )
+
+
+def _tflops_text(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def moe_aux_losses(model_cfg: Any, num_microbatches: int, iteration: int) -> dict[str, float]:
@@ -115,7 +121,7 @@ class MetricsLogger:
 
     train_iters: int
     tokens_per_step: int
-    flops_per_step: float
+    flops_per_step: Optional[float]
     world_size: int
     device: str
     log_dir: str
@@ -154,7 +160,8 @@ class MetricsLogger:
             self._writer.add_scalar("lm loss", loss, iteration)
             self._writer.add_scalar("step time (s)", step_time_s, iteration)
             self._writer.add_scalar("tokens per s", tp["tokens_per_s"], iteration)
-            self._writer.add_scalar("TFLOP/s per GPU", tp["tflops_per_gpu"], iteration)
+            if tp["tflops_per_gpu"] is not None:
+                self._writer.add_scalar("TFLOP/s per GPU", tp["tflops_per_gpu"], iteration)
             for key, value in scalars.items():
                 self._writer.add_scalar(key, value, iteration)
         if iteration % self.log_interval and iteration != self.train_iters:
@@ -166,7 +173,7 @@ class MetricsLogger:
         print(
             f"iteration {iteration:>6d}/{self.train_iters} ({100.0 * iteration / self.train_iters:5.1f}%)"
             f" | loss {loss:.6f} | step time {step_time_s * 1e3:.1f} ms"
-            f" | tokens/s {tp['tokens_per_s']:.1f} | TFLOP/s/GPU {tp['tflops_per_gpu']:.3f}"
+            f" | tokens/s {tp['tokens_per_s']:.1f} | TFLOP/s/GPU {_tflops_text(tp['tflops_per_gpu'])}"
             f" | peak mem {mem:.2f} GiB{extras} | ETA {eta:.0f} s ({done} done this run)",
             flush=True,
         )
