@@ -199,7 +199,7 @@ def _limit_cases():
         yield pytest.param(path, id=name, marks=marks)
 
 
-@pytest.mark.parametrize("path", _limit_cases())
+@pytest.mark.parametrize("path", list(_limit_cases()))
 def test_no_source_file_above_the_line_limit(path: Path) -> None:
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(SRC)} has {lines} lines (limit {MAX_LINES}): split it by job"
@@ -255,3 +255,11 @@ def test_every_rule_table_is_in_the_registry() -> None:
 
 def test_rule_ids_are_unique() -> None:
     assert [rule_id for rule_id, n in Counter(r.id for r in ALL_RULES).items() if n > 1] == []
+
+
+def test_test_files_have_unique_names():
+    """pytest imports test modules by basename (the test folders are not packages), so two test files
+    of one name stop the whole collection: every name once across ``tests/``."""
+    tests_root = Path(__file__).resolve().parents[1]
+    names = Counter(p.name for p in tests_root.rglob("test_*.py"))
+    assert [name for name, count in names.items() if count > 1] == []
