@@ -41,6 +41,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--networks", default="h100_ib400,h200_ib400", help=f"comma-separated: {', '.join(PRESETS)}")
     p.add_argument("--dispatchers", default="alltoall,sorted", help=", ".join(bench.DISPATCHERS))
     p.add_argument("--arms", default=",".join(bench.ARMS))
+    p.add_argument("--profile-arms", default="ep1,free,off,on",
+                   help="arms that run once more with one step profiled (their anatomy goes into the rows; '' for none)")
     p.add_argument("--nodes", type=int, default=2, help="nodes of 8 GPUs (EP = 8 x nodes)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--repeats", type=int, default=2)
@@ -102,15 +104,16 @@ def main(argv: list[str]) -> int:
         return merge(args)
     args.out.mkdir(parents=True, exist_ok=True)
     jobs = bench.plan(args.networks.split(","), args.dispatchers.split(","), args.repeats, args.layers, args.nodes,
-                      args.steps, args.gpu, args.arms.split(","))
+                      args.steps, args.gpu, args.arms.split(","), [a for a in args.profile_arms.split(",") if a])
     ceiling = matmul_ceiling_tflops()
     results: dict[str, dict] = {}
     started = time.time()
     for name, cases in jobs.items():
         for case_name, summary in run_job(name, cases, args.out, args.job_timeout).items():
             results[case_name] = bench.case_result(next(c for c in cases if c.name == case_name), summary,
-                                                   args.window_start)
+                                                   args.window_start, args.out / "cases" / case_name)
     cases = [case for cases in jobs.values() for case in cases]
+    timed = [case for case in cases if not case.profile]
     table = bench.rows(cases, results, git_commit(REPO), args.nodes)
     meta = {"question": "how much of the modeled EP communication does EP overlap hide at EP=8 x nodes?",
             "command": shlex.join(["uv", "run", "python", "scripts/performance/ep_emulation_benchmark.py", *argv]),
@@ -118,7 +121,7 @@ def main(argv: list[str]) -> int:
             "modeled": "emulated rows: communication times are modeled by the named network, not measured",
             "networks": {n: vars(PRESETS[n]) | {"source": PRESETS[n].source} for n in args.networks.split(",")},
             "layers": args.layers, "steps": args.steps, "window_start": args.window_start,
-            "wall_s": time.time() - started, "complete": len(results) == len(cases)}
+            "wall_s": time.time() - started, "complete": all(case.name in results for case in timed)}
     bench.write_results(args.out / "results.json", table, meta)
     if args.publish:
         bench.write_results(RESULTS_JSON, table, meta)

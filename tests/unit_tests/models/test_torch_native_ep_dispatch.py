@@ -260,3 +260,20 @@ def test_exchanges_wait_only_on_events_of_other_streams_and_the_same_capture_sta
     capturing[0] = waiting_in_capture
     assert exchange._wait_previous(SimpleNamespace(is_cuda=True, device=None)) == (current, waiting_in_capture)
     assert (current.waited == [exchange._last_done[0]]) is waits
+
+
+def test_a_plans_four_exchanges_copy_its_splits_to_the_host_once(gloo_world, monkeypatch) -> None:
+    """A transport with host split sizes waits for the GPU once per micro-batch and layer: the
+    dispatch, the combine and both backwards share one device-to-host copy of the plan's splits."""
+    all_counts = torch.tensor([[2, 1, 3, 0]])
+    plan = exchange_plan(all_counts, 0, 4, capacity=8, send_rows=6)
+    copies = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: copies.append(self.shape) or tolist(self))
+    exchange = CollectiveExchange(dist.group.WORLD)
+    rows = torch.arange(12, dtype=torch.float32).view(6, 2)
+    for route in [plan.to_experts(), plan.to_tokens(), plan.to_tokens(), plan.to_experts()]:
+        received = exchange.exchange([rows], route, lambda recv: recv.clone())
+        assert received.shape[0] == route.recv_rows
+    assert len(copies) == 1
+    assert plan.to_experts().host_splits() == ([6], [6]) and plan.to_tokens().host_splits() == ([6], [6])

@@ -15,22 +15,36 @@ from megatron.bridge.perf.run import main
 def test_the_plan_interleaves_repeats_and_runs_free_once_per_dispatcher():
     jobs = bench.plan(["h100_ib400", "h200_ib400"], ["alltoall"], repeats=2, layers=4, nodes=2, steps=12, gpu="h200")
     names = [case.name for case in jobs["emulated"]]
-    assert names[:3] == ["free_free_alltoall_r1", "off_h100_ib400_alltoall_r1", "on_h100_ib400_alltoall_r1"]
-    assert names.count("free_free_alltoall_r1") == 1 and len(names) == 2 * (1 + 2 * 3)
-    assert [case.name for case in jobs["ep1"]] == ["ep1_none_none_r1", "ep1_none_none_r2"]
+    assert names[:3] == ["free_free_alltoall_ep16_r1", "off_h100_ib400_alltoall_ep16_r1",
+                         "on_h100_ib400_alltoall_ep16_r1"]
+    assert names.count("free_free_alltoall_ep16_r1") == 1 and len(names) == 2 * (1 + 2 * 3)
+    assert [case.name for case in jobs["ep1"]] == ["ep1_none_none_ep16_r1", "ep1_none_none_ep16_r2"]
 
 
-@pytest.mark.parametrize("arm", ["ep1", "free", "on_delay_wgrad"])
-def test_every_case_is_a_command_line_the_harness_accepts(arm, tmp_path):
-    case = bench.Case(arm, "h100_ib400", "sorted", 1, 4, 2, 12, "h200")
+def test_profiled_cases_run_after_the_timed_ones_and_ep1_only_where_it_does_the_same_work():
+    jobs = bench.plan(["h100_ib400"], ["node_aware"], repeats=1, layers=4, nodes=2, steps=12, gpu="h200",
+                      profile_arms=["ep1", "on"])
+    assert [c.name for c in jobs["emulated"]][-1] == "on_h100_ib400_node_aware_ep16_prof"
+    assert [c.name for c in jobs["ep1"]] == ["ep1_none_none_ep16_r1", "ep1_none_none_ep16_prof"]
+    four_nodes = bench.plan(["h100_ib400"], ["alltoall"], repeats=1, layers=4, nodes=4, steps=12, gpu="h200",
+                            profile_arms=["ep1"])
+    assert "ep1" not in four_nodes  # 4 experts a GPU cannot take top-8: free is the reference there
+
+
+@pytest.mark.parametrize("arm, dispatcher, nodes, profile", [
+    ("ep1", "sorted", 2, False), ("free", "sorted", 2, False), ("on_delay_wgrad", "sorted", 2, False),
+    ("on", "node_aware", 2, True), ("off", "node_aware", 4, False), ("on", "alltoall", 4, False),
+])
+def test_every_case_is_a_command_line_the_harness_accepts(arm, dispatcher, nodes, profile, tmp_path):
+    case = bench.Case(arm, "h100_ib400", dispatcher, 1, 4, nodes, 12, "h200", profile)
     out = io.StringIO()
     assert main([*case.argv(tmp_path), "--dryrun"], out=out) == 0, out.getvalue()
-    assert ("EMULATED world of 16 GPUs" in out.getvalue()) == (arm != "ep1")
+    assert (f"EMULATED world of {8 * nodes} GPUs" in out.getvalue()) == (arm != "ep1")
 
 
-def _row(arm: str, network: str, steps: list[float]) -> dict:
-    return {"network": network, "dispatcher": "alltoall", "arm": arm, "step_s": steps, "tflops_per_gpu": 100.0,
-            "commit": "c"}
+def _row(arm: str, network: str, steps: list[float], ep: int = 16) -> dict:
+    return {"ep": ep, "network": network, "dispatcher": "alltoall", "arm": arm, "step_s": steps,
+            "tflops_per_gpu": 100.0, "commit": "c"}
 
 
 def test_the_hidden_share_is_what_overlap_took_off_what_communication_added():
@@ -45,3 +59,11 @@ def test_runs_of_separate_calls_merge_their_repeats_side_by_side():
     merged = {row["arm"]: row for row in bench.merge_rows([first, second], "abc")}
     assert merged["off"]["step_s"] == [1.5, 1.7] and merged["on"]["commit"] == "abc"
     assert merged["on"]["hidden_share"] == pytest.approx((1.6 - 1.6) / (1.6 - 1.1))
+
+
+def test_layouts_of_different_ep_sizes_stay_apart_in_a_merge():
+    ep16 = [_row("free", "free", [1.0]), _row("off", "h100_ib400", [1.5]), _row("on", "h100_ib400", [1.1])]
+    ep32 = [_row("free", "free", [2.0], 32), _row("off", "h100_ib400", [3.0], 32), _row("on", "h100_ib400", [2.5], 32)]
+    merged = {(row["ep"], row["arm"]): row for row in bench.merge_rows([ep16, ep32], "abc")}
+    assert merged[(16, "on")]["hidden_share"] == pytest.approx(0.8)
+    assert merged[(32, "on")]["hidden_share"] == pytest.approx(0.5)

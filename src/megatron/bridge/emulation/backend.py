@@ -63,7 +63,7 @@ class EmulatedWorld:
         """Record a collective and hold the GPU for its modeled time on the issuing stream."""
         self.record.add(group.label, kind, nbytes, seconds)
         if seconds > 0 and device.type == "cuda":
-            self.hold(seconds, self.network.comm_sms)
+            self.hold(seconds, self.network.comm_sms, all_to_all=kind == "all_to_all")
 
 
 _WORLD: Optional[EmulatedWorld] = None
@@ -104,8 +104,21 @@ class EmulatedGroup(dist.ProcessGroup):
         self.world, self.me, self.n = world, rank, size
         self.ranks = tuple(ranks) or tuple(range(size))
         self.name_ = name
-        self.label = f"group{name}[{len(self.ranks)}]"
-        """What the record calls this group (megatron-core's name once ``label_groups`` ran)."""
+        self._label: Optional[str] = None
+
+    @property
+    def label(self) -> str:
+        """What the record calls this group: megatron-core's name once ``label_groups`` ran, else the
+        description its creator gave ``new_group(group_desc=...)``, else its number; with its size."""
+        if self._label is None:
+            desc = getattr(self, "group_desc", "undefined")
+            base = desc if desc and desc != "undefined" else f"group{self.name_}"
+            return f"{base}[{len(self.ranks)}]"
+        return self._label
+
+    @label.setter
+    def label(self, value: str) -> None:
+        self._label = value
 
     # ------------------------------------------------------------------------------- identity
     @property

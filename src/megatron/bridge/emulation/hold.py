@@ -7,6 +7,10 @@ time has passed: kernels behind it on the same stream wait, kernels on other str
 with it, and a CUDA graph captures it like any kernel. It is written in Triton; where Triton is
 missing, ``torch.cuda._sleep`` (one thread, one SM, clock cycles) stands in and :attr:`Hold.kind`
 says so.
+
+The kernel is named as NCCL's are, so a profiler trace of an emulated step reads like a real one
+(``scripts/performance/analyze_overlap.py`` counts ``emulated_nccl_all_to_all`` as dispatch/combine
+and ``emulated_nccl_collective`` as other communication): two kernels of one body, one per name.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ except ImportError:  # pragma: no cover - exercised on machines without Triton
 if triton is not None:
 
     @triton.jit
-    def _spin(nanoseconds):
+    def _spin_until(nanoseconds):
         start = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
                                           pack=1)
         now = start
@@ -36,22 +40,32 @@ if triton is not None:
             now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
                                             is_pure=False, pack=1)
 
+    @triton.jit(do_not_specialize=["nanoseconds"])  # one compiled kernel for every time
+    def emulated_nccl_all_to_all(nanoseconds):
+        _spin_until(nanoseconds)
+
+    @triton.jit(do_not_specialize=["nanoseconds"])
+    def emulated_nccl_collective(nanoseconds):
+        _spin_until(nanoseconds)
+
 
 class Hold:
-    """``hold(seconds, sms)``: the current CUDA stream is busy on ``sms`` SMs for ``seconds``."""
+    """``hold(seconds, sms, all_to_all)``: the current CUDA stream is busy on ``sms`` SMs for ``seconds``
+    (in the kernel named for an all-to-all, or for any other collective)."""
 
     def __init__(self) -> None:
         self.kind: Optional[str] = None
         self._cycles_per_ns: Optional[float] = None
 
-    def __call__(self, seconds: float, sms: int) -> None:
+    def __call__(self, seconds: float, sms: int, all_to_all: bool = False) -> None:
         nanoseconds = int(seconds * 1e9)
         if nanoseconds <= 0:
             return
         if self.kind is None:
             self.kind = self._choose()
         if self.kind == "triton":
-            _spin[(max(1, sms),)](nanoseconds, num_warps=16)
+            kernel = emulated_nccl_all_to_all if all_to_all else emulated_nccl_collective
+            kernel[(max(1, sms),)](nanoseconds, num_warps=16)
         else:
             torch.cuda._sleep(int(nanoseconds * self._clock_ghz()))
 
@@ -60,7 +74,8 @@ class Hold:
             logger.warning("Triton is not installed: modeled communication holds one SM (torch.cuda._sleep)")
             return "sleep"
         try:
-            _spin[(1,)](1000, num_warps=16)
+            emulated_nccl_all_to_all[(1,)](1000, num_warps=16)
+            emulated_nccl_collective[(1,)](1000, num_warps=16)
             return "triton"
         except Exception as exc:  # a Triton that cannot build the kernel on this GPU
             logger.warning("the Triton hold kernel failed (%s): modeled communication holds one SM", exc)

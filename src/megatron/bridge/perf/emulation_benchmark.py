@@ -14,7 +14,12 @@ Every case is a ``run_script.py`` command line, resolved and validated by the ha
 Hidden share = (off - on) / (off - free): how much of what communication added to the step EP
 overlap takes away. Times of the emulated arms include modeled (not measured) communication.
 The emulated cases share one process (one start-up); ``ep1`` runs in a job of its own (another
-world). Within a job the cases are interleaved, repeat by repeat.
+world). Within a job the cases are interleaved, repeat by repeat. ``ep1`` needs 8 experts a GPU (the
+per-GPU work of EP=16); at more nodes it is left out and ``free`` is the compute-only reference.
+
+Profiled cases (``profile_arms``) run once more each with the torch profiler on one step; their
+:func:`~megatron.bridge.perf.step_anatomy.step_anatomy` (GPU idle, host waits, exposed
+communication) goes into the row of their arm, their step times into no row.
 """
 
 from __future__ import annotations
@@ -25,13 +30,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from megatron.bridge.perf.step_anatomy import step_anatomy
+
 ARMS = ("ep1", "free", "off", "on", "on_delay_wgrad")
 DISPATCHERS = {
     "alltoall": [],
     "sorted": ["model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nccl"],
+    "node_aware": ["model.torch_native_dispatcher=node_aware", "model.torch_native_gpus_per_node=8"],
 }
-"""Dispatchers the product offers at EP > 1 without a flex backend: megatron-core's alltoall, and
-the torch-native sorted one over ``all_to_all_single``."""
+"""Dispatchers the product offers at EP > 1 without a flex backend: megatron-core's alltoall, the
+torch-native sorted one over ``all_to_all_single``, and the node-aware one (each token crosses the
+inter-node link once per node)."""
 OVERLAP = {
     "free": ["comm_overlap.overlap_moe_expert_parallel_comm=false"],
     "off": ["comm_overlap.overlap_moe_expert_parallel_comm=false"],
@@ -39,6 +48,8 @@ OVERLAP = {
     "on_delay_wgrad": ["comm_overlap.overlap_moe_expert_parallel_comm=true", "comm_overlap.delay_wgrad_compute=true"],
 }
 MICRO_BATCHES = 8
+EXPERTS, TOPK = 128, 8
+PROFILED_STEP = 6
 
 
 @dataclass(frozen=True)
@@ -53,10 +64,22 @@ class Case:
     nodes: int
     steps: int
     gpu: str
+    profile: bool = False
 
     @property
     def name(self) -> str:
-        return f"{self.arm}_{self.network}_{self.dispatcher}_r{self.repeat}"
+        suffix = "prof" if self.profile else f"r{self.repeat}"
+        return f"{self.arm}_{self.network}_{self.dispatcher}_ep{self.ep}_{suffix}"
+
+    @property
+    def ep(self) -> int:
+        """The EP size of the layout this case stands for (``ep1`` stands for one GPU of it)."""
+        return 8 * self.nodes
+
+    @property
+    def key(self) -> tuple[int, str, str, str]:
+        """The row this case belongs to."""
+        return self.ep, self.network, self.dispatcher, self.arm
 
     @property
     def world(self) -> int:
@@ -68,8 +91,11 @@ class Case:
                 "--max_steps", str(self.steps), "--cuda_graph_impl", "none", "--moe_flex_dispatcher_backend",
                 "None", "--tokenizer_type", "NullTokenizer", "model.moe_shared_expert_overlap=false",
                 f"model.num_layers={self.layers}", "logger.log_interval=1", "-l", str(root / self.name)]
+        if self.profile:
+            base += ["--profile", "--profile_step_start", str(PROFILED_STEP), "--profile_step_end", str(PROFILED_STEP)]
         if self.arm == "ep1":
-            return [*base, "-ng", "1", "-ep", "1", "model.num_moe_experts=8", "model.moe_router_topk=8",
+            return [*base, "-ng", "1", "-ep", "1", f"model.num_moe_experts={EXPERTS // self.ep}",
+                    f"model.moe_router_topk={TOPK}",
                     f"train.global_batch_size={MICRO_BATCHES}", "comm_overlap.overlap_moe_expert_parallel_comm=false"]
         network = "free" if self.arm == "free" else self.network
         return [*base, "-ng", str(self.world), "-gn", "8", "-ep", str(self.world), "--emulate", "--network", network,
@@ -78,19 +104,22 @@ class Case:
 
 
 def plan(networks: Sequence[str], dispatchers: Sequence[str], repeats: int, layers: int, nodes: int, steps: int,
-         gpu: str, arms: Sequence[str] = ARMS) -> dict[str, list[Case]]:
-    """The cases of each job (``ep1`` and ``emulated``), interleaved repeat by repeat. ``free``
-    does not depend on the network: it runs once per dispatcher and repeat."""
+         gpu: str, arms: Sequence[str] = ARMS, profile_arms: Sequence[str] = ()) -> dict[str, list[Case]]:
+    """The cases of each job (``ep1`` and ``emulated``), interleaved repeat by repeat, then the
+    profiled ones. ``free`` does not depend on the network: it runs once per dispatcher and repeat."""
+    if EXPERTS // (8 * nodes) < TOPK:  # EP=1 cannot do the same per-GPU work
+        arms, profile_arms = [a for a in arms if a != "ep1"], [a for a in profile_arms if a != "ep1"]
     jobs: dict[str, list[Case]] = {"ep1": [], "emulated": []}
-    for repeat in range(1, repeats + 1):
-        if "ep1" in arms:
-            jobs["ep1"].append(Case("ep1", "none", "none", repeat, layers, nodes, steps, gpu))
+    for repeat in [*range(1, repeats + 1), 0]:
+        chosen, profile = (arms, False) if repeat else (profile_arms, True)
+        if "ep1" in chosen:
+            jobs["ep1"].append(Case("ep1", "none", "none", repeat, layers, nodes, steps, gpu, profile))
         for dispatcher in dispatchers:
-            if "free" in arms:
-                jobs["emulated"].append(Case("free", "free", dispatcher, repeat, layers, nodes, steps, gpu))
+            if "free" in chosen:
+                jobs["emulated"].append(Case("free", "free", dispatcher, repeat, layers, nodes, steps, gpu, profile))
             for network in networks:
-                jobs["emulated"] += [Case(arm, network, dispatcher, repeat, layers, nodes, steps, gpu)
-                                     for arm in ("off", "on", "on_delay_wgrad") if arm in arms]
+                jobs["emulated"] += [Case(arm, network, dispatcher, repeat, layers, nodes, steps, gpu, profile)
+                                     for arm in ("off", "on", "on_delay_wgrad") if arm in chosen]
     return {name: cases for name, cases in jobs.items() if cases}
 
 
@@ -100,9 +129,13 @@ def steady(values: Sequence[float], start: int) -> list[float]:
     return list(values[start - 1:])
 
 
-def case_result(case: Case, summary: dict[str, Any], window_start: int) -> dict[str, Any]:
+def case_result(case: Case, summary: dict[str, Any], window_start: int, run_dir: Optional[Path] = None
+                ) -> dict[str, Any]:
     """What one finished case measured: its steady step times, modeled communication by group, the
-    emulation's own host cost, model TFLOP/s per GPU."""
+    emulation's own host cost, model TFLOP/s per GPU; for a profiled case, the step's anatomy."""
+    if case.profile:
+        trace = run_dir / "profile" / f"trace_rank0_steps{PROFILED_STEP}-{PROFILED_STEP}.json"
+        return {"profile": step_anatomy(trace).as_dict()} if trace.is_file() else {}
     steps = steady(summary["step_times_s"], window_start)
     result: dict[str, Any] = {"step_s": statistics.fmean(steps), "step_s_all": summary["step_times_s"],
                               "tflops_per_gpu": _tflops(summary, steps)}
@@ -139,15 +172,19 @@ def hidden_share(off: float, on: float, free: float) -> Optional[float]:
 
 
 def rows(cases: Sequence[Case], results: dict[str, dict[str, Any]], commit: str, nodes: int) -> list[dict[str, Any]]:
-    """One row per (network, dispatcher, arm): every repeat's step time, the means, the hidden share."""
-    grouped: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    """One row per (EP, network, dispatcher, arm): every repeat's step time, the means, the hidden
+    share, and the anatomy of its profiled step where one ran."""
+    grouped: dict[tuple[int, str, str, str], list[dict[str, Any]]] = {}
+    profiles: dict[tuple[int, str, str, str], dict[str, Any]] = {}
     for case in cases:
-        if case.name in results:
-            key = (case.network, case.dispatcher, case.arm)
-            grouped.setdefault(key, []).append(results[case.name])
+        if case.profile and results.get(case.name, {}).get("profile"):
+            profiles[case.key] = results[case.name]["profile"]
+        elif not case.profile and case.name in results:
+            grouped.setdefault(case.key, []).append(results[case.name])
     out = []
-    for (network, dispatcher, arm), runs in sorted(grouped.items()):
-        row = {"layout": "EP=1 on one GPU" if arm == "ep1" else f"EP={8 * nodes} over {nodes} x 8 (emulated)",
+    for (ep, network, dispatcher, arm), runs in sorted(grouped.items()):
+        row = {"layout": f"EP=1 on one GPU ({EXPERTS // ep} experts, top-{TOPK})" if arm == "ep1"
+               else f"EP={ep} over {ep // 8} x 8 (emulated)", "ep": ep,
                "network": network, "dispatcher": dispatcher, "arm": arm, "mbs": 1, "micro_batches": MICRO_BATCHES,
                "step_s": [r["step_s"] for r in runs], "tflops_per_gpu": _mean(r["tflops_per_gpu"] for r in runs),
                "commit": commit}
@@ -155,6 +192,8 @@ def rows(cases: Sequence[Case], results: dict[str, dict[str, Any]], commit: str,
             row["modeled_comm_s"] = _mean(r["modeled_comm_s"] for r in runs)
             row["modeled_comm_s_by_group"] = runs[0]["modeled_comm_s_by_group"]
             row["emulation_host_s"] = _mean(r["emulation_host_s"] for r in runs)
+        if (ep, network, dispatcher, arm) in profiles:
+            row["profile"] = profiles[(ep, network, dispatcher, arm)]
         out.append(row)
     _add_hidden_shares(out)
     return out
@@ -165,25 +204,30 @@ def _mean(values: Any) -> Optional[float]:
     return statistics.fmean(present) if present else None
 
 
+def _row_key(row: dict[str, Any]) -> tuple[int, str, str, str]:
+    return row.get("ep", 16), row["network"], row["dispatcher"], row["arm"]
+
+
 def _add_hidden_shares(table: list[dict[str, Any]]) -> None:
-    by_key = {(r["network"], r["dispatcher"], r["arm"]): r for r in table}
+    by_key = {_row_key(r): r for r in table}
     for row in table:
         if row["arm"] not in ("on", "on_delay_wgrad"):
             continue
-        off = by_key.get((row["network"], row["dispatcher"], "off"))
-        free = by_key.get(("free", row["dispatcher"], "free"))
+        ep = row.get("ep", 16)
+        off = by_key.get((ep, row["network"], row["dispatcher"], "off"))
+        free = by_key.get((ep, "free", row["dispatcher"], "free"))
         if off and free:
             row["hidden_share"] = hidden_share(statistics.fmean(off["step_s"]), statistics.fmean(row["step_s"]),
                                                statistics.fmean(free["step_s"]))
 
 
 def merge_rows(tables: Sequence[list[dict[str, Any]]], ran_at: Optional[str]) -> list[dict[str, Any]]:
-    """Rows of separate runs joined by (network, dispatcher, arm): their repeats side by side, the
-    means pooled, hidden shares recomputed from the pooled means."""
-    merged: dict[tuple[str, str, str], dict[str, Any]] = {}
+    """Rows of separate runs joined by (EP, network, dispatcher, arm): their repeats side by side, the
+    means pooled, hidden shares recomputed from the pooled means (a profile: the last run's)."""
+    merged: dict[tuple[int, str, str, str], dict[str, Any]] = {}
     for table in tables:
         for row in table:
-            key = (row["network"], row["dispatcher"], row["arm"])
+            key = _row_key(row)
             if key not in merged:
                 merged[key] = {**row, "step_s": [], "runs": 0}
                 merged[key].pop("hidden_share", None)
@@ -195,6 +239,8 @@ def merge_rows(tables: Sequence[list[dict[str, Any]]], ran_at: Optional[str]) ->
                     target[field] = ((target.get(field) or 0.0) * runs + row[field]) / (runs + 1) if runs else row[field]
             target["runs"] = runs + 1
             target["commit"] = ran_at or row["commit"]
+            if row.get("profile"):
+                target["profile"] = row["profile"]
     out = [merged[key] for key in sorted(merged)]
     for row in out:
         row.pop("runs")

@@ -32,7 +32,7 @@ forward of the next micro-batch may run between a forward and its backward.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
@@ -140,16 +140,28 @@ class ExchangePlan:
     made_on: Optional[torch.cuda.Stream] = None
     # the NVSHMEM exchange's per-call rows and region pack indices, both ways (see :func:`call_tensors`)
     calls: Optional[Tuple[torch.Tensor, ...]] = None
+    # (send, recv) splits on the host, copied once when a transport first needs them
+    _host: Optional[Tuple[List[int], List[int]]] = field(default=None, repr=False)
 
     def to_experts(self) -> Route:
         """The dispatch (and the combine's backward): token rows to the experts' ranks."""
         rows, pack = self.calls[:2] if self.calls is not None else (None, None)
-        return Route(self.send_splits, self.recv_splits, self.capacity, self._source_rows, rows, pack)
+        return Route(self.send_splits, self.recv_splits, self.capacity, self._source_rows, rows, pack,
+                     on_host=self.host_splits)
 
     def to_tokens(self) -> Route:
         """The combine (and the dispatch's backward): expert rows back to their tokens' ranks."""
         rows, pack = self.calls[2:] if self.calls is not None else (None, None)
-        return Route(self.recv_splits, self.send_splits, self.send_rows, self._source_rows, rows, pack)
+        return Route(self.recv_splits, self.send_splits, self.send_rows, self._source_rows, rows, pack,
+                     on_host=lambda: self.host_splits()[::-1])
+
+    def host_splits(self) -> Tuple[List[int], List[int]]:
+        """``(send_splits, recv_splits)`` on the host: one device-to-host copy for the plan's four
+        exchanges (dispatch, combine and their backwards), made when the first one needs it."""
+        if self._host is None:
+            send, recv = torch.stack([self.send_splits, self.recv_splits]).tolist()
+            self._host = (send, recv)
+        return self._host
 
     @property
     def _source_rows(self) -> int:

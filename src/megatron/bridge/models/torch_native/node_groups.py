@@ -112,18 +112,19 @@ def _make_every_group(mine: Tuple[int, ...], gpus_per_node: int) -> None:
     me = dist.get_rank()
     for ranks in _every_ep_group(mine):
         shape = node_layout(ranks, 0, gpus_per_node)
-        intra = _new_groups(node_ranks(ranks, shape) if shape.per_node > 1 else [], me)
-        inter = _new_groups(rail_ranks(ranks, shape) if shape.nodes > 1 else [], me)
+        intra = _new_groups(node_ranks(ranks, shape) if shape.per_node > 1 else [], me, "ep_intra_node")
+        inter = _new_groups(rail_ranks(ranks, shape) if shape.nodes > 1 else [], me, "ep_inter_node")
         layout = node_layout(ranks, ranks.index(me), gpus_per_node) if me in ranks else None
         _GROUPS[(ranks, gpus_per_node)] = None if layout is None else NodeGroups(layout, inter, intra)
 
 
-def _new_groups(rank_lists: Sequence[Tuple[int, ...]], me: int) -> Optional[dist.ProcessGroup]:
-    """Create a group for every rank list (collective: every rank calls this with the same lists);
-    returns the one ``me`` belongs to."""
+def _new_groups(rank_lists: Sequence[Tuple[int, ...]], me: int, desc: str) -> Optional[dist.ProcessGroup]:
+    """Create a group for every rank list (collective: every rank calls this with the same lists),
+    described as ``desc`` (what NCCL's logs and an emulated world's record call it); returns the one
+    ``me`` belongs to."""
     found = None
     for ranks in rank_lists:
-        group = dist.new_group(list(ranks))
+        group = dist.new_group(list(ranks), group_desc=desc)
         if me in ranks:
             found = group
     return found

@@ -140,7 +140,10 @@ class Route:
     ``call_rows`` and ``pack_index``: the NVSHMEM exchange's per-call indices, precomputed where a
     caller can do it more cheaply (the EP dispatcher does, inside its graphed index function);
     computed by the exchange when absent (``symmetric_exchange.call_rows`` and
-    ``symmetric_exchange.region_pack_index`` say what they hold).
+    ``symmetric_exchange.region_pack_index`` say what they hold). ``on_host``: where given, returns
+    ``(send_splits, recv_splits)`` as host lists, copied from the device once for all the routes of
+    one plan (a transport that needs host split sizes then waits for the GPU once per micro-batch
+    and layer, not once per exchange).
     """
 
     send_splits: torch.Tensor
@@ -149,6 +152,13 @@ class Route:
     source_rows: int
     call_rows: Optional[torch.Tensor] = None
     pack_index: Optional[torch.Tensor] = None
+    on_host: Optional[Callable[[], Tuple[List[int], List[int]]]] = None
+
+    def host_splits(self) -> Tuple[List[int], List[int]]:
+        """``(send_splits, recv_splits)`` as host lists (a device synchronisation unless cached)."""
+        if self.on_host is not None:
+            return self.on_host()
+        return self.send_splits.tolist(), self.recv_splits.tolist()
 
 
 class RowExchange:
@@ -293,7 +303,7 @@ class CollectiveExchange(RowExchange):
         return self._send[slot]
 
     def _run(self, slot: int, route: Route) -> torch.Tensor:
-        send_list, recv_list = route.send_splits.tolist(), route.recv_splits.tolist()
+        send_list, recv_list = route.host_splits()
         dist.all_to_all_single(
             self._recv[:sum(recv_list)], self._send[slot][:sum(send_list)], recv_list, send_list, group=self.group
         )
