@@ -81,7 +81,8 @@ def _recipes():
     for module_name in ("megatron.bridge.recipes.qwen.qwen3_moe", "megatron.bridge.recipes.qwen.qwen3_moe_perf"):
         module = importlib.import_module(module_name)
         for name, factory in inspect.getmembers(module, inspect.isfunction):
-            if name.endswith("_config") and factory.__module__ == module_name and not inspect.signature(factory).parameters:
+            if (name.endswith("_config") and factory.__module__ == module_name
+                    and not inspect.signature(factory).parameters):
                 count = re.search(r"_(\d+)gpu", name)
                 yield pytest.param(factory, int(count.group(1)) if count else None, id=name)
 
@@ -92,3 +93,16 @@ def test_every_recipe_fits_its_target_gpu(factory, gpus):
     ctx = default_rule_context(gpus or minimum_world_size(cfg), target_gpu=cfg.dist.target_gpu or "h100")
     resolution = resolve_config(cfg, ctx=ctx)
     assert not {v.rule for v in resolution.errors} & MEMORY_RULE_IDS
+
+
+@pytest.mark.parametrize("emulated, refused", [(False, True), (True, False)])
+def test_an_emulated_world_on_the_cpu_holds_one_ranks_state_not_every_ranks(emulated, refused, monkeypatch):
+    """One process plays one rank of the 16: the host holds that rank's share (a 1-layer
+    Qwen3-30B-A3B at EP=16 fits a 24 GiB host for one rank, not for sixteen processes)."""
+    monkeypatch.setattr("megatron.bridge.training.rules.memory_rules.host_memory_bytes", lambda: 24 * 2**30)
+    cfg = _sized(qwen3_30b_a3b_pretrain_config(), num_layers=1)
+    cfg.dist.device = "cpu"
+    if emulated:
+        cfg.emulation.world_size = 16
+    resolution = resolve_config(cfg, ctx=default_rule_context(16, target_gpu="h100"))
+    assert ("model-state-fits-host-memory" in {v.rule for v in resolution.errors}) is refused

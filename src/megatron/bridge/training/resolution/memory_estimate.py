@@ -190,8 +190,9 @@ def host_memory_bytes() -> Optional[int]:
 
 
 def cpu_job_estimate(cfg: "ConfigContainer", world_size: Optional[int]) -> MemoryEstimate:
-    """What the ranks of a CPU smoke-mode job hold together: all run on this host."""
-    ranks = world_size or 1
+    """What the ranks of a CPU smoke-mode job hold together: all run on this host (in an emulated
+    world, one process plays one rank: its share of the layout of ``world_size``)."""
+    ranks = 1 if cfg.emulation.enabled else world_size or 1
     one = estimate_per_rank(cfg, world_size)
     return MemoryEstimate(one.params * ranks, one.weight_bytes * ranks, one.grad_bytes * ranks,
                           one.optimizer_bytes * ranks, CPU_RANK_BASE_BYTES * ranks,

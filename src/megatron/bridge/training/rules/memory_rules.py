@@ -67,9 +67,9 @@ MEMORY_RULES: tuple[Rule, ...] = (
         fields=MEMORY_FIELDS + ("dist.device",),
         applies=_host_applies,
         holds=lambda cfg, ctx: cpu_job_estimate(cfg, ctx.world_size).total_bytes <= host_memory_bytes(),
-        message="CPU smoke mode runs every rank on this host, and their weights, gradients and optimizer "
-        "state alone (a lower bound) need more memory than the host has: the ranks would fail allocating "
-        "them, or the host would start swapping",
+        message="CPU smoke mode runs every rank on this host (an emulated world: the one rank it plays), and "
+        "their weights, gradients and optimizer state alone (a lower bound) need more memory than the host has: "
+        "the ranks would fail allocating them, or the host would start swapping",
         fix="use fewer processes (-ng) or a smaller model (CPU smoke mode checks that a configuration runs, "
         "not how fast: the tiny recipe is meant for it)",
         derived_values=(
