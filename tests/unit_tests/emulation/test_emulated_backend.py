@@ -74,11 +74,11 @@ def test_every_collective_is_charged_the_network_models_time(world):
     dist.all_to_all_single(torch.empty(8, 100), rows)
     step = world.record.take()["groups"][f"world[{WORLD}]"]
     ring = NET.inter_node_latency_us * 1e-6 + 2 * 7 / 8 * 4000 / (NET.inter_node_gbps * 1e9)
-    assert step["all_reduce"] == {"calls": 1, "bytes": 4000, "modeled_s": pytest.approx(ring)}
+    assert step["all_reduce"] == {"calls": 1, "bytes": 4000, "inter_node_bytes": 7000, "modeled_s": pytest.approx(ring)}
     intra, inter = 3 * 400, 4 * 400  # ranks 0, 1, 3 share rank 2's node; 4..7 are the other node
     a2a = max(NET.intra_node_latency_us * 1e-6 + intra / (NET.intra_node_gbps * 1e9),
               NET.inter_node_latency_us * 1e-6 + inter / (NET.inter_node_gbps * 1e9))
-    assert step["all_to_all"] == {"calls": 1, "bytes": 2800, "modeled_s": pytest.approx(a2a)}
+    assert step["all_to_all"] == {"calls": 1, "bytes": 2800, "inter_node_bytes": inter, "modeled_s": pytest.approx(a2a)}
 
 
 @pytest.mark.parametrize("call", [

@@ -59,9 +59,10 @@ class EmulatedWorld:
     record: CommRecord = field(default_factory=CommRecord)
     hold: Hold = field(default_factory=Hold)
 
-    def charge(self, group: "EmulatedGroup", kind: str, nbytes: int, seconds: float, device: torch.device) -> None:
+    def charge(self, group: "EmulatedGroup", kind: str, nbytes: int, seconds: float, device: torch.device,
+               inter_node_bytes: int = 0) -> None:
         """Record a collective and hold the GPU for its modeled time on the issuing stream."""
-        self.record.add(group.label, kind, nbytes, seconds)
+        self.record.add(group.label, kind, nbytes, seconds, inter_node_bytes)
         if seconds > 0 and device.type == "cuda":
             self.hold(seconds, self.network.comm_sms, all_to_all=kind == "all_to_all")
 
@@ -193,9 +194,7 @@ class EmulatedGroup(dist.ProcessGroup):
         with HostTimer(self.world.record):
             sent = _exchange_rows(output, tensor, output_split_sizes, input_split_sizes, self.me, self.n)
             row = _nbytes(tensor) // max(1, tensor.shape[0]) if tensor.dim() else _nbytes(tensor)
-            to_peer = [rows * row for rows in sent]
-            seconds = self.world.network.all_to_all_seconds(self.ranks, self.me, to_peer)
-            return self._charged("all_to_all", sum(to_peer) - to_peer[self.me], seconds, output)
+            return self._all_to_all_charged([rows * row for rows in sent], output)
 
     alltoall_base = all_to_all_single  # the name older torch's all_to_all_single calls
 
@@ -204,9 +203,7 @@ class EmulatedGroup(dist.ProcessGroup):
             own = inputs[self.me]
             for out in outputs:
                 _copy_rows(out, own)
-            to_peer = [_nbytes(t) for t in inputs]
-            seconds = self.world.network.all_to_all_seconds(self.ranks, self.me, to_peer)
-            return self._charged("all_to_all", sum(to_peer) - to_peer[self.me], seconds, outputs[0])
+            return self._all_to_all_charged([_nbytes(t) for t in inputs], outputs[0])
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         with HostTimer(self.world.record):
@@ -252,11 +249,21 @@ class EmulatedGroup(dist.ProcessGroup):
         _reduce_identical(output, op, self.n)
 
     def _done(self, kind: str, nbytes: int, tensor: Optional[torch.Tensor]) -> dist.Work:
-        return self._charged(kind, nbytes, self.world.network.seconds(kind, self.ranks, nbytes), tensor)
+        network = self.world.network
+        return self._charged(kind, nbytes, network.seconds(kind, self.ranks, nbytes), tensor,
+                             network.inter_node_bytes(kind, self.ranks, nbytes))
 
-    def _charged(self, kind: str, nbytes: int, seconds: float, tensor: Optional[torch.Tensor]) -> dist.Work:
+    def _all_to_all_charged(self, to_peer: list[int], tensor: torch.Tensor) -> dist.Work:
+        """Charge an all-to-all sending ``to_peer[j]`` bytes to peer ``j``."""
+        network = self.world.network
+        intra, inter = network.all_to_all_link_bytes(self.ranks, self.me, to_peer)
+        return self._charged("all_to_all", intra + inter, network.all_to_all_time(self.ranks, intra, inter), tensor,
+                             inter)
+
+    def _charged(self, kind: str, nbytes: int, seconds: float, tensor: Optional[torch.Tensor],
+                 inter_node_bytes: int = 0) -> dist.Work:
         device = tensor.device if tensor is not None else torch.device("cpu")
-        self.world.charge(self, kind, nbytes, seconds, device)
+        self.world.charge(self, kind, nbytes, seconds, device, inter_node_bytes)
         event = None
         if device.type == "cuda":
             event = torch.cuda.Event()

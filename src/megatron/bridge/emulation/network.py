@@ -67,17 +67,37 @@ class NetworkModel:
     def all_to_all_seconds(self, ranks: Sequence[int], me: int, bytes_to_peer: Sequence[int]) -> float:
         """Modeled time of an all-to-all in which this rank (``ranks[me]``) sends ``bytes_to_peer[j]``
         to ``ranks[j]`` (and, the world being symmetric, receives as much): NVLink and NIC at once."""
+        return self.all_to_all_time(ranks, *self.all_to_all_link_bytes(ranks, me, bytes_to_peer))
+
+    def all_to_all_link_bytes(self, ranks: Sequence[int], me: int, bytes_to_peer: Sequence[int]) -> tuple[int, int]:
+        """(bytes to peers in this rank's node, bytes to peers in other nodes) of an all-to-all."""
+        node = ranks[me] // self.gpus_per_node
+        intra = inter = 0
+        for j, nbytes in enumerate(bytes_to_peer):
+            if j == me:
+                continue
+            if ranks[j] // self.gpus_per_node == node:
+                intra += nbytes
+            else:
+                inter += nbytes
+        return intra, inter
+
+    def all_to_all_time(self, ranks: Sequence[int], intra: int, inter: int) -> float:
+        """Modeled time of an all-to-all that sends ``intra`` bytes over NVLink and ``inter`` over the NIC."""
         if len(ranks) <= 1 or self.free:
             return 0.0
-        node = ranks[me] // self.gpus_per_node
-        intra = sum(b for j, b in enumerate(bytes_to_peer) if j != me and ranks[j] // self.gpus_per_node == node)
-        inter = sum(b for j, b in enumerate(bytes_to_peer) if ranks[j] // self.gpus_per_node != node)
         times = [0.0]
         if intra:
             times.append(self.intra_node_latency_us * 1e-6 + intra / (self.intra_node_gbps * GB))
         if inter:
             times.append(self.inter_node_latency_us * 1e-6 + inter / (self.inter_node_gbps * GB))
         return max(times)
+
+    def inter_node_bytes(self, kind: str, ranks: Sequence[int], nbytes: int) -> int:
+        """Bytes each GPU of a ring collective sends over its NIC (none inside one node)."""
+        if len(ranks) <= 1 or not self.spans_nodes(ranks):
+            return 0
+        return round(ALGORITHM_FACTORS[kind](len(ranks)) * nbytes)
 
 
 ALGORITHM_FACTORS = {

@@ -1,4 +1,5 @@
-"""What the emulated collectives of one step did: per group and kind, calls, bytes and modeled seconds.
+"""What the emulated collectives of one step did: per group and kind, calls, bytes, the bytes that
+crossed the inter-node link (each GPU's NIC) and modeled seconds.
 
 The backend adds every collective it runs; the training loop takes the step's record after each
 step (``summary.json`` keeps them all, the step line shows the modeled total). ``host_seconds`` is
@@ -19,9 +20,11 @@ class Tally:
     calls: int = 0
     bytes: int = 0
     modeled_s: float = 0.0
+    inter_node_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"calls": self.calls, "bytes": self.bytes, "modeled_s": self.modeled_s}
+        return {"calls": self.calls, "bytes": self.bytes, "inter_node_bytes": self.inter_node_bytes,
+                "modeled_s": self.modeled_s}
 
 
 @dataclass
@@ -35,11 +38,12 @@ class CommRecord:
     tests that compare a step with a real world's, and then in each step's record)."""
     keep_order: bool = False
 
-    def add(self, group: str, kind: str, nbytes: int, modeled_s: float) -> None:
+    def add(self, group: str, kind: str, nbytes: int, modeled_s: float, inter_node_bytes: int = 0) -> None:
         tally = self.tallies[(group, kind)]
         tally.calls += 1
         tally.bytes += nbytes
         tally.modeled_s += modeled_s
+        tally.inter_node_bytes += inter_node_bytes
         if self.keep_order:
             self.order.append((group, kind, nbytes))
 
