@@ -1,7 +1,8 @@
-"""Inter-node bytes of EP dispatch, alltoall against node-aware: writes ``docs/benchmarks/ep_inter_node_bytes_results.json``.
+"""Inter-node bytes of EP dispatch, alltoall against node-aware: writes
+``docs/benchmarks/ep_inter_node_bytes_results.json``.
 
-Each count is one emulated harness run (``run_script.py --emulate``, one layer, two steps) whose
-record gives the bytes every all-to-all sent over the inter-node link (see
+Each count is emulated harness runs (``run_script.py --emulate``, one layer, one step), one as the
+first rank of each node, whose records give the bytes every all-to-all sent over the inter-node link (see
 ``megatron.bridge.perf.inter_node_bytes``). Bytes depend on the routing, not on the device: ``-g cpu``
 (the default) counts what a GPU run of the same data and seed would.
 
@@ -27,7 +28,7 @@ HARNESS = REPO / "scripts" / "performance" / "run_script.py"
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("runs/inter_node_bytes"))
     p.add_argument("--nodes", default="2,4", help="comma-separated node counts (EP = 8 x nodes)")
     p.add_argument("--dispatchers", default=",".join(count.DISPATCHERS))
@@ -37,9 +38,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_one(dispatcher: str, nodes: int, args: argparse.Namespace) -> dict:
-    """Train one count through the harness; its counted bytes (a ``RuntimeError`` if it failed)."""
-    argv = count.case_argv(dispatcher, nodes, args.out, args.device)
+def run_one(dispatcher: str, nodes: int, node: int, args: argparse.Namespace) -> dict:
+    """Train one count (as the first rank of ``node``) through the harness; its counted bytes (a
+    ``RuntimeError`` if it failed)."""
+    argv = count.case_argv(dispatcher, nodes, args.out, args.device, node)
     log_dir = Path(argv[argv.index("-l") + 1])
     proc = subprocess.run([sys.executable, str(HARNESS), *argv], capture_output=True, text=True,
                           timeout=args.timeout)
@@ -53,7 +55,8 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    counts = {(d, int(n)): run_one(d, int(n), args) for n in args.nodes.split(",") for d in args.dispatchers.split(",")}
+    counts = {(d, int(n)): count.averaged([run_one(d, int(n), node, args) for node in range(int(n))])
+              for n in args.nodes.split(",") for d in args.dispatchers.split(",")}
     results = {
         "question": "how many bytes of EP dispatch and combine cross the inter-node link, per layer and "
         "micro-batch, with megatron-core's alltoall dispatcher and with the node-aware one?",

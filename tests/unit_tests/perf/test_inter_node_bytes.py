@@ -4,6 +4,7 @@ expectation beside it, and the reduction against alltoall at the same layout."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +48,11 @@ def test_every_count_is_a_command_line_the_harness_accepts(dispatcher, nodes, tm
     out = io.StringIO()
     assert main([*count.case_argv(dispatcher, nodes, tmp_path, "cpu"), "--dryrun"], out=out) == 0, out.getvalue()
     assert f"EMULATED world of {8 * nodes} GPUs" in out.getvalue()
+
+
+def test_a_layout_is_counted_as_the_first_rank_of_every_node_and_averaged():
+    argvs = [count.case_argv("alltoall", 4, Path("runs"), "cpu", node) for node in range(4)]
+    assert [argv[argv.index("--emulate_rank") + 1] for argv in argvs] == ["0", "8", "16", "24"]
+    mean = count.averaged([{"inter_node_bytes_per_layer": 100, "by_group": {"ep[32]": 100}},
+                           {"inter_node_bytes_per_layer": 300, "by_group": {"ep[32]": 300}}])
+    assert mean["inter_node_bytes_per_layer"] == 200 and mean["by_node"] == [100, 300]

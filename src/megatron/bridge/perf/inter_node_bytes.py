@@ -9,7 +9,11 @@ GPU run of the same data and seed would; they are modeled traffic, not a measure
 
 What decides the bytes is kept (tokens per micro-batch, hidden size, dtype, experts, top-k, the
 router); what does not is shrunk so that a count runs on a CPU in minutes (:data:`SHRUNK`: the
-vocabulary, the experts' FFN width, the attention heads' width).
+vocabulary, the experts' FFN width, the attention heads' number and width).
+
+In a symmetric world every rank routes as the one emulated, so one rank's count says how its
+tokens favour the experts of its own node; the count is made as the first rank of every node
+(``--emulate_rank``) and averaged, which is what the layout's ranks send on average.
 
 Beside each count stands what uniformly random top-k routing gives (an untrained router on mock
 data routes close to uniformly): alltoall sends ``k (E - E_node) / E`` rows of a token to other
@@ -30,15 +34,16 @@ DISPATCHERS = {
     "node_aware": ["model.torch_native_dispatcher=node_aware", f"model.torch_native_gpus_per_node={GPUS_PER_NODE}"],
 }
 SHRUNK = ["model.vocab_size=1024", "model.moe_ffn_hidden_size=64", "model.ffn_hidden_size=256",
-          "model.kv_channels=16"]
+          "model.kv_channels=16", "model.num_attention_heads=4", "model.num_query_groups=4"]
 """Sizes that do not change which tokens go where, made small (the full vocabulary alone would be
 ~7.6 TFLOP a step on the CPU)."""
 EXCHANGES_PER_LAYER = 4
 """Dispatch and combine, forward and backward: the all-to-alls of one layer and micro-batch."""
 
 
-def case_argv(dispatcher: str, nodes: int, root: Path, device: str, steps: int = 2) -> list[str]:
-    """The harness command line of one count: one layer, one micro-batch per rank, overlap off."""
+def case_argv(dispatcher: str, nodes: int, root: Path, device: str, node: int = 0, steps: int = 1) -> list[str]:
+    """The harness command line of one count: one layer, one micro-batch per rank, overlap off,
+    emulated as the first rank of ``node``."""
     ep = GPUS_PER_NODE * nodes
     return ["-m", "qwen", "-mr", "qwen3_30b_a3b", "--task", "pretrain", "-g", device, "-c", "bf16",
             "-ng", str(ep), "-gn", str(GPUS_PER_NODE), "-ep", str(ep), "--emulate", "--network", "h100_ib400",
@@ -46,7 +51,7 @@ def case_argv(dispatcher: str, nodes: int, root: Path, device: str, steps: int =
             "--tokenizer_type", "NullTokenizer", "model.moe_shared_expert_overlap=false", "model.num_layers=1",
             f"train.global_batch_size={ep}", "dataset.num_workers=0",
             "comm_overlap.overlap_moe_expert_parallel_comm=false", *SHRUNK, *DISPATCHERS[dispatcher],
-            "-l", str(root / f"{dispatcher}_ep{ep}")]
+            "--emulate_rank", str(node * GPUS_PER_NODE), "-l", str(root / f"{dispatcher}_ep{ep}_node{node}")]
 
 
 def counted(summary: dict[str, Any]) -> dict[str, Any]:
@@ -56,6 +61,13 @@ def counted(summary: dict[str, Any]) -> dict[str, Any]:
                 if "all_to_all" in kinds}
     return {"inter_node_bytes_per_layer": sum(by_group.values()), "by_group": by_group,
             "iteration": last["iteration"]}
+
+
+def averaged(per_node: list[dict[str, Any]]) -> dict[str, Any]:
+    """The counts of one layout made as the first rank of each node, averaged over the nodes."""
+    mean = sum(c["inter_node_bytes_per_layer"] for c in per_node) / len(per_node)
+    return {"inter_node_bytes_per_layer": round(mean), "by_node": [c["inter_node_bytes_per_layer"] for c in per_node],
+            "by_group": per_node[0]["by_group"]}
 
 
 def expected_uniform(dispatcher: str, nodes: int) -> float:
@@ -80,9 +92,9 @@ def rows(counts: dict[tuple[str, int], dict[str, Any]]) -> list[dict[str, Any]]:
             "token_copies_per_token": round(per_layer / token_bytes, 3),
             "uniform_routing_copies_per_token": round(expected_uniform(dispatcher, nodes), 3),
             "below_alltoall": round(base["inter_node_bytes_per_layer"] / per_layer, 2) if base and per_layer else None,
-            "by_group": count["by_group"],
+            "by_node": count.get("by_node"), "by_group": count["by_group"],
         })
     return out
 
 
-__all__ = ["DISPATCHERS", "case_argv", "counted", "expected_uniform", "rows"]
+__all__ = ["DISPATCHERS", "averaged", "case_argv", "counted", "expected_uniform", "rows"]
