@@ -128,7 +128,7 @@ def run_child_script():
         reports = []
         for proc, (out, err) in zip(procs, outputs):
             assert proc.returncode == 0, out[-3000:] + err[-5000:]
-            line = next(l for l in out.splitlines() if l.startswith(REPORT_PREFIX))
+            line = next(text for text in out.splitlines() if text.startswith(REPORT_PREFIX))
             reports.append({**json.loads(line[len(REPORT_PREFIX):]), "stdout": out})
         return reports
 

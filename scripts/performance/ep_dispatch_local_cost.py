@@ -208,7 +208,8 @@ def kernel_times(fn) -> list[tuple[str, float]]:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [(e.name, e.time_range.elapsed_us())
+            for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 def host_issue_us(fn, passes: int = 5, park_s: float = 0.1) -> tuple[float, bool]:

@@ -187,7 +187,8 @@ def rows(jobs: dict[str, list[Case]]) -> list[dict]:
     stats = {case.name: case_stats(s) for cases in jobs.values() for case in cases if (s := load_case(case))}
 
     def runs(transport: str, mbs: int, overlap: bool) -> list[dict]:
-        return [stats[c.name] for c in jobs.get(transport, []) if c.mbs == mbs and c.overlap == overlap and c.name in stats]
+        return [stats[c.name] for c in jobs.get(transport, [])
+                if c.mbs == mbs and c.overlap == overlap and c.name in stats]
 
     out = []
     for transport in [t for t in jobs if t != "ep1"] or ["ep1"]:
@@ -197,16 +198,19 @@ def rows(jobs: dict[str, list[Case]]) -> list[dict]:
             ep1_s, off_s, on_s = (mean([r["step_s"] for r in x]) for x in (ep1, off, on))
             row = dict(
                 transport=transport, mbs=mbs, ep1_step_s=ep1_s, off_step_s=off_s, on_step_s=on_s,
-                ep1_runs_s=[r["step_s"] for r in ep1], off_runs_s=[r["step_s"] for r in off], on_runs_s=[r["step_s"] for r in on],
+                ep1_runs_s=[r["step_s"] for r in ep1], off_runs_s=[r["step_s"] for r in off],
+                on_runs_s=[r["step_s"] for r in on],
                 off_spread_s=[min(r["min_s"] for r in off), max(r["max_s"] for r in off)] if off else None,
                 on_spread_s=[min(r["min_s"] for r in on), max(r["max_s"] for r in on)] if on else None,
                 ep1_tflops_per_gpu=mean([r["tflops_per_gpu"] for r in ep1]),
                 off_tflops_per_gpu=mean([r["tflops_per_gpu"] for r in off]),
                 on_tflops_per_gpu=mean([r["tflops_per_gpu"] for r in on]),
-                phases={k: {p: mean([r[p] for r in x if r[p] is not None]) for p in ("host_fwd_bwd_s", "gpu_fwd_bwd_s", "gpu_optimizer_s")}
+                phases={k: {p: mean([r[p] for r in x if r[p] is not None])
+                            for p in ("host_fwd_bwd_s", "gpu_fwd_bwd_s", "gpu_optimizer_s")}
                         for k, x in (("ep1", ep1), ("off", off), ("on", on))},
                 dispatch_on=on[0]["dispatch"] if on else None,
-                loss_diff_first4=max((abs(a - b) for x, y in zip(off, on) for a, b in zip(x["losses"][:4], y["losses"][:4])), default=None),
+                loss_diff_first4=max((abs(a - b) for x, y in zip(off, on)
+                                      for a, b in zip(x["losses"][:4], y["losses"][:4])), default=None),
             )
             if ep1_s and off_s and on_s:
                 row["on_vs_off"] = off_s / on_s
@@ -245,14 +249,16 @@ def markdown_section(result: dict) -> str:
     )
     lines = [
         f"Run: {result['date']}, commit `{result['commit']}`, {result['device']}; "
-        f"bf16 matmul ceiling measured in the run: {fmt(result['ceiling_tflops'], 0)} TFLOP/s (nominal peak {NOMINAL_PEAK_TFLOPS})."
+        f"bf16 matmul ceiling measured in the run: {fmt(result['ceiling_tflops'], 0)} TFLOP/s "
+        f"(nominal peak {NOMINAL_PEAK_TFLOPS})."
         + stopped,
         "",
         "```bash",
         result["command"],
         "```",
         "",
-        "| transport | MBS | EP=1 (compute only) | EP=2 overlap off | EP=2 overlap on | on vs off | on / EP=1 | EP overhead hidden | TFLOP/s per GPU (EP=1 / off / on) | MFU of 989.5 (on; ep1 rows: EP=1) |",
+        "| transport | MBS | EP=1 (compute only) | EP=2 overlap off | EP=2 overlap on | on vs off | on / EP=1 "
+        "| EP overhead hidden | TFLOP/s per GPU (EP=1 / off / on) | MFU of 989.5 (on; ep1 rows: EP=1) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
@@ -261,7 +267,8 @@ def markdown_section(result: dict) -> str:
             f"| {step_cell(r['off_step_s'], r['off_runs_s'])} | {step_cell(r['on_step_s'], r['on_runs_s'])} "
             f"| {ratio(r.get('on_vs_off'))} | {ratio(r.get('on_vs_ep1'))} | "
             f"{'-' if r.get('hidden_share') is None else f'{100 * r['hidden_share']:.0f}%'} "
-            f"| {fmt(r['ep1_tflops_per_gpu'], 0)} / {fmt(r['off_tflops_per_gpu'], 0)} / {fmt(r['on_tflops_per_gpu'], 0)} "
+            f"| {fmt(r['ep1_tflops_per_gpu'], 0)} / {fmt(r['off_tflops_per_gpu'], 0)} "
+            f"/ {fmt(r['on_tflops_per_gpu'], 0)} "
             f"| {mfu(r['on_tflops_per_gpu'] or r['ep1_tflops_per_gpu'])} |"
         )
     lines += [
@@ -275,13 +282,15 @@ def markdown_section(result: dict) -> str:
         ph = r["phases"]
         lines.append(
             f"- {r['transport']} MBS {r['mbs']}: " + "; ".join(
-                f"{k} {fmt(v['gpu_fwd_bwd_s'])} / {fmt(v['gpu_optimizer_s'])} / {fmt(v['host_fwd_bwd_s'])} s" for k, v in ph.items()
+                f"{k} {fmt(v['gpu_fwd_bwd_s'])} / {fmt(v['gpu_optimizer_s'])} / {fmt(v['host_fwd_bwd_s'])} s"
+                for k, v in ph.items()
             ) + f"; largest loss difference off vs on over iterations 1-4: {fmt(r['loss_diff_first4'], 5)}"
         )
     dispatch = next((r["dispatch_on"] for r in result["rows"] if r["dispatch_on"]), None)
     if dispatch:
         lines += ["", "Token dispatch (overlap-on runs): " + "; ".join(
-            f"{r['transport']}: {r['dispatch_on'][0]['description']}" for r in result["rows"] if r["dispatch_on"] and r["mbs"] == result["rows"][0]["mbs"])]
+            f"{r['transport']}: {r['dispatch_on'][0]['description']}" for r in result["rows"]
+            if r["dispatch_on"] and r["mbs"] == result["rows"][0]["mbs"])]
     return "\n".join(lines)
 
 
@@ -322,7 +331,8 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--override", action="append", default=[], help="extra dotted override for every case")
     p.add_argument("--job-timeout", type=float, default=420.0)
     p.add_argument("--commit", help="commit the run measures (default: git rev-parse HEAD of this checkout)")
-    p.add_argument("--publish", action="store_true", help="write docs/benchmarks/ep_overlap_results.json and the table in ep_overlap.md")
+    p.add_argument("--publish", action="store_true",
+                   help="write docs/benchmarks/ep_overlap_results.json and the table in ep_overlap.md")
     return p.parse_args(argv)
 
 

@@ -242,7 +242,8 @@ def markdown_section(result: dict) -> str:
     lines = [
         f"Run: {result['date']}, commit `{result['commit']}`, {result['device']}, Transformer Engine "
         f"{result['transformer_engine']}, torch {result['torch']}; bf16 matmul ceiling measured in the run: "
-        f"{fmt(result['ceiling_tflops'], 0)} TFLOP/s (MFU below is against the nominal {NOMINAL_PEAK_TFLOPS}).{partial}",
+        f"{fmt(result['ceiling_tflops'], 0)} TFLOP/s "
+        f"(MFU below is against the nominal {NOMINAL_PEAK_TFLOPS}).{partial}",
         "", "```bash", result["command"], "```", "",
         "| layers | experts on the GPU | settings | MBS | step (mean; each repeat) | spread | TFLOP/s per GPU | MFU "
         "| peak GiB | vs torch_native |",
@@ -251,7 +252,8 @@ def markdown_section(result: dict) -> str:
     native = {(r["experts_per_gpu"], r["mbs"]): statistics.fmean(r["step_s"]) for r in result["rows"]
               if r["arm"] == "torch_native"}
     label = {a.name: a.label for a in ARMS}
-    for r in sorted(result["rows"], key=lambda r: (-r["experts_per_gpu"], r["mbs"], [a.name for a in ARMS].index(r["arm"]))):
+    for r in sorted(result["rows"],
+                    key=lambda r: (-r["experts_per_gpu"], r["mbs"], [a.name for a in ARMS].index(r["arm"]))):
         mean = statistics.fmean(r["step_s"])
         base = native.get((r["experts_per_gpu"], r["mbs"]))
         lines.append(

@@ -40,8 +40,8 @@ import torch
 from megatron.core import dist_checkpointing
 
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
-from megatron.bridge.training.loop import checkpointing
 from megatron.bridge.training.gpt_step import forward_step
+from megatron.bridge.training.loop import checkpointing
 from megatron.bridge.training.pretrain import pretrain
 from megatron.bridge.training.resolution import finalize
 
@@ -218,7 +218,8 @@ def main() -> None:
     if torch.distributed.get_rank() == 0:
         shutil.copytree(ckpt, planted)
         for rank in range(torch.distributed.get_world_size()):  # every rank meets it (none waits for a peer)
-            torch.save(RunsCode(str(out / "planted_code_ran")), planted / "iter_0000010" / "rng" / f"rank_{rank:05d}.pt")
+            torch.save(RunsCode(str(out / "planted_code_ran")),
+                       planted / "iter_0000010" / "rng" / f"rank_{rank:05d}.pt")
     torch.distributed.barrier()
     try:
         pretrain(resume_cfg(out, "planted", planted))

@@ -7,11 +7,12 @@
 Every rank reads the same micro-batches (a symmetric world, which the emulated one plays), so the
 real rank 0 and the emulated rank 0 must issue the same collectives and hand their local experts
 the same number of tokens. One layer: what a second layer routes depends on what the peers' experts
-returned in the first, which the emulated world fills with stand-ins (the same shapes, other values). The real world runs over gloo behind a recording process group (this
-file) that writes down each collective as the emulated backend's record does: kind, megatron-core
-group, bytes (all-reduce and broadcast: the tensors; all-gather: the output; reduce-scatter: the
-input; all-to-all: what goes to other ranks). Rank 0 writes ``OUT/<mode>.json``: the first step's
-collectives in order, the token counts of each local-expert call, and the losses.
+returned in the first, which the emulated world fills with stand-ins (the same shapes, other values). The real
+world runs over gloo behind a recording process group (this file) that writes down each collective as the
+emulated backend's record does: kind, megatron-core group, bytes (all-reduce and broadcast: the tensors;
+all-gather: the output; reduce-scatter: the input; all-to-all: what goes to other ranks). Rank 0 writes
+``OUT/<mode>.json``: the first step's collectives in order, the token counts of each local-expert call, and
+the losses.
 
 ``record``: one step of the tiny recipe (two layers, two micro-batches) as rank 0 of an emulated
 EP=4 / DP=4 world with one GPU per node on ``h100_ib400``; writes the step's record
@@ -90,7 +91,8 @@ class RecordingGloo(dist.ProcessGroup):
         return self.inner.reduce_scatter_single_coalesced(outputs, inputs, opts)
 
     def all_to_all_single(self, output, tensor, out_splits, in_splits, opts):
-        splits = [int(s) for s in in_splits] if in_splits is not None and len(in_splits) else [tensor.shape[0] // self.n] * self.n
+        splits = ([int(s) for s in in_splits] if in_splits is not None and len(in_splits)
+                  else [tensor.shape[0] // self.n] * self.n)
         row = _nb(tensor) // max(1, tensor.shape[0])
         self._note("all_to_all", (sum(splits) - splits[self.me]) * row)
         return self.inner.all_to_all_single(output, tensor, out_splits, in_splits, opts)
@@ -190,7 +192,8 @@ def main() -> None:
             names = megatron_group_names()
             steps.append([(kind, names.get(id(group), "world"), nbytes) for kind, group, nbytes in ORDER])
         else:
-            steps.append([(kind, group.split("[")[0], nbytes) for group, kind, nbytes in trainer.emulated_steps[-1]["order"]])
+            steps.append([(kind, group.split("[")[0], nbytes)
+                          for group, kind, nbytes in trainer.emulated_steps[-1]["order"]])
 
     resume = pretrain_module.Trainer.resume
 

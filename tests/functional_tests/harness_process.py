@@ -56,7 +56,8 @@ def rank_pid(root: int, rank: int) -> Optional[int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"megatron.bridge.training.entry" in cmd and b"loopback_torchrun" not in cmd and f"RANK={rank}".encode() in env:
+        if (b"megatron.bridge.training.entry" in cmd and b"loopback_torchrun" not in cmd
+                and f"RANK={rank}".encode() in env):
             return pid
     return None
 

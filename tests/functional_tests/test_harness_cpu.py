@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from harness_process import HarnessProcess, descendants, rank_pid, running
 
 pytestmark = pytest.mark.functional
@@ -28,7 +27,8 @@ FAKE_SLURM = Path(__file__).with_name("fake_slurm")
 
 
 def harness(*argv, timeout=600):
-    return subprocess.run([sys.executable, str(SCRIPT), *argv], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, str(SCRIPT), *argv], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def test_cpu_sweep_trains_each_value_and_writes_summary_markdown_and_plot(tmp_path):
@@ -58,7 +58,8 @@ def test_cpu_sweep_trains_each_value_and_writes_summary_markdown_and_plot(tmp_pa
     assert proc.stdout.count("torch-native kernels: torch.compile on, grouped GEMM loop, cross-entropy torch") == 2
     assert proc.stdout.count("loss: torch_native fused cross-entropy (torch kernels)") == 2
     md = (root / "sweep.md").read_text()
-    assert "| `false` |" in md and "| `true` |" in md and "n/a (CPU)" in md and "x |" not in md  # CPU timings rank nothing
+    # CPU timings rank nothing
+    assert "| `false` |" in md and "| `true` |" in md and "n/a (CPU)" in md and "x |" not in md
     assert (root / "sweep.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -178,7 +179,8 @@ def test_batch_script_forwards_slurms_pre_timeout_signal_to_srun(tmp_path):
     log = tmp_path / "srun.log"
     env = dict(os.environ, FAKE_SRUN_LOG=str(log), SLURM_JOB_NODELIST="node1",
                PATH=f"{FAKE_SLURM}{os.pathsep}{os.environ['PATH']}")
-    batch = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    batch = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
     deadline = time.monotonic() + 30
     while not (log.is_file() and "started" in log.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)

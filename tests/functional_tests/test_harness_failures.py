@@ -51,7 +51,8 @@ def test_a_nonfinite_loss_or_state_stops_the_run_and_is_never_saved(tmp_path, lr
 
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stopped_on_nonfinite"]["iteration"] == stop and summary["stopped_on_nonfinite"]["what"] == what
-    assert summary["final_iteration"] == stop and summary["stop_reason"].startswith(f"non-finite {what} at iteration {stop}")
+    assert (summary["final_iteration"] == stop
+            and summary["stop_reason"].startswith(f"non-finite {what} at iteration {stop}"))
     losses = summary["losses"]
     assert len(losses) == stop and all(map(math.isfinite, losses[:-1]))
     assert math.isfinite(losses[-1]) == (what != "loss")

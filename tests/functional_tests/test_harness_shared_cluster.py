@@ -98,7 +98,8 @@ def test_a_full_file_system_under_the_run_directory_is_said_before_launch(tmp_pa
         pytest.skip(f"cannot mount in a namespace here: {probe.stderr.decode(errors='replace').strip()}")
     command = " ".join([f"mount -t tmpfs -o size=96k tmpfs {small} &&", "exec", sys.executable, str(SCRIPT), *TINY,
                         "--max_steps", "3", "-l", str(small / "run")])
-    proc = subprocess.run(["unshare", "-rm", "sh", "-c", command], cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", command], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "Traceback" not in out, out
     assert re.search(r"its file system has 0\.\d MiB free \(No space left for a run", out), out

@@ -59,10 +59,9 @@ import os
 import time
 import traceback
 
+import stream_checks  # tests/gpu_checks/, beside this program
 import torch
 import torch.distributed as dist
-
-import stream_checks  # tests/gpu_checks/, beside this program
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--proxy", action="store_true", help="proxy shapes and timings instead of the small model")
@@ -234,7 +233,7 @@ def build(variant: str, graph: IterationGraph):
         1234, use_cudagraphable_rng=graph.enabled, force_reset_rng=True
     )
     model = provider.provide()
-    dispatchers = sorted({type(l.mlp.token_dispatcher).__name__ for l in model.decoder.layers})
+    dispatchers = sorted({type(layer.mlp.token_dispatcher).__name__ for layer in model.decoder.layers})
     model = Float16Module(provider, model.cuda())
     with graph.model_build_stream():
         # As the product's configuration does (ddp.delay_wgrad_compute follows the model's): with it

@@ -17,7 +17,6 @@ from typing import Iterator, Optional
 import pytest
 import torch
 
-
 INTERPRETER_PROBE = Path(__file__).parent / "children" / "interpreter_probe.py"
 
 
@@ -76,7 +75,6 @@ def run_interpreted_child():
 def model_parallel(gloo_world) -> Iterator[None]:
     """megatron-core parallel state for TP=PP=EP=1 on the gloo group; torn down after the test."""
     from megatron.core import parallel_state as ps
-
     from megatron.core import tensor_parallel
 
     ps.initialize_model_parallel(1, 1, expert_model_parallel_size=1)
@@ -91,8 +89,8 @@ def model_parallel(gloo_world) -> Iterator[None]:
 
 def _tiny_moe_config(**overrides):
     """A small fp32 Qwen3-MoE-like ``TransformerConfig`` for CPU module tests."""
-    from megatron.core.transformer.transformer_config import TransformerConfig
     import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
 
     kwargs = dict(
         num_layers=1,

@@ -103,7 +103,8 @@ def test_fan_out_orders_rows_by_expert_then_copy_and_pads_empty_slots() -> None:
 def test_expert_order_is_megatrons_order_of_the_arrived_rows() -> None:
     g = torch.Generator().manual_seed(5)
     arrivals = torch.randint(0, 4, (2, 3, 2), generator=g)  # [source GPU, local expert, source node]
-    arrived = [(gpu, e, n, j) for gpu in range(2) for e in range(3) for n in range(2) for j in range(int(arrivals[gpu, e, n]))]
+    arrived = [(gpu, e, n, j) for gpu in range(2) for e in range(3) for n in range(2)
+               for j in range(int(arrivals[gpu, e, n]))]
     megatron = sorted(arrived, key=lambda r: (r[1], r[2], r[0], r[3]))  # expert, source EP rank (node-major), token
     index = expert_order(arrivals, len(arrived))
     assert [arrived[i] for i in index.tolist()] == megatron
@@ -120,12 +121,14 @@ def test_stage_splits_agree_with_counting_rows_by_hand() -> None:
         splits = stage_splits(counts, NodeLayout(nodes, per_node, node, me), local)
         mine = maps[node * per_node + me]
         assert splits.send_a == [int(mine.view(6, nodes, -1).any(-1)[:, n].sum()) for n in range(nodes)]
-        assert splits.recv_a == [int(maps[n * per_node + me].view(6, nodes, -1).any(-1)[:, node].sum()) for n in range(nodes)]
+        assert splits.recv_a == [int(maps[n * per_node + me].view(6, nodes, -1).any(-1)[:, node].sum())
+                                 for n in range(nodes)]
         # hop (b): rows of the tokens arrived over this rank's rail, for each GPU of the node
         rail = [maps[n * per_node + me] for n in range(nodes)]
         assert splits.send_b == [sum(int(m[:, e].sum()) for m in rail for e in range(experts)
                                      if node_of(e) == node and gpu_of(e) == j) for j in range(per_node)]
-        assert sum(splits.recv_b) == int(sum(m[:, [e for e in range(experts) if node_of(e) == node and gpu_of(e) == me]].sum()
+        assert sum(splits.recv_b) == int(sum(m[:, [e for e in range(experts)
+                                                   if node_of(e) == node and gpu_of(e) == me]].sum()
                                              for m in maps))
 
 

@@ -63,7 +63,8 @@ def test_chunked_torch_path_equals_one_chunk(monkeypatch):
     logits, target, weight = _case(700)
     whole = _loss_and_grad(lambda x, t: ce.vocab_parallel_cross_entropy(x, t, backend="torch"), logits, target, weight)
     monkeypatch.setattr(ce, "_TORCH_CHUNK_ELEMENTS", 700 * 4)  # four rows per chunk
-    chunked = _loss_and_grad(lambda x, t: ce.vocab_parallel_cross_entropy(x, t, backend="torch"), logits, target, weight)
+    chunked = _loss_and_grad(lambda x, t: ce.vocab_parallel_cross_entropy(x, t, backend="torch"), logits, target,
+                             weight)
     torch.testing.assert_close(chunked[0], whole[0], rtol=0, atol=0)
     torch.testing.assert_close(chunked[1], whole[1], rtol=0, atol=0)
 
@@ -104,7 +105,8 @@ def test_the_model_runs_the_configured_backend(monkeypatch, backend):
 
     seen = []
     original = ce.select_backend
-    monkeypatch.setattr(ce, "select_backend", lambda device, requested="auto": seen.append(requested) or original(device, requested))
+    monkeypatch.setattr(ce, "select_backend",
+                        lambda device, requested="auto": seen.append(requested) or original(device, requested))
     logits, labels = torch.randn(4, 2, 10), torch.randint(0, 10, (2, 4))
     loss = TorchNativeLossGPTModel.compute_language_model_loss(_LossModelStandIn(backend), labels, logits)
     assert loss.shape == (2, 4) and seen == [backend]

@@ -59,10 +59,12 @@ def test_exchange_plan_matches_a_host_reference(counts, rank, local) -> None:
     assert plan.tokens_per_expert.tolist() == all_counts[:, rank * local:(rank + 1) * local].sum(0).tolist()
 
 
-@pytest.mark.parametrize("columns", [[(32, torch.bfloat16), (1, torch.float32)], [(7, torch.float32)], [(2048, torch.bfloat16), (1, torch.float32)]])
+@pytest.mark.parametrize("columns", [[(32, torch.bfloat16), (1, torch.float32)], [(7, torch.float32)],
+                                     [(2048, torch.bfloat16), (1, torch.float32)]])
 def test_packed_rows_are_64_byte_multiples_and_columns_round_trip(columns) -> None:
     nbytes = row_bytes(columns)
-    assert nbytes % ROW_ALIGN_BYTES == 0 and nbytes >= sum(w * torch.empty((), dtype=d).element_size() for w, d in columns)
+    assert (nbytes % ROW_ALIGN_BYTES == 0
+            and nbytes >= sum(w * torch.empty((), dtype=d).element_size() for w, d in columns))
     buf = torch.zeros(3, nbytes, dtype=torch.uint8)
     offset = 0
     for width, dtype in columns:
@@ -169,7 +171,8 @@ def test_start_up_line_says_where_the_sorted_indices_replay_from_a_cuda_graph(de
     assert choice.to_dict()["index_graph"] is graphed
 
 
-@pytest.mark.parametrize("overrides,blocker", [({"moe_expert_capacity_factor": 1.0}, "token dropping"), ({"cuda_graph_impl": "local"}, "per-layer CUDA graphs")])
+@pytest.mark.parametrize("overrides,blocker", [({"moe_expert_capacity_factor": 1.0}, "token dropping"),
+                                               ({"cuda_graph_impl": "local"}, "per-layer CUDA graphs")])
 def test_sorted_request_that_cannot_be_exact_is_an_error(overrides, blocker) -> None:
     with pytest.raises(ValueError, match=blocker):
         choose_dispatch(_Config(torch_native_dispatcher="sorted", **overrides), 2, 1, None, torch.device("cpu"))
@@ -185,7 +188,8 @@ def ep_sorted_report(request, tmp_path_factory, run_child_script) -> list:
 
 @pytest.mark.functional
 @pytest.mark.parametrize("variant", [
-    "sorted", "sorted_overlap", "sorted_overlap_delay_wgrad", "sorted_nvshmem_emulated", "sorted_nvshmem_emulated_overlap",
+    "sorted", "sorted_overlap", "sorted_overlap_delay_wgrad", "sorted_nvshmem_emulated",
+    "sorted_nvshmem_emulated_overlap",
 ])
 def test_sorted_dispatcher_equals_megatron_dispatcher(ep_sorted_report, variant) -> None:
     for rank in ep_sorted_report:
@@ -216,7 +220,8 @@ def test_auto_with_several_ep_ranks_keeps_megatron_even_where_nvshmem_runs(monke
     from megatron.bridge.models.torch_native import symmetric_exchange
     from megatron.bridge.models.torch_native.symmetric_exchange import SymmetricMemorySupport
 
-    monkeypatch.setattr(symmetric_exchange, "symmetric_memory_support", lambda g, d: SymmetricMemorySupport(True, "NVSHMEM available"))
+    monkeypatch.setattr(symmetric_exchange, "symmetric_memory_support",
+                        lambda g, d: SymmetricMemorySupport(True, "NVSHMEM available"))
     auto = choose_dispatch(_Config(), 2, 1, None, torch.device("cuda"))
     assert auto.dispatcher == "megatron" and "measured faster" in auto.reason
     chosen = choose_dispatch(_Config(torch_native_dispatcher="sorted"), 2, 1, None, torch.device("cuda"))

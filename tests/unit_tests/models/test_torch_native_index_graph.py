@@ -15,8 +15,8 @@ import torch
 
 from megatron.bridge.models.torch_native import index_graph
 from megatron.bridge.models.torch_native.dispatcher import routing_and_plan
-from megatron.bridge.models.torch_native.sorted_permutation import permutation_indices, routing_indices, sorted_routing
 from megatron.bridge.models.torch_native.index_graph import GraphedIndexFunction, _Captured
+from megatron.bridge.models.torch_native.sorted_permutation import permutation_indices, routing_indices, sorted_routing
 
 
 def _routing_map(tokens: int, experts: int, topk: int, seed: int = 0) -> torch.Tensor:
@@ -54,7 +54,8 @@ class _FakeGraph:
 def test_a_replay_copies_inputs_in_and_outputs_out_in_their_shapes() -> None:
     static = (torch.zeros(6, dtype=torch.long),)
     flat = torch.zeros(13, dtype=torch.long)
-    captured = _Captured(_FakeGraph(static, flat, 3), static, flat, (torch.Size([6]), torch.Size([2, 3]), torch.Size([1])))
+    captured = _Captured(_FakeGraph(static, flat, 3), static, flat,
+                         (torch.Size([6]), torch.Size([2, 3]), torch.Size([1])))
     x = torch.arange(6)
     got = captured.replay((x,))
     assert all(torch.equal(a, b) for a, b in zip(got, _indices(x, 3)))

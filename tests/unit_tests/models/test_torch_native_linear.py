@@ -138,8 +138,10 @@ def test_which_configs_get_the_rerouted_layers(tiny_moe_config, changes, reroute
     "spec,changes,reported",
     [
         ("torch_native", {}, "fused"),
-        ("torch_native", {"tensor_model_parallel_size": 2}, "megatron-core's linear layers (tensor_model_parallel_size=2;"),
-        ("torch_native", {"gradient_accumulation_fusion": True}, "(gradient_accumulation_fusion (megatron's own fusion);"),
+        ("torch_native", {"tensor_model_parallel_size": 2},
+         "megatron-core's linear layers (tensor_model_parallel_size=2;"),
+        ("torch_native", {"gradient_accumulation_fusion": True},
+         "(gradient_accumulation_fusion (megatron's own fusion);"),
         ("local", {"tensor_model_parallel_size": 2}, None),  # megatron's layer specs: nothing to report
     ],
 )

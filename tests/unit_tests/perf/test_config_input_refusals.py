@@ -91,11 +91,13 @@ MALFORMED_FILES = {
 NOT_PLAIN_FILES = {
     "binary tag": ("checkpoint:\n  save: !!binary aGVsbG8=\n", "yaml-syntax",
                    ["line 2, column 9", "YAML tags are not read (!!binary at checkpoint.save)"]),
-    "set tag": ("model:\n  num_layers: !!set {a, b}\n", "yaml-syntax", ["YAML tags are not read (!!set at model.num_layers)"]),
+    "set tag": ("model:\n  num_layers: !!set {a, b}\n", "yaml-syntax",
+                ["YAML tags are not read (!!set at model.num_layers)"]),
     "duplicate key": ("model:\n  num_layers: 4\n  num_layers: 5\n", "yaml-duplicate-key",
                       ["line 3", "the key model.num_layers is given twice (lines 2 and 3)", "give the key once"]),
     "node limit": ("a: &a [" + ", ".join(["x"] * 20) + "]\nb: &b [" + ", ".join(["*a"] * 20) + "]\nc: ["
-                   + ", ".join(["*b"] * 30) + "]\n", "yaml-too-large", ["more than 10,000 YAML nodes", "fewer *aliases"]),
+                   + ", ".join(["*b"] * 30) + "]\n", "yaml-too-large",
+                   ["more than 10,000 YAML nodes", "fewer *aliases"]),
     "recursive alias": ("model: &m\n  inner: *m\n", "yaml-syntax", ["inside the node it names", "model.inner"]),
     "deep nesting": ("model: " + "{a: " * 40 + "1" + "}" * 40 + "\n", "yaml-too-large", ["nest deeper than 32 levels"]),
     "long number": ("model:\n  num_layers: " + "1" * 5000 + "\n", "yaml-syntax", ["a number of 5,000 digits"]),
@@ -118,7 +120,8 @@ def test_every_problem_of_a_config_file_is_listed_at_once(tmp_path, no_launch):
     path = tmp_path / "overlay.yaml"
     path.write_text("model:\n  num_layers: !!binary aGVsbG8=\n  num_layers: 3\ncheckpoint:\n  save: !!set {a}\n")
     code, out = run([*TINY_CPU, "-l", str(tmp_path / "run"), "--config_file", str(path)])
-    assert code == 2 and "3 problem(s)" in out and "[yaml-duplicate-key]" in out and out.count("[yaml-syntax]") == 2, out
+    assert (code == 2 and "3 problem(s)" in out and "[yaml-duplicate-key]" in out
+            and out.count("[yaml-syntax]") == 2), out
 
 
 # file bytes -> texts the refusal holds

@@ -4,7 +4,6 @@ hidden shares it writes, and the merge of runs made in separate calls."""
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import pytest
 

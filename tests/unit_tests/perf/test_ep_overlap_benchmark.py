@@ -135,7 +135,8 @@ def test_a_job_past_its_timeout_is_stopped_with_its_workers_and_reported(bench, 
     import os
     import time
 
-    script = ("import subprocess, sys, time; w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+    script = ("import subprocess, sys, time; "
+              "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
               "print('worker', w.pid, flush=True); time.sleep(60)")
     start = time.time()
     code = bench.run_logged([sys.executable, "-c", script], dict(os.environ), tmp_path / "job.log", timeout=3)
@@ -171,5 +172,6 @@ def test_results_are_written_after_every_job_so_a_stopped_run_keeps_what_finishe
         bench.main(["--out", str(tmp_path), "--transports", "nvlink", "--mbs", "1", "--commit", "abc"])
     result = json.loads((tmp_path / "results.json").read_text())
     assert result["complete"] is False and result["exit_codes"] == {"ep1": 0}
-    assert [(r["transport"], r["mbs"], r["ep1_step_s"], r["off_step_s"]) for r in result["rows"]] == [("nvlink", 1, 0.4, None)]
+    assert ([(r["transport"], r["mbs"], r["ep1_step_s"], r["off_step_s"]) for r in result["rows"]]
+            == [("nvlink", 1, 0.4, None)])
     assert "**Partial: the run stopped after the jobs ep1 (exit 0).**" in bench.markdown_section(result)

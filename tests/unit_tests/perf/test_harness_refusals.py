@@ -31,7 +31,8 @@ def run(argv: list[str]) -> tuple[int, str]:
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["-mr", "qwen3_moe_tiny", "--max-step", "10"], "unrecognized argument: --max-step (did you mean --max_steps?)"),
+        (["-mr", "qwen3_moe_tiny", "--max-step", "10"],
+         "unrecognized argument: --max-step (did you mean --max_steps?)"),
         (["-mr", "qwen3_moe_tiny", "--max-steps=10"], "unrecognized argument: --max-steps (did you mean --max_steps?)"),
         (["-mr", "qwen3_moe_tiny", "--dry-run"], "unrecognized argument: --dry-run (did you mean --dryrun?)"),
         (["-mr", "qwen3_moe_tiny", "--num-gpus", "2"], "unrecognized argument: --num-gpus (did you mean --num_gpus?)"),
@@ -159,7 +160,8 @@ def _pattern(shown: str) -> str:
     return regex
 
 
-@pytest.mark.parametrize("shown, extra", [(LOG_DIR_DEFAULT, []), (SWEEP_DIR_DEFAULT, ["--sweep", "train.train_iters=2,3"])],
+@pytest.mark.parametrize("shown, extra",
+                         [(LOG_DIR_DEFAULT, []), (SWEEP_DIR_DEFAULT, ["--sweep", "train.train_iters=2,3"])],
                          ids=["run", "sweep"])
 def test_help_names_the_run_directory_a_run_without_l_gets(shown, extra, capsys, tmp_path, monkeypatch):
     assert shown in _help(capsys).replace("\n", " ").replace("  ", "")

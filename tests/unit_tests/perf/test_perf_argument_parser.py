@@ -127,7 +127,8 @@ def test_overrides_anywhere_and_in_order():
 
 def test_readme_command_parses(readme_argv):
     args = parse_args(readme_argv)
-    assert (args.model_family_name, args.model_recipe_name, args.task, args.gpu) == ("qwen", "qwen3_30b_a3b", "pretrain", "h100")
+    assert ((args.model_family_name, args.model_recipe_name, args.task, args.gpu)
+            == ("qwen", "qwen3_30b_a3b", "pretrain", "h100"))
     assert (args.num_gpus, args.gpus_per_node, args.max_steps) == (16, 8, 8)
     assert args.moe_a2a_overlap is False and args.moe_flex_dispatcher_backend == PLAIN_ALLTOALL
     assert len(args.overrides) == 3

@@ -161,8 +161,7 @@ def test_bad_input_is_refused_before_launch(case, tmp_path, no_launch):
 
 def test_missing_deep_ep_on_a_gpu_host_is_refused_before_launch(tmp_path, no_launch, monkeypatch):
     """A GPU machine without DeepEP: refused at validation, not by an ImportError in every rank."""
-    from megatron.bridge.training.resolution import finalize
-    from megatron.bridge.training.resolution import gpu_catalog
+    from megatron.bridge.training.resolution import finalize, gpu_catalog
 
     monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: ((9, 0), "NVIDIA H100 80GB HBM3"))
     monkeypatch.setattr(finalize, "have_deep_ep", lambda: False)

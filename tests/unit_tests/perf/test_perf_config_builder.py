@@ -82,7 +82,8 @@ def test_flag_maps_to_field(tmp_path, flags, key, value):
     [
         (None, "true", True, False),
         (None, "false", False, False),
-        ({"comm_overlap": {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True}}, "false", False, True),
+        ({"comm_overlap": {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True}}, "false", False,
+         True),
         ({"comm_overlap": {"delay_wgrad_compute": True}}, "true", True, True),
     ],
 )
@@ -116,19 +117,23 @@ def test_moe_a2a_overlap_false_does_not_clear_delayed_wgrad_silently(tmp_path):
 
 @pytest.mark.parametrize(
     "backend, gpu, dispatcher, value",
-    [("None", "h100", "alltoall", None), ("deepep", "h100", "flex", "deepep"), ("hybridep", "gb200", "flex", "hybridep")],
+    [("None", "h100", "alltoall", None), ("deepep", "h100", "flex", "deepep"),
+     ("hybridep", "gb200", "flex", "hybridep")],
 )
 def test_flex_backend_flag(tmp_path, backend, gpu, dispatcher, value):
-    argv = ["-mr", "qwen3_30b_a3b", "-g", gpu, "-ng", "16", "-l", str(tmp_path), "--moe_flex_dispatcher_backend", backend]
+    argv = ["-mr", "qwen3_30b_a3b", "-g", gpu, "-ng", "16", "-l", str(tmp_path),
+            "--moe_flex_dispatcher_backend", backend]
     built = build_config(parse_args(argv))
     m = built.cfg.model
-    assert (m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend, m.moe_shared_expert_overlap) == (dispatcher, value, False)
+    assert ((m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend, m.moe_shared_expert_overlap)
+            == (dispatcher, value, False))
     assert built.cfg.provenance["model.moe_token_dispatcher_type"] == "flag"
     assert built.cfg.provenance["model.moe_flex_dispatcher_backend"] == "flag"
 
 
 def test_flex_backend_refused_on_unsupported_gpu(tmp_path):
-    argv = ["-mr", "qwen3_30b_a3b", "-g", "gb200", "-ng", "16", "-l", str(tmp_path), "--moe_flex_dispatcher_backend", "deepep"]
+    argv = ["-mr", "qwen3_30b_a3b", "-g", "gb200", "-ng", "16", "-l", str(tmp_path),
+            "--moe_flex_dispatcher_backend", "deepep"]
     with pytest.raises(ConfigError, match="GB200") as info:
         resolve(build_config(parse_args(argv)))
     rules = [v.rule for v in info.value.violations]

@@ -114,14 +114,16 @@ def test_bad_override_exit_2(tmp_path):
 @pytest.mark.parametrize("given", ["comm_overlap.overlap_moe_expert_parallel_comm=false",
                                    "++comm_overlap.overlap_moe_expert_parallel_comm=false"])
 def test_sweep_says_which_given_override_its_values_replace(tmp_path, given):
-    code, out = run(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--dryrun", "-l", str(tmp_path / "s"),
+    code, out = run(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--dryrun",
+                     "-l", str(tmp_path / "s"),
                      given, "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true"])
     assert code == 0, out
     assert f"the swept values replace {given}" in out
 
 
 def test_sweep_dry_run_describes_every_value(tmp_path):
-    code, out = run(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--dryrun", "-l", str(tmp_path / "s"),
+    code, out = run(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--dryrun",
+                     "-l", str(tmp_path / "s"),
                      "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true"])
     assert code == 0, out
     assert "sweep comm_overlap.overlap_moe_expert_parallel_comm=false" in out

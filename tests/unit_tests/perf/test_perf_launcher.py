@@ -57,7 +57,7 @@ def test_sixteen_gpus_on_two_nodes_writes_sbatch(tmp_path):
                  "#SBATCH --account=acct", "#SBATCH --partition=batch", "#SBATCH --time=00:20:00",
                  "export CUDA_DEVICE_MAX_CONNECTIONS=32", "MASTER_ADDR", "cd /repo"):
         assert line in s, line
-    srun = next(l for l in s.splitlines() if l.startswith("srun"))
+    srun = next(line for line in s.splitlines() if line.startswith("srun"))
     assert "--kill-on-bad-exit=1" in srun and f"{PY} -m {ENTRY_MODULE} --config-file" in srun
 
 
@@ -97,7 +97,8 @@ def test_failing_job_returns_its_code_and_tails_the_failing_rank(tmp_path, capsy
     (tmp_path / "torchrun" / "none_abc" / "attempt_0" / "0").mkdir()
     (tmp_path / "torchrun" / "none_abc" / "attempt_0" / "0" / "stderr.log").write_text("fine\n")
     (tmp_path / "failures").mkdir()
-    (tmp_path / "failures" / "rank_00001.json").write_text('{"rank": 1, "time": 1.0, "error": "ValueError: boom on rank 1"}')
+    (tmp_path / "failures" / "rank_00001.json").write_text(
+        '{"rank": 1, "time": 1.0, "error": "ValueError: boom on rank 1"}')
     p = plan(tmp_path, cpu=True, ng=2)
     p.argv = [sys.executable, str(CHILDREN / "exit_with.py"), "7"]
     outcome = run_plan(p, stream=sys.stdout)

@@ -25,7 +25,8 @@ from megatron.bridge.perf.run_dir import MARKER, claim
 from megatron.bridge.perf.supervisor import JobOutcome
 
 TINY_CPU = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2"]
-RUN_DIR_NAMES = ["config.yaml", "launch.log", "summary.json", "failures", "torchrun", "profile", "launch.sbatch", MARKER]
+RUN_DIR_NAMES = ["config.yaml", "launch.log", "summary.json", "failures", "torchrun", "profile", "launch.sbatch",
+                 MARKER]
 """Every name the harness or a rank writes, replaces or deletes directly under a run directory."""
 
 
@@ -44,7 +45,8 @@ def victim(tmp_path: Path) -> Path:
 
 
 def untouched(victim: Path) -> bool:
-    return sorted(p.name for p in victim.iterdir()) == ["precious.txt"] and (victim / "precious.txt").read_text() == "precious"
+    return (sorted(p.name for p in victim.iterdir()) == ["precious.txt"]
+            and (victim / "precious.txt").read_text() == "precious")
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ training loop's graph sets it in torch's allocator for the capture and resets it
 start-up line and ``summary.json`` say."""
 
 import pytest
-
 import torch
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
@@ -16,7 +15,8 @@ DECISIONS = {
     "nothing set": ({}, (True, True, "training loop")),
     "other options only": ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, (True, True, "training loop")),
     "user turns it off": (
-        {"PYTORCH_CUDA_ALLOC_CONF": f"expandable_segments:True,{OPTION}:False"}, (False, False, "PYTORCH_CUDA_ALLOC_CONF")),
+        {"PYTORCH_CUDA_ALLOC_CONF": f"expandable_segments:True,{OPTION}:False"},
+        (False, False, "PYTORCH_CUDA_ALLOC_CONF")),
     "user turns it on": ({"PYTORCH_CUDA_ALLOC_CONF": f"{OPTION}:True"}, (True, False, "PYTORCH_CUDA_ALLOC_CONF")),
     "newer variable first": (
         {"PYTORCH_ALLOC_CONF": f"{OPTION}:False", "PYTORCH_CUDA_ALLOC_CONF": f"{OPTION}:True"},

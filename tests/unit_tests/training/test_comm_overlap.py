@@ -26,9 +26,6 @@ from megatron.bridge.recipes.qwen import (
     qwen3_30b_a3b_pretrain_config,
 )
 from megatron.bridge.training import comm_overlap, flex_dispatcher_backend
-from megatron.bridge.training.overlap import report as overlap_report
-from megatron.bridge.training.resolution import finalize as finalize_module
-from megatron.bridge.training.resolution import gpu_catalog, ownership
 from megatron.bridge.training.comm_overlap import (
     BOOL_SWITCHES,
     DEFAULT_BUCKET_SIZE,
@@ -38,11 +35,14 @@ from megatron.bridge.training.comm_overlap import (
     format_effective_values,
 )
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError, OverrideError
-from megatron.bridge.training.resolution.finalize import resolve_config
-from megatron.bridge.training.resolution.megatron_compat import graph_modules
 from megatron.bridge.training.overlap import docs as overlap_docs
 from megatron.bridge.training.overlap import facts, fields, resolution, rules
+from megatron.bridge.training.overlap import report as overlap_report
 from megatron.bridge.training.overlap.docs import render_docs
+from megatron.bridge.training.resolution import finalize as finalize_module
+from megatron.bridge.training.resolution import gpu_catalog, ownership
+from megatron.bridge.training.resolution.finalize import resolve_config
+from megatron.bridge.training.resolution.megatron_compat import graph_modules
 from megatron.bridge.training.rules.core import read_field
 from megatron.bridge.training.utils.omegaconf_utils import apply_overrides
 
@@ -122,8 +122,10 @@ CASES: list[Case] = [
          {"model.overlap_dispatch_backward_with_experts_wgrad": False}),
     Case("ep-overlap-needs-two-micro-batches", {"train.global_batch_size": 2}, {"train.global_batch_size": 4}),
     Case("delay-wgrad-needs-ep-overlap", {**DW, **OFF}, DW),
-    Case("delay-wgrad-no-op-with-local-layers", {**DW, "model.layer_spec": "local"}, DW, {}, {}, name="auto-is-torch-native-without-te"),
-    Case("delay-wgrad-no-op-with-local-layers", {**DW, "model.layer_spec": "local"}, {**DW, "model.layer_spec": "transformer_engine"},
+    Case("delay-wgrad-no-op-with-local-layers", {**DW, "model.layer_spec": "local"}, DW, {}, {},
+         name="auto-is-torch-native-without-te"),
+    Case("delay-wgrad-no-op-with-local-layers", {**DW, "model.layer_spec": "local"},
+         {**DW, "model.layer_spec": "transformer_engine"},
          {"te_version": "2.12"},
          {"te_version": "2.12"}, name="local-spec-with-te"),
     Case("delay-wgrad-te-2.7", {**DW, "model.gradient_accumulation_fusion": True},
@@ -139,7 +141,8 @@ CASES: list[Case] = [
          {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["attn"], "model.gradient_accumulation_fusion": True},
          {"te_version": "2.11"}, {"te_version": "2.12"}),
     Case("delay-wgrad-graph-scope-te-2.12",
-         {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["moe_router"], "model.moe_shared_expert_intermediate_size": 64},
+         {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["moe_router"],
+          "model.moe_shared_expert_intermediate_size": 64},
          {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["moe_router"]},
          {"te_version": "2.11"}, {"te_version": "2.11"}, name="router-with-shared-expert"),
     Case("delay-wgrad-graph-scope-te-2.12",
@@ -165,7 +168,8 @@ CASES: list[Case] = [
     Case("tp-overlap-needs-te", TP_OVERLAP, TP_OVERLAP, {}, {"te_version": "2.12"}),
     Case("tp-overlap-userbuffers-not-initialised", TP_OVERLAP, {**TP_OVERLAP, "comm_overlap.tp_comm_overlap": False},
          {"te_version": "2.12"}, {"te_version": "2.12"}),
-    Case("tp-overlap-cfg-needs-tp-overlap", {"comm_overlap.tp_comm_overlap_cfg": {"qkv_fprop": {"method": "ring_exchange"}}},
+    Case("tp-overlap-cfg-needs-tp-overlap",
+         {"comm_overlap.tp_comm_overlap_cfg": {"qkv_fprop": {"method": "ring_exchange"}}},
          {"comm_overlap.tp_comm_overlap_cfg": None}),
     Case("data-parallel-size-matches-layout", {"comm_overlap.data_parallel_size": 4},
          {"comm_overlap.data_parallel_size": 2}),
@@ -246,7 +250,8 @@ CASES: list[Case] = [
     Case("rank-capacity-factor-hybridep-needs-op-fuser", {**HYBRIDEP, "model.moe_expert_rank_capacity_factor": 1.5},
          {**HYBRIDEP, **TE_FUSED_EXPERTS, "model.moe_expert_rank_capacity_factor": 1.5}, TE, TE),
     Case("rank-capacity-factor-hybridep-needs-op-fuser",
-         {**HYBRIDEP, **TE_FUSED_EXPERTS, "model.layer_spec": "torch_native", "model.moe_expert_rank_capacity_factor": 1.5},
+         {**HYBRIDEP, **TE_FUSED_EXPERTS, "model.layer_spec": "torch_native",
+          "model.moe_expert_rank_capacity_factor": 1.5},
          {**HYBRIDEP, **TE_FUSED_EXPERTS, "model.moe_expert_rank_capacity_factor": 1.5}, TE, TE,
          name="torch-native-experts"),
     Case("ncclep-needs-rank-capacity-factor", {**NCCLEP, "model.moe_expert_rank_capacity_factor": None}, NCCLEP),
@@ -416,7 +421,8 @@ PREREQUISITES = [
 ]
 
 
-@pytest.mark.parametrize("field_name, change", PREREQUISITES, ids=[f"{p[0]}={list(p[1].values())[-1]}" for p in PREREQUISITES])
+@pytest.mark.parametrize("field_name, change", PREREQUISITES,
+                         ids=[f"{p[0]}={list(p[1].values())[-1]}" for p in PREREQUISITES])
 def test_each_unmet_prerequisite_fails_validate(field_name: str, change: dict[str, Any]) -> None:
     cfg = set_fields(_spec_snippet_cfg(), change)
     with pytest.raises(CommOverlapConfigError) as info:
@@ -562,8 +568,8 @@ DIRECT_WRITES = [
                 "copy-while-owner-unset-is-not-an-alias"),
     DirectWrite(True, {"model.overlap_moe_expert_parallel_comm": True}, (), "copy-equal-to-owner"),
     DirectWrite(False, {"ddp.delay_wgrad_compute": True}, ("ddp.delay_wgrad_compute",), "ddp-copy"),
-    DirectWrite(None, {"ddp.delay_wgrad_compute": True, "model.delay_wgrad_compute": False}, ("ddp.delay_wgrad_compute",),
-                "disagreeing-copies"),
+    DirectWrite(None, {"ddp.delay_wgrad_compute": True, "model.delay_wgrad_compute": False},
+                ("ddp.delay_wgrad_compute",), "disagreeing-copies"),
 ]
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-
 CHILD = Path(__file__).parent / "children" / "cpu_compat_model.py"
 
 

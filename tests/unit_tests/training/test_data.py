@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
-from megatron.bridge.training.loop.data import build_train_dataset, build_tokenizer
+from megatron.bridge.training.loop.data import build_tokenizer, build_train_dataset
 
 
 def _cfg(tmp_path, **dataset):

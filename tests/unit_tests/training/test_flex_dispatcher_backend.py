@@ -9,9 +9,7 @@ from overlap_helpers import ep_overlap_cfg
 
 from megatron.bridge.models.qwen import Qwen3MoEModelProvider
 from megatron.bridge.perf.argument_parser import GPU_CHOICES, build_parser
-from megatron.bridge.training.resolution import finalize as finalize_module
 from megatron.bridge.training import flex_dispatcher_backend as fdb
-from megatron.bridge.training.resolution import gpu_catalog
 from megatron.bridge.training.errors import CommOverlapConfigError
 from megatron.bridge.training.flex_dispatcher_backend import (
     FLEX_BACKENDS,
@@ -21,6 +19,8 @@ from megatron.bridge.training.flex_dispatcher_backend import (
     backend_support,
     validate_flex_dispatcher_backend,
 )
+from megatron.bridge.training.resolution import finalize as finalize_module
+from megatron.bridge.training.resolution import gpu_catalog
 from megatron.bridge.training.resolution.gpu_catalog import GPU_TYPES, resolve_gpu_target
 from megatron.bridge.training.rules.registry import ALL_RULES
 

@@ -180,7 +180,8 @@ def test_ours_only_rules_are_not_in_megatron_core(rule: str) -> None:
 
 ACCEPTED = [
     ({}, {}, None),
-    ({"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 2}, {"world_size": 4}, None),
+    ({"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 2}, {"world_size": 4},
+     None),
     ({"model.recompute_granularity": "selective", "model.recompute_modules": ["moe_act"]}, {}, None),
     ({"mixed_precision": "fp16_mixed"}, {}, None),
     ({"model.mtp_num_layers": 1}, {}, None),
@@ -202,7 +203,8 @@ def test_megatron_core_accepts_what_we_accept(change, context, te) -> None:
 
     cfg = set_fields(ep_overlap_cfg(), change)
     rule_ctx = ctx(**context)
-    errors = [v for v in violated_ids(cfg, rule_ctx) if not v.startswith(("delay-wgrad-no-op-with-local-layers", "flex-deep-ep"))]
+    errors = [v for v in violated_ids(cfg, rule_ctx)
+              if not v.startswith(("delay-wgrad-no-op-with-local-layers", "flex-deep-ep"))]
     assert errors == []
     assert megatron_error(cfg, rule_ctx, te=te) is None
     refused = {rule for key, rule in PACKAGE_REFUSALS.items() if key in change}

@@ -7,8 +7,8 @@ import torch
 from overlap_helpers import ep_overlap_cfg, set_fields
 
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError
-from megatron.bridge.training.resolution.finalize import resolve_config
 from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, PRECISION_TARGETS
+from megatron.bridge.training.resolution.finalize import resolve_config
 from megatron.bridge.training.rules.core import read_field
 from megatron.bridge.training.utils.omegaconf_utils import apply_overrides
 
@@ -34,7 +34,8 @@ def test_none_keeps_the_models_own_dtype_flags(flags) -> None:
 
 @pytest.mark.parametrize("name", sorted(MIXED_PRECISION_RECIPES))
 def test_a_recipe_sets_every_flag_it_owns(name) -> None:
-    cfg = set_fields(ep_overlap_cfg(), {"mixed_precision": name, "comm_overlap.overlap_moe_expert_parallel_comm": False})
+    cfg = set_fields(ep_overlap_cfg(),
+                     {"mixed_precision": name, "comm_overlap.overlap_moe_expert_parallel_comm": False})
     effective = resolve_config(cfg).effective
     recipe = MIXED_PRECISION_RECIPES[name]
     for target, attribute in PRECISION_TARGETS.items():

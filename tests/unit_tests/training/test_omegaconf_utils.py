@@ -190,7 +190,8 @@ def test_yaml_first_then_cli(cfg, tmp_path):
 
 def test_yaml_interpolation_is_resolved(cfg, tmp_path):
     path = tmp_path / "over.yaml"
-    path.write_text("train:\n  global_batch_size: 64\n  micro_batch_size: 2\n  train_iters: ${train.global_batch_size}\n")
+    path.write_text("train:\n  global_batch_size: 64\n  micro_batch_size: 2\n"
+                    "  train_iters: ${train.global_batch_size}\n")
     out = process_config_with_overrides(cfg, config_filepath=path)
     assert out.train.train_iters == 64
 

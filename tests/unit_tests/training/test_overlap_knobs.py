@@ -44,7 +44,8 @@ REFUSED: dict[str, tuple[dict[str, Any], str, str, str]] = {
                                     "flex-num-sms-needs-flex-dispatcher", "model.moe_flex_dispatcher_num_sms"),
     "moe_deepep_num_sms": ({"model.moe_token_dispatcher_type": "flex", "model.moe_flex_dispatcher_backend": "deepep",
                             "model.moe_deepep_num_sms": 21}, "h100", "deepep-num-sms-even", "model.moe_deepep_num_sms"),
-    "moe_hybridep_num_sms": ({"model.moe_token_dispatcher_type": "flex", "model.moe_flex_dispatcher_backend": "hybridep",
+    "moe_hybridep_num_sms": ({"model.moe_token_dispatcher_type": "flex",
+                              "model.moe_flex_dispatcher_backend": "hybridep",
                               "model.moe_hybridep_num_sms": 16, "model.moe_flex_dispatcher_num_sms": 32}, "h100",
                              "flex-num-sms-one-value", "model.moe_hybridep_num_sms"),
     "moe_expert_rank_capacity_factor": ({"model.moe_expert_rank_capacity_factor": 1.5}, "h100",
@@ -113,7 +114,8 @@ def test_the_harness_refuses_every_bad_knob_before_launch(tmp_path) -> None:
 NCCLEP_DRY_RUNS = [
     pytest.param(["-g", "gb200", "model.moe_expert_rank_capacity_factor=1.5"], 0,
                  ["dispatcher: flex, backend ncclep (sized per step (host sync), zero copy off, per-rank capacity "
-                  "factor 1.5, SMs: backend default)", "NCCL EP module does not import on this CPU host; the GPU machines must have it"],
+                  "factor 1.5, SMs: backend default)",
+                  "NCCL EP module does not import on this CPU host; the GPU machines must have it"],
                  id="gb200"),
     pytest.param(["-g", "h100", "--moe_a2a_overlap", "true", "model.moe_expert_rank_capacity_factor=1.25",
                   "model.moe_flex_dispatcher_num_sms=24"], 0,

@@ -53,7 +53,8 @@ def test_each_run_gets_the_rng_tracker_its_graph_setting_needs(monkeypatch, firs
     from megatron.core.tensor_parallel import random as megatron_random
 
     def seed_tracker_only(seed, te_rng_tracker=False, use_cudagraphable_rng=False, force_reset_rng=False, **_):
-        megatron_random.initialize_rng_tracker(te_rng_tracker, False, use_cudagraphable_rng, force_reset=force_reset_rng)
+        megatron_random.initialize_rng_tracker(te_rng_tracker, False, use_cudagraphable_rng,
+                                               force_reset=force_reset_rng)
 
     monkeypatch.setattr(tensor_parallel, "model_parallel_cuda_manual_seed", seed_tracker_only)
     for impl in (first_impl, second_impl):

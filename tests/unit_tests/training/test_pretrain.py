@@ -8,16 +8,15 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-
-import megatron.bridge.training.pretrain as pretrain_module
 import torch
 
+import megatron.bridge.training.pretrain as pretrain_module
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training import entry
-from megatron.bridge.training.loop.data import PretrainingSampler, _blend
-from megatron.bridge.training.errors import ConfigError
-from megatron.bridge.training.loop.initialize import launch_env
 from megatron.bridge.training.devices.platform import set_cuda_device_max_connections
+from megatron.bridge.training.errors import ConfigError
+from megatron.bridge.training.loop.data import PretrainingSampler, _blend
+from megatron.bridge.training.loop.initialize import launch_env
 from megatron.bridge.training.pretrain import pretrain
 
 

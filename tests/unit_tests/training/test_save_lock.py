@@ -15,8 +15,13 @@ from pathlib import Path
 import pytest
 
 from megatron.bridge.perf.run import main
-from megatron.bridge.training.loop.save_lock import LOCK_NAME, STALE_AFTER_S, SaveDirInUseError, SaveDirLock, read_holder
-
+from megatron.bridge.training.loop.save_lock import (
+    LOCK_NAME,
+    STALE_AFTER_S,
+    SaveDirInUseError,
+    SaveDirLock,
+    read_holder,
+)
 
 TAKER = Path(__file__).parent / "children" / "take_save_lock.py"
 

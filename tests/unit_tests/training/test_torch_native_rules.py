@@ -6,8 +6,8 @@ from overlap_helpers import set_fields, violated_rule_ids
 from packaging.version import Version
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
-from megatron.bridge.training.rules.dispatch_rules import TORCH_NATIVE_DISPATCH_RULES
 from megatron.bridge.training.errors import ConfigValidationError
+from megatron.bridge.training.rules.dispatch_rules import TORCH_NATIVE_DISPATCH_RULES
 from megatron.bridge.training.rules.kernel_rules import TORCH_NATIVE_KERNEL_RULES
 
 RULES = TORCH_NATIVE_DISPATCH_RULES + TORCH_NATIVE_KERNEL_RULES
@@ -23,14 +23,16 @@ def _set(**changes):
 
 
 M = "model."
-GG, CE, COMPILE = M + "torch_native_grouped_gemm_backend", M + "torch_native_cross_entropy_backend", M + "torch_native_compile"
+GG, CE, COMPILE = (M + "torch_native_grouped_gemm_backend", M + "torch_native_cross_entropy_backend",
+                   M + "torch_native_compile")
 WA = M + "torch_native_wgrad_accumulation"
 NA, GPN, EP = M + "torch_native_dispatcher", M + "torch_native_gpus_per_node", M + "expert_model_parallel_size"
 BF16 = {M + "bf16": True}
 # rule id -> (context facts, mutation that breaks the rule, mutation that satisfies it)
 CASES = {
     "torch-native-dispatcher-known": (
-        TE_ABSENT, _set(**{M + "torch_native_dispatcher": "fast"}), _set(**{M + "torch_native_dispatcher": "megatron"})),
+        TE_ABSENT, _set(**{M + "torch_native_dispatcher": "fast"}),
+        _set(**{M + "torch_native_dispatcher": "megatron"})),
     "torch-native-ep-transport-known": (
         TE_ABSENT, _set(**{M + "torch_native_ep_transport": "ib"}), _set(**{M + "torch_native_ep_transport": "nccl"})),
     "torch-native-dispatch-needs-torch-native-layers": (

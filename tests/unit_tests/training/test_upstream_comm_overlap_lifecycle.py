@@ -21,8 +21,8 @@ from megatron.bridge.training.comm_overlap import CommOverlapConfig
 from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError
 from megatron.bridge.training.overlap.fields import OVERLAP_FIELDS
-from megatron.bridge.training.rules.core import read_field
 from megatron.bridge.training.resolution.runtime_config import runtime_config_update
+from megatron.bridge.training.rules.core import read_field
 
 COPIES = [(spec.name, target) for spec in OVERLAP_FIELDS for target in spec.targets]
 """Every megatron-core field an overlap switch is written to, with its switch."""
@@ -46,7 +46,8 @@ class Case:
 
     def data_parallel_size(self, cfg: ConfigContainer) -> int:
         m = cfg.model
-        return self.world_size // (m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size)
+        return self.world_size // (m.tensor_model_parallel_size * m.pipeline_model_parallel_size
+                                   * m.context_parallel_size)
 
 
 NO_DIST_OPT = {"ddp.use_distributed_optimizer": False, "optimizer.use_distributed_optimizer": False}

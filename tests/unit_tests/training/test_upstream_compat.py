@@ -10,15 +10,14 @@ import dataclasses
 
 import pytest
 import torch
-from omegaconf import OmegaConf
-
 from megatron.core.optimizer import OptimizerConfig
+from omegaconf import OmegaConf
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config, qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.comm_overlap import CommOverlapConfig
 from megatron.bridge.training.config import ConfigContainer, TrainingConfig
-from megatron.bridge.training.loop.data import build_tokenizer, build_train_dataset, gpt_dataset_config
 from megatron.bridge.training.errors import ConfigValidationError, OverrideError, UnknownFieldError
+from megatron.bridge.training.loop.data import build_tokenizer, build_train_dataset, gpt_dataset_config
 from megatron.bridge.training.mixed_precision import MixedPrecisionConfig, get_mixed_precision_config
 from megatron.bridge.training.utils.omegaconf_utils import (
     OverridesError,
@@ -180,7 +179,8 @@ def test_known_fields_properties_and_private_names_stay_settable():
         ("dataset.seq_length", 4096, lambda c: c.dataset.seq_length == 4096),
         ("dataset.random_seed", 7, lambda c: c.dataset.random_seed == 7),
         ("logger.tensorboard_dir", "/tb", lambda c: c.logger.tensorboard_dir == "/tb"),
-        ("tokenizer.hf_tokenizer_kwargs", {"use_fast": True}, lambda c: c.tokenizer.hf_tokenizer_kwargs == {"use_fast": True}),
+        ("tokenizer.hf_tokenizer_kwargs", {"use_fast": True},
+         lambda c: c.tokenizer.hf_tokenizer_kwargs == {"use_fast": True}),
         ("rng.te_rng_tracker", True, lambda c: c.rng.te_rng_tracker is True),
         ("comm_overlap.data_parallel_size", 16, lambda c: c.comm_overlap.data_parallel_size == 16),
     ],
@@ -227,13 +227,15 @@ def test_mixed_precision_as_a_name_or_an_object(setting, expected):
     cfg.mixed_precision = setting
     final = cfg.validate(world_size=2)
     assert final.model.bf16 is expected.get("bf16", False) and final.model.fp16 is expected.get("fp16", False)
-    assert final.model.params_dtype is expected["params_dtype"] and final.optimizer.params_dtype is expected["params_dtype"]
+    assert (final.model.params_dtype is expected["params_dtype"]
+            and final.optimizer.params_dtype is expected["params_dtype"])
     assert final.ddp.grad_reduce_in_fp32 is expected["grad_reduce_in_fp32"]
 
 
 def test_mixed_precision_object_edited_by_override_and_saved(tmp_path):
     cfg = apply_overrides(qwen3_moe_tiny_pretrain_config(), ["mixed_precision.grad_reduce_in_fp32=false"])
-    assert cfg.mixed_precision == dataclasses.replace(get_mixed_precision_config("bf16_mixed"), grad_reduce_in_fp32=False)
+    assert cfg.mixed_precision == dataclasses.replace(get_mixed_precision_config("bf16_mixed"),
+                                                      grad_reduce_in_fp32=False)
     path = tmp_path / "cfg.yaml"
     cfg.to_yaml(path)
     assert ConfigContainer.from_yaml(path).mixed_precision == cfg.mixed_precision
@@ -318,7 +320,8 @@ def test_in_place_form_refuses_bad_values_and_leaves_the_config_unchanged():
 @pytest.mark.parametrize(
     "overrides, check",
     [
-        (["+tokenizer.hf_tokenizer_kwargs.use_fast=true"], lambda c: c.tokenizer.hf_tokenizer_kwargs == {"use_fast": True}),
+        (["+tokenizer.hf_tokenizer_kwargs.use_fast=true"],
+         lambda c: c.tokenizer.hf_tokenizer_kwargs == {"use_fast": True}),
         (["++train.train_iters=9"], lambda c: c.train.train_iters == 9),
         (["++tokenizer.hf_tokenizer_kwargs={a: 1, b: 2}", "~tokenizer.hf_tokenizer_kwargs.a"],
          lambda c: c.tokenizer.hf_tokenizer_kwargs == {"b": 2}),

@@ -14,7 +14,6 @@ import torch
 
 from megatron.bridge.models.qwen import Qwen3MoEModelProvider
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
-from megatron.bridge.training.resolution import gpu_catalog
 from megatron.bridge.training.errors import CommOverlapConfigError
 from megatron.bridge.training.flex_dispatcher_backend import (
     FlexDispatcherBackendError,
@@ -22,6 +21,7 @@ from megatron.bridge.training.flex_dispatcher_backend import (
     apply_flex_dispatcher_backend,
     validate_flex_dispatcher_backend,
 )
+from megatron.bridge.training.resolution import gpu_catalog
 
 DISPATCHER_FIELDS = ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_shared_expert_overlap")
 
@@ -172,7 +172,8 @@ def test_a_failing_gpu_probe_is_also_a_runtime_error(backend, model, gpu) -> Non
 
 
 @pytest.mark.parametrize("major, backend, applied", [(9, "deepep", True), (8, "ncclep", False), (7, "hybridep", False)])
-def test_properties_without_a_name_are_checked_by_architecture(major, backend, applied, model, monkeypatch, gpu) -> None:
+def test_properties_without_a_name_are_checked_by_architecture(major, backend, applied, model, monkeypatch,
+                                                               gpu) -> None:
     """A device whose properties give only the capability major (a driver or a stand-in that leaves the
     minor and the name out) is checked against its architecture, not refused as unreadable."""
     gpu(H100)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from packaging.version import Version
 from overlap_helpers import ep_overlap_cfg, set_fields
+from packaging.version import Version
 
 from megatron.bridge.training import mixed_precision as mp
 from megatron.bridge.training.errors import ConfigError
-from megatron.bridge.training.resolution.finalize import resolve_config
 from megatron.bridge.training.mixed_precision import MixedPrecisionConfig, get_mixed_precision_config
-from megatron.bridge.training.rules.mixed_precision_rules import PRECISION_RULES
+from megatron.bridge.training.resolution.finalize import resolve_config
 from megatron.bridge.training.rules.core import RuleContext, check_rules
+from megatron.bridge.training.rules.mixed_precision_rules import PRECISION_RULES
 
 TE = Version("2.8")
 
@@ -101,7 +101,8 @@ PIPELINE_DTYPES = {"bf16_mixed": torch.bfloat16, "fp16_mixed": torch.half,
 def test_recipe_sets_the_pipeline_dtype(name, dtype) -> None:
     assert getattr(mp, name)().pipeline_dtype == dtype
     assert get_mixed_precision_config(name.replace("_", "-")).pipeline_dtype == dtype
-    cfg = set_fields(ep_overlap_cfg(), {"mixed_precision": name, "comm_overlap.overlap_moe_expert_parallel_comm": False})
+    cfg = set_fields(ep_overlap_cfg(),
+                     {"mixed_precision": name, "comm_overlap.overlap_moe_expert_parallel_comm": False})
     assert resolve_config(cfg).effective.model.pipeline_dtype == dtype
 
 
@@ -116,7 +117,8 @@ def test_a_config_object_s_pipeline_dtype_reaches_the_model(pipeline_dtype, expe
 
 @pytest.mark.parametrize("name", ["bf16-mixed", "nemotron_h_bf16_with_fp8_current_scaling_mixed"])
 def test_setting_a_name_writes_the_recipe_into_the_model(name) -> None:
-    cfg = set_fields(ep_overlap_cfg(), {"mixed_precision": name, "comm_overlap.overlap_moe_expert_parallel_comm": False})
+    cfg = set_fields(ep_overlap_cfg(),
+                     {"mixed_precision": name, "comm_overlap.overlap_moe_expert_parallel_comm": False})
     model = resolve_config(cfg).effective.model
     recipe = get_mixed_precision_config(name)
     assert (model.bf16, model.first_last_layers_bf16, model.num_layers_at_end_in_bf16) == (

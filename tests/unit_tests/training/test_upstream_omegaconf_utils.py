@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
-
 from megatron.core.activations import fast_gelu, squared_relu
+from omegaconf import OmegaConf
 
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.config import ConfigContainer

@@ -10,8 +10,6 @@ from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
 
 from megatron.bridge.models.gpt_provider import GPTModelProvider
-from megatron.bridge.training.resolution import finalize as finalize_module
-from megatron.bridge.training.resolution import gpu_catalog
 from megatron.bridge.training.comm_overlap import CommOverlapConfig
 from megatron.bridge.training.config import (
     CheckpointConfig,
@@ -25,10 +23,12 @@ from megatron.bridge.training.config import (
     TrainingConfig,
     ValidationConfig,
 )
+from megatron.bridge.training.configuration.upstream_sections import NO_EFFECT_FIELDS
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError
+from megatron.bridge.training.resolution import finalize as finalize_module
+from megatron.bridge.training.resolution import gpu_catalog
 from megatron.bridge.training.rules.core import read_field
 from megatron.bridge.training.tokenizers.config import TokenizerConfig
-from megatron.bridge.training.configuration.upstream_sections import NO_EFFECT_FIELDS
 
 SEQ = 512
 

@@ -47,7 +47,8 @@ CASES = {
     "fp8-needs-transformer-engine": (
         TE_ABSENT, _set(mixed_precision="bf16_with_fp8_delayed_scaling_mixed"), _set(mixed_precision="bf16_mixed")),
     "fp8-needs-te-layers": (
-        TE_PRESENT, _set(**{"mixed_precision": "bf16_with_fp8_current_scaling_mixed", "model.layer_spec": "torch_native"}),
+        TE_PRESENT,
+        _set(**{"mixed_precision": "bf16_with_fp8_current_scaling_mixed", "model.layer_spec": "torch_native"}),
         _set(**{"mixed_precision": "bf16_with_fp8_current_scaling_mixed", "model.layer_spec": "auto"})),
     "mxfp8-needs-blackwell": (
         dict(TE_PRESENT, device_capability=(9, 0)), _set(mixed_precision="bf16_with_mxfp8_mixed"),
@@ -251,8 +252,8 @@ def test_seq_length_and_lr_below_zero_are_refused_by_validate():
 
 def test_interleaved_rule_matches_megatron_core_0_19_2():
     """P <= N <= M and (M % N == 0 or M % N >= P), N defaulting to P."""
-    from megatron.bridge.training.rules.validation import interleaved_schedule_accepts
     from megatron.bridge.training.rules.core import RuleContext
+    from megatron.bridge.training.rules.validation import interleaved_schedule_accepts
 
     def accepts(gbs, group=None):
         cfg = _set(**INTERLEAVED, **{"train.global_batch_size": gbs})(qwen3_30b_a3b_pretrain_config())
@@ -303,12 +304,14 @@ CHECKPOINT_CASES = {
         lambda tmp: _tracker_dir(tmp / "ck", layout={**SAVED_EP8, "ep": 16}),
         lambda tmp: (_tracker_dir(tmp / "ck", layout=SAVED_EP8), None)),
     "checkpoint-load-complete": (
-        lambda tmp: _tracker_dir(tmp / "ck", drop=("rng/rank_00001.pt",)), lambda tmp: (_tracker_dir(tmp / "ck"), None)),
+        lambda tmp: _tracker_dir(tmp / "ck", drop=("rng/rank_00001.pt",)),
+        lambda tmp: (_tracker_dir(tmp / "ck"), None)),
     "checkpoint-save-not-in-use": (
         lambda tmp: (_tracker_dir(tmp / "ck"), _held_by_another_run(tmp / "save")),
         lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "save")),
     "checkpoint-save-writable": (
-        lambda tmp: (_tracker_dir(tmp / "ck"), _a_file(tmp)), lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "new" / "dir")),
+        lambda tmp: (_tracker_dir(tmp / "ck"), _a_file(tmp)),
+        lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "new" / "dir")),
     "checkpoint-save-not-another-runs": (
         lambda tmp: (_tracker_dir(tmp / "ck"), _tracker_dir(tmp / "other_run", iteration=50)),
         lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "ck")),
@@ -316,9 +319,11 @@ CHECKPOINT_CASES = {
     "checkpoint-save-path-not-empty": (
         lambda tmp: (_tracker_dir(tmp / "ck"), " "), lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "new")),
     "checkpoint-save-lock-usable": (
-        lambda tmp: (_tracker_dir(tmp / "ck"), _with_lock_dir(tmp / "save")), lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "save")),
+        lambda tmp: (_tracker_dir(tmp / "ck"), _with_lock_dir(tmp / "save")),
+        lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "save")),
     "checkpoint-save-entries-yours": (
-        lambda tmp: (_tracker_dir(tmp / "ck"), _with_link(tmp / "save")), lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "save")),
+        lambda tmp: (_tracker_dir(tmp / "ck"), _with_link(tmp / "save")),
+        lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "save")),
     "checkpoint-load-entries-yours": (
         lambda tmp: _with_link(_tracker_dir(tmp / "ck"), "notes"), lambda tmp: (_tracker_dir(tmp / "ck"), None)),
     "checkpoint-layout-record-valid": (
@@ -422,7 +427,8 @@ def _record(ck: Path, keep=tuple(SAVED_EP8), **changes) -> None:
 @pytest.mark.parametrize(
     "damage, words",
     [
-        (lambda ck: (ck / "latest_checkpointed_iteration.txt").write_bytes(b"\xff\xfe\x00garbage"), "checkpoint-load-has-tracker"),
+        (lambda ck: (ck / "latest_checkpointed_iteration.txt").write_bytes(b"\xff\xfe\x00garbage"),
+         "checkpoint-load-has-tracker"),
         (lambda ck: (ck / "latest_checkpointed_iteration.txt").write_text("²"), "checkpoint-load-has-tracker"),
         (lambda ck: (ck / "iter_0000004" / "rng" / "rank_00001.pt").unlink(), "rng/rank_00001.pt"),
         (lambda ck: (ck / "iter_0000004" / "parallel_layout.json").unlink(), "parallel_layout.json"),

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import textwrap
 import re
+import textwrap
 from typing import NoReturn, Optional, Sequence
 
-from megatron.bridge.training.errors import did_you_mean
-from megatron.bridge.utils.flex_backend_names import FLEX_BACKENDS
 from megatron.bridge.emulation.network import PRESETS as NETWORK_PRESETS
+from megatron.bridge.training.errors import did_you_mean
 from megatron.bridge.training.resolution.gpu_catalog import GPU_TYPES
 from megatron.bridge.training.resolution.layout import MAX_WORLD_SIZE
+from megatron.bridge.utils.flex_backend_names import FLEX_BACKENDS
 
 PLAIN_ALLTOALL = "alltoall"
 """Parsed value of ``--moe_flex_dispatcher_backend None``: plain alltoall, no flex backend."""
@@ -233,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=HELP_EPILOG,
     )
     run = p.add_argument_group("recipe and machine")
-    run.add_argument("-m", "--model_family_name", default="qwen", help="recipe family (package under megatron.bridge.recipes)")
+    run.add_argument("-m", "--model_family_name", default="qwen",
+                     help="recipe family (package under megatron.bridge.recipes)")
     run.add_argument("-mr", "--model_recipe_name", required=True, help="recipe name, e.g. qwen3_30b_a3b")
     run.add_argument("--task", type=_choice(TASKS), default="pretrain", help="|".join(TASKS))
     run.add_argument("-g", "--gpu", type=_choice(GPU_CHOICES), default=None,

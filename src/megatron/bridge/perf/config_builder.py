@@ -35,9 +35,9 @@ from megatron.bridge.perf.recipe_lookup import (
     minimum_world_size,
     scaled_global_batch_size,
 )
-from megatron.bridge.training.rules.core import RuleContext, read_field
 from megatron.bridge.training.loop.checkpoint_dir import inspect_checkpoint_dir
 from megatron.bridge.training.resolution.layout import MAX_WORLD_SIZE, layout_within
+from megatron.bridge.training.rules.core import RuleContext, read_field
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

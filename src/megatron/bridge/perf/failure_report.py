@@ -156,7 +156,8 @@ def rank_log(log_dir: Path, rank: int) -> Optional[Path]:
     """The newest per-rank log ``torchrun --redirects`` wrote for ``rank`` (stderr, else stdout)."""
     root = log_dir / "torchrun"
     for name in ("stderr.log", "stdout.log"):
-        candidates = [p for p in root.glob(f"*/attempt_*/{rank}/{name}") if p.stat().st_size > 0] if root.is_dir() else []
+        candidates = ([p for p in root.glob(f"*/attempt_*/{rank}/{name}") if p.stat().st_size > 0]
+                      if root.is_dir() else [])
         if candidates:
             return max(candidates, key=lambda p: p.stat().st_mtime)
     return None
@@ -175,7 +176,8 @@ def _rank_tail(log_dir: Path, rank: int) -> tuple[str, str]:
     launch = log_dir / LAUNCH_LOG
     if launch.is_file():
         prefixes = (f"[default{rank}]:", f"{rank}: ")
-        own = [l for l in launch.read_text(errors="replace").splitlines() if l.lstrip().startswith(prefixes)]
+        lines = launch.read_text(errors="replace").splitlines()
+        own = [line for line in lines if line.lstrip().startswith(prefixes)]
         if own:
             return f"{launch} (rank {rank}'s lines)", "\n".join(own[-TAIL_LINES:])
     return "", "(this rank printed nothing before it ended)"
@@ -187,7 +189,7 @@ def failure_report(log_dir: Path, exit_code: int, launcher_lines: Sequence[str] 
     failures = failed_ranks(log_dir, launcher_lines)
     if not failures:
         out = [f"job failed with exit code {exit_code}; no rank reported a failure"]
-        launcher = [l for l in launcher_lines if not is_rank_line(l)][-TAIL_LINES:]
+        launcher = [line for line in launcher_lines if not is_rank_line(line)][-TAIL_LINES:]
         if launcher:
             out.append("--- last lines of the launcher ---\n" + "\n".join(launcher))
         return "\n".join(out)

@@ -44,7 +44,8 @@ VALUE_RULES: dict[str, ValueRule] = {
                            "a SLURM partition (or a comma-separated list) is letters, digits and . _ + -",
                            "--partition batch"),
     "time_limit": ValueRule("--time", r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}",
-                            "a SLURM time limit is MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS", "--time 02:00:00"),
+                            "a SLURM time limit is MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS",
+                            "--time 02:00:00"),
 }
 
 

@@ -70,7 +70,8 @@ class LaunchPlan:
         return (env + " " if env and self.mode != "sbatch" else "") + shlex.join(self.argv)
 
 
-def worker_argv(config_path: Path, python: str, verbose: bool = False, config_sha256: Optional[str] = None) -> list[str]:
+def worker_argv(config_path: Path, python: str, verbose: bool = False,
+                config_sha256: Optional[str] = None) -> list[str]:
     """The per-rank command (the training entry point on the resolved YAML; with its digest, the
     ranks load only the file the harness wrote)."""
     digest = ["--config-sha256", config_sha256] if config_sha256 else []
@@ -88,7 +89,8 @@ def choose_mode(*, cpu: bool, num_gpus: int, gpus_per_node: int, environ: Mappin
     return "torchrun"
 
 
-def worker_env(*, cpu: bool, cuda_device_max_connections: Optional[int], extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+def worker_env(*, cpu: bool, cuda_device_max_connections: Optional[int],
+               extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     """Environment the workers need before CUDA starts."""
     env = {"PYTHONUNBUFFERED": "1"}
     if cpu:

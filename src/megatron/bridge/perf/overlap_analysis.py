@@ -16,10 +16,10 @@ What counts as dispatch/combine:
   SendRecv; pass ``include_sendrecv=False`` there;
 * DeepEP (``deep_ep``) and HybridEP (``hybrid_ep``/``hybridep``) dispatch/combine/notify kernels;
 * CPU-side all-to-all ops (``c10d::alltoall*``, ``gloo:all_to_all``, ``record_param_comms`` with an
-  all-to-all collective name), by default only when the trace has no dispatch/combine kernels. gloo (the CPU smoke mode, and two ranks sharing
-  one GPU) runs collectives on CPU threads: they never appear as GPU kernels, only as CPU ops (plus
-  device<->host copies). The CPU op's wall interval is then the communication interval; it is
-  compared with GPU compute kernels on the same clock.
+  all-to-all collective name), by default only when the trace has no dispatch/combine kernels. gloo (the CPU
+  smoke mode, and two ranks sharing one GPU) runs collectives on CPU threads: they never appear as GPU kernels,
+  only as CPU ops (plus device<->host copies). The CPU op's wall interval is then the communication interval; it
+  is compared with GPU compute kernels on the same clock.
 
 Other NCCL collectives (all-reduce, reduce-scatter, all-gather: gradient/parameter traffic) are
 neither dispatch/combine nor compute. Memcpy/memset are not compute.
@@ -162,8 +162,8 @@ def gpu_kernel_count(trace: dict[str, Any]) -> int:
 
 def _events(trace: dict[str, Any], *, include_sendrecv: bool,
             include_cpu_ops: Optional[bool]) -> tuple[list[Event], list[tuple[int, float, float]]]:
-    """Classified events and ProfilerStep spans ``(step number, start, end)``. CPU all-to-all ops count as dispatch/combine when
-    ``include_cpu_ops`` is true, or (``None``) when the trace has no dispatch/combine kernels."""
+    """Classified events and ProfilerStep spans ``(step number, start, end)``. CPU all-to-all ops count as
+    dispatch/combine when ``include_cpu_ops`` is true, or (``None``) when the trace has no dispatch/combine kernels."""
     events: list[Event] = []
     steps: list[tuple[int, float, float]] = []
     for index, ev in enumerate(_trace_events(trace)):

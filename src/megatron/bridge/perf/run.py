@@ -36,13 +36,13 @@ from megatron.bridge.perf.launcher import CONFIG_NAME, TORCHRUN_DIR, LaunchPlan,
 from megatron.bridge.perf.results import SUMMARY_NAME, format_results, load_summary, summary_steady_state
 from megatron.bridge.perf.run_dir import RunDirClaim, RunDirError, claim, make_child_dir, run_dir_problems
 from megatron.bridge.perf.supervisor import LAUNCH_LOG, JobOutcome
+from megatron.bridge.perf.sweep import combine_rounds, job_dirname, parse_sweep, write_sweep_outputs
 from megatron.bridge.training.entry import FAILURE_DIR
 from megatron.bridge.training.errors import ConfigError
 from megatron.bridge.training.loop.checkpoint_dir import CheckpointDir, inspect_checkpoint_dir, iteration_dir
 from megatron.bridge.utils.gpu_count import too_few_gpus
 from megatron.bridge.utils.owned_files import describe_os_error, replace_file
 from megatron.bridge.utils.quiet import marked, unmarked
-from megatron.bridge.perf.sweep import combine_rounds, job_dirname, parse_sweep, write_sweep_outputs
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -118,7 +118,8 @@ def _finished(resolved, found: CheckpointDir) -> Optional[str]:
     total = resolved.train.train_iters
     if not isinstance(total, int) or not found.resumable or found.iteration < total:
         return None
-    return (f"nothing to train: {resolved.checkpoint.load} holds iteration {found.iteration} and train.train_iters={total} "
+    return (f"nothing to train: {resolved.checkpoint.load} holds iteration {found.iteration} "
+            f"and train.train_iters={total} "
             f"(to train on, raise --max_steps / train.train_iters above {found.iteration}; to start over, "
             "point checkpoint.load at another directory)")
 
@@ -192,7 +193,7 @@ def describe(job: Job, out: TextIO, *, verbose: bool = True, dryrun: bool = Fals
         if dryrun:
             print(f"   (dry run: {job.plan.script_path} is not written; run without --dryrun to write it)", file=out)
         print("   the script runs, on every node:", file=out)
-        print("   " + next(l for l in job.plan.script_text.splitlines() if l.startswith("srun")), file=out)
+        print("   " + next(line for line in job.plan.script_text.splitlines() if line.startswith("srun")), file=out)
 
 
 def check_machine(job: Job) -> None:
@@ -289,7 +290,8 @@ def execute(job: Job, out: TextIO, window: Optional[Sequence[int]], verbose: boo
         print(f"note: killed {outcome.leftovers_killed} rank process(es) that outlived the launcher", file=out)
     traces = sorted(p for p in job.built.log_dir.rglob("*.json*") if "trace" in p.name)
     for trace in traces:
-        print(f"profile trace: {trace}\n  analyse: uv run python scripts/performance/analyze_overlap.py {trace}", file=out)
+        print(f"profile trace: {trace}\n  analyse: uv run python scripts/performance/analyze_overlap.py {trace}",
+              file=out)
     return outcome.exit_code, False
 
 
@@ -319,7 +321,8 @@ def run_single(args, out: TextIO) -> int:
         return 0
     prepare(job)
     if job.plan.mode == "sbatch":
-        print(f"== wrote {job.plan.script_path}\n   submit it with: {shlex.join(['sbatch', str(job.plan.script_path)])}",
+        print(f"== wrote {job.plan.script_path}\n"
+              f"   submit it with: {shlex.join(['sbatch', str(job.plan.script_path)])}",
               file=out)
         return 0
     return execute(job, out, args.steady_state_window, args.verbose, args.ended_jobs)[0]
@@ -389,7 +392,8 @@ def run_sweep(args, out: TextIO) -> int:
     root = sweep_root(args)
     problems = run_dir_problems(root)
     if problems:
-        raise HarnessError("[run-dir-usable] the sweep's directory cannot be used:\n" + "\n".join(f"  - {p}" for p in problems))
+        raise HarnessError("[run-dir-usable] the sweep's directory cannot be used:\n"
+                           + "\n".join(f"  - {p}" for p in problems))
     shadowed = [o for o in args.overrides if o.partition("=")[0].strip().lstrip("+~") == spec.key]  # Hydra forms too
     if shadowed:
         print(f"   note: the swept values replace {', '.join(shadowed)} given on the command line", file=out)

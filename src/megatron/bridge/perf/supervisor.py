@@ -3,8 +3,8 @@
 * The launcher starts in its own session, so a Ctrl-C in the terminal reaches the harness only;
   the harness decides what the job gets. On Linux the launcher also gets SIGTERM if the harness
   itself dies (``PR_SET_PDEATHSIG``), so a killed harness cannot orphan a job.
-* SIGTERM, SIGINT or SIGHUP (its terminal closed) to the harness becomes one SIGTERM to every rank (``torchrun`` mode: the
-  launcher's children) or to ``srun`` (which forwards it to its tasks). The ranks finish their step,
+* SIGTERM, SIGINT or SIGHUP (its terminal closed) to the harness becomes one SIGTERM to every rank (``torchrun``
+  mode: the launcher's children) or to ``srun`` (which forwards it to its tasks). The ranks finish their step,
   save once and exit 0; ``torchrun`` then ends normally. A second signal, a second or more after
   the first, kills the job at once (an earlier one is the same Ctrl-C delivered twice).
 * The launcher's output (ranks' lines and its own) passes through: all of it into

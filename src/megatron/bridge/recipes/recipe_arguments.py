@@ -250,7 +250,8 @@ def apply_recipe_arguments(cfg: ConfigContainer, facts: RecipeFacts, given: Mapp
     return cfg
 
 
-def takes_upstream_arguments(hf_path: Optional[str]) -> Callable[[Callable[[], ConfigContainer]], Callable[..., ConfigContainer]]:
+def takes_upstream_arguments(
+        hf_path: Optional[str]) -> Callable[[Callable[[], ConfigContainer]], Callable[..., ConfigContainer]]:
     """Give a recipe Megatron-Bridge's keyword arguments (see the module docstring); ``hf_path`` is the
     Hugging Face model the recipe builds, ``None`` for none."""
 

@@ -118,7 +118,8 @@ def _run(args: argparse.Namespace) -> int:
         from megatron.bridge.training.pretrain import pretrain
 
         digests = args.config_sha256 or [None] * len(args.config_file)
-        configs = [ConfigContainer.from_yaml(path, digest) for path, digest in zip(args.config_file, digests, strict=True)]
+        configs = [ConfigContainer.from_yaml(path, digest)
+                   for path, digest in zip(args.config_file, digests, strict=True)]
         with _one_process_group(configs):
             for cfg in configs:
                 log_dir = Path(cfg.logger.log_dir) if cfg.logger.log_dir else log_dir

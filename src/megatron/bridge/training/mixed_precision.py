@@ -58,7 +58,8 @@ class MixedPrecisionRecipe:
         return self.fp8 is not None or self.fp4 is not None
 
 
-_BF16 = dict(bf16=True, fp16=False, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, grad_reduce_in_fp32=True)
+_BF16 = dict(bf16=True, fp16=False, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
+             grad_reduce_in_fp32=True)
 _FP16 = dict(bf16=False, fp16=True, params_dtype=torch.half, pipeline_dtype=torch.half, grad_reduce_in_fp32=False)
 _DELAYED = dict(fp8="hybrid", fp8_recipe="delayed", fp8_amax_history_len=1024, fp8_amax_compute_algo="max")
 _MXFP8 = dict(fp8="e4m3", fp8_recipe="mxfp8")

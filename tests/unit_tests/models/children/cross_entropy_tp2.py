@@ -4,12 +4,16 @@ tensor-parallel ranks; prints one ``REPORT {json}`` line per rank. argv: RANK PO
 ``CROSS_ENTROPY_CHILD_TRITON=0`` leaves the Triton kernels out (an interpreter that cannot run here).
 """
 
-import os, sys
+import os
+import sys
+
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
 import torch.distributed as dist
 from child_exit import finish  # beside this program
+
 from megatron.bridge.models.torch_native import cross_entropy as ce
+
 rank, port = int(sys.argv[1]), sys.argv[2]
 TRITON = os.environ.get("CROSS_ENTROPY_CHILD_TRITON", "1") == "1"
 dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")

@@ -15,7 +15,6 @@ import sys
 
 import torch
 import torch.distributed as dist
-
 from child_exit import finish  # beside this program
 
 RANK, PORT = int(sys.argv[1]), sys.argv[2]
@@ -73,7 +72,8 @@ def nvshmem_exchange_emulated(enabled: bool):
         return computed(*args, **kwargs)
 
     dispatch_module._EXCHANGES.clear()
-    dispatch_module.make_exchange = lambda group, device, prefer_symmetric: symmetric_exchange.SymmetricMemoryExchange(group)
+    dispatch_module.make_exchange = (
+        lambda group, device, prefer_symmetric: symmetric_exchange.SymmetricMemoryExchange(group))
     dispatch_module.call_rows = counted
     try:
         yield
@@ -127,7 +127,8 @@ def _run(dispatcher: str, overlap: bool, delay: bool, transport=None):
     model = provider.provide()
     if ON_GPU:
         model.cuda()
-    sorted_layers = sum(isinstance(l.mlp.token_dispatcher, ExpertParallelSortedDispatcher) for l in model.decoder.layers)
+    sorted_layers = sum(isinstance(layer.mlp.token_dispatcher, ExpertParallelSortedDispatcher)
+                        for layer in model.decoder.layers)
     if transport is not None:  # what the dispatcher precomputes for that transport (its per-call indices)
         for layer in model.decoder.layers:
             layer.mlp.token_dispatcher.transport = transport

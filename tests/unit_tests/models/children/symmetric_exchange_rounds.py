@@ -15,7 +15,6 @@ import sys
 
 import torch
 import torch.distributed as dist
-
 from child_exit import finish  # beside this program
 from vdev_emulation import EmulatedVdev, install  # beside this program
 

@@ -3,16 +3,20 @@ EP=2 (standard, combined-1F1B overlap, delayed wgrad, with and without DDP); pri
 ``REPORT {json}`` line per rank. argv: RANK PORT.
 """
 
-import os, sys
+import sys
+
 import torch
 import torch.distributed as dist
 from child_exit import finish  # beside this program
+
 from megatron.bridge.training.devices import cpu_compat
+
 cpu_compat.enable_cpu_compat()
 rank, port = int(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
 from megatron.core import parallel_state as ps
 from megatron.core.pipeline_parallel import get_forward_backward_func
+
 from megatron.bridge.models.qwen import Qwen3MoEModelProvider
 
 SEQ, MB = 16, 3
@@ -53,11 +57,11 @@ for name, (overlap, delay, ddp) in VARIANTS.items():
     provider.finalize()
     cpu_compat.seed_cpu_model_parallel(1234)
     model = provider.provide()
-    experts = [l.mlp.experts for l in model.decoder.layers]
+    experts = [layer.mlp.experts for layer in model.decoder.layers]
     calls = [0]
     for e in experts:
         original = e.backward_dw
-        def counted(original=original):
+        def counted(original=original, calls=calls):
             calls[0] += 1
             original()
         e.backward_dw = counted
@@ -95,7 +99,8 @@ report = {
     "grad_diff_overlap": max_diff(grads["overlap"], grads["off"]),
     "grad_diff_delay": max_diff(grads["overlap_delay_wgrad"], grads["off"]),
     "grad_diff_ddp_delay": max_diff(grads["ddp_overlap_delay_wgrad"], grads["ddp_off"]),
-    "ddp_expert_main_grad_norm": float(sum(v.norm() ** 2 for k, v in grads["ddp_off"].items() if "experts" in k) ** 0.5),
+    "ddp_expert_main_grad_norm": float(sum(v.norm() ** 2 for k, v in grads["ddp_off"].items()
+                                           if "experts" in k) ** 0.5),
     "expert_grad_norm": float(sum(v.norm() ** 2 for k, v in grads["off"].items() if "experts" in k) ** 0.5),
 }
 finish(report)

@@ -2,16 +2,21 @@
 with the torch-native one, compared; prints one ``REPORT {json}`` line. argv: RANK PORT.
 """
 
-import os, sys
+import os
+import sys
+
 import torch
 import torch.distributed as dist
 from child_exit import finish  # beside this program
+
 from megatron.bridge.training.devices import cpu_compat
+
 cpu_compat.enable_cpu_compat()
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ["MASTER_PORT"] = sys.argv[2]
 dist.init_process_group("gloo", rank=0, world_size=1)
 from megatron.core import parallel_state as ps
+
 from megatron.bridge.models.qwen import Qwen3MoEModelProvider
 
 ps.initialize_model_parallel(1, 1, expert_model_parallel_size=1)
@@ -37,7 +42,8 @@ report = {"experts_type": type(native.decoder.layers[0].mlp.experts).__name__,
           "dispatcher_type": type(native.decoder.layers[0].mlp.token_dispatcher).__name__,
           "model_types": [type(plain).__name__, type(native).__name__],
           "linear_types": sorted({type(m).__name__ for m in native.modules() if "ParallelLinear" in type(m).__name__}),
-          "plain_linear_types": sorted({type(m).__name__ for m in plain.modules() if "ParallelLinear" in type(m).__name__})}
+          "plain_linear_types": sorted({type(m).__name__ for m in plain.modules()
+                                        if "ParallelLinear" in type(m).__name__})}
 seq, b = 32, 2
 g = torch.Generator().manual_seed(0)
 batches = [torch.randint(0, 256, (b, seq), generator=g) for _ in range(6)]
@@ -63,7 +69,8 @@ def grads(model):
 
 # Forward and gradients on one batch.
 lp, ln = loss_of(plain, batches[0]), loss_of(native, batches[0])
-lp.backward(); ln.backward()
+lp.backward()
+ln.backward()
 gp, gn = grads(plain), grads(native)
 report["loss_plain"], report["loss_native"] = float(lp), float(ln)
 report["grad_keys_equal"] = sorted(gp) == sorted(gn)

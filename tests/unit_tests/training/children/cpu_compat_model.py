@@ -2,10 +2,15 @@
 megatron GPTModel forward/backward; prints one ``REPORT {json}`` line. argv: RANK PORT.
 """
 
-import json, os, sys
+import json
+import os
+import sys
+
 import torch
 import torch.distributed as dist
-import megatron.bridge.training.config, megatron.bridge.recipes.qwen
+
+import megatron.bridge.recipes.qwen  # noqa: F401 (imported for the check below)
+import megatron.bridge.training.config  # noqa: F401 (imported for the check below)
 
 # Importing training code must not import (let alone activate) the compat layer.
 report = {"imported_implicitly": "megatron.bridge.training.devices.cpu_compat" in sys.modules}
@@ -29,7 +34,8 @@ cpu_compat.enable_cpu_compat()
 cpu_compat.enable_cpu_compat()  # idempotent
 report["enabled_after"] = cpu_compat.cpu_compat_enabled()
 report["te_kernels_replaced"] = (moe_utils.te_general_gemm is None and mcore_optimizer.Adam is torch.optim.AdamW
-                                 and mcore_optimizer.USING_PYTORCH_OPTIMIZER and clip_grads.l2_norm_impl is not cuda_only)
+                                 and mcore_optimizer.USING_PYTORCH_OPTIMIZER
+                                 and clip_grads.l2_norm_impl is not cuda_only)
 
 # Streams and events.
 s = torch.cuda.Stream(device="cuda", priority=-1)
@@ -40,7 +46,8 @@ ev = s.record_event()
 ev.synchronize()
 torch.cuda.default_stream().wait_event(torch.cuda.Event())
 torch.cuda.synchronize()
-torch.cuda.nvtx.range_push("x"); torch.cuda.nvtx.range_pop()
+torch.cuda.nvtx.range_push("x")
+torch.cuda.nvtx.range_pop()
 # Devices and factories.
 t = torch.zeros(3, device="cuda")
 u = torch.empty(2, device=torch.cuda.current_device())
@@ -54,6 +61,7 @@ os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ["MASTER_PORT"] = sys.argv[2]
 dist.init_process_group("gloo", rank=0, world_size=1)
 from megatron.core import parallel_state as ps
+
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
 
 ps.initialize_model_parallel(1, 1, expert_model_parallel_size=1)

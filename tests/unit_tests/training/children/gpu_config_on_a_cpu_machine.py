@@ -10,4 +10,4 @@ try:
     pretrain(cfg)
 except MachineError as exc:
     print(f"refused: {exc}")
-    raise SystemExit(3)
+    raise SystemExit(3) from None

@@ -1,8 +1,8 @@
 """Names of the kernel choices of the torch-native layers, defined once.
 
 The provider's fields (``model.torch_native_grouped_gemm_backend``,
-``model.torch_native_cross_entropy_backend``, ``model.torch_native_wgrad_accumulation``), the kernels that act on them and the rules that
-check them all read these; the module imports nothing heavy, so validation can use it anywhere.
+``model.torch_native_cross_entropy_backend``, ``model.torch_native_wgrad_accumulation``), the kernels that act on
+them and the rules that check them all read these; the module imports nothing heavy, so validation can use it anywhere.
 """
 
 from __future__ import annotations

@@ -23,10 +23,10 @@ Rows past the received total are padding: the experts skip them
 
 :class:`TorchNativeMoELayer` is megatron's ``MoELayer`` whose dispatcher is swapped according to
 ``config.torch_native_dispatcher`` (``"auto"``, ``"sorted"``, ``"megatron"`` or ``"node_aware"``,
-see :func:`choose_dispatch`; the node-aware one is in :mod:`node_aware_dispatcher`). The dispatchers subclass megatron's ``MoEAlltoAllTokenDispatcher`` and
-implement the six stage methods that the MoE layer and the combined-1F1B schedule call, so
-``build_schedule_plan`` keeps working; state the backward needs lives in autograd contexts, so a
-forward of the next micro-batch may run between a forward and its backward.
+see :func:`choose_dispatch`; the node-aware one is in :mod:`node_aware_dispatcher`). The dispatchers subclass
+megatron's ``MoEAlltoAllTokenDispatcher`` and implement the six stage methods that the MoE layer and the
+combined-1F1B schedule call, so ``build_schedule_plan`` keeps working; state the backward needs lives in autograd
+contexts, so a forward of the next micro-batch may run between a forward and its backward.
 """
 
 from __future__ import annotations
@@ -202,7 +202,8 @@ def _plan_tensors(all_counts: torch.Tensor, rank: int, num_local_experts: int, c
 _COMPILED_PLAN = LazyCompiled(_plan_tensors, "EP exchange plan", dynamic=False)
 
 
-def plan_tensors(all_counts: torch.Tensor, rank: int, num_local_experts: int, capacity: int) -> Tuple[torch.Tensor, ...]:
+def plan_tensors(all_counts: torch.Tensor, rank: int, num_local_experts: int,
+                 capacity: int) -> Tuple[torch.Tensor, ...]:
     """:func:`_plan_tensors`, compiled on GPUs."""
     args = (all_counts, rank, num_local_experts, capacity)
     return _COMPILED_PLAN(_plan_tensors, *args) if all_counts.is_cuda else _plan_tensors(*args)
@@ -463,7 +464,8 @@ class TorchNativeMoELayer(MoELayer):
         if choice.dispatcher == "sorted":
             common = dict(config=config, pg_collection=_DispatcherGroups(old))
             if old.ep_size == 1:
-                self.token_dispatcher = SortedTokenDispatcher(self.num_local_experts, self.local_expert_indices, **common)
+                self.token_dispatcher = SortedTokenDispatcher(self.num_local_experts, self.local_expert_indices,
+                                                              **common)
             else:
                 _configure_transport(config, choice)
                 self.token_dispatcher = ExpertParallelSortedDispatcher(

@@ -41,7 +41,6 @@ from megatron.core.transformer.utils import (
 from megatron.bridge.models.torch_native.compiled import LazyCompiled
 from megatron.bridge.models.torch_native.grouped_gemm import WgradStash, fuses_into_main_grad, grouped_linear
 
-
 _PLAIN_KEY = re.compile(r"^local_experts\.(\d+)\.linear_fc([12])\.(weight|_extra_state)$")
 
 
@@ -287,6 +286,7 @@ def expert_wgrad_accumulation(model_chunks: Iterable[torch.nn.Module]) -> Option
     elif main_grad is None:
         how = "unfused: no DDP main_grad"
     else:
-        how = f"unfused: bf16 gradient added by DDP's hook into a {str(main_grad.dtype).replace('torch.', '')} main_grad"
+        how = ("unfused: bf16 gradient added by DDP's hook into a "
+               f"{str(main_grad.dtype).replace('torch.', '')} main_grad")
     return {"setting": setting, "path": "fused" if fused else "unfused",
             "description": f"expert weight gradients {how} (torch_native_wgrad_accumulation={setting!r})"}

@@ -4,7 +4,8 @@ Why: megatron-core's ``ColumnParallelLinear``/``RowParallelLinear`` fuse the wei
 accumulation only with ``gradient_accumulation_fusion`` on (Apex's extension, or this package's
 ``grad_accumulation_fusion.py`` where Apex is absent). With it off every backward writes a bf16
 weight gradient, and DDP's hook reads it back and adds it into the fp32
-``main_grad``, a full extra pass over the largest weights (measured: ``docs/benchmarks/implementation_costs.md``). Here one cuBLAS GEMM with an fp32 result adds ``dy^T x`` into ``main_grad`` in place
+``main_grad``, a full extra pass over the largest weights (measured: ``docs/benchmarks/implementation_costs.md``).
+Here one cuBLAS GEMM with an fp32 result adds ``dy^T x`` into ``main_grad`` in place
 (``torch.addmm(..., out_dtype=torch.float32)``), so the gradient is also never rounded to bf16.
 
 Only calls this module can take over exactly are rerouted: tensor-parallel size 1 (no sequence

@@ -1,7 +1,7 @@
 """The torch-native layer spec: megatron-core's own GPT layer spec with a few slots swapped.
 
-Built from megatron-core's local (non-TE) decoder block spec, so projections, RoPE, router, token dispatchers (alltoall / flex / allgather), shared experts and the
-fine-grained EP-overlap schedule are megatron-core's. Only
+Built from megatron-core's local (non-TE) decoder block spec, so projections, RoPE, router, token dispatchers
+(alltoall / flex / allgather), shared experts and the fine-grained EP-overlap schedule are megatron-core's. Only
 
 * ``SelfAttentionSubmodules.core_attention``: ``DotProductAttention`` -> :class:`TorchSDPAttention`
 * ``MoESubmodules.experts``: ``SequentialMLP`` -> :class:`TorchGroupedMLP`

@@ -43,7 +43,6 @@ import torch
 import torch.distributed as dist
 
 from megatron.bridge.emulation.backend import BACKEND as EMULATED_BACKEND
-
 from megatron.bridge.models.torch_native.token_exchange import (
     ROW_ALIGN_BYTES,
     CollectiveExchange,

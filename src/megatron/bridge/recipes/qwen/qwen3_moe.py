@@ -22,12 +22,12 @@ from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
 
 from megatron.bridge.models.gpt_provider import GPTModelProvider
-from megatron.bridge.recipes.recipe_arguments import RECIPE_WARMUP_ITERS, takes_upstream_arguments
 from megatron.bridge.models.qwen import (
     Qwen3MoEModelProvider,
     Qwen3MoEModelProvider30B_A3B,
     Qwen3MoEModelProvider235B_A22B,
 )
+from megatron.bridge.recipes.recipe_arguments import RECIPE_WARMUP_ITERS, takes_upstream_arguments
 from megatron.bridge.training.comm_overlap import CommOverlapConfig
 from megatron.bridge.training.config import (
     CheckpointConfig,
@@ -39,7 +39,6 @@ from megatron.bridge.training.config import (
     TokenizerConfig,
     TrainingConfig,
 )
-
 
 RecipeFn = TypeVar("RecipeFn", bound=Callable[[], ConfigContainer])
 

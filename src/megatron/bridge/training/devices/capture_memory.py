@@ -10,8 +10,8 @@ micro-batches can exhaust the GPU.
 torch's allocator option ``graph_capture_record_stream_reuse`` lets a capture reuse such a block
 once the graph's own dependencies prove the other stream's use is finished: it changes which
 addresses the capture hands out, not which kernels a replay runs (the measurement:
-``docs/benchmarks/implementation_costs.md``). The training loop turns it on for the capture unless the user's ``PYTORCH_ALLOC_CONF`` /
-``PYTORCH_CUDA_ALLOC_CONF`` sets it either way, and says which in the start-up line and
+``docs/benchmarks/implementation_costs.md``). The training loop turns it on for the capture unless the user's
+``PYTORCH_ALLOC_CONF`` / ``PYTORCH_CUDA_ALLOC_CONF`` sets it either way, and says which in the start-up line and
 ``summary.json``.
 """
 

@@ -66,7 +66,8 @@ def _step_counters_on_device(inner: torch.optim.Optimizer, args: Any, kwargs: An
                 state["step"] = torch.as_tensor(step, dtype=torch.float32, device=p.device)
 
 
-def _foreach_l2_norm(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: List[List[torch.Tensor]], per_tensor: bool, *args: Any):
+def _foreach_l2_norm(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: List[List[torch.Tensor]], per_tensor: bool,
+                     *args: Any):
     """Drop-in for Apex's ``multi_tensor_l2norm`` through megatron's local applier (no host waits)."""
     tensors = tensor_lists[0]
     if not tensors:
@@ -76,7 +77,8 @@ def _foreach_l2_norm(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lis
     return total, (torch.stack(norms) if per_tensor else None)
 
 
-def _foreach_scale(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: List[List[torch.Tensor]], scale: Any) -> None:
+def _foreach_scale(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: List[List[torch.Tensor]],
+                   scale: Any) -> None:
     """Drop-in for Apex's ``multi_tensor_scale``: ``dst = src * scale`` for every pair."""
     src, dst = tensor_lists
     if not src:

@@ -408,5 +408,6 @@ class CheckpointSaver:
         """Save ``state`` unless it is already on disk (or no save directory is set)."""
         if not self.resolved.checkpoint.save or state.iteration == self.persisted_iteration:
             return
-        self.path = save_checkpoint(self.resolved, self.model, self.optimizer, self.scheduler, state, run_id=self.run_id)
+        self.path = save_checkpoint(self.resolved, self.model, self.optimizer, self.scheduler, state,
+                                    run_id=self.run_id)
         self.persisted_iteration = state.iteration

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from megatron.bridge.training.errors import ConfigError, Violation
 
 if TYPE_CHECKING:
-    from megatron.bridge.training.loop.checkpointing import TrainState
     from megatron.bridge.training.config import ConfigContainer
+    from megatron.bridge.training.loop.checkpointing import TrainState
 
 _STATE_PARAMETER = "state"
 _STATE_ANNOTATION = "GlobalState"

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from megatron.bridge.utils.owned_files import UnsafePathError, check_own_file, make_dir
+from megatron.bridge.utils.owned_files import check_own_file, make_dir
 
 LOCK_NAME = "run.lock"
 STALE_AFTER_S = 30 * 60

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Optional
 from packaging.version import Version
 
 from megatron.bridge.models.layer_specs import LayerSpecChoice, choose_layer_spec, te_only_features
-from megatron.bridge.training.resolution.megatron_compat import graph_modules
 from megatron.bridge.training.mixed_precision import mixed_precision_recipe
+from megatron.bridge.training.resolution.megatron_compat import graph_modules
 from megatron.bridge.training.rules.core import RuleContext
 
 if TYPE_CHECKING:

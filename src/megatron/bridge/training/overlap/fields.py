@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from megatron.bridge.training.rules.core import RuleContext, field_default
 from megatron.bridge.training.resolution.layout import data_parallel_size, positive_size
+from megatron.bridge.training.rules.core import RuleContext, field_default
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

@@ -50,7 +50,8 @@ EP_OVERLAP_SCHEDULE_RULES: tuple[Rule, ...] = (
         "attention backward runs before the next micro-batch's MLP forward, freeing its activations "
         "sooner and exposing the dispatch backward and combine forward); without EP overlap there is no "
         "such schedule and megatron-core asserts",
-        fix="set comm_overlap.overlap_moe_expert_parallel_comm=true, or model.ep_overlap_early_attn_memory_release=false",
+        fix="set comm_overlap.overlap_moe_expert_parallel_comm=true, "
+            "or model.ep_overlap_early_attn_memory_release=false",
     ),
     Rule(
         id="dispatch-wgrad-overlap-not-built",

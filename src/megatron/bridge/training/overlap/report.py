@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from megatron.bridge.training.errors import Violation
-from megatron.bridge.training.resolution.gpu_catalog import gpu_target_from_context
-from megatron.bridge.training.resolution.layout import positive_size
 from megatron.bridge.training.overlap.resolution import EffectiveValue
 from megatron.bridge.training.overlap.rules import NO_EFFECT_RULE_IDS, OVERLAP_RULES
+from megatron.bridge.training.resolution.gpu_catalog import gpu_target_from_context
+from megatron.bridge.training.resolution.layout import positive_size
 from megatron.bridge.training.resolution.ownership import OWNERSHIP_RULE_IDS, concerns_overlap
 from megatron.bridge.training.rules.core import RuleContext, read_field, te_version_text
 from megatron.bridge.training.rules.flex_rules import describe_dispatcher
@@ -257,7 +257,8 @@ def _feature_states(
         notes = [f"{v.message}" for v in warnings if v.rule not in NO_EFFECT_RULE_IDS]
         no_effect = requested and not reasons and bool(idle)
         key = spec.switch.removeprefix("comm_overlap.")
-        source = effective[key].source if key in effective else getattr(cfg, "provenance", {}).get(spec.switch, "recipe")
+        source = (effective[key].source if key in effective
+                  else getattr(cfg, "provenance", {}).get(spec.switch, "recipe"))
         states[spec.name] = FeatureState(
             spec.name, spec.switch, requested, requested and not reasons and not idle, source,
             tuple(reasons + idle + notes), no_effect,

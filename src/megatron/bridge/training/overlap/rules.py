@@ -8,9 +8,6 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-from megatron.bridge.training.overlap.knob_rules import ACTIVATION_MEMORY_RULES, EP_OVERLAP_SCHEDULE_RULES
-from megatron.bridge.training.rules.flex_rules import FLEX_RULES, FLEX_SETTING_RULES
-from megatron.bridge.training.resolution.megatron_compat import graph_modules
 from megatron.bridge.training.overlap.facts import (
     dw_graph,
     dw_on,
@@ -24,8 +21,11 @@ from megatron.bridge.training.overlap.facts import (
     torch_text,
 )
 from megatron.bridge.training.overlap.fields import BOOL_SWITCHES, gloo_on_cuda
-from megatron.bridge.training.rules.core import TE_VERSION_VALUE, Rule
+from megatron.bridge.training.overlap.knob_rules import ACTIVATION_MEMORY_RULES, EP_OVERLAP_SCHEDULE_RULES
 from megatron.bridge.training.resolution.layout import data_parallel_size, micro_batches_per_step
+from megatron.bridge.training.resolution.megatron_compat import graph_modules
+from megatron.bridge.training.rules.core import TE_VERSION_VALUE, Rule
+from megatron.bridge.training.rules.flex_rules import FLEX_RULES, FLEX_SETTING_RULES
 
 _TE = TE_VERSION_VALUE
 _RECOMPUTE_FIX = "use selective recompute (recompute_granularity=selective, e.g. recompute_modules=[moe_act])"

@@ -20,20 +20,18 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from packaging.version import Version
 
-from megatron.bridge.training.resolution import gpu_catalog
-
-from megatron.bridge.training.resolution import ownership
+from megatron.bridge.models.layer_specs import LayerSpecChoice
 from megatron.bridge.training.configuration.comm_overlap_config import CommOverlapConfig
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError, Violation
-from megatron.bridge.models.layer_specs import LayerSpecChoice
 from megatron.bridge.training.mixed_precision import apply_mixed_precision
 from megatron.bridge.training.overlap import resolution as overlap_resolution
 from megatron.bridge.training.overlap.facts import layer_spec_choice
+from megatron.bridge.training.overlap.report import OverlapReport, report_from
 from megatron.bridge.training.overlap.resolution import EffectiveValue
 from megatron.bridge.training.overlap.rules import OVERLAP_RULES
-from megatron.bridge.training.overlap.report import OverlapReport, report_from
-from megatron.bridge.training.rules.registry import ALL_RULES
+from megatron.bridge.training.resolution import gpu_catalog, ownership
 from megatron.bridge.training.rules.core import RuleContext, check_rules
+from megatron.bridge.training.rules.registry import ALL_RULES
 from megatron.bridge.training.tokenizers.config import derive_vocab_size
 from megatron.bridge.utils.import_utils import have_deep_ep, have_te_nccl_ep, transformer_engine_version
 

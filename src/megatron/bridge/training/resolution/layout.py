@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from megatron.bridge.training.rules.ranges import within
 from megatron.bridge.training.rules.core import RuleContext
+from megatron.bridge.training.rules.ranges import within
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -79,7 +79,8 @@ def layout_within(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
 
 
 def dp_known(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
-    return ctx.world_size is not None and layout_within(cfg, ctx) and data_parallel_size(cfg, ctx.world_size) is not None
+    return (ctx.world_size is not None and layout_within(cfg, ctx)
+            and data_parallel_size(cfg, ctx.world_size) is not None)
 
 
 LAYOUT_FIELDS: tuple[str, ...] = (

@@ -167,7 +167,8 @@ def accepted_copies(cfg: "ConfigContainer", written: Iterable[str]) -> dict[str,
 
 def directly_written(cfg: "ConfigContainer") -> dict[str, Any]:
     """Copies of ``cfg`` that a user wrote in Python, with their values (owner not :data:`FREE`)."""
-    return {owned.target: read_field(cfg, owned.target) for owned in decided_copies(cfg) if written_directly(cfg, owned)}
+    return {owned.target: read_field(cfg, owned.target)
+            for owned in decided_copies(cfg) if written_directly(cfg, owned)}
 
 
 def direct_write_violations(written: dict[str, Any], resolved: "ConfigContainer") -> list[Violation]:

@@ -23,9 +23,9 @@ from megatron.bridge.training.loop.checkpoint_dir import (
     model_shape,
     parallel_sizes,
 )
+from megatron.bridge.training.loop.save_lock import LOCK_NAME, held_by_another_live_run, lock_problem
 from megatron.bridge.training.resolution.layout import data_parallel_size, dp_known, layout_within
 from megatron.bridge.training.rules.core import Rule, RuleContext
-from megatron.bridge.training.loop.save_lock import LOCK_NAME, held_by_another_live_run, lock_problem
 from megatron.bridge.utils.owned_files import MAX_LISTED, unsafe_entries
 from megatron.bridge.utils.paths import writable_directory_problem
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from megatron.bridge.training.devices.cuda_graphs import IterationGraph
-from megatron.bridge.training.rules.dispatch_rules import sorted_dispatch_blockers, uses_torch_native_layers
 from megatron.bridge.training.rules.core import Rule, RuleContext
+from megatron.bridge.training.rules.dispatch_rules import sorted_dispatch_blockers, uses_torch_native_layers
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

@@ -115,7 +115,8 @@ NODE_AWARE_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         id="node-aware-dispatch-takes-no-sorted-transport",
-        fields=("model.torch_native_dispatcher", "model.torch_native_ep_transport", "model.torch_native_nvshmem_blocks"),
+        fields=("model.torch_native_dispatcher", "model.torch_native_ep_transport",
+                "model.torch_native_nvshmem_blocks"),
         applies=_node_aware,
         holds=lambda cfg, ctx: (cfg.model.torch_native_ep_transport == "auto"
                                 and cfg.model.torch_native_nvshmem_blocks is None),
@@ -187,13 +188,15 @@ TORCH_NATIVE_DISPATCH_RULES: tuple[Rule, ...] = (
         id="ep-transport-needs-sorted-ep-dispatch",
         fields=("model.torch_native_ep_transport", "model.torch_native_dispatcher", "model.expert_model_parallel_size"),
         applies=lambda cfg, ctx: cfg.model.torch_native_ep_transport != "auto",
-        holds=lambda cfg, ctx: cfg.model.torch_native_dispatcher != "megatron" and cfg.model.expert_model_parallel_size > 1,
+        holds=lambda cfg, ctx: (cfg.model.torch_native_dispatcher != "megatron"
+                                and cfg.model.expert_model_parallel_size > 1),
         message="the EP token exchange only exists for the sorted dispatcher with EP > 1; here it would have no effect",
         fix="leave model.torch_native_ep_transport=auto, or use EP > 1 with torch_native_dispatcher auto/sorted",
     ),
     Rule(
         id="nvshmem-blocks-in-range",
-        fields=("model.torch_native_nvshmem_blocks", "model.expert_model_parallel_size", "model.torch_native_ep_transport"),
+        fields=("model.torch_native_nvshmem_blocks", "model.expert_model_parallel_size",
+                "model.torch_native_ep_transport"),
         applies=lambda cfg, ctx: cfg.model.torch_native_nvshmem_blocks is not None,
         holds=lambda cfg, ctx: _blocks_ok(cfg, ctx) and cfg.model.torch_native_ep_transport != "nccl",
         message=f"NVSHMEM all-to-all blocks: the EP size times a power of two, at most {MAX_NVSHMEM_BLOCKS}, and "

@@ -16,7 +16,12 @@ from typing import Any, Optional
 
 from megatron.bridge.training.overlap.facts import ep_on, layers_use_te, precision_fp4, precision_fp8
 from megatron.bridge.training.resolution import gpu_catalog
-from megatron.bridge.training.resolution.gpu_catalog import GpuTarget, architecture_name, gpu_target_from_context, target_of
+from megatron.bridge.training.resolution.gpu_catalog import (
+    GpuTarget,
+    architecture_name,
+    gpu_target_from_context,
+    target_of,
+)
 from megatron.bridge.training.rules.core import TE_VERSION_VALUE, Rule, RuleContext
 from megatron.bridge.utils.flex_backend_names import DEEP_EP_BACKENDS, FLEX_BACKENDS
 
@@ -96,7 +101,8 @@ def dispatcher_fields(backend: Optional[str]) -> dict[str, Any]:
     """
     if backend is None:
         return {"moe_token_dispatcher_type": "alltoall", "moe_flex_dispatcher_backend": None}
-    return {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": backend, "moe_shared_expert_overlap": False}
+    return {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": backend,
+            "moe_shared_expert_overlap": False}
 
 
 def _flex(cfg: Any) -> bool:

@@ -17,8 +17,8 @@ from megatron.bridge.models.torch_native.backends import (
     GROUPED_MM_BACKENDS,
     WGRAD_ACCUMULATIONS,
 )
-from megatron.bridge.training.rules.dispatch_rules import uses_torch_native_layers
 from megatron.bridge.training.rules.core import Rule, RuleContext
+from megatron.bridge.training.rules.dispatch_rules import uses_torch_native_layers
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

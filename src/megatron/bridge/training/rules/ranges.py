@@ -74,7 +74,8 @@ class FieldRange:
             id=self.rule_id,
             fields=(self.field,),
             holds=lambda cfg, ctx: self.allows(read_field(cfg, self.field)),
-            message=f"{self.field} must be {self.kind} {self.describe()}{unset}" + (f": {self.why}" if self.why else ""),
+            message=(f"{self.field} must be {self.kind} {self.describe()}{unset}"
+                     + (f": {self.why}" if self.why else "")),
             fix=f"set {self.field} to a value {self.describe()}",
             group="ranges",
         )
@@ -157,8 +158,8 @@ RANGE_RULES: tuple[Rule, ...] = tuple(r.rule() for r in RANGES)
 
 def ranges_markdown() -> str:
     """The docs table of :data:`RANGES`."""
-    rows = [f"| `{r.field}` | {'whole, ' if r.integer else ''}{r.describe()}{' or null' if r.optional else ''} | {r.why} |"
-            for r in RANGES]
+    rows = [f"| `{r.field}` | {'whole, ' if r.integer else ''}{r.describe()}{' or null' if r.optional else ''} "
+            f"| {r.why} |" for r in RANGES]
     return "| field | allowed | why |\n|---|---|---|\n" + "\n".join(rows) + "\n"
 
 

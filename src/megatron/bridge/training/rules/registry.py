@@ -4,15 +4,15 @@ table once, every rule id unique)."""
 
 from __future__ import annotations
 
+from megatron.bridge.training.configuration.upstream_sections import UPSTREAM_SECTION_RULES
+from megatron.bridge.training.overlap.rules import OVERLAP_RULES
+from megatron.bridge.training.rules.core import Rule
 from megatron.bridge.training.rules.cuda_graph_rules import CUDA_GRAPH_RULES
 from megatron.bridge.training.rules.dispatch_rules import TORCH_NATIVE_DISPATCH_RULES
 from megatron.bridge.training.rules.emulation_rules import EMULATION_RULES
 from megatron.bridge.training.rules.kernel_rules import TORCH_NATIVE_KERNEL_RULES
 from megatron.bridge.training.rules.memory_rules import MEMORY_RULES
 from megatron.bridge.training.rules.size_rules import SIZE_RULES
-from megatron.bridge.training.overlap.rules import OVERLAP_RULES
-from megatron.bridge.training.rules.core import Rule
-from megatron.bridge.training.configuration.upstream_sections import UPSTREAM_SECTION_RULES
 from megatron.bridge.training.rules.validation import GENERAL_RULES
 
 RULE_TABLES: dict[str, tuple[Rule, ...]] = {

@@ -6,7 +6,9 @@ from typing import TYPE_CHECKING, Optional
 
 from megatron.bridge.models.gpt_provider import CROSS_ENTROPY_IMPLS
 from megatron.bridge.models.layer_specs import LAYER_SPEC_CHOICES
-from megatron.bridge.training.rules.checkpoint_rules import CHECKPOINT_RULES
+from megatron.bridge.training.loop.data import missing_data_files
+from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, is_known_setting, mixed_precision_recipe
+from megatron.bridge.training.overlap.facts import precision_fp8, resolved_layer_spec
 from megatron.bridge.training.resolution.layout import (
     all_within,
     data_parallel_size,
@@ -18,12 +20,10 @@ from megatron.bridge.training.resolution.layout import (
     model_parallel_size,
     pipeline_split_layers,
 )
-from megatron.bridge.training.loop.data import missing_data_files
-from megatron.bridge.training.rules.mixed_precision_rules import PRECISION_RULES
-from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, is_known_setting, mixed_precision_recipe
-from megatron.bridge.training.overlap.facts import precision_fp8, resolved_layer_spec
-from megatron.bridge.training.rules.ranges import RANGE_RULES
+from megatron.bridge.training.rules.checkpoint_rules import CHECKPOINT_RULES
 from megatron.bridge.training.rules.core import TE_VERSION_VALUE, Rule, RuleContext, read_field
+from megatron.bridge.training.rules.mixed_precision_rules import PRECISION_RULES
+from megatron.bridge.training.rules.ranges import RANGE_RULES
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

@@ -179,7 +179,8 @@ def _apply_one(tree: DictConfig, item: HydraOverride) -> Optional[Violation]:
     if item.form == "set" and current is _ABSENT:
         return _violation(item, f"{item.key!r} is not in the config", _spelling_fix(tree, item.key))
     if item.form == "add" and current is not _ABSENT:
-        return _violation(item, f"{item.key!r} is already in the config", f"change it with {item.key}=... (or ++{item.key}=...)")
+        return _violation(item, f"{item.key!r} is already in the config",
+                          f"change it with {item.key}=... (or ++{item.key}=...)")
     if item.form == "delete":
         if current is _ABSENT:
             return _violation(item, f"{item.key!r} is not in the config: nothing to remove", "check the spelling")

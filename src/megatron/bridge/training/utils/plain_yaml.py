@@ -123,7 +123,8 @@ class _Walk:
                 on_path.discard(id(node))
                 self._count(node)
             elif id(child) in on_path:
-                self.problems.append(_problem("recursive-alias", child, f"the alias at {short_text(path, 80) or 'the top'} is "
+                self.problems.append(_problem("recursive-alias", child,
+                                              f"the alias at {short_text(path, 80) or 'the top'} is "
                                               "inside the node it names, so its value never ends"))
             elif id(child) not in self.expanded and self._deep_enough(child, path, len(stack)):
                 on_path.add(id(child))

@@ -180,7 +180,8 @@ class _References:
         if raw is _ABSENT:
             return self._in_config(key)
         if isinstance(raw, Mapping):
-            raise _ReferenceProblem(f"${{{short_text(key)}}} names a whole section, not a value", "name one field of it")
+            raise _ReferenceProblem(f"${{{short_text(key)}}} names a whole section, not a value",
+                                    "name one field of it")
         if len(stack) > MAX_REFERENCE_CHAIN:  # never reached: longer chains are refused before resolving
             raise _ReferenceProblem(f"more than {MAX_REFERENCE_CHAIN} references in a row", _CHAIN_FIX,
                                     "override-reference-depth")

@@ -123,7 +123,8 @@ def _check_regular_file(path: Path) -> None:
     if info is None or not stat.S_ISREG(info.st_mode):
         what = "Config file not found" if info is None else "the config file path is not a regular file"
         raise ConfigFileNotFoundError(
-            [_file_violation(path, "yaml-missing", what, "check the path (relative paths start at the working directory)")],
+            [_file_violation(path, "yaml-missing", what,
+                             "check the path (relative paths start at the working directory)")],
             "cannot load YAML",
         )
 
