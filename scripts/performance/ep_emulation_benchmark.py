@@ -42,7 +42,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dispatchers", default="alltoall,sorted", help=", ".join(bench.DISPATCHERS))
     p.add_argument("--arms", default=",".join(bench.ARMS))
     p.add_argument("--profile-arms", default="ep1,free,off,on",
-                   help="arms that run once more with one step profiled (their anatomy goes into the rows; '' for none)")
+                   help="arms that run once more with one step profiled (their anatomy goes into the rows; "
+                   "'' for none)")
     p.add_argument("--nodes", type=int, default=2, help="nodes of 8 GPUs (EP = 8 x nodes)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--repeats", type=int, default=2)

@@ -283,7 +283,8 @@ def _reduce_identical(tensor: torch.Tensor, op: ReduceOp, n: int) -> None:
     elif op == ReduceOp.PRODUCT:
         tensor.pow_(n)
     elif not any(op == unchanged for unchanged in _UNCHANGED_OPS):
-        raise EmulationUnsupported(f"all-reduce with {op}: only SUM, PRODUCT, AVG, MAX, MIN and bitwise ops are emulated")
+        raise EmulationUnsupported(
+            f"all-reduce with {op}: only SUM, PRODUCT, AVG, MAX, MIN and bitwise ops are emulated")
 
 
 def _replicate(output: torch.Tensor, tensor: torch.Tensor, n: int, me: int) -> None:

@@ -83,6 +83,7 @@ class Hold:
 
     def _clock_ghz(self) -> float:
         if self._cycles_per_ns is None:
-            rate_khz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) or 1_500_000
+            properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+            rate_khz = getattr(properties, "clock_rate", 0) or 1_500_000
             self._cycles_per_ns = rate_khz / 1e6
         return self._cycles_per_ns

@@ -236,7 +236,8 @@ def merge_rows(tables: Sequence[list[dict[str, Any]]], ran_at: Optional[str]) ->
             target["step_s"] = target["step_s"] + list(row["step_s"])
             for field in ("tflops_per_gpu", "modeled_comm_s", "emulation_host_s"):
                 if row.get(field) is not None:
-                    target[field] = ((target.get(field) or 0.0) * runs + row[field]) / (runs + 1) if runs else row[field]
+                    pooled = ((target.get(field) or 0.0) * runs + row[field]) / (runs + 1)
+                    target[field] = pooled if runs else row[field]
             target["runs"] = runs + 1
             target["commit"] = ran_at or row["commit"]
             if row.get("profile"):

@@ -180,6 +180,8 @@ def _choose(
         return DispatchChoice("megatron", MEGATRON_TRANSPORT, False, "torch_native_dispatcher='megatron'")
     if requested == "node_aware":
         return _node_aware_choice(config, ep_size, tp_size)
+    if requested not in ("auto", "sorted"):  # a name known to the config but given no dispatcher here
+        raise ValueError(f"torch_native_dispatcher={requested!r} has no dispatcher in choose_dispatch")
     blockers = fast_path_blockers(config, ep_size, tp_size)
     if blockers:
         if requested == "sorted":

@@ -102,7 +102,7 @@ def class_from_target(target: Any, base: type, path: str, errors: list[Violation
                 (f"{path}.{TARGET_KEY}",),
                 (shown(target),),
                 f"{shown(text)!r} is not one of the project's {base.__name__} classes; a config names only "
-                "those (nothing else is imported)",
+                "those (a name outside the project's package is never imported)",
                 "use one of: " + ", ".join(sorted(allowed)),
                 value_label="given",
             )
