@@ -2,7 +2,9 @@
 
 import pytest
 
-from megatron.bridge.perf.argument_parser import PLAIN_ALLTOALL, parse_args, str_to_bool
+from megatron.bridge.perf.argument_parser import PLAIN_ALLTOALL, build_parser, parse_args, str_to_bool
+from megatron.bridge.perf.config_builder import flag_values
+from megatron.bridge.perf.flag_fields import FLAG_FIELDS
 
 BASE = ["-mr", "qwen3_30b_a3b"]
 
@@ -138,3 +140,14 @@ def test_readme_command_parses(readme_argv):
                                       "~tokenizer.hf_tokenizer_kwargs.use_fast"])
 def test_hydra_override_forms_are_accepted(override):
     assert parse_args(["-mr", "qwen3_moe_tiny", override]).overrides == [override]
+
+
+@pytest.mark.parametrize("dest, field", sorted(FLAG_FIELDS.items()))
+def test_every_flag_of_the_one_table_sets_its_field(dest, field):
+    """The flag-to-field table is written once: the parser offers each flag and the config builder
+    puts what it was given into that field."""
+    flag = next(a for a in build_parser()._actions if a.dest == dest)
+    raw = {"moe_a2a_overlap": "true", "cuda_graph_impl": "none", "tokenizer_type": "NullTokenizer",
+           "steady_state_window": "3,5", "profile_ranks": "0"}.get(dest, "2")
+    args = parse_args(["-m", "qwen", "-mr", "qwen3_30b_a3b", flag.option_strings[-1], raw])
+    assert flag_values(args)[field] == getattr(args, dest)

@@ -19,6 +19,7 @@ import textwrap
 from typing import NoReturn, Optional, Sequence
 
 from megatron.bridge.emulation.network import PRESETS as NETWORK_PRESETS
+from megatron.bridge.perf.flag_fields import FLAG_FIELDS
 from megatron.bridge.training.errors import did_you_mean
 from megatron.bridge.training.resolution.gpu_catalog import GPU_TYPES
 from megatron.bridge.training.resolution.layout import MAX_WORLD_SIZE
@@ -249,8 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="ranks sharing one GPU (>1 needs the gloo backend; NCCL refuses it)")
 
     model = p.add_argument_group("training and model (each maps to one config field)")
-    model.add_argument("--max_steps", type=positive_int, default=None, help="train.train_iters")
-    model.add_argument("--cuda_graph_impl", type=_choice(CUDA_GRAPH_IMPLS), default=None, help="model.cuda_graph_impl")
+    model.add_argument("--max_steps", type=positive_int, default=None, help=FLAG_FIELDS["max_steps"])
+    model.add_argument("--cuda_graph_impl", type=_choice(CUDA_GRAPH_IMPLS), default=None,
+                       help=FLAG_FIELDS["cuda_graph_impl"])
     model.add_argument("--moe_flex_dispatcher_backend", type=flex_backend, default=None,
                        help=f"{'|'.join(FLEX_BACKENDS)}: model.moe_token_dispatcher_type=flex with that "
                        "model.moe_flex_dispatcher_backend (and model.moe_shared_expert_overlap=false); "
@@ -259,19 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comm_overlap.overlap_moe_expert_parallel_comm (EP overlap on/off); delayed "
                        "wgrad stays comm_overlap.delay_wgrad_compute, and on without EP overlap is refused")
     model.add_argument("--tokenizer_type", type=_choice(TOKENIZER_TYPES, lower=False), default=None,
-                       help="tokenizer.tokenizer_type")
-    for short, long, field in (
-        ("-tp", "--tensor_model_parallel_size", "model.tensor_model_parallel_size"),
-        ("-pp", "--pipeline_model_parallel_size", "model.pipeline_model_parallel_size"),
-        ("-vp", "--virtual_pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size"),
-        ("-cp", "--context_parallel_size", "model.context_parallel_size"),
-        ("-ep", "--expert_model_parallel_size", "model.expert_model_parallel_size"),
-        ("-et", "--expert_tensor_parallel_size", "model.expert_tensor_parallel_size"),
-        ("-gb", "--global_batch_size", "train.global_batch_size"),
-        ("-mb", "--micro_batch_size", "train.micro_batch_size"),
-        ("-sl", "--seq_length", "model.seq_length"),
+                       help=FLAG_FIELDS["tokenizer_type"])
+    for short, dest in (
+        ("-tp", "tensor_model_parallel_size"), ("-pp", "pipeline_model_parallel_size"),
+        ("-vp", "virtual_pipeline_model_parallel_size"), ("-cp", "context_parallel_size"),
+        ("-ep", "expert_model_parallel_size"), ("-et", "expert_tensor_parallel_size"),
+        ("-gb", "global_batch_size"), ("-mb", "micro_batch_size"), ("-sl", "seq_length"),
     ):
-        model.add_argument(short, long, type=positive_int, default=None, help=field)
+        model.add_argument(short, f"--{dest}", type=positive_int, default=None, help=FLAG_FIELDS[dest])
 
     io = p.add_argument_group("inputs, outputs and modes")
     io.add_argument("--config_file", default=None, help="YAML applied over the recipe")
