@@ -242,7 +242,7 @@ def _general(add_rules, rebind) -> None:
 
 
 def _overlap(add_rules, rebind) -> None:
-    from megatron.bridge.training.overlap import rules as overlap_rules
+    from megatron.bridge.training.overlap import overlap_rules
 
     assert registry.RULE_TABLES["overlap"] is overlap_rules.OVERLAP_RULES
     add_rules("overlap", TOY_OVERLAP_RULE)  # OVERLAP_RULES, and the docs page's view of it, with the rule

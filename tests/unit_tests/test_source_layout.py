@@ -206,7 +206,7 @@ def test_no_source_file_above_the_line_limit(path: Path) -> None:
 
 
 CONFIG_MUST_NOT_LOAD = (
-    "megatron.bridge.training.rules.registry", "megatron.bridge.training.overlap.rules",
+    "megatron.bridge.training.rules.registry", "megatron.bridge.training.overlap.overlap_rules",
     "megatron.bridge.training.overlap.report", "megatron.bridge.training.resolution",
     "megatron.bridge.training.utils.yaml_io", "megatron.bridge.training.comm_overlap",
 )

@@ -36,7 +36,9 @@ from megatron.bridge.training.comm_overlap import (
 )
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError, OverrideError
 from megatron.bridge.training.overlap import docs as overlap_docs
-from megatron.bridge.training.overlap import facts, fields, resolution, rules
+from megatron.bridge.training.overlap import facts, fields
+from megatron.bridge.training.overlap import overlap_resolution as resolution
+from megatron.bridge.training.overlap import overlap_rules as rules
 from megatron.bridge.training.overlap import report as overlap_report
 from megatron.bridge.training.overlap.docs import render_docs
 from megatron.bridge.training.resolution import finalize as finalize_module

@@ -25,8 +25,8 @@ from __future__ import annotations
 from megatron.bridge.training.configuration.comm_overlap_config import CommOverlapConfig
 from megatron.bridge.training.errors import CommOverlapConfigError
 from megatron.bridge.training.overlap.fields import BOOL_SWITCHES, DEFAULT_BUCKET_SIZE, OVERLAP_FIELDS, OverlapField
-from megatron.bridge.training.overlap.resolution import EffectiveValue, format_effective_values
-from megatron.bridge.training.overlap.rules import OVERLAP_RULES
+from megatron.bridge.training.overlap.overlap_resolution import EffectiveValue, format_effective_values
+from megatron.bridge.training.overlap.overlap_rules import OVERLAP_RULES
 
 __all__ = [
     "BOOL_SWITCHES",

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from megatron.bridge.utils.strict_fields import StrictFields
 
 if TYPE_CHECKING:
-    from megatron.bridge.training.overlap.resolution import EffectiveValue
+    from megatron.bridge.training.overlap.overlap_resolution import EffectiveValue
 
 
 @dataclass(kw_only=True)

@@ -12,7 +12,7 @@ from typing import Optional
 
 from megatron.bridge.training.flex_dispatcher_backend import FLEX_BACKENDS, render_support_table
 from megatron.bridge.training.overlap.fields import OVERLAP_FIELDS
-from megatron.bridge.training.overlap.rules import NO_EFFECT_RULE_IDS, OVERLAP_RULES
+from megatron.bridge.training.overlap.overlap_rules import NO_EFFECT_RULE_IDS, OVERLAP_RULES
 from megatron.bridge.training.resolution.ownership import OWNED_FIELDS
 
 DOCS_PATH = "docs/training/communication-overlap.md"

@@ -17,7 +17,7 @@ from megatron.bridge.training.rules.core import RuleContext, field_default
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
-    from megatron.bridge.training.overlap.resolution import EffectiveValue
+    from megatron.bridge.training.overlap.overlap_resolution import EffectiveValue
 
 DEFAULT_BUCKET_SIZE = 128 * 1024 * 1024
 """Grad-reduce/param-gather bucket (bytes) chosen when the distributed optimizer runs with DP > 1."""

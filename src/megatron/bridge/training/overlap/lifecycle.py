@@ -8,8 +8,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from megatron.bridge.training.errors import CommOverlapConfigError
-from megatron.bridge.training.overlap.resolution import EffectiveValue, apply_overlap_values, resolve_overlap_values
-from megatron.bridge.training.overlap.rules import OVERLAP_RULES
+from megatron.bridge.training.overlap.overlap_resolution import (
+    EffectiveValue,
+    apply_overlap_values,
+    resolve_overlap_values,
+)
+from megatron.bridge.training.overlap.overlap_rules import OVERLAP_RULES
 from megatron.bridge.training.resolution import ownership
 from megatron.bridge.training.rules.core import RuleContext, check_rules
 

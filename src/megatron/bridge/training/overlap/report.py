@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from megatron.bridge.training.errors import Violation
-from megatron.bridge.training.overlap.resolution import EffectiveValue
-from megatron.bridge.training.overlap.rules import NO_EFFECT_RULE_IDS, OVERLAP_RULES
+from megatron.bridge.training.overlap.overlap_resolution import EffectiveValue
+from megatron.bridge.training.overlap.overlap_rules import NO_EFFECT_RULE_IDS, OVERLAP_RULES
 from megatron.bridge.training.resolution.gpu_catalog import gpu_target_from_context
 from megatron.bridge.training.resolution.layout import positive_size
 from megatron.bridge.training.resolution.ownership import OWNERSHIP_RULE_IDS, concerns_overlap

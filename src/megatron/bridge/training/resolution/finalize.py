@@ -24,11 +24,11 @@ from megatron.bridge.models.layer_specs import LayerSpecChoice
 from megatron.bridge.training.configuration.comm_overlap_config import CommOverlapConfig
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError, Violation
 from megatron.bridge.training.mixed_precision import apply_mixed_precision
-from megatron.bridge.training.overlap import resolution as overlap_resolution
+from megatron.bridge.training.overlap import overlap_resolution
 from megatron.bridge.training.overlap.facts import layer_spec_choice
+from megatron.bridge.training.overlap.overlap_resolution import EffectiveValue
+from megatron.bridge.training.overlap.overlap_rules import OVERLAP_RULES
 from megatron.bridge.training.overlap.report import OverlapReport, report_from
-from megatron.bridge.training.overlap.resolution import EffectiveValue
-from megatron.bridge.training.overlap.rules import OVERLAP_RULES
 from megatron.bridge.training.resolution import gpu_catalog, ownership
 from megatron.bridge.training.rules.core import RuleContext, check_rules
 from megatron.bridge.training.rules.registry import ALL_RULES

@@ -5,7 +5,7 @@ table once, every rule id unique)."""
 from __future__ import annotations
 
 from megatron.bridge.training.configuration.upstream_sections import UPSTREAM_SECTION_RULES
-from megatron.bridge.training.overlap.rules import OVERLAP_RULES
+from megatron.bridge.training.overlap.overlap_rules import OVERLAP_RULES
 from megatron.bridge.training.rules.core import Rule
 from megatron.bridge.training.rules.cuda_graph_rules import CUDA_GRAPH_RULES
 from megatron.bridge.training.rules.dispatch_rules import TORCH_NATIVE_DISPATCH_RULES

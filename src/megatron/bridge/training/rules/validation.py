@@ -1,4 +1,4 @@
-"""General (non-overlap) rules of a run, as data. The overlap rules live in ``overlap.rules``."""
+"""General (non-overlap) rules of a run, as data. The overlap rules live in ``overlap.overlap_rules``."""
 
 from __future__ import annotations
 
