@@ -54,7 +54,7 @@ def run_one(dispatcher: str, nodes: int, node: int, args: argparse.Namespace) ->
 def main(argv: list[str]) -> int:
     args = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    started = time.time()
+    started, commit = time.time(), git_commit(REPO)  # the code that runs: the commit at the start
     counts = {(d, int(n)): count.averaged([run_one(d, int(n), node, args) for node in range(int(n))])
               for n in args.nodes.split(",") for d in args.dispatchers.split(",")}
     results = {
@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
                   "dtype": "bf16", "exchanges_per_layer": count.EXCHANGES_PER_LAYER},
         "command": shlex.join(["uv", "run", "python", "scripts/performance/ep_inter_node_bytes.py",
                                *(a if a != str(args.out) else "runs/inter_node_bytes" for a in argv)]),
-        "device": args.device, "commit": git_commit(REPO), "wall_s": round(time.time() - started, 1),
+        "device": args.device, "commit": commit, "wall_s": round(time.time() - started, 1),
         "rows": count.rows(counts),
     }
     text = json.dumps(results, indent=2) + "\n"
