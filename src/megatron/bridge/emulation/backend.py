@@ -110,11 +110,12 @@ class EmulatedGroup(dist.ProcessGroup):
     @property
     def label(self) -> str:
         """What the record calls this group: megatron-core's name once ``label_groups`` ran, else the
-        description its creator gave ``new_group(group_desc=...)``, else its number; with its size."""
+        description its creator gave ``new_group(group_desc=...)`` (set by torch after the group is
+        made, so read at the first collective, then kept), else its number; with its size."""
         if self._label is None:
             desc = getattr(self, "group_desc", "undefined")
             base = desc if desc and desc != "undefined" else f"group{self.name_}"
-            return f"{base}[{len(self.ranks)}]"
+            self._label = f"{base}[{len(self.ranks)}]"
         return self._label
 
     @label.setter

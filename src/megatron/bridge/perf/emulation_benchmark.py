@@ -33,10 +33,12 @@ from typing import Any, Optional, Sequence
 from megatron.bridge.perf.step_anatomy import step_anatomy
 
 ARMS = ("ep1", "free", "off", "on", "on_delay_wgrad")
+GPUS_PER_NODE = 8
+EXPERTS, TOPK = 128, 8
 DISPATCHERS = {
     "alltoall": [],
     "sorted": ["model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nccl"],
-    "node_aware": ["model.torch_native_dispatcher=node_aware", "model.torch_native_gpus_per_node=8"],
+    "node_aware": ["model.torch_native_dispatcher=node_aware", f"model.torch_native_gpus_per_node={GPUS_PER_NODE}"],
 }
 """Dispatchers the product offers at EP > 1 without a flex backend: megatron-core's alltoall, the
 torch-native sorted one over ``all_to_all_single``, and the node-aware one (each token crosses the
@@ -48,8 +50,16 @@ OVERLAP = {
     "on_delay_wgrad": ["comm_overlap.overlap_moe_expert_parallel_comm=true", "comm_overlap.delay_wgrad_compute=true"],
 }
 MICRO_BATCHES = 8
-EXPERTS, TOPK = 128, 8
 PROFILED_STEP = 6
+
+
+def qwen3_argv(gpu: str, steps: int, layers: int, log_dir: Path) -> list[str]:
+    """The harness flags every emulated benchmark shares: Qwen3-30B-A3B's recipe ``layers`` deep,
+    bf16, no CUDA graph, megatron-core's alltoall unless a dispatcher is asked for."""
+    return ["-m", "qwen", "-mr", "qwen3_30b_a3b", "--task", "pretrain", "-g", gpu, "-c", "bf16",
+            "--max_steps", str(steps), "--cuda_graph_impl", "none", "--moe_flex_dispatcher_backend", "None",
+            "--tokenizer_type", "NullTokenizer", "model.moe_shared_expert_overlap=false",
+            f"model.num_layers={layers}", "-l", str(log_dir)]
 
 
 @dataclass(frozen=True)
@@ -74,7 +84,7 @@ class Case:
     @property
     def ep(self) -> int:
         """The EP size of the layout this case stands for (``ep1`` stands for one GPU of it)."""
-        return 8 * self.nodes
+        return GPUS_PER_NODE * self.nodes
 
     @property
     def key(self) -> tuple[int, str, str, str]:
@@ -83,14 +93,11 @@ class Case:
 
     @property
     def world(self) -> int:
-        return 1 if self.arm == "ep1" else 8 * self.nodes
+        return 1 if self.arm == "ep1" else self.ep
 
     def argv(self, root: Path) -> list[str]:
         """The harness command line of this case."""
-        base = ["-m", "qwen", "-mr", "qwen3_30b_a3b", "--task", "pretrain", "-g", self.gpu, "-c", "bf16",
-                "--max_steps", str(self.steps), "--cuda_graph_impl", "none", "--moe_flex_dispatcher_backend",
-                "None", "--tokenizer_type", "NullTokenizer", "model.moe_shared_expert_overlap=false",
-                f"model.num_layers={self.layers}", "logger.log_interval=1", "-l", str(root / self.name)]
+        base = [*qwen3_argv(self.gpu, self.steps, self.layers, root / self.name), "logger.log_interval=1"]
         if self.profile:
             base += ["--profile", "--profile_step_start", str(PROFILED_STEP), "--profile_step_end", str(PROFILED_STEP)]
         if self.arm == "ep1":
@@ -98,7 +105,8 @@ class Case:
                     f"model.moe_router_topk={TOPK}",
                     f"train.global_batch_size={MICRO_BATCHES}", "comm_overlap.overlap_moe_expert_parallel_comm=false"]
         network = "free" if self.arm == "free" else self.network
-        return [*base, "-ng", str(self.world), "-gn", "8", "-ep", str(self.world), "--emulate", "--network", network,
+        return [*base, "-ng", str(self.world), "-gn", str(GPUS_PER_NODE), "-ep", str(self.world), "--emulate",
+                "--network", network,
                 f"train.global_batch_size={MICRO_BATCHES * self.world}", *OVERLAP[self.arm],
                 *DISPATCHERS[self.dispatcher]]
 
@@ -107,7 +115,7 @@ def plan(networks: Sequence[str], dispatchers: Sequence[str], repeats: int, laye
          gpu: str, arms: Sequence[str] = ARMS, profile_arms: Sequence[str] = ()) -> dict[str, list[Case]]:
     """The cases of each job (``ep1`` and ``emulated``), interleaved repeat by repeat, then the
     profiled ones. ``free`` does not depend on the network: it runs once per dispatcher and repeat."""
-    if EXPERTS // (8 * nodes) < TOPK:  # EP=1 cannot do the same per-GPU work
+    if EXPERTS // (GPUS_PER_NODE * nodes) < TOPK:  # EP=1 cannot do the same per-GPU work
         arms, profile_arms = [a for a in arms if a != "ep1"], [a for a in profile_arms if a != "ep1"]
     jobs: dict[str, list[Case]] = {"ep1": [], "emulated": []}
     for repeat in [*range(1, repeats + 1), 0]:
@@ -184,7 +192,7 @@ def rows(cases: Sequence[Case], results: dict[str, dict[str, Any]], commit: str,
     out = []
     for (ep, network, dispatcher, arm), runs in sorted(grouped.items()):
         row = {"layout": f"EP=1 on one GPU ({EXPERTS // ep} experts, top-{TOPK})" if arm == "ep1"
-               else f"EP={ep} over {ep // 8} x 8 (emulated)", "ep": ep,
+               else f"EP={ep} over {ep // GPUS_PER_NODE} x {GPUS_PER_NODE} (emulated)", "ep": ep,
                "network": network, "dispatcher": dispatcher, "arm": arm, "mbs": 1, "micro_batches": MICRO_BATCHES,
                "step_s": [r["step_s"] for r in runs], "tflops_per_gpu": _mean(r["tflops_per_gpu"] for r in runs),
                "commit": commit}
@@ -213,7 +221,7 @@ def _add_hidden_shares(table: list[dict[str, Any]]) -> None:
     for row in table:
         if row["arm"] not in ("on", "on_delay_wgrad"):
             continue
-        ep = row.get("ep", 16)
+        ep = _row_key(row)[0]
         off = by_key.get((ep, row["network"], row["dispatcher"], "off"))
         free = by_key.get((ep, "free", row["dispatcher"], "free"))
         if off and free:

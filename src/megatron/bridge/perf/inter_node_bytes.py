@@ -27,12 +27,11 @@ from math import comb
 from pathlib import Path
 from typing import Any
 
-EXPERTS, TOPK, HIDDEN, SEQ = 128, 8, 2048, 4096
-GPUS_PER_NODE = 8
-DISPATCHERS = {
-    "alltoall": [],
-    "node_aware": ["model.torch_native_dispatcher=node_aware", f"model.torch_native_gpus_per_node={GPUS_PER_NODE}"],
-}
+from megatron.bridge.perf import emulation_benchmark as bench
+from megatron.bridge.perf.emulation_benchmark import EXPERTS, GPUS_PER_NODE, TOPK
+
+HIDDEN, SEQ = 2048, 4096
+DISPATCHERS = {name: bench.DISPATCHERS[name] for name in ("alltoall", "node_aware")}
 SHRUNK = ["model.vocab_size=1024", "model.moe_ffn_hidden_size=64", "model.ffn_hidden_size=256",
           "model.kv_channels=16", "model.num_attention_heads=4", "model.num_query_groups=4"]
 """Sizes that do not change which tokens go where, made small (the full vocabulary alone would be
@@ -45,13 +44,11 @@ def case_argv(dispatcher: str, nodes: int, root: Path, device: str, node: int = 
     """The harness command line of one count: one layer, one micro-batch per rank, overlap off,
     emulated as the first rank of ``node``."""
     ep = GPUS_PER_NODE * nodes
-    return ["-m", "qwen", "-mr", "qwen3_30b_a3b", "--task", "pretrain", "-g", device, "-c", "bf16",
+    return [*bench.qwen3_argv(device, steps, 1, root / f"{dispatcher}_ep{ep}_node{node}"),
             "-ng", str(ep), "-gn", str(GPUS_PER_NODE), "-ep", str(ep), "--emulate", "--network", "h100_ib400",
-            "--max_steps", str(steps), "--cuda_graph_impl", "none", "--moe_flex_dispatcher_backend", "None",
-            "--tokenizer_type", "NullTokenizer", "model.moe_shared_expert_overlap=false", "model.num_layers=1",
             f"train.global_batch_size={ep}", "dataset.num_workers=0",
             "comm_overlap.overlap_moe_expert_parallel_comm=false", *SHRUNK, *DISPATCHERS[dispatcher],
-            "--emulate_rank", str(node * GPUS_PER_NODE), "-l", str(root / f"{dispatcher}_ep{ep}_node{node}")]
+            "--emulate_rank", str(node * GPUS_PER_NODE)]
 
 
 def counted(summary: dict[str, Any]) -> dict[str, Any]:
