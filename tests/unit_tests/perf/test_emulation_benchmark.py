@@ -41,8 +41,8 @@ def test_every_case_is_a_command_line_the_harness_accepts(arm, dispatcher, nodes
     assert (f"EMULATED world of {8 * nodes} GPUs" in out.getvalue()) == (arm != "ep1")
 
 
-def _row(arm: str, network: str, steps: list[float], ep: int = 16) -> dict:
-    return {"ep": ep, "network": network, "dispatcher": "alltoall", "arm": arm, "step_s": steps,
+def _row(arm: str, network: str, steps: list[float], ep: int = 16, layers: int = 4) -> dict:
+    return {"ep": ep, "layers": layers, "network": network, "dispatcher": "alltoall", "arm": arm, "step_s": steps,
             "tflops_per_gpu": 100.0, "commit": "c"}
 
 
@@ -66,3 +66,13 @@ def test_layouts_of_different_ep_sizes_stay_apart_in_a_merge():
     merged = {(row["ep"], row["arm"]): row for row in bench.merge_rows([ep16, ep32], "abc")}
     assert merged[(16, "on")]["hidden_share"] == pytest.approx(0.8)
     assert merged[(32, "on")]["hidden_share"] == pytest.approx(0.5)
+
+
+def test_depths_stay_apart_in_a_merge_and_a_row_without_a_depth_is_four_layers_deep():
+    shallow = [_row("free", "free", [1.0]), _row("off", "h100_ib400", [1.5]), _row("on", "h100_ib400", [1.1])]
+    for row in shallow:
+        row.pop("layers")
+    deep = [_row("off", "h100_ib400", [12.0], layers=48), _row("on", "h100_ib400", [9.0], layers=48)]
+    merged = {(row.get("layers", 4), row["arm"]): row for row in bench.merge_rows([shallow, deep], "abc")}
+    assert merged[(4, "off")]["step_s"] == [1.5] and merged[(48, "off")]["step_s"] == [12.0]
+    assert merged[(4, "on")]["hidden_share"] == pytest.approx(0.8) and "hidden_share" not in merged[(48, "on")]

@@ -334,7 +334,9 @@ def _fill_chunks(output: torch.Tensor, own: torch.Tensor, splits: list[int]) -> 
     total = sum(splits)
     if total == 0:
         return
-    sizes = torch.tensor(splits, dtype=torch.int64).to(output.device, non_blocking=True)
+    # Pinned, so the copy to the GPU is asynchronous: from pageable memory CUDA first waits for the
+    # stream, which would stop the host at every combine and drain the queue the schedule built up.
+    sizes = torch.tensor(splits, dtype=torch.int64, pin_memory=output.is_cuda).to(output.device, non_blocking=True)
     starts = torch.cumsum(sizes, 0) - sizes
     within = torch.arange(total, device=output.device) - torch.repeat_interleave(starts, sizes, output_size=total)
     padded = torch.zeros((own.shape[0] + 1, *own.shape[1:]), dtype=own.dtype, device=own.device)

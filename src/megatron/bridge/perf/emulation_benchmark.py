@@ -51,6 +51,8 @@ OVERLAP = {
 }
 MICRO_BATCHES = 8
 PROFILED_STEP = 6
+RowKey = tuple[int, int, str, str, str]
+"""A row of the table: (EP size, layers, network, dispatcher, arm)."""
 
 
 def qwen3_argv(gpu: str, steps: int, layers: int, log_dir: Path) -> list[str]:
@@ -87,9 +89,9 @@ class Case:
         return GPUS_PER_NODE * self.nodes
 
     @property
-    def key(self) -> tuple[int, str, str, str]:
+    def key(self) -> RowKey:
         """The row this case belongs to."""
-        return self.ep, self.network, self.dispatcher, self.arm
+        return self.ep, self.layers, self.network, self.dispatcher, self.arm
 
     @property
     def world(self) -> int:
@@ -180,19 +182,19 @@ def hidden_share(off: float, on: float, free: float) -> Optional[float]:
 
 
 def rows(cases: Sequence[Case], results: dict[str, dict[str, Any]], commit: str, nodes: int) -> list[dict[str, Any]]:
-    """One row per (EP, network, dispatcher, arm): every repeat's step time, the means, the hidden
+    """One row per (EP, layers, network, dispatcher, arm): every repeat's step time, the means, the hidden
     share, and the anatomy of its profiled step where one ran."""
-    grouped: dict[tuple[int, str, str, str], list[dict[str, Any]]] = {}
-    profiles: dict[tuple[int, str, str, str], dict[str, Any]] = {}
+    grouped: dict[RowKey, list[dict[str, Any]]] = {}
+    profiles: dict[RowKey, dict[str, Any]] = {}
     for case in cases:
         if case.profile and results.get(case.name, {}).get("profile"):
             profiles[case.key] = results[case.name]["profile"]
         elif not case.profile and case.name in results:
             grouped.setdefault(case.key, []).append(results[case.name])
     out = []
-    for (ep, network, dispatcher, arm), runs in sorted(grouped.items()):
+    for (ep, layers, network, dispatcher, arm), runs in sorted(grouped.items()):
         row = {"layout": f"EP=1 on one GPU ({EXPERTS // ep} experts, top-{TOPK})" if arm == "ep1"
-               else f"EP={ep} over {ep // GPUS_PER_NODE} x {GPUS_PER_NODE} (emulated)", "ep": ep,
+               else f"EP={ep} over {ep // GPUS_PER_NODE} x {GPUS_PER_NODE} (emulated)", "ep": ep, "layers": layers,
                "network": network, "dispatcher": dispatcher, "arm": arm, "mbs": 1, "micro_batches": MICRO_BATCHES,
                "step_s": [r["step_s"] for r in runs], "tflops_per_gpu": _mean(r["tflops_per_gpu"] for r in runs),
                "commit": commit}
@@ -200,8 +202,8 @@ def rows(cases: Sequence[Case], results: dict[str, dict[str, Any]], commit: str,
             row["modeled_comm_s"] = _mean(r["modeled_comm_s"] for r in runs)
             row["modeled_comm_s_by_group"] = runs[0]["modeled_comm_s_by_group"]
             row["emulation_host_s"] = _mean(r["emulation_host_s"] for r in runs)
-        if (ep, network, dispatcher, arm) in profiles:
-            row["profile"] = profiles[(ep, network, dispatcher, arm)]
+        if (ep, layers, network, dispatcher, arm) in profiles:
+            row["profile"] = profiles[(ep, layers, network, dispatcher, arm)]
         out.append(row)
     _add_hidden_shares(out)
     return out
@@ -212,8 +214,9 @@ def _mean(values: Any) -> Optional[float]:
     return statistics.fmean(present) if present else None
 
 
-def _row_key(row: dict[str, Any]) -> tuple[int, str, str, str]:
-    return row.get("ep", 16), row["network"], row["dispatcher"], row["arm"]
+def _row_key(row: dict[str, Any]) -> RowKey:
+    """Rows written before they carried their EP size and depth were EP=16, 4 layers deep."""
+    return row.get("ep", 16), row.get("layers", 4), row["network"], row["dispatcher"], row["arm"]
 
 
 def _add_hidden_shares(table: list[dict[str, Any]]) -> None:
@@ -221,18 +224,18 @@ def _add_hidden_shares(table: list[dict[str, Any]]) -> None:
     for row in table:
         if row["arm"] not in ("on", "on_delay_wgrad"):
             continue
-        ep = _row_key(row)[0]
-        off = by_key.get((ep, row["network"], row["dispatcher"], "off"))
-        free = by_key.get((ep, "free", row["dispatcher"], "free"))
+        ep, layers = _row_key(row)[:2]
+        off = by_key.get((ep, layers, row["network"], row["dispatcher"], "off"))
+        free = by_key.get((ep, layers, "free", row["dispatcher"], "free"))
         if off and free:
             row["hidden_share"] = hidden_share(statistics.fmean(off["step_s"]), statistics.fmean(row["step_s"]),
                                                statistics.fmean(free["step_s"]))
 
 
 def merge_rows(tables: Sequence[list[dict[str, Any]]], ran_at: Optional[str]) -> list[dict[str, Any]]:
-    """Rows of separate runs joined by (EP, network, dispatcher, arm): their repeats side by side, the
+    """Rows of separate runs joined by (EP, layers, network, dispatcher, arm): their repeats side by side, the
     means pooled, hidden shares recomputed from the pooled means (a profile: the last run's)."""
-    merged: dict[tuple[int, str, str, str], dict[str, Any]] = {}
+    merged: dict[RowKey, dict[str, Any]] = {}
     for table in tables:
         for row in table:
             key = _row_key(row)
