@@ -1,5 +1,6 @@
-"""The emulated backend on a GPU: collectives are enqueued, never waited for by the host, and a hold
-takes the GPU for the modeled time."""
+"""The emulated backend on a GPU: collectives are enqueued, never waited for by the host; a hold takes
+the GPU for the modeled time, on the group's own stream, so an asynchronous collective runs beside the
+compute queued after it and a synchronous one is waited for."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.bridge.emulation.backend import start_world, stop_world
+from megatron.bridge.emulation.hold import Hold
 from megatron.bridge.emulation.network import network_model
 
 WORLD, ME = 8, 2
@@ -28,7 +30,7 @@ def world():
 def _host_seconds(call) -> float:
     """Host time of ``call`` issued behind ``BUSY_S`` of queued GPU work."""
     torch.cuda.synchronize()
-    torch.cuda._sleep(int(BUSY_S * torch.cuda.get_device_properties(0).clock_rate * 1e3))
+    Hold()(BUSY_S, 1)
     start = time.perf_counter()
     call()
     spent = time.perf_counter() - start
@@ -62,3 +64,34 @@ def test_a_modeled_collective_holds_its_stream_for_the_modeled_time(world):
     modeled = world.record.take()["modeled_s"]
     assert modeled > 1e-4
     assert start.elapsed_time(end) * 1e-3 == pytest.approx(modeled, rel=0.1, abs=5e-5)
+
+
+def _gpu_seconds(call) -> float:
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e-3
+
+
+@pytest.mark.parametrize("async_op", [True, False], ids=["async-beside-compute", "sync-waited-for"])
+def test_a_collective_runs_on_its_groups_stream(world, async_op):
+    grads = torch.zeros(8 * 2**20, device="cuda")  # 32 MiB: a ring all-reduce over the NIC, about 1.1 ms
+    dist.all_reduce(grads)
+    modeled = world.record.take()["modeled_s"]
+    compute = Hold()
+
+    def step():
+        work = dist.all_reduce(grads, async_op=async_op)
+        compute(modeled, 1)  # compute queued after the collective, on the issuing stream
+        if async_op:
+            work.wait()
+
+    step()
+    elapsed = _gpu_seconds(step)
+    if async_op:
+        assert elapsed < 1.5 * modeled, f"{elapsed * 1e3:.2f} ms: the all-reduce did not run beside the compute"
+    else:
+        assert elapsed > 1.8 * modeled, f"{elapsed * 1e3:.2f} ms: the compute did not wait for the all-reduce"

@@ -18,18 +18,22 @@ the experts it owns differ:
   split differs from that (never in a symmetric world), the first rows are copied and the rest are
   zero.
 
-Each collective enqueues its copies on the stream that issues it, then holds ``comm_sms`` SMs of
-the GPU for the modeled time (:mod:`hold`), where an NCCL kernel would run; the returned work makes
-a waiting stream wait for it, as NCCL's does. Nothing else is supported (point-to-point, gather,
+Each collective runs where ProcessGroupNCCL runs one: on its group's own stream, which first waits
+for the work the issuing stream has queued. There it enqueues its copies, then holds ``comm_sms``
+SMs of the GPU for the modeled time (:mod:`hold`); the returned work makes a waiting stream wait
+for it. A synchronous call waits at once (torch.distributed does); an asynchronous one (the
+distributed optimizer's gradient reduce-scatter and parameter all-gather) runs beside the compute
+queued after it, as on a cluster. Nothing else is supported (point-to-point, gather,
 scatter, a premultiplied sum): those raise :class:`EmulationUnsupported`.
 """
 
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -58,6 +62,14 @@ class EmulatedWorld:
     network: NetworkModel
     record: CommRecord = field(default_factory=CommRecord)
     hold: Hold = field(default_factory=Hold)
+    streams: dict[tuple[str, int], torch.cuda.Stream] = field(default_factory=dict)
+
+    def stream(self, group: str, device: torch.device) -> torch.cuda.Stream:
+        """The group's communication stream on ``device`` (one per group and device, as NCCL's)."""
+        key = (group, device.index or 0)
+        if key not in self.streams:
+            self.streams[key] = torch.cuda.Stream(device=device)
+        return self.streams[key]
 
     def charge(self, group: "EmulatedGroup", kind: str, nbytes: int, seconds: float, device: torch.device,
                inter_node_bytes: int = 0) -> None:
@@ -145,7 +157,7 @@ class EmulatedGroup(dist.ProcessGroup):
         return self._all_reduce(tensors, opts.reduceOp)
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        with HostTimer(self.world.record):
+        with self._collective(outputs, inputs):
             for outs, tensor in zip(outputs, inputs):
                 for out in outs:
                     if out.data_ptr() != tensor.data_ptr():
@@ -153,13 +165,13 @@ class EmulatedGroup(dist.ProcessGroup):
             return self._done("all_gather", sum(_nbytes(t) * self.n for t in inputs), inputs[0])
 
     def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> dist.Work:
-        with HostTimer(self.world.record):
+        with self._collective(output, tensor):
             _replicate(output, tensor, self.n, self.me)
             return self._done("all_gather", _nbytes(output), output)
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                     opts: Any = None) -> dist.Work:
-        with HostTimer(self.world.record):
+        with self._collective(outputs, inputs):
             for output, tensor in zip(outputs, inputs):
                 _replicate(output, tensor, self.n, self.me)
             return self._done("all_gather", sum(map(_nbytes, outputs)), outputs[0])
@@ -168,13 +180,13 @@ class EmulatedGroup(dist.ProcessGroup):
     _allgather_base = all_gather_single  # the name torch 2.11's all_gather_into_tensor calls
 
     def reduce_scatter_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> dist.Work:
-        with HostTimer(self.world.record):
+        with self._collective(output, tensor):
             self._own_chunk(output, tensor, opts.reduceOp)
             return self._done("reduce_scatter", _nbytes(tensor), output)
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> dist.Work:
-        with HostTimer(self.world.record):
+        with self._collective(outputs, inputs):
             for output, tensor in zip(outputs, inputs):
                 self._own_chunk(output, tensor, opts.reduceOp)
             return self._done("reduce_scatter", sum(map(_nbytes, inputs)), outputs[0])
@@ -184,7 +196,7 @@ class EmulatedGroup(dist.ProcessGroup):
 
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts: Any = None) -> dist.Work:
-        with HostTimer(self.world.record):
+        with self._collective(outputs, input_lists):
             for output, chunks in zip(outputs, input_lists):
                 output.copy_(chunks[self.me])
                 _reduce_identical(output, opts.reduceOp, self.n)
@@ -192,7 +204,7 @@ class EmulatedGroup(dist.ProcessGroup):
 
     def all_to_all_single(self, output: torch.Tensor, tensor: torch.Tensor, output_split_sizes: list[int],
                           input_split_sizes: list[int], opts: Any = None) -> dist.Work:
-        with HostTimer(self.world.record):
+        with self._collective(output, tensor):
             sent = _exchange_rows(output, tensor, output_split_sizes, input_split_sizes, self.me, self.n)
             row = _nbytes(tensor) // max(1, tensor.shape[0]) if tensor.dim() else _nbytes(tensor)
             return self._all_to_all_charged([rows * row for rows in sent], output)
@@ -200,18 +212,18 @@ class EmulatedGroup(dist.ProcessGroup):
     alltoall_base = all_to_all_single  # the name older torch's all_to_all_single calls
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        with HostTimer(self.world.record):
+        with self._collective(outputs, inputs):
             own = inputs[self.me]
             for out in outputs:
                 _copy_rows(out, own)
             return self._all_to_all_charged([_nbytes(t) for t in inputs], outputs[0])
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        with HostTimer(self.world.record):
+        with self._collective(tensors):
             return self._done("broadcast", sum(map(_nbytes, tensors)), tensors[0])
 
     def barrier(self, opts: Any = None) -> dist.Work:
-        with HostTimer(self.world.record):
+        with self._collective():
             return self._charged("barrier", 0, self.world.network.seconds("barrier", self.ranks, 0), None)
 
     # ------------------------------------------------------------------------------- refused
@@ -240,10 +252,26 @@ class EmulatedGroup(dist.ProcessGroup):
 
     # ------------------------------------------------------------------------------- helpers
     def _all_reduce(self, tensors: list[torch.Tensor], op: ReduceOp) -> dist.Work:
-        with HostTimer(self.world.record):
+        with self._collective(tensors):
             for tensor in tensors:
                 _reduce_identical(tensor, op, self.n)
             return self._done("all_reduce", sum(map(_nbytes, tensors)), tensors[0])
+
+    @contextmanager
+    def _collective(self, *tensors: Any) -> Iterator[None]:
+        """Time the host spends in the block; on a GPU, run it on the group's stream, after what the
+        issuing stream has queued (the tensors are marked as used there, for the caching allocator)."""
+        with HostTimer(self.world.record):
+            cuda = [t for t in _flat(tensors) if t.is_cuda]
+            if not cuda:
+                yield
+                return
+            stream = self.world.stream(self.name_, cuda[0].device)
+            stream.wait_stream(torch.cuda.current_stream(cuda[0].device))
+            for tensor in cuda:
+                tensor.record_stream(stream)
+            with torch.cuda.stream(stream):
+                yield
 
     def _own_chunk(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp) -> None:
         output.view(-1).copy_(tensor.reshape(self.n, -1)[self.me])
@@ -273,6 +301,15 @@ class EmulatedGroup(dist.ProcessGroup):
 
 
 # ------------------------------------------------------------------------------------------- semantics
+def _flat(items: Sequence[Any]) -> Iterator[torch.Tensor]:
+    """The tensors of ``items`` (tensors, or lists of them, or lists of lists)."""
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            yield item
+        elif isinstance(item, (list, tuple)):
+            yield from _flat(item)
+
+
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
