@@ -3,9 +3,13 @@ hidden shares it writes, and the merge of runs made in separate calls."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
+from pathlib import Path
 
 import pytest
+from perf_scripts import load_script
 
 from megatron.bridge.perf import emulation_benchmark as bench
 from megatron.bridge.perf.run import main
@@ -76,3 +80,25 @@ def test_depths_stay_apart_in_a_merge_and_a_row_without_a_depth_is_four_layers_d
     merged = {(row.get("layers", 4), row["arm"]): row for row in bench.merge_rows([shallow, deep], "abc")}
     assert merged[(4, "off")]["step_s"] == [1.5] and merged[(48, "off")]["step_s"] == [12.0]
     assert merged[(4, "on")]["hidden_share"] == pytest.approx(0.8) and "hidden_share" not in merged[(48, "on")]
+
+
+def _results(path, network: str, rows: list[dict], layers: int = 4) -> Path:
+    meta = {"question": "q", "modeled": "m", "layers": layers, "steps": 12, "window_start": 4,
+            "networks": {network: {"name": network}}, "command": f"python x.py --out /machine/dir --networks {network}",
+            "device": "1 x GPU", "matmul_ceiling_tflops": 700.0}
+    path.write_text(json.dumps({**meta, "rows": rows}))
+    return path
+
+
+def test_the_merge_script_keeps_every_network_depth_and_note_of_its_calls(tmp_path):
+    script = load_script("ep_emulation_benchmark.py")
+    first = _results(tmp_path / "a.json", "h100_ib400", [_row("off", "h100_ib400", [1.5])])
+    second = _results(tmp_path / "b.json", "h200_ib400", [_row("off", "h200_ib400", [9.0], layers=48)], layers=48)
+    argv = ["--merge", str(first), str(second), "--out", str(tmp_path / "out"), "--ran-at", "abc",
+            "--note", "the first call ran under a sampler"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert script.main(argv) == 0
+    merged = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert set(merged["networks"]) == {"h100_ib400", "h200_ib400"} and merged["layers"] == [4, 48]
+    assert merged["notes"] == ["the first call ran under a sampler"] and merged["ran_at"] == "abc"
+    assert all("/machine/dir" not in command for command in merged["commands"])
