@@ -7,6 +7,7 @@ import datetime
 import pytest
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from megatron.bridge.emulation.backend import EmulationUnsupported, start_world, stop_world
 from megatron.bridge.emulation.network import network_model
@@ -60,11 +61,31 @@ def test_all_to_all_returns_from_every_peer_the_rows_this_rank_sends_itself(worl
     assert out.view(-1).tolist() == [1.0, 2.0] * WORLD
 
 
-def test_all_to_all_with_other_sizes_copies_what_fits_and_zeroes_the_rest(world):
+def test_all_to_all_with_other_sizes_holds_this_ranks_rows_once_then_zeros(world):
     rows = torch.arange(1.0, 9.0).unsqueeze(1)
     out = torch.full((WORLD * 3, 1), -1.0)
     dist.all_to_all_single(out, rows, [3] * WORLD, [1] * WORLD)  # this rank sends itself 1 row
-    assert out.view(-1).tolist() == [3.0, 0.0, 0.0] * WORLD
+    assert out.view(-1).tolist() == [3.0] + [0.0] * (WORLD * 3 - 1)
+
+
+class _AtenCalls(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_combine_costs_the_host_one_copy_and_one_fill(world):
+    """A combine's chunks are what this rank sent each peer: uneven. The stand-in values it returns
+    must not cost a kernel per peer, nor an index built on the device."""
+    tokens, out = torch.ones(WORLD * ME, 4), torch.empty(sum(range(WORLD)), 4)
+    with _AtenCalls() as ops:
+        dist.all_to_all_single(out, tokens, list(range(WORLD)), [ME] * WORLD)
+    assert len(ops.calls) <= 6, ops.calls  # views of the input and output, one copy, one fill
+
 
 
 def test_every_collective_is_charged_the_network_models_time(world):

@@ -14,9 +14,10 @@ the experts it owns differ:
   rank's chunk of the input summed over ``n`` identical ranks (AVG: the chunk);
 * broadcast and barrier change nothing;
 * all-to-all: from every peer, the rows its split size says, taken from the rows this rank sends to
-  itself (a peer's rows for this rank are shaped like this rank's rows for itself). Where a peer's
-  split differs from that (never in a symmetric world), the first rows are copied and the rest are
-  zero.
+  itself (a peer's rows for this rank are shaped like this rank's rows for itself). Where the
+  output's chunks differ from that in size (a combine, whose chunks are what this rank sent each
+  peer, and a dispatch's backward), the output holds this rank's own rows once, then zeros: one copy
+  and one fill, where chunk-exact stand-in values cost six kernel launches on the host.
 
 Each collective runs where ProcessGroupNCCL runs one: on its group's own stream, which first waits
 for the work the issuing stream has queued. There it enqueues its copies, then holds ``comm_sms``
@@ -360,25 +361,8 @@ def _exchange_rows(output: torch.Tensor, tensor: torch.Tensor, out_splits: list[
     if all(s == in_splits[me] for s in splits):
         output.view(n, *own.shape).copy_(own.unsqueeze(0).expand(n, *own.shape))
         return list(in_splits)
-    _fill_chunks(output, own, splits)
+    _copy_rows(output, own)
     return list(in_splits)
-
-
-def _fill_chunks(output: torch.Tensor, own: torch.Tensor, splits: list[int]) -> None:
-    """Chunk ``j`` of ``output`` (``splits[j]`` rows) gets the first rows of ``own``, zeros past them:
-    one gather over a zero-padded copy of ``own`` instead of a copy per peer (a combine, whose chunks
-    differ in size, would otherwise launch two kernels for each of the group's ranks)."""
-    total = sum(splits)
-    if total == 0:
-        return
-    # Pinned, so the copy to the GPU is asynchronous: from pageable memory CUDA first waits for the
-    # stream, which would stop the host at every combine and drain the queue the schedule built up.
-    sizes = torch.tensor(splits, dtype=torch.int64, pin_memory=output.is_cuda).to(output.device, non_blocking=True)
-    starts = torch.cumsum(sizes, 0) - sizes
-    within = torch.arange(total, device=output.device) - torch.repeat_interleave(starts, sizes, output_size=total)
-    padded = torch.zeros((own.shape[0] + 1, *own.shape[1:]), dtype=own.dtype, device=own.device)
-    padded[:own.shape[0]].copy_(own)
-    torch.index_select(padded, 0, within.clamp_(max=own.shape[0]), out=output)
 
 
 def _sizes(splits: Any) -> list[int]:
