@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 import megatron.bridge
-from megatron.bridge.training.rules.core import Rule
-from megatron.bridge.training.rules.registry import ALL_RULES
+from megatron.bridge.training.config_stages.rules.registry import ALL_RULES
+from megatron.bridge.training.config_stages.schema.rule_base import Rule
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = "megatron.bridge"
@@ -206,12 +206,13 @@ def test_no_source_file_above_the_line_limit(path: Path) -> None:
 
 
 CONFIG_MUST_NOT_LOAD = (
-    "megatron.bridge.training.rules.registry", "megatron.bridge.training.overlap.overlap_rules",
-    "megatron.bridge.training.overlap.report", "megatron.bridge.training.resolution",
-    "megatron.bridge.training.utils.yaml_io", "megatron.bridge.training.comm_overlap",
+    "megatron.bridge.training.config_stages.facts", "megatron.bridge.training.config_stages.reading",
+    "megatron.bridge.training.config_stages.rules", "megatron.bridge.training.config_stages.resolution",
+    "megatron.bridge.training.comm_overlap",
 )
-"""What importing the configuration dataclasses must not load: the rule tables, the resolution (its
-GPU catalogue and ownership table), the overlap report and the YAML I/O."""
+"""What importing the configuration dataclasses must not load: every stage of ``config_stages`` after
+``schema`` (the GPU catalogue and ownership table, the YAML I/O, the rule tables, the resolution and
+its overlap report) and the overlap face."""
 
 
 def test_importing_the_configuration_loads_dataclasses_only() -> None:
@@ -231,7 +232,7 @@ def test_importing_the_configuration_loads_dataclasses_only() -> None:
 
 def test_runtime_config_update_is_still_importable_from_the_configuration() -> None:
     from megatron.bridge.training.config import runtime_config_update
-    from megatron.bridge.training.resolution.runtime_config import runtime_config_update as implementation
+    from megatron.bridge.training.config_stages.resolution.runtime_config import runtime_config_update as implementation
 
     assert runtime_config_update is implementation
 

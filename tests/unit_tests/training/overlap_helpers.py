@@ -10,8 +10,8 @@ from packaging.version import Version
 
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.config import ConfigContainer
-from megatron.bridge.training.resolution.finalize import default_rule_context, resolve_config
-from megatron.bridge.training.rules.core import Rule, RuleContext, check_rules, read_field
+from megatron.bridge.training.config_stages.resolution.finalize import default_rule_context, resolve_config
+from megatron.bridge.training.config_stages.schema.rule_base import Rule, RuleContext, check_rules, read_field
 
 WORLD = 2
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
+from megatron.bridge.training.config_stages.rules.emulation_rules import EMULATION_RULES
 from megatron.bridge.training.errors import ConfigValidationError
-from megatron.bridge.training.rules.emulation_rules import EMULATION_RULES
 
 
 def emulated(**changes):

@@ -21,7 +21,7 @@ from overlap_helpers import ctx, ep_overlap_cfg, finalize, set_fields, violated_
 from packaging.version import Version
 
 from megatron.bridge.training.comm_overlap import OVERLAP_RULES
-from megatron.bridge.training.resolution.finalize import resolve_config
+from megatron.bridge.training.config_stages.resolution.finalize import resolve_config
 
 
 @contextlib.contextmanager

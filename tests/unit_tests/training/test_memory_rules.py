@@ -9,10 +9,10 @@ import pytest
 
 from megatron.bridge.perf.recipe_lookup import minimum_world_size
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config, qwen3_moe_tiny_pretrain_config
+from megatron.bridge.training.config_stages.facts.memory_estimate import estimate_per_rank
+from megatron.bridge.training.config_stages.resolution.finalize import default_rule_context, resolve_config
+from megatron.bridge.training.config_stages.rules.memory_rules import MEMORY_RULES
 from megatron.bridge.training.errors import ConfigValidationError
-from megatron.bridge.training.resolution.finalize import default_rule_context, resolve_config
-from megatron.bridge.training.resolution.memory_estimate import estimate_per_rank
-from megatron.bridge.training.rules.memory_rules import MEMORY_RULES
 
 MEMORY_RULE_IDS = {rule.id for rule in MEMORY_RULES}
 
@@ -99,7 +99,8 @@ def test_every_recipe_fits_its_target_gpu(factory, gpus):
 def test_an_emulated_world_on_the_cpu_holds_one_ranks_state_not_every_ranks(emulated, refused, monkeypatch):
     """One process plays one rank of the 16: the host holds that rank's share (a 1-layer
     Qwen3-30B-A3B at EP=16 fits a 24 GiB host for one rank, not for sixteen processes)."""
-    monkeypatch.setattr("megatron.bridge.training.rules.memory_rules.host_memory_bytes", lambda: 24 * 2**30)
+    monkeypatch.setattr("megatron.bridge.training.config_stages.rules.memory_rules.host_memory_bytes",
+                        lambda: 24 * 2**30)
     cfg = _sized(qwen3_30b_a3b_pretrain_config(), num_layers=1)
     cfg.dist.device = "cpu"
     if emulated:

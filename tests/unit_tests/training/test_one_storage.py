@@ -17,8 +17,8 @@ from container_facts import attributes_beyond_fields, container_extras, copies_i
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config, qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.config import ConfigContainer
+from megatron.bridge.training.config_stages.schema.rule_base import read_field
 from megatron.bridge.training.errors import CommOverlapConfigError
-from megatron.bridge.training.rules.core import read_field
 from megatron.bridge.training.utils.omegaconf_utils import apply_overrides
 
 

@@ -8,8 +8,8 @@ import pytest
 from overlap_helpers import ctx, ep_overlap_cfg, finalize, set_fields
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_8gpu_config, qwen3_30b_a3b_pretrain_config
-from megatron.bridge.training.overlap.report import EP_OVERLAP_MAX_CONNECTIONS
-from megatron.bridge.training.resolution.finalize import resolve_config
+from megatron.bridge.training.config_stages.resolution.finalize import resolve_config
+from megatron.bridge.training.config_stages.resolution.overlap_report import EP_OVERLAP_MAX_CONNECTIONS
 
 
 def build_overlap_report(cfg, context=None):

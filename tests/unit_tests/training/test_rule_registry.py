@@ -4,9 +4,9 @@ layout's tests.)"""
 
 from __future__ import annotations
 
+from megatron.bridge.training.config_stages.resolution import finalize
+from megatron.bridge.training.config_stages.rules.registry import ALL_RULES
 from megatron.bridge.training.flex_dispatcher_backend import FLEX_BACKEND_SUPPORT
-from megatron.bridge.training.resolution import finalize
-from megatron.bridge.training.rules.registry import ALL_RULES
 from megatron.bridge.utils.flex_backend_names import FLEX_BACKENDS
 
 

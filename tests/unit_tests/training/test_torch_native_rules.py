@@ -6,9 +6,9 @@ from overlap_helpers import set_fields, violated_rule_ids
 from packaging.version import Version
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
+from megatron.bridge.training.config_stages.rules.dispatch_rules import TORCH_NATIVE_DISPATCH_RULES
+from megatron.bridge.training.config_stages.rules.kernel_rules import TORCH_NATIVE_KERNEL_RULES
 from megatron.bridge.training.errors import ConfigValidationError
-from megatron.bridge.training.rules.dispatch_rules import TORCH_NATIVE_DISPATCH_RULES
-from megatron.bridge.training.rules.kernel_rules import TORCH_NATIVE_KERNEL_RULES
 
 RULES = TORCH_NATIVE_DISPATCH_RULES + TORCH_NATIVE_KERNEL_RULES
 TE_ABSENT = dict(te_version=None)

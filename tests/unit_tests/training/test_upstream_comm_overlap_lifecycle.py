@@ -19,10 +19,10 @@ from megatron.bridge.recipes.qwen import (
 )
 from megatron.bridge.training.comm_overlap import CommOverlapConfig
 from megatron.bridge.training.config import ConfigContainer
+from megatron.bridge.training.config_stages.facts.overlap_fields import OVERLAP_FIELDS
+from megatron.bridge.training.config_stages.resolution.runtime_config import runtime_config_update
+from megatron.bridge.training.config_stages.schema.rule_base import read_field
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError
-from megatron.bridge.training.overlap.fields import OVERLAP_FIELDS
-from megatron.bridge.training.resolution.runtime_config import runtime_config_update
-from megatron.bridge.training.rules.core import read_field
 
 COPIES = [(spec.name, target) for spec in OVERLAP_FIELDS for target in spec.targets]
 """Every megatron-core field an overlap switch is written to, with its switch."""

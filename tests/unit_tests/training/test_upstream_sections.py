@@ -23,11 +23,11 @@ from megatron.bridge.training.config import (
     TrainingConfig,
     ValidationConfig,
 )
-from megatron.bridge.training.configuration.upstream_sections import NO_EFFECT_FIELDS
+from megatron.bridge.training.config_stages.facts import gpu_catalog
+from megatron.bridge.training.config_stages.resolution import finalize as finalize_module
+from megatron.bridge.training.config_stages.schema.rule_base import read_field
+from megatron.bridge.training.config_stages.schema.upstream_sections import NO_EFFECT_FIELDS
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError
-from megatron.bridge.training.resolution import finalize as finalize_module
-from megatron.bridge.training.resolution import gpu_catalog
-from megatron.bridge.training.rules.core import read_field
 from megatron.bridge.training.tokenizers.config import TokenizerConfig
 
 SEQ = 512

@@ -11,13 +11,13 @@ from overlap_helpers import violated_rule_ids
 from packaging.version import Version
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config, qwen3_moe_tiny_pretrain_config
+from megatron.bridge.training.config_stages.resolution.finalize import default_rule_context
+from megatron.bridge.training.config_stages.rules.validation import CHECKPOINT_RULES, GENERAL_RULES
+from megatron.bridge.training.config_stages.schema.field_ranges import RANGES
+from megatron.bridge.training.config_stages.schema.rule_base import check_rules
 from megatron.bridge.training.errors import ConfigValidationError
 from megatron.bridge.training.loop.checkpoint_dir import model_shape
 from megatron.bridge.training.loop.save_lock import LOCK_NAME, SaveDirLock
-from megatron.bridge.training.resolution.finalize import default_rule_context
-from megatron.bridge.training.rules.core import check_rules
-from megatron.bridge.training.rules.ranges import RANGES
-from megatron.bridge.training.rules.validation import CHECKPOINT_RULES, GENERAL_RULES
 
 TE_ABSENT = dict(te_version=None)
 TE_PRESENT = dict(te_version=Version("2.12.0"))
@@ -252,8 +252,8 @@ def test_seq_length_and_lr_below_zero_are_refused_by_validate():
 
 def test_interleaved_rule_matches_megatron_core_0_19_2():
     """P <= N <= M and (M % N == 0 or M % N >= P), N defaulting to P."""
-    from megatron.bridge.training.rules.core import RuleContext
-    from megatron.bridge.training.rules.validation import interleaved_schedule_accepts
+    from megatron.bridge.training.config_stages.rules.validation import interleaved_schedule_accepts
+    from megatron.bridge.training.config_stages.schema.rule_base import RuleContext
 
     def accepts(gbs, group=None):
         cfg = _set(**INTERLEAVED, **{"train.global_batch_size": gbs})(qwen3_30b_a3b_pretrain_config())
@@ -401,10 +401,11 @@ def test_leftover_of_a_killed_first_save_counts_as_empty(tmp_path, name):
 
 
 def test_reliability_page_lists_every_range():
-    from megatron.bridge.training.rules.ranges import DOCS_PATH, render_docs
+    from megatron.bridge.training.config_stages.schema.field_ranges import DOCS_PATH, render_docs
 
     page = (Path(__file__).resolve().parents[3] / DOCS_PATH).read_text()
-    assert page == render_docs(page), "run: uv run python -m megatron.bridge.training.rules.ranges --write-docs"
+    assert page == render_docs(page), (
+        "run: uv run python -m megatron.bridge.training.config_stages.schema.field_ranges --write-docs")
 
 
 def _layout_text(ck: Path, text: str) -> None:
@@ -465,8 +466,8 @@ def test_a_damaged_checkpoint_is_refused_naming_what_is_wrong(tmp_path, damage, 
 def test_the_recorded_model_shape_is_the_one_compared_before_launch():
     """The record is written from the config the ranks train (after megatron-core's ``__post_init__``
     filled its defaults) and compared against the user's config before it: both give one shape."""
+    from megatron.bridge.training.config_stages.resolution.finalize import resolve_config
     from megatron.bridge.training.loop.checkpoint_dir import checkpoint_layout
-    from megatron.bridge.training.resolution.finalize import resolve_config
 
     cfg = qwen3_moe_tiny_pretrain_config()
     cfg.model.num_query_groups = cfg.model.kv_channels = cfg.model.moe_ffn_hidden_size = None

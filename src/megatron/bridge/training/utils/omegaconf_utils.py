@@ -24,15 +24,15 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from megatron.bridge.training.config import ConfigContainer
-from megatron.bridge.training.errors import ConfigFileNotFoundError, OverrideError, OverridesError
-from megatron.bridge.training.utils.hydra_overrides import (
+from megatron.bridge.training.config_stages.reading.hydra_overrides import (
     apply_overrides,
     create_omegaconf_dict_config,
     parse_hydra_overrides,
 )
-from megatron.bridge.training.utils.overrides import parse_dotlist
-from megatron.bridge.training.utils.typed_values import convert_value
-from megatron.bridge.training.utils.yaml_io import config_to_dict, config_to_yaml, load_yaml
+from megatron.bridge.training.config_stages.reading.overrides import parse_dotlist
+from megatron.bridge.training.config_stages.reading.typed_values import convert_value
+from megatron.bridge.training.config_stages.reading.yaml_io import config_to_dict, config_to_yaml, load_yaml
+from megatron.bridge.training.errors import ConfigFileNotFoundError, OverrideError, OverridesError
 
 
 def process_config_with_overrides(
