@@ -1,12 +1,10 @@
 """Flex token-dispatcher backends (DeepEP, HybridEP, NCCL EP): where each runs, and the rules of a choice.
 
-:data:`FLEX_BACKEND_SUPPORT` says which GPUs each backend runs on; :data:`FLEX_RULES` (in the one
-registry through the overlap rules) checks the choice against the target GPU of a ``RuleContext``
-(what ``apply_``/``validate_flex_dispatcher_backend`` check too); :data:`FLEX_SETTING_RULES` checks the
-backends' own settings (SM counts, per-rank capacity, NCCL EP's static shape and zero copy), which
-only ``cfg.validate()`` sees whole. :func:`dispatcher_fields` is what choosing a dispatcher sets and
-:func:`describe_dispatcher` the line that says which dispatch path runs. The GPU types themselves are
-in :mod:`megatron.bridge.training.config_stages.facts.gpu_catalog`.
+:data:`FLEX_BACKEND_SUPPORT`: the GPUs each backend runs on (GPU types: ``facts.gpu_catalog``); :data:`FLEX_RULES`
+(in the registry through the overlap rules): the choice against a ``RuleContext``'s target GPU (as
+``apply_``/``validate_flex_dispatcher_backend`` check it); :data:`FLEX_SETTING_RULES`: the backends' own settings
+(SM counts, per-rank capacity, NCCL EP's static shape and zero copy), seen whole only by ``cfg.validate()``.
+:func:`dispatcher_fields`: what choosing a dispatcher sets; :func:`describe_dispatcher`: which dispatch path runs.
 """
 
 from __future__ import annotations
@@ -14,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from megatron.bridge.training.config_stages.facts import gpu_catalog
 from megatron.bridge.training.config_stages.facts.gpu_catalog import (
+    GPU_TYPES,
     GpuTarget,
     architecture_name,
     gpu_target_from_context,
@@ -488,12 +486,10 @@ def describe_dispatcher(model: Any) -> str:
 def render_support_table() -> str:
     """Markdown table of GPU types x backends, for the docs page."""
     names = list(FLEX_BACKEND_SUPPORT)
-    header = (
-        "| `-g` | capability | architecture | NVL72 | " + " | ".join(names) + " |\n"
-        + "|---|---|---|---|" + "---|" * len(names) + "\n"
-    )
+    header = "| `-g` | capability | architecture | NVL72 | " + " | ".join(names) + " |\n|---|---|---|---|"
+    header += "---|" * len(names) + "\n"
     rows = []
-    for entry in gpu_catalog.GPU_TYPES.values():
+    for entry in GPU_TYPES.values():
         cells = ["yes" if backend_support(b, target_of(entry))[0] else "no" for b in names]
         major, minor = entry.capability
         rows.append(
