@@ -175,3 +175,19 @@ def test_checker_catches_a_run_time_import_of_a_face_but_not_an_annotation_one(t
 def test_checker_reports_a_module_outside_every_stage(tmp_path: Path) -> None:
     _write(tmp_path, "fake/stages/loose.py")
     assert _check(tmp_path, "") == ["fake.stages.loose is in no stage (stages: " + ", ".join(STAGES) + ")"]
+
+
+def _imports_of(module: str) -> set[str]:
+    path = SRC / Path(*module.split(".")).with_suffix(".py")
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return {name for node, _ in _imports(tree) for name in imported_names(node, module, False)}
+
+
+def test_the_override_modules_call_one_way() -> None:
+    """``hydra_overrides`` -> ``overrides`` -> ``override_text``, and ``hydra_overrides`` -> ``override_text``:
+    one job per module, no call back up (an import of a module is every way to call into it)."""
+    reading = f"{PACKAGE}.reading"
+    hydra, overrides, text = f"{reading}.hydra_overrides", f"{reading}.overrides", f"{reading}.override_text"
+    assert {overrides, text} <= _imports_of(hydra)
+    assert text in _imports_of(overrides) and hydra not in _imports_of(overrides)
+    assert not {hydra, overrides} & _imports_of(text)

@@ -12,6 +12,9 @@ sets a key whether or not it is there, ``~key`` (or ``~key=value``) removes one.
 as YAML. Unlike Hydra, every problem of a list is reported at once in one ``OverridesError``
 (the same class as ``OverrideError``), and the dataclass fields' types still decide what a value
 becomes when the tree is applied back.
+
+One direction of calls: each item's value is read by :mod:`.override_text` and the resulting change
+tree is applied, typed, by :func:`.overrides.with_overrides`; neither calls back here.
 """
 
 from __future__ import annotations
@@ -25,14 +28,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from megatron.bridge.training.config_stages.reading.overrides import (
-    has_hydra_prefix,
-    is_container,
-    parse_value,
-    plain,
-    value_problem,
-    with_overrides,
-)
+from megatron.bridge.training.config_stages.reading.override_text import parse_value, plain, value_problem
+from megatron.bridge.training.config_stages.reading.overrides import is_container, with_overrides
 from megatron.bridge.training.config_stages.reading.references import check_reference_syntax
 from megatron.bridge.training.config_stages.reading.shown import shown
 from megatron.bridge.training.config_stages.reading.typed_values import (
@@ -339,6 +336,11 @@ def excluded_path(cfg: Any, dotted: str) -> list[str]:
     parts = dotted.split(".")
     prefixed = len(parts) > 1 and parts[0] == ROOT_PREFIX and ROOT_PREFIX not in field_annotations(type(cfg))
     return parts[1:] if prefixed else parts
+
+
+def has_hydra_prefix(overrides: Sequence[str]) -> bool:
+    """Whether any dotted override uses Hydra's ``+``, ``++`` or ``~`` form."""
+    return any(str(item).lstrip().startswith(("+", "~")) for item in overrides)
 
 
 def apply_overrides(

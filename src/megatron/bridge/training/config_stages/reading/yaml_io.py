@@ -30,11 +30,11 @@ from omegaconf.errors import OmegaConfBaseException
 
 from megatron.bridge.models.gpt_provider import GPTModelProvider
 from megatron.bridge.training.config_stages.facts import ownership
+from megatron.bridge.training.config_stages.reading.override_text import plain
 from megatron.bridge.training.config_stages.reading.overrides import (
     TARGET_KEY,
     class_from_target,
     is_container,
-    plain,
     with_overrides,
 )
 from megatron.bridge.training.config_stages.reading.plain_yaml import (
