@@ -89,8 +89,9 @@ _DOC_FOOTER = f"""
 ## Where this table and megatron-core 0.19.2 differ
 
 megatron-core re-checks the EP-overlap rules in `TransformerConfig.__post_init__` with bare
-`assert`s; `tests/unit_tests/training/test_megatron_parity.py` shows it rejects every config our
-EP-overlap/delay-wgrad rules reject (where it has the rule) and accepts one we accept.
+`assert`s; `tests/unit_tests/training/config_stages/resolution/test_megatron_parity.py` shows it
+rejects every config our EP-overlap/delay-wgrad rules reject (where it has the rule) and accepts one
+we accept.
 
 - Ours only: `ep-overlap-needs-moe-experts` for `num_moe_experts=1` (megatron-core only requires
   `num_moe_experts` to be set for EP), the TE >= 2.7 and TE >= 2.12 delayed-wgrad rules of the

@@ -18,7 +18,7 @@ import ast
 from pathlib import Path
 from typing import Iterator, Optional
 
-SRC = Path(__file__).resolve().parents[3] / "src"
+SRC = Path(__file__).resolve().parents[4] / "src"
 PACKAGE = "megatron.bridge.training.config_stages"
 STAGES: tuple[str, ...] = ("schema", "facts", "reading", "rules", "resolution")
 FACES: tuple[str, ...] = (

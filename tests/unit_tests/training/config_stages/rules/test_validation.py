@@ -403,7 +403,7 @@ def test_leftover_of_a_killed_first_save_counts_as_empty(tmp_path, name):
 def test_reliability_page_lists_every_range():
     from megatron.bridge.training.config_stages.schema.field_ranges import DOCS_PATH, render_docs
 
-    page = (Path(__file__).resolve().parents[3] / DOCS_PATH).read_text()
+    page = (Path(__file__).resolve().parents[5] / DOCS_PATH).read_text()
     assert page == render_docs(page), (
         "run: uv run python -m megatron.bridge.training.config_stages.schema.field_ranges --write-docs")
 
