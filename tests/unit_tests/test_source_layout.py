@@ -264,3 +264,23 @@ def test_test_files_have_unique_names():
     tests_root = Path(__file__).resolve().parents[1]
     names = Counter(p.name for p in tests_root.rglob("test_*.py"))
     assert [name for name, count in names.items() if count > 1] == []
+
+
+UPSTREAM_SHARED_NAMES: dict[str, str] = {
+    "config": "training/config.py and training/tokenizers/config.py: both Megatron-Bridge import paths",
+    "utils": "training/utils/ holds Megatron-Bridge's omegaconf_utils path; utils/ the shared small types",
+    "qwen": "one model family under models/, recipes/ and perf_recipes/, as Megatron-Bridge files them",
+    "qwen3_moe": "the family's recipe module, once per recipe set and target GPU (recipes/, perf_recipes/<gpu>/)",
+}
+"""Names more than one module or package of ``src`` carries, each kept because users import that path."""
+
+
+def test_no_two_modules_or_packages_share_a_name() -> None:
+    """A name says where a thing is: ``errors`` or ``resolution`` twice makes a reader (and a grep)
+    guess. Modules and packages count alike; the upstream paths above are the only exceptions."""
+    where: dict[str, list[str]] = {}
+    for path in sorted((SRC / "megatron" / "bridge").rglob("*.py")):
+        name = path.parent.name if path.name == "__init__.py" else path.stem
+        where.setdefault(name, []).append(str(path.relative_to(SRC)))
+    shared = {name: paths for name, paths in where.items() if len(paths) > 1 and name not in UPSTREAM_SHARED_NAMES}
+    assert not shared, shared
