@@ -2,7 +2,7 @@
 or this host for all ranks of a CPU smoke-mode job.
 
 Sizes that pass every other rule (``model.num_moe_experts=1000000``) otherwise fail later in every
-rank, allocating weights. The estimate (``resolution/memory_estimate.py``) is a lower bound, so only
+rank, allocating weights. The estimate (``facts/memory_estimate.py``) is a lower bound, so only
 what cannot fit is refused; the message shows the estimate, its parts and the limit.
 """
 

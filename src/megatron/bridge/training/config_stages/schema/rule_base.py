@@ -102,7 +102,7 @@ class Rule:
 
 
 RANGE_PREFIX = "range:"
-"""Rule ids of the numeric ranges (``ranges.py``): a value of the wrong type or out of range."""
+"""Rule ids of the numeric ranges (``field_ranges.py``): a value of the wrong type or out of range."""
 _BAD_VALUE_ERRORS = (TypeError, ValueError, ArithmeticError)
 
 
