@@ -18,7 +18,7 @@ from megatron.bridge.training.config_stages.schema.rule_base import RuleContext,
 from megatron.bridge.training.errors import CommOverlapConfigError
 
 if TYPE_CHECKING:
-    from megatron.bridge.training.configuration.comm_overlap_config import CommOverlapConfig
+    from megatron.bridge.training.config import CommOverlapConfig
 
 _SELF_CONTAINED_RULE_IDS = frozenset({"tp-comm-bootstrap-backend-known", "data-parallel-size-matches-layout"})
 _SELF_CONTAINED_RULES = tuple(
