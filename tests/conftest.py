@@ -77,7 +77,7 @@ def gloo_world() -> Iterator[None]:
 def resolution_counter(monkeypatch) -> list:
     """Counts how often the overlap switches are resolved (every reference to the resolving
     function in a loaded module is wrapped, so no caller escapes the count)."""
-    from megatron.bridge.training.overlap import overlap_resolution as resolution
+    from megatron.bridge.training.config_stages.resolution import overlap_resolution as resolution
 
     original, calls = resolution.resolve_overlap_values, []
 

@@ -10,8 +10,8 @@ import dataclasses
 
 import yaml
 
-from megatron.bridge.training.resolution.ownership import decided_copies
-from megatron.bridge.training.rules.core import read_field
+from megatron.bridge.training.config_stages.facts.ownership import decided_copies
+from megatron.bridge.training.config_stages.schema.rule_base import read_field
 
 
 def attributes_beyond_fields(obj, path: str = "cfg", seen: set | None = None) -> set[str]:

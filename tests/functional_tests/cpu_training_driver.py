@@ -40,10 +40,10 @@ import torch
 from megatron.core import dist_checkpointing
 
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
+from megatron.bridge.training.config_stages.resolution import finalize
 from megatron.bridge.training.gpt_step import forward_step
 from megatron.bridge.training.loop import checkpointing
 from megatron.bridge.training.pretrain import pretrain
-from megatron.bridge.training.resolution import finalize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from container_facts import attributes_beyond_fields, container_extras, copies_in_saved_yaml, copies_unlike_their_owners  # noqa: E402

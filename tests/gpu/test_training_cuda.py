@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron.bridge.training.resolution.gpu_catalog import gpu_type
+from megatron.bridge.training.config_stages.facts.gpu_catalog import gpu_type
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "performance" / "run_script.py"

@@ -43,12 +43,13 @@ from megatron.bridge.perf.recipe_lookup import RECIPES_PACKAGE, available_famili
 from megatron.bridge.perf.run import main, make_job
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.config import ConfigContainer
+from megatron.bridge.training.config_stages.resolution import overlap_docs
+from megatron.bridge.training.config_stages.rules import flex_rules, registry
+from megatron.bridge.training.config_stages.rules.flex_rules import BackendSupport
+from megatron.bridge.training.config_stages.schema import field_ranges as ranges
+from megatron.bridge.training.config_stages.schema.field_ranges import FieldRange
+from megatron.bridge.training.config_stages.schema.rule_base import Rule
 from megatron.bridge.training.errors import ConfigError, ConfigValidationError
-from megatron.bridge.training.overlap import docs as overlap_docs
-from megatron.bridge.training.rules import flex_rules, ranges, registry
-from megatron.bridge.training.rules.core import Rule
-from megatron.bridge.training.rules.flex_rules import BackendSupport
-from megatron.bridge.training.rules.ranges import FieldRange
 from megatron.bridge.training.telemetry import flops
 from megatron.bridge.utils import flex_backend_names
 
@@ -242,7 +243,7 @@ def _general(add_rules, rebind) -> None:
 
 
 def _overlap(add_rules, rebind) -> None:
-    from megatron.bridge.training.overlap import overlap_rules
+    from megatron.bridge.training.config_stages.rules import overlap_rules
 
     assert registry.RULE_TABLES["overlap"] is overlap_rules.OVERLAP_RULES
     add_rules("overlap", TOY_OVERLAP_RULE)  # OVERLAP_RULES, and the docs page's view of it, with the rule

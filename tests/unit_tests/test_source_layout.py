@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 import megatron.bridge
-from megatron.bridge.training.rules.core import Rule
-from megatron.bridge.training.rules.registry import ALL_RULES
+from megatron.bridge.training.config_stages.rules.registry import ALL_RULES
+from megatron.bridge.training.config_stages.schema.rule_base import Rule
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = "megatron.bridge"
@@ -148,10 +148,10 @@ def test_no_import_cycle() -> None:
 
 def test_graph_sees_function_level_imports() -> None:
     """The walker must not miss the imports that hide cycles: one inside a function body."""
-    tree = ast.parse("def f():\n    from megatron.bridge.training import rules\n")
+    tree = ast.parse("def f():\n    from megatron.bridge.training import config_stages\n")
     (node,) = list(_import_nodes(tree))
     known = _modules()
-    assert "megatron.bridge.training.rules" in _targets(node, "megatron.bridge.x", Path("x.py"), known)
+    assert "megatron.bridge.training.config_stages" in _targets(node, "megatron.bridge.x", Path("x.py"), known)
 
 
 def test_cycle_finder_reports_a_two_module_cycle() -> None:
@@ -206,12 +206,13 @@ def test_no_source_file_above_the_line_limit(path: Path) -> None:
 
 
 CONFIG_MUST_NOT_LOAD = (
-    "megatron.bridge.training.rules.registry", "megatron.bridge.training.overlap.overlap_rules",
-    "megatron.bridge.training.overlap.report", "megatron.bridge.training.resolution",
-    "megatron.bridge.training.utils.yaml_io", "megatron.bridge.training.comm_overlap",
+    "megatron.bridge.training.config_stages.facts", "megatron.bridge.training.config_stages.reading",
+    "megatron.bridge.training.config_stages.rules", "megatron.bridge.training.config_stages.resolution",
+    "megatron.bridge.training.comm_overlap",
 )
-"""What importing the configuration dataclasses must not load: the rule tables, the resolution (its
-GPU catalogue and ownership table), the overlap report and the YAML I/O."""
+"""What importing the configuration dataclasses must not load: every stage of ``config_stages`` after
+``schema`` (the GPU catalogue and ownership table, the YAML I/O, the rule tables, the resolution and
+its overlap report) and the overlap face."""
 
 
 def test_importing_the_configuration_loads_dataclasses_only() -> None:
@@ -231,7 +232,7 @@ def test_importing_the_configuration_loads_dataclasses_only() -> None:
 
 def test_runtime_config_update_is_still_importable_from_the_configuration() -> None:
     from megatron.bridge.training.config import runtime_config_update
-    from megatron.bridge.training.resolution.runtime_config import runtime_config_update as implementation
+    from megatron.bridge.training.config_stages.resolution.runtime_config import runtime_config_update as implementation
 
     assert runtime_config_update is implementation
 
@@ -263,3 +264,23 @@ def test_test_files_have_unique_names():
     tests_root = Path(__file__).resolve().parents[1]
     names = Counter(p.name for p in tests_root.rglob("test_*.py"))
     assert [name for name, count in names.items() if count > 1] == []
+
+
+UPSTREAM_SHARED_NAMES: dict[str, str] = {
+    "config": "training/config.py and training/tokenizers/config.py: both Megatron-Bridge import paths",
+    "utils": "training/utils/ holds Megatron-Bridge's omegaconf_utils path; utils/ the shared small types",
+    "qwen": "one model family under models/, recipes/ and perf_recipes/, as Megatron-Bridge files them",
+    "qwen3_moe": "the family's recipe module, once per recipe set and target GPU (recipes/, perf_recipes/<gpu>/)",
+}
+"""Names more than one module or package of ``src`` carries, each kept because users import that path."""
+
+
+def test_no_two_modules_or_packages_share_a_name() -> None:
+    """A name says where a thing is: ``errors`` or ``resolution`` twice makes a reader (and a grep)
+    guess. Modules and packages count alike; the upstream paths above are the only exceptions."""
+    where: dict[str, list[str]] = {}
+    for path in sorted((SRC / "megatron" / "bridge").rglob("*.py")):
+        name = path.parent.name if path.name == "__init__.py" else path.stem
+        where.setdefault(name, []).append(str(path.relative_to(SRC)))
+    shared = {name: paths for name, paths in where.items() if len(paths) > 1 and name not in UPSTREAM_SHARED_NAMES}
+    assert not shared, shared

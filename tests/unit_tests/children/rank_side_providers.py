@@ -11,7 +11,7 @@ import json
 import megatron.bridge.models as models
 import megatron.bridge.training.entry  # noqa: F401  (what a rank imports first)
 from megatron.bridge.models.gpt_provider import GPTModelProvider
-from megatron.bridge.training.utils.overrides import allowed_targets
+from megatron.bridge.training.config_stages.reading.overrides import allowed_targets
 
 exported = [f"{cls.__module__}.{cls.__qualname__}" for name in models.__all__
             if isinstance(cls := getattr(models, name), type) and issubclass(cls, GPTModelProvider)]

@@ -7,7 +7,7 @@ from packaging.version import Version
 
 from megatron.bridge.models.layer_specs import choose_layer_spec, te_only_features
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config, qwen3_moe_tiny_pretrain_config
-from megatron.bridge.training.resolution.finalize import default_rule_context, resolve_config
+from megatron.bridge.training.config_stages.resolution.finalize import default_rule_context, resolve_config
 
 TE = dict(te_available=True)
 NO_TE = dict(te_available=False)

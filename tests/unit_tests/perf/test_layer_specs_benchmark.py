@@ -40,7 +40,7 @@ def test_every_case_is_a_harness_command_that_validates(bench, tmp_path, monkeyp
     host validates the GPU machine's cases; megatron-core's own deferred checks look for the real TE
     kernels and are left to the GPU run) and selects the layers it names."""
     from megatron.bridge.perf import benchmark_jobs
-    from megatron.bridge.training.resolution import finalize
+    from megatron.bridge.training.config_stages.resolution import finalize
 
     monkeypatch.setattr(finalize, "transformer_engine_version", lambda: Version("2.20.2"))
     monkeypatch.setattr(finalize, "run_megatron_post_init", lambda cfg: None)

@@ -161,7 +161,8 @@ def test_bad_input_is_refused_before_launch(case, tmp_path, no_launch):
 
 def test_missing_deep_ep_on_a_gpu_host_is_refused_before_launch(tmp_path, no_launch, monkeypatch):
     """A GPU machine without DeepEP: refused at validation, not by an ImportError in every rank."""
-    from megatron.bridge.training.resolution import finalize, gpu_catalog
+    from megatron.bridge.training.config_stages.facts import gpu_catalog
+    from megatron.bridge.training.config_stages.resolution import finalize
 
     monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: ((9, 0), "NVIDIA H100 80GB HBM3"))
     monkeypatch.setattr(finalize, "have_deep_ep", lambda: False)
@@ -174,7 +175,7 @@ def test_missing_deep_ep_on_a_gpu_host_is_refused_before_launch(tmp_path, no_lau
 def test_a_graph_of_ranks_sharing_a_gpu_over_gloo_is_refused_before_launch(tmp_path, no_launch, monkeypatch):
     """``--procs_per_gpu 2`` makes the harness pick gloo; gloo's gradient reduction inside the captured
     step cannot be captured (it failed the first capture on an H200), so the graph is refused first."""
-    from megatron.bridge.training.resolution import gpu_catalog
+    from megatron.bridge.training.config_stages.facts import gpu_catalog
 
     monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: ((9, 0), "NVIDIA H200"))
     out = io.StringIO()

@@ -5,8 +5,8 @@ import yaml
 
 from megatron.bridge.perf.argument_parser import parse_args
 from megatron.bridge.perf.config_builder import HarnessError, build_config, resolve
+from megatron.bridge.training.config_stages.schema.rule_base import read_field
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigError, OverrideError
-from megatron.bridge.training.rules.core import read_field
 
 TINY = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "1"]
 
@@ -188,7 +188,7 @@ def test_ranks_sharing_a_gpu_refuse_nccl(tmp_path):
 
 
 def test_fp8_without_te_is_a_clear_error(tmp_path, monkeypatch):
-    from megatron.bridge.training.resolution import finalize
+    from megatron.bridge.training.config_stages.resolution import finalize
 
     monkeypatch.setattr(finalize, "transformer_engine_version", lambda: None)  # as on a machine without TE
     with pytest.raises(ConfigError) as exc:

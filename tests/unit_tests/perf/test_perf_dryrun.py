@@ -243,8 +243,8 @@ def test_saved_config_and_launch_config_hold_the_effective_owners(readme_command
     import yaml
 
     from megatron.bridge.training.config import ConfigContainer
-    from megatron.bridge.training.resolution.ownership import OWNED_FIELDS, decided_copies
-    from megatron.bridge.training.rules.core import read_field
+    from megatron.bridge.training.config_stages.facts.ownership import OWNED_FIELDS, decided_copies
+    from megatron.bridge.training.config_stages.schema.rule_base import read_field
 
     saved = tmp_path / "saved.yaml"
     code, out = run([*readme_command, "--save_config_filepath", str(saved)])  # multi-node: sbatch script

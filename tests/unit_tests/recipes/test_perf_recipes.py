@@ -12,7 +12,7 @@ import megatron.bridge.recipes.qwen.qwen3_moe_perf as qwen3_moe_perf
 from megatron.bridge.perf.config_builder import OVERLAP_RELATED_KEYS
 from megatron.bridge.perf.recipe_lookup import recipe_functions
 from megatron.bridge.perf.run import main
-from megatron.bridge.training.rules.core import read_field
+from megatron.bridge.training.config_stages.schema.rule_base import read_field
 from megatron.bridge.training.utils.omegaconf_utils import config_from_yaml
 
 # (function name, GPU type of the -g flag)

@@ -17,8 +17,8 @@ from megatron.bridge.recipes.qwen import (
     qwen3_moe_tiny_pretrain_config,
 )
 from megatron.bridge.training.comm_overlap import CommOverlapConfig
+from megatron.bridge.training.config_stages.schema.rule_base import read_field
 from megatron.bridge.training.errors import ArgumentError, ConfigError
-from megatron.bridge.training.rules.core import read_field
 
 OVERLAP = CommOverlapConfig(overlap_moe_expert_parallel_comm=False, delay_wgrad_compute=False)
 

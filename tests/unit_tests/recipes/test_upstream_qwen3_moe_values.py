@@ -9,8 +9,8 @@ from megatron.bridge.recipes.qwen import (
     qwen3_30b_a3b_pretrain_config,
     qwen3_235b_a22b_pretrain_config,
 )
+from megatron.bridge.training.config_stages.schema.rule_base import read_field
 from megatron.bridge.training.loop.builders import build_scheduler
-from megatron.bridge.training.rules.core import read_field
 
 # (recipe, GPUs its layout is written for)
 UPSTREAM_RECIPES = [

@@ -34,18 +34,18 @@ from megatron.bridge.training.comm_overlap import (
     CommOverlapConfig,
     format_effective_values,
 )
+from megatron.bridge.training.config_stages.facts import gpu_catalog, ownership
+from megatron.bridge.training.config_stages.facts import overlap_facts as facts
+from megatron.bridge.training.config_stages.facts import overlap_fields as fields
+from megatron.bridge.training.config_stages.facts.megatron_compat import graph_modules
+from megatron.bridge.training.config_stages.resolution import finalize as finalize_module
+from megatron.bridge.training.config_stages.resolution import overlap_docs, overlap_report
+from megatron.bridge.training.config_stages.resolution import overlap_resolution as resolution
+from megatron.bridge.training.config_stages.resolution.finalize import resolve_config
+from megatron.bridge.training.config_stages.resolution.overlap_docs import render_docs
+from megatron.bridge.training.config_stages.rules import overlap_rules as rules
+from megatron.bridge.training.config_stages.schema.rule_base import read_field
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError, OverrideError
-from megatron.bridge.training.overlap import docs as overlap_docs
-from megatron.bridge.training.overlap import facts, fields
-from megatron.bridge.training.overlap import overlap_resolution as resolution
-from megatron.bridge.training.overlap import overlap_rules as rules
-from megatron.bridge.training.overlap import report as overlap_report
-from megatron.bridge.training.overlap.docs import render_docs
-from megatron.bridge.training.resolution import finalize as finalize_module
-from megatron.bridge.training.resolution import gpu_catalog, ownership
-from megatron.bridge.training.resolution.finalize import resolve_config
-from megatron.bridge.training.resolution.megatron_compat import graph_modules
-from megatron.bridge.training.rules.core import read_field
 from megatron.bridge.training.utils.omegaconf_utils import apply_overrides
 
 REPO = Path(__file__).resolve().parents[3]

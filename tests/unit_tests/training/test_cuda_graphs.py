@@ -11,9 +11,9 @@ import pytest
 from overlap_helpers import set_fields, violated_rule_ids
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
+from megatron.bridge.training.config_stages.rules.cuda_graph_rules import CUDA_GRAPH_RULES
 from megatron.bridge.training.devices import capture_memory
 from megatron.bridge.training.devices.cuda_graphs import IterationGraph
-from megatron.bridge.training.rules.cuda_graph_rules import CUDA_GRAPH_RULES
 
 CAPTURED = {
     "model.cuda_graph_impl": "full_iteration",

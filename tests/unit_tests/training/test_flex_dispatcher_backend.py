@@ -10,6 +10,10 @@ from overlap_helpers import ep_overlap_cfg
 from megatron.bridge.models.qwen import Qwen3MoEModelProvider
 from megatron.bridge.perf.argument_parser import GPU_CHOICES, build_parser
 from megatron.bridge.training import flex_dispatcher_backend as fdb
+from megatron.bridge.training.config_stages.facts import gpu_catalog
+from megatron.bridge.training.config_stages.facts.gpu_catalog import GPU_TYPES, resolve_gpu_target
+from megatron.bridge.training.config_stages.resolution import finalize as finalize_module
+from megatron.bridge.training.config_stages.rules.registry import ALL_RULES
 from megatron.bridge.training.errors import CommOverlapConfigError
 from megatron.bridge.training.flex_dispatcher_backend import (
     FLEX_BACKENDS,
@@ -19,10 +23,6 @@ from megatron.bridge.training.flex_dispatcher_backend import (
     backend_support,
     validate_flex_dispatcher_backend,
 )
-from megatron.bridge.training.resolution import finalize as finalize_module
-from megatron.bridge.training.resolution import gpu_catalog
-from megatron.bridge.training.resolution.gpu_catalog import GPU_TYPES, resolve_gpu_target
-from megatron.bridge.training.rules.registry import ALL_RULES
 
 # The documented support matrix: DeepEP on Ampere, Hopper, B200/B300; HybridEP on Ampere, Hopper,
 # Blackwell including GB200/GB300 NVL72; NCCL EP on Hopper and Blackwell including NVL72.

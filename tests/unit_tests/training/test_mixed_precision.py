@@ -6,10 +6,10 @@ import pytest
 import torch
 from overlap_helpers import ep_overlap_cfg, set_fields
 
+from megatron.bridge.training.config_stages.resolution.finalize import resolve_config
+from megatron.bridge.training.config_stages.schema.rule_base import read_field
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError
 from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, PRECISION_TARGETS
-from megatron.bridge.training.resolution.finalize import resolve_config
-from megatron.bridge.training.rules.core import read_field
 from megatron.bridge.training.utils.omegaconf_utils import apply_overrides
 
 FP32_FLAGS = {"model.bf16": False, "model.fp16": False, "optimizer.bf16": False, "optimizer.fp16": False}

@@ -14,6 +14,7 @@ import torch
 
 from megatron.bridge.models.qwen import Qwen3MoEModelProvider
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
+from megatron.bridge.training.config_stages.facts import gpu_catalog
 from megatron.bridge.training.errors import CommOverlapConfigError
 from megatron.bridge.training.flex_dispatcher_backend import (
     FlexDispatcherBackendError,
@@ -21,7 +22,6 @@ from megatron.bridge.training.flex_dispatcher_backend import (
     apply_flex_dispatcher_backend,
     validate_flex_dispatcher_backend,
 )
-from megatron.bridge.training.resolution import gpu_catalog
 
 DISPATCHER_FIELDS = ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_shared_expert_overlap")
 

@@ -36,13 +36,13 @@ from megatron.bridge.perf.recipe_lookup import (
     minimum_world_size,
     scaled_global_batch_size,
 )
+from megatron.bridge.training.config_stages.facts.parallel_layout import MAX_WORLD_SIZE, layout_within
+from megatron.bridge.training.config_stages.schema.rule_base import RuleContext, read_field
 from megatron.bridge.training.loop.checkpoint_dir import inspect_checkpoint_dir
-from megatron.bridge.training.resolution.layout import MAX_WORLD_SIZE, layout_within
-from megatron.bridge.training.rules.core import RuleContext, read_field
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
-    from megatron.bridge.training.resolution.finalize import Resolution
+    from megatron.bridge.training.config_stages.resolution.finalize import Resolution
 
 DEFAULT_GPUS_PER_NODE = 8
 
@@ -393,7 +393,7 @@ def build_config(
 def rule_context(built: BuiltConfig) -> "RuleContext":
     """Validation facts: world size of the job and the ``-g`` target GPU (not this machine's)."""
     # Deferred: the resolution imports every rule table, the configuration and megatron-core.
-    from megatron.bridge.training.resolution.finalize import default_rule_context
+    from megatron.bridge.training.config_stages.resolution.finalize import default_rule_context
 
     return default_rule_context(built.world_size, target_gpu=built.target_gpu)
 
@@ -401,7 +401,7 @@ def rule_context(built: BuiltConfig) -> "RuleContext":
 def resolution_of(built: BuiltConfig) -> "Resolution":
     """The one resolution of the job's config; raises ``ConfigError`` listing every violation."""
     # Deferred: as in rule_context.
-    from megatron.bridge.training.resolution.finalize import resolve_config
+    from megatron.bridge.training.config_stages.resolution.finalize import resolve_config
 
     return resolve_config(built.cfg, ctx=rule_context(built)).raise_for_errors()
 

@@ -24,9 +24,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
+from megatron.bridge.training.config_stages.facts.parallel_layout import expert_parallel_span, model_parallel_size
+from megatron.bridge.training.config_stages.reading.shown import short_text
 from megatron.bridge.training.errors import did_you_mean
-from megatron.bridge.training.resolution.layout import expert_parallel_span, model_parallel_size
-from megatron.bridge.training.utils.shown import short_text
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

@@ -46,7 +46,7 @@ from megatron.bridge.utils.quiet import marked, unmarked
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
-    from megatron.bridge.training.resolution.finalize import Resolution
+    from megatron.bridge.training.config_stages.resolution.finalize import Resolution
 
 EXIT_CONFIG = 2
 EXIT_ENVIRONMENT = 3

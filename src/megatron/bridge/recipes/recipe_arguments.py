@@ -7,7 +7,7 @@ a recipe called without arguments is the recipe, and each keyword argument is ei
 fields it stands for (:data:`APPLIED`, with the combined ones in :func:`_apply_run_length`,
 :func:`_apply_data`, :func:`_apply_run_dir` and :func:`_apply_tokenizer`) or refused with the reason
 and what to do instead (:data:`REFUSED`). Refusals, a misspelt name and a positional argument are one
-:class:`~megatron.bridge.utils.errors.ArgumentError` (a ``TypeError``) listing every problem, raised
+:class:`~megatron.bridge.utils.error_types.ArgumentError` (a ``TypeError``) listing every problem, raised
 before a config is built. An argument given its Megatron-Bridge default that means "nothing"
 (``None``, ``False``) is accepted everywhere: it asks for nothing.
 """
@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Optional
 from megatron.bridge.training.config import ConfigContainer, data_paths_from_alias
 from megatron.bridge.training.flex_dispatcher_backend import dispatcher_fields
 from megatron.bridge.training.mixed_precision import get_mixed_precision_config
-from megatron.bridge.utils.errors import ArgumentError, Violation, did_you_mean
+from megatron.bridge.utils.error_types import ArgumentError, Violation, did_you_mean
 
 RECIPE_WARMUP_ITERS = 500
 """Learning-rate warm-up of the recipes, capped at a tenth of the run (``min(500, train_iters // 10)``)."""

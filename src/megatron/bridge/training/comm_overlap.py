@@ -7,13 +7,14 @@ computed), writes the effective values to the megatron-core fields that read the
 (``model.overlap_moe_expert_parallel_comm``, ``model.delay_wgrad_compute``, ``ddp.*``, ...: copies,
 never inputs), and raises ``CommOverlapConfigError`` listing every unmet prerequisite.
 
-The dataclass lives with the other sections in :mod:`megatron.bridge.training.configuration`; the
-parts, one job each, in :mod:`megatron.bridge.training.overlap`: the switches and their computed
-defaults (``fields``), effective values (``resolution``), the prerequisites (``rules``), the upstream
-``finalize``/``setup`` calls (``lifecycle``) and the docs page (``docs``;
+The dataclass lives with the other sections in :mod:`megatron.bridge.training.config`; the parts,
+one job each, in the stages of :mod:`megatron.bridge.training.config_stages`: the switches and their
+computed defaults (``facts.overlap_fields``), the prerequisites (``rules.overlap_rules``), effective
+values (``resolution.overlap_resolution``), the upstream ``finalize``/``setup`` calls
+(``resolution.overlap_lifecycle``) and the docs page (``resolution.overlap_docs``;
 ``python -m megatron.bridge.training.comm_overlap --write-docs`` regenerates
 ``docs/training/communication-overlap.md``). Who owns which megatron-core field is in
-:mod:`megatron.bridge.training.resolution.ownership`.
+:mod:`megatron.bridge.training.config_stages.facts.ownership`.
 
 Scripts written for Megatron-Bridge call ``cfg.comm_overlap.finalize()`` and
 ``cfg.comm_overlap.setup(model, optimizer, ddp)`` themselves (or
@@ -22,11 +23,16 @@ Scripts written for Megatron-Bridge call ``cfg.comm_overlap.finalize()`` and
 
 from __future__ import annotations
 
-from megatron.bridge.training.configuration.comm_overlap_config import CommOverlapConfig
+from megatron.bridge.training.config import CommOverlapConfig
+from megatron.bridge.training.config_stages.facts.overlap_fields import (
+    BOOL_SWITCHES,
+    DEFAULT_BUCKET_SIZE,
+    OVERLAP_FIELDS,
+    OverlapField,
+)
+from megatron.bridge.training.config_stages.resolution.overlap_resolution import EffectiveValue, format_effective_values
+from megatron.bridge.training.config_stages.rules.overlap_rules import OVERLAP_RULES
 from megatron.bridge.training.errors import CommOverlapConfigError
-from megatron.bridge.training.overlap.fields import BOOL_SWITCHES, DEFAULT_BUCKET_SIZE, OVERLAP_FIELDS, OverlapField
-from megatron.bridge.training.overlap.overlap_resolution import EffectiveValue, format_effective_values
-from megatron.bridge.training.overlap.overlap_rules import OVERLAP_RULES
 
 __all__ = [
     "BOOL_SWITCHES",
@@ -42,6 +48,6 @@ __all__ = [
 
 
 if __name__ == "__main__":
-    from megatron.bridge.training.overlap.docs import main
+    from megatron.bridge.training.config_stages.resolution.overlap_docs import main
 
     raise SystemExit(main())

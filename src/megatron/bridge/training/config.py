@@ -3,7 +3,7 @@
 Every setting has exactly one owner in this tree. Values that other layers need (for example the
 sequence length the dataset builder uses, or the precision flags of the optimizer) are *derived*
 from their owner when the tree is resolved, never copied back the other way; the megatron-core
-fields that are such copies are listed in :mod:`megatron.bridge.training.resolution.ownership`.
+fields that are such copies are listed in :mod:`megatron.bridge.training.config_stages.facts.ownership`.
 
 ``ConfigContainer.resolve()`` (and ``finalize()``/``validate()``, which return its finalized
 config) works on a deep copy and then writes the effective values into the copies of the container
@@ -21,10 +21,9 @@ from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
 
 from megatron.bridge.models.gpt_provider import GPTModelProvider
-from megatron.bridge.training.configuration import copy_records
-from megatron.bridge.training.configuration.comm_overlap_config import CommOverlapConfig
-from megatron.bridge.training.configuration.emulation_config import EmulationConfig
-from megatron.bridge.training.configuration.upstream_sections import RerunStateMachineConfig, ValidationConfig
+from megatron.bridge.training.config_stages.schema import copy_records
+from megatron.bridge.training.config_stages.schema.emulation_config import EmulationConfig
+from megatron.bridge.training.config_stages.schema.upstream_sections import RerunStateMachineConfig, ValidationConfig
 from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, MixedPrecisionConfig
 from megatron.bridge.training.tokenizers.config import TokenizerConfig
 from megatron.bridge.utils.strict_fields import StrictFields, make_strict, register_strict
@@ -32,7 +31,8 @@ from megatron.bridge.utils.strict_fields import StrictFields, make_strict, regis
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from megatron.bridge.training.resolution.finalize import Resolution
+    from megatron.bridge.training.config_stages.resolution.finalize import Resolution
+    from megatron.bridge.training.config_stages.resolution.overlap_resolution import EffectiveValue
 
 
 @register_strict
@@ -233,6 +233,78 @@ _STRICT_SUB_CONFIGS = frozenset({"optimizer", "ddp"})
 
 
 @dataclass(kw_only=True)
+class CommOverlapConfig(StrictFields):
+    """User-facing overlap switches. ``None`` means "let the framework decide" (see OVERLAP_FIELDS).
+
+    An explicit value always wins and is never silently changed: if it cannot be honoured,
+    ``cfg.validate()`` raises ``CommOverlapConfigError`` naming the field and the fix.
+    """
+
+    tp_comm_overlap: Optional[bool] = None
+    """Overlap tensor-parallel communication with GEMMs (TE userbuffers; TP>=2, sequence parallel)."""
+    tp_comm_overlap_cfg: Optional[dict[str, Any]] = None
+    """Per-GEMM userbuffer settings for TP overlap; ``None`` uses Transformer Engine's defaults."""
+    tp_comm_bootstrap_backend: Optional[str] = None
+    """Bootstrap backend of the TP-overlap userbuffers (``nccl``, ``mpi``, ``gloo``)."""
+    overlap_p2p_comm: Optional[bool] = None
+    """Overlap pipeline send/recv with compute (interleaved pipeline schedule only)."""
+    batch_p2p_comm: Optional[bool] = None
+    """Batch pipeline send/recv into one call (excludes overlap_p2p_comm)."""
+    overlap_grad_reduce: Optional[bool] = None
+    """Overlap data-parallel gradient reduce-scatter/all-reduce with the backward pass."""
+    overlap_param_gather: Optional[bool] = None
+    """Overlap the distributed optimizer's parameter all-gather with the forward pass."""
+    overlap_param_gather_with_optimizer_step: Optional[bool] = None
+    """Start the parameter all-gather of the first chunk inside the optimizer step."""
+    align_param_gather: Optional[bool] = None
+    """Launch the param all-gathers of all pipeline stages together (interleaved pipelines)."""
+    bucket_size: Optional[int] = None
+    """Gradient/parameter bucket size in bytes for the overlapped collectives."""
+    defer_embedding_wgrad_compute: Optional[bool] = None
+    """Defer the output-embedding weight-gradient GEMMs to the pipeline flush."""
+    wgrad_deferral_limit: Optional[int] = None
+    """How many micro-batches of embedding wgrad may be deferred (0 = all)."""
+    overlap_moe_expert_parallel_comm: Optional[bool] = None
+    """Overlap the MoE expert-parallel dispatch/combine all-to-all with compute of another micro-batch."""
+    delay_wgrad_compute: Optional[bool] = None
+    """Delay expert weight-gradient GEMMs so they overlap the combine all-to-all (needs EP overlap)."""
+    data_parallel_size: Optional[int] = None
+    """Data-parallel size the computed overlap defaults are decided for. ``None``: from the world
+    size (``validate(world_size=...)`` or ``WORLD_SIZE``). Given without a world size it stands in
+    for one; given with one it must agree with the parallel layout."""
+
+    def finalize(self) -> None:
+        """Check the switches that need nothing but this object (types, bootstrap backend, DP size).
+
+        Idempotent and non-destructive: the switches stay as written (``None`` keeps meaning
+        "framework decides"), so a later ``setup``/``cfg.resolve()`` decides them from the whole
+        config. Raises ``CommOverlapConfigError`` listing every problem.
+        """
+        # Deferred: the overlap rules and resolution are what importing a config must not load
+        # (this module is above every stage of config_stages: it may call them, they never import it).
+        from megatron.bridge.training.config_stages.resolution.overlap_lifecycle import finalize_switches
+
+        finalize_switches(self)
+
+    def setup(
+        self, model_config: Any, optimizer_config: Any, ddp_config: Any, *, dist_config: Optional[Any] = None
+    ) -> "dict[str, EffectiveValue]":
+        """Write every switch's effective value onto the megatron-core configs that read it.
+
+        The values come from the resolution's own per-switch functions, evaluated on these three
+        configs, this object and ``comm_overlap.data_parallel_size`` (the world size is not known
+        here); ``dist_config`` gives the process-group backend (default: NCCL on GPUs). This object
+        is not changed. A copy (``ddp.overlap_grad_reduce``, ...) that was set directly to another
+        value is refused, not overwritten. The prerequisites are checked by ``cfg.validate()``.
+        Returns each switch's value and why.
+        """
+        # Deferred, as in finalize().
+        from megatron.bridge.training.config_stages.resolution.overlap_lifecycle import setup_switches
+
+        return setup_switches(self, model_config, optimizer_config, ddp_config, dist_config)
+
+
+@dataclass(kw_only=True)
 class ConfigContainer(StrictFields):
     """The whole run. ``finalize()`` returns a resolved, validated copy; ``validate()`` too."""
 
@@ -306,7 +378,7 @@ class ConfigContainer(StrictFields):
         """
         # Deferred: the resolution brings every rule table and the GPU catalogue, which importing
         # the configuration dataclasses must not.
-        from megatron.bridge.training.resolution.finalize import resolve_container
+        from megatron.bridge.training.config_stages.resolution.finalize import resolve_container
 
         return resolve_container(self, world_size=world_size)
 
@@ -321,7 +393,7 @@ class ConfigContainer(StrictFields):
     def to_yaml(self, path: "Optional[str | Path]" = None) -> str:
         """Serialize to YAML (and write it to ``path`` when given): the owners, not their copies."""
         # Deferred: YAML I/O reads the ownership table, which belongs to the resolution.
-        from megatron.bridge.training.utils.yaml_io import config_to_yaml
+        from megatron.bridge.training.config_stages.reading.yaml_io import config_to_yaml
 
         return config_to_yaml(self, path)
 
@@ -329,7 +401,7 @@ class ConfigContainer(StrictFields):
     def from_yaml(cls, path: "str | Path", sha256: Optional[str] = None) -> "ConfigContainer":
         """Load a container written by :meth:`to_yaml` (with ``sha256``: only the file of that digest)."""
         # Deferred, as in to_yaml().
-        from megatron.bridge.training.utils.yaml_io import container_from_dict, load_yaml
+        from megatron.bridge.training.config_stages.reading.yaml_io import container_from_dict, load_yaml
 
         return container_from_dict(cls, load_yaml(path, sha256))
 
@@ -373,7 +445,7 @@ def __getattr__(name: str) -> Any:
     """``runtime_config_update``, which Megatron-Bridge scripts import from here, loaded on first use
     (it resolves the configuration, which importing these dataclasses must not)."""
     if name == "runtime_config_update":
-        from megatron.bridge.training.resolution.runtime_config import runtime_config_update
+        from megatron.bridge.training.config_stages.resolution.runtime_config import runtime_config_update
 
         return runtime_config_update
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,7 +3,7 @@
 :func:`apply_flex_dispatcher_backend` selects a dispatcher on a model config and
 :func:`validate_flex_dispatcher_backend` checks one; both check the flex-dispatcher rules of the one
 rule registry (the ones ``cfg.validate()`` checks) on a container holding that model config, for the
-target GPU. The support table and the rules live in :mod:`megatron.bridge.training.rules.flex_rules`
+target GPU. The support table and the rules live in :mod:`megatron.bridge.training.config_stages.rules.flex_rules`
 and are re-exported here, where upstream scripts import them.
 
 Setting ``moe_flex_dispatcher_backend`` alone does not activate flex dispatch: the dispatcher type
@@ -21,11 +21,9 @@ from typing import Any, Literal, Optional
 import torch
 
 from megatron.bridge.training.config import ConfigContainer
-from megatron.bridge.training.errors import CommOverlapConfigError, Violation
-from megatron.bridge.training.resolution import gpu_catalog
-from megatron.bridge.training.resolution.gpu_catalog import GpuTarget
-from megatron.bridge.training.rules.core import Rule, RuleContext, check_rules
-from megatron.bridge.training.rules.flex_rules import (
+from megatron.bridge.training.config_stages.facts import gpu_catalog
+from megatron.bridge.training.config_stages.facts.gpu_catalog import GpuTarget
+from megatron.bridge.training.config_stages.rules.flex_rules import (
     FLEX_BACKEND_SUPPORT,
     FLEX_RULES,
     BackendSupport,
@@ -34,7 +32,9 @@ from megatron.bridge.training.rules.flex_rules import (
     dispatcher_fields,
     render_support_table,
 )
-from megatron.bridge.training.rules.registry import ALL_RULES
+from megatron.bridge.training.config_stages.rules.registry import ALL_RULES
+from megatron.bridge.training.config_stages.schema.rule_base import Rule, RuleContext, check_rules
+from megatron.bridge.training.errors import CommOverlapConfigError, Violation
 from megatron.bridge.utils.flex_backend_names import DEEP_EP_BACKENDS, FLEX_BACKENDS, FlexBackend
 from megatron.bridge.utils.import_utils import have_deep_ep, have_te_nccl_ep
 

@@ -78,7 +78,7 @@ from megatron.bridge.training.telemetry.flops import flops_per_step
 from megatron.bridge.training.telemetry.metrics import MetricsLogger, moe_aux_losses
 from megatron.bridge.training.telemetry.profiling import StepProfiler
 from megatron.bridge.training.telemetry.step_timing import StepTimer
-from megatron.bridge.utils.errors import MachineError
+from megatron.bridge.utils.error_types import MachineError
 from megatron.bridge.utils.gpu_count import too_few_gpus, visible_gpu_count
 
 if TYPE_CHECKING:

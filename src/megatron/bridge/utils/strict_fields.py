@@ -17,7 +17,7 @@ import functools
 import sys
 from typing import Any
 
-from megatron.bridge.utils.errors import UnknownFieldError, Violation, did_you_mean
+from megatron.bridge.utils.error_types import UnknownFieldError, Violation, did_you_mean
 
 _STRICT_SUBCLASSES: dict[type, type] = {}
 """megatron-core config class -> its registered strict subclass."""

@@ -23,7 +23,7 @@ from megatron.bridge.training.devices.torch_optimizer import use_torch_fast_path
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
-    from megatron.bridge.training.overlap.report import OverlapReport
+    from megatron.bridge.training.config_stages.resolution.overlap_report import OverlapReport
 
 logger = logging.getLogger(__name__)
 

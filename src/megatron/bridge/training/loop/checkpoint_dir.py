@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
+from megatron.bridge.training.config_stages.facts.parallel_layout import MAX_WORLD_SIZE
 from megatron.bridge.training.loop.save_lock import LOCK_NAME
-from megatron.bridge.training.resolution.layout import MAX_WORLD_SIZE
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

@@ -101,7 +101,7 @@ def gpt_dataset_config(cfg: "ConfigContainer", tokenizer: Any, platform: Optiona
 
 def dataset_sample_counts(cfg: "ConfigContainer") -> tuple[int, int]:
     """Samples the dataset build indexes (training, evaluation) before the first step; the size rules
-    (``training/rules/size_rules.py``) bound them."""
+    (``training/config_stages/rules/size_rules.py``) bound them."""
     train_samples = cfg.train.train_iters * cfg.train.global_batch_size
     eval_samples = max(cfg.train.eval_iters, 1) * cfg.train.global_batch_size
     return train_samples, eval_samples

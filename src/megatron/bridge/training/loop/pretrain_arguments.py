@@ -2,7 +2,7 @@
 
 ``pretrain`` takes Megatron-Bridge's signature, ``pretrain(config, forward_step_func, callbacks=None)``,
 positionally or by keyword (``cfg=`` is this package's older keyword for ``config``). What cannot
-work here is refused with an :class:`~megatron.bridge.utils.errors.ArgumentError` (a ``TypeError``)
+work here is refused with an :class:`~megatron.bridge.utils.error_types.ArgumentError` (a ``TypeError``)
 naming the argument and what to do instead, before any process group, CUDA call or resolution:
 
 * ``callbacks``: Megatron-Bridge's ``Callback`` hooks are not called by this training loop, so any
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from megatron.bridge.utils.errors import ArgumentError, Violation
+from megatron.bridge.utils.error_types import ArgumentError, Violation
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

@@ -10,10 +10,12 @@ cannot be set to anything but its owner's value: the override is refused with th
 Every entry point works on a copy (``process_config_with_overrides`` then writes the result into the
 config it was given, as Megatron-Bridge's does): on error the caller's config is unchanged, and
 all problems are reported together in one :class:`OverrideError` (also importable under
-Megatron-Bridge's name, ``OverridesError``). The work is done by ``typed_values`` (one value),
-``overrides`` (a layer of overrides), ``yaml_io`` (files) and ``hydra_overrides`` (Megatron-Bridge's
-helpers: ``create_omegaconf_dict_config``, ``parse_hydra_overrides``, Hydra's ``+``/``++``/``~``
-forms, and ``apply_overrides(cfg, overrides, excluded_fields)``, which updates ``cfg`` itself).
+Megatron-Bridge's name, ``OverridesError``). The work is done by the ``reading`` stage of
+:mod:`megatron.bridge.training.config_stages`: ``override_text`` (the text of dotted overrides),
+``typed_values`` (one value), ``overrides`` (a layer of overrides), ``yaml_io`` (files) and
+``hydra_overrides`` (Megatron-Bridge's helpers: ``create_omegaconf_dict_config``,
+``parse_hydra_overrides``, Hydra's ``+``/``++``/``~`` forms, and
+``apply_overrides(cfg, overrides, excluded_fields)``, which updates ``cfg`` itself).
 """
 
 from __future__ import annotations
@@ -24,15 +26,15 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from megatron.bridge.training.config import ConfigContainer
-from megatron.bridge.training.errors import ConfigFileNotFoundError, OverrideError, OverridesError
-from megatron.bridge.training.utils.hydra_overrides import (
+from megatron.bridge.training.config_stages.reading.hydra_overrides import (
     apply_overrides,
     create_omegaconf_dict_config,
     parse_hydra_overrides,
 )
-from megatron.bridge.training.utils.overrides import parse_dotlist
-from megatron.bridge.training.utils.typed_values import convert_value
-from megatron.bridge.training.utils.yaml_io import config_to_dict, config_to_yaml, load_yaml
+from megatron.bridge.training.config_stages.reading.override_text import parse_dotlist
+from megatron.bridge.training.config_stages.reading.typed_values import convert_value
+from megatron.bridge.training.config_stages.reading.yaml_io import config_to_dict, config_to_yaml, load_yaml
+from megatron.bridge.training.errors import ConfigFileNotFoundError, OverrideError, OverridesError
 
 
 def process_config_with_overrides(

@@ -1,0 +1,217 @@
+"""GPU types a run can be validated for, and how the target GPU is found.
+
+The target GPU comes from the caller (the harness's ``-g`` GPU type, e.g. ``h100`` or ``gb200``),
+else from the visible GPU, else it is unknown and only GPU-independent checks run (a dry run on a
+CPU login node must not fail because the login node has no GPU).
+
+Architecture is read from the compute capability, never from a name prefix. The only thing a
+capability cannot tell is a B200/B300 board from a GB200/GB300 NVL72 system (same SM), which is
+why the system name is kept beside it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config_stages.schema.rule_base import RuleContext
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """A GPU type the harness's ``-g`` accepts."""
+
+    name: str
+    capability: tuple[int, int]
+    architecture: str
+    nvl72: bool = False
+    """Part of a GB200/GB300 NVL72 rack-scale system (multi-node NVLink domain)."""
+    memory_gib: Optional[float] = None
+    """Memory of one GPU, GiB: the largest variant sold under the name (H100 NVL's 94 rather than
+    SXM's 80), so that a memory check against it refuses only what fits no variant."""
+
+
+GPU_TYPES: dict[str, GpuType] = {
+    "a100": GpuType("a100", (8, 0), "Ampere", memory_gib=80),
+    "h100": GpuType("h100", (9, 0), "Hopper", memory_gib=94),
+    "h200": GpuType("h200", (9, 0), "Hopper", memory_gib=141),
+    "b200": GpuType("b200", (10, 0), "Blackwell", memory_gib=192),
+    # B300/GB300 (Blackwell Ultra) report compute capability 10.3 (sm_103).
+    "b300": GpuType("b300", (10, 3), "Blackwell", memory_gib=288),
+    "gb200": GpuType("gb200", (10, 0), "Blackwell", nvl72=True, memory_gib=192),
+    "gb300": GpuType("gb300", (10, 3), "Blackwell", nvl72=True, memory_gib=288),
+}
+"""``-g`` GPU types. B300/GB300 are listed as (10, 3): that is what the chips report."""
+
+
+def gpu_memory_bytes(name: Optional[str]) -> Optional[int]:
+    """Memory of one GPU of the type ``name`` (a ``-g`` type or a device name), ``None`` when the
+    type is not in the table (nothing is then checked against it)."""
+    entry = gpu_type(name) if name else None
+    return None if entry is None or entry.memory_gib is None else int(entry.memory_gib * 2**30)
+
+ARCHITECTURES: dict[int, str] = {8: "Ampere", 9: "Hopper", 10: "Blackwell", 12: "Blackwell (consumer)"}
+"""Compute-capability major -> architecture name."""
+
+
+def architecture_name(major: int, minor: int = 0) -> str:
+    """``Hopper`` for 9.x; ``sm_XY`` for a major this table does not name."""
+    return ARCHITECTURES.get(major, f"sm_{major}{minor}")
+
+
+@dataclass(frozen=True)
+class GpuTarget:
+    """The GPU a run is validated for, and where that knowledge came from."""
+
+    capability: Optional[tuple[int, int]] = None
+    name: Optional[str] = None
+    nvl72: Optional[bool] = None
+    """``None``: unknown (a Blackwell capability without a system name)."""
+    source: str = "unknown"
+    """``argument``, ``visible GPU`` or ``unknown``."""
+
+    @property
+    def known(self) -> bool:
+        """Whether anything is known about the target."""
+        return self.capability is not None
+
+    @property
+    def architecture(self) -> Optional[str]:
+        """Ampere/Hopper/Blackwell/... from the capability major."""
+        if self.capability is None:
+            return None
+        return architecture_name(*self.capability)
+
+    def describe(self) -> str:
+        """For messages: ``gb200 (10.0, Blackwell, NVL72; argument)``."""
+        if not self.known:
+            return "unknown (no GPU type given and no visible GPU)"
+        major, minor = self.capability
+        system = {True: ", NVL72", False: "", None: ", NVL72 unknown"}[self.nvl72]
+        label = self.name or "GPU"
+        return f"{label} ({major}.{minor}, {self.architecture}{system}; {self.source})"
+
+
+def target_of(entry: GpuType) -> GpuTarget:
+    """The validation target a ``-g`` type stands for."""
+    return GpuTarget(entry.capability, entry.name, entry.nvl72, "argument")
+
+
+_NVL72_NAME = re.compile(r"\bgb[23]00\b")
+
+
+def gpu_type(name: str) -> Optional[GpuType]:
+    """The table entry for a ``-g`` value or a device name (``"NVIDIA GB200"`` -> ``gb200``)."""
+    key = name.strip().lower()
+    if key in GPU_TYPES:
+        return GPU_TYPES[key]
+    for token in re.findall(r"[a-z]+\d+", key):
+        if token in GPU_TYPES:
+            return GPU_TYPES[token]
+    return None
+
+
+def _nvl72_from_name(name: Optional[str], capability: tuple[int, int]) -> Optional[bool]:
+    if capability[0] != 10:
+        return False
+    if not name:
+        return None
+    entry = gpu_type(name)
+    if entry is not None:
+        return entry.nvl72
+    return bool(_NVL72_NAME.search(name.lower())) or None
+
+
+def visible_gpu() -> tuple[Optional[tuple[int, int]], Optional[str]]:
+    """Capability and name of GPU 0, or ``(None, None)`` on a machine without a usable GPU.
+
+    Validation runs before training sets ``CUDA_DEVICE_MAX_CONNECTIONS``, which CUDA reads when it
+    initialises; so unless CUDA is already initialised, ask ``nvidia-smi`` rather than torch.
+    """
+    return _probe_visible_gpu()
+
+
+@functools.cache
+def _probe_visible_gpu() -> tuple[Optional[tuple[int, int]], Optional[str]]:
+    # Deferred: torch takes seconds to import, and the harness reads the GPU types (its -g choices)
+    # from this module before it knows whether it will build a config at all (-h, a mistyped flag).
+    import torch
+
+    try:
+        if not torch.cuda.is_available():
+            return None, None
+        if not torch.cuda.is_initialized():
+            found = _query_nvidia_smi()
+            if found[0] is not None:
+                return found
+        return tuple(torch.cuda.get_device_capability(0)), torch.cuda.get_device_name(0)
+    except Exception:  # a broken driver is "no GPU" for validation purposes
+        return None, None
+
+
+def nvidia_smi_gpu() -> tuple[Optional[tuple[int, int]], Optional[str]]:
+    """GPU 0 as ``nvidia-smi`` reports it, never asking torch (so CUDA stays uninitialised);
+    ``(None, None)`` when it cannot tell."""
+    return _query_nvidia_smi()
+
+
+def _query_nvidia_smi() -> tuple[Optional[tuple[int, int]], Optional[str]]:
+    """``(capability, name)`` of GPU 0 from ``nvidia-smi`` (does not initialise CUDA here)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None, None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout
+        return parse_nvidia_smi(out)
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def parse_nvidia_smi(text: str) -> tuple[Optional[tuple[int, int]], Optional[str]]:
+    """Parse ``NVIDIA H100 80GB HBM3, 9.0`` (first line) into ``((9, 0), "NVIDIA H100 80GB HBM3")``."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines or "," not in lines[0]:
+        return None, None
+    name, _, cap = lines[0].rpartition(",")
+    major, _, minor = cap.strip().partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        return None, None
+    return (int(major), int(minor)), name.strip()
+
+
+def resolve_gpu_target(
+    device_capability: Optional[tuple[int, int]] = None,
+    device_name: Optional[str] = None,
+    *,
+    detect: bool = True,
+) -> GpuTarget:
+    """The target GPU: from the arguments, else the visible GPU (when ``detect``), else unknown.
+
+    ``device_name`` may be a ``-g`` type (``h100``) or a device name (``NVIDIA H100 80GB HBM3``);
+    an explicit ``device_capability`` wins over the table's.
+    """
+    source = "argument"
+    if device_capability is None and device_name is None and detect:
+        device_capability, device_name = visible_gpu()
+        source = "visible GPU"
+    entry = gpu_type(device_name) if device_name else None
+    capability = tuple(device_capability) if device_capability is not None else (
+        entry.capability if entry else None
+    )
+    if capability is None:
+        return GpuTarget(name=device_name, source="unknown")
+    label = entry.name if entry else device_name
+    return GpuTarget(capability, label, _nvl72_from_name(device_name, capability), source)
+
+
+def gpu_target_from_context(ctx: "RuleContext") -> GpuTarget:
+    """The target described by a ``RuleContext`` (``finalize`` already chose argument vs visible)."""
+    return resolve_gpu_target(ctx.device_capability, ctx.device_name, detect=False)

@@ -1,0 +1,76 @@
+"""Rules of the emulated world (``emulation.*``), as data: what it cannot play, refused before launch.
+
+The emulated backend plays every peer by symmetry (``megatron.bridge.emulation.backend``). That
+answers collectives; it cannot answer what a peer would send point to point, share memory with a
+real peer, or make one rank's shards a checkpoint anyone could resume. Each such setting is refused
+here with the reason, instead of failing or silently meaning something else inside the run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from megatron.bridge.emulation.network import PRESETS
+from megatron.bridge.training.config_stages.schema.rule_base import Rule, RuleContext
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+
+def _emulated(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    return cfg.emulation.world_size is not None
+
+
+def _rule(rule_id: str, fields: tuple[str, ...], holds: Any, message: str, fix: str, **kw: Any) -> Rule:
+    return Rule(id=rule_id, fields=fields, applies=kw.pop("applies", _emulated), holds=holds, message=message,
+                fix=fix, group="emulation", **kw)
+
+
+def _sized_world(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    e = cfg.emulation
+    return _emulated(cfg, ctx) and isinstance(e.world_size, int) and isinstance(e.rank, int)
+
+
+EMULATION_RULES: tuple[Rule, ...] = (
+    _rule("emulation-network-known", ("emulation.network",), lambda cfg, ctx: cfg.emulation.network in PRESETS,
+          "emulation.network names no network preset", f"use one of {', '.join(PRESETS)} (and override its "
+          "figures with emulation.intra_node_gbps, inter_node_gbps, ...)"),
+    _rule("emulation-rank-in-world", ("emulation.rank", "emulation.world_size"),
+          lambda cfg, ctx: 0 <= cfg.emulation.rank < cfg.emulation.world_size,
+          "the emulated rank must be one of the world's ranks", "give emulation.rank (--emulate_rank) in "
+          "[0, world size)", applies=_sized_world),
+    _rule("emulation-no-checkpoints", ("checkpoint.save", "checkpoint.load"),
+          lambda cfg, ctx: not cfg.checkpoint.save and not cfg.checkpoint.load,
+          "an emulated rank holds one rank's shards and a symmetric stand-in for the others: a checkpoint of it "
+          "could never be resumed, by a real world or an emulated one",
+          "unset checkpoint.save and checkpoint.load for an emulated run"),
+    _rule("emulation-no-pipeline-parallel", ("model.pipeline_model_parallel_size",),
+          lambda cfg, ctx: cfg.model.pipeline_model_parallel_size == 1,
+          "pipeline stages send activations point to point and do different work, which symmetry cannot "
+          "play: the emulated world covers layouts without pipeline parallelism",
+          "emulate with -pp 1 (or measure pipeline layouts on real GPUs)"),
+    _rule("emulation-no-context-parallel", ("model.context_parallel_size",),
+          lambda cfg, ctx: cfg.model.context_parallel_size == 1,
+          "context parallelism exchanges key/value blocks point to point between different sequence chunks, "
+          "which symmetry cannot play", "emulate with -cp 1"),
+    _rule("emulation-no-flex-dispatcher", ("model.moe_token_dispatcher_type", "model.moe_flex_dispatcher_backend"),
+          lambda cfg, ctx: cfg.model.moe_token_dispatcher_type != "flex",
+          "the flex dispatcher's backends (DeepEP, HybridEP, NCCL EP) move tokens through buffers their kernels "
+          "share with real peers: there is nothing to emulate them with",
+          "emulate with --moe_flex_dispatcher_backend None (megatron's alltoall dispatcher or the torch-native "
+          "sorted one)"),
+    _rule("emulation-no-symmetric-memory", ("model.torch_native_ep_transport",),
+          lambda cfg, ctx: cfg.model.torch_native_ep_transport != "nvshmem",
+          "the NVSHMEM exchange maps memory of real peers (torch symmetric memory)",
+          "emulate with model.torch_native_ep_transport=nccl or auto"),
+    _rule("emulation-no-cuda-graph", ("model.cuda_graph_impl",),
+          lambda cfg, ctx: cfg.model.cuda_graph_impl in (None, "none"),
+          "the emulated collectives have not been run under CUDA-graph capture yet (a combine whose chunks differ "
+          "copies its split sizes to the GPU, which a capture cannot hold); an emulated run is eager until that "
+          "is shown to work", "emulate with --cuda_graph_impl none"),
+    _rule("emulation-no-gloo-on-gpus", ("dist.distributed_backend", "dist.device"),
+          lambda cfg, ctx: not (cfg.dist.distributed_backend == "gloo" and cfg.dist.device == "cuda"),
+          "gloo between ranks that share a GPU is a real multi-process world; the emulated world has one "
+          "process, whose collectives the emulated backend answers", "leave dist.distributed_backend unset"),
+)
+"""The emulated world's refusals (the backend's own refusals cover the collectives it cannot play)."""

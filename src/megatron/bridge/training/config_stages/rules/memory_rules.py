@@ -1,0 +1,81 @@
+"""Rules that the model's state fits the memory it will live in: one GPU of the target type per rank,
+or this host for all ranks of a CPU smoke-mode job.
+
+Sizes that pass every other rule (``model.num_moe_experts=1000000``) otherwise fail later in every
+rank, allocating weights. The estimate (``facts/memory_estimate.py``) is a lower bound, so only
+what cannot fit is refused; the message shows the estimate, its parts and the limit.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from megatron.bridge.training.config_stages.facts.gpu_catalog import gpu_memory_bytes
+from megatron.bridge.training.config_stages.facts.memory_estimate import (
+    cpu_job_estimate,
+    estimable,
+    estimate_per_rank,
+    gib,
+    host_memory_bytes,
+)
+from megatron.bridge.training.config_stages.schema.rule_base import Rule, RuleContext
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+MEMORY_FIELDS: tuple[str, ...] = (
+    "model.num_layers", "model.hidden_size", "model.ffn_hidden_size", "model.num_moe_experts",
+    "model.moe_ffn_hidden_size", "model.vocab_size", "model.tensor_model_parallel_size",
+    "model.pipeline_model_parallel_size", "model.expert_model_parallel_size",
+)
+"""The sizes shown beside a memory refusal (the estimate reads a few more)."""
+
+_FIX = ("spread the model over more GPUs (-tp/-pp/-ep, with -ng to match), use the distributed optimizer "
+        "(ddp.use_distributed_optimizer=true) and more data-parallel ranks, or make the model smaller")
+
+
+def _gpu_limit(cfg: "ConfigContainer", ctx: RuleContext) -> Optional[int]:
+    return None if cfg.dist.device == "cpu" else gpu_memory_bytes(ctx.device_name)
+
+
+def _gpu_applies(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    return _gpu_limit(cfg, ctx) is not None and estimable(cfg, ctx)
+
+
+def _host_applies(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    return cfg.dist.device == "cpu" and host_memory_bytes() is not None and estimable(cfg, ctx)
+
+
+MEMORY_RULES: tuple[Rule, ...] = (
+    Rule(
+        id="model-state-fits-gpu-memory",
+        fields=MEMORY_FIELDS,
+        applies=_gpu_applies,
+        holds=lambda cfg, ctx: estimate_per_rank(cfg, ctx.world_size).total_bytes <= _gpu_limit(cfg, ctx),
+        message="the model's weights, gradients and optimizer state alone (a lower bound: activations and "
+        "buffers come on top) need more memory per rank than one GPU of the target type has: every rank "
+        "would fail allocating them",
+        fix=_FIX,
+        derived_values=(
+            ("estimate", lambda cfg, ctx: estimate_per_rank(cfg, ctx.world_size).describe()),
+            ("limit", lambda cfg, ctx: f"{gib(_gpu_limit(cfg, ctx))} on one {ctx.device_name}"),
+        ),
+        group="memory",
+    ),
+    Rule(
+        id="model-state-fits-host-memory",
+        fields=MEMORY_FIELDS + ("dist.device",),
+        applies=_host_applies,
+        holds=lambda cfg, ctx: cpu_job_estimate(cfg, ctx.world_size).total_bytes <= host_memory_bytes(),
+        message="CPU smoke mode runs every rank on this host (an emulated world: the one rank it plays), and "
+        "their weights, gradients and optimizer state alone (a lower bound) need more memory than the host has: "
+        "the ranks would fail allocating them, or the host would start swapping",
+        fix="use fewer processes (-ng) or a smaller model (CPU smoke mode checks that a configuration runs, "
+        "not how fast: the tiny recipe is meant for it)",
+        derived_values=(
+            ("estimate", lambda cfg, ctx: cpu_job_estimate(cfg, ctx.world_size).describe()),
+            ("limit", lambda cfg, ctx: f"{gib(host_memory_bytes())} on this host"),
+        ),
+        group="memory",
+    ),
+)

@@ -1,0 +1,59 @@
+"""Rules of the FP4 precision recipes, as data (FP4 read from the precision recipe, or with
+``mixed_precision=null`` from ``model.fp4``).
+
+NVFP4 compute exists only in Transformer Engine's NVFP4 kernels, which run on Blackwell tensor
+cores. Without them the torch layers would compute in BF16 and the recipe would have no effect,
+so a run that asks for FP4 where it cannot happen is refused when it is validated.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from megatron.bridge.training.config_stages.facts.overlap_facts import precision_fp4, resolved_layer_spec
+from megatron.bridge.training.config_stages.schema.rule_base import TE_VERSION_VALUE, Rule, RuleContext
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+FP4_MIN_CAPABILITY = (10, 0)
+"""NVFP4 GEMMs run on Blackwell (compute capability 10.0+)."""
+
+
+def _uses_fp4(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    return precision_fp4(cfg) is not None
+
+
+PRECISION_RULES: tuple[Rule, ...] = (
+    Rule(
+        id="fp4-needs-transformer-engine",
+        fields=("mixed_precision", "model.fp4"),
+        applies=_uses_fp4,
+        holds=lambda cfg, ctx: ctx.te_version is not None,
+        message="FP4 (NVFP4) compute needs Transformer Engine, which does not import here",
+        fix="use mixed_precision=bf16_mixed (-c bf16), or install the 'te' extra on a Blackwell GPU machine",
+        extra_values=TE_VERSION_VALUE,
+    ),
+    Rule(
+        id="fp4-needs-te-layers",
+        fields=("mixed_precision", "model.fp4", "model.layer_spec"),
+        applies=lambda cfg, ctx: _uses_fp4(cfg, ctx)
+        and (ctx.te_version is not None or cfg.model.layer_spec in ("local", "torch_native")),
+        holds=lambda cfg, ctx: resolved_layer_spec(cfg, ctx) == "transformer_engine",
+        message="FP4 compute happens inside Transformer Engine's layers; megatron-core's local and the "
+        "torch-native layers would compute in bf16 and the FP4 setting would have no effect",
+        fix="set model.layer_spec=auto or transformer_engine (auto picks TE for FP4), or use "
+        "mixed_precision=bf16_mixed (-c bf16)",
+    ),
+    Rule(
+        id="fp4-needs-blackwell",
+        fields=("mixed_precision", "model.fp4"),
+        applies=lambda cfg, ctx: _uses_fp4(cfg, ctx) and ctx.device_capability is not None,
+        holds=lambda cfg, ctx: tuple(ctx.device_capability) >= FP4_MIN_CAPABILITY,
+        message="FP4 (NVFP4) needs Blackwell tensor cores (compute capability 10.0+)",
+        fix="use mixed_precision=bf16_with_fp8_current_scaling_mixed (-c fp8_cs) on Hopper, or validate "
+        "for a Blackwell GPU (-g b200)",
+        derived_values=(("target_gpu_capability", lambda cfg, ctx: ctx.device_capability),),
+    ),
+)
+"""Part of the general rule table: FP4 where it cannot run is refused, not ignored."""

@@ -1,0 +1,1 @@
+"""Stage 1: the section dataclasses, the allowed ranges of numeric settings and the rule record."""

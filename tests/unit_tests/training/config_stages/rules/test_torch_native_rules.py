@@ -1,0 +1,154 @@
+"""Every rule of the torch-native fields (token dispatch and kernels) has a passing and a failing case
+(table-driven, as the general rules)."""
+
+import pytest
+from overlap_helpers import set_fields, violated_rule_ids
+from packaging.version import Version
+
+from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
+from megatron.bridge.training.config_stages.rules.dispatch_rules import TORCH_NATIVE_DISPATCH_RULES
+from megatron.bridge.training.config_stages.rules.kernel_rules import TORCH_NATIVE_KERNEL_RULES
+from megatron.bridge.training.errors import ConfigValidationError
+
+RULES = TORCH_NATIVE_DISPATCH_RULES + TORCH_NATIVE_KERNEL_RULES
+TE_ABSENT = dict(te_version=None)
+TE_PRESENT = dict(te_version=Version("2.12.0"))
+HOPPER = dict(te_version=None, device_capability=(9, 0))
+AMPERE = dict(te_version=None, device_capability=(8, 0))
+
+
+def _set(**changes):
+    """A mutation of a recipe config: dotted path -> value."""
+    return lambda cfg: set_fields(cfg, changes)
+
+
+M = "model."
+GG, CE, COMPILE = (M + "torch_native_grouped_gemm_backend", M + "torch_native_cross_entropy_backend",
+                   M + "torch_native_compile")
+WA = M + "torch_native_wgrad_accumulation"
+NA, GPN, EP = M + "torch_native_dispatcher", M + "torch_native_gpus_per_node", M + "expert_model_parallel_size"
+BF16 = {M + "bf16": True}
+# rule id -> (context facts, mutation that breaks the rule, mutation that satisfies it)
+CASES = {
+    "torch-native-dispatcher-known": (
+        TE_ABSENT, _set(**{M + "torch_native_dispatcher": "fast"}),
+        _set(**{M + "torch_native_dispatcher": "megatron"})),
+    "torch-native-ep-transport-known": (
+        TE_ABSENT, _set(**{M + "torch_native_ep_transport": "ib"}), _set(**{M + "torch_native_ep_transport": "nccl"})),
+    "torch-native-dispatch-needs-torch-native-layers": (
+        TE_PRESENT, _set(**{M + "torch_native_dispatcher": "sorted", M + "layer_spec": "transformer_engine"}),
+        _set(**{M + "torch_native_dispatcher": "sorted", M + "layer_spec": "torch_native"})),
+    "sorted-dispatch-must-be-exact": (
+        TE_ABSENT, _set(**{M + "torch_native_dispatcher": "sorted", M + "moe_expert_capacity_factor": 1.25}),
+        _set(**{M + "torch_native_dispatcher": "sorted"})),
+    "ep-transport-needs-sorted-ep-dispatch": (
+        TE_ABSENT, _set(**{M + "torch_native_ep_transport": "nvshmem", M + "torch_native_dispatcher": "megatron"}),
+        _set(**{M + "torch_native_ep_transport": "nvshmem"})),
+    "nvshmem-blocks-in-range": (
+        TE_ABSENT, _set(**{M + "torch_native_nvshmem_blocks": 12}), _set(**{M + "torch_native_nvshmem_blocks": 16})),
+    "node-aware-dispatch-needs-gpus-per-node": (
+        TE_ABSENT, _set(**{NA: "node_aware"}), _set(**{NA: "node_aware", GPN: 8})),
+    "gpus-per-node-divides-ep-size": (
+        TE_ABSENT, _set(**{NA: "node_aware", GPN: 6}), _set(**{NA: "node_aware", GPN: 8})),
+    "node-aware-dispatch-needs-ep": (
+        TE_ABSENT, _set(**{NA: "node_aware", GPN: 8, EP: 1}), _set(**{NA: "node_aware", GPN: 8, EP: 2})),
+    "node-aware-dispatch-must-be-exact": (
+        TE_ABSENT, _set(**{NA: "node_aware", GPN: 8, M + "moe_expert_capacity_factor": 1.25}),
+        _set(**{NA: "node_aware", GPN: 8})),
+    "node-aware-dispatch-takes-no-sorted-transport": (
+        TE_ABSENT, _set(**{NA: "node_aware", GPN: 8, M + "torch_native_ep_transport": "nccl"}),
+        _set(**{NA: "node_aware", GPN: 8})),
+    "gpus-per-node-needs-node-aware-dispatch": (
+        TE_ABSENT, _set(**{NA: "sorted", GPN: 8}), _set(**{NA: "node_aware", GPN: 8})),
+    "node-aware-gpus-per-node-matches-emulated-network": (
+        TE_ABSENT, _set(**{NA: "node_aware", GPN: 4, "emulation.world_size": 16}),  # h100_ib400: 8 per node
+        _set(**{NA: "node_aware", GPN: 4, "emulation.world_size": 16, "emulation.gpus_per_node": 4})),
+    "torch-native-grouped-gemm-backend-known": (TE_ABSENT, _set(**{GG: "cutlass"}), _set(**{GG: "loop"})),
+    "torch-native-cross-entropy-backend-known": (TE_ABSENT, _set(**{CE: "cudnn"}), _set(**{CE: "torch"})),
+    "torch-native-kernel-settings-need-torch-native-layers": (
+        TE_PRESENT, _set(**{COMPILE: False, M + "layer_spec": "transformer_engine"}),
+        _set(**{COMPILE: False, M + "layer_spec": "auto"})),
+    "torch-native-compile-off-needs-cuda": (
+        TE_ABSENT, _set(**{COMPILE: False, "dist.device": "cpu"}), _set(**{COMPILE: False})),
+    "grouped-mm-needs-hopper-bf16": (AMPERE, _set(**{GG: "grouped_mm", **BF16}), _set(**{GG: "loop", **BF16})),
+    "cross-entropy-backend-needs-torch-native-loss": (
+        TE_ABSENT, _set(**{CE: "torch", M + "cross_entropy_fusion_impl": "native"}), _set(**{CE: "torch"})),
+    "triton-cross-entropy-needs-cuda": (
+        TE_ABSENT, _set(**{CE: "triton", "dist.device": "cpu"}), _set(**{CE: "triton"})),
+    "torch-native-wgrad-accumulation-known": (TE_ABSENT, _set(**{WA: "apex"}), _set(**{WA: "unfused"})),
+    "fused-wgrad-accumulation-needs-cuda": (
+        TE_ABSENT, _set(**{WA: "fused", "dist.device": "cpu"}), _set(**{WA: "fused"})),
+    "fused-wgrad-accumulation-needs-fp32-main-grad": (
+        TE_ABSENT, _set(**{WA: "fused", "ddp.grad_reduce_in_fp32": False}),
+        _set(**{WA: "fused", "ddp.grad_reduce_in_fp32": True})),
+}
+
+
+def test_every_rule_has_cases():
+    assert set(CASES) == {rule.id for rule in RULES}
+
+
+def _violated_ids(cfg, facts):
+    return violated_rule_ids(RULES, cfg, facts)
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_negative_case_is_reported(rule_id):
+    facts, breaks, _ = CASES[rule_id]
+    assert rule_id in _violated_ids(breaks(qwen3_30b_a3b_pretrain_config()), facts)
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_positive_case_passes(rule_id):
+    facts, _, satisfies = CASES[rule_id]
+    assert rule_id not in _violated_ids(satisfies(qwen3_30b_a3b_pretrain_config()), facts)
+
+
+@pytest.mark.parametrize(
+    "ep,blocks,refused",
+    [
+        (2, 2, False), (2, 32, False), (2, 64, False), (8, 8, False), (8, 16, False), (8, 64, False),
+        (2, 6, True),  # a multiple of EP, but three blocks per peer do not divide a 64-byte row
+        (8, 24, True), (8, 40, True), (4, 48, True),
+        (8, 4, True), (2, 128, True),  # fewer blocks than ranks; more than torch launches
+    ],
+)
+def test_nvshmem_blocks_must_split_every_peers_rows_exactly(ep, blocks, refused):
+    cfg = _set(**{M + "expert_model_parallel_size": ep, M + "torch_native_nvshmem_blocks": blocks})(
+        qwen3_30b_a3b_pretrain_config())
+    assert ("nvshmem-blocks-in-range" in _violated_ids(cfg, TE_ABSENT)) is refused
+
+
+def test_validate_refuses_a_transport_that_would_have_no_effect():
+    cfg = qwen3_30b_a3b_pretrain_config()
+    cfg.model.expert_model_parallel_size = 1
+    cfg.model.torch_native_ep_transport = "nccl"
+    with pytest.raises(ConfigValidationError, match="ep-transport-needs-sorted-ep-dispatch"):
+        cfg.validate()
+
+
+@pytest.mark.parametrize(
+    "facts,changes,refused",
+    [
+        (HOPPER, {GG: "grouped_mm", **BF16}, False),
+        (HOPPER, {GG: "grouped_mm_padded", **BF16}, False),
+        (dict(te_version=None, device_capability=None), {GG: "grouped_mm", **BF16}, False),  # unknown GPU
+        (HOPPER, {GG: "grouped_mm", M + "bf16": False}, True),  # fp32/fp16: no grouped_mm kernel
+        (HOPPER, {GG: "grouped_mm", "dist.device": "cpu", **BF16}, True),
+    ],
+)
+def test_grouped_mm_needs_bf16_on_a_capable_gpu(facts, changes, refused):
+    cfg = _set(**changes)(qwen3_30b_a3b_pretrain_config())
+    assert ("grouped-mm-needs-hopper-bf16" in _violated_ids(cfg, facts)) is refused
+
+
+def test_validate_refuses_a_kernel_setting_that_would_have_no_effect():
+    cfg = qwen3_30b_a3b_pretrain_config()
+    cfg.model.layer_spec = "local"
+    cfg.model.torch_native_grouped_gemm_backend = "loop"
+    with pytest.raises(ConfigValidationError, match="torch-native-kernel-settings-need-torch-native-layers"):
+        cfg.validate()
+
+
+def test_the_defaults_pass_every_rule():
+    assert _violated_ids(qwen3_30b_a3b_pretrain_config(), TE_ABSENT) == set()
