@@ -20,9 +20,7 @@ from typing import NoReturn, Optional, Sequence
 
 from megatron.bridge.emulation.network import PRESETS as NETWORK_PRESETS
 from megatron.bridge.perf.flag_fields import FLAG_FIELDS
-from megatron.bridge.training.config_stages.facts.gpu_catalog import GPU_TYPES
-from megatron.bridge.training.config_stages.facts.parallel_layout import MAX_WORLD_SIZE
-from megatron.bridge.training.errors import did_you_mean
+from megatron.bridge.training.harness_surface import GPU_TYPES, MAX_WORLD_SIZE, did_you_mean
 from megatron.bridge.utils.flex_backend_names import FLEX_BACKENDS
 
 PLAIN_ALLTOALL = "alltoall"

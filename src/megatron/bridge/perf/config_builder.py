@@ -36,13 +36,16 @@ from megatron.bridge.perf.recipe_lookup import (
     minimum_world_size,
     scaled_global_batch_size,
 )
-from megatron.bridge.training.config_stages.facts.parallel_layout import MAX_WORLD_SIZE, layout_within
-from megatron.bridge.training.config_stages.schema.rule_base import RuleContext, read_field
-from megatron.bridge.training.loop.checkpoint_dir import inspect_checkpoint_dir
+from megatron.bridge.training.harness_surface import (
+    MAX_WORLD_SIZE,
+    RuleContext,
+    inspect_checkpoint_dir,
+    layout_within,
+    read_field,
+)
 
 if TYPE_CHECKING:
-    from megatron.bridge.training.config import ConfigContainer
-    from megatron.bridge.training.config_stages.resolution.finalize import Resolution
+    from megatron.bridge.training.harness_surface import ConfigContainer, Resolution
 
 DEFAULT_GPUS_PER_NODE = 8
 
@@ -127,7 +130,7 @@ def apply_layer(cfg: "ConfigContainer", values: "Mapping[str, Any] | Sequence[st
     if not values:
         return cfg
     # Deferred: the override machinery imports the configuration classes (torch and megatron-core).
-    from megatron.bridge.training.utils.omegaconf_utils import apply_overrides
+    from megatron.bridge.training.harness_surface import apply_overrides
 
     return apply_overrides(cfg, nest(values) if isinstance(values, Mapping) else list(values), source=source)
 
@@ -188,7 +191,7 @@ def flex_dispatcher_values(backend: str) -> dict[str, Any]:
     ``dispatcher_fields`` (flex with the backend, or plain alltoall). Whether the backend runs on the
     target GPU is checked with every other rule when the config is resolved."""
     # Deferred: the flex helpers import the configuration classes (torch and megatron-core).
-    from megatron.bridge.training.flex_dispatcher_backend import dispatcher_fields
+    from megatron.bridge.training.harness_surface import dispatcher_fields
 
     chosen = dispatcher_fields(None if backend == PLAIN_ALLTOALL else backend)
     return {f"model.{name}": value for name, value in chosen.items()}
@@ -232,7 +235,7 @@ def computed_values(cfg: "ConfigContainer", recipe: RecipeChoice, recipe_cfg: "C
             values["train.global_batch_size"] = gbs
     if cfg.logger.log_dir is None:
         # Deferred: the metrics module is the ranks' logger and imports torch and megatron-core.
-        from megatron.bridge.training.telemetry.metrics import default_log_dir
+        from megatron.bridge.training.harness_surface import default_log_dir
 
         values["logger.log_dir"] = default_log_dir(recipe.function_name.removesuffix("_config"))
     if procs_per_gpu > 1 and cfg.dist.distributed_backend is None and cfg.dist.device != "cpu":
@@ -333,7 +336,7 @@ def build_config(
     cfg = copy.deepcopy(recipe_cfg)
     if args.config_file:
         # Deferred: the YAML reader imports the configuration classes (torch and megatron-core).
-        from megatron.bridge.training.utils.omegaconf_utils import load_yaml
+        from megatron.bridge.training.harness_surface import load_yaml
 
         cfg = apply_layer(cfg, load_yaml(args.config_file), "yaml")
 
@@ -393,7 +396,7 @@ def build_config(
 def rule_context(built: BuiltConfig) -> "RuleContext":
     """Validation facts: world size of the job and the ``-g`` target GPU (not this machine's)."""
     # Deferred: the resolution imports every rule table, the configuration and megatron-core.
-    from megatron.bridge.training.config_stages.resolution.finalize import default_rule_context
+    from megatron.bridge.training.harness_surface import default_rule_context
 
     return default_rule_context(built.world_size, target_gpu=built.target_gpu)
 
@@ -401,7 +404,7 @@ def rule_context(built: BuiltConfig) -> "RuleContext":
 def resolution_of(built: BuiltConfig) -> "Resolution":
     """The one resolution of the job's config; raises ``ConfigError`` listing every violation."""
     # Deferred: as in rule_context.
-    from megatron.bridge.training.config_stages.resolution.finalize import resolve_config
+    from megatron.bridge.training.harness_surface import resolve_config
 
     return resolve_config(built.cfg, ctx=rule_context(built)).raise_for_errors()
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from megatron.bridge.perf.supervisor import LAUNCH_LOG, is_rank_line
-from megatron.bridge.training.entry import FAILURE_DIR
+from megatron.bridge.training.harness_surface import FAILURE_DIR
 
 TAIL_LINES = 30
 

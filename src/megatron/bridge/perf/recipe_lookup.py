@@ -24,12 +24,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
-from megatron.bridge.training.config_stages.facts.parallel_layout import expert_parallel_span, model_parallel_size
-from megatron.bridge.training.config_stages.reading.shown import short_text
-from megatron.bridge.training.errors import did_you_mean
+from megatron.bridge.training.harness_surface import did_you_mean, expert_parallel_span, model_parallel_size, short_text
 
 if TYPE_CHECKING:
-    from megatron.bridge.training.config import ConfigContainer
+    from megatron.bridge.training.harness_surface import ConfigContainer
 
 RECIPES_PACKAGE = "megatron.bridge.recipes"
 _GPU_VARIANT = re.compile(r"^(?P<base>.+)_(?P<ng>\d+)gpu_config$")

@@ -37,16 +37,19 @@ from megatron.bridge.perf.results import SUMMARY_NAME, format_results, load_summ
 from megatron.bridge.perf.run_dir import RunDirClaim, RunDirError, claim, make_child_dir, run_dir_problems
 from megatron.bridge.perf.supervisor import LAUNCH_LOG, JobOutcome
 from megatron.bridge.perf.sweep import combine_rounds, job_dirname, parse_sweep, write_sweep_outputs
-from megatron.bridge.training.entry import FAILURE_DIR
-from megatron.bridge.training.errors import ConfigError
-from megatron.bridge.training.loop.checkpoint_dir import CheckpointDir, inspect_checkpoint_dir, iteration_dir
+from megatron.bridge.training.harness_surface import (
+    FAILURE_DIR,
+    CheckpointDir,
+    ConfigError,
+    inspect_checkpoint_dir,
+    iteration_dir,
+)
 from megatron.bridge.utils.gpu_count import too_few_gpus
 from megatron.bridge.utils.owned_files import describe_os_error, replace_file
 from megatron.bridge.utils.quiet import marked, unmarked
 
 if TYPE_CHECKING:
-    from megatron.bridge.training.config import ConfigContainer
-    from megatron.bridge.training.config_stages.resolution.finalize import Resolution
+    from megatron.bridge.training.harness_surface import ConfigContainer, Resolution
 
 EXIT_CONFIG = 2
 EXIT_ENVIRONMENT = 3
@@ -333,7 +336,7 @@ def sweep_root(args) -> Path:
     if args.log_dir:
         return Path(args.log_dir).resolve()
     # Deferred: the metrics module is the ranks' logger and imports torch and megatron-core.
-    from megatron.bridge.training.telemetry.metrics import default_log_dir
+    from megatron.bridge.training.harness_surface import default_log_dir
 
     return Path(default_log_dir(f"{args.model_recipe_name}_{args.task}_sweep"))
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional, TextIO
 
-from megatron.bridge.training.loop.stop_request import STOP_SIGNALS
+from megatron.bridge.training.harness_surface import STOP_SIGNALS
 from megatron.bridge.utils.owned_files import describe_os_error, make_dir, open_append
 from megatron.bridge.utils.quiet import marked, unmarked
 

@@ -1,0 +1,56 @@
+"""What the harness (``megatron.bridge.perf``) may use of the training side, named in one place.
+
+The harness builds a configuration, resolves and validates it for the target GPU, and launches the
+training entry point; it reads a few facts of the layout, the checkpoint directory and the run's
+files to do so. Each name below is looked up in its home when it is imported from here (PEP 562),
+so ``run_script.py --help`` and a refused flag never load megatron-core. A test holds ``perf/`` to
+this module: a new need of the harness is added here, in the table, or not at all.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+SURFACE: dict[str, str] = {
+    # build
+    "ConfigContainer": "megatron.bridge.training.config",
+    "apply_overrides": "megatron.bridge.training.utils.omegaconf_utils",
+    "load_yaml": "megatron.bridge.training.utils.omegaconf_utils",
+    "dispatcher_fields": "megatron.bridge.training.flex_dispatcher_backend",
+    # resolve and validate
+    "Resolution": "megatron.bridge.training.config_stages.resolution.finalize",
+    "resolve_config": "megatron.bridge.training.config_stages.resolution.finalize",
+    "default_rule_context": "megatron.bridge.training.config_stages.resolution.finalize",
+    "RuleContext": "megatron.bridge.training.config_stages.schema.rule_base",
+    "read_field": "megatron.bridge.training.config_stages.schema.rule_base",
+    "ConfigError": "megatron.bridge.training.errors",
+    "did_you_mean": "megatron.bridge.training.errors",
+    "short_text": "megatron.bridge.training.config_stages.reading.shown",
+    # facts of the layout and the target GPU
+    "GPU_TYPES": "megatron.bridge.training.config_stages.facts.gpu_catalog",
+    "MAX_WORLD_SIZE": "megatron.bridge.training.config_stages.facts.parallel_layout",
+    "layout_within": "megatron.bridge.training.config_stages.facts.parallel_layout",
+    "expert_parallel_span": "megatron.bridge.training.config_stages.facts.parallel_layout",
+    "model_parallel_size": "megatron.bridge.training.config_stages.facts.parallel_layout",
+    # launch facts: the entry point's files, signals and checkpoints
+    "FAILURE_DIR": "megatron.bridge.training.entry",
+    "STOP_SIGNALS": "megatron.bridge.training.loop.stop_request",
+    "default_log_dir": "megatron.bridge.training.telemetry.metrics",
+    "CheckpointDir": "megatron.bridge.training.loop.checkpoint_dir",
+    "inspect_checkpoint_dir": "megatron.bridge.training.loop.checkpoint_dir",
+    "iteration_dir": "megatron.bridge.training.loop.checkpoint_dir",
+}
+"""Name -> the module that defines it."""
+
+__all__ = sorted(SURFACE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in SURFACE:
+        raise AttributeError(f"{__name__} has no {name!r}: the harness's names are {', '.join(__all__)}")
+    return getattr(importlib.import_module(SURFACE[name]), name)  # not kept: a patched home is seen
+
+
+def __dir__() -> list[str]:
+    return __all__
