@@ -1,4 +1,8 @@
-"""The configuration tree of a training run: dataclasses only.
+"""The configuration tree of a training run: dataclasses only, above every stage of the configuration.
+
+Their methods (``ConfigContainer.resolve()``/``to_yaml()``/``from_yaml()``, ``CommOverlapConfig.finalize()``/
+``setup()``) call the stages of :mod:`megatron.bridge.training.config_stages` when they run; no stage imports
+this module at run time, and importing it loads the ``schema`` stage only.
 
 Every setting has exactly one owner in this tree. Values that other layers need (for example the
 sequence length the dataset builder uses, or the precision flags of the optimizer) are *derived*
