@@ -17,7 +17,7 @@ the experts it owns differ:
   itself (a peer's rows for this rank are shaped like this rank's rows for itself). Where the
   output's chunks differ from that in size (a combine, whose chunks are what this rank sent each
   peer, and a dispatch's backward), the output holds this rank's own rows once, then zeros: one copy
-  and one fill, where chunk-exact stand-in values cost six kernel launches on the host.
+  and one fill, where chunk-exact stand-in values took a copy of the split sizes and nine kernels.
 
 Each collective runs where ProcessGroupNCCL runs one: on its group's own stream, which first waits
 for the work the issuing stream has queued. There it enqueues its copies, then holds ``comm_sms``
