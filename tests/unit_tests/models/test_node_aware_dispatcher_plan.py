@@ -161,7 +161,7 @@ def test_node_aware_is_chosen_when_asked_for_and_says_its_node_shape(ep, gpus_pe
 
 
 @pytest.mark.parametrize("ep", [2, 4, 16])
-def test_auto_never_picks_node_aware_it_is_not_measured(ep) -> None:
+def test_auto_never_picks_node_aware_it_was_not_faster_with_overlap_on(ep) -> None:
     choice = choose_dispatch(_Config(torch_native_dispatcher="auto"), ep, 1, None, torch.device("cpu"))
     assert choice.dispatcher == "megatron"
 
