@@ -73,14 +73,14 @@ def merge(args: argparse.Namespace) -> int:
     """Runs of the same benchmark made in separate calls, as one table: every repeat of every row."""
     runs = [json.loads(path.read_text()) for path in args.merge]
     table = bench.merge_rows([run["rows"] for run in runs], args.ran_at)
-    meta = {key: runs[0][key] for key in ("question", "modeled", "layers", "steps", "window_start")}
+    meta = {key: runs[0][key] for key in ("question", "modeled", "steps", "window_start")}
     meta["networks"] = {name: figures for run in runs for name, figures in run["networks"].items()}
     meta.update(commands=[_portable(run["command"]) for run in runs], devices=sorted({run["device"] for run in runs}),
                 matmul_ceiling_tflops=[run["matmul_ceiling_tflops"] for run in runs],
                 nominal_peak_tflops=NOMINAL_PEAK_TFLOPS, ran_at=args.ran_at, notes=args.note,
                 merged_by=shlex.join(["uv", "run", "python", "scripts/performance/ep_emulation_benchmark.py",
                                       "--merge", *(p.name for p in args.merge)]))
-    meta["layers"] = sorted({row.get("layers", meta["layers"]) for row in table})
+    meta["layers"] = sorted({bench.row_key(row)[1] for row in table})
     args.out.mkdir(parents=True, exist_ok=True)
     bench.write_results(args.out / "results.json", table, meta)
     if args.publish:

@@ -192,7 +192,8 @@ def rows(cases: Sequence[Case], results: dict[str, dict[str, Any]], commit: str,
         elif not case.profile and case.name in results:
             grouped.setdefault(case.key, []).append(results[case.name])
     out = []
-    for (ep, layers, network, dispatcher, arm), runs in sorted(grouped.items()):
+    for key, runs in sorted(grouped.items()):
+        ep, layers, network, dispatcher, arm = key
         row = {"layout": f"EP=1 on one GPU ({EXPERTS // ep} experts, top-{TOPK})" if arm == "ep1"
                else f"EP={ep} over {ep // GPUS_PER_NODE} x {GPUS_PER_NODE} (emulated)", "ep": ep, "layers": layers,
                "network": network, "dispatcher": dispatcher, "arm": arm, "mbs": 1, "micro_batches": MICRO_BATCHES,
@@ -202,8 +203,8 @@ def rows(cases: Sequence[Case], results: dict[str, dict[str, Any]], commit: str,
             row["modeled_comm_s"] = _mean(r["modeled_comm_s"] for r in runs)
             row["modeled_comm_s_by_group"] = runs[0]["modeled_comm_s_by_group"]
             row["emulation_host_s"] = _mean(r["emulation_host_s"] for r in runs)
-        if (ep, layers, network, dispatcher, arm) in profiles:
-            row["profile"] = profiles[(ep, layers, network, dispatcher, arm)]
+        if key in profiles:
+            row["profile"] = profiles[key]
         out.append(row)
     _add_hidden_shares(out)
     return out
@@ -214,17 +215,17 @@ def _mean(values: Any) -> Optional[float]:
     return statistics.fmean(present) if present else None
 
 
-def _row_key(row: dict[str, Any]) -> RowKey:
+def row_key(row: dict[str, Any]) -> RowKey:
     """Rows written before they carried their EP size and depth were EP=16, 4 layers deep."""
     return row.get("ep", 16), row.get("layers", 4), row["network"], row["dispatcher"], row["arm"]
 
 
 def _add_hidden_shares(table: list[dict[str, Any]]) -> None:
-    by_key = {_row_key(r): r for r in table}
+    by_key = {row_key(r): r for r in table}
     for row in table:
         if row["arm"] not in ("on", "on_delay_wgrad"):
             continue
-        ep, layers = _row_key(row)[:2]
+        ep, layers = row_key(row)[:2]
         off = by_key.get((ep, layers, row["network"], row["dispatcher"], "off"))
         free = by_key.get((ep, layers, "free", row["dispatcher"], "free"))
         if off and free:
@@ -238,7 +239,7 @@ def merge_rows(tables: Sequence[list[dict[str, Any]]], ran_at: Optional[str]) ->
     merged: dict[RowKey, dict[str, Any]] = {}
     for table in tables:
         for row in table:
-            key = _row_key(row)
+            key = row_key(row)
             if key not in merged:
                 merged[key] = {**row, "step_s": [], "runs": 0}
                 merged[key].pop("hidden_share", None)
