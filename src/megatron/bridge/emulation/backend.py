@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from megatron.bridge.emulation.hold import Hold
-from megatron.bridge.emulation.network import NetworkModel
+from megatron.bridge.emulation.network import GroupCosts, NetworkModel
 from megatron.bridge.emulation.record import CommRecord, HostTimer
 
 logger = logging.getLogger(__name__)
@@ -72,11 +72,11 @@ class EmulatedWorld:
             self.streams[key] = torch.cuda.Stream(device=device)
         return self.streams[key]
 
-    def charge(self, group: "EmulatedGroup", kind: str, nbytes: int, seconds: float, device: torch.device,
+    def charge(self, group: "EmulatedGroup", kind: str, nbytes: int, seconds: float, on_gpu: bool,
                inter_node_bytes: int = 0) -> None:
-        """Record a collective and hold the GPU for its modeled time on the issuing stream."""
+        """Record a collective and, on a GPU, hold the current (the group's) stream for its modeled time."""
         self.record.add(group.label, kind, nbytes, seconds, inter_node_bytes)
-        if seconds > 0 and device.type == "cuda":
+        if seconds > 0 and on_gpu:
             self.hold(seconds, self.network.comm_sms, all_to_all=kind == "all_to_all")
 
 
@@ -97,7 +97,7 @@ class _Done(dist.Work):
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         if self.event is not None:
-            torch.cuda.current_stream().wait_event(self.event)
+            torch.accelerator.current_stream().wait_event(self.event)
         return True
 
     def is_completed(self) -> bool:
@@ -119,6 +119,7 @@ class EmulatedGroup(dist.ProcessGroup):
         self.ranks = tuple(ranks) or tuple(range(size))
         self.name_ = name
         self._label: Optional[str] = None
+        self.costs = GroupCosts(world.network, self.ranks, rank)
 
     @property
     def label(self) -> str:
@@ -158,74 +159,74 @@ class EmulatedGroup(dist.ProcessGroup):
         return self._all_reduce(tensors, opts.reduceOp)
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        with self._collective(outputs, inputs):
+        with self._collective(outputs, inputs) as stream:
             for outs, tensor in zip(outputs, inputs):
                 for out in outs:
                     if out.data_ptr() != tensor.data_ptr():
                         out.copy_(tensor)
-            return self._done("all_gather", sum(_nbytes(t) * self.n for t in inputs), inputs[0])
+            return self._done("all_gather", sum(_nbytes(t) * self.n for t in inputs), stream)
 
     def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> dist.Work:
-        with self._collective(output, tensor):
+        with self._collective(output, tensor) as stream:
             _replicate(output, tensor, self.n, self.me)
-            return self._done("all_gather", _nbytes(output), output)
+            return self._done("all_gather", _nbytes(output), stream)
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                     opts: Any = None) -> dist.Work:
-        with self._collective(outputs, inputs):
+        with self._collective(outputs, inputs) as stream:
             for output, tensor in zip(outputs, inputs):
                 _replicate(output, tensor, self.n, self.me)
-            return self._done("all_gather", sum(map(_nbytes, outputs)), outputs[0])
+            return self._done("all_gather", sum(map(_nbytes, outputs)), stream)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
     _allgather_base = all_gather_single  # the name torch 2.11's all_gather_into_tensor calls
 
     def reduce_scatter_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> dist.Work:
-        with self._collective(output, tensor):
+        with self._collective(output, tensor) as stream:
             self._own_chunk(output, tensor, opts.reduceOp)
-            return self._done("reduce_scatter", _nbytes(tensor), output)
+            return self._done("reduce_scatter", _nbytes(tensor), stream)
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> dist.Work:
-        with self._collective(outputs, inputs):
+        with self._collective(outputs, inputs) as stream:
             for output, tensor in zip(outputs, inputs):
                 self._own_chunk(output, tensor, opts.reduceOp)
-            return self._done("reduce_scatter", sum(map(_nbytes, inputs)), outputs[0])
+            return self._done("reduce_scatter", sum(map(_nbytes, inputs)), stream)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
     _reduce_scatter_base = reduce_scatter_single  # the name torch 2.11's reduce_scatter_tensor calls
 
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts: Any = None) -> dist.Work:
-        with self._collective(outputs, input_lists):
+        with self._collective(outputs, input_lists) as stream:
             for output, chunks in zip(outputs, input_lists):
                 output.copy_(chunks[self.me])
                 _reduce_identical(output, opts.reduceOp, self.n)
-            return self._done("reduce_scatter", sum(_nbytes(c) for chunks in input_lists for c in chunks), outputs[0])
+            return self._done("reduce_scatter", sum(_nbytes(c) for chunks in input_lists for c in chunks), stream)
 
     def all_to_all_single(self, output: torch.Tensor, tensor: torch.Tensor, output_split_sizes: list[int],
                           input_split_sizes: list[int], opts: Any = None) -> dist.Work:
-        with self._collective(output, tensor):
+        with self._collective(output, tensor) as stream:
             sent = _exchange_rows(output, tensor, output_split_sizes, input_split_sizes, self.me, self.n)
             row = _nbytes(tensor) // max(1, tensor.shape[0]) if tensor.dim() else _nbytes(tensor)
-            return self._all_to_all_charged([rows * row for rows in sent], output)
+            return self._all_to_all_charged([rows * row for rows in sent], stream)
 
     alltoall_base = all_to_all_single  # the name older torch's all_to_all_single calls
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        with self._collective(outputs, inputs):
+        with self._collective(outputs, inputs) as stream:
             own = inputs[self.me]
             for out in outputs:
                 _copy_rows(out, own)
-            return self._all_to_all_charged([_nbytes(t) for t in inputs], outputs[0])
+            return self._all_to_all_charged([_nbytes(t) for t in inputs], stream)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        with self._collective(tensors):
-            return self._done("broadcast", sum(map(_nbytes, tensors)), tensors[0])
+        with self._collective(tensors) as stream:
+            return self._done("broadcast", sum(map(_nbytes, tensors)), stream)
 
     def barrier(self, opts: Any = None) -> dist.Work:
-        with self._collective():
-            return self._charged("barrier", 0, self.world.network.seconds("barrier", self.ranks, 0), None)
+        with self._collective() as stream:
+            return self._charged("barrier", 0, self.costs.ring("barrier", 0)[0], stream)
 
     # ------------------------------------------------------------------------------- refused
     def _refuse(self, what: str) -> None:
@@ -253,52 +254,52 @@ class EmulatedGroup(dist.ProcessGroup):
 
     # ------------------------------------------------------------------------------- helpers
     def _all_reduce(self, tensors: list[torch.Tensor], op: ReduceOp) -> dist.Work:
-        with self._collective(tensors):
+        with self._collective(tensors) as stream:
             for tensor in tensors:
                 _reduce_identical(tensor, op, self.n)
-            return self._done("all_reduce", sum(map(_nbytes, tensors)), tensors[0])
+            return self._done("all_reduce", sum(map(_nbytes, tensors)), stream)
 
     @contextmanager
-    def _collective(self, *tensors: Any) -> Iterator[None]:
-        """Time the host spends in the block; on a GPU, run it on the group's stream, after what the
-        issuing stream has queued (the tensors are marked as used there, for the caching allocator)."""
+    def _collective(self, *tensors: Any) -> Iterator[Optional[torch.Stream]]:
+        """Time the host spends in the block; on a GPU, run it on the group's stream (yielded), after
+        what the issuing stream has queued (the tensors are marked as used there, for the caching
+        allocator). On the CPU it yields ``None``.
+
+        Every collective passes here, so it stays lean: one query of the current stream and two
+        switches, where ``torch.cuda.stream()`` makes four queries."""
         with HostTimer(self.world.record):
             cuda = [t for t in _flat(tensors) if t.is_cuda]
             if not cuda:
-                yield
+                yield None
                 return
+            issuing = torch.accelerator.current_stream(cuda[0].device.index)
             stream = self.world.stream(self.name_, cuda[0].device)
-            stream.wait_stream(torch.cuda.current_stream(cuda[0].device))
+            stream.wait_event(issuing.record_event())
             for tensor in cuda:
                 tensor.record_stream(stream)
-            with torch.cuda.stream(stream):
-                yield
+            torch.accelerator.set_stream(stream)
+            try:
+                yield stream
+            finally:
+                torch.accelerator.set_stream(issuing)
 
     def _own_chunk(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp) -> None:
         output.view(-1).copy_(tensor.reshape(self.n, -1)[self.me])
         _reduce_identical(output, op, self.n)
 
-    def _done(self, kind: str, nbytes: int, tensor: Optional[torch.Tensor]) -> dist.Work:
-        network = self.world.network
-        return self._charged(kind, nbytes, network.seconds(kind, self.ranks, nbytes), tensor,
-                             network.inter_node_bytes(kind, self.ranks, nbytes))
+    def _done(self, kind: str, nbytes: int, stream: Optional[torch.Stream]) -> dist.Work:
+        seconds, inter = self.costs.ring(kind, nbytes)
+        return self._charged(kind, nbytes, seconds, stream, inter)
 
-    def _all_to_all_charged(self, to_peer: list[int], tensor: torch.Tensor) -> dist.Work:
+    def _all_to_all_charged(self, to_peer: list[int], stream: Optional[torch.Stream]) -> dist.Work:
         """Charge an all-to-all sending ``to_peer[j]`` bytes to peer ``j``."""
-        network = self.world.network
-        intra, inter = network.all_to_all_link_bytes(self.ranks, self.me, to_peer)
-        return self._charged("all_to_all", intra + inter, network.all_to_all_time(self.ranks, intra, inter), tensor,
-                             inter)
+        intra, inter = self.costs.all_to_all_link_bytes(to_peer)
+        return self._charged("all_to_all", intra + inter, self.costs.all_to_all_time(intra, inter), stream, inter)
 
-    def _charged(self, kind: str, nbytes: int, seconds: float, tensor: Optional[torch.Tensor],
+    def _charged(self, kind: str, nbytes: int, seconds: float, stream: Optional[torch.Stream],
                  inter_node_bytes: int = 0) -> dist.Work:
-        device = tensor.device if tensor is not None else torch.device("cpu")
-        self.world.charge(self, kind, nbytes, seconds, device, inter_node_bytes)
-        event = None
-        if device.type == "cuda":
-            event = torch.cuda.Event()
-            event.record()
-        return _Done(event)
+        self.world.charge(self, kind, nbytes, seconds, stream is not None, inter_node_bytes)
+        return _Done(None if stream is None else stream.record_event())
 
 
 # ------------------------------------------------------------------------------------------- semantics

@@ -57,12 +57,7 @@ class NetworkModel:
     def seconds(self, kind: str, ranks: Sequence[int], nbytes: int) -> float:
         """Modeled time of a collective of ``kind`` over ``ranks`` on a tensor of ``nbytes``
         (all-gather: the output; reduce-scatter: the input; all-reduce and broadcast: the tensor)."""
-        n = len(ranks)
-        if n <= 1 or self.free:
-            return 0.0
-        latency, bandwidth = self._link(ranks)
-        factor = ALGORITHM_FACTORS[kind](n)
-        return latency + factor * nbytes / bandwidth
+        return GroupCosts(self, ranks, 0).ring(kind, nbytes)[0]
 
     def all_to_all_seconds(self, ranks: Sequence[int], me: int, bytes_to_peer: Sequence[int]) -> float:
         """Modeled time of an all-to-all in which this rank (``ranks[me]``) sends ``bytes_to_peer[j]``
@@ -71,16 +66,7 @@ class NetworkModel:
 
     def all_to_all_link_bytes(self, ranks: Sequence[int], me: int, bytes_to_peer: Sequence[int]) -> tuple[int, int]:
         """(bytes to peers in this rank's node, bytes to peers in other nodes) of an all-to-all."""
-        node = ranks[me] // self.gpus_per_node
-        intra = inter = 0
-        for j, nbytes in enumerate(bytes_to_peer):
-            if j == me:
-                continue
-            if ranks[j] // self.gpus_per_node == node:
-                intra += nbytes
-            else:
-                inter += nbytes
-        return intra, inter
+        return GroupCosts(self, ranks, me).all_to_all_link_bytes(bytes_to_peer)
 
     def all_to_all_time(self, ranks: Sequence[int], intra: int, inter: int) -> float:
         """Modeled time of an all-to-all that sends ``intra`` bytes over NVLink and ``inter`` over the NIC."""
@@ -95,9 +81,7 @@ class NetworkModel:
 
     def inter_node_bytes(self, kind: str, ranks: Sequence[int], nbytes: int) -> int:
         """Bytes each GPU of a ring collective sends over its NIC (none inside one node)."""
-        if len(ranks) <= 1 or not self.spans_nodes(ranks):
-            return 0
-        return round(ALGORITHM_FACTORS[kind](len(ranks)) * nbytes)
+        return GroupCosts(self, ranks, 0).ring(kind, nbytes)[1]
 
 
 ALGORITHM_FACTORS = {
@@ -134,3 +118,46 @@ def network_model(name: str, **overrides: Optional[float]) -> NetworkModel:
     if name not in PRESETS:
         raise KeyError(f"unknown network {name!r}; presets: {', '.join(PRESETS)}")
     return PRESETS[name].with_overrides(**overrides)
+
+
+class GroupCosts:
+    """The network model's answers for one group, seen from one of its ranks, with what depends only
+    on the group's ranks (its slowest link, which peers share this rank's node) worked out once: the
+    backend asks for every collective it runs."""
+
+    __slots__ = ("model", "ranks", "me", "_ring_link", "_peer_in_node", "_spans")
+
+    def __init__(self, model: NetworkModel, ranks: Sequence[int], me: int) -> None:
+        self.model, self.ranks, self.me = model, tuple(ranks), me
+        self._spans = model.spans_nodes(self.ranks)
+        self._ring_link = model._link(self.ranks) if len(self.ranks) > 1 else (0.0, 1.0)
+        node = self.ranks[me] // model.gpus_per_node if self.ranks else 0
+        self._peer_in_node = tuple(r // model.gpus_per_node == node for r in self.ranks)
+
+    def ring(self, kind: str, nbytes: int) -> tuple[float, int]:
+        """(modeled seconds, bytes over this GPU's NIC) of a ring collective: as
+        :meth:`NetworkModel.seconds` and :meth:`NetworkModel.inter_node_bytes` give."""
+        n = len(self.ranks)
+        if n <= 1:
+            return 0.0, 0
+        moved = ALGORITHM_FACTORS[kind](n) * nbytes
+        inter = round(moved) if self._spans else 0
+        if self.model.free:
+            return 0.0, inter
+        latency, bandwidth = self._ring_link
+        return latency + moved / bandwidth, inter
+
+    def all_to_all_link_bytes(self, bytes_to_peer: Sequence[int]) -> tuple[int, int]:
+        """As :meth:`NetworkModel.all_to_all_link_bytes` for this group and rank."""
+        intra = inter = 0
+        for j, (nbytes, in_node) in enumerate(zip(bytes_to_peer, self._peer_in_node)):
+            if j == self.me:
+                continue
+            if in_node:
+                intra += nbytes
+            else:
+                inter += nbytes
+        return intra, inter
+
+    def all_to_all_time(self, intra: int, inter: int) -> float:
+        return self.model.all_to_all_time(self.ranks, intra, inter)

@@ -1,0 +1,95 @@
+"""Host cost of one emulated collective, per kind, as megatron-core issues them in an EP=16 step.
+
+The emulated world's own host time is part of every emulated step (``emulation_host_s`` in a run's
+record): this prints what one call of each kind costs the host, through ``torch.distributed``'s own
+functions, so a change to the backend can be timed on its own. Shapes are one micro-batch of the
+Qwen3-30B-A3B layer at seq 4096 (a dispatch of 32768 token rows of hidden 2048, uneven split sizes).
+
+    uv run python scripts/performance/emulation_host_cost.py --calls 2000 [--network free] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from megatron.bridge.emulation.backend import start_world, stop_world
+from megatron.bridge.emulation.network import PRESETS, network_model
+
+HIDDEN, ROWS, EP = 2048, 32768, 16
+
+
+def _uneven_splits(rows: int, n: int) -> list[int]:
+    """Split sizes that differ from peer to peer (as routed token counts do) and add up to ``rows``."""
+    base = [rows // n + (7 * j % 5) - 2 for j in range(n)]
+    base[-1] += rows - sum(base)
+    return base
+
+
+def cases(device: torch.device) -> dict[str, Callable[[], object]]:
+    """One callable per collective kind, each making the call megatron-core makes."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    tokens = torch.randn(ROWS, HIDDEN, device=device, dtype=dtype)
+    received = torch.empty_like(tokens)
+    splits = _uneven_splits(ROWS, EP)
+    counts = torch.ones(EP * 8, device=device, dtype=torch.long)
+    counts_out = torch.empty_like(counts)
+    grads = torch.randn(8 * 2**20, device=device, dtype=torch.float32)
+    shard = torch.empty(grads.numel() // EP, device=device, dtype=torch.float32)
+    scalar = torch.ones(1, device=device)
+
+    return {
+        "all_to_all_single (even, counts)": lambda: dist.all_to_all_single(counts_out, counts),
+        "all_to_all_single (uneven, tokens)": lambda: dist.all_to_all_single(received, tokens, splits, splits[::-1]),
+        "reduce_scatter_tensor (async)": lambda: dist.reduce_scatter_tensor(shard, grads, async_op=True).wait(),
+        "all_gather_into_tensor (in place, async)": lambda: dist.all_gather_into_tensor(
+            grads, grads.narrow(0, 0, shard.numel()), async_op=True).wait(),
+        "all_reduce (scalar)": lambda: dist.all_reduce(scalar),
+    }
+
+
+def time_calls(call: Callable[[], object], calls: int, device: torch.device) -> float:
+    """Host seconds per call (the GPU is synchronised before and after, not in between)."""
+    for _ in range(20):
+        call()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    host = (time.perf_counter() - start) / calls
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return host
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--network", default="h100_ib400", choices=list(PRESETS))
+    p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = p.parse_args()
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    world = start_world(0, EP, network_model(args.network), timedelta(minutes=5))
+    try:
+        rows = {name: time_calls(call, args.calls, device) * 1e6 for name, call in cases(device).items()}
+    finally:
+        dist.destroy_process_group()
+        stop_world()
+    print(f"emulated EP={EP} world, network {args.network}, {device.type}, hold kernel {world.hold.kind}")
+    for name, us in rows.items():
+        print(f"  {name:42s} {us:8.1f} us per call (host)")
+    if args.json:
+        args.json.write_text(json.dumps({"device": device.type, "network": args.network, "hold": world.hold.kind,
+                                         "calls": args.calls, "host_us_per_call": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
