@@ -97,7 +97,7 @@ class _Done(dist.Work):
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         if self.event is not None:
-            torch.accelerator.current_stream().wait_event(self.event)
+            torch.cuda.current_stream().wait_event(self.event)
         return True
 
     def is_completed(self) -> bool:
@@ -260,43 +260,36 @@ class EmulatedGroup(dist.ProcessGroup):
             return self._done("all_reduce", sum(map(_nbytes, tensors)), stream)
 
     @contextmanager
-    def _collective(self, *tensors: Any) -> Iterator[Optional[torch.Stream]]:
+    def _collective(self, *tensors: Any) -> Iterator[Optional[torch.cuda.Stream]]:
         """Time the host spends in the block; on a GPU, run it on the group's stream (yielded), after
         what the issuing stream has queued (the tensors are marked as used there, for the caching
-        allocator). On the CPU it yields ``None``.
-
-        Every collective passes here, so it stays lean: one query of the current stream and two
-        switches, where ``torch.cuda.stream()`` makes four queries."""
+        allocator). On the CPU it yields ``None``."""
         with HostTimer(self.world.record):
             cuda = [t for t in _flat(tensors) if t.is_cuda]
             if not cuda:
                 yield None
                 return
-            issuing = torch.accelerator.current_stream(cuda[0].device.index)
             stream = self.world.stream(self.name_, cuda[0].device)
-            stream.wait_event(issuing.record_event())
+            stream.wait_stream(torch.cuda.current_stream(cuda[0].device))
             for tensor in cuda:
                 tensor.record_stream(stream)
-            torch.accelerator.set_stream(stream)
-            try:
+            with torch.cuda.stream(stream):
                 yield stream
-            finally:
-                torch.accelerator.set_stream(issuing)
 
     def _own_chunk(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp) -> None:
         output.view(-1).copy_(tensor.reshape(self.n, -1)[self.me])
         _reduce_identical(output, op, self.n)
 
-    def _done(self, kind: str, nbytes: int, stream: Optional[torch.Stream]) -> dist.Work:
+    def _done(self, kind: str, nbytes: int, stream: Optional[torch.cuda.Stream]) -> dist.Work:
         seconds, inter = self.costs.ring(kind, nbytes)
         return self._charged(kind, nbytes, seconds, stream, inter)
 
-    def _all_to_all_charged(self, to_peer: list[int], stream: Optional[torch.Stream]) -> dist.Work:
+    def _all_to_all_charged(self, to_peer: list[int], stream: Optional[torch.cuda.Stream]) -> dist.Work:
         """Charge an all-to-all sending ``to_peer[j]`` bytes to peer ``j``."""
         intra, inter = self.costs.all_to_all_link_bytes(to_peer)
         return self._charged("all_to_all", intra + inter, self.costs.all_to_all_time(intra, inter), stream, inter)
 
-    def _charged(self, kind: str, nbytes: int, seconds: float, stream: Optional[torch.Stream],
+    def _charged(self, kind: str, nbytes: int, seconds: float, stream: Optional[torch.cuda.Stream],
                  inter_node_bytes: int = 0) -> dist.Work:
         self.world.charge(self, kind, nbytes, seconds, stream is not None, inter_node_bytes)
         return _Done(None if stream is None else stream.record_event())
