@@ -95,11 +95,14 @@ def test_every_collective_is_charged_the_network_models_time(world):
     dist.all_to_all_single(torch.empty(8, 100), rows)
     step = world.record.take()["groups"][f"world[{WORLD}]"]
     ring = NET.inter_node_latency_us * 1e-6 + 2 * 7 / 8 * 4000 / (NET.inter_node_gbps * 1e9)
-    assert step["all_reduce"] == {"calls": 1, "bytes": 4000, "inter_node_bytes": 7000, "modeled_s": pytest.approx(ring)}
+    host = pytest.approx(0.05, abs=0.05)  # what the call cost this host: timed, not modeled
+    assert step["all_reduce"] == {"calls": 1, "bytes": 4000, "inter_node_bytes": 7000, "modeled_s": pytest.approx(ring),
+                                  "host_s": host}
     intra, inter = 3 * 400, 4 * 400  # ranks 0, 1, 3 share rank 2's node; 4..7 are the other node
     a2a = max(NET.intra_node_latency_us * 1e-6 + intra / (NET.intra_node_gbps * 1e9),
               NET.inter_node_latency_us * 1e-6 + inter / (NET.inter_node_gbps * 1e9))
-    assert step["all_to_all"] == {"calls": 1, "bytes": 2800, "inter_node_bytes": inter, "modeled_s": pytest.approx(a2a)}
+    assert step["all_to_all"] == {"calls": 1, "bytes": 2800, "inter_node_bytes": inter, "modeled_s": pytest.approx(a2a),
+                                  "host_s": host}
 
 
 @pytest.mark.parametrize("call", [
@@ -110,3 +113,13 @@ def test_every_collective_is_charged_the_network_models_time(world):
 def test_what_symmetry_cannot_answer_is_refused(world, call):
     with pytest.raises(EmulationUnsupported, match="cannot say what a peer would send"):
         call()
+
+
+def test_the_host_time_of_each_collective_goes_to_its_own_tally(world):
+    world.record.take()
+    dist.all_reduce(torch.ones(4))
+    dist.all_gather_into_tensor(torch.empty(WORLD * 4), torch.ones(4))
+    step = world.record.take()
+    tallies = [kinds[kind] for kinds in step["groups"].values() for kind in kinds]
+    assert len(tallies) == 2 and all(t["host_s"] > 0 for t in tallies)
+    assert sum(t["host_s"] for t in tallies) == pytest.approx(step["host_s"])

@@ -21,10 +21,12 @@ class Tally:
     bytes: int = 0
     modeled_s: float = 0.0
     inter_node_bytes: int = 0
+    host_s: float = 0.0
+    """What these calls cost the host inside the backend."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"calls": self.calls, "bytes": self.bytes, "inter_node_bytes": self.inter_node_bytes,
-                "modeled_s": self.modeled_s}
+                "modeled_s": self.modeled_s, "host_s": self.host_s}
 
 
 @dataclass
@@ -37,6 +39,8 @@ class CommRecord:
     """``(group, kind, bytes)`` of every collective in issue order (kept only when ``keep_order``, for
     tests that compare a step with a real world's, and then in each step's record)."""
     keep_order: bool = False
+    last: Tally | None = None
+    """The tally of the collective being run (its host time is added to it when it returns)."""
 
     def add(self, group: str, kind: str, nbytes: int, modeled_s: float, inter_node_bytes: int = 0) -> None:
         tally = self.tallies[(group, kind)]
@@ -44,6 +48,7 @@ class CommRecord:
         tally.bytes += nbytes
         tally.modeled_s += modeled_s
         tally.inter_node_bytes += inter_node_bytes
+        self.last = tally
         if self.keep_order:
             self.order.append((group, kind, nbytes))
 
@@ -58,12 +63,14 @@ class CommRecord:
             step["order"] = list(self.order)
         self.tallies.clear()
         self.order.clear()
+        self.last = None
         self.host_s = 0.0
         return step
 
 
 class HostTimer:
-    """Adds the time spent inside a ``with`` block to ``record.host_s``."""
+    """Adds the time spent inside a ``with`` block to ``record.host_s`` and to the tally of the
+    collective the block recorded."""
 
     __slots__ = ("record", "start")
 
@@ -74,4 +81,8 @@ class HostTimer:
         self.start = time.perf_counter()
 
     def __exit__(self, *exc: Any) -> None:
-        self.record.host_s += time.perf_counter() - self.start
+        spent = time.perf_counter() - self.start
+        self.record.host_s += spent
+        if self.record.last is not None:
+            self.record.last.host_s += spent
+            self.record.last = None

@@ -154,7 +154,9 @@ def case_result(case: Case, summary: dict[str, Any], window_start: int, run_dir:
         window = [s for s in emulation["steps"] if s["iteration"] >= window_start]
         result["modeled_comm_s"] = statistics.fmean(s["modeled_s"] for s in window)
         result["emulation_host_s"] = statistics.fmean(s["host_s"] for s in window)
-        result["modeled_comm_s_by_group"] = _by_group(window)
+        result["modeled_comm_s_by_group"] = _by_group(window, "modeled_s")
+        result["emulation_host_s_by_group"] = _by_group(window, "host_s")
+        result["calls_by_group"] = _by_group(window, "calls")
     return result
 
 
@@ -166,13 +168,14 @@ def _tflops(summary: dict[str, Any], steps: Sequence[float]) -> Optional[float]:
     return flops / world / statistics.fmean(steps) / 1e12
 
 
-def _by_group(window: Sequence[dict[str, Any]]) -> dict[str, float]:
+def _by_group(window: Sequence[dict[str, Any]], field: str) -> dict[str, float]:
+    """``"group kind" -> mean of the tallies' ``field`` per step`` (nonzero ones)."""
     totals: dict[str, float] = {}
     for step in window:
         for group, kinds in step["groups"].items():
             for kind, tally in kinds.items():
                 key = f"{group} {kind}"
-                totals[key] = totals.get(key, 0.0) + tally["modeled_s"] / len(window)
+                totals[key] = totals.get(key, 0.0) + tally.get(field, 0.0) / len(window)
     return {k: v for k, v in sorted(totals.items()) if v > 0}
 
 
@@ -202,6 +205,9 @@ def rows(cases: Sequence[Case], results: dict[str, dict[str, Any]], commit: str,
         if "modeled_comm_s" in runs[0]:
             row["modeled_comm_s"] = _mean(r["modeled_comm_s"] for r in runs)
             row["modeled_comm_s_by_group"] = runs[0]["modeled_comm_s_by_group"]
+            for field in ("emulation_host_s_by_group", "calls_by_group"):
+                if field in runs[0]:
+                    row[field] = runs[0][field]
             row["emulation_host_s"] = _mean(r["emulation_host_s"] for r in runs)
         if key in profiles:
             row["profile"] = profiles[key]
