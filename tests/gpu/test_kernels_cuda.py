@@ -108,3 +108,51 @@ def test_dense_wgrad_kernel_keeps_the_product_in_fp32(generator):
     want = main_grad.double() + dy.double().t() @ x.double()
     gaf.wgrad_gemm_accum_fp32(x, dy, main_grad)
     assert rel(main_grad, want) < 1e-5
+
+
+@pytest.mark.parametrize("count", [3000, 0, 4096])
+def test_bounded_swiglu_matches_the_compiled_one_on_the_counted_rows(count, generator):
+    from megatron.bridge.models.torch_native.bounded_swiglu import bounded_swiglu_probs
+    from megatron.bridge.models.torch_native.experts import _swiglu_probs
+
+    rows, ffn = 4096, 768
+    h = torch.randn(rows, 2 * ffn, device="cuda", generator=generator).to(torch.bfloat16)
+    probs = torch.rand(rows, device="cuda", generator=generator)
+    grad = torch.randn(rows, ffn, device="cuda", generator=generator).to(torch.bfloat16)
+    results = {}
+    for name in ("bounded", "compiled"):
+        x, p = h.clone().requires_grad_(), probs.clone().requires_grad_()
+        if name == "bounded":
+            out = torch.full((rows, ffn), -7.0, device="cuda", dtype=torch.bfloat16)
+            y = bounded_swiglu_probs(x, p, torch.tensor([count], device="cuda"), out)
+        else:
+            y = torch.compile(_swiglu_probs, dynamic=True)(x, p)
+        y.backward(grad)
+        results[name] = (y.detach(), x.grad, p.grad)
+    (y, gx, gp), (ry, rgx, rgp) = results["bounded"], results["compiled"]
+    assert bool((y[count:] == -7.0).all()) and bool((gp[count:] == 0).all())
+    if count:
+        assert rel(y[:count], ry[:count]) < 1e-2 and rel(gx[:count], rgx[:count]) < 1e-2
+        assert rel(gp[:count], rgp[:count]) < 1e-3
+
+
+def test_bounded_swiglu_costs_the_counted_rows_not_the_buffer(generator):
+    """At EP=16 the sorted dispatcher's buffer has 16 times the rows routed to this rank."""
+    from megatron.bridge.models.torch_native.bounded_swiglu import bounded_swiglu_probs
+
+    rows, ffn = 16 * 32768, 768
+    h = torch.randn(rows, 2 * ffn, device="cuda", generator=generator).to(torch.bfloat16)
+    probs = torch.rand(rows, device="cuda", generator=generator)
+
+    def seconds(count: int) -> float:
+        n = torch.tensor([count], device="cuda")
+        bounded_swiglu_probs(h, probs, n)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            bounded_swiglu_probs(h, probs, n)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    assert seconds(rows // 16) < 0.25 * seconds(rows)

@@ -194,6 +194,8 @@ def ep_sorted_report(request, tmp_path_factory, run_child_script) -> list:
 def test_sorted_dispatcher_equals_megatron_dispatcher(ep_sorted_report, variant) -> None:
     for rank in ep_sorted_report:
         assert rank["sorted_layers"][variant] == 2 and rank["sorted_layers"]["megatron"] == 0
+        # the experts behind a worst-case receive buffer skip its padding rows in the activation too
+        assert rank["padded_layers"][variant] == 2 and rank["padded_layers"]["megatron"] == 0
         assert rank["expert_grad_norm"] > 0
         assert rank["losses"][variant] == rank["losses"]["megatron"]
         assert rank["grad_diff"][variant] == 0.0

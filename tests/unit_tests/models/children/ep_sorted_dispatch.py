@@ -129,6 +129,7 @@ def _run(dispatcher: str, overlap: bool, delay: bool, transport=None):
         model.cuda()
     sorted_layers = sum(isinstance(layer.mlp.token_dispatcher, ExpertParallelSortedDispatcher)
                         for layer in model.decoder.layers)
+    padded_layers = sum(layer.mlp.experts.padded_rows for layer in model.decoder.layers)
     if transport is not None:  # what the dispatcher precomputes for that transport (its per-call indices)
         for layer in model.decoder.layers:
             layer.mlp.token_dispatcher.transport = transport
@@ -143,7 +144,7 @@ def _run(dispatcher: str, overlap: bool, delay: bool, transport=None):
     left = sum(len(stash) for m in model.modules() for stash in getattr(m, "stashes", {}).values())
     choices = dispatch_choices([model])
     ps.destroy_model_parallel()
-    return losses, grads, sorted_layers, left, choices
+    return losses, grads, sorted_layers, left, choices, padded_layers
 
 
 def max_diff(a, b):
@@ -160,6 +161,7 @@ reference_losses, reference_grads = results["megatron"][:2]
 report = {
     "losses": {name: r[0] for name, r in results.items()},
     "sorted_layers": {name: r[2] for name, r in results.items()},
+    "padded_layers": {name: r[5] for name, r in results.items()},
     "grad_diff": {name: max_diff(r[1], reference_grads) for name, r in results.items()},
     "grad_rel_diff": {name: rel_diff(r[1], reference_grads) for name, r in results.items()},
     "finite": {name: all(bool(torch.isfinite(v).all()) for v in r[1].values()) for name, r in results.items()},

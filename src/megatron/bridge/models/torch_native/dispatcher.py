@@ -18,7 +18,7 @@ With one expert-parallel rank (:class:`SortedTokenDispatcher`) nothing is exchan
 sized for the worst case (``ep_size * tokens * min(topk, local experts)`` rows, so no token is ever
 dropped), and the copy out of that buffer is a device-side gather that also re-sorts them by local
 expert (megatron's order after its second permutation); the combine packs them back the same way.
-Rows past the received total are padding: the experts skip them
+Rows past the received total are padding: the experts' GEMMs and activation skip them
 (``tokens_per_expert`` does not cover them) and nothing sends them back.
 
 :class:`TorchNativeMoELayer` is megatron's ``MoELayer`` whose dispatcher is swapped according to
@@ -471,6 +471,8 @@ class TorchNativeMoELayer(MoELayer):
                 self.token_dispatcher = ExpertParallelSortedDispatcher(
                     self.num_local_experts, self.local_expert_indices, transport=choice.transport, **common
                 )
+                if hasattr(self.experts, "padded_rows"):  # the torch-native experts skip the padding rows
+                    self.experts.padded_rows = True
         if choice.dispatcher == "node_aware":
             self.token_dispatcher = NodeAwareDispatcher(
                 self.num_local_experts, self.local_expert_indices, config=config,

@@ -22,6 +22,7 @@ Checkpoint compatibility with the plain spec:
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 from typing import Callable, Dict, Iterable, List, Optional
 
@@ -38,9 +39,11 @@ from megatron.core.transformer.utils import (
     make_sharded_tensors_for_checkpoint,
 )
 
+from megatron.bridge.models.torch_native import bounded_swiglu
 from megatron.bridge.models.torch_native.compiled import LazyCompiled
 from megatron.bridge.models.torch_native.grouped_gemm import WgradStash, fuses_into_main_grad, grouped_linear
 
+logger = logging.getLogger(__name__)
 _PLAIN_KEY = re.compile(r"^local_experts\.(\d+)\.linear_fc([12])\.(weight|_extra_state)$")
 
 
@@ -61,15 +64,42 @@ def _swiglu_probs(h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
 _COMPILED_SWIGLU = LazyCompiled(_swiglu_probs, "experts SwiGLU", dynamic=True)
 
 
-def _compiled_swiglu_usable(config: TransformerConfig) -> bool:
-    """Only the plain SwiGLU (Qwen3) is compiled; other activations take the eager path."""
+def _plain_swiglu(config: TransformerConfig) -> bool:
+    """Qwen3's activation: SwiGLU without clamp or offset (the fused kernels compute only that)."""
     return (
-        _COMPILED_SWIGLU.enabled
-        and config.gated_linear_unit
+        config.gated_linear_unit
         and config.activation_func is torch.nn.functional.silu
         and getattr(config, "activation_func_clamp_value", None) is None
         and not getattr(config, "glu_linear_offset", 0.0)
     )
+
+
+def _compiled_swiglu_usable(config: TransformerConfig) -> bool:
+    """Only the plain SwiGLU (Qwen3) is compiled; other activations take the eager path."""
+    return _COMPILED_SWIGLU.enabled and _plain_swiglu(config)
+
+
+class _BoundedKernel:
+    """:func:`bounded_swiglu_probs` while it works; after a first failure (a Triton that cannot
+    build it on this GPU) a warning, then ``None`` so the caller takes the whole-buffer path."""
+
+    def __init__(self) -> None:
+        self.failed = False
+
+    def usable(self, config: TransformerConfig) -> bool:
+        return not self.failed and bounded_swiglu.available() and _plain_swiglu(config)
+
+    def __call__(self, h: torch.Tensor, probs: torch.Tensor, count: torch.Tensor) -> Optional[torch.Tensor]:
+        try:
+            return bounded_swiglu.bounded_swiglu_probs(h, probs, count)
+        except Exception as exc:  # a kernel that cannot build must not stop training
+            self.failed = True
+            logger.warning("torch_native experts: the bounded SwiGLU kernel failed (%s); "
+                           "the activation runs over the whole padded buffer", exc)
+            return None
+
+
+_BOUNDED_SWIGLU = _BoundedKernel()
 
 
 class TorchGroupedMLP(MegatronModule):
@@ -126,6 +156,9 @@ class TorchGroupedMLP(MegatronModule):
             param.allreduce = not use_expert_pgs
             tensor_parallel.set_tensor_model_parallel_attributes(param, True, partition_dim, 1)
             param.skip_backward_post_hook = bool(config.delay_wgrad_compute)
+        self.padded_rows = False
+        """Set by the MoE layer whose dispatcher hands over a worst-case buffer (rows past
+        ``tokens_per_expert.sum()`` are padding): the activation then skips those rows."""
         self.stashes = {"weight1": WgradStash(), "weight2": WgradStash()}
         self._wgrad_hooks: List[Callable[[], None]] = []
         self.set_delay_wgrad_compute(bool(config.delay_wgrad_compute))
@@ -204,8 +237,13 @@ class TorchGroupedMLP(MegatronModule):
 
     # ------------------------------------------------------------------ forward
 
-    def _activation(self, h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-        """GLU/activation then routing-prob scaling; one fused kernel on CUDA where possible."""
+    def _activation(self, h: torch.Tensor, probs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """GLU/activation then routing-prob scaling; one fused kernel on CUDA where possible, over the
+        real rows only when the buffer is padded (the count stays on the GPU)."""
+        if h.is_cuda and self.padded_rows and _BOUNDED_SWIGLU.usable(self.config):
+            out = _BOUNDED_SWIGLU(h, probs, counts.sum())
+            if out is not None:
+                return out
         if h.is_cuda and _compiled_swiglu_usable(self.config):
             return _COMPILED_SWIGLU(self._activation_eager, h, probs)
         return self._activation_eager(h, probs)
@@ -240,7 +278,7 @@ class TorchGroupedMLP(MegatronModule):
         backend = getattr(self.config, "torch_native_grouped_gemm_backend", "auto")
         accumulation = getattr(self.config, "torch_native_wgrad_accumulation", "auto")
         h = grouped_linear(hidden, self.weight1, counts, backend, stash1, accumulation)
-        h = self._activation(h, permuted_probs)
+        h = self._activation(h, permuted_probs, counts)
         out = grouped_linear(h, self.weight2, counts, backend, stash2, accumulation)
         return out, None
 
