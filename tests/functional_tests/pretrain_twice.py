@@ -1,8 +1,9 @@
 """Child program (one process, CPU): two ``pretrain()`` runs in one process.
 
 Prints ``REPORT {json}`` with how many of the first run's parameters and model chunks are still
-alive after it returned (weak references taken when the model was built). Argument: the output
-directory.
+alive after it returned (weak references taken when the model was built). Arguments: the output
+directory, then ``real`` (a world of one) or ``emulated`` (rank 0 of an emulated world of four,
+data parallel, with the gradient reduce-scatter and parameter all-gather overlapped).
 """
 
 import json
@@ -18,6 +19,7 @@ from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config  # noqa:
 from megatron.bridge.training import pretrain as pretrain_module  # noqa: E402
 
 OUT = Path(sys.argv[1])
+EMULATED = sys.argv[2] == "emulated"
 built = []
 _build_model = pretrain_module.build_model
 
@@ -36,6 +38,10 @@ def tiny(name: str):
     cfg.dist.device = "cpu"
     cfg.train.train_iters = 2
     cfg.logger.log_dir = str(OUT / name)
+    if EMULATED:
+        cfg.emulation.world_size, cfg.emulation.gpus_per_node = 4, 2
+        cfg.optimizer.use_distributed_optimizer = True
+        cfg.comm_overlap.overlap_grad_reduce = cfg.comm_overlap.overlap_param_gather = True
     return cfg
 
 

@@ -73,7 +73,7 @@ from megatron.bridge.training.loop.run_description import (
     wgrad_accumulation,
 )
 from megatron.bridge.training.loop.stop_request import STOP, STOP_SIGNAL_NAMES
-from megatron.bridge.training.loop.teardown import drop_autograd_graphs, free_memory
+from megatron.bridge.training.loop.teardown import drop_autograd_graphs, free_memory, unhook_data_parallel
 from megatron.bridge.training.telemetry.flops import flops_per_step
 from megatron.bridge.training.telemetry.metrics import MetricsLogger, moe_aux_losses
 from megatron.bridge.training.telemetry.profiling import StepProfiler
@@ -257,6 +257,7 @@ class Trainer:
         """Let go of the model and optimizer (also after an error), so a later run has the memory."""
 
         drop_autograd_graphs(self.model)
+        unhook_data_parallel(self.model)
         unwire_model_config(self.resolved)
         self.graph.release()
         if self.save_lock is not None:
