@@ -36,6 +36,18 @@ def test_compiler_failure_goes_eager_for_good(monkeypatch, caplog):
     assert fn(_eager, 3) == 1003  # stays eager
 
 
+def test_running_out_of_gpu_memory_is_not_a_compiler_failure(monkeypatch):
+    """An OOM inside the compiled function is raised, and the function stays compiled."""
+    def full(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: full)
+    fn = compiled.LazyCompiled(_double, "test")
+    with pytest.raises(torch.OutOfMemoryError):
+        fn(_eager, 3)
+    assert fn.enabled
+
+
 @pytest.fixture
 def compile_switch_restored():
     """The switch is process-wide: put it back for the tests that follow."""

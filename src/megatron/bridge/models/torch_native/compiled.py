@@ -50,6 +50,8 @@ class LazyCompiled:
                 if self._compiled is None:
                     self._compiled = torch.compile(self.fn, **self._compile_kwargs)
                 return self._compiled(*args)
+            except torch.OutOfMemoryError:
+                raise  # the GPU is full, not a compiler failure: the eager path would not fit either
             except Exception as exc:  # a compiler failure must not stop training: stay eager
                 self._failed = True
                 logger.warning("torch_native %s: torch.compile failed (%s); using eager ops", self.what, exc)

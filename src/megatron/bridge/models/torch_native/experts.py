@@ -92,6 +92,8 @@ class _BoundedKernel:
     def __call__(self, h: torch.Tensor, probs: torch.Tensor, count: torch.Tensor) -> Optional[torch.Tensor]:
         try:
             return bounded_swiglu.bounded_swiglu_probs(h, probs, count)
+        except torch.OutOfMemoryError:
+            raise  # the GPU is full: no other path would fit either
         except Exception as exc:  # a kernel that cannot build must not stop training
             self.failed = True
             logger.warning("torch_native experts: the bounded SwiGLU kernel failed (%s); "
