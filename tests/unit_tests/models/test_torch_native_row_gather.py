@@ -69,3 +69,15 @@ def test_cpu_gather_sum_sums_each_tokens_rows() -> None:
 def test_mismatched_output_is_refused() -> None:
     with pytest.raises(ValueError, match="gather_rows"):
         gather_rows(torch.zeros(4, 3), torch.tensor([0, 1]), torch.tensor([2]), out=torch.zeros(3, 3))
+
+
+def test_a_counted_copy_writes_the_counted_rows_and_passes_the_gradient_through() -> None:
+    from megatron.bridge.models.torch_native.row_gather import copy_counted_rows
+
+    src = torch.randn(12, 5, requires_grad=True)
+    out = copy_counted_rows(src, torch.tensor([7]))
+    assert out.shape == src.shape and out.data_ptr() != src.data_ptr()
+    assert torch.equal(out[:7], src[:7].detach())
+    grad = torch.randn(12, 5)
+    out.backward(grad)
+    assert torch.equal(src.grad, grad)

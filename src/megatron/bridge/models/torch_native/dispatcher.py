@@ -45,6 +45,7 @@ from megatron.bridge.models.torch_native.compiled import LazyCompiled
 from megatron.bridge.models.torch_native.dispatch_policy import DispatchChoice, apply_nvshmem_blocks, choose_dispatch
 from megatron.bridge.models.torch_native.index_graph import GraphedIndexFunction
 from megatron.bridge.models.torch_native.node_aware_dispatcher import NodeAwareDispatcher
+from megatron.bridge.models.torch_native.row_gather import copy_counted_rows
 from megatron.bridge.models.torch_native.sorted_permutation import (
     graphed_routing_indices,
     permutation_indices,
@@ -422,12 +423,12 @@ class ExpertParallelSortedDispatcher(MoEAlltoAllTokenDispatcher):
     def dispatch_postprocess(self, global_input_tokens, global_probs):
         """The received rows are already in megatron's order (by local expert); padding rows last.
 
-        Under the combined-1F1B schedule the tokens are copied: that schedule frees this stage's
-        input after the forward, while the experts keep their input for the backward.
+        Under the combined-1F1B schedule the received rows are copied (not the padding): that
+        schedule frees this stage's input after the forward, while the experts keep theirs.
         """
         tokens = global_input_tokens
         if self.config.overlap_moe_expert_parallel_comm:
-            tokens = tokens.clone()
+            tokens = copy_counted_rows(tokens, self._plan.recv_total)
         return tokens, self._plan.tokens_per_expert, global_probs
 
     def combine_preprocess(self, hidden_states):

@@ -132,6 +132,22 @@ def gather_rows(
     return out
 
 
+class _CopyCountedRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, src: torch.Tensor, count: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return gather_rows(src, None, count, torch.empty_like(src))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # noqa: D102
+        return grad, None
+
+
+def copy_counted_rows(src: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """A copy of ``src`` whose first ``count`` rows are written (``count`` stays on the device; the
+    rest, padding, is not), where ``clone()`` would copy every row; the gradient passes through."""
+    return _CopyCountedRows.apply(src, count)
+
+
 def gather_row_pairs(
     pairs: Sequence[Tuple[torch.Tensor, torch.Tensor]],
     index: Optional[torch.Tensor] = None,
