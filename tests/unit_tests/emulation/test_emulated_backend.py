@@ -123,3 +123,12 @@ def test_the_host_time_of_each_collective_goes_to_its_own_tally(world):
     tallies = [kinds[kind] for kinds in step["groups"].values() for kind in kinds]
     assert len(tallies) == 2 and all(t["host_s"] > 0 for t in tallies)
     assert sum(t["host_s"] for t in tallies) == pytest.approx(step["host_s"])
+
+
+def test_all_to_all_leaves_the_output_rows_past_the_received_ones_alone(world):
+    """A receive buffer of worst-case size (the sorted dispatcher's): NCCL writes only the received rows."""
+    rows = torch.arange(8.0).unsqueeze(1)
+    out = torch.full((3 * WORLD, 1), -1.0)
+    splits = [1, 2, 0, 1, 1, 1, 1, 1]  # 8 rows received
+    dist.all_to_all_single(out, rows, splits, [1] * WORLD)
+    assert out.view(-1).tolist() == [2.0] + [0.0] * 7 + [-1.0] * (2 * WORLD)

@@ -16,8 +16,10 @@ the experts it owns differ:
 * all-to-all: from every peer, the rows its split size says, taken from the rows this rank sends to
   itself (a peer's rows for this rank are shaped like this rank's rows for itself). Where the
   output's chunks differ from that in size (a combine, whose chunks are what this rank sent each
-  peer, and a dispatch's backward), the output holds this rank's own rows once, then zeros: one copy
-  and one fill, where chunk-exact stand-in values took a copy of the split sizes and nine kernels.
+  peer, and a dispatch's backward), the received rows hold this rank's own rows once, then zeros: one
+  copy and one fill, where chunk-exact stand-in values took a copy of the split sizes and nine kernels.
+  Output rows past the received ones are not written (NCCL writes none there either: a receive
+  buffer of worst-case size keeps its padding).
 
 Each collective runs where ProcessGroupNCCL runs one: on its group's own stream, which first waits
 for the work the issuing stream has queued. There it enqueues its copies, then holds ``comm_sms``
@@ -352,10 +354,11 @@ def _exchange_rows(output: torch.Tensor, tensor: torch.Tensor, out_splits: list[
     start = sum(in_splits[:me])
     own = tensor.narrow(0, start, in_splits[me])
     splits = out_splits or [output.shape[0] // n] * n
-    if all(s == in_splits[me] for s in splits):
+    if all(s == in_splits[me] for s in splits) and n * in_splits[me] == output.shape[0]:
         output.view(n, *own.shape).copy_(own.unsqueeze(0).expand(n, *own.shape))
         return list(in_splits)
-    _copy_rows(output, own)
+    received = sum(splits)  # rows past the received ones stay untouched, as NCCL leaves them
+    _copy_rows(output if received == output.shape[0] else output.narrow(0, 0, received), own)
     return list(in_splits)
 
 
