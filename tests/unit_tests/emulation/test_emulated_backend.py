@@ -132,3 +132,17 @@ def test_all_to_all_leaves_the_output_rows_past_the_received_ones_alone(world):
     splits = [1, 2, 0, 1, 1, 1, 1, 1]  # 8 rows received
     dist.all_to_all_single(out, rows, splits, [1] * WORLD)
     assert out.view(-1).tolist() == [2.0] + [0.0] * 7 + [-1.0] * (2 * WORLD)
+
+
+def test_a_group_is_charged_for_the_network_the_world_has_now(world):
+    """Several configs in one process change the world's network between runs; a group made in the
+    first (the default group, a dispatcher's own) must charge the next run's network."""
+    rows = torch.zeros(8, 100)
+    dist.all_to_all_single(torch.empty(8, 100), rows)
+    world.record.take()
+    world.network = network_model("free")
+    dist.all_to_all_single(torch.empty(8, 100), rows)
+    assert world.record.take()["modeled_s"] == 0.0
+    world.network = NET
+    dist.all_to_all_single(torch.empty(8, 100), rows)
+    assert world.record.take()["modeled_s"] > 0

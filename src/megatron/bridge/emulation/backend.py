@@ -121,7 +121,7 @@ class EmulatedGroup(dist.ProcessGroup):
         self.ranks = tuple(ranks) or tuple(range(size))
         self.name_ = name
         self._label: Optional[str] = None
-        self.costs = GroupCosts(world.network, self.ranks, rank)
+        self._costs: Optional[GroupCosts] = None
 
     @property
     def label(self) -> str:
@@ -137,6 +137,15 @@ class EmulatedGroup(dist.ProcessGroup):
     @label.setter
     def label(self, value: str) -> None:
         self._label = value
+
+    @property
+    def costs(self) -> GroupCosts:
+        """The network model's answers for this group, for the network the world charges now: a
+        process that trains several configs changes it between runs, and groups made once (the
+        default group, a dispatcher's own) outlive a run."""
+        if self._costs is None or self._costs.model is not self.world.network:
+            self._costs = GroupCosts(self.world.network, self.ranks, self.me)
+        return self._costs
 
     # ------------------------------------------------------------------------------- identity
     @property
