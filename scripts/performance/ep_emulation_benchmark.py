@@ -58,6 +58,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ran-at", default=None, help="with --merge: the commit whose code the runs ran")
     p.add_argument("--note", action="append", default=[],
                    help="with --merge: a line about how the runs were made, kept in the results (repeatable)")
+    p.add_argument("--leave-out", action="append", default=[], metavar="FILE:DISPATCHER",
+                   help="with --merge: leave that run's rows of that dispatcher out (a run re-made later); "
+                   "said in the results' notes (repeatable)")
     return p.parse_args(argv)
 
 
@@ -72,14 +75,19 @@ def _portable(command: str) -> str:
 def merge(args: argparse.Namespace) -> int:
     """Runs of the same benchmark made in separate calls, as one table: every repeat of every row."""
     runs = [json.loads(path.read_text()) for path in args.merge]
-    table = bench.merge_rows([run["rows"] for run in runs], args.ran_at)
+    left_out = {tuple(item.rsplit(":", 1)) for item in args.leave_out}
+    tables = [[row for row in run["rows"] if (path.name, row["dispatcher"]) not in left_out]
+              for path, run in zip(args.merge, runs)]
+    table = bench.merge_rows(tables, args.ran_at)
     meta = {key: runs[0][key] for key in ("question", "modeled", "steps", "window_start")}
     meta["networks"] = {name: figures for run in runs for name, figures in run["networks"].items()}
     meta.update(commands=[_portable(run["command"]) for run in runs], devices=sorted({run["device"] for run in runs}),
                 matmul_ceiling_tflops=[run["matmul_ceiling_tflops"] for run in runs],
-                nominal_peak_tflops=NOMINAL_PEAK_TFLOPS, ran_at=args.ran_at, notes=args.note,
+                nominal_peak_tflops=NOMINAL_PEAK_TFLOPS, ran_at=args.ran_at,
+                notes=args.note + [f"left out: {item}" for item in args.leave_out],
                 merged_by=shlex.join(["uv", "run", "python", "scripts/performance/ep_emulation_benchmark.py",
-                                      "--merge", *(p.name for p in args.merge)]))
+                                      "--merge", *(p.name for p in args.merge),
+                                      *(f"--leave-out={item}" for item in args.leave_out)]))
     meta["layers"] = sorted({bench.row_key(row)[1] for row in table})
     args.out.mkdir(parents=True, exist_ok=True)
     bench.write_results(args.out / "results.json", table, meta)

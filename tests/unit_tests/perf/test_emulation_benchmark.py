@@ -102,3 +102,18 @@ def test_the_merge_script_keeps_every_network_depth_and_note_of_its_calls(tmp_pa
     assert set(merged["networks"]) == {"h100_ib400", "h200_ib400"} and merged["layers"] == [4, 48]
     assert merged["notes"] == ["the first call ran under a sampler"] and merged["ran_at"] == "abc"
     assert all("/machine/dir" not in command for command in merged["commands"])
+
+
+def test_the_merge_leaves_out_one_runs_rows_of_a_dispatcher_and_says_so(tmp_path):
+    script = load_script("ep_emulation_benchmark.py")
+    stale = {**_row("off", "h100_ib400", [1.0]), "dispatcher": "node_aware"}
+    first = _results(tmp_path / "a.json", "h100_ib400", [_row("off", "h100_ib400", [1.5]), stale])
+    redone = {**_row("off", "h100_ib400", [2.0]), "dispatcher": "node_aware"}
+    second = _results(tmp_path / "b.json", "h100_ib400", [redone])
+    argv = ["--merge", str(first), str(second), "--out", str(tmp_path / "out"), "--leave-out", "a.json:node_aware"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert script.main(argv) == 0
+    merged = json.loads((tmp_path / "out" / "results.json").read_text())
+    steps = {row["dispatcher"]: row["step_s"] for row in merged["rows"]}
+    assert steps == {"alltoall": [1.5], "node_aware": [2.0]}
+    assert merged["notes"] == ["left out: a.json:node_aware"] and "--leave-out=a.json:node_aware" in merged["merged_by"]
