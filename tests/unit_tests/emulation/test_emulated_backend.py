@@ -146,3 +146,10 @@ def test_a_group_is_charged_for_the_network_the_world_has_now(world):
     world.network = NET
     dist.all_to_all_single(torch.empty(8, 100), rows)
     assert world.record.take()["modeled_s"] > 0
+
+
+def test_even_splits_into_a_larger_buffer_replicate_into_the_received_rows_only(world):
+    rows = torch.arange(8.0).unsqueeze(1)  # one row to each peer; this rank's own is row 2
+    out = torch.full((2 * WORLD, 1), -1.0)
+    dist.all_to_all_single(out, rows, [1] * WORLD, [1] * WORLD)
+    assert out.view(-1).tolist() == [2.0] * WORLD + [-1.0] * WORLD

@@ -363,11 +363,12 @@ def _exchange_rows(output: torch.Tensor, tensor: torch.Tensor, out_splits: list[
     start = sum(in_splits[:me])
     own = tensor.narrow(0, start, in_splits[me])
     splits = out_splits or [output.shape[0] // n] * n
-    if all(s == in_splits[me] for s in splits) and n * in_splits[me] == output.shape[0]:
-        output.view(n, *own.shape).copy_(own.unsqueeze(0).expand(n, *own.shape))
-        return list(in_splits)
     received = sum(splits)  # rows past the received ones stay untouched, as NCCL leaves them
-    _copy_rows(output if received == output.shape[0] else output.narrow(0, 0, received), own)
+    target = output if received == output.shape[0] else output.narrow(0, 0, received)
+    if all(s == in_splits[me] for s in splits):
+        target.view(n, *own.shape).copy_(own.unsqueeze(0).expand(n, *own.shape))
+        return list(in_splits)
+    _copy_rows(target, own)
     return list(in_splits)
 
 
