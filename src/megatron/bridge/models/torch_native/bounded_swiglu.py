@@ -18,12 +18,9 @@ Rows at or past the count are padding: their outputs and their ``h`` gradients a
 
 from __future__ import annotations
 
-import logging
 from typing import Optional
 
 import torch
-
-logger = logging.getLogger(__name__)
 
 try:  # Triton is optional (CPU machines have none); callers ask available() first
     import triton
@@ -39,6 +36,17 @@ _PROGRAMS_PER_SM = 4
 if triton is not None:
 
     @triton.jit
+    def _tile(h_ptr, rows, row_ok, start, ffn, BLOCK_COLS: tl.constexpr):
+        """One tile of the rows: where it lies in ``h`` and in an ``[rows, ffn]`` tensor, its mask,
+        and its ``gate`` and ``linear`` halves in fp32."""
+        cols = start + tl.arange(0, BLOCK_COLS)
+        ok = row_ok[:, None] & (cols < ffn)[None, :]
+        at = rows[:, None] * (2 * ffn) + cols[None, :]
+        gate = tl.load(h_ptr + at, mask=ok, other=0.0).to(tl.float32)
+        linear = tl.load(h_ptr + at + ffn, mask=ok, other=0.0).to(tl.float32)
+        return at, rows[:, None] * ffn + cols[None, :], ok, gate, linear
+
+    @triton.jit
     def _forward_kernel(h_ptr, prob_ptr, out_ptr, count_ptr, n_rows, ffn,
                         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
         valid = tl.minimum(tl.load(count_ptr).to(tl.int64), n_rows)
@@ -47,13 +55,9 @@ if triton is not None:
             row_ok = rows < valid
             prob = tl.load(prob_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
             for start in range(0, ffn, BLOCK_COLS):
-                cols = start + tl.arange(0, BLOCK_COLS)
-                ok = row_ok[:, None] & (cols < ffn)[None, :]
-                at = rows[:, None] * (2 * ffn) + cols[None, :]
-                gate = tl.load(h_ptr + at, mask=ok, other=0.0).to(tl.float32)
-                linear = tl.load(h_ptr + at + ffn, mask=ok, other=0.0).to(tl.float32)
+                _, out_at, ok, gate, linear = _tile(h_ptr, rows, row_ok, start, ffn, BLOCK_COLS)
                 out = gate * tl.sigmoid(gate) * linear * prob[:, None]
-                tl.store(out_ptr + rows[:, None] * ffn + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=ok)
+                tl.store(out_ptr + out_at, out.to(out_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
     def _backward_kernel(grad_ptr, h_ptr, prob_ptr, grad_h_ptr, grad_prob_ptr, count_ptr, n_rows, ffn,
@@ -65,12 +69,8 @@ if triton is not None:
             prob = tl.load(prob_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
             grad_prob = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
             for start in range(0, ffn, BLOCK_COLS):
-                cols = start + tl.arange(0, BLOCK_COLS)
-                ok = row_ok[:, None] & (cols < ffn)[None, :]
-                at = rows[:, None] * (2 * ffn) + cols[None, :]
-                grad = tl.load(grad_ptr + rows[:, None] * ffn + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-                gate = tl.load(h_ptr + at, mask=ok, other=0.0).to(tl.float32)
-                linear = tl.load(h_ptr + at + ffn, mask=ok, other=0.0).to(tl.float32)
+                at, grad_at, ok, gate, linear = _tile(h_ptr, rows, row_ok, start, ffn, BLOCK_COLS)
+                grad = tl.load(grad_ptr + grad_at, mask=ok, other=0.0).to(tl.float32)
                 sig = tl.sigmoid(gate)
                 silu = gate * sig
                 grad_prob += tl.sum(grad * silu * linear, axis=1)
