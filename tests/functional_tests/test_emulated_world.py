@@ -114,3 +114,29 @@ def test_the_readme_command_emulated_dry_runs_and_trains_three_steps_on_the_cpu(
     assert summary["final_iteration"] == 3 and summary["emulation"]["emulated"]
     assert "modeled, not measured" in summary["emulation"]["note"]
     assert all(step["modeled_s"] > 0 for step in summary["emulation"]["steps"])
+
+
+# (e) The sorted dispatcher over NVSHMEM, emulated: its exchanges are charged one call per peer in turn.
+def test_the_sorted_dispatchers_nvshmem_exchange_runs_emulated_and_is_charged_one_call_per_peer(tmp_path):
+    from seed_command import for_gpu
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "performance" / "run_script.py"
+    argv = [*for_gpu("cpu"), "--emulate", "--network", "h100_ib400", *TINY_SIZES, "--max_steps", "2", "-gb", "32",
+            "model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nvshmem"]
+    proc = subprocess.run([sys.executable, str(script), *argv, "-l", str(tmp_path / "run")], capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "sorted dispatcher, sync-free, transport: nvshmem (EP=16, NVSHMEM EMULATED" in proc.stdout
+    step = json.loads((tmp_path / "run" / "summary.json").read_text())["emulation"]["steps"][-1]
+    ep = step["groups"]["ep[16]"]
+    layers, micro_batches = 2, 32 // 16
+    exchanges = ep["all_to_all"]
+    assert exchanges["calls"] == layers * micro_batches * 4  # dispatch and combine, forward and backward
+    nvlink_bytes = exchanges["bytes"] - exchanges["inter_node_bytes"]
+    per_call = 7 * H100.intra_node_latency_us * 1e-6 + 8 * H100.inter_node_latency_us * 1e-6  # 7 peers in the node
+    assert exchanges["modeled_s"] == pytest.approx(
+        exchanges["calls"] * per_call + nvlink_bytes / (H100.intra_node_gbps * 1e9)
+        + exchanges["inter_node_bytes"] / (H100.inter_node_gbps * 1e9), rel=1e-6)
+    counts = ep["all_gather"]  # 16 int64 expert counts: one 128-byte row to each of 15 peers, 8 over the NIC
+    calls = layers * micro_batches
+    assert (counts["calls"], counts["bytes"], counts["inter_node_bytes"]) == (calls, calls * 15 * 128, calls * 8 * 128)

@@ -94,3 +94,33 @@ def test_a_collective_runs_on_its_groups_stream(world, async_op):
         assert elapsed < 1.5 * modeled, f"{elapsed * 1e3:.2f} ms: the all-reduce did not run beside the compute"
     else:
         assert elapsed > 1.8 * modeled, f"{elapsed * 1e3:.2f} ms: the compute did not wait for the all-reduce"
+
+
+def _nvshmem_exchange_args(world_size: int, rows_per_peer: int):
+    from megatron.bridge.models.torch_native.token_exchange import Route
+
+    send = torch.full((world_size,), rows_per_peer, device="cuda")
+    route = Route(send, send.clone(), world_size * rows_per_peer, rows_per_peer)
+    return [torch.ones(world_size * rows_per_peer, 2048, device="cuda", dtype=torch.bfloat16)], route
+
+
+def test_the_emulated_nvshmem_exchange_never_waits_for_the_gpu_and_holds_for_its_modeled_time(world):
+    from megatron.bridge.models.torch_native.symmetric_exchange import make_exchange
+
+    exchange = make_exchange(dist.group.WORLD, torch.device("cuda"), prefer_symmetric=True)
+    sources, route = _nvshmem_exchange_args(WORLD, 256)  # 1 MiB to each peer, 4 of them over the NIC
+
+    def call():
+        exchange.exchange(sources, route, lambda recv: None)
+
+    _host_seconds(call)  # warm-up: the kernels compile
+    world.record.take()
+    spent = _host_seconds(call)
+    assert spent < BUSY_S / 4, f"the host waited {spent * 1e3:.0f} ms for queued GPU work"
+    tally = world.record.take()["groups"]["world[8]"]["all_to_all"]
+    row = 2048 * 2  # bf16 values
+    seconds, sent, inter = dist.group.WORLD.costs.serial_all_to_all([256 * row] * WORLD)
+    assert (tally["calls"], tally["bytes"], tally["inter_node_bytes"]) == (1, sent, inter)
+    assert tally["modeled_s"] == pytest.approx(seconds, rel=1e-3)  # float32 on the GPU
+    elapsed = _gpu_seconds(call)
+    assert elapsed == pytest.approx(seconds, rel=0.1, abs=5e-5)

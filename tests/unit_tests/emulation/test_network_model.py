@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from megatron.bridge.emulation.network import PRESETS, network_model
+from megatron.bridge.emulation.network import PRESETS, GroupCosts, network_model
 
 H100 = PRESETS["h100_ib400"]
 US, GB = 1e-6, 1e9
@@ -42,3 +42,22 @@ def test_free_costs_nothing_and_every_figure_can_be_overridden():
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_names_its_source(name):
     assert PRESETS[name].source
+
+
+# one peer per call (the NVSHMEM exchange): rank 1 of 4 ranks, 2 per node; peers 0 (its node), 2, 3 (the other)
+@pytest.mark.parametrize("bytes_to_peer, seconds, sent, inter", [
+    ([0, 0, 0, 0], 5e-6 + 2 * 15e-6, 0, 0),  # every call pays its latency, even with nothing to send
+    ([450, 99, 0, 0], 5e-6 + 1e-9 + 2 * 15e-6, 450, 0),  # its own 99 bytes cross no link
+    ([0, 0, 50, 100], 5e-6 + 2 * 15e-6 + 3e-9, 150, 150),  # NIC calls add up, one after another
+    ([900, 0, 500, 0], 5e-6 + 2e-9 + 2 * 15e-6 + 10e-9, 1400, 500),  # NVLink and NIC never at once
+])
+def test_an_exchange_of_one_call_per_peer_adds_every_peers_latency_and_bytes(bytes_to_peer, seconds, sent, inter):
+    costs = GroupCosts(network_model("h100_ib400", gpus_per_node=2), range(4), 1)
+    got = costs.serial_all_to_all(bytes_to_peer)
+    assert got[0] == pytest.approx(seconds, rel=1e-12) and got[1:] == (sent, inter)
+
+
+def test_a_free_network_prices_one_call_per_peer_at_nothing_but_counts_its_bytes():
+    costs = GroupCosts(network_model("free"), range(16), 0)
+    assert costs.serial_all_to_all([64] * 16) == (0.0, 15 * 64, 8 * 64)
+    assert costs.link_table("cpu").shape == (4, 16)

@@ -30,11 +30,10 @@ def test_the_readme_command_emulated_is_validated_for_16_gpus_and_launches_one_p
 @pytest.mark.parametrize("extra, rule", [
     (["-pp", "2", "-ng", "32"], "emulation-no-pipeline-parallel"),
     (["--moe_flex_dispatcher_backend", "deepep"], "emulation-no-flex-dispatcher"),
-    (["model.torch_native_ep_transport=nvshmem"], "emulation-no-symmetric-memory"),
     (["--emulate_rank", "16"], "emulation-rank-in-world"),
     (["emulation.network=h100_ib800"], "emulation-network-known"),
     (["--procs_per_gpu", "2"], "emulate-one-process"),
-], ids=["pipeline", "deepep", "nvshmem", "rank", "network", "procs-per-gpu"])
+], ids=["pipeline", "deepep", "rank", "network", "procs-per-gpu"])
 def test_what_an_emulated_world_cannot_play_is_refused_before_launch(extra, rule, tmp_path, no_launch):
     code, out = run([*README_COMMAND, *EMULATE, *extra, "-l", str(tmp_path / "run")])
     assert code == 2 and f"[{rule}]" in out and "nothing was launched" in out, out

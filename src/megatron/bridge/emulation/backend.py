@@ -81,6 +81,27 @@ class EmulatedWorld:
         if seconds > 0 and on_gpu:
             self.hold(seconds, self.network.comm_sms, all_to_all=kind == "all_to_all")
 
+    def charge_rows(self, group: "EmulatedGroup", kind: str, bytes_to_peer: list[int], on_gpu: bool) -> None:
+        """Charge, on the current stream, one call that sends ``bytes_to_peer[j]`` to peer ``j`` over
+        NVLink and NIC at once (sizes known on the host)."""
+        with HostTimer(self.record):
+            intra, inter = group.costs.all_to_all_link_bytes(bytes_to_peer)
+            self.charge(group, kind, intra + inter, group.costs.all_to_all_time(intra, inter), on_gpu, inter)
+
+    def charge_serial_exchange(self, group: "EmulatedGroup", splits: torch.Tensor, row_bytes: int) -> None:
+        """Charge, on the current stream, an exchange of ``splits[j]`` rows of ``row_bytes`` to peer
+        ``j``, one call per peer in turn (``GroupCosts.serial_all_to_all``). On a GPU the split sizes
+        never reach the host: the hold kernel prices and tallies the exchange itself."""
+        with HostTimer(self.record):
+            costs = group.costs
+            if splits.is_cuda:
+                tally = self.record.device_tally(group.label, "all_to_all", splits.device)
+                if self.hold.serial_exchange(splits, row_bytes, costs.link_table(splits.device), tally,
+                                             self.network.comm_sms):
+                    return
+            seconds, sent, inter = costs.serial_all_to_all([rows * row_bytes for rows in splits.tolist()])
+            self.charge(group, "all_to_all", sent, seconds, splits.is_cuda, inter)
+
 
 _WORLD: Optional[EmulatedWorld] = None
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 GB = 1e9
 
@@ -125,7 +125,7 @@ class GroupCosts:
     on the group's ranks (its slowest link, which peers share this rank's node) worked out once: the
     backend asks for every collective it runs."""
 
-    __slots__ = ("model", "ranks", "me", "_ring_link", "_peer_in_node", "_spans")
+    __slots__ = ("model", "ranks", "me", "_ring_link", "_peer_in_node", "_spans", "_tables")
 
     def __init__(self, model: NetworkModel, ranks: Sequence[int], me: int) -> None:
         self.model, self.ranks, self.me = model, tuple(ranks), me
@@ -133,6 +133,7 @@ class GroupCosts:
         self._ring_link = model._link(self.ranks) if len(self.ranks) > 1 else (0.0, 1.0)
         node = self.ranks[me] // model.gpus_per_node if self.ranks else 0
         self._peer_in_node = tuple(r // model.gpus_per_node == node for r in self.ranks)
+        self._tables: dict[Any, Any] = {}
 
     def ring(self, kind: str, nbytes: int) -> tuple[float, int]:
         """(modeled seconds, bytes over this GPU's NIC) of a ring collective: as
@@ -161,3 +162,39 @@ class GroupCosts:
 
     def all_to_all_time(self, intra: int, inter: int) -> float:
         return self.model.all_to_all_time(self.ranks, intra, inter)
+
+    def peer_links(self) -> list[tuple[float, float, bool, bool]]:
+        """Per rank of the group: (latency in ns, ns per byte, whether the link is the NIC, whether it
+        is a peer), as the one-peer-per-call exchange pays them; this rank itself costs nothing."""
+        m = self.model
+        priced = not m.free and len(self.ranks) > 1
+        links = []
+        for j, in_node in enumerate(self._peer_in_node):
+            peer = j != self.me
+            if peer and priced:
+                latency_us = m.intra_node_latency_us if in_node else m.inter_node_latency_us
+                gbps = m.intra_node_gbps if in_node else m.inter_node_gbps
+                links.append((latency_us * 1e3, 1.0 / gbps, not in_node, True))
+            else:
+                links.append((0.0, 0.0, peer and not in_node, peer))
+        return links
+
+    def serial_all_to_all(self, bytes_to_peer: Sequence[int]) -> tuple[float, int, int]:
+        """(modeled seconds, bytes to peers, bytes over the NIC) of an exchange that runs one call per
+        peer, one after another (the sorted dispatcher's NVSHMEM transport): every peer's latency and
+        bytes over its link add up, NVLink and NIC never at once."""
+        nanoseconds, sent, inter = 0.0, 0, 0
+        for nbytes, (latency_ns, ns_per_byte, nic, peer) in zip(bytes_to_peer, self.peer_links()):
+            nanoseconds += latency_ns + nbytes * ns_per_byte
+            sent += nbytes if peer else 0
+            inter += nbytes if nic else 0
+        return nanoseconds * 1e-9, sent, inter
+
+    def link_table(self, device: Any) -> Any:
+        """:meth:`peer_links` as a ``[4, n]`` float32 tensor on ``device`` (latency ns, ns per byte,
+        NIC flag, peer flag), made once per device: the device-side charge reads it."""
+        if device not in self._tables:
+            import torch  # deferred: the network model itself is plain Python (validation imports it)
+
+            self._tables[device] = torch.tensor(self.peer_links(), dtype=torch.float32).t().contiguous().to(device)
+        return self._tables[device]

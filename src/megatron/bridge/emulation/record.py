@@ -5,6 +5,10 @@ The backend adds every collective it runs; the training loop takes the step's re
 step (``summary.json`` keeps them all, the step line shows the modeled total). ``host_seconds`` is
 what the emulation itself cost the host (inside the backend's methods), so a step time can be
 checked for being bound by the emulation rather than by the work it emulates.
+
+An exchange whose split sizes stay on the GPU is tallied there (:meth:`CommRecord.device_tally`:
+the hold kernel adds its calls, bytes and modeled time); :meth:`CommRecord.take` reads those
+tallies once a step, after the GPU has finished it. Such calls are not in ``order``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 
 @dataclass
@@ -41,6 +47,34 @@ class CommRecord:
     keep_order: bool = False
     last: Tally | None = None
     """The tally of the collective being run (its host time is added to it when it returns)."""
+    device_tallies: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict)
+    """Per group and kind, int64 ``[calls, bytes, inter-node bytes, modeled ns]`` on the GPU."""
+
+    def device_tally(self, group: str, kind: str, device: torch.device) -> torch.Tensor:
+        """The device-side tally a kernel adds a call of ``kind`` on ``group`` to (made at first use)."""
+        key = (group, kind)
+        tally = self.device_tallies.get(key)
+        if tally is None or tally.device != device:
+            self._fold_device()
+            tally = self.device_tallies[key] = torch.zeros(4, dtype=torch.int64, device=device)
+        self.last = self.tallies[key]
+        return tally
+
+    def _fold_device(self) -> None:
+        """Add the device tallies to the host ones and zero them (waits for the GPU to finish)."""
+        if not self.device_tallies:
+            return
+        for device in {t.device for t in self.device_tallies.values()}:
+            torch.cuda.synchronize(device)
+        for key, values in self.device_tallies.items():
+            calls, nbytes, inter, nanoseconds = values.tolist()
+            if calls:
+                tally = self.tallies[key]
+                tally.calls += calls
+                tally.bytes += nbytes
+                tally.inter_node_bytes += inter
+                tally.modeled_s += nanoseconds * 1e-9
+                values.zero_()
 
     def add(self, group: str, kind: str, nbytes: int, modeled_s: float, inter_node_bytes: int = 0) -> None:
         tally = self.tallies[(group, kind)]
@@ -54,6 +88,7 @@ class CommRecord:
 
     def take(self) -> dict[str, Any]:
         """This step's record (``{"groups": {group: {kind: {...}}}, "modeled_s", "host_s"}``), then empty."""
+        self._fold_device()
         groups: dict[str, dict[str, Any]] = {}
         for (group, kind), tally in sorted(self.tallies.items()):
             groups.setdefault(group, {})[kind] = tally.as_dict()

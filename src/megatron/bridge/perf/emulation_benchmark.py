@@ -38,11 +38,13 @@ EXPERTS, TOPK = 128, 8
 DISPATCHERS = {
     "alltoall": [],
     "sorted": ["model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nccl"],
+    "sorted_nvshmem": ["model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nvshmem"],
     "node_aware": ["model.torch_native_dispatcher=node_aware", f"model.torch_native_gpus_per_node={GPUS_PER_NODE}"],
 }
 """Dispatchers the product offers at EP > 1 without a flex backend: megatron-core's alltoall, the
-torch-native sorted one over ``all_to_all_single``, and the node-aware one (each token crosses the
-inter-node link once per node)."""
+torch-native sorted one over ``all_to_all_single`` (split sizes through the host) and over NVSHMEM
+(split sizes stay on the GPU; emulated by ``models/torch_native/emulated_exchange.py``), and the
+node-aware one (each token crosses the inter-node link once per node)."""
 OVERLAP = {
     "free": ["comm_overlap.overlap_moe_expert_parallel_comm=false"],
     "off": ["comm_overlap.overlap_moe_expert_parallel_comm=false"],

@@ -14,6 +14,8 @@ What counts as dispatch/combine:
 * NCCL all-to-all kernels (``AllToAll``/``alltoall``/``all_to_all``) and NCCL ``SendRecv`` kernels
   (NCCL implements ``all_to_all_single`` as grouped send/recv). With PP>1 pipeline p2p also uses
   SendRecv; pass ``include_sendrecv=False`` there;
+* NVSHMEM all-to-all kernels (torch's ``allToAllV``; the emulated world's
+  ``emulated_nvshmem_all_to_all``); other NVSHMEM kernels are other communication;
 * DeepEP (``deep_ep``) and HybridEP (``hybrid_ep``/``hybridep``) dispatch/combine/notify kernels;
 * CPU-side all-to-all ops (``c10d::alltoall*``, ``gloo:all_to_all``, ``record_param_comms`` with an
   all-to-all collective name), by default only when the trace has no dispatch/combine kernels. gloo (the CPU
@@ -47,6 +49,7 @@ _NCCL = re.compile(r"nccl", re.I)
 _A2A = re.compile(r"all_?to_?all|alltoall", re.I)
 _SENDRECV = re.compile(r"sendrecv", re.I)
 _EP_LIB = re.compile(r"deep_?ep|hybrid_?ep", re.I)
+_NVSHMEM = re.compile(r"nvshmem|allToAllV", re.I)
 _EP_KERNEL = re.compile(r"dispatch|combine|notify", re.I)
 _CPU_A2A = re.compile(r"^(c10d::alltoall|gloo:all_to_all|nccl:all_to_all|record_param_comms)", re.I)
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -104,6 +107,8 @@ def classify(name: str, category: str, args: Optional[dict] = None, *, include_s
         return "ignore"  # memcpy, memset, runtime calls, flows
     if _EP_LIB.search(name):
         return "a2a" if _EP_KERNEL.search(name) else "other_comm"
+    if _NVSHMEM.search(name):
+        return "a2a" if _A2A.search(name) else "other_comm"
     if _NCCL.search(name):
         if _A2A.search(name) or (include_sendrecv and _SENDRECV.search(name)):
             return "a2a"

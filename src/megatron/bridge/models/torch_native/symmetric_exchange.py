@@ -286,15 +286,16 @@ class SymmetricMemorySupport:
 
 
 def symmetric_memory_support(group: Optional[dist.ProcessGroup], device: torch.device) -> SymmetricMemorySupport:
-    """NVSHMEM present, CUDA tensors, torch's op registered, and the group spanning the whole job.
+    """NVSHMEM present, CUDA tensors, torch's op registered, and the group spanning the whole job
+    (in an emulated world, on a GPU or the CPU, only the layout's conditions).
 
     The last condition is conservative: NVSHMEM allocations are collective over every process of
     the job, and torch builds differ in whether their kernels translate subgroup ranks.
     """
+    if _emulated(group):
+        return _emulated_support(group)
     if device.type != "cuda":
         return SymmetricMemorySupport(False, "not on CUDA")
-    if group is not None and group.getBackendName() == EMULATED_BACKEND:
-        return SymmetricMemorySupport(False, "an emulated world has no peers to share memory with")
     try:
         # Deferred, as in _symmetric_empty(): a torch without it is reported here.
         import torch.distributed._symmetric_memory as symm_mem
@@ -304,6 +305,11 @@ def symmetric_memory_support(group: Optional[dist.ProcessGroup], device: torch.d
         return SymmetricMemorySupport(False, "torch has no symm_mem.all_to_all_vdev")
     if not symm_mem.is_nvshmem_available():
         return SymmetricMemorySupport(False, "NVSHMEM is not available")
+    return _layout_support(group) or SymmetricMemorySupport(True, "NVSHMEM available")
+
+
+def _layout_support(group: Optional[dist.ProcessGroup]) -> Optional[SymmetricMemorySupport]:
+    """Why the group's layout rules the exchange out (``None``: it does not)."""
     if group is None or dist.get_world_size(group) != dist.get_world_size():
         return SymmetricMemorySupport(False, "the expert-parallel group does not span the whole job")
     world = dist.get_world_size(group)
@@ -312,7 +318,18 @@ def symmetric_memory_support(group: Optional[dist.ProcessGroup], device: torch.d
     blocks_problem = blocks_override_problem(world)
     if blocks_problem is not None:
         return SymmetricMemorySupport(False, blocks_problem)
-    return SymmetricMemorySupport(True, "NVSHMEM available")
+    return None
+
+
+def _emulated(group: Optional[dist.ProcessGroup]) -> bool:
+    return group is not None and group.getBackendName() == EMULATED_BACKEND
+
+
+def _emulated_support(group: dist.ProcessGroup) -> SymmetricMemorySupport:
+    """In an emulated world the layout's own conditions decide (a cluster of the target GPUs has
+    NVSHMEM); the exchange is played by ``emulated_exchange.py`` (on a CPU, from host split sizes)."""
+    return _layout_support(group) or SymmetricMemorySupport(
+        True, "NVSHMEM EMULATED: split sizes and modeled time stay on the device")
 
 
 _BACKEND_SET = False
@@ -347,7 +364,13 @@ def ensure_symmetric_heap(nbytes: int) -> None:
 
 
 def make_exchange(group: dist.ProcessGroup, device: torch.device, prefer_symmetric: bool) -> RowExchange:
-    """The NVSHMEM exchange where requested (the caller checked :func:`symmetric_memory_support`)."""
+    """The NVSHMEM exchange where requested (the caller checked :func:`symmetric_memory_support`);
+    over an emulated group, its stand-in."""
+    if prefer_symmetric and _emulated(group):
+        # Deferred: the stand-in builds on this module's index functions.
+        from megatron.bridge.models.torch_native.emulated_exchange import EmulatedSymmetricExchange
+
+        return EmulatedSymmetricExchange(group)
     if prefer_symmetric:
         use_nvshmem_backend(group)
         return SymmetricMemoryExchange(group)

@@ -27,7 +27,6 @@ CASES = {
     "emulation-no-pipeline-parallel": {"model.pipeline_model_parallel_size": 2},
     "emulation-no-context-parallel": {"model.context_parallel_size": 2},
     "emulation-no-flex-dispatcher": {"model.moe_token_dispatcher_type": "flex"},
-    "emulation-no-symmetric-memory": {"model.torch_native_ep_transport": "nvshmem"},
     "emulation-no-gloo-on-gpus": {"dist.device": "cuda", "dist.distributed_backend": "gloo"},
     "emulation-no-cuda-graph": {"model.cuda_graph_impl": "full_iteration"},
 }
@@ -44,8 +43,11 @@ def test_what_the_emulated_world_cannot_play_is_refused(rule_id):
     assert rule_id in {v.rule for v in info.value.violations}
 
 
-def test_an_emulated_layout_it_can_play_passes():
-    emulated().validate(world_size=4)
+@pytest.mark.parametrize("changes", [{}, {"model.torch_native_dispatcher": "sorted",
+                                          "model.torch_native_ep_transport": "nvshmem"}], ids=["plain", "nvshmem"])
+def test_an_emulated_layout_it_can_play_passes(changes):
+    """The NVSHMEM exchange is played on the device (``emulated_exchange.py``): not refused."""
+    emulated(**changes).validate(world_size=4)
 
 
 @pytest.mark.parametrize("field, value", [("emulation.world_size", 0), ("emulation.rank", -1),

@@ -1,8 +1,10 @@
 """Rules of the emulated world (``emulation.*``), as data: what it cannot play, refused before launch.
 
 The emulated backend plays every peer by symmetry (``megatron.bridge.emulation.backend``). That
-answers collectives; it cannot answer what a peer would send point to point, share memory with a
-real peer, or make one rank's shards a checkpoint anyone could resume. Each such setting is refused
+answers collectives (and the sorted dispatcher's NVSHMEM exchange, played on the GPU by
+``models/torch_native/emulated_exchange.py``); it cannot answer what a peer would send point to
+point, share a flex backend's buffers with a real peer, or make one rank's shards a checkpoint
+anyone could resume. Each such setting is refused
 here with the reason, instead of failing or silently meaning something else inside the run.
 """
 
@@ -59,10 +61,6 @@ EMULATION_RULES: tuple[Rule, ...] = (
           "share with real peers: there is nothing to emulate them with",
           "emulate with --moe_flex_dispatcher_backend None (megatron's alltoall dispatcher or the torch-native "
           "sorted one)"),
-    _rule("emulation-no-symmetric-memory", ("model.torch_native_ep_transport",),
-          lambda cfg, ctx: cfg.model.torch_native_ep_transport != "nvshmem",
-          "the NVSHMEM exchange maps memory of real peers (torch symmetric memory)",
-          "emulate with model.torch_native_ep_transport=nccl or auto"),
     _rule("emulation-no-cuda-graph", ("model.cuda_graph_impl",),
           lambda cfg, ctx: cfg.model.cuda_graph_impl in (None, "none"),
           "the emulated collectives have not been run under CUDA-graph capture yet (a combine whose chunks differ "

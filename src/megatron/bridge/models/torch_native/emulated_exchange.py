@@ -1,0 +1,86 @@
+"""The sorted dispatcher's NVSHMEM transport in an emulated world: nothing about it reaches the host.
+
+On a cluster, :class:`~megatron.bridge.models.torch_native.symmetric_exchange.SymmetricMemoryExchange`
+moves rows with NVSHMEM kernels that read the split sizes on the GPU, so the host enqueues a whole
+step without waiting for it. An emulated world (``megatron.bridge.emulation``) has no peer to map
+memory with; :class:`EmulatedSymmetricExchange` plays that transport the way the emulated backend
+plays NCCL, and keeps its one property that matters for overlap, that the host never reads a split
+size:
+
+* **received rows**: from each peer, the rows its receive split says, taken from the rows this rank
+  sends itself (in a symmetric world a peer's rows for this rank are shaped like those); where a
+  peer sends more rows than that, this rank's following send rows stand in. One gather from the
+  sources, with the dispatcher's own device indices;
+* **time**: one kernel (``emulation.hold``) reads the send splits, prices one call per peer in turn
+  (latency plus bytes over that peer's link, as the real transport's one-peer-per-call exchange
+  runs), holds the network's communication SMs for that time on the current stream, and adds the
+  call to a device-side tally that the training loop reads once a step;
+* **the counts all-gather** replicates this rank's counts (every rank routes alike in a symmetric
+  world) and is charged as one call to every peer, whose size the host knows.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from megatron.bridge.models.torch_native.symmetric_exchange import call_rows, region_pack_index
+from megatron.bridge.models.torch_native.token_exchange import (
+    Route,
+    RowExchange,
+    row_bytes,
+    rows_to_pack,
+    write_columns,
+)
+
+
+def stand_in_rows(route: Route, rank: int, send_rows: int, order: Optional[torch.Tensor]) -> torch.Tensor:
+    """``[route.recv_rows]``: for each received row (rank 0's first), the source row that stands in
+    for it: row ``o`` of any peer's block is the ``o``-th row this rank sends itself (``order``
+    applied; past its own rows, the send rows that follow)."""
+    own = route.call_rows
+    if own is None:
+        own = call_rows(route.send_splits, rank, route.source_rows, send_rows, order)
+    own = own[0]
+    where = route.pack_index
+    if where is None:
+        where = region_pack_index(route.recv_splits, route.source_rows, route.recv_rows)
+    return own[where % route.source_rows]
+
+
+class EmulatedSymmetricExchange(RowExchange):
+    """The NVSHMEM exchange's stand-in over an emulated group (see the module docstring)."""
+
+    name = "NVSHMEM all_to_all_vdev, EMULATED (split sizes and modeled time on the GPU, one peer per call)"
+    sync_free = True
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        super().__init__(group)
+        self.rank = dist.get_rank(group)
+
+    def _allocate(self, rows: int, nbytes: int, device: torch.device) -> int:
+        self._recv = torch.empty(rows, nbytes, dtype=torch.uint8, device=device)
+        return rows
+
+    def _transfer(
+        self, sources: Sequence[torch.Tensor], route: Route, nbytes: int,
+        order: Optional[torch.Tensor], count: Optional[torch.Tensor],
+    ) -> torch.Tensor:
+        self._reserve(route.recv_rows, nbytes, sources[0].device)
+        index = stand_in_rows(route, self.rank, rows_to_pack(sources, order), order)
+        write_columns(self._recv, sources, index, route.recv_splits.sum().reshape(1))
+        self.group.world.charge_serial_exchange(self.group, route.send_splits, nbytes)
+        return self._recv
+
+    def all_gather(self, values: torch.Tensor) -> torch.Tensor:
+        stream_ready = self._wait_previous(values)
+        gathered = values.reshape(1, -1).repeat(self.world, 1)
+        nbytes = row_bytes([(values.numel(), values.dtype)])
+        self.group.world.charge_rows(self.group, "all_gather", [nbytes] * self.world, values.is_cuda)
+        self._record_done(stream_ready)
+        return gathered
+
+
+__all__ = ["EmulatedSymmetricExchange", "stand_in_rows"]
