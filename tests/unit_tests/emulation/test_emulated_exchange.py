@@ -47,10 +47,14 @@ def test_every_peer_sends_the_rows_this_rank_sends_itself(world):
     assert received.view(torch.float32).view(-1, 16)[:, 0].tolist() == [3.0, 4.0] * 8
 
 
-def test_a_peer_that_sends_more_than_this_rank_sends_itself_gets_its_following_rows(world):
-    rows = torch.arange(7.0).unsqueeze(1)
-    received = _exchange(_route([1, 2, 2, 0, 1, 0, 0, 1], [0, 3, 0, 0, 0, 0, 0, 1], 4), [rows])
-    assert received.view(torch.float32).view(-1, 16)[:, 0].tolist() == [3.0, 4.0, 5.0, 3.0]
+@pytest.mark.parametrize("send, expected", [
+    ([1, 2, 2, 0, 1, 0, 0, 1], [3.0, 4.0, 3.0, 3.0]),  # its own two rows, cycled
+    ([1, 2, 0, 0, 1, 0, 0, 1], [0.0, 1.0, 2.0, 0.0]),  # it sends itself nothing: all 5 sent rows, cycled
+], ids=["own-rows-cycled", "no-own-rows"])
+def test_a_peer_that_sends_more_than_this_rank_sends_itself_never_reads_padding(world, send, expected):
+    rows = torch.arange(7.0).unsqueeze(1)  # rows past the sent ones are padding (no values on a GPU)
+    received = _exchange(_route(send, [0, 3, 0, 0, 0, 0, 0, 1], 4), [rows])
+    assert received.view(torch.float32).view(-1, 16)[:, 0].tolist() == expected
 
 
 def test_an_exchange_is_charged_one_call_per_peer_in_turn(world):

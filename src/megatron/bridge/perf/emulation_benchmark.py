@@ -59,11 +59,14 @@ RowKey = tuple[int, int, str, str, str]
 
 def qwen3_argv(gpu: str, steps: int, layers: int, log_dir: Path) -> list[str]:
     """The harness flags every emulated benchmark shares: Qwen3-30B-A3B's recipe ``layers`` deep,
-    bf16, no CUDA graph, megatron-core's alltoall unless a dispatcher is asked for."""
+    bf16, no CUDA graph, megatron-core's alltoall unless a dispatcher is asked for, and routing
+    forced balanced (megatron-core's benchmarking switch: random router logits). Without it the
+    symmetric world's stand-in values steer the routing as training goes, and every peer routes as
+    this rank does, so the rows its experts get, and the step, drift from run to run."""
     return ["-m", "qwen", "-mr", "qwen3_30b_a3b", "--task", "pretrain", "-g", gpu, "-c", "bf16",
             "--max_steps", str(steps), "--cuda_graph_impl", "none", "--moe_flex_dispatcher_backend", "None",
             "--tokenizer_type", "NullTokenizer", "model.moe_shared_expert_overlap=false",
-            f"model.num_layers={layers}", "-l", str(log_dir)]
+            "model.moe_router_force_load_balancing=true", f"model.num_layers={layers}", "-l", str(log_dir)]
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ plays NCCL, and keeps its one property that matters for overlap, that the host n
 size:
 
 * **received rows**: from each peer, the rows its receive split says, taken from the rows this rank
-  sends itself (in a symmetric world a peer's rows for this rank are shaped like those); where a
-  peer sends more rows than that, this rank's following send rows stand in. One gather from the
-  sources, with the dispatcher's own device indices;
+  sends itself (in a symmetric world a peer's rows for this rank are shaped like those), cycled
+  where a peer sends more (:func:`stand_in_rows`). One index computation and one gather from the
+  sources, on the device;
 * **time**: one kernel (``emulation.hold``) reads the send splits, prices one call per peer in turn
   (latency plus bytes over that peer's link, as the real transport's one-peer-per-call exchange
   runs), holds the network's communication SMs for that time on the current stream, and adds the
@@ -26,7 +26,8 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from megatron.bridge.models.torch_native.symmetric_exchange import call_rows, region_pack_index
+from megatron.bridge.models.torch_native.compiled import LazyCompiled
+from megatron.bridge.models.torch_native.symmetric_exchange import region_pack_index
 from megatron.bridge.models.torch_native.token_exchange import (
     Route,
     RowExchange,
@@ -36,18 +37,30 @@ from megatron.bridge.models.torch_native.token_exchange import (
 )
 
 
+def _stand_in_rows(send_splits: torch.Tensor, where: torch.Tensor, rank: int, source_rows: int, send_rows: int,
+                   order: Optional[torch.Tensor]) -> torch.Tensor:
+    own = send_splits[rank]
+    start = send_splits[:rank].sum()
+    mine = own > 0
+    span = torch.where(mine, own, send_splits.sum()).clamp(min=1)
+    rows = (torch.where(mine, start, 0) + (where % source_rows) % span).clamp(max=max(send_rows - 1, 0))
+    return rows if order is None else order[rows]
+
+
+# static shapes: one graph per route of a run
+_COMPILED_STAND_IN = LazyCompiled(_stand_in_rows, "emulated exchange stand-in rows", dynamic=False)
+
+
 def stand_in_rows(route: Route, rank: int, send_rows: int, order: Optional[torch.Tensor]) -> torch.Tensor:
-    """``[route.recv_rows]``: for each received row (rank 0's first), the source row that stands in
-    for it: row ``o`` of any peer's block is the ``o``-th row this rank sends itself (``order``
-    applied; past its own rows, the send rows that follow)."""
-    own = route.call_rows
-    if own is None:
-        own = call_rows(route.send_splits, rank, route.source_rows, send_rows, order)
-    own = own[0]
+    """``[route.recv_rows]``: for each received row (rank 0's first), the send row (``order``
+    applied) that stands in for it: row ``o`` of any peer's block is this rank's own row ``o``,
+    cycled when the peer sends more (in a symmetric world it sends as many); a rank that sends
+    itself nothing cycles over all its send rows. Never a padding row: those hold no values."""
     where = route.pack_index
     if where is None:
         where = region_pack_index(route.recv_splits, route.source_rows, route.recv_rows)
-    return own[where % route.source_rows]
+    args = (route.send_splits, where, rank, route.source_rows, send_rows, order)
+    return _COMPILED_STAND_IN(_stand_in_rows, *args) if where.is_cuda else _stand_in_rows(*args)
 
 
 class EmulatedSymmetricExchange(RowExchange):

@@ -42,7 +42,7 @@ from typing import List, Mapping, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from megatron.bridge.emulation.backend import BACKEND as EMULATED_BACKEND
+from megatron.bridge.emulation.backend import EmulatedGroup
 from megatron.bridge.models.torch_native.token_exchange import (
     ROW_ALIGN_BYTES,
     CollectiveExchange,
@@ -322,7 +322,7 @@ def _layout_support(group: Optional[dist.ProcessGroup]) -> Optional[SymmetricMem
 
 
 def _emulated(group: Optional[dist.ProcessGroup]) -> bool:
-    return group is not None and group.getBackendName() == EMULATED_BACKEND
+    return isinstance(group, EmulatedGroup)
 
 
 def _emulated_support(group: dist.ProcessGroup) -> SymmetricMemorySupport:
