@@ -77,6 +77,9 @@ def test_total_is_union_length_not_sum():
         ("deep_ep::intranode::notify_dispatch", "kernel", "a2a"),
         ("hybrid_ep::dispatch_kernel<...>", "kernel", "a2a"),
         ("HybridEP combine kernel", "kernel", "a2a"),
+        ("emulated_nvshmem_all_to_all", "kernel", "a2a"),  # the emulated world's NVSHMEM exchange
+        ("void c10d::nvshmem_extension::allToAllV(void*, long*, ...)", "kernel", "a2a"),
+        ("nvshmemi_team_barrier_kernel", "kernel", "other_comm"),
         ("sm90_xmma_gemm_bf16bf16_bf16f32", "kernel", "compute"),
         ("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", "ignore"),
         ("c10d::alltoall_base_", "cpu_op", "a2a_cpu"),

@@ -53,12 +53,13 @@ from megatron.bridge.models.torch_native.sorted_permutation import (
     unpermute_sorted,
 )
 from megatron.bridge.models.torch_native.streams import record_if_read_elsewhere, stream_of
-from megatron.bridge.models.torch_native.symmetric_exchange import call_rows, make_exchange, region_pack_index
+from megatron.bridge.models.torch_native.symmetric_exchange import call_rows, make_exchange
 from megatron.bridge.models.torch_native.token_exchange import (
     Route,
     RowExchange,
     copy_columns,
     exclusive_cumsum,
+    region_pack_index,
     row_bytes,
 )
 

@@ -27,10 +27,10 @@ import torch
 import torch.distributed as dist
 
 from megatron.bridge.models.torch_native.compiled import LazyCompiled
-from megatron.bridge.models.torch_native.symmetric_exchange import region_pack_index
 from megatron.bridge.models.torch_native.token_exchange import (
     Route,
     RowExchange,
+    region_pack_index,
     row_bytes,
     rows_to_pack,
     write_columns,

@@ -51,6 +51,7 @@ from megatron.bridge.models.torch_native.token_exchange import (
     copy_byte_rows,
     copy_columns,
     exclusive_cumsum,
+    region_pack_index,
     row_bytes,
     rows_to_pack,
     write_columns,
@@ -106,17 +107,6 @@ def call_rows(send_splits: torch.Tensor, rank: int, source_rows: int, rows: int,
     starts = exclusive_cumsum(send_splits)[dests]
     rows_of_call = (starts[:, None] + torch.arange(source_rows, device=send_splits.device)).clamp(max=max(rows - 1, 0))
     return order[rows_of_call] if order is not None else rows_of_call
-
-
-def region_pack_index(recv_splits: torch.Tensor, source_rows: int, recv_rows: int) -> torch.Tensor:
-    """``[recv_rows]``: for each received row in rank order (rank 0's rows first), its row in the
-    per-source regions (``source_rows`` rows each); past the received total, some valid row."""
-    world = recv_splits.numel()
-    ends = torch.cumsum(recv_splits, 0)
-    row = torch.arange(recv_rows, device=recv_splits.device)
-    source = torch.searchsorted(ends, row, right=True).clamp_(max=world - 1)
-    where = source * source_rows + row - (ends[source] - recv_splits[source])
-    return where.clamp_(max=world * source_rows - 1)
 
 
 def _symmetric_empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device, group_name: str) -> torch.Tensor:

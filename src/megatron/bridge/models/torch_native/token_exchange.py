@@ -130,6 +130,17 @@ def exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(x, dim=0) - x
 
 
+def region_pack_index(recv_splits: torch.Tensor, source_rows: int, recv_rows: int) -> torch.Tensor:
+    """``[recv_rows]``: for each received row in rank order (rank 0's rows first), its row in the
+    per-source regions (``source_rows`` rows each); past the received total, some valid row."""
+    world = recv_splits.numel()
+    ends = torch.cumsum(recv_splits, 0)
+    row = torch.arange(recv_rows, device=recv_splits.device)
+    source = torch.searchsorted(ends, row, right=True).clamp_(max=world - 1)
+    where = source * source_rows + row - (ends[source] - recv_splits[source])
+    return where.clamp_(max=world * source_rows - 1)
+
+
 @dataclass(frozen=True)
 class Route:
     """Which rows of one exchange go where, on the device, with the host-side bounds of the buffers.
@@ -140,7 +151,7 @@ class Route:
     ``call_rows`` and ``pack_index``: the NVSHMEM exchange's per-call indices, precomputed where a
     caller can do it more cheaply (the EP dispatcher does, inside its graphed index function);
     computed by the exchange when absent (``symmetric_exchange.call_rows`` and
-    ``symmetric_exchange.region_pack_index`` say what they hold). ``on_host``: where given, returns
+    :func:`region_pack_index` say what they hold). ``on_host``: where given, returns
     ``(send_splits, recv_splits)`` as host lists, copied from the device once for all the routes of
     one plan (a transport that needs host split sizes then waits for the GPU once per micro-batch
     and layer, not once per exchange).
@@ -324,6 +335,7 @@ __all__: List[str] = [
     "copy_byte_rows",
     "copy_columns",
     "exclusive_cumsum",
+    "region_pack_index",
     "row_bytes",
     "rows_to_pack",
     "write_columns",

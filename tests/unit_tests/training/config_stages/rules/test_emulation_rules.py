@@ -27,6 +27,8 @@ CASES = {
     "emulation-no-pipeline-parallel": {"model.pipeline_model_parallel_size": 2},
     "emulation-no-context-parallel": {"model.context_parallel_size": 2},
     "emulation-no-flex-dispatcher": {"model.moe_token_dispatcher_type": "flex"},
+    "emulation-no-nvshmem-blocks": {"model.torch_native_dispatcher": "sorted", "model.torch_native_ep_transport":
+                                    "nvshmem", "model.torch_native_nvshmem_blocks": 8},
     "emulation-no-gloo-on-gpus": {"dist.device": "cuda", "dist.distributed_backend": "gloo"},
     "emulation-no-cuda-graph": {"model.cuda_graph_impl": "full_iteration"},
 }

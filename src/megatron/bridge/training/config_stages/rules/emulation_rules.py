@@ -61,6 +61,11 @@ EMULATION_RULES: tuple[Rule, ...] = (
           "share with real peers: there is nothing to emulate them with",
           "emulate with --moe_flex_dispatcher_backend None (megatron's alltoall dispatcher or the torch-native "
           "sorted one)"),
+    _rule("emulation-no-nvshmem-blocks", ("model.torch_native_nvshmem_blocks",),
+          lambda cfg, ctx: cfg.model.torch_native_nvshmem_blocks is None,
+          "the emulated NVSHMEM exchange launches no torch kernel whose thread blocks this could set: its "
+          "modeled exchange holds emulation.comm_sms SMs, so the setting would have no effect",
+          "leave model.torch_native_nvshmem_blocks unset and set emulation.comm_sms to the blocks to model"),
     _rule("emulation-no-cuda-graph", ("model.cuda_graph_impl",),
           lambda cfg, ctx: cfg.model.cuda_graph_impl in (None, "none"),
           "the emulated collectives have not been run under CUDA-graph capture yet (a combine whose chunks differ "
