@@ -85,8 +85,8 @@ class EmulatedWorld:
         """Charge, on the current stream, one call that sends ``bytes_to_peer[j]`` to peer ``j`` over
         NVLink and NIC at once (sizes known on the host)."""
         with HostTimer(self.record):
-            intra, inter = group.costs.all_to_all_link_bytes(bytes_to_peer)
-            self.charge(group, kind, intra + inter, group.costs.all_to_all_time(intra, inter), on_gpu, inter)
+            seconds, sent, inter = group.costs.all_to_all(bytes_to_peer)
+            self.charge(group, kind, sent, seconds, on_gpu, inter)
 
     def charge_serial_exchange(self, group: "EmulatedGroup", splits: torch.Tensor, row_bytes: int) -> None:
         """Charge, on the current stream, an exchange of ``splits[j]`` rows of ``row_bytes`` to peer
@@ -318,8 +318,8 @@ class EmulatedGroup(dist.ProcessGroup):
 
     def _all_to_all_charged(self, to_peer: list[int], stream: Optional[torch.cuda.Stream]) -> dist.Work:
         """Charge an all-to-all sending ``to_peer[j]`` bytes to peer ``j``."""
-        intra, inter = self.costs.all_to_all_link_bytes(to_peer)
-        return self._charged("all_to_all", intra + inter, self.costs.all_to_all_time(intra, inter), stream, inter)
+        seconds, sent, inter = self.costs.all_to_all(to_peer)
+        return self._charged("all_to_all", sent, seconds, stream, inter)
 
     def _charged(self, kind: str, nbytes: int, seconds: float, stream: Optional[torch.cuda.Stream],
                  inter_node_bytes: int = 0) -> dist.Work:

@@ -163,6 +163,13 @@ class GroupCosts:
     def all_to_all_time(self, intra: int, inter: int) -> float:
         return self.model.all_to_all_time(self.ranks, intra, inter)
 
+    def all_to_all(self, bytes_to_peer: Sequence[int]) -> tuple[float, int, int]:
+        """(modeled seconds, bytes to peers, bytes over the NIC) of one all-to-all call sending
+        ``bytes_to_peer[j]`` to peer ``j``, NVLink and NIC at once (as :meth:`serial_all_to_all`
+        answers for one call per peer)."""
+        intra, inter = self.all_to_all_link_bytes(bytes_to_peer)
+        return self.all_to_all_time(intra, inter), intra + inter, inter
+
     def peer_links(self) -> list[tuple[float, float, bool, bool]]:
         """Per rank of the group: (latency in ns, ns per byte, whether the link is the NIC, whether it
         is a peer), as the one-peer-per-call exchange pays them; this rank itself costs nothing."""
