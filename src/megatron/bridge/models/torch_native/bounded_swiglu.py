@@ -36,6 +36,13 @@ _PROGRAMS_PER_SM = 4
 if triton is not None:
 
     @triton.jit
+    def _row_block(block, valid, prob_ptr, BLOCK_ROWS: tl.constexpr):
+        """Row block ``block``: its rows, which of them are below the count, their probs in fp32."""
+        rows = block * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS).to(tl.int64)
+        row_ok = rows < valid
+        return rows, row_ok, tl.load(prob_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+
+    @triton.jit
     def _tile(h_ptr, rows, row_ok, start, ffn, BLOCK_COLS: tl.constexpr):
         """One tile of the rows: where it lies in ``h`` and in an ``[rows, ffn]`` tensor, its mask,
         and its ``gate`` and ``linear`` halves in fp32."""
@@ -51,9 +58,7 @@ if triton is not None:
                         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
         valid = tl.minimum(tl.load(count_ptr).to(tl.int64), n_rows)
         for block in range(tl.program_id(0), tl.cdiv(valid, BLOCK_ROWS), tl.num_programs(0)):
-            rows = block * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS).to(tl.int64)
-            row_ok = rows < valid
-            prob = tl.load(prob_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+            rows, row_ok, prob = _row_block(block, valid, prob_ptr, BLOCK_ROWS)
             for start in range(0, ffn, BLOCK_COLS):
                 _, out_at, ok, gate, linear = _tile(h_ptr, rows, row_ok, start, ffn, BLOCK_COLS)
                 out = gate * tl.sigmoid(gate) * linear * prob[:, None]
@@ -64,9 +69,7 @@ if triton is not None:
                          BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
         valid = tl.minimum(tl.load(count_ptr).to(tl.int64), n_rows)
         for block in range(tl.program_id(0), tl.cdiv(valid, BLOCK_ROWS), tl.num_programs(0)):
-            rows = block * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS).to(tl.int64)
-            row_ok = rows < valid
-            prob = tl.load(prob_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+            rows, row_ok, prob = _row_block(block, valid, prob_ptr, BLOCK_ROWS)
             grad_prob = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
             for start in range(0, ffn, BLOCK_COLS):
                 at, grad_at, ok, gate, linear = _tile(h_ptr, rows, row_ok, start, ffn, BLOCK_COLS)
