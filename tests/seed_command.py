@@ -17,3 +17,12 @@ def for_gpu(gpu: str) -> list[str]:
     argv = list(README_COMMAND)
     argv[argv.index("-g") + 1] = gpu
     return argv
+
+
+TINY_SIZES = [
+    "model.num_layers=2", "model.hidden_size=128", "model.num_attention_heads=4", "model.num_query_groups=2",
+    "model.kv_channels=32", "model.ffn_hidden_size=256", "model.moe_ffn_hidden_size=64",
+    "model.num_moe_experts=16", "model.moe_router_topk=2", "model.vocab_size=1024", "model.seq_length=128",
+    "dataset.num_workers=0",
+]
+"""Overrides that shrink the command's model to the tiny recipe's sizes (16 experts, so EP=16 holds)."""

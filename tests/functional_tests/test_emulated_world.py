@@ -92,14 +92,8 @@ def test_the_gradient_reduce_scatter_moves_twice_a_parameter_gather(runs):
 
 
 # (d) The README's command with the emulation flag, on the CPU at the tiny recipe's sizes.
-TINY_SIZES = ["model.num_layers=2", "model.hidden_size=128", "model.num_attention_heads=4", "model.num_query_groups=2",
-              "model.kv_channels=32", "model.ffn_hidden_size=256", "model.moe_ffn_hidden_size=64",
-              "model.num_moe_experts=16", "model.moe_router_topk=2", "model.vocab_size=1024", "model.seq_length=128",
-              "dataset.num_workers=0"]
-
-
 def test_the_readme_command_emulated_dry_runs_and_trains_three_steps_on_the_cpu(tmp_path):
-    from seed_command import for_gpu
+    from seed_command import TINY_SIZES, for_gpu
 
     from megatron.bridge.perf.run import main
 
@@ -118,7 +112,7 @@ def test_the_readme_command_emulated_dry_runs_and_trains_three_steps_on_the_cpu(
 
 # (e) The sorted dispatcher over NVSHMEM, emulated: its exchanges are charged one call per peer in turn.
 def test_the_sorted_dispatchers_nvshmem_exchange_runs_emulated_and_is_charged_one_call_per_peer(tmp_path):
-    from seed_command import for_gpu
+    from seed_command import TINY_SIZES, for_gpu
 
     script = Path(__file__).resolve().parents[2] / "scripts" / "performance" / "run_script.py"
     argv = [*for_gpu("cpu"), "--emulate", "--network", "h100_ib400", *TINY_SIZES, "--max_steps", "2", "-gb", "32",

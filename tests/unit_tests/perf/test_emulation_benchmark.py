@@ -34,9 +34,24 @@ def test_profiled_cases_run_after_the_timed_ones_and_ep1_only_where_it_does_the_
     assert "ep1" not in four_nodes  # 4 experts a GPU cannot take top-8: free is the reference there
 
 
+def test_a_graphed_dispatcher_brings_a_graphed_ep1_reference():
+    jobs = bench.plan(["h100_ib400"], ["sorted_nvshmem", "sorted_nvshmem_graph"], repeats=1, layers=4, nodes=2,
+                      steps=12, gpu="h200")
+    assert [c.name for c in jobs["ep1"]] == ["ep1_none_none_ep16_r1", "ep1_none_graph_ep16_r1"]
+    eager, graphed = (c.argv(Path("runs")) for c in jobs["ep1"])
+    assert (_last_value(eager, "--cuda_graph_impl"), _last_value(graphed, "--cuda_graph_impl")) == (
+        "none", "full_iteration")
+
+
+def _last_value(argv: list[str], flag: str) -> str:
+    """What the harness reads for ``flag`` (the last one given wins)."""
+    return argv[len(argv) - argv[::-1].index(flag)]
+
+
 @pytest.mark.parametrize("arm, dispatcher, nodes, profile", [
     ("ep1", "sorted", 2, False), ("free", "sorted", 2, False), ("on_delay_wgrad", "sorted", 2, False),
     ("on", "node_aware", 2, True), ("off", "node_aware", 4, False), ("on", "alltoall", 4, False),
+    ("ep1", "graph", 2, False), ("on", "sorted_nvshmem_graph", 2, False),
 ])
 def test_every_case_is_a_command_line_the_harness_accepts(arm, dispatcher, nodes, profile, tmp_path):
     case = bench.Case(arm, "h100_ib400", dispatcher, 1, 4, nodes, 12, "h200", profile)

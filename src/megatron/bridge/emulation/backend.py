@@ -26,8 +26,10 @@ for the work the issuing stream has queued. There it enqueues its copies, then h
 SMs of the GPU for the modeled time (:mod:`hold`); the returned work makes a waiting stream wait
 for it. A synchronous call waits at once (torch.distributed does); an asynchronous one (the
 distributed optimizer's gradient reduce-scatter and parameter all-gather) runs beside the compute
-queued after it, as on a cluster. Nothing else is supported (point-to-point, gather,
-scatter, a premultiplied sum): those raise :class:`EmulationUnsupported`.
+queued after it, as on a cluster. Inside a CUDA-graph capture the same calls are captured (stream
+waits, copies, the hold kernel) and the record charges them at each replay. Nothing else is
+supported (point-to-point, gather, scatter, a premultiplied sum): those raise
+:class:`EmulationUnsupported`.
 """
 
 from __future__ import annotations
@@ -76,8 +78,10 @@ class EmulatedWorld:
 
     def charge(self, group: "EmulatedGroup", kind: str, nbytes: int, seconds: float, on_gpu: bool,
                inter_node_bytes: int = 0) -> None:
-        """Record a collective and, on a GPU, hold the current (the group's) stream for its modeled time."""
-        self.record.add(group.label, kind, nbytes, seconds, inter_node_bytes)
+        """Record a collective and, on a GPU, hold the current (the group's) stream for its modeled time
+        (issued inside a CUDA-graph capture, it is recorded at every replay instead)."""
+        capturing = on_gpu and torch.cuda.is_current_stream_capturing()
+        self.record.add(group.label, kind, nbytes, seconds, inter_node_bytes, capturing=capturing)
         if seconds > 0 and on_gpu:
             self.hold(seconds, self.network.comm_sms, all_to_all=kind == "all_to_all")
 

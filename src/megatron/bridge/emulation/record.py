@@ -9,6 +9,11 @@ checked for being bound by the emulation rather than by the work it emulates.
 An exchange whose split sizes stay on the GPU is tallied there (:meth:`CommRecord.device_tally`:
 the hold kernel adds its calls, bytes and modeled time); :meth:`CommRecord.take` reads those
 tallies once a step, after the GPU has finished it. Such calls are not in ``order``.
+
+Under a CUDA graph (``model.cuda_graph_impl=full_iteration``) the host issues a captured collective
+once, at the capture, and the GPU runs it at every replay: a collective charged while its stream is
+capturing is kept aside (:attr:`CommRecord.captured`) and added to the record each time the graph
+replays (:meth:`CommRecord.replayed`). Device tallies need nothing: their kernels replay too.
 """
 
 from __future__ import annotations
@@ -49,6 +54,9 @@ class CommRecord:
     """The tally of the collective being run (its host time is added to it when it returns)."""
     device_tallies: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict)
     """Per group and kind, int64 ``[calls, bytes, inter-node bytes, modeled ns]`` on the GPU."""
+    captured: list[tuple[str, str, int, float, int]] = field(default_factory=list)
+    """``(group, kind, bytes, modeled seconds, inter-node bytes)`` of each collective the CUDA graph of
+    this run captured, in issue order: the graph runs them at every replay."""
 
     def device_tally(self, group: str, kind: str, device: torch.device) -> torch.Tensor:
         """The device-side tally a kernel adds a call of ``kind`` on ``group`` to (made at first use)."""
@@ -76,7 +84,25 @@ class CommRecord:
                 tally.modeled_s += nanoseconds * 1e-9
                 values.zero_()
 
-    def add(self, group: str, kind: str, nbytes: int, modeled_s: float, inter_node_bytes: int = 0) -> None:
+    def add(self, group: str, kind: str, nbytes: int, modeled_s: float, inter_node_bytes: int = 0,
+            capturing: bool = False) -> None:
+        """One collective issued; while a CUDA graph captures it, it is kept for the graph's replays."""
+        if capturing:
+            self.captured.append((group, kind, nbytes, modeled_s, inter_node_bytes))
+            self.last = None
+            return
+        self._count(group, kind, nbytes, modeled_s, inter_node_bytes)
+
+    def replayed(self) -> None:
+        """The captured graph ran once: its collectives are this step's."""
+        for charge in self.captured:
+            self._count(*charge)
+
+    def forget_capture(self) -> None:
+        """A new graph will be captured (a new run): the previous graph's collectives are no longer run."""
+        self.captured.clear()
+
+    def _count(self, group: str, kind: str, nbytes: int, modeled_s: float, inter_node_bytes: int) -> None:
         tally = self.tallies[(group, kind)]
         tally.calls += 1
         tally.bytes += nbytes

@@ -35,16 +35,23 @@ from megatron.bridge.perf.step_anatomy import step_anatomy
 ARMS = ("ep1", "free", "off", "on", "on_delay_wgrad")
 GPUS_PER_NODE = 8
 EXPERTS, TOPK = 128, 8
+GRAPH = ["--cuda_graph_impl", "full_iteration", "model.cuda_graph_warmup_steps=2"]
+"""The whole-iteration CUDA graph, captured in step 3 (before the steady window)."""
+SORTED_NVSHMEM = ["model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nvshmem"]
 DISPATCHERS = {
     "alltoall": [],
     "sorted": ["model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nccl"],
-    "sorted_nvshmem": ["model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nvshmem"],
+    "sorted_nvshmem": SORTED_NVSHMEM,
+    "sorted_nvshmem_graph": [*SORTED_NVSHMEM, *GRAPH],
     "node_aware": ["model.torch_native_dispatcher=node_aware", f"model.torch_native_gpus_per_node={GPUS_PER_NODE}"],
 }
 """Dispatchers the product offers at EP > 1 without a flex backend: megatron-core's alltoall, the
 torch-native sorted one over ``all_to_all_single`` (split sizes through the host) and over NVSHMEM
-(split sizes stay on the GPU; emulated by ``models/torch_native/emulated_exchange.py``), and the
-node-aware one (each token crosses the inter-node link once per node)."""
+(split sizes stay on the GPU; emulated by ``models/torch_native/emulated_exchange.py``), the latter
+also with its forward+backward captured in a whole-iteration CUDA graph (the one EP > 1 step that
+can be: nothing in it reads the GPU on the host), and the node-aware one (each token crosses the
+inter-node link once per node). With a graphed dispatcher in the plan, ``ep1`` also runs graphed
+(dispatcher ``graph``), so graphed arms have a graphed compute-only reference."""
 OVERLAP = {
     "free": ["comm_overlap.overlap_moe_expert_parallel_comm=false"],
     "off": ["comm_overlap.overlap_moe_expert_parallel_comm=false"],
@@ -109,7 +116,7 @@ class Case:
             base += ["--profile", "--profile_step_start", str(PROFILED_STEP), "--profile_step_end", str(PROFILED_STEP)]
         if self.arm == "ep1":
             return [*base, "-ng", "1", "-ep", "1", f"model.num_moe_experts={EXPERTS // self.ep}",
-                    f"model.moe_router_topk={TOPK}",
+                    f"model.moe_router_topk={TOPK}", *(GRAPH if self.dispatcher == "graph" else []),
                     f"train.global_batch_size={MICRO_BATCHES}", "comm_overlap.overlap_moe_expert_parallel_comm=false"]
         network = "free" if self.arm == "free" else self.network
         return [*base, "-ng", str(self.world), "-gn", str(GPUS_PER_NODE), "-ep", str(self.world), "--emulate",
@@ -125,10 +132,11 @@ def plan(networks: Sequence[str], dispatchers: Sequence[str], repeats: int, laye
     if EXPERTS // (GPUS_PER_NODE * nodes) < TOPK:  # EP=1 cannot do the same per-GPU work
         arms, profile_arms = [a for a in arms if a != "ep1"], [a for a in profile_arms if a != "ep1"]
     jobs: dict[str, list[Case]] = {"ep1": [], "emulated": []}
+    ep1_modes = ["none", *(["graph"] if any(d.endswith("_graph") for d in dispatchers) else [])]
     for repeat in [*range(1, repeats + 1), 0]:
         chosen, profile = (arms, False) if repeat else (profile_arms, True)
         if "ep1" in chosen:
-            jobs["ep1"].append(Case("ep1", "none", "none", repeat, layers, nodes, steps, gpu, profile))
+            jobs["ep1"] += [Case("ep1", "none", mode, repeat, layers, nodes, steps, gpu, profile) for mode in ep1_modes]
         for dispatcher in dispatchers:
             if "free" in chosen:
                 jobs["emulated"].append(Case("free", "free", dispatcher, repeat, layers, nodes, steps, gpu, profile))

@@ -25,6 +25,8 @@ and leaves the rest to the training loop, which this module does:
 * a capture spanning the compute and communication streams (EP overlap) lets the allocator reuse
   blocks freed across streams while capturing, else it can need several times the eager step's
   memory (``capture_memory.py``).
+* in an emulated world the host issues a captured collective once, at the capture: each replay
+  tells the world's record to count the captured collectives again (``emulation/record.py``).
 
 The rules that keep the captured step free of host reads are in ``cuda_graph_rules.py``.
 """
@@ -40,6 +42,7 @@ from typing import Any, Callable, ContextManager, Optional
 import torch
 from megatron.core import full_cuda_graph
 
+from megatron.bridge.emulation.backend import current_world
 from megatron.bridge.training.devices import capture_memory
 from megatron.bridge.training.devices.capture_memory import CaptureMemoryReuse
 
@@ -104,6 +107,7 @@ class IterationGraph:
             return forward_backward
 
         self.release()  # a graph left by an earlier run in this process must not be replayed
+        _forget_captured_collectives()
         self.memory_reuse = capture_memory.apply(self.memory_reuse)
         wrapper = self._wrapper = full_cuda_graph.FullCudaGraphWrapper(
             forward_backward, cuda_graph_warmup_steps=self.warmup_steps, use_single_mempool=self.use_single_mempool
@@ -111,7 +115,10 @@ class IterationGraph:
 
         def on_capture_stream(*args: Any, **kwargs: Any) -> Any:
             with _on_capture_stream():
-                return wrapper(*args, **kwargs)
+                result = wrapper(*args, **kwargs)
+            if full_cuda_graph.FullCudaGraphWrapper.cuda_graph["training"] is not None:
+                _count_replayed_collectives()
+            return result
 
         return on_capture_stream
 
@@ -161,3 +168,16 @@ def _on_capture_stream():
     with torch.cuda.stream(stream):
         yield
     torch.cuda.current_stream().wait_stream(stream)
+
+
+def _count_replayed_collectives() -> None:
+    """The graph replayed: an emulated world counts the collectives it captured (no-op in a real one)."""
+    world = current_world()
+    if world is not None:
+        world.record.replayed()
+
+
+def _forget_captured_collectives() -> None:
+    world = current_world()
+    if world is not None:
+        world.record.forget_capture()

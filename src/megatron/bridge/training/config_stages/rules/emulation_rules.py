@@ -66,11 +66,6 @@ EMULATION_RULES: tuple[Rule, ...] = (
           "the emulated NVSHMEM exchange launches no torch kernel whose thread blocks this could set: its "
           "modeled exchange holds emulation.comm_sms SMs, so the setting would have no effect",
           "leave model.torch_native_nvshmem_blocks unset and set emulation.comm_sms to the blocks to model"),
-    _rule("emulation-no-cuda-graph", ("model.cuda_graph_impl",),
-          lambda cfg, ctx: cfg.model.cuda_graph_impl in (None, "none"),
-          "the emulated collectives have not been run under CUDA-graph capture yet (a combine whose chunks differ "
-          "copies its split sizes to the GPU, which a capture cannot hold); an emulated run is eager until that "
-          "is shown to work", "emulate with --cuda_graph_impl none"),
     _rule("emulation-no-gloo-on-gpus", ("dist.distributed_backend", "dist.device"),
           lambda cfg, ctx: not (cfg.dist.distributed_backend == "gloo" and cfg.dist.device == "cuda"),
           "gloo between ranks that share a GPU is a real multi-process world; the emulated world has one "
