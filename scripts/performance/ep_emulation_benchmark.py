@@ -46,6 +46,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    "'' for none)")
     p.add_argument("--nodes", type=int, default=2, help="nodes of 8 GPUs (EP = 8 x nodes)")
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--micro-batches", type=int, default=bench.MICRO_BATCHES, help="micro-batches per rank a step")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--window-start", type=int, default=4)
@@ -117,7 +118,8 @@ def main(argv: list[str]) -> int:
         return merge(args)
     args.out.mkdir(parents=True, exist_ok=True)
     jobs = bench.plan(args.networks.split(","), args.dispatchers.split(","), args.repeats, args.layers, args.nodes,
-                      args.steps, args.gpu, args.arms.split(","), [a for a in args.profile_arms.split(",") if a])
+                      args.steps, args.gpu, args.arms.split(","), [a for a in args.profile_arms.split(",") if a],
+                      args.micro_batches)
     ceiling = matmul_ceiling_tflops()
     results: dict[str, dict] = {}
     started = time.time()

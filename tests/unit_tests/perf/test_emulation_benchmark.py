@@ -43,6 +43,15 @@ def test_a_graphed_dispatcher_brings_a_graphed_ep1_reference():
         "none", "full_iteration")
 
 
+def test_micro_batches_set_the_global_batch_and_the_row():
+    jobs = bench.plan(["h100_ib400"], ["sorted_nvshmem_graph"], repeats=1, layers=4, nodes=2, steps=12, gpu="h200",
+                      arms=["ep1", "on"], micro_batches=16)
+    ep1, on = jobs["ep1"][0], jobs["emulated"][0]
+    assert on.name == "on_h100_ib400_sorted_nvshmem_graph_ep16_mb16_r1" and on.key[2] == 16
+    assert "train.global_batch_size=16" in ep1.argv(Path("runs"))
+    assert "train.global_batch_size=256" in on.argv(Path("runs"))  # 16 micro-batches on each of 16 ranks
+
+
 def _last_value(argv: list[str], flag: str) -> str:
     """What the harness reads for ``flag`` (the last one given wins)."""
     return argv[len(argv) - argv[::-1].index(flag)]

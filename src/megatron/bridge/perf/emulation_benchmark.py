@@ -2,8 +2,8 @@
 
 Every case is a ``run_script.py`` command line, resolved and validated by the harness, trained by
 ``pretrain()`` with the optimizer. The layout is Qwen3-30B-A3B's per-layer shape at EP over
-``nodes x 8`` GPUs (hidden 2048, 128 experts, top-8, seq 4096, MBS 1, 8 micro-batches per rank),
-``layers`` deep. Arms, per network and dispatcher:
+``nodes x 8`` GPUs (hidden 2048, 128 experts, top-8, seq 4096, MBS 1, 8 micro-batches per rank
+unless ``micro_batches`` says otherwise), ``layers`` deep. Arms, per network and dispatcher:
 
 * ``ep1``: EP=1 on one real GPU with the same per-GPU expert work (8 experts, top-8) and no
   communication: the compute-only reference of a real GPU;
@@ -59,9 +59,11 @@ OVERLAP = {
     "on_delay_wgrad": ["comm_overlap.overlap_moe_expert_parallel_comm=true", "comm_overlap.delay_wgrad_compute=true"],
 }
 MICRO_BATCHES = 8
+"""Micro-batches per rank a step (``--micro-batches``): the combined 1F1B schedule pairs the forward of
+one with the backward of another, so the first forward and the last backward have no partner."""
 PROFILED_STEP = 6
-RowKey = tuple[int, int, str, str, str]
-"""A row of the table: (EP size, layers, network, dispatcher, arm)."""
+RowKey = tuple[int, int, int, str, str, str]
+"""A row of the table: (EP size, layers, micro-batches, network, dispatcher, arm)."""
 
 
 def qwen3_argv(gpu: str, steps: int, layers: int, log_dir: Path) -> list[str]:
@@ -89,11 +91,13 @@ class Case:
     steps: int
     gpu: str
     profile: bool = False
+    micro_batches: int = MICRO_BATCHES
 
     @property
     def name(self) -> str:
         suffix = "prof" if self.profile else f"r{self.repeat}"
-        return f"{self.arm}_{self.network}_{self.dispatcher}_ep{self.ep}_{suffix}"
+        batches = "" if self.micro_batches == MICRO_BATCHES else f"_mb{self.micro_batches}"
+        return f"{self.arm}_{self.network}_{self.dispatcher}_ep{self.ep}{batches}_{suffix}"
 
     @property
     def ep(self) -> int:
@@ -103,7 +107,7 @@ class Case:
     @property
     def key(self) -> RowKey:
         """The row this case belongs to."""
-        return self.ep, self.layers, self.network, self.dispatcher, self.arm
+        return self.ep, self.layers, self.micro_batches, self.network, self.dispatcher, self.arm
 
     @property
     def world(self) -> int:
@@ -117,31 +121,34 @@ class Case:
         if self.arm == "ep1":
             return [*base, "-ng", "1", "-ep", "1", f"model.num_moe_experts={EXPERTS // self.ep}",
                     f"model.moe_router_topk={TOPK}", *(GRAPH if self.dispatcher == "graph" else []),
-                    f"train.global_batch_size={MICRO_BATCHES}", "comm_overlap.overlap_moe_expert_parallel_comm=false"]
+                    f"train.global_batch_size={self.micro_batches}",
+                    "comm_overlap.overlap_moe_expert_parallel_comm=false"]
         network = "free" if self.arm == "free" else self.network
         return [*base, "-ng", str(self.world), "-gn", str(GPUS_PER_NODE), "-ep", str(self.world), "--emulate",
                 "--network", network,
-                f"train.global_batch_size={MICRO_BATCHES * self.world}", *OVERLAP[self.arm],
+                f"train.global_batch_size={self.micro_batches * self.world}", *OVERLAP[self.arm],
                 *DISPATCHERS[self.dispatcher]]
 
 
 def plan(networks: Sequence[str], dispatchers: Sequence[str], repeats: int, layers: int, nodes: int, steps: int,
-         gpu: str, arms: Sequence[str] = ARMS, profile_arms: Sequence[str] = ()) -> dict[str, list[Case]]:
+         gpu: str, arms: Sequence[str] = ARMS, profile_arms: Sequence[str] = (),
+         micro_batches: int = MICRO_BATCHES) -> dict[str, list[Case]]:
     """The cases of each job (``ep1`` and ``emulated``), interleaved repeat by repeat, then the
     profiled ones. ``free`` does not depend on the network: it runs once per dispatcher and repeat."""
     if EXPERTS // (GPUS_PER_NODE * nodes) < TOPK:  # EP=1 cannot do the same per-GPU work
         arms, profile_arms = [a for a in arms if a != "ep1"], [a for a in profile_arms if a != "ep1"]
     jobs: dict[str, list[Case]] = {"ep1": [], "emulated": []}
     ep1_modes = ["none", *(["graph"] if any(d.endswith("_graph") for d in dispatchers) else [])]
+    shape = (layers, nodes, steps, gpu)
     for repeat in [*range(1, repeats + 1), 0]:
         chosen, profile = (arms, False) if repeat else (profile_arms, True)
         if "ep1" in chosen:
-            jobs["ep1"] += [Case("ep1", "none", mode, repeat, layers, nodes, steps, gpu, profile) for mode in ep1_modes]
+            jobs["ep1"] += [Case("ep1", "none", mode, repeat, *shape, profile, micro_batches) for mode in ep1_modes]
         for dispatcher in dispatchers:
             if "free" in chosen:
-                jobs["emulated"].append(Case("free", "free", dispatcher, repeat, layers, nodes, steps, gpu, profile))
+                jobs["emulated"].append(Case("free", "free", dispatcher, repeat, *shape, profile, micro_batches))
             for network in networks:
-                jobs["emulated"] += [Case(arm, network, dispatcher, repeat, layers, nodes, steps, gpu, profile)
+                jobs["emulated"] += [Case(arm, network, dispatcher, repeat, *shape, profile, micro_batches)
                                      for arm in ("off", "on", "on_delay_wgrad") if arm in chosen]
     return {name: cases for name, cases in jobs.items() if cases}
 
@@ -209,10 +216,10 @@ def rows(cases: Sequence[Case], results: dict[str, dict[str, Any]], commit: str,
             grouped.setdefault(case.key, []).append(results[case.name])
     out = []
     for key, runs in sorted(grouped.items()):
-        ep, layers, network, dispatcher, arm = key
+        ep, layers, micro_batches, network, dispatcher, arm = key
         row = {"layout": f"EP=1 on one GPU ({EXPERTS // ep} experts, top-{TOPK})" if arm == "ep1"
                else f"EP={ep} over {ep // GPUS_PER_NODE} x {GPUS_PER_NODE} (emulated)", "ep": ep, "layers": layers,
-               "network": network, "dispatcher": dispatcher, "arm": arm, "mbs": 1, "micro_batches": MICRO_BATCHES,
+               "network": network, "dispatcher": dispatcher, "arm": arm, "mbs": 1, "micro_batches": micro_batches,
                "step_s": [r["step_s"] for r in runs], "tflops_per_gpu": _mean(r["tflops_per_gpu"] for r in runs),
                "commit": commit}
         if "modeled_comm_s" in runs[0]:
@@ -236,7 +243,8 @@ def _mean(values: Any) -> Optional[float]:
 
 def row_key(row: dict[str, Any]) -> RowKey:
     """Rows written before they carried their EP size and depth were EP=16, 4 layers deep."""
-    return row.get("ep", 16), row.get("layers", 4), row["network"], row["dispatcher"], row["arm"]
+    return (row.get("ep", 16), row.get("layers", 4), row.get("micro_batches", MICRO_BATCHES), row["network"],
+            row["dispatcher"], row["arm"])
 
 
 def _add_hidden_shares(table: list[dict[str, Any]]) -> None:
@@ -244,17 +252,18 @@ def _add_hidden_shares(table: list[dict[str, Any]]) -> None:
     for row in table:
         if row["arm"] not in ("on", "on_delay_wgrad"):
             continue
-        ep, layers = row_key(row)[:2]
-        off = by_key.get((ep, layers, row["network"], row["dispatcher"], "off"))
-        free = by_key.get((ep, layers, "free", row["dispatcher"], "free"))
+        shape = row_key(row)[:3]
+        off = by_key.get((*shape, row["network"], row["dispatcher"], "off"))
+        free = by_key.get((*shape, "free", row["dispatcher"], "free"))
         if off and free:
             row["hidden_share"] = hidden_share(statistics.fmean(off["step_s"]), statistics.fmean(row["step_s"]),
                                                statistics.fmean(free["step_s"]))
 
 
 def merge_rows(tables: Sequence[list[dict[str, Any]]], ran_at: Optional[str]) -> list[dict[str, Any]]:
-    """Rows of separate runs joined by (EP, layers, network, dispatcher, arm): their repeats side by side, the
-    means pooled, hidden shares recomputed from the pooled means (a profile: the last run's)."""
+    """Rows of separate runs joined by (EP, layers, micro-batches, network, dispatcher, arm): their repeats
+    side by side, the means pooled, hidden shares recomputed from the pooled means (a profile: the last
+    run's)."""
     merged: dict[RowKey, dict[str, Any]] = {}
     for table in tables:
         for row in table:
