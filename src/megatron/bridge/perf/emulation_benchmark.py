@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from megatron.bridge.perf.exchange_exposure import ExchangeCountMismatch, exchange_exposure
 from megatron.bridge.perf.step_anatomy import step_anatomy
 
 ARMS = ("ep1", "free", "off", "on", "on_delay_wgrad")
@@ -165,7 +166,7 @@ def case_result(case: Case, summary: dict[str, Any], window_start: int, run_dir:
     emulation's own host cost, model TFLOP/s per GPU; for a profiled case, the step's anatomy."""
     if case.profile:
         trace = run_dir / "profile" / f"trace_rank0_steps{PROFILED_STEP}-{PROFILED_STEP}.json"
-        return {"profile": step_anatomy(trace).as_dict()} if trace.is_file() else {}
+        return {"profile": _profile(case, trace)} if trace.is_file() else {}
     steps = steady(summary["step_times_s"], window_start)
     result: dict[str, Any] = {"step_s": statistics.fmean(steps), "step_s_all": summary["step_times_s"],
                               "tflops_per_gpu": _tflops(summary, steps)}
@@ -178,6 +179,18 @@ def case_result(case: Case, summary: dict[str, Any], window_start: int, run_dir:
         result["emulation_host_s_by_group"] = _by_group(window, "host_s")
         result["calls_by_group"] = _by_group(window, "calls")
     return result
+
+
+def _profile(case: Case, trace: Path) -> dict[str, Any]:
+    """The profiled step's anatomy; with EP overlap on, also which exchanges stayed exposed, by their
+    place in megatron-core's schedule (where the dispatcher issues one kernel per exchange)."""
+    profile: dict[str, Any] = step_anatomy(trace).as_dict()
+    if case.arm in ("on", "on_delay_wgrad"):
+        try:
+            profile["exchange_exposure"] = exchange_exposure(trace, case.layers, case.micro_batches)
+        except ExchangeCountMismatch:
+            pass  # megatron-core's alltoall dispatcher: several kernels per exchange, no place to give each
+    return profile
 
 
 def _tflops(summary: dict[str, Any], steps: Sequence[float]) -> Optional[float]:
