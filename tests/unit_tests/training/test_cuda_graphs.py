@@ -6,6 +6,7 @@ megatron-core accepts what the rules accept, and that a run leaves no graph behi
 
 import contextlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from overlap_helpers import set_fields, violated_rule_ids
@@ -212,13 +213,14 @@ def test_without_a_graph_the_schedule_is_unchanged(megatron_graph_state):
         capture_record_stream_reuse=None)
 
 
-def test_every_step_runs_on_the_capture_stream_warmup_steps_included(monkeypatch, megatron_graph_state):
-    """DDP's gradient-accumulation nodes live on the capture stream; a warm-up step computed on
-    another stream makes every weight gradient cross streams and be freed while its accumulation
-    may still read it. The wrapped schedule enters the capture stream for every call."""
+@pytest.fixture
+def stand_in_wrapper(monkeypatch, megatron_graph_state):
+    """megatron's FullCudaGraphWrapper (CUDA only) played on the CPU: eager until the warm-up steps
+    are done, then it "captures" (runs the schedule once, recording nothing) and replays (runs
+    nothing); ``where[0]`` is the stream code runs on now, ``where[1:]`` the stream of each call."""
     from megatron.bridge.training.devices import cuda_graphs
 
-    where, calls = ["default"], []
+    where = ["default"]
 
     @contextlib.contextmanager
     def capture_stream():
@@ -226,20 +228,58 @@ def test_every_step_runs_on_the_capture_stream_warmup_steps_included(monkeypatch
         yield
         where[0] = "default"
 
-    class Wrapper:  # stands in for megatron's FullCudaGraphWrapper (CUDA only)
-        def __init__(self, forward_backward, **kwargs):
-            self.forward_backward = forward_backward
+    class Wrapper:
+        cuda_graph = {"training": None}
+
+        def __init__(self, forward_backward, cuda_graph_warmup_steps, **kwargs):
+            self.forward_backward, self.warmup, self.calls = forward_backward, cuda_graph_warmup_steps, 0
 
         def __call__(self, *args, **kwargs):
-            return self.forward_backward(*args, **kwargs)
+            where.append(where[0])
+            self.calls += 1
+            if self.calls <= self.warmup + 1:  # eager warm-up, then the capture
+                result = self.forward_backward(*args, **kwargs)
+                if self.calls > self.warmup:
+                    Wrapper.cuda_graph["training"] = "graph"
+                return result
+            return kwargs["step"]  # a replay runs no Python
 
-        reset_cuda_graph = staticmethod(lambda wrapper: None)
+        reset_cuda_graph = staticmethod(lambda wrapper: Wrapper.cuda_graph.update(training=None))
 
     monkeypatch.setattr(cuda_graphs, "_on_capture_stream", capture_stream)
     monkeypatch.setattr(megatron_graph_state, "FullCudaGraphWrapper", Wrapper)
-    step = _graph(warmup=2).wrap(lambda **kw: calls.append(where[0]) or kw["step"], first_iteration=1)
+    return where
+
+
+def test_every_step_runs_on_the_capture_stream_warmup_steps_included(stand_in_wrapper):
+    """DDP's gradient-accumulation nodes live on the capture stream; a warm-up step computed on
+    another stream makes every weight gradient cross streams and be freed while its accumulation
+    may still read it. The wrapped schedule enters the capture stream for every call."""
+    step = _graph(warmup=2).wrap(lambda **kw: kw["step"], first_iteration=1)
     assert [step(step=i) for i in range(4)] == [0, 1, 2, 3]  # warm-up, warm-up, capture, replay
-    assert calls == ["capture"] * 4 and where[0] == "default"
+    assert stand_in_wrapper == ["default"] + ["capture"] * 4
+
+
+def test_an_emulated_world_counts_the_captured_collectives_at_every_replay(monkeypatch, stand_in_wrapper):
+    """The host issues a captured collective once; the GPU runs it at each replay (the capture
+    step replays too), so the emulated world's record counts it per replay, not per issue."""
+    from megatron.bridge.emulation.record import CommRecord
+    from megatron.bridge.training.devices import cuda_graphs
+
+    record = CommRecord()
+    monkeypatch.setattr(cuda_graphs, "current_world", lambda: SimpleNamespace(record=record))
+    record.add("dp[16]", "reduce_scatter", 4000, 1e-4, capturing=True)  # an earlier run's graph
+
+    def schedule(step: int) -> int:  # the reduce-scatter is captured in the capture step only
+        record.add("dp[16]", "reduce_scatter", 4000, 1e-4, capturing=step == 2)
+        return step
+
+    step = _graph(warmup=2).wrap(schedule, first_iteration=1)
+    calls = []
+    for i in range(5):  # warm-up, warm-up, capture, replay, replay
+        step(step=i)
+        calls.append(record.take()["groups"].get("dp[16]", {}).get("reduce_scatter", {}).get("calls", 0))
+    assert calls == [1, 1, 1, 1, 1]
 
 
 @pytest.mark.parametrize(

@@ -116,7 +116,7 @@ class IterationGraph:
         def on_capture_stream(*args: Any, **kwargs: Any) -> Any:
             with _on_capture_stream():
                 result = wrapper(*args, **kwargs)
-            if full_cuda_graph.FullCudaGraphWrapper.cuda_graph["training"] is not None:
+            if wrapper.cuda_graph["training"] is not None:  # captured: this call replayed it
                 _count_replayed_collectives()
             return result
 
