@@ -8,10 +8,11 @@ dispatch's forward, the dispatch's backward and the combine's forward; beside th
 stream, attention's forward, the MLP's backward and forward, attention's backward. The first
 micro-batch's forward and the last one's backward have no partner.
 
-:func:`exchange_exposure` takes each profiled step's exchanges in the order they started (one kernel
-per exchange, as the sorted dispatcher's NVSHMEM transport issues them) and splits their time, and
-the part that no compute kernel on another stream covered, into the unpaired first forward, the
-unpaired last backward, and the four places of a paired layer.
+:func:`exchange_exposure` takes each profiled step's exchanges in the order they started and splits
+their time, and the part that no compute kernel on another stream covered, into the unpaired first
+forward, the unpaired last backward, and the four places of a paired layer. It needs one kernel per
+exchange, as the emulated world's NVSHMEM exchange issues them; the real transport makes one call per
+peer and megatron-core's alltoall dispatcher more than one collective, which the count check refuses.
 """
 
 from __future__ import annotations
