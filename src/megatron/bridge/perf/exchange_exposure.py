@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Union
 
-from megatron.bridge.perf.overlap_analysis import Event, _events, intersect, load_trace, total, union
+from megatron.bridge.perf.overlap_analysis import Event, _events, compute_beside, intersect, load_trace, total
 
 PAIRED_ORDER = ("combine_backward", "dispatch_forward", "dispatch_backward", "combine_forward")
 """The exchanges of one paired layer, in the order megatron-core's schedule issues them."""
@@ -30,10 +30,10 @@ class ExchangeCountMismatch(ValueError):
     """The trace's exchanges do not map one kernel to one exchange of the schedule."""
 
 
-def _exposed(exchange: Event, compute: dict[str, list[tuple[float, float]]]) -> float:
-    """Microseconds of ``exchange`` that no compute kernel on another stream covers."""
-    others = union([span for stream, spans in compute.items() if stream != exchange.stream for span in spans])
-    return (exchange.end - exchange.start) - total(intersect([(exchange.start, exchange.end)], others))
+def _exposed(exchange: Event, beside: dict[str, list[tuple[float, float]]]) -> float:
+    """Microseconds of ``exchange`` that no compute kernel on another stream covers
+    (``beside``: :func:`~megatron.bridge.perf.overlap_analysis.compute_beside`)."""
+    return (exchange.end - exchange.start) - total(intersect([(exchange.start, exchange.end)], beside[exchange.stream]))
 
 
 def _add(into: dict[str, float], duration: float, exposed: float) -> None:
@@ -48,10 +48,7 @@ def exchange_exposure(trace: Union[dict[str, Any], str, Path], layers: int, micr
     if not isinstance(trace, dict):
         trace = load_trace(trace)
     events, steps = _events(trace, include_sendrecv=True, include_cpu_ops=False)
-    compute: dict[str, list[tuple[float, float]]] = {}
-    for event in events:
-        if event.kind == "compute":
-            compute.setdefault(event.stream, []).append((event.start, event.end))
+    beside = compute_beside(events)
     unpaired, expected = 2 * layers, 4 * layers * micro_batches
     split: dict[str, Any] = {"first_forward": {}, "last_backward": {}, "paired": {name: {} for name in PAIRED_ORDER}}
     spans: dict[int, tuple[float, float]] = {}  # a step's CPU span and its GPU streams' spans, as one
@@ -69,7 +66,7 @@ def exchange_exposure(trace: Union[dict[str, Any], str, Path], layers: int, micr
             place = ("first_forward" if index < unpaired else "last_backward" if index >= expected - unpaired
                      else None)
             target = split[place] if place else split["paired"][PAIRED_ORDER[(index - unpaired) % 4]]
-            _add(target, exchange.end - exchange.start, _exposed(exchange, compute))
+            _add(target, exchange.end - exchange.start, _exposed(exchange, beside))
     return _per_step(split, max(1, len(spans)))
 
 

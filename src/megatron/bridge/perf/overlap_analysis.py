@@ -293,13 +293,20 @@ class OverlapAnalysis:
         return out
 
 
+def compute_beside(events: Sequence[Event]) -> dict[str, list[Interval]]:
+    """For each stream that runs dispatch/combine: the union of compute kernels on the *other* streams
+    (work on the same stream cannot run concurrently with it), which is what can hide it."""
+    compute = [e for e in events if e.kind == "compute"]
+    return {stream: union((e.start, e.end) for e in compute if e.stream != stream)
+            for stream in {e.stream for e in events if e.kind == "a2a"}}
+
+
 def hidden_intervals(events: Sequence[Event]) -> list[Interval]:
     """Dispatch/combine time covered by compute on a *different* stream than the comm event's."""
     hidden: list[Interval] = []
-    for stream in {e.stream for e in events if e.kind == "a2a"}:
+    for stream, beside in compute_beside(events).items():
         comm = [(e.start, e.end) for e in events if e.kind == "a2a" and e.stream == stream]
-        compute = [(e.start, e.end) for e in events if e.kind == "compute" and e.stream != stream]
-        hidden.extend(intersect(comm, compute))
+        hidden.extend(intersect(comm, beside))
     return union(hidden)
 
 
