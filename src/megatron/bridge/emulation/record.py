@@ -35,6 +35,12 @@ class Tally:
     host_s: float = 0.0
     """What these calls cost the host inside the backend."""
 
+    def add(self, calls: int, nbytes: int, modeled_s: float, inter_node_bytes: int) -> None:
+        self.calls += calls
+        self.bytes += nbytes
+        self.modeled_s += modeled_s
+        self.inter_node_bytes += inter_node_bytes
+
     def as_dict(self) -> dict[str, Any]:
         return {"calls": self.calls, "bytes": self.bytes, "inter_node_bytes": self.inter_node_bytes,
                 "modeled_s": self.modeled_s, "host_s": self.host_s}
@@ -77,11 +83,7 @@ class CommRecord:
         for key, values in self.device_tallies.items():
             calls, nbytes, inter, nanoseconds = values.tolist()
             if calls:
-                tally = self.tallies[key]
-                tally.calls += calls
-                tally.bytes += nbytes
-                tally.inter_node_bytes += inter
-                tally.modeled_s += nanoseconds * 1e-9
+                self.tallies[key].add(calls, nbytes, nanoseconds * 1e-9, inter)
                 values.zero_()
 
     def add(self, group: str, kind: str, nbytes: int, modeled_s: float, inter_node_bytes: int = 0,
@@ -104,10 +106,7 @@ class CommRecord:
 
     def _count(self, group: str, kind: str, nbytes: int, modeled_s: float, inter_node_bytes: int) -> None:
         tally = self.tallies[(group, kind)]
-        tally.calls += 1
-        tally.bytes += nbytes
-        tally.modeled_s += modeled_s
-        tally.inter_node_bytes += inter_node_bytes
+        tally.add(1, nbytes, modeled_s, inter_node_bytes)
         self.last = tally
         if self.keep_order:
             self.order.append((group, kind, nbytes))
