@@ -8,6 +8,7 @@ import json
 
 import pytest
 from perf_scripts import load_script
+from trace_events import kernel, step
 
 from megatron.bridge.perf.exchange_exposure import ExchangeCountMismatch, exchange_exposure
 
@@ -17,20 +18,14 @@ COVERED_US = [0, 0, 100, 50, 0, 100, 0, 0]
 combine's backward fully, the dispatch's forward half, its backward none, the combine's forward fully."""
 
 
-def _kernel(name, ts, dur, stream):
-    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": stream,
-            "args": {"stream": stream, "device": 0}}
-
-
 def _trace(exchanges: int = 8) -> dict:
-    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#6", "ts": 0, "dur": 2000, "pid": 1,
-               "tid": 1}]
+    events = [step(6, 0, 2000)]
     for index in range(exchanges):
         start = index * 150
-        events.append(_kernel("emulated_nvshmem_all_to_all", start, EXCHANGE_US, COMM))
+        events.append(kernel("emulated_nvshmem_all_to_all", start, EXCHANGE_US, COMM))
         if index < len(COVERED_US) and COVERED_US[index]:
-            events.append(_kernel("gemm", start, COVERED_US[index], COMPUTE))
-    events.append(_kernel("gemm_same_stream", 0, 2000, COMM))  # the exchange's own stream covers nothing
+            events.append(kernel("gemm", start, COVERED_US[index], COMPUTE))
+    events.append(kernel("gemm_same_stream", 0, 2000, COMM))  # the exchange's own stream covers nothing
     return {"traceEvents": events}
 
 

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from trace_events import kernel, step
 
 from megatron.bridge.perf.overlap_analysis import (
     analyze_trace,
@@ -12,15 +13,6 @@ from megatron.bridge.perf.overlap_analysis import (
     union,
 )
 from megatron.bridge.perf.overlap_analysis_cli import main as analyze_main
-
-
-def kernel(name, ts, dur, stream):
-    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": stream,
-            "args": {"stream": stream, "device": 0}}
-
-
-def step(n, ts, dur):
-    return {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "ts": ts, "dur": dur, "pid": 1, "tid": 1}
 
 
 def cpu_op(name, ts, dur, **args):

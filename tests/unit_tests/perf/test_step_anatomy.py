@@ -1,18 +1,10 @@
 """Where a profiled step's time goes, on synthetic Chrome traces of an emulated step."""
 
 import pytest
+from trace_events import kernel, step
 
 from megatron.bridge.perf.overlap_analysis import classify
 from megatron.bridge.perf.step_anatomy import step_anatomy
-
-
-def _kernel(name, ts, dur, stream):
-    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": stream,
-            "args": {"stream": stream, "device": 0}}
-
-
-def _step(n, ts, dur):
-    return {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "ts": ts, "dur": dur, "pid": 1, "tid": 1}
 
 
 def _runtime(name, ts, dur):
@@ -30,10 +22,10 @@ def test_the_emulated_worlds_kernels_read_as_nccls(name, kind):
 
 def test_an_emulated_step_splits_into_compute_communication_idle_and_host_waits():
     trace = {"traceEvents": [
-        _step(5, 0, 1000),
-        _kernel("gemm", 0, 400, 7),  # compute on the default stream
-        _kernel("emulated_nccl_all_to_all", 300, 200, 9),  # 100 under the gemm, 100 exposed
-        _kernel("emulated_nccl_collective", 600, 100, 9),
+        step(5, 0, 1000),
+        kernel("gemm", 0, 400, 7),  # compute on the default stream
+        kernel("emulated_nccl_all_to_all", 300, 200, 9),  # 100 under the gemm, 100 exposed
+        kernel("emulated_nccl_collective", 600, 100, 9),
         _runtime("cudaStreamSynchronize", 420, 150),  # the host waits for the GPU
         _runtime("cudaMemcpyAsync", 800, 50),  # a .tolist() of a GPU tensor
         _runtime("cudaLaunchKernel", 10, 5),  # not a wait
