@@ -22,7 +22,7 @@ ANSWERED_WITHOUT_A_CONFIG = {
     "help": (["--help"], 0, "--max_steps"),
     "unknown-flag": (["-mr", "qwen3_moe_tiny", "--max-step", "10"], 2, "did you mean --max_steps"),
     "unknown-recipe": (["-mr", "qwen3_moe_tinny", "-g", "cpu"], 2, "did you mean -mr qwen3_moe_tiny?"),
-    "unknown-task": (["-mr", "qwen3_moe_tiny", "--task", "sft"], 2, "exists for --task pretrain"),
+    "unknown-task": (["-mr", "qwen3_moe_tiny", "--task", "sft"], 2, "no recipe is written for --task sft"),
     "unknown-family": (["-m", "qwn", "-mr", "qwen3_moe_tiny"], 2, "did you mean -m qwen?"),
     "bad-sweep": (["-mr", "qwen3_moe_tiny", "--sweep", "model.num_layers=2"], 2, "at least two distinct values"),
 }

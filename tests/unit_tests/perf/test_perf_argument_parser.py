@@ -14,8 +14,8 @@ BASE = ["-mr", "qwen3_30b_a3b"]
     [
         (["-m", "qwen"], "model_family_name", "qwen"),
         (["--model_family_name", "qwen"], "model_family_name", "qwen"),
-        (["--task", "sft"], "task", "sft"),
-        (["--task", "PEFT"], "task", "peft"),
+        (["--task", "pretrain"], "task", "pretrain"),
+        (["--task", "PRETRAIN"], "task", "pretrain"),
         (["-g", "h100"], "gpu", "h100"),
         (["--gpu", "GB200"], "gpu", "gb200"),
         (["-g", "cpu"], "gpu", "cpu"),

@@ -4,8 +4,10 @@ import pytest
 
 from megatron.bridge.perf.recipe_lookup import (
     RecipeLookupError,
+    available_families,
     layout_problem,
     lookup_recipe,
+    recipe_tasks,
     reference_num_gpus,
     scaled_global_batch_size,
 )
@@ -31,6 +33,13 @@ def test_lookup(mr, ng, name, gpu_specific):
     assert choice.function_name == name and choice.gpu_specific is gpu_specific
     assert choice.qualified_name == f"megatron.bridge.recipes.qwen.{name}"
     assert callable(choice.factory)
+
+
+def test_families_are_packages_and_tasks_come_from_their_recipes():
+    """A module beside the family packages (``recipes/recipe_arguments.py``) is no family, and its
+    ``*_config`` helpers give ``--task`` nothing to offer."""
+    assert available_families() == ["qwen"]
+    assert recipe_tasks() == ("pretrain",)
 
 
 def test_unknown_family_lists_families():

@@ -20,6 +20,7 @@ from typing import NoReturn, Optional, Sequence
 
 from megatron.bridge.emulation.network import PRESETS as NETWORK_PRESETS
 from megatron.bridge.perf.flag_fields import FLAG_FIELDS
+from megatron.bridge.perf.recipe_lookup import recipe_tasks
 from megatron.bridge.training.harness_surface import GPU_TYPES, MAX_WORLD_SIZE, did_you_mean
 from megatron.bridge.utils.flex_backend_names import FLEX_BACKENDS
 
@@ -39,7 +40,8 @@ COMPUTE_DTYPES: dict[str, str] = {
 }
 """``-c`` value -> ``cfg.mixed_precision`` recipe name."""
 
-TASKS = ("pretrain", "sft", "peft")
+FINE_TUNING_TASKS = ("sft", "peft")
+"""Megatron-Bridge's fine-tuning tasks: no recipe here is written for them (refused by name)."""
 CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
 TOKENIZER_TYPES = ("NullTokenizer", "HuggingFaceTokenizer")
 
@@ -124,6 +126,22 @@ def window(text: str) -> list[int]:
     if len(values) != 2 or not 1 <= values[0] <= values[1]:
         raise argparse.ArgumentTypeError(f"expected FIRST,LAST with 1 <= FIRST <= LAST, got {text!r}")
     return values
+
+
+def task_choice(tasks: Sequence[str]):
+    """``--task``: one of the tasks a recipe is written for (``recipe_lookup.recipe_tasks``); any
+    other (Megatron-Bridge's ``sft``, ``peft``) is refused with what exists."""
+
+    def parse(text: str) -> str:
+        task = text.strip().lower()
+        if task in tasks:
+            return task
+        offered = ", ".join(f"--task {t}" for t in tasks)
+        why = " (fine-tuning, Megatron-Bridge's sft and peft, is not offered)" if task in FINE_TUNING_TASKS else ""
+        raise argparse.ArgumentTypeError(f"no recipe is written for --task {text}: the recipes are for {offered}{why}")
+
+    parse.__name__ = "task"
+    return parse
 
 
 def _choice(options: Sequence[str], *, lower: bool = True):
@@ -235,7 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-m", "--model_family_name", default="qwen",
                      help="recipe family (package under megatron.bridge.recipes)")
     run.add_argument("-mr", "--model_recipe_name", required=True, help="recipe name, e.g. qwen3_30b_a3b")
-    run.add_argument("--task", type=_choice(TASKS), default="pretrain", help="|".join(TASKS))
+    tasks = recipe_tasks()
+    run.add_argument("--task", type=task_choice(tasks), default="pretrain",
+                     help=f"{'|'.join(tasks)}: what the recipe is written for (no recipe here fine-tunes)")
     run.add_argument("-g", "--gpu", type=_choice(GPU_CHOICES), default=None,
                      help="target GPU type for validation (and flex backend support); cpu = CPU smoke mode")
     run.add_argument("-c", "--compute_dtype", type=_choice(tuple(COMPUTE_DTYPES)), default=None,

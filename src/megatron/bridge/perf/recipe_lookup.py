@@ -61,7 +61,7 @@ class RecipeChoice:
 def available_families() -> list[str]:
     """Recipe families: the sub-packages of ``megatron.bridge.recipes``."""
     package = importlib.import_module(RECIPES_PACKAGE)
-    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_"))
+    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.ispkg and not m.name.startswith("_"))
 
 
 def declared_recipe_names(family: str) -> Optional[set[str]]:
@@ -143,6 +143,19 @@ def recipe_hint(recipe: str, task: str, functions: Iterable[str]) -> str:
         return f"-mr {recipe} exists for --task {', '.join(sorted(names[recipe]))}, not --task {task}"
     with_task = [name for name, tasks in names.items() if task in tasks]
     return did_you_mean(recipe, with_task, prefix="-mr ") or did_you_mean(recipe, names, prefix="-mr ") or ""
+
+
+def recipe_tasks() -> tuple[str, ...]:
+    """The ``--task`` values some recipe of some family is written for, read from the families'
+    sources as :func:`lookup_recipe` reads them (a family whose source cannot say is imported)."""
+    tasks: set[str] = set()
+    for family in available_families():
+        names = declared_recipe_names(family)
+        if names is None:
+            names = set(recipe_functions(importlib.import_module(f"{RECIPES_PACKAGE}.{family}")))
+        for recipe_tasks_of_name in recipe_names(names).values():
+            tasks |= recipe_tasks_of_name
+    return tuple(sorted(tasks))
 
 
 def reference_num_gpus(factory: Callable) -> Optional[int]:
