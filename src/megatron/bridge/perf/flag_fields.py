@@ -1,7 +1,10 @@
-"""The one table of harness flags that are aliases of a config field: the parser's help text and the
-config builder's values both read it, so a flag and its field are written once."""
+"""Which config field each harness flag sets: the parser's help text and the config builder's values
+read the aliases table, and ``flag_notes`` names a flag and a dotted override that set the same field
+together, so that the run's value is never a silent choice."""
 
 from __future__ import annotations
+
+from typing import Optional
 
 FLAG_FIELDS: dict[str, str] = {
     "tensor_model_parallel_size": "model.tensor_model_parallel_size",
@@ -28,4 +31,32 @@ flags: ``-c`` (``mixed_precision``, by name), ``-g`` (``dist.target_gpu``; ``cpu
 ``-l``."""
 
 
-__all__ = ["FLAG_FIELDS"]
+OTHER_FLAG_FIELDS: dict[str, tuple[str, ...]] = {
+    "compute_dtype": ("mixed_precision",),
+    "gpu": ("dist.device", "dist.target_gpu"),
+    "moe_flex_dispatcher_backend": (
+        "model.moe_token_dispatcher_type", "model.moe_flex_dispatcher_backend", "model.moe_shared_expert_overlap",
+    ),
+    "profile": ("profiling.use_pytorch_profiler",),
+    "log_dir": ("logger.log_dir",),
+    "network": ("emulation.network",),
+    "emulate_rank": ("emulation.rank",),
+    "emulate": ("emulation.world_size",),
+    "gpus_per_node": ("emulation.gpus_per_node",),
+}
+"""The other flags (argparse dest) -> the fields they may set (``config_builder.flag_values`` and
+``emulation_values`` say when): ``-g`` one of its two, ``--moe_flex_dispatcher_backend`` the
+dispatcher choice, ``--emulate`` the emulated world's size (``-ng``), ``-gn`` its GPUs per node."""
+
+PRECEDENCE = "recipe < --config_file < flags < dotted overrides"
+
+
+def flag_of_field(key: str) -> Optional[str]:
+    """The flag (argparse dest) that sets the dotted ``key``, if one does."""
+    for dest, field in FLAG_FIELDS.items():
+        if field == key:
+            return dest
+    return next((dest for dest, fields in OTHER_FLAG_FIELDS.items() if key in fields), None)
+
+
+__all__ = ["FLAG_FIELDS", "OTHER_FLAG_FIELDS", "PRECEDENCE", "flag_of_field"]

@@ -31,18 +31,18 @@ from megatron.bridge.perf.config_builder import (
     resolution_of,
 )
 from megatron.bridge.perf.failure_report import failure_report
+from megatron.bridge.perf.flag_notes import built_config_notes, flags_setting, override_key
 from megatron.bridge.perf.launch_values import launch_problems
 from megatron.bridge.perf.launcher import CONFIG_NAME, TORCHRUN_DIR, LaunchPlan, choose_mode, plan_launch, run_plan
 from megatron.bridge.perf.results import SUMMARY_NAME, format_results, load_summary, summary_steady_state
 from megatron.bridge.perf.run_dir import RunDirClaim, RunDirError, claim, make_child_dir, run_dir_problems
-from megatron.bridge.perf.supervisor import LAUNCH_LOG, JobOutcome
+from megatron.bridge.perf.stop_report import interrupted_message, stop_message
 from megatron.bridge.perf.sweep import combine_rounds, job_dirname, parse_sweep, write_sweep_outputs
 from megatron.bridge.training.harness_surface import (
     FAILURE_DIR,
     CheckpointDir,
     ConfigError,
     inspect_checkpoint_dir,
-    iteration_dir,
 )
 from megatron.bridge.utils.gpu_count import too_few_gpus
 from megatron.bridge.utils.owned_files import describe_os_error, replace_file
@@ -138,6 +138,7 @@ def data_notes(resolved) -> list[str]:
 
 def make_job(built: BuiltConfig, args, max_connections: Optional[int] = None) -> Job:
     """Resolve once (raises ``ConfigError`` with every violation) and plan the launch."""
+    built.notes += built_config_notes(args, built)  # a flag and a dotted override that set one field
     resolution = resolution_of(built)
     text = resolution.effective.to_yaml()
     return Job(built, resolution, plan_job(built, resolution, args, max_connections, digest(text)), text)
@@ -235,26 +236,6 @@ def prepare(job: Job) -> None:
         raise HarnessError(f"[run-dir-usable] {exc}") from None
     except OSError as exc:
         raise HarnessError(f"cannot write the run directory {log_dir}: {describe_os_error(exc, log_dir)}") from None
-
-
-def stop_message(summary_path: Path, outcome: JobOutcome, save_dir: Optional[str]) -> str:
-    """``stopped by signal at iteration N; checkpoint at PATH``, from what the ranks wrote."""
-    if not summary_path.is_file():
-        head = ("killed by a second signal before the ranks finished" if outcome.killed
-                else "stopped by signal before training started")
-        on_disk = inspect_checkpoint_dir(save_dir) if save_dir else None
-        if on_disk is not None and on_disk.resumable:
-            return f"{head}; latest checkpoint at {iteration_dir(save_dir, on_disk.iteration)}"
-        return f"{head}; no checkpoint written"
-    summary = load_summary(summary_path)
-    where = summary.get("checkpoint")
-    if where:
-        saved = f"checkpoint at {where}"
-    elif save_dir:
-        saved = "no checkpoint written (no step ran)"
-    else:
-        saved = "no checkpoint (checkpoint.save is not set)"
-    return f"stopped by signal at iteration {summary.get('final_iteration')}; {saved}"
 
 
 def execute(job: Job, out: TextIO, window: Optional[Sequence[int]], verbose: bool = False,
@@ -397,7 +378,7 @@ def run_sweep(args, out: TextIO) -> int:
     if problems:
         raise HarnessError("[run-dir-usable] the sweep's directory cannot be used:\n"
                            + "\n".join(f"  - {p}" for p in problems))
-    shadowed = [o for o in args.overrides if o.partition("=")[0].strip().lstrip("+~") == spec.key]  # Hydra forms too
+    shadowed = [o for o in args.overrides if override_key(o) == spec.key] + flags_setting(args, spec.key)
     if shadowed:
         print(f"   note: the swept values replace {', '.join(shadowed)} given on the command line", file=out)
     rounds = args.sweep_repeats
@@ -476,25 +457,3 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> 
     except KeyboardInterrupt:  # Ctrl-C outside a job (during one, the supervisor turns it into a stop)
         print(interrupted_message(args.ended_jobs), file=out)
         return 128 + signal.SIGINT
-
-
-def interrupted_message(ended: Sequence[Path]) -> str:
-    """What a Ctrl-C that interrupted the harness itself leaves: nothing launched (it came while the
-    config was built), or jobs that had already ended (it came while a result was reported, or between
-    a sweep's jobs), the last one's outcome read from what it wrote."""
-    if not ended:
-        return "interrupted before launch: nothing was launched"
-    last = ended[-1]
-    return (f"interrupted after {len(ended)} launched job(s) had ended, before the harness finished reporting; "
-            f"nothing more was launched. The last job, in {last}: {job_record(last)}")
-
-
-def job_record(log_dir: Path) -> str:
-    """A finished job's outcome in one line, from its ``summary.json`` (else where its log is)."""
-    try:
-        summary = load_summary(log_dir / SUMMARY_NAME)
-    except (OSError, ValueError):
-        return f"no summary.json; its output is in {log_dir / LAUNCH_LOG}"
-    where = summary.get("checkpoint")
-    saved = f"checkpoint at {where}" if where else "no checkpoint written"
-    return f"ran to iteration {summary.get('final_iteration')}; {saved}"
