@@ -65,6 +65,13 @@ def test_a_field_set_by_a_flag_and_a_dotted_override_gets_one_note(tmp_path, giv
                               "override"), said
 
 
+def test_a_flag_applied_after_the_overrides_is_named_as_the_one_that_wins(tmp_path):
+    """``--emulate`` makes the emulated world the ``-ng`` layout after the dotted overrides."""
+    said = notes(dry_run([*TINY_CPU, "-l", str(tmp_path / "run"), "--emulate", "emulation.world_size=4"]))
+    assert said == ["note: --emulate and emulation.world_size=4 both set emulation.world_size: the run gets 2, from "
+                    "--emulate, which is applied after the dotted overrides"], said
+
+
 def test_overrides_of_fields_no_flag_set_get_no_note(tmp_path):
     said = notes(dry_run([*TINY_CPU, "-l", str(tmp_path / "run"), "--max_steps", "5", "train.eval_iters=2",
                           "comm_overlap.overlap_moe_expert_parallel_comm=true"]))

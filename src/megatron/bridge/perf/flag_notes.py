@@ -60,9 +60,9 @@ def flag_override_notes(args: Namespace, overrides: Sequence[str], flag_keys: It
         if dest is None:
             continue
         flag = flag_text(args, dest)
-        source = "the dotted override" if provenance.get(key) == "cli" else flag
-        notes.append(f"{flag} and {text} both set {key}: the run gets {shown_value(value_of(key))}, from {source} "
-                     f"(precedence: {PRECEDENCE})")
+        source = (f"the dotted override (precedence: {PRECEDENCE})" if provenance.get(key) == "cli"
+                  else f"{flag}, which is applied after the dotted overrides")  # --emulate: the -ng layout
+        notes.append(f"{flag} and {text} both set {key}: the run gets {shown_value(value_of(key))}, from {source}")
     return notes
 
 
