@@ -157,7 +157,8 @@ def test_save_that_dies_before_publishing_leaves_the_previous_checkpoint(results
 def test_summary_json(results: dict) -> None:
     summary = json.loads((Path(results["out"]) / "on" / "summary.json").read_text())
     assert summary["losses"] == results["on"]
-    assert summary["steady_state_window"] == [3, 8]
+    assert summary["steady_state_window"] == [3, 10]  # automatic: 2 warm-up steps of 10 (max(2, 10 %))
+    assert summary["steady_state_rule"].startswith("automatic: the first 2 of 10 steps")
     assert summary["world_size"] == 2
     assert summary["parallel_layout"]["ep"] == 2
     assert summary["steady_state_min_s"] <= summary["steady_state_mean_s"] <= summary["steady_state_max_s"]

@@ -150,7 +150,8 @@ def test_help_shows_each_default_once(capsys):
     blocks = re.split(r"\n(?=  -)", text.split("checkpoint and resume:")[0])
     twice = [block.split("\n")[0] for block in blocks if block.count("default") > 1]
     assert not twice, twice
-    assert "(default: qwen)" in text and "(default: pretrain)" in text and "(default: 3,8)" in text
+    assert "(default: qwen)" in text and "(default: pretrain)" in text
+    assert "(default: automatic, the steps after the first max(2, 10 %))" in " ".join(text.split())
 
 
 def test_help_offers_only_the_tasks_a_recipe_is_written_for(capsys):

@@ -35,7 +35,7 @@ def test_summary_values_used_when_window_matches_else_recomputed():
 
 
 def test_format_results_table(tmp_path):
-    summary = {"step_times_s": TIMES, "tokens_per_s": 12345.6, "tflops_per_gpu": 123.45,
+    summary = {"step_times_s": TIMES, "steady_state_window": [3, 8], "tokens_per_s": 12345.6, "tflops_per_gpu": 123.45,
                "peak_memory_gib": 10.5, "world_size": 2, "losses": [3.0, 2.5]}
     text = format_results(summary, tmp_path / "summary.json")
     for piece in ("iterations 3-8", "1.0000 s", "0.8000 s", "1.2000 s", "12,346", "123.5", "10.50 GiB",
@@ -44,7 +44,7 @@ def test_format_results_table(tmp_path):
 
 
 def test_format_results_short_run():
-    assert "only 1 iterations ran" in format_results({"step_times_s": [1.0]}, "x")
+    assert "only 0 iterations ran" in format_results({"step_times_s": []}, "x")
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,7 @@ def _logger(tmp_path, **kw) -> MetricsLogger:
 
 
 def test_summary_file(tmp_path, capsys) -> None:
-    log = _logger(tmp_path)
+    log = _logger(tmp_path, steady_state_window=[3, 8])
     for i, t in enumerate(TIMES, 1):
         log.record(i, loss=10.0 - i, step_time_s=t, lr=0.1)
     path = log.write_summary(world_size=4, parallel_layout={"ep": 2}, resolved_config="model: {}")
@@ -69,7 +69,7 @@ def test_summary_file(tmp_path, capsys) -> None:
     assert data["extra"]["lr"] == [0.1] * 10
     assert data["peak_memory_gib"] > 0
     line = capsys.readouterr().out.splitlines()[0]
-    for word in ("iteration", "loss", "step time", "tokens/s", "TFLOP/s/GPU", "peak mem"):
+    for word in ("iteration", "loss", "step", "tokens/s", "mem"):
         assert word in line
 
 

@@ -295,7 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument("-l", "--log_dir", type=path_text, default=None,
                     help=f"run directory (default: {LOG_DIR_DEFAULT}; a sweep: {SWEEP_DIR_DEFAULT})")
     io.add_argument("--steady_state_window", type=window, default=None,
-                    help="FIRST,LAST iterations of the steady-state mean (default: 3,8)")
+                    help="FIRST,LAST steps of the steady-state mean (default: automatic, the steps after the "
+                    "first max(2, 10 %%))")
     io.add_argument("--sweep", default=None, metavar="KEY=V1,V2,...",
                     help="one-knob A/B sweep: each value of one dotted key runs as its own job")
     io.add_argument("--sweep_repeats", type=positive_int, default=1, metavar="N",

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Literal, Mapping, Optional, Sequence, TextIO
 
 from megatron.bridge.perf.supervisor import JobOutcome, StopTarget, supervise
+from megatron.bridge.training.harness_surface import HARNESS_REPORTS_ENV
 from megatron.bridge.utils.quiet import MARK_ENV
 
 ENTRY_MODULE = "megatron.bridge.training.entry"
@@ -61,8 +62,9 @@ class LaunchPlan:
     supervised_env: dict[str, str] = field(default_factory=dict)
     """Added to ``env`` only when the harness runs the plan itself (not in :meth:`shell`): the
     ranks then print their known third-party noise marked instead of dropping it, so that
-    ``launch.log`` holds everything and the console leaves the marked lines out. A command
-    copied from :meth:`shell` prints what the console shows."""
+    ``launch.log`` holds everything and the console leaves the marked lines out, and leave the
+    Results table to the harness. A command copied from :meth:`shell` prints what the console shows
+    (and its own Results table)."""
 
     def shell(self) -> str:
         """Copy-pasteable command line (environment first)."""
@@ -203,6 +205,8 @@ def plan_launch(
     env = worker_env(cpu=cpu, cuda_device_max_connections=cuda_device_max_connections)
     worker = worker_argv(config_path, python, verbose, config_sha256)
     plan = LaunchPlan(mode, [], env, nprocs, nodes, log_dir)
+    if mode != "sbatch":  # the harness watches the job and prints its Results table itself
+        plan.supervised_env[HARNESS_REPORTS_ENV] = "1"
     if mode != "sbatch" and not verbose:  # an sbatch job's output goes to SLURM's file, unfiltered by the harness
         plan.supervised_env[MARK_ENV] = "1"
     if mode in ("cpu", "torchrun"):

@@ -8,13 +8,15 @@ touches every value alike, and the table shows each round's mean and their sprea
 
 A sweep in CPU smoke mode shows that every value runs, and its step times, but no speedup: on a CPU
 the compute and gloo's communication share a few cores with whatever else runs on the host, so its
-timings rank nothing (a CPU sweep once put a "2.039x" overlap speedup into the table).
+timings rank nothing (a CPU sweep once put a "2.039x" overlap speedup into the table). An emulated
+sweep (``--emulate``) says so, names its network, and shows the modeled communication per step
+beside the step times: those are one process's compute plus modeled seconds, not a measurement.
 """
 
 from __future__ import annotations
 
-import io
 import re
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -22,6 +24,7 @@ from typing import Optional, Sequence
 from megatron.bridge.perf.argument_parser import TOP_LEVEL_KEYS
 from megatron.bridge.perf.results import SteadyState
 from megatron.bridge.utils.owned_files import replace_file
+from megatron.bridge.utils.plots import fit_width, pyplot, save_png
 
 
 @dataclass(frozen=True)
@@ -101,10 +104,12 @@ def combine_rounds(value: str, log_dirs: Sequence[str], rounds: Sequence[Optiona
     done = [r for r in rounds if r is not None]
     stats = None
     if done:
+        comm = [r.modeled_comm_s for r in done if r.modeled_comm_s is not None]
         stats = SteadyState(
             first=done[0].first, last=done[0].last, mean_s=sum(r.mean_s for r in done) / len(done),
             min_s=min(r.min_s for r in done), max_s=max(r.max_s for r in done), count=sum(r.count for r in done),
-            first_iteration=done[0].first_iteration, last_iteration=done[0].last_iteration,
+            first_iteration=done[0].first_iteration, last_iteration=done[0].last_iteration, rule=done[0].rule,
+            modeled_comm_s=sum(comm) / len(comm) if comm else None, emulated_network=done[0].emulated_network,
         )
     code = next((c for c in exit_codes if c != 0), 0)
     log_dir = log_dirs[0] if len(log_dirs) == 1 else ", ".join(log_dirs)
@@ -128,9 +133,29 @@ ONE_ROUND_NOTE = (
 )
 
 
+EMULATED_CPU_NOTE = (
+    "CPU smoke mode: the compute ran on a CPU shared with whatever else runs on the host, so these step times "
+    "rank nothing and no speedup is given: compare the values emulated on a GPU."
+)
+"""What an emulated CPU sweep says instead of a speedup (no gloo collective ran: the communication was modeled)."""
+
+
+def emulated_network(points: Sequence[SweepPoint]) -> Optional[str]:
+    """The network model of an emulated sweep (``None`` for a measured one)."""
+    return next((p.stats.emulated_network for p in points if p.stats and p.stats.emulated_network), None)
+
+
+def emulated_note(network: str) -> str:
+    return (f"EMULATED world on network '{network}': each job was one process playing one rank; its step times are "
+            "that process's compute plus the time the network model gave each collective (modeled, not measured). "
+            "modeled comm (s): the modeled part of a step, mean over the same steps.")
+
+
 def _notes(points: Sequence[SweepPoint], rounds: int, cpu: bool) -> list[str]:
     """What the table's numbers cannot say, as paragraphs under its heading."""
-    notes = [CPU_TIMINGS_NOTE] if cpu else []
+    network = emulated_network(points)
+    notes = [emulated_note(network)] if network else []
+    notes += [EMULATED_CPU_NOTE if network else CPU_TIMINGS_NOTE] if cpu else []
     if rounds < 2 and any(p.stats is not None for p in points):
         notes.append(ONE_ROUND_NOTE)
     return [line for note in notes for line in (note, "")]
@@ -146,16 +171,21 @@ def sweep_markdown(spec: SweepSpec, points: Sequence[SweepPoint], command: str =
     if rounds > 1:
         how += (f", {rounds} rounds run interleaved; mean = mean of the round means, min/max over all steps, "
                 "spread = largest minus smallest round mean")
-    columns = [spec.key, "mean (s)", "min (s)", "max (s)", f"speedup vs `{spec.values[0]}`"]
+    network = emulated_network(points)
+    columns = [spec.key, "mean (s)", "min (s)", "max (s)", *(["modeled comm (s)"] if network else []),
+               f"speedup vs `{spec.values[0]}`"]
     columns += ["round means (s)", "spread (s)", "runs"] if rounds > 1 else ["run"]
-    lines = [f"# Sweep of `{spec.key}`", "", f"{how}; speedup = first value's mean / this mean.", "",
+    heading = f"# Sweep of `{spec.key}`" + (f" (EMULATED, network '{network}')" if network else "")
+    lines = [heading, "", f"{how}; speedup = first value's mean / this mean.", "",
              *_notes(points, rounds, cpu), _table_row(columns), "|" + "---|" * len(columns)]
     for p in points:
         if p.stats is None:
             cells = [f"`{p.value}`", f"failed (exit {p.exit_code})"] + [""] * (len(columns) - 3)
         else:
             speed = "n/a (CPU)" if cpu else f"{base / p.stats.mean_s:.3f}x" if base and p.stats.mean_s else "n/a"
-            cells = [f"`{p.value}`", f"{p.stats.mean_s:.4f}", f"{p.stats.min_s:.4f}", f"{p.stats.max_s:.4f}", speed]
+            comm = [_seconds(p.stats.modeled_comm_s)] if network else []
+            cells = [f"`{p.value}`", f"{p.stats.mean_s:.4f}", f"{p.stats.min_s:.4f}", f"{p.stats.max_s:.4f}", *comm,
+                     speed]
             if rounds > 1:
                 means = p.round_means()
                 cells += [" / ".join(f"{r.mean_s:.4f}" if r is not None else "failed" for r in p.rounds),
@@ -166,36 +196,54 @@ def sweep_markdown(spec: SweepSpec, points: Sequence[SweepPoint], command: str =
     return "\n".join(lines) + "\n"
 
 
-def sweep_plot(spec: SweepSpec, points: Sequence[SweepPoint], path: "str | Path") -> Optional[Path]:
-    """Bar chart of mean step time with min-max whiskers; ``None`` when matplotlib is missing."""
-    try:
-        # Deferred: matplotlib is optional.
-        import matplotlib
+def _seconds(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+
+def _title(spec: SweepSpec, points: Sequence[SweepPoint], cpu: bool) -> str:
+    """The plot's title: the swept key, broken at its dots when long, and what the times are."""
+    key = "\n".join(textwrap.wrap(spec.key.replace(".", ". "), 48)).replace(". ", ".")
+    network = emulated_network(points)
+    kinds = [f"EMULATED on network '{network}': step times hold MODELED communication (hatched)"] if network else []
+    kinds += ["CPU smoke mode: these times rank nothing"] if cpu else []
+    return "\n".join([f"Sweep of {key}", *kinds])
+
+
+def sweep_figure(spec: SweepSpec, points: Sequence[SweepPoint], cpu: bool = False) -> Optional[object]:
+    """The bar chart of mean step time with min-max whiskers, each bar's mean written above its
+    whisker, an emulated sweep's modeled communication hatched inside the bar; ``None`` without
+    matplotlib. The figure is widened until its title and labels fit."""
+    plt = pyplot()
+    if plt is None:
         return None
     done = [p for p in points if p.stats is not None]
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.4 * len(points) + 2), 3.6))
+    fig, ax = plt.subplots(figsize=(max(4.8, 1.4 * len(points) + 2), 3.8))
     if done:
-        means = [p.stats.mean_s for p in done]
+        names, means = [p.value for p in done], [p.stats.mean_s for p in done]
         # clamp: a float mean of equal values can sit a hair outside [min, max]
         lower = [max(0.0, p.stats.mean_s - p.stats.min_s) for p in done]
         upper = [max(0.0, p.stats.max_s - p.stats.mean_s) for p in done]
-        ax.bar([p.value for p in done], means, yerr=[lower, upper], capsize=6, color="#4c72b0")
-        for x, m in enumerate(means):
-            ax.annotate(f"{m:.3f}s", (x, m), ha="center", va="bottom", fontsize=8,
-                        xytext=(12, 2), textcoords="offset points")
+        ax.bar(names, means, yerr=[lower, upper], capsize=6, color="#4c72b0")
+        comm = [p.stats.modeled_comm_s for p in done]
+        if all(c is not None for c in comm):
+            ax.bar(names, comm, color="#4c72b0", edgecolor="white", hatch="//", lw=0, label="modeled communication")
+            ax.legend(fontsize=8, loc="lower right")
+        tops = [m + u for m, u in zip(means, upper)]
+        for x, (mean, top) in enumerate(zip(means, tops)):
+            ax.annotate(f"{mean:.3f}s", (x, top), ha="center", va="bottom", fontsize=8,
+                        xytext=(0, 4), textcoords="offset points")
+        ax.set_ylim(0, max(tops) * 1.22 or 1.0)  # room above the highest whisker for its label
     ax.set_xlabel(spec.key)
     ax.set_ylabel("step time (s), mean with min-max")
-    ax.set_title(f"Sweep: {spec.key}")
-    fig.tight_layout()
-    image = io.BytesIO()
-    fig.savefig(image, format="png", dpi=120)
-    plt.close(fig)
-    replace_file(path, image.getvalue())
-    return Path(path)
+    title = fig.suptitle(_title(spec, points, cpu), fontsize=10)
+    fit_width(fig, [title, ax.xaxis.label])
+    return fig
+
+
+def sweep_plot(spec: SweepSpec, points: Sequence[SweepPoint], path: "str | Path", cpu: bool = False) -> Optional[Path]:
+    """:func:`sweep_figure` written as a PNG at ``path``; ``None`` when matplotlib is missing."""
+    fig = sweep_figure(spec, points, cpu)
+    return None if fig is None else save_png(fig, path)
 
 
 def write_sweep_outputs(spec: SweepSpec, points: Sequence[SweepPoint], log_dir: "str | Path", command: str = "",
@@ -206,5 +254,5 @@ def write_sweep_outputs(spec: SweepSpec, points: Sequence[SweepPoint], log_dir: 
     log_dir = Path(log_dir)
     md = log_dir / "sweep.md"
     replace_file(md, sweep_markdown(spec, points, command, cpu))
-    png = sweep_plot(spec, points, log_dir / "sweep.png")
+    png = sweep_plot(spec, points, log_dir / "sweep.png", cpu)
     return md, png

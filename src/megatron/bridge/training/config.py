@@ -154,8 +154,9 @@ class LoggerConfig(StrictFields):
     tensorboard: bool = False
     tensorboard_dir: Optional[str] = None
     """Directory for TensorBoard events; setting it turns TensorBoard on. ``None``: ``log_dir``."""
-    steady_state_window: list[int] = field(default_factory=lambda: [3, 8])
-    """First and last iteration (1-based, inclusive) of the steady-state step-time window."""
+    steady_state_window: Optional[list[int]] = None
+    """First and last step of this run (1-based, inclusive) of the steady-state step-time window;
+    ``None``: automatic, the run's steps after its first max(2, 10 %) (``telemetry/steady_window.py``)."""
     log_memory: bool = True
 
 

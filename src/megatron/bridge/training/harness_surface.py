@@ -37,6 +37,12 @@ SURFACE: dict[str, str] = {
     "FAILURE_DIR": "megatron.bridge.training.entry",
     "STOP_SIGNALS": "megatron.bridge.training.loop.stop_request",
     "default_log_dir": "megatron.bridge.training.telemetry.metrics",
+    "HARNESS_REPORTS_ENV": "megatron.bridge.training.telemetry.results_table",
+    # the run's results: the table a run ends with and its steady-state statistics
+    "SteadyState": "megatron.bridge.training.telemetry.results_table",
+    "format_results": "megatron.bridge.training.telemetry.results_table",
+    "steady_state": "megatron.bridge.training.telemetry.results_table",
+    "summary_steady_state": "megatron.bridge.training.telemetry.results_table",
     "CheckpointDir": "megatron.bridge.training.loop.checkpoint_dir",
     "inspect_checkpoint_dir": "megatron.bridge.training.loop.checkpoint_dir",
     "iteration_dir": "megatron.bridge.training.loop.checkpoint_dir",

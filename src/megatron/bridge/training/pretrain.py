@@ -75,7 +75,7 @@ from megatron.bridge.training.loop.run_description import (
 from megatron.bridge.training.loop.stop_request import STOP, STOP_SIGNAL_NAMES
 from megatron.bridge.training.loop.teardown import drop_autograd_graphs, free_memory, unhook_data_parallel
 from megatron.bridge.training.telemetry.flops import flops_per_step
-from megatron.bridge.training.telemetry.metrics import MetricsLogger, moe_aux_losses
+from megatron.bridge.training.telemetry.metrics import MetricsLogger, SteadyWindow, moe_aux_losses
 from megatron.bridge.training.telemetry.profiling import StepProfiler
 from megatron.bridge.training.telemetry.step_timing import StepTimer
 from megatron.bridge.utils.error_types import MachineError
@@ -121,7 +121,7 @@ def pretrain(
     Megatron-Bridge's signature (``cfg=``: the older keyword of ``config``); what cannot work, callbacks
     among it, is refused before any work (``loop/pretrain_arguments.py``).
     SIGTERM/SIGINT stop the run between two steps (all ranks at the same iteration) and save once.
-    ``verbose`` prints the full overlap report at start-up instead of its brief form.
+    ``verbose`` prints the full overlap report at start-up and every step's full line, not their brief forms.
     ``forward_step_func`` may take ``(data_iterator, model, return_schedule_plan=False)`` or, as in
     Megatron-Bridge, ``(state, data_iterator, model, return_schedule_plan=False)``.
     """
@@ -331,7 +331,6 @@ class Trainer:
         return [build_train_iterator(self.resolved, consumed, self.platform) for _ in range(vpp)]
 
     def _metrics(self, log_dir: str) -> Any:
-
         t, seq = self.resolved.train, self.resolved.model.seq_length
         return MetricsLogger(
             train_iters=t.train_iters,
@@ -340,12 +339,12 @@ class Trainer:
             world_size=torch.distributed.get_world_size(),
             device=self.platform.device_type,
             log_dir=log_dir,
-            steady_state_window=self.resolved.logger.steady_state_window,
+            steady_state_window=SteadyWindow.of_run(self.resolved, self.state.iteration),
             log_interval=self.resolved.logger.log_interval,
             is_logging_rank=self.is_logging_rank,
             tensorboard=self.resolved.logger.tensorboard or self.resolved.logger.tensorboard_dir is not None,
             tensorboard_dir=self.resolved.logger.tensorboard_dir,
-            start_iteration=self.state.iteration,
+            start_iteration=self.state.iteration, verbose=self.verbose,
         )
 
     # ---------------------------------------------------------------- train

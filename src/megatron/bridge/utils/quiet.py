@@ -73,6 +73,9 @@ raises the same text still shows it."""
 _IMPORT_FILTERS: list[tuple] = []
 """The warning filters :func:`quiet_imports` added (removed again by :func:`show_import_warnings`)."""
 
+_FILTERED_LOGGERS: list[logging.Logger] = []
+"""The loggers :func:`quiet_imports` gave the known-record filter (taken off by :func:`show_import_warnings`)."""
+
 
 def _wants_import_warnings() -> bool:
     """The user asked to see them (the variable, or any ``-W``/``PYTHONWARNINGS``), or this is a rank
@@ -82,19 +85,25 @@ def _wants_import_warnings() -> bool:
 
 
 def quiet_imports() -> None:
-    """What ``import megatron.bridge`` does: the known import-time warnings and torch's CPU-host record
-    are dropped in this process, unless :func:`_wants_import_warnings`."""
+    """What ``import megatron.bridge`` does: the known import-time warnings, torch's CPU-host record
+    and the known log records (:data:`KNOWN_LOG_RECORDS`, by their loggers, so a user's own script
+    that configures no logging does not print them on every rank) are dropped in this process,
+    unless :func:`_wants_import_warnings`."""
     if _IMPORT_FILTERS or _wants_import_warnings():
         return
     before = list(warnings.filters)
     silence_known_warnings(third_party_only=True)
     _IMPORT_FILTERS.extend(f for f in warnings.filters if f not in before)
     _mute(SILENCED_LOGGERS)
+    for name in sorted({name for name, _ in KNOWN_LOG_RECORDS}):
+        logger = logging.getLogger(name)
+        logger.addFilter(_KNOWN_RECORDS)
+        _FILTERED_LOGGERS.append(logger)
 
 
 def show_import_warnings() -> None:
     """Undo :func:`quiet_imports` (call it before the first import of a recipe to see megatron-core's
-    import-time warnings)."""
+    import-time warnings and its known log records)."""
     while _IMPORT_FILTERS:
         item = _IMPORT_FILTERS.pop()
         if item in warnings.filters:
@@ -102,6 +111,8 @@ def show_import_warnings() -> None:
     getattr(warnings, "_filters_mutated", lambda: None)()  # the module caches its filter list
     for name in SILENCED_LOGGERS:
         logging.getLogger(name).setLevel(logging.NOTSET)
+    while _FILTERED_LOGGERS:
+        _FILTERED_LOGGERS.pop().removeFilter(_KNOWN_RECORDS)
 
 
 def silence_known_warnings(

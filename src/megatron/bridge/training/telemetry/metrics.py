@@ -1,7 +1,10 @@
-"""Per-iteration console lines, progress, ``summary.json`` and optional TensorBoard events (rank 0).
+"""Per-iteration console lines, progress, ``summary.json``, the loss curve and optional TensorBoard
+events (rank 0).
 
-The steady-state window is 1-based and inclusive (iterations 3-8 by default, Megatron-Bridge's
-method): early iterations include one-off costs (allocator warm-up, first-touch, compile).
+The steady-state window is 1-based and inclusive; unless ``logger.steady_state_window`` sets it,
+it follows the run (``steady_window.py``: the first max(2, 10 %) steps are warm-up, with one-off
+costs such as allocator growth, first touches and compilation). Where no harness reports for the
+run (a user's own ``pretrain()`` script), the logging rank ends with the Results table.
 """
 
 from __future__ import annotations
@@ -20,10 +23,16 @@ from typing import Any, Optional, Sequence
 import torch
 from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
 
+from megatron.bridge.training.telemetry.loss_plot import write_loss_plot
+from megatron.bridge.training.telemetry.results_table import format_results, harness_reports, run_kind
+from megatron.bridge.training.telemetry.steady_window import SteadyWindow
+from megatron.bridge.training.telemetry.step_lines import StepNumbers, full_line, short_line
 from megatron.bridge.utils.owned_files import describe_os_error, make_dir, replace_file
+from megatron.bridge.utils.plots import MISSING as PLOTS_MISSING
+from megatron.bridge.utils.quiet import MARK_ENV, mark_lines
 
 
-def steady_state_stats(step_times_s: Sequence[float], window: Sequence[int]) -> dict[str, Any]:
+def steady_state_stats(step_times_s: Sequence[float], window: Optional[Sequence[int]]) -> dict[str, Any]:
     """Mean/min/max/stdev step time over iterations ``window[0]..window[1]`` (1-based, inclusive).
 
     When the run is shorter than the window, the window is clipped to the iterations that exist;
@@ -31,10 +40,10 @@ def steady_state_stats(step_times_s: Sequence[float], window: Sequence[int]) -> 
     them for a one-iteration run). ``steady_state_window`` reports the window actually used.
     """
     n = len(step_times_s)
-    if n == 0:
+    if n == 0 or window is None:
         return dict(
-            steady_state_window=list(window), steady_state_mean_s=None, steady_state_min_s=None,
-            steady_state_max_s=None, steady_state_stdev_s=None,
+            steady_state_window=list(window) if window is not None else None, steady_state_mean_s=None,
+            steady_state_min_s=None, steady_state_max_s=None, steady_state_stdev_s=None,
         )
     first, last = int(window[0]), int(window[1])
     if first < 1 or last < first:
@@ -62,10 +71,6 @@ def throughput(step_time_s: Optional[float], tokens_per_step: int, flops_per_ste
         tokens_per_s=tokens_per_step / step_time_s,
         tflops_per_gpu=flops_per_step / step_time_s / world_size / 1e12 if flops_per_step is not None else None,
     )
-
-
-def _tflops_text(value: Optional[float]) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
 
 
 def moe_aux_losses(model_cfg: Any, num_microbatches: int, iteration: int) -> dict[str, float]:
@@ -125,13 +130,16 @@ class MetricsLogger:
     world_size: int
     device: str
     log_dir: str
-    steady_state_window: Sequence[int] = (3, 8)
+    steady_state_window: Optional[SteadyWindow] = None
+    """How the steady-state window is chosen (``None``: automatically, ``steady_window.py``)."""
     log_interval: int = 1
     is_logging_rank: bool = True
     tensorboard: bool = False
     tensorboard_dir: Optional[str] = None
     """Where TensorBoard events go; ``None``: ``log_dir``."""
     start_iteration: int = 0
+    verbose: bool = False
+    """Print every step's full line instead of the short one (``step_lines.py``)."""
     step_times_s: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     iterations: list[int] = field(default_factory=list)
@@ -140,6 +148,9 @@ class MetricsLogger:
     _t0: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.steady_state_window, SteadyWindow):  # None, or a window given as [first, last]
+            given = self.steady_state_window
+            self.steady_state_window = SteadyWindow(set_to=tuple(given) if given is not None else None)
         if self.is_logging_rank:
             make_dir(self.log_dir, parents=True)
             if self.tensorboard:
@@ -164,24 +175,26 @@ class MetricsLogger:
                 self._writer.add_scalar("TFLOP/s per GPU", tp["tflops_per_gpu"], iteration)
             for key, value in scalars.items():
                 self._writer.add_scalar(key, value, iteration)
+        self.extra.setdefault("peak_memory_gib", []).append(mem)
         if iteration % self.log_interval and iteration != self.train_iters:
             return
-        extras = "".join(f" | {k} {v:.4g}" for k, v in scalars.items())
-        done = iteration - self.start_iteration
-        todo = self.train_iters - iteration
-        eta = statistics.fmean(self.step_times_s[-5:]) * todo
-        print(
-            f"iteration {iteration:>6d}/{self.train_iters} ({100.0 * iteration / self.train_iters:5.1f}%)"
-            f" | loss {loss:.6f} | step time {step_time_s * 1e3:.1f} ms"
-            f" | tokens/s {tp['tokens_per_s']:.1f} | TFLOP/s/GPU {_tflops_text(tp['tflops_per_gpu'])}"
-            f" | peak mem {mem:.2f} GiB{extras} | ETA {eta:.0f} s ({done} done this run)",
-            flush=True,
+        step = StepNumbers(
+            iteration=iteration, train_iters=self.train_iters, loss=loss, step_time_s=step_time_s,
+            tokens_per_s=tp["tokens_per_s"], tflops_per_gpu=tp["tflops_per_gpu"], peak_memory_gib=mem,
+            eta_s=statistics.fmean(self.step_times_s[-5:]) * (self.train_iters - iteration),
+            on_gpu=self.device != "cpu",
         )
+        full = full_line(step, scalars, done_this_run=iteration - self.start_iteration)
+        print(full if self.verbose else short_line(step, scalars), flush=True)
+        if os.environ.get(MARK_ENV) == "1" and not self.verbose:  # launch.log keeps it, the console not
+            print(mark_lines(full), flush=True)
 
     def summary(self, **context: Any) -> dict[str, Any]:
         """The ``summary.json`` content: raw series, steady-state statistics and ``context``."""
-        stats = steady_state_stats(self.step_times_s, self.steady_state_window)
-        first, last = stats["steady_state_window"]
+        window, rule = self.steady_state_window.choose(len(self.step_times_s))
+        stats = steady_state_stats(self.step_times_s, window)
+        stats["steady_state_rule"] = rule
+        first, last = stats["steady_state_window"] or (1, 0)
         timed = self.iterations[first - 1 : last]
         # After a resume the window's steps are not its iteration numbers: record both.
         stats["steady_state_iterations"] = [timed[0], timed[-1]] if timed else None
@@ -205,18 +218,40 @@ class MetricsLogger:
         }
 
     def write_summary(self, **context: Any) -> Optional[Path]:
-        """Write ``summary.json`` in ``log_dir`` (logging rank only); returns its path, or ``None``
-        when it could not be written (said in one line: the run's result is not lost for that)."""
+        """Write ``summary.json`` and the loss curve in ``log_dir`` (logging rank only); returns the
+        summary's path, or ``None`` when it could not be written (said in one line: the run's result
+        is not lost for that). Ends with the Results table unless the harness prints it."""
         if not self.is_logging_rank:
             return None
         path = Path(self.log_dir) / "summary.json"
         if self._writer is not None:
             self._writer.flush()
             self._writer.close()
+        summary = self.summary(**context)
+        summary["loss_plot"] = self._loss_plot(summary)
         try:
-            replace_file(path, json.dumps(self.summary(**context), indent=2, default=str))
+            replace_file(path, json.dumps(summary, indent=2, default=str))
         except OSError as exc:
             print(f"could not write {path}: {describe_os_error(exc, path)}", file=sys.stdout, flush=True)
             return None
-        print(f"summary written to {path}", file=sys.stdout, flush=True)
+        if harness_reports():
+            print(f"summary written to {path}", file=sys.stdout, flush=True)
+        else:
+            print(format_results(summary, path), file=sys.stdout, flush=True)
         return path
+
+    def _loss_plot(self, summary: dict[str, Any]) -> Optional[str]:
+        """Draw ``loss.png`` and say where, or say in one line why there is none."""
+        title = f"{Path(self.log_dir).name} ({run_kind(summary)})"
+        try:
+            plot = write_loss_plot(self.log_dir, self.iterations, self.losses, self.step_times_s,
+                                   summary.get("steady_state_window"), title, self.extra.get("modeled_comm_s", ()))
+        except OSError as exc:
+            print(f"no loss curve: {describe_os_error(exc, Path(self.log_dir))}", flush=True)
+            return None
+        if plot is None:
+            if self.step_times_s:
+                print(f"no loss curve: {PLOTS_MISSING}", flush=True)
+            return None
+        print(f"loss curve: {plot}", flush=True)
+        return str(plot)

@@ -148,8 +148,9 @@ CUDA_GRAPH_RULES: tuple[Rule, ...] = (
     Rule(
         id="full-iteration-capture-outside-steady-window",
         fields=("model.cuda_graph_impl", "model.cuda_graph_warmup_steps", "logger.steady_state_window"),
-        # a warm-up that is no step count is the rule above's to report
-        applies=lambda cfg, ctx: captures_full_iteration(cfg, ctx) and _warmup_in_range(cfg, ctx),
+        # a warm-up that is no step count is the rule above's to report; the automatic window starts after the capture
+        applies=lambda cfg, ctx: (captures_full_iteration(cfg, ctx) and _warmup_in_range(cfg, ctx)
+                                  and cfg.logger.steady_state_window is not None),
         holds=_capture_outside_window,
         message="the step that captures the graph (iteration warm-up + 1) is slower than the others and "
         "falls inside the steady-state window, so the reported step time includes the capture",

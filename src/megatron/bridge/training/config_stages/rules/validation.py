@@ -24,6 +24,7 @@ from megatron.bridge.training.config_stages.schema.field_ranges import RANGE_RUL
 from megatron.bridge.training.config_stages.schema.rule_base import TE_VERSION_VALUE, Rule, RuleContext, read_field
 from megatron.bridge.training.loop.data import missing_data_files
 from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, is_known_setting, mixed_precision_recipe
+from megatron.bridge.training.telemetry.steady_window import automatic_window
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -58,6 +59,18 @@ MXFP8_MIN_CAPABILITY = (10, 0)
 def _window_ok(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     w = cfg.logger.steady_state_window
     return len(w) == 2 and all(isinstance(i, int) for i in w) and 1 <= w[0] <= w[1]
+
+
+def _parks_after_window(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    """Every parked step lies within the run and after the window: a set window's last step, or
+    the automatic window's warm-up with at least one steady step before the first park."""
+    parks, iters = cfg.profiling.gpu_park_steps, cfg.train.train_iters
+    window = cfg.logger.steady_state_window
+    if window is None:
+        window = automatic_window(iters, first_parked_step=min(parks))
+        if window is None:
+            return False
+    return all(window[-1] < s <= iters for s in parks)
 
 
 def _whole(value: object) -> bool:
@@ -338,9 +351,10 @@ CONFIG_RULES: tuple[Rule, ...] = (
     Rule(
         id="steady-state-window",
         fields=("logger.steady_state_window",),
+        applies=lambda cfg, ctx: cfg.logger.steady_state_window is not None,
         holds=_window_ok,
-        message="the steady-state window is two 1-based iterations, first <= last",
-        fix="e.g. logger.steady_state_window=[3,8]",
+        message="the steady-state window is two 1-based steps of the run, first <= last",
+        fix="e.g. logger.steady_state_window=[3,8], or null for the automatic window",
     ),
     Rule(
         id="cpu-mode-needs-gloo",
@@ -370,10 +384,9 @@ CONFIG_RULES: tuple[Rule, ...] = (
         id="gpu-park-steps-after-window",
         fields=("profiling.gpu_park_steps", "logger.steady_state_window", "train.train_iters"),
         applies=lambda cfg, ctx: bool(cfg.profiling.gpu_park_steps),
-        holds=lambda cfg, ctx: all(cfg.logger.steady_state_window[-1] < s <= cfg.train.train_iters
-                                   for s in cfg.profiling.gpu_park_steps),
-        message="parked steps are slow by the park: they must lie after the steady-state window and "
-        "within the run",
+        holds=_parks_after_window,
+        message="parked steps are slow by the park: they must lie after the steady-state window (the automatic "
+        "one ends before the first parked step, after at least one steady step) and within the run",
         fix="e.g. --max_steps 14 logger.steady_state_window=[4,12] profiling.gpu_park_steps=[13,14]",
     ),
     Rule(
