@@ -323,12 +323,12 @@ def test_spec_swaps_only_core_attention_experts_and_norms(model_parallel, tiny_m
         ("torch_native", True, True, "torch_native"),
     ],
 )
-def test_a_provider_on_its_own_resolves_auto_for_this_machine(monkeypatch, requested, have_te, cuda, expected) -> None:
-    from megatron.bridge.models import layer_specs
+def test_a_provider_on_its_own_resolves_auto_for_this_machine(
+    simulate_host, requested, have_te, cuda, expected
+) -> None:
     from megatron.bridge.models.gpt_provider import GPTModelProvider
 
-    monkeypatch.setattr(layer_specs, "have_transformer_engine", lambda: have_te)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    simulate_host(gpus=int(cuda), transformer_engine="2.20.2" if have_te else None)
     provider = GPTModelProvider(num_layers=1, hidden_size=8, num_attention_heads=1, layer_spec=requested)
     assert provider.resolved_layer_spec == expected
 

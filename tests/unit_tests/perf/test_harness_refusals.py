@@ -14,7 +14,6 @@ import pytest
 from checkpoint_stand_in import saved_checkpoint
 
 from megatron.bridge.perf.argument_parser import LOG_DIR_DEFAULT, SWEEP_DIR_DEFAULT
-from megatron.bridge.perf.config_builder import gpus_visible
 from megatron.bridge.perf.run import main
 
 TINY_CPU = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2"]
@@ -128,7 +127,7 @@ def test_dry_run_of_a_batch_job_says_the_script_is_not_written(readme_command, m
     assert not script.exists()
 
 
-@pytest.mark.skipif(gpus_visible() > 0, reason="this machine has a GPU")
+@pytest.mark.host("cpu")
 @pytest.mark.parametrize("sweep", [[], ["--sweep", "train.train_iters=2,3"]], ids=["single", "sweep"])
 def test_gpu_launch_on_a_machine_without_gpus_is_refused_before_it_is_described(tmp_path, no_launch, sweep):
     code, out = run(["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "1", "-l", str(tmp_path / "r"), *sweep])

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-from packaging.version import Version
 from perf_scripts import load_script
 
 
@@ -35,6 +34,7 @@ def test_cases_are_interleaved_and_the_profiled_runs_come_last(bench, tmp_path):
     assert all(c.profiled and c.experts == 8 and c.mbs == 1 for c in cases[-len(bench.ARMS):])
 
 
+@pytest.mark.host("h100", transformer_engine="2.20.2")
 def test_every_case_is_a_harness_command_that_validates(bench, tmp_path, monkeypatch):
     """Each arm's command line goes through the harness's own rules (TE faked as installed, so a CPU
     host validates the GPU machine's cases; megatron-core's own deferred checks look for the real TE
@@ -42,7 +42,6 @@ def test_every_case_is_a_harness_command_that_validates(bench, tmp_path, monkeyp
     from megatron.bridge.perf import benchmark_jobs
     from megatron.bridge.training.config_stages.resolution import finalize
 
-    monkeypatch.setattr(finalize, "transformer_engine_version", lambda: Version("2.20.2"))
     monkeypatch.setattr(finalize, "run_megatron_post_init", lambda cfg: None)
     args = bench.parse(["--out", str(tmp_path), "--repeats", "1", "--mbs", "1", "--experts", "8", "--profile"])
     cases = bench.plan_cases(args)

@@ -159,25 +159,19 @@ def test_bad_input_is_refused_before_launch(case, tmp_path, no_launch):
     assert not (tmp_path / "run" / "config.yaml").exists()
 
 
-def test_missing_deep_ep_on_a_gpu_host_is_refused_before_launch(tmp_path, no_launch, monkeypatch):
+@pytest.mark.host("h100", gpus=2, has_deep_ep=False)
+def test_missing_deep_ep_on_a_gpu_host_is_refused_before_launch(tmp_path, no_launch):
     """A GPU machine without DeepEP: refused at validation, not by an ImportError in every rank."""
-    from megatron.bridge.training.config_stages.facts import gpu_catalog
-    from megatron.bridge.training.config_stages.resolution import finalize
-
-    monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: ((9, 0), "NVIDIA H100 80GB HBM3"))
-    monkeypatch.setattr(finalize, "have_deep_ep", lambda: False)
     out = io.StringIO()
     code = main(["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "2", "-ep", "2", "--moe_flex_dispatcher_backend",
                  "deepep", "-l", str(tmp_path / "run")], out=out)
     assert code == 2 and "[flex-needs-deep-ep]" in out.getvalue() and "deep_ep='not importable'" in out.getvalue()
 
 
-def test_a_graph_of_ranks_sharing_a_gpu_over_gloo_is_refused_before_launch(tmp_path, no_launch, monkeypatch):
+@pytest.mark.host("h200")
+def test_a_graph_of_ranks_sharing_a_gpu_over_gloo_is_refused_before_launch(tmp_path, no_launch):
     """``--procs_per_gpu 2`` makes the harness pick gloo; gloo's gradient reduction inside the captured
     step cannot be captured (it failed the first capture on an H200), so the graph is refused first."""
-    from megatron.bridge.training.config_stages.facts import gpu_catalog
-
-    monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: ((9, 0), "NVIDIA H200"))
     out = io.StringIO()
     code = main(["-mr", "qwen3_moe_tiny", "-g", "h200", "-ng", "1", "--procs_per_gpu", "2", "-ep", "2",
                  "--max_steps", "6", "--cuda_graph_impl", "full_iteration", "model.cuda_graph_warmup_steps=2",

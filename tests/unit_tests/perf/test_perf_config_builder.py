@@ -187,10 +187,8 @@ def test_ranks_sharing_a_gpu_refuse_nccl(tmp_path):
                                  "dist.distributed_backend=nccl", "-l", str(tmp_path)]))
 
 
-def test_fp8_without_te_is_a_clear_error(tmp_path, monkeypatch):
-    from megatron.bridge.training.config_stages.resolution import finalize
-
-    monkeypatch.setattr(finalize, "transformer_engine_version", lambda: None)  # as on a machine without TE
+@pytest.mark.host("h100", transformer_engine=None)
+def test_fp8_without_te_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError) as exc:
         resolve(build(tmp_path, "-c", "fp8"))
     assert "fp8-needs-transformer-engine" in str(exc.value)

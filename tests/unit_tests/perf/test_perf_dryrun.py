@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from megatron.bridge.perf.argument_parser import parse_args
-from megatron.bridge.perf.config_builder import build_config, gpus_visible, resolution_of, resolve
+from megatron.bridge.perf.config_builder import build_config, resolution_of, resolve
 from megatron.bridge.perf.run import main
 from megatron.bridge.perf.supervisor import JobOutcome
 
@@ -94,7 +94,7 @@ def test_multi_node_without_dryrun_writes_sbatch_script(readme_command):
     assert "#SBATCH --nodes=2" in script.read_text()
 
 
-@pytest.mark.skipif(gpus_visible() > 0, reason="this machine has a GPU")
+@pytest.mark.host("cpu")
 def test_gpu_run_on_machine_without_gpu_fails_fast(tmp_path):
     code, out = run(["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "1", "-l", str(tmp_path / "r")])
     assert code == 3

@@ -18,12 +18,13 @@ from megatron.bridge.training.devices.cuda_graphs import IterationGraph
 
 CAPTURED = {
     "model.cuda_graph_impl": "full_iteration",
+    "model.num_layers": 4,  # one GPU holds the 4-layer proxy's state, not the 48-layer model's
     "model.expert_model_parallel_size": 1,
     "model.cuda_graph_warmup_steps": 2,
     "train.train_iters": 12,
     "logger.steady_state_window": [4, 12],
 }
-"""The EP=1 torch-native MoE step, captured: what the benchmark runs."""
+"""The EP=1 torch-native MoE step of the 4-layer proxy, captured: what the benchmark runs."""
 
 
 EP2_NVSHMEM = {

@@ -10,7 +10,6 @@ from overlap_helpers import ep_overlap_cfg
 from megatron.bridge.models.qwen import Qwen3MoEModelProvider
 from megatron.bridge.perf.argument_parser import GPU_CHOICES, build_parser
 from megatron.bridge.training import flex_dispatcher_backend as fdb
-from megatron.bridge.training.config_stages.facts import gpu_catalog
 from megatron.bridge.training.config_stages.facts.gpu_catalog import GPU_TYPES, resolve_gpu_target
 from megatron.bridge.training.config_stages.resolution import finalize as finalize_module
 from megatron.bridge.training.config_stages.rules.registry import ALL_RULES
@@ -49,27 +48,25 @@ def model() -> Qwen3MoEModelProvider:
     return m
 
 
-def _machine(monkeypatch, gpu, deep_ep: bool = False, te_nccl_ep: bool = False) -> None:
-    """This process sees ``gpu`` (``(capability, name)`` or ``(None, None)``) through the catalogue,
-    nvidia-smi and torch, and the flex packages as given, whatever machine the tests run on."""
-    monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: gpu)
-    monkeypatch.setattr(gpu_catalog, "nvidia_smi_gpu", lambda: gpu)
-    monkeypatch.setattr(fdb.torch.cuda, "is_available", lambda: gpu[0] is not None)
-    for module in (fdb, finalize_module):
-        monkeypatch.setattr(module, "have_deep_ep", lambda: deep_ep)
-        monkeypatch.setattr(module, "have_te_nccl_ep", lambda: te_nccl_ep)
+def _machine(simulate_host, gpu, deep_ep: bool = False, te_nccl_ep: bool = False) -> None:
+    """The described host has ``gpu`` (``(capability, name)`` or ``(None, None)``) and the flex
+    packages as given (NCCL EP with Transformer Engine)."""
+    capability, name = gpu
+    simulate_host(gpu_capability=capability, gpu_name=name, gpus=int(capability is not None),
+                  has_deep_ep=deep_ep, has_te_nccl_ep=te_nccl_ep,
+                  transformer_engine="2.20.2" if te_nccl_ep else None)
 
 
 @pytest.fixture
-def cpu_host(monkeypatch):
+def cpu_host(simulate_host):
     """No visible GPU, no deep_ep and no Transformer Engine NCCL EP."""
-    _machine(monkeypatch, (None, None))
+    _machine(simulate_host, (None, None))
 
 
 @pytest.fixture
-def gpu_host(monkeypatch):
+def gpu_host(simulate_host):
     """A visible H200 without deep_ep and without Transformer Engine NCCL EP."""
-    _machine(monkeypatch, ((9, 0), "NVIDIA H200"))
+    _machine(simulate_host, ((9, 0), "NVIDIA H200"))
 
 
 def test_gpu_table_covers_every_generation() -> None:
@@ -194,8 +191,8 @@ def test_missing_deep_ep_on_gpu_host_fails_with_install_hint(model, gpu_host) ->
     assert violation.rule == "flex-needs-deep-ep" and "DeepEP" in violation.fix
 
 
-def test_deep_ep_present_on_gpu_host(model, monkeypatch) -> None:
-    _machine(monkeypatch, ((9, 0), "NVIDIA H100"), deep_ep=True)
+def test_deep_ep_present_on_gpu_host(model, simulate_host) -> None:
+    _machine(simulate_host, ((9, 0), "NVIDIA H100"), deep_ep=True)
     model.moe_token_dispatcher_type = "flex"
     model.moe_flex_dispatcher_backend = "deepep"
     assert validate_flex_dispatcher_backend(model) == []
@@ -306,17 +303,3 @@ def test_selection_and_validation_refuse_with_one_rule_and_one_message(gpu, mode
     assert (a.rule, a.message, a.fix) == (v.rule, v.message, v.fix) == (
         "flex-backend-supported-on-gpu", v.message, v.fix)
     assert "fallback" not in v.fix and "--moe_flex_dispatcher_backend None" in v.fix
-
-
-@pytest.mark.parametrize(
-    "text, expected",
-    [
-        ("NVIDIA H100 80GB HBM3, 9.0\n", ((9, 0), "NVIDIA H100 80GB HBM3")),
-        ("NVIDIA GB200, 10.0\nNVIDIA GB200, 10.0\n", ((10, 0), "NVIDIA GB200")),
-        ("", (None, None)),
-        ("Field \"compute_cap\" is not a valid field to query.", (None, None)),
-    ],
-)
-def test_parse_nvidia_smi(text, expected) -> None:
-    """The visible GPU is read without initialising CUDA (CUDA_DEVICE_MAX_CONNECTIONS comes later)."""
-    assert gpu_catalog.parse_nvidia_smi(text) == expected

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import megatron.bridge.training.pretrain as pretrain_module
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training import entry
 from megatron.bridge.training.devices.platform import set_cuda_device_max_connections
@@ -59,6 +58,7 @@ class _StopBeforeProcessGroup(Exception):
     pass
 
 
+@pytest.mark.host("h100")
 def test_pretrain_resolves_once_and_starts_from_that_resolution(monkeypatch, resolution_counter) -> None:
     """The finalized config and the start-up report pretrain uses come from one resolution."""
     from megatron.bridge.training.loop import initialize
@@ -70,7 +70,6 @@ def test_pretrain_resolves_once_and_starts_from_that_resolution(monkeypatch, res
         raise _StopBeforeProcessGroup
 
     monkeypatch.setattr(initialize, "initialize_distributed", stop)
-    monkeypatch.setattr(pretrain_module, "visible_gpu_count", lambda: 1)  # a GPU machine, also on CPU-only CI
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
     cfg = qwen3_moe_tiny_pretrain_config()
     with pytest.raises(_StopBeforeProcessGroup):

@@ -14,7 +14,6 @@ import torch
 
 from megatron.bridge.models.qwen import Qwen3MoEModelProvider
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
-from megatron.bridge.training.config_stages.facts import gpu_catalog
 from megatron.bridge.training.errors import CommOverlapConfigError
 from megatron.bridge.training.flex_dispatcher_backend import (
     FlexDispatcherBackendError,
@@ -56,8 +55,8 @@ def dispatcher_state(model) -> tuple:
 
 
 @pytest.fixture
-def gpu(monkeypatch):
-    """Make this process see one GPU through torch (the nvidia-smi answer is unavailable).
+def gpu(monkeypatch, simulate_host):
+    """The described host counts one GPU that only torch can tell (its own probe cannot).
 
     Call it with ``((major, minor), name)``, or with an exception that the CUDA probe raises.
     """
@@ -69,9 +68,7 @@ def gpu(monkeypatch):
             (major, minor), name = device
             return SimpleNamespace(major=major, minor=minor, name=name)
 
-        monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: (None, None))
-        monkeypatch.setattr(gpu_catalog, "nvidia_smi_gpu", lambda: (None, None))
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        simulate_host(gpu_capability=None, gpu_name=None, gpus=1)
         monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
 
     return install
@@ -149,8 +146,8 @@ def test_supported_gpu_seen_by_the_probe_gets_the_backend(backend, device, model
     assert "flex-backend-gpu-not-checked" not in caplog.text  # checked against the GPU torch reported
 
 
-def test_validate_speaks_the_same_words_for_the_target_gpu(monkeypatch) -> None:
-    monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: (None, None))
+@pytest.mark.host("cpu")
+def test_validate_speaks_the_same_words_for_the_target_gpu() -> None:
     cfg = qwen3_moe_tiny_pretrain_config()
     cfg.dist.target_gpu = "gb200"
     cfg.model.moe_token_dispatcher_type, cfg.model.moe_flex_dispatcher_backend = "flex", "deepep"

@@ -20,8 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence
 
-import torch
-
+from megatron.bridge.utils.host import current_host
 from megatron.bridge.utils.import_utils import have_transformer_engine
 
 if TYPE_CHECKING:
@@ -95,7 +94,7 @@ def choose_for_model(model: Any, device: Optional[str] = None) -> LayerSpecChoic
     when a GPU is visible.
     """
     if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cuda" if current_host().gpu_count() else "cpu"
     return choose_layer_spec(
         model.layer_spec,
         device=device,

@@ -21,7 +21,6 @@ override machinery, the resolution and the recipe itself load on first use (each
 from __future__ import annotations
 
 import copy
-import os
 from argparse import Namespace
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +42,7 @@ from megatron.bridge.training.harness_surface import (
     layout_within,
     read_field,
 )
+from megatron.bridge.utils.gpu_count import visible_gpu_count
 
 if TYPE_CHECKING:
     from megatron.bridge.training.harness_surface import ConfigContainer, Resolution
@@ -460,12 +460,4 @@ def environment_summary(built: BuiltConfig) -> str:
 
 def gpus_visible() -> int:
     """GPUs this process can see (0 without CUDA); does not need a process group."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
-        return 0
-    # Deferred: only a launch on this machine asks, and torch takes seconds to import.
-    import torch
-
-    try:
-        return torch.cuda.device_count()
-    except Exception:  # pragma: no cover - a broken driver counts as no GPU
-        return 0
+    return visible_gpu_count()

@@ -36,6 +36,7 @@ from megatron.bridge.training.config_stages.rules.registry import ALL_RULES
 from megatron.bridge.training.config_stages.schema.rule_base import Rule, RuleContext, check_rules
 from megatron.bridge.training.errors import CommOverlapConfigError, Violation
 from megatron.bridge.utils.flex_backend_names import DEEP_EP_BACKENDS, FLEX_BACKENDS, FlexBackend
+from megatron.bridge.utils.host import current_host
 from megatron.bridge.utils.import_utils import have_deep_ep, have_te_nccl_ep
 
 logger = logging.getLogger(__name__)
@@ -146,18 +147,18 @@ def _is_dense(model_config: Any) -> bool:
 
 
 def probe_target_gpu(backend: Optional[str]) -> GpuTarget:
-    """The GPU this process runs on, for a selection or a check given no target GPU.
+    """The GPU this process runs on (``current_host()``), for a selection or a check given no target GPU.
 
-    ``nvidia-smi`` answers first unless CUDA is already initialised (it leaves CUDA uninitialised, so
-    ``CUDA_DEVICE_MAX_CONNECTIONS`` can still be set). When it cannot tell but CUDA reports a GPU,
-    torch is asked once, and a failure there raises ``FlexGpuProbeError`` (the original error
-    chained): the backend is never applied unchecked on a GPU machine. No GPU: an unknown target.
+    The host's own probe answers first (``nvidia-smi`` unless CUDA is already initialised). When it
+    cannot tell but the host counts a GPU, torch is asked once, and a failure there raises
+    ``FlexGpuProbeError`` (the original error chained): the backend is never applied unchecked on a
+    GPU machine. No GPU: an unknown target.
     """
-    if not torch.cuda.is_initialized():
-        capability, name = gpu_catalog.nvidia_smi_gpu()
-        if capability is not None:
-            return dataclasses.replace(gpu_catalog.resolve_gpu_target(capability, name), source="visible GPU")
-    if not torch.cuda.is_available():
+    host = current_host()
+    capability, name = host.gpu()
+    if capability is not None:
+        return dataclasses.replace(gpu_catalog.resolve_gpu_target(capability, name), source="visible GPU")
+    if host.gpu_count() == 0:
         return GpuTarget()
     try:
         found = _target_of_properties(torch.cuda.get_device_properties(0))

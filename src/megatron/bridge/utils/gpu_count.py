@@ -7,19 +7,12 @@ the driver ("Found no NVIDIA driver") or hanging in NCCL's start-up.
 
 from __future__ import annotations
 
-import os
+from megatron.bridge.utils.host import current_host
 
 
 def visible_gpu_count() -> int:
     """GPUs this process can see (0 without CUDA or with ``CUDA_VISIBLE_DEVICES=""``)."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
-        return 0
-    import torch  # deferred: callers that only format the message stay light
-
-    try:
-        return torch.cuda.device_count()
-    except Exception:  # a broken driver counts as no GPU
-        return 0
+    return current_host().gpu_count()
 
 
 def too_few_gpus(have: int, need: int, asked_by: str) -> str:

@@ -140,6 +140,7 @@ def test_runtime_config_update_reads_the_world_size_and_writes_data_parallel_siz
     m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size = layout
     m.sequence_parallel = layout[0] > 1
     m.expert_model_parallel_size = 1
+    m.num_layers = 2  # without expert parallelism one GPU holds two of the 48 layers' experts, not all
     monkeypatch.setenv("WORLD_SIZE", world_size)
     resolution = runtime_config_update(cfg)
     assert cfg.comm_overlap.data_parallel_size == dp

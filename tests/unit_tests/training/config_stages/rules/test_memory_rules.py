@@ -28,6 +28,13 @@ def _on_cpu(cfg):
     return cfg
 
 
+def _emulated_on_cpu(cfg):
+    cfg.dist.device = "cpu"
+    cfg.emulation.world_size = 16
+    cfg.model.expert_model_parallel_size = 8
+    return cfg
+
+
 def _sized(cfg, **model):
     for name, value in model.items():
         setattr(cfg.model, name, value)
@@ -47,6 +54,12 @@ CASES = {
         lambda: _sized(_on_cpu(qwen3_moe_tiny_pretrain_config()), num_moe_experts=100_000_000),
         lambda: _on_cpu(qwen3_moe_tiny_pretrain_config()),
         ["GiB for the 2 rank(s) on this host", "on this host'", "model.num_moe_experts=100000000"],
+    ),
+    "emulated-rank-fits-host-memory": (
+        16,
+        lambda: _sized(_emulated_on_cpu(qwen3_moe_tiny_pretrain_config()), num_moe_experts=800_000_000),
+        lambda: _emulated_on_cpu(qwen3_moe_tiny_pretrain_config()),
+        ["GiB for the 1 rank(s) on this host", "on this host'", "model.num_moe_experts=800000000"],
     ),
 }
 
@@ -96,14 +109,24 @@ def test_every_recipe_fits_its_target_gpu(factory, gpus):
 
 
 @pytest.mark.parametrize("emulated, refused", [(False, True), (True, False)])
-def test_an_emulated_world_on_the_cpu_holds_one_ranks_state_not_every_ranks(emulated, refused, monkeypatch):
+def test_an_emulated_world_on_the_cpu_holds_one_ranks_state_not_every_ranks(emulated, refused, simulate_host):
     """One process plays one rank of the 16: the host holds that rank's share (a 1-layer
     Qwen3-30B-A3B at EP=16 fits a 24 GiB host for one rank, not for sixteen processes)."""
-    monkeypatch.setattr("megatron.bridge.training.config_stages.rules.memory_rules.host_memory_bytes",
-                        lambda: 24 * 2**30)
+    simulate_host(memory=24 * 2**30)
     cfg = _sized(qwen3_30b_a3b_pretrain_config(), num_layers=1)
     cfg.dist.device = "cpu"
     if emulated:
         cfg.emulation.world_size = 16
     resolution = resolve_config(cfg, ctx=default_rule_context(16, target_gpu="h100"))
     assert ("model-state-fits-host-memory" in {v.rule for v in resolution.errors}) is refused
+
+
+def test_an_emulated_world_too_large_for_the_host_is_told_what_helps_one_process():
+    """An emulated world is one process whatever -ng says: "fewer processes" cannot help it."""
+    world, breaks, _, _ = CASES["emulated-rank-fits-host-memory"]
+    with pytest.raises(ConfigValidationError) as info:
+        breaks().validate(world_size=world)
+    (violation,) = [v for v in info.value.violations if v.rule.endswith("fits-host-memory")]
+    assert violation.rule == "emulated-rank-fits-host-memory"
+    assert "fewer processes" not in violation.fix and "fewer processes" not in violation.message
+    assert "one process" in violation.fix and "model.num_layers" in violation.fix, violation.fix

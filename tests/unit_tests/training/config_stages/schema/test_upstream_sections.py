@@ -23,8 +23,6 @@ from megatron.bridge.training.config import (
     TrainingConfig,
     ValidationConfig,
 )
-from megatron.bridge.training.config_stages.facts import gpu_catalog
-from megatron.bridge.training.config_stages.resolution import finalize as finalize_module
 from megatron.bridge.training.config_stages.schema.rule_base import read_field
 from megatron.bridge.training.config_stages.schema.upstream_sections import NO_EFFECT_FIELDS
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError
@@ -60,10 +58,9 @@ MOE = dict(num_moe_experts=2, expert_model_parallel_size=2, moe_token_dispatcher
 
 
 @pytest.fixture
-def cpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No visible GPU and no deep_ep, whatever machine the tests run on."""
-    monkeypatch.setattr(gpu_catalog, "visible_gpu", lambda: (None, None))
-    monkeypatch.setattr(finalize_module, "have_deep_ep", lambda: False)
+def cpu_host(simulate_host) -> None:
+    """No visible GPU and no deep_ep."""
+    simulate_host(gpu_capability=None, gpu_name=None, gpus=0, has_deep_ep=False)
 
 
 def test_upstream_style_container_validates(cpu_host) -> None:

@@ -11,12 +11,11 @@ why the system name is kept beside it.
 
 from __future__ import annotations
 
-import functools
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
+
+from megatron.bridge.utils.host import current_host
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config_stages.schema.rule_base import RuleContext
@@ -128,63 +127,9 @@ def _nvl72_from_name(name: Optional[str], capability: tuple[int, int]) -> Option
 
 
 def visible_gpu() -> tuple[Optional[tuple[int, int]], Optional[str]]:
-    """Capability and name of GPU 0, or ``(None, None)`` on a machine without a usable GPU.
-
-    Validation runs before training sets ``CUDA_DEVICE_MAX_CONNECTIONS``, which CUDA reads when it
-    initialises; so unless CUDA is already initialised, ask ``nvidia-smi`` rather than torch.
-    """
-    return _probe_visible_gpu()
-
-
-@functools.cache
-def _probe_visible_gpu() -> tuple[Optional[tuple[int, int]], Optional[str]]:
-    # Deferred: torch takes seconds to import, and the harness reads the GPU types (its -g choices)
-    # from this module before it knows whether it will build a config at all (-h, a mistyped flag).
-    import torch
-
-    try:
-        if not torch.cuda.is_available():
-            return None, None
-        if not torch.cuda.is_initialized():
-            found = _query_nvidia_smi()
-            if found[0] is not None:
-                return found
-        return tuple(torch.cuda.get_device_capability(0)), torch.cuda.get_device_name(0)
-    except Exception:  # a broken driver is "no GPU" for validation purposes
-        return None, None
-
-
-def nvidia_smi_gpu() -> tuple[Optional[tuple[int, int]], Optional[str]]:
-    """GPU 0 as ``nvidia-smi`` reports it, never asking torch (so CUDA stays uninitialised);
-    ``(None, None)`` when it cannot tell."""
-    return _query_nvidia_smi()
-
-
-def _query_nvidia_smi() -> tuple[Optional[tuple[int, int]], Optional[str]]:
-    """``(capability, name)`` of GPU 0 from ``nvidia-smi`` (does not initialise CUDA here)."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None, None
-    try:
-        out = subprocess.run(
-            [exe, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=True,
-        ).stdout
-        return parse_nvidia_smi(out)
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-
-
-def parse_nvidia_smi(text: str) -> tuple[Optional[tuple[int, int]], Optional[str]]:
-    """Parse ``NVIDIA H100 80GB HBM3, 9.0`` (first line) into ``((9, 0), "NVIDIA H100 80GB HBM3")``."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines or "," not in lines[0]:
-        return None, None
-    name, _, cap = lines[0].rpartition(",")
-    major, _, minor = cap.strip().partition(".")
-    if not (major.isdigit() and minor.isdigit()):
-        return None, None
-    return (int(major), int(minor)), name.strip()
+    """Capability and name of GPU 0 of the machine decisions are made for (``current_host()``), or
+    ``(None, None)`` on a machine without a usable GPU."""
+    return current_host().gpu()
 
 
 def resolve_gpu_target(

@@ -13,13 +13,12 @@ not (the allocator then says so).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from megatron.bridge.training.config_stages.facts.parallel_layout import all_within, layout_within
 from megatron.bridge.training.config_stages.schema.rule_base import RuleContext
+from megatron.bridge.utils.host import current_host
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -168,25 +167,10 @@ def estimate_per_rank(cfg: "ConfigContainer", world_size: Optional[int]) -> Memo
     return MemoryEstimate(params, params * weight, params * grad, optimizer_bytes)
 
 
-def _read_int(path: Path) -> Optional[int]:
-    try:
-        text = path.read_text(errors="replace").strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() and len(text) < 30 else None
-
-
 def host_memory_bytes() -> Optional[int]:
-    """Memory this host lets this process's group use: the physical memory, or the control group's
-    limit when it is lower; ``None`` when neither can be read."""
-    try:
-        physical: Optional[int] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (OSError, ValueError, AttributeError):
-        physical = None
-    limits = [_read_int(Path("/sys/fs/cgroup/memory.max")),
-              _read_int(Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")), physical]
-    known = [v for v in limits if v]
-    return min(known) if known else None
+    """Memory the machine decisions are made for lets this process's group use (``current_host()``);
+    ``None`` when it cannot be read."""
+    return current_host().memory_bytes()
 
 
 def cpu_job_estimate(cfg: "ConfigContainer", world_size: Optional[int]) -> MemoryEstimate:

@@ -32,7 +32,7 @@ from megatron.bridge.training.config_stages.schema.rule_base import RuleContext,
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError, Violation
 from megatron.bridge.training.mixed_precision import apply_mixed_precision
 from megatron.bridge.training.tokenizers.config import derive_vocab_size
-from megatron.bridge.utils.import_utils import have_deep_ep, have_te_nccl_ep, transformer_engine_version
+from megatron.bridge.utils.host import current_host
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -63,23 +63,24 @@ def world_size_violation(world_size: object) -> Optional[Violation]:
 def default_rule_context(
     world_size: Optional[int] = None, target_gpu: Optional[str] = None, **overrides
 ) -> RuleContext:
-    """Facts about this machine; ``world_size`` falls back to ``$WORLD_SIZE`` when set.
+    """Facts about the machine (``current_host()``); ``world_size`` falls back to ``$WORLD_SIZE`` when set.
 
     The target GPU is ``target_gpu`` (a ``-g`` type such as ``h100``/``gb200``), else the visible
     GPU, else unknown (a CPU host validates what it can and says so).
     """
     world_size = world_size_or_environment(world_size)
-    visible_capability, _ = gpu_catalog.visible_gpu()
+    host = current_host()
+    visible_capability, _ = host.gpu()
     target = gpu_catalog.resolve_gpu_target(device_name=target_gpu) if target_gpu else gpu_catalog.resolve_gpu_target()
     facts = dict(
-        te_version=transformer_engine_version(),
+        te_version=host.te_version(),
         torch_version=Version(torch.__version__.split("+")[0]),
         world_size=world_size,
         device_capability=target.capability,
         device_name=target.name,
         cuda_available=visible_capability is not None,
-        deep_ep_available=have_deep_ep(),
-        te_nccl_ep_available=have_te_nccl_ep(),
+        deep_ep_available=host.deep_ep(),
+        te_nccl_ep_available=host.te_nccl_ep(),
     )
     facts.update(overrides)
     return RuleContext(**facts)
@@ -125,6 +126,7 @@ def _effective_config(cfg: "ConfigContainer", ctx: RuleContext) -> tuple["Config
     if work.comm_overlap is None:  # an old recipe or YAML: every switch unset
         work.comm_overlap = field_default(work, "comm_overlap")  # the container's own default section
     derive_vocab_size(work)  # model.vocab_size unset: the NullTokenizer's vocabulary
+    ownership.write_following_copies(work)  # dataset.seq_length: model.seq_length
     values = overlap_resolution.resolve_overlap_values(work, ctx)
     apply_mixed_precision(work)
     overlap_resolution.apply_overlap_values(work, values)
