@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +18,9 @@ SCRIPT = REPO / "scripts" / "performance" / "run_script.py"
 TINY = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "-gb", "4"]
 
 
-def harness(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *argv], cwd=REPO, capture_output=True, text=True, timeout=900)
+def harness(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *argv], cwd=REPO, capture_output=True, text=True, timeout=900,
+                          env=env)
 
 
 def test_the_nan_stop_names_the_step_in_which_the_gradients_went_bad(tmp_path):
@@ -29,18 +31,25 @@ def test_the_nan_stop_names_the_step_in_which_the_gradients_went_bad(tmp_path):
     assert "iteration 0:" not in proc.stdout
 
 
-@pytest.mark.parametrize("lr, save_interval, stop, what", [
-    # gradients turn NaN in step 3, so the loss of iteration 4 is the first NaN; iteration 2 was saved
-    pytest.param("7e3", 2, 4, "loss", id="nan-loss"),
-    # gradients turn NaN in step 2 (the loss of that step, computed before the update, is finite):
-    # the save of iteration 2 would publish NaN parameters
-    pytest.param("1e6", 1, 2, "parameters", id="nan-parameters-at-a-save"),
+NONFINITE_SITE = Path(__file__).with_name("nonfinite_site")
+
+
+@pytest.mark.parametrize("save_interval, stop, what", [
+    # the loss of iteration 4 is NaN; iteration 2 was saved
+    pytest.param(2, 4, "loss", id="nan-loss"),
+    # iteration 2's update leaves a NaN parameter (that step's loss, computed before the update, is
+    # finite): the save of iteration 2 would publish it
+    pytest.param(1, 2, "parameters", id="nan-parameters-at-a-save"),
 ])
-def test_a_nonfinite_loss_or_state_stops_the_run_and_is_never_saved(tmp_path, lr, save_interval, stop, what):
+def test_a_nonfinite_loss_or_state_stops_the_run_and_is_never_saved(tmp_path, save_interval, stop, what):
+    """The non-finite value is put there at a chosen iteration (``nonfinite_site``), not waited for."""
     ckpt, run = tmp_path / "ckpt", tmp_path / "run"
     ckpt.mkdir()
-    proc = harness(*TINY, "--max_steps", "6", "-l", str(run), f"optimizer.lr={lr}", "ddp.check_for_nan_in_grad=false",
-                   f"checkpoint.save={ckpt}", f"checkpoint.load={ckpt}", f"checkpoint.save_interval={save_interval}")
+    env = dict(os.environ, BRIDGE_TEST_NONFINITE=f"{what}:{stop}",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(NONFINITE_SITE), os.environ.get("PYTHONPATH")])))
+    proc = harness(*TINY, "--max_steps", "6", "-l", str(run), "ddp.check_for_nan_in_grad=false",
+                   f"checkpoint.save={ckpt}", f"checkpoint.load={ckpt}", f"checkpoint.save_interval={save_interval}",
+                   env=env)
     assert proc.returncode == 1, proc.stdout[-3000:]
     first = proc.stdout[proc.stdout.index("job failed"):].splitlines()[0]  # the report leads with the cause
     assert f"NonFinite{what.capitalize()}Error: non-finite {what} at iteration {stop} " in first, first
