@@ -132,3 +132,21 @@ def test_the_batch_goes_to_the_device_of_the_model() -> None:
     assert moved["position_ids"] is None  # keys the data does not carry stay empty
     assert gpt_step.get_batch(None, torch.device("cpu"))["tokens"] is None  # a stage without data
 
+
+
+@pytest.mark.parametrize("offloading, counted, expected", [
+    (False, {"attn_norm": 3}, None),
+    (True, None, dict(bytes_per_step=0, by_module={})),  # before the manager's warm-up step
+    (True, {"attn_norm": 3 * 2**20, "mlp_norm": 2**20},
+     dict(bytes_per_step=4 * 2**20, by_module={"attn_norm": 3 * 2**20, "mlp_norm": 2**20})),
+])
+def test_the_summary_keeps_what_megatrons_offload_manager_counted(monkeypatch, offloading, counted, expected):
+    """The bytes come from megatron-core's offload manager itself (what it counted after warm-up), not
+    from the table it prints."""
+    from megatron.core.pipeline_parallel import fine_grained_activation_offload as offload
+
+    manager = SimpleNamespace() if counted is None else SimpleNamespace(offload_summary_bytes=counted)
+    monkeypatch.setattr(offload.PipelineOffloadManager, "OFFLOAD_MGR", manager)
+    cfg = _cfg("cuda")
+    cfg.model.fine_grained_activation_offloading = offloading
+    assert CudaPlatform(cfg).activation_offload_record() == expected

@@ -479,6 +479,7 @@ class Trainer:
             gpu_parked_steps=self.parked_steps,
             cuda_graph=self.graph.summary(self.state.iteration),
             optimizer_kernels=self.optimizer_kernels,
+            activation_offload=self.platform.activation_offload_record(),
             num_microbatches=self.num_microbatches,
             start_iteration=self.metrics.start_iteration,
             final_iteration=self.state.iteration,

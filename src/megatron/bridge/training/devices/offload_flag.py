@@ -12,6 +12,7 @@ own; the offloading itself is megatron-core's, unchanged.
 from __future__ import annotations
 
 import types
+from typing import Any
 
 
 def provide_offload_flag() -> bool:
@@ -24,3 +25,14 @@ def provide_offload_flag() -> bool:
         return False
     te_extension.cpu_offload = types.SimpleNamespace(CPUOffloadEnabled=False)
     return True
+
+
+def offloaded_bytes() -> dict[str, Any]:
+    """What megatron-core's offload manager moved to host memory per step on this rank: the bytes of
+    each offloaded module group and their total, as the manager counted them after its warm-up step
+    (empty groups and a zero total before that step, or when nothing was offloaded)."""
+    # Deferred: megatron-core's offload module is loaded only for a run that offloads.
+    from megatron.core.pipeline_parallel.fine_grained_activation_offload import PipelineOffloadManager
+
+    groups = getattr(PipelineOffloadManager.OFFLOAD_MGR, "offload_summary_bytes", None) or {}
+    return dict(bytes_per_step=int(sum(groups.values())), by_module=dict(groups))

@@ -18,7 +18,7 @@ import torch
 from megatron.core import tensor_parallel
 
 from megatron.bridge.training.devices import gloo_cuda_compat
-from megatron.bridge.training.devices.offload_flag import provide_offload_flag
+from megatron.bridge.training.devices.offload_flag import offloaded_bytes, provide_offload_flag
 from megatron.bridge.training.devices.torch_optimizer import use_torch_fast_paths
 
 if TYPE_CHECKING:
@@ -92,6 +92,10 @@ class Platform:
     def fast_optimizer_kernels(self, optimizer: Any) -> str:
         """Switch the optimizer to the fastest kernels available here; the start-up line saying which."""
         raise NotImplementedError
+
+    def activation_offload_record(self) -> Optional[dict[str, Any]]:
+        """What fine-grained activation offloading moved to host memory (``None`` when it is off)."""
+        return offloaded_bytes() if self.activation_offload else None
 
     def after_optimizer_step(self, model: list[Any]) -> None:
         """Make data-parallel replicas of the parameters agree where the backend needs help."""
