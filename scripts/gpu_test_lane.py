@@ -1,6 +1,8 @@
 """The GPU test lane: the unit suite plus the GPU tests, run on a GPU machine, with a summary to keep.
 
-    python scripts/gpu_test_lane.py --out runs/gpu_lane [--workers 8] [--publish with_te]
+    python scripts/gpu_test_lane.py --out runs/gpu_lane [--workers 14] [--publish with_te]
+    python scripts/gpu_test_lane.py --out runs/lane_1 --workers 14 --shard 1/2      # half the test files
+    python scripts/gpu_test_lane.py --merge runs/lane_1/summary.json runs/lane_2/summary.json --publish with_te
 
 Runs ``pytest tests/unit_tests tests/gpu -m "not functional"`` with the interpreter that runs this
 script, so the machine's own torch, Triton and (where installed) Transformer Engine are the ones
@@ -12,6 +14,10 @@ copies the summary to ``docs/testing/gpu_lane_NAME.json``. The exit status is py
 A test that cannot apply on the machine is skipped with its reason (no GPU, no Transformer Engine,
 a Triton interpreter that cannot run there), never left failing; CPU CI runs the same files and
 skips the GPU tests.
+
+``--shard K/N`` runs the K-th of N sets of test files, balanced by the seconds each file took in the
+published summaries (``file_seconds``), so that each shard fits one call of a machine lent for a few
+minutes; ``--merge`` adds the shards' summaries into one (a shard missing from the merge is an error).
 """
 
 from __future__ import annotations
@@ -57,9 +63,46 @@ def environment() -> dict:
     )
 
 
-def pytest_argv(out: Path, workers: int) -> list[str]:
-    argv = [sys.executable, "-m", "pytest", *TEST_PATHS, "-m", MARKERS, "-q", "-rfEs", "-p", "no:cacheprovider",
-            f"--junitxml={out / 'junit.xml'}"]
+def test_files() -> list[str]:
+    """Every test file of the lane, relative to the repository, sorted."""
+    return sorted(str(p.relative_to(REPO)) for root in TEST_PATHS for p in (REPO / root).rglob("test_*.py"))
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"2/3"`` -> ``(2, 3)``; a shard outside ``1..N`` is an error naming the form."""
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit()) or not 1 <= int(index) <= int(count):
+        raise argparse.ArgumentTypeError(f"--shard {text!r}: give K/N with 1 <= K <= N, e.g. 1/2")
+    return int(index), int(count)
+
+
+def published_file_seconds() -> dict[str, float]:
+    """Seconds per test file in the published summaries (the slower of the two where both have it)."""
+    seconds: dict[str, float] = {}
+    for path in PUBLISHED.glob("gpu_lane_*.json"):
+        for name, value in json.loads(path.read_text()).get("file_seconds", {}).items():
+            seconds[name] = max(seconds.get(name, 0.0), value)
+    return seconds
+
+
+def shard_files(files: list[str], shard: tuple[int, int], seconds: dict[str, float]) -> list[str]:
+    """The files of shard ``(K, N)``: longest first, each to the shard with the least time so far (a file
+    without a recorded time counts as the median one). Every file is in exactly one shard."""
+    known = sorted(seconds.get(f) for f in files if f in seconds)
+    typical = known[len(known) // 2] if known else 1.0
+    loads = [0.0] * shard[1]
+    mine = []
+    for name in sorted(files, key=lambda f: (-seconds.get(f, typical), f)):
+        target = loads.index(min(loads))
+        loads[target] += seconds.get(name, typical)
+        if target == shard[0] - 1:
+            mine.append(name)
+    return sorted(mine)
+
+
+def pytest_argv(out: Path, workers: int, files: Optional[list[str]] = None) -> list[str]:
+    argv = [sys.executable, "-m", "pytest", *(files or TEST_PATHS), "-m", MARKERS, "-q", "-rfEs", "-p",
+            "no:cacheprovider", f"--junitxml={out / 'junit.xml'}"]
     if workers > 1:
         argv += ["-n", str(workers), "--dist", "loadfile"]
     return argv
@@ -78,8 +121,10 @@ def outcomes(junit: Path) -> dict:
     """Counts, failures and skip reasons from pytest's JUnit XML."""
     counts = collections.Counter()
     failures, skips = [], collections.Counter()
+    seconds: collections.Counter = collections.Counter()
     for case in ElementTree.parse(junit).getroot().iter("testcase"):
         name = f"{case.get('classname')}::{case.get('name')}"
+        seconds[test_file_of(case.get("classname") or "")] += float(case.get("time") or 0)
         kinds = {child.tag: child for child in case}
         if "failure" in kinds or "error" in kinds:
             bad = kinds.get("failure", kinds.get("error"))
@@ -94,7 +139,36 @@ def outcomes(junit: Path) -> dict:
         counts={k: counts.get(k, 0) for k in ("passed", "failed", "errors", "skipped")},
         failures=failures,
         skip_reasons=[dict(reason=r, tests=n) for r, n in skips.most_common()],
+        file_seconds={name: round(t, 1) for name, t in sorted(seconds.items())},
     )
+
+
+def test_file_of(classname: str) -> str:
+    """``tests.gpu.test_x`` or ``tests.gpu.test_x.TestClass`` -> ``tests/gpu/test_x.py``."""
+    parts = classname.split(".")
+    while parts and not parts[-1].startswith("test_"):
+        parts.pop()
+    return "/".join(parts) + ".py" if parts else classname
+
+
+def merge(summaries: list[dict]) -> dict:
+    """One summary of the lane from its shards' (counts, failures, skips and times added up)."""
+    shards = sorted(tuple(s["shard"]) for s in summaries if s.get("shard"))
+    count = shards[0][1] if shards else 0
+    if not shards or shards != [(k, count) for k in range(1, count + 1)]:
+        raise SystemExit(f"--merge needs every shard of one split exactly once; got {shards}")
+    merged = {k: v for k, v in summaries[0].items() if k not in ("shard", "wall_s")}
+    merged["counts"] = {k: sum(s["counts"][k] for s in summaries) for k in summaries[0]["counts"]}
+    merged["failures"] = [f for s in summaries for f in s["failures"]]
+    skips: collections.Counter = collections.Counter()
+    for s in summaries:
+        skips.update({r["reason"]: r["tests"] for r in s["skip_reasons"]})
+    merged["skip_reasons"] = [dict(reason=r, tests=n) for r, n in skips.most_common()]
+    merged["file_seconds"] = dict(sorted(kv for s in summaries for kv in s["file_seconds"].items()))
+    merged["exit_status"] = max(s["exit_status"] for s in summaries)
+    merged["shards"] = [dict(shard=list(s["shard"]), wall_s=s["wall_s"], gpu=s["gpu"]) for s in summaries]
+    merged["wall_s"] = max(s["wall_s"] for s in summaries)
+    return merged
 
 
 def git_commit() -> str:
@@ -107,36 +181,57 @@ def git_commit() -> str:
 
 def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="directory for pytest.log, junit.xml, summary.json")
+    p.add_argument("--out", type=Path, help="directory for pytest.log, junit.xml, summary.json")
     p.add_argument("--workers", type=int, default=1, help="pytest-xdist workers (1: one process)")
     p.add_argument("--commit", help="the commit under test (default: git rev-parse HEAD)")
     p.add_argument("--publish", metavar="NAME", help="also write docs/testing/gpu_lane_NAME.json")
-    return p.parse_args(argv)
+    p.add_argument("--shard", type=parse_shard, metavar="K/N", help="run the K-th of N balanced sets of test files")
+    p.add_argument("--merge", nargs="+", type=Path, metavar="SUMMARY", help="add up the shards' summary.json files")
+    args = p.parse_args(argv)
+    if (args.out is None) == (args.merge is None):
+        p.error("give --out DIR to run the lane, or --merge SUMMARY... to add up shards (one of the two)")
+    return args
+
+
+def publish(summary: dict, name: Optional[str]) -> None:
+    if name:
+        PUBLISHED.mkdir(parents=True, exist_ok=True)
+        (PUBLISHED / f"gpu_lane_{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def report(summary: dict) -> None:
+    c = summary["counts"]
+    print(f"GPU lane: {c['passed']} passed, {c['failed']} failed, {c['errors']} errors, {c['skipped']} skipped "
+          f"in {summary['wall_s']} s; torch {summary['torch']}, Transformer Engine {summary['transformer_engine']}, "
+          f"GPU {summary['gpu']}; exit {summary['exit_status']}", flush=True)
+    for failure in summary["failures"][:40]:
+        print(f"  FAILED {failure['test']}: {failure['message'][:200]}", flush=True)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse(argv)
+    if args.merge:
+        summary = merge([json.loads(path.read_text()) for path in args.merge])
+        publish(summary, args.publish)
+        report(summary)
+        return summary["exit_status"]
     args.out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])))
-    command = pytest_argv(args.out, args.workers)
+    files = shard_files(test_files(), args.shard, published_file_seconds()) if args.shard else None
+    command = pytest_argv(args.out, args.workers, files)
     start = time.time()
     with open(args.out / "pytest.log", "w") as log:
         code = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    shown = command if files is None else [*command[:3], f"--shard {args.shard[0]}/{args.shard[1]}",
+                                           *command[3 + len(files):]]
     summary = dict(
         date=time.strftime("%Y-%m-%d"), commit=args.commit or git_commit(), exit_status=code,
-        wall_s=round(time.time() - start, 1), command=" ".join(["python", *command[1:]]).replace(str(args.out), "OUT"),
-        **environment(), **outcomes(args.out / "junit.xml"),
+        wall_s=round(time.time() - start, 1), command=" ".join(["python", *shown[1:]]).replace(str(args.out), "OUT"),
+        shard=list(args.shard) if args.shard else None, **environment(), **outcomes(args.out / "junit.xml"),
     )
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if args.publish:
-        PUBLISHED.mkdir(parents=True, exist_ok=True)
-        (PUBLISHED / f"gpu_lane_{args.publish}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    c = summary["counts"]
-    print(f"GPU lane: {c['passed']} passed, {c['failed']} failed, {c['errors']} errors, {c['skipped']} skipped "
-          f"in {summary['wall_s']} s; torch {summary['torch']}, Transformer Engine {summary['transformer_engine']}, "
-          f"GPU {summary['gpu']}; exit {code}", flush=True)
-    for failure in summary["failures"][:40]:
-        print(f"  FAILED {failure['test']}: {failure['message'][:200]}", flush=True)
+    publish(summary, args.publish)
+    report(summary)
     return code
 
 

@@ -20,6 +20,7 @@ import os
 import pkgutil
 import subprocess
 import sys
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -31,7 +32,10 @@ from megatron.bridge.training.config_stages.schema.rule_base import Rule
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = "megatron.bridge"
-MAX_LINES = 500
+MAX_LINES = 600
+"""A module longer than this fails: it does several jobs."""
+WARN_LINES = 450
+"""A module longer than this is reported (a warning): look where its jobs part before it grows."""
 
 
 def _module_name(path: Path) -> str:
@@ -204,6 +208,9 @@ def _limit_cases():
 def test_no_source_file_above_the_line_limit(path: Path) -> None:
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(SRC)} has {lines} lines (limit {MAX_LINES}): split it by job"
+    if lines > WARN_LINES:
+        warnings.warn(f"{path.relative_to(SRC)} has {lines} lines (over {WARN_LINES}): find where its jobs part",
+                      stacklevel=1)
 
 
 CONFIG_MUST_NOT_LOAD = (
