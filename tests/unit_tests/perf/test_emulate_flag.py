@@ -45,3 +45,16 @@ def test_an_emulated_run_saves_no_checkpoint(tmp_path, no_launch):
     code, out = run([*for_gpu("cpu"), *EMULATE, f"checkpoint.save={ckpt}", f"checkpoint.load={ckpt}",
                      "-l", str(tmp_path / "run")])
     assert code == 2 and "[emulation-no-checkpoints]" in out, out
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--network", "h100_ib400"], "--network"),
+    (["--emulate_rank", "3"], "--emulate_rank"),
+    (["--network", "free", "--emulate_rank", "1"], "--network, --emulate_rank"),
+], ids=["network", "rank", "both"])
+def test_an_emulation_flag_without_emulate_is_refused_naming_the_flag_and_the_fix(flags, named, capsys):
+    """Without --emulate the run is a real one: a network model or a played rank would do nothing."""
+    with pytest.raises(SystemExit) as exc:
+        main([*README_COMMAND, *flags, "--dryrun"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"{named} without --emulate" in err and "add --emulate" in err, err

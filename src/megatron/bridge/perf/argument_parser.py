@@ -353,4 +353,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error("--profile_step_start must be <= --profile_step_end")
     if args.gpu == "cpu" and args.procs_per_gpu != 1:
         parser.error("--procs_per_gpu applies to GPUs; in CPU mode -ng is the process count")
+    emulation_only = [flag for flag, dest in (("--network", "network"), ("--emulate_rank", "emulate_rank"))
+                      if getattr(args, dest) is not None]
+    if emulation_only and not args.emulate:  # a real run has no network model and plays no rank
+        parser.error(f"{', '.join(emulation_only)} without --emulate would have no effect: a run without --emulate "
+                     "is a real one; add --emulate to play the -ng layout in one process, or leave "
+                     f"{' and '.join(emulation_only)} out")
     return args

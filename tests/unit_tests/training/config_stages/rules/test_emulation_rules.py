@@ -30,6 +30,8 @@ CASES = {
     "emulation-no-nvshmem-blocks": {"model.torch_native_dispatcher": "sorted", "model.torch_native_ep_transport":
                                     "nvshmem", "model.torch_native_nvshmem_blocks": 8},
     "emulation-no-gloo-on-gpus": {"dist.device": "cuda", "dist.distributed_backend": "gloo"},
+    # a real world (no emulation.world_size) with a figure of the network model, which nothing would read
+    "emulation-settings-need-an-emulated-world": {"emulation.world_size": None, "emulation.inter_node_gbps": 25.0},
 }
 
 
@@ -62,3 +64,19 @@ def test_emulation_figures_out_of_range_are_refused(field, value):
     with pytest.raises(ConfigValidationError) as info:
         emulated(**{field: value}).validate(world_size=4)
     assert f"range:{field}" in {v.rule for v in info.value.violations}
+
+
+@pytest.mark.parametrize("field, value", [("emulation.network", "free"), ("emulation.rank", 3),
+                                          ("emulation.gpus_per_node", 4), ("emulation.comm_sms", 8)])
+def test_an_emulation_setting_on_a_real_world_is_refused_naming_it(field, value):
+    """Every accepted setting has its effect: a dotted ``emulation.*`` override without an emulated world
+    (``--emulate``) would change nothing, so it is refused, as the harness refuses --network alone."""
+    cfg = emulated(**{"emulation.world_size": None, field: value})
+    with pytest.raises(ConfigValidationError) as info:
+        cfg.validate(world_size=4)
+    (violation,) = [v for v in info.value.violations if v.rule == "emulation-settings-need-an-emulated-world"]
+    assert f"{field}={value!r}" in violation.format() and "--emulate" in violation.fix
+
+
+def test_a_real_world_with_the_emulation_defaults_passes():
+    emulated(**{"emulation.world_size": None}).validate(world_size=4)

@@ -10,6 +10,7 @@ here with the reason, instead of failing or silently meaning something else insi
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.emulation.network import PRESETS
@@ -28,12 +29,29 @@ def _rule(rule_id: str, fields: tuple[str, ...], holds: Any, message: str, fix: 
                 fix=fix, group="emulation", **kw)
 
 
+def _real_world(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    return not _emulated(cfg, ctx)
+
+
+def _at_defaults(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    """Every ``emulation.*`` setting but the world's size is left as it comes (nothing to apply it to)."""
+    e = cfg.emulation
+    return all(getattr(e, f.name) == f.default for f in dataclasses.fields(e) if f.name != "world_size")
+
+
 def _sized_world(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     e = cfg.emulation
     return _emulated(cfg, ctx) and isinstance(e.world_size, int) and isinstance(e.rank, int)
 
 
 EMULATION_RULES: tuple[Rule, ...] = (
+    _rule("emulation-settings-need-an-emulated-world",
+          ("emulation.world_size", "emulation.rank", "emulation.network", "emulation.gpus_per_node",
+           "emulation.comm_sms", "emulation.intra_node_gbps", "emulation.inter_node_gbps",
+           "emulation.intra_node_latency_us", "emulation.inter_node_latency_us"),
+          _at_defaults, "emulation.* describes an emulated world, and without emulation.world_size the run is a "
+          "real one: the setting would have no effect", "emulate (the harness: --emulate with -ng N; in Python: "
+          "cfg.emulation.world_size = N), or leave emulation.* unset", applies=_real_world),
     _rule("emulation-network-known", ("emulation.network",), lambda cfg, ctx: cfg.emulation.network in PRESETS,
           "emulation.network names no network preset", f"use one of {', '.join(PRESETS)} (and override its "
           "figures with emulation.intra_node_gbps, inter_node_gbps, ...)"),

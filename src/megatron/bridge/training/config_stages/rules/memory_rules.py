@@ -46,6 +46,24 @@ def _host_applies(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     return cfg.dist.device == "cpu" and host_memory_bytes() is not None and estimable(cfg, ctx)
 
 
+def _ranks_on_host(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    return _host_applies(cfg, ctx) and not cfg.emulation.enabled
+
+
+def _emulated_on_host(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    return _host_applies(cfg, ctx) and cfg.emulation.enabled
+
+
+def _fits_host(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    return cpu_job_estimate(cfg, ctx.world_size).total_bytes <= host_memory_bytes()
+
+
+_HOST_VALUES = (
+    ("estimate", lambda cfg, ctx: cpu_job_estimate(cfg, ctx.world_size).describe()),
+    ("limit", lambda cfg, ctx: f"{gib(host_memory_bytes())} on this host"),
+)
+
+
 MEMORY_RULES: tuple[Rule, ...] = (
     Rule(
         id="model-state-fits-gpu-memory",
@@ -65,17 +83,29 @@ MEMORY_RULES: tuple[Rule, ...] = (
     Rule(
         id="model-state-fits-host-memory",
         fields=MEMORY_FIELDS + ("dist.device",),
-        applies=_host_applies,
-        holds=lambda cfg, ctx: cpu_job_estimate(cfg, ctx.world_size).total_bytes <= host_memory_bytes(),
-        message="CPU smoke mode runs every rank on this host (an emulated world: the one rank it plays), and "
-        "their weights, gradients and optimizer state alone (a lower bound) need more memory than the host has: "
-        "the ranks would fail allocating them, or the host would start swapping",
+        applies=_ranks_on_host,
+        holds=_fits_host,
+        message="CPU smoke mode runs every rank on this host, and their weights, gradients and optimizer state "
+        "alone (a lower bound) need more memory than the host has: the ranks would fail allocating them, or the "
+        "host would start swapping",
         fix="use fewer processes (-ng) or a smaller model (CPU smoke mode checks that a configuration runs, "
         "not how fast: the tiny recipe is meant for it)",
-        derived_values=(
-            ("estimate", lambda cfg, ctx: cpu_job_estimate(cfg, ctx.world_size).describe()),
-            ("limit", lambda cfg, ctx: f"{gib(host_memory_bytes())} on this host"),
-        ),
+        derived_values=_HOST_VALUES,
+        group="memory",
+    ),
+    Rule(
+        id="emulated-rank-fits-host-memory",
+        fields=MEMORY_FIELDS + ("dist.device", "emulation.world_size"),
+        applies=_emulated_on_host,
+        holds=_fits_host,
+        message="an emulated world runs on the CPU as one process holding the one rank it plays, and that rank's "
+        "weights, gradients and optimizer state alone (a lower bound) need more memory than the host has: the "
+        "process would fail allocating them, or the host would start swapping",
+        fix="an emulated world is always one process, whatever -ng says: shrink the share of the rank it plays "
+        "(a wider layout, more -ep or -tp with -ng to match, or the distributed optimizer over more data-parallel "
+        "ranks) or the model (fewer layers keep each layer's shapes: model.num_layers=4), or emulate on a GPU "
+        "(-g h100)",
+        derived_values=_HOST_VALUES,
         group="memory",
     ),
 )
