@@ -163,9 +163,14 @@ def test_a_model_family_that_is_no_recipe_package_is_refused_listing_the_familie
     assert "available: qwen" in out and "nothing was launched" in out and "Traceback" not in out, out
 
 
+SCRATCH = "tokenizer.hf_tokenizer_kwargs"
+"""An open dict of the config: keys of any name, for references between overrides (a misspelt name
+elsewhere is refused before any reference is read)."""
+
+
 def _doubling_overrides(tmp: Path, n: int = 16) -> list[str]:
-    """``x.k{i}=${x.k{i+1}}${x.k{i+1}}``: each line doubles the value (2**n characters unbounded)."""
-    return [f"x.k{i}=${{x.k{i + 1}}}${{x.k{i + 1}}}" for i in range(n)] + [f"x.k{n}=ab"]
+    """``k{i}=${k{i+1}}${k{i+1}}``: each line doubles the value (2**n characters unbounded)."""
+    return [f"{SCRATCH}.k{i}=${{{SCRATCH}.k{i + 1}}}${{{SCRATCH}.k{i + 1}}}" for i in range(n)] + [f"{SCRATCH}.k{n}=ab"]
 
 
 def _doubling_file(tmp: Path, n: int = 16) -> list[str]:
@@ -175,22 +180,25 @@ def _doubling_file(tmp: Path, n: int = 16) -> list[str]:
 
 
 def _doubling_lists(tmp: Path, n: int = 14) -> list[str]:
-    return [f"x.k{i}=['${{x.k{i + 1}}}', '${{x.k{i + 1}}}']" for i in range(n)] + [f"x.k{n}=1"]
+    return [f"{SCRATCH}.k{i}=['${{{SCRATCH}.k{i + 1}}}', '${{{SCRATCH}.k{i + 1}}}']" for i in range(n)] + [
+        f"{SCRATCH}.k{n}=1"]
 
 
 def _long_chain(tmp: Path, n: int = 600) -> list[str]:
-    """``x.k{i}=${x.k{i+1}}``: a chain as deep as Python's recursion limit."""
-    return [f"x.k{i}=${{x.k{i + 1}}}" for i in range(n)] + [f"x.k{n}=ab"]
+    """``k{i}=${k{i+1}}``: a chain as deep as Python's recursion limit."""
+    return [f"{SCRATCH}.k{i}=${{{SCRATCH}.k{i + 1}}}" for i in range(n)] + [f"{SCRATCH}.k{n}=ab"]
 
 
 # case -> (argv built under tmp_path, rule id, texts the message must hold)
 UNBOUNDED_REFERENCES = {
-    "doubling overrides": (_doubling_overrides, "override-reference-size", ["x.k3=", "longer than 8,192 characters"]),
+    "doubling overrides": (_doubling_overrides, "override-reference-size",
+                           [f"{SCRATCH}.k3=", "longer than 8,192 characters"]),
     "doubling yaml lines": (_doubling_file, "override-reference-size", ["x.k3=", "longer than 8,192 characters"]),
-    "doubling lists": (_doubling_lists, "override-reference-size", ["x.k3=", "longer than 8,192 characters"]),
+    "doubling lists": (_doubling_lists, "override-reference-size", [f"{SCRATCH}.k3=", "longer than 8,192 characters"]),
     "chain deeper than the recursion limit": (
         _long_chain, "override-reference-depth",
-        ["x.k583=", "17 references in a row (x.k583 -> x.k584 ->", "at most 16 are followed"]),
+        [f"{SCRATCH}.k583=", f"17 references in a row ({SCRATCH}.k583 -> {SCRATCH}.k584 ->",
+         "at most 16 are followed"]),
 }
 
 

@@ -1,7 +1,8 @@
 """The harness answers what needs no config (``-h``, a mistyped flag, an unknown recipe or family, a
-malformed ``--sweep``) without importing torch or megatron-core, which take seconds: the script runs
-as a user runs it, in a child process that reports which modules were loaded. How long the answers
-and a dry run take is measured by ``scripts/performance/harness_start_times.py``, not asserted here."""
+malformed ``--sweep``, a misspelt dotted override in any of Hydra's forms) without importing torch or
+megatron-core, which take seconds: the script runs as a user runs it, in a child process that reports
+which modules were loaded when it answered. How long the answers and a dry run take is measured by
+``scripts/performance/harness_start_times.py``, not asserted here."""
 
 from __future__ import annotations
 
@@ -25,6 +26,14 @@ ANSWERED_WITHOUT_A_CONFIG = {
     "unknown-task": (["-mr", "qwen3_moe_tiny", "--task", "sft"], 2, "no recipe is written for --task sft"),
     "unknown-family": (["-m", "qwn", "-mr", "qwen3_moe_tiny"], 2, "did you mean -m qwen?"),
     "bad-sweep": (["-mr", "qwen3_moe_tiny", "--sweep", "model.num_layers=2"], 2, "at least two distinct values"),
+    "misspelt-override": (["-mr", "qwen3_moe_tiny", "-g", "cpu", "train.trian_iters=3"], 2,
+                          "[override-unknown-key] 'train.trian_iters' is not a field of TrainingConfig\n"
+                          "    given: train.trian_iters=3\n    fix: did you mean train.train_iters"),
+    "misspelt-hydra-forms": (["-mr", "qwen3_moe_tiny", "++modle.num_layers=2", "~train.trian_iters"], 2,
+                             "'modle' is not a field of ConfigContainer"),
+    "misspelt-model-field": (["-mr", "qwen3_moe_tiny", "model.num_layerz=2"], 2, "did you mean model.num_layers"),
+    "misspelt-swept-key": (["-mr", "qwen3_moe_tiny", "--sweep", "comm_overlap.overlap_moe_expert_parallel_com=0,1"],
+                           2, "did you mean comm_overlap.overlap_moe_expert_parallel_comm"),
 }
 """case -> (arguments, exit code, text of the answer)."""
 

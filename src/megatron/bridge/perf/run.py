@@ -42,6 +42,7 @@ from megatron.bridge.training.harness_surface import (
     FAILURE_DIR,
     CheckpointDir,
     ConfigError,
+    check_override_names,
     inspect_checkpoint_dir,
 )
 from megatron.bridge.utils.gpu_count import too_few_gpus
@@ -442,6 +443,7 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> 
     args.argv = argv
     args.ended_jobs = []
     try:
+        check_override_names([*args.overrides, *([args.sweep] if args.sweep else [])])  # before megatron-core loads
         return run_sweep(args, out) if args.sweep else run_single(args, out)
     except NothingToTrain as exc:
         print(f"== {exc}\n   nothing was launched", file=out)

@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], int]] = {
     "help": (("--help",), 0),
     "unknown-flag": (("-mr", "qwen3_moe_tiny", "--max-step", "10"), 2),
     "unknown-recipe": (("-mr", "qwen3_moe_tinny", "-g", "cpu"), 2),
+    "misspelt-override": (("-mr", "qwen3_moe_tiny", "-g", "cpu", "train.trian_iters=3"), 2),
     "readme-dryrun": (README_DRYRUN, 0),
 }
 """name -> (harness arguments, the exit code it must end with)."""

@@ -16,6 +16,7 @@ SURFACE: dict[str, str] = {
     # build
     "ConfigContainer": "megatron.bridge.training.config",
     "apply_overrides": "megatron.bridge.training.utils.omegaconf_utils",
+    "check_override_names": "megatron.bridge.training.config_stages.reading.override_names",
     "load_yaml": "megatron.bridge.training.utils.omegaconf_utils",
     "dispatcher_fields": "megatron.bridge.training.flex_dispatcher_backend",
     # resolve and validate

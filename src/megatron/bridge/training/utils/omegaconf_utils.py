@@ -31,6 +31,7 @@ from megatron.bridge.training.config_stages.reading.hydra_overrides import (
     create_omegaconf_dict_config,
     parse_hydra_overrides,
 )
+from megatron.bridge.training.config_stages.reading.override_names import write_snapshot
 from megatron.bridge.training.config_stages.reading.override_text import parse_dotlist
 from megatron.bridge.training.config_stages.reading.typed_values import convert_value
 from megatron.bridge.training.config_stages.reading.yaml_io import config_to_dict, config_to_yaml, load_yaml
@@ -71,6 +72,12 @@ def config_from_yaml(path: Union[str, Path]) -> ConfigContainer:
     return ConfigContainer.from_yaml(path)
 
 
+def write_field_names() -> Path:
+    """Store the field names of ``ConfigContainer``'s classes, which the harness reads to refuse a
+    misspelt dotted override before megatron-core is imported (``reading/override_names.py``)."""
+    return write_snapshot(ConfigContainer)
+
+
 __all__ = [
     "ConfigFileNotFoundError",
     "OverrideError",
@@ -85,4 +92,13 @@ __all__ = [
     "load_yaml",
     "parse_dotlist",
     "process_config_with_overrides",
+    "write_field_names",
 ]
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--write-field-names"]:
+        raise SystemExit("usage: python -m megatron.bridge.training.utils.omegaconf_utils --write-field-names")
+    print(f"wrote {write_field_names()}")

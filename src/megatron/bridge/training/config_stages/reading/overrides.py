@@ -20,9 +20,10 @@ from typing import Any, Optional, Union
 
 from megatron.bridge.models.gpt_provider import GPTModelProvider
 from megatron.bridge.training.config_stages.facts import ownership
+from megatron.bridge.training.config_stages.reading.override_names import unknown_field
 from megatron.bridge.training.config_stages.reading.override_text import plain, read_dotlist
 from megatron.bridge.training.config_stages.reading.references import resolve_references
-from megatron.bridge.training.config_stages.reading.shown import short_text, shown
+from megatron.bridge.training.config_stages.reading.shown import shown
 from megatron.bridge.training.config_stages.reading.typed_values import (
     CallableNotAllowed,
     Mismatch,
@@ -31,18 +32,12 @@ from megatron.bridge.training.config_stages.reading.typed_values import (
     field_annotations,
     import_object,
 )
-from megatron.bridge.training.errors import OverrideError, Violation, did_you_mean
+from megatron.bridge.training.errors import OverrideError, Violation
 
 _ABSENT = object()
 
 TARGET_KEY = "_target_"
 """YAML key recording the class of a sub-config whose runtime class is a subclass (model providers)."""
-
-
-def _suggest(key: str, choices: Sequence[str], prefix: str) -> str:
-    """Closest valid dotted keys at the same level, for unknown-key errors."""
-    fallback = f"check the spelling; valid keys here: {', '.join(sorted(choices)[:12])}, ..."
-    return did_you_mean(key, choices, prefix) or fallback
 
 
 def _target_package(base: type) -> str:
@@ -128,16 +123,7 @@ def _apply_tree(obj: Any, changes: Mapping[str, Any], path: str, layer: _Layer) 
             key, raw = owner[0], owner[1](raw)
         dotted = f"{path}.{key}" if path else key
         if key not in annotations:
-            errors.append(
-                Violation(
-                    "override-unknown-key",
-                    (short_text(dotted),),
-                    (shown(raw),),
-                    f"{short_text(dotted)!r} is not a field of {cls.__name__}",
-                    _suggest(key, list(annotations), f"{path}." if path else ""),
-                    value_label="given",
-                )
-            )
+            errors.append(unknown_field(dotted, raw, cls.__name__, list(annotations), f"{path}." if path else ""))
             continue
         annotation = annotations[key]
         sub_cls = dataclass_in(annotation)
