@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +23,7 @@ from megatron.bridge.emulation.network import PRESETS
 
 pytestmark = pytest.mark.functional
 
+REPO = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("emulation_parity_driver.py")
 H100 = PRESETS["h100_ib400"]
 
@@ -91,23 +94,37 @@ def test_the_gradient_reduce_scatter_moves_twice_a_parameter_gather(runs):
     assert groups["reduce_scatter"]["bytes"] == groups["all_gather"]["bytes"]
 
 
-# (d) The README's command with the emulation flag, on the CPU at the tiny recipe's sizes.
-def test_the_readme_command_emulated_dry_runs_and_trains_three_steps_on_the_cpu(tmp_path):
-    from seed_command import TINY_SIZES, for_gpu
+# (d) The CPU command for the emulated world, as the README and docs/README.md's index write it: an
+# overlap off/on sweep of EP=16 over two emulated nodes, whose tables and plot say what they show.
+def readme_emulated_cpu_command() -> list[str]:
+    """The README's harness command with ``--emulate`` and ``-g cpu`` (continued lines joined)."""
+    text = re.sub(r"\\\n\s*", "", (REPO / "README.md").read_text())
+    for line in text.splitlines():
+        if line.startswith("uv run python scripts/performance/run_script.py") and "--emulate" in line \
+                and "-g cpu" in line:
+            return shlex.split(line)[3:]  # after "uv run python"
+    raise AssertionError("the README has no CPU command for the emulated world")
 
-    from megatron.bridge.perf.run import main
 
-    argv = [*for_gpu("cpu"), "--emulate", "--network", "h100_ib400", *TINY_SIZES, "--max_steps", "3"]
-    assert main([*argv, "-l", str(tmp_path / "dry"), "--dryrun"]) == 0
-    script = Path(__file__).resolve().parents[2] / "scripts" / "performance" / "run_script.py"
-    proc = subprocess.run([sys.executable, str(script), *argv, "-l", str(tmp_path / "run")], capture_output=True,
+def test_the_readmes_cpu_command_for_the_emulated_world_runs_as_written(tmp_path):
+    argv = readme_emulated_cpu_command()
+    index = " ".join((REPO / "docs" / "README.md").read_text().split())
+    assert f"`uv run python {shlex.join(argv)}`" in index  # the index gives the same command
+    proc = subprocess.run([sys.executable, *argv, "-l", str(tmp_path / "sweep")], cwd=REPO, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "EMULATED world: this process plays rank 0 of 16 (2 node(s) x 8 GPUs)" in proc.stdout
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["final_iteration"] == 3 and summary["emulation"]["emulated"]
-    assert "modeled, not measured" in summary["emulation"]["note"]
-    assert all(step["modeled_s"] > 0 for step in summary["emulation"]["steps"])
+    assert proc.stdout.count("EMULATED world: this process plays rank 0 of 16 (2 node(s) x 8 GPUs)") == 2
+    tables = proc.stdout.split("Results")[1:]
+    assert len(tables) == 2 and all("EMULATED" in t and "'h100_ib400'" in t for t in tables), tables
+    for sub in ("00_overlap_moe_expert_parallel_comm=false", "01_overlap_moe_expert_parallel_comm=true"):
+        summary = json.loads((tmp_path / "sweep" / sub / "summary.json").read_text())
+        assert summary["emulation"]["emulated"] and summary["emulation"]["network"]["name"] == "h100_ib400"
+        assert "modeled, not measured" in summary["emulation"]["note"]
+        assert summary["final_iteration"] == len(summary["emulation"]["steps"]) > 0
+        assert all(step["modeled_s"] > 0 for step in summary["emulation"]["steps"])
+    md = (tmp_path / "sweep" / "sweep.md").read_text()
+    assert "EMULATED" in md and "'h100_ib400'" in md and "modeled comm (s)" in md and "gloo" not in md, md
+    assert (tmp_path / "sweep" / "sweep.png").read_bytes()[:4] == b"\x89PNG"
 
 
 # (e) The sorted dispatcher over NVSHMEM, emulated: its exchanges are charged one call per peer in turn.
