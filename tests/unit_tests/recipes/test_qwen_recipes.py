@@ -9,6 +9,9 @@ from megatron.bridge.recipes.qwen import (
     qwen3_moe_tiny_pretrain_config,
 )
 from megatron.bridge.training.comm_overlap import CommOverlapConfig
+from megatron.bridge.training.config import ConfigContainer
+from megatron.bridge.training.errors import ConfigValidationError
+from megatron.bridge.training.utils.omegaconf_utils import apply_overrides
 
 ALL_RECIPES = [
     qwen3_30b_a3b_pretrain_config,
@@ -59,7 +62,7 @@ def test_recipe_shape_layout_and_validation(recipe, shape, tp, pp, cp, ep, gpus,
 def test_recipe_states_dispatcher_and_overlap_truthfully(recipe):
     cfg = recipe()
     assert isinstance(cfg.comm_overlap, CommOverlapConfig)
-    assert cfg.comm_overlap.overlap_moe_expert_parallel_comm is False
+    assert cfg.comm_overlap.overlap_moe_expert_parallel_comm is None  # unset, as upstream: off unless requested
     assert cfg.model.moe_token_dispatcher_type == "alltoall"
     assert cfg.model.moe_flex_dispatcher_backend is None
     resolved = cfg.validate()
@@ -74,7 +77,7 @@ def test_recipe_returns_a_fresh_config_each_call(recipe):
     first.model.num_layers = 1
     first.comm_overlap.overlap_moe_expert_parallel_comm = True
     assert second.model.num_layers != 1
-    assert second.comm_overlap.overlap_moe_expert_parallel_comm is False
+    assert second.comm_overlap.overlap_moe_expert_parallel_comm is None
 
 
 def test_validate_keeps_the_users_settings_and_sees_later_edits():
@@ -92,3 +95,55 @@ def test_done_when_command_prints_128_on_cpu():
     cfg = qwen3_30b_a3b_pretrain_config()
     cfg.validate()
     assert cfg.model.num_moe_experts == 128
+
+
+# ------------------------------------------------------------------ the dataset's sequence length
+@pytest.mark.parametrize("recipe", ALL_RECIPES)
+def test_recipe_gives_the_dataset_the_model_s_sequence_length(recipe):
+    """As Megatron-Bridge's recipes set both; the model's is the owner."""
+    cfg = recipe()
+    assert cfg.dataset.seq_length == cfg.model.seq_length >= 1
+
+
+@pytest.mark.parametrize("change", [
+    lambda cfg: setattr(cfg.model, "seq_length", 64),
+    lambda cfg: apply_overrides(cfg, ["model.seq_length=64"]),
+], ids=["python", "dotted-override"])
+def test_a_new_model_sequence_length_carries_over_to_the_dataset(change):
+    cfg = qwen3_moe_tiny_pretrain_config()
+    cfg = change(cfg) or cfg
+    resolved = cfg.validate()
+    assert (resolved.dataset.seq_length, resolved.model.seq_length) == (64, 64)
+    assert cfg.dataset.seq_length == 64  # what the run uses, written back
+
+
+def test_the_recipe_argument_sets_both_sequence_lengths():
+    cfg = qwen3_moe_tiny_pretrain_config(seq_length=64)
+    assert (cfg.model.seq_length, cfg.dataset.seq_length) == (64, 64)
+
+
+def test_both_sequence_lengths_set_alike_are_accepted_and_apart_refused():
+    cfg = qwen3_moe_tiny_pretrain_config()
+    cfg.model.seq_length = cfg.dataset.seq_length = 256  # a Megatron-Bridge script sets both
+    assert cfg.validate().dataset.seq_length == 256
+    cfg.dataset.seq_length = 512
+    with pytest.raises(ConfigValidationError, match="owned-field-set-directly") as info:
+        cfg.validate()
+    assert "dataset.seq_length=512" in str(info.value) and "model.seq_length=512" in str(info.value)
+
+
+def test_a_saved_config_holds_the_model_s_sequence_length_once(tmp_path):
+    cfg = qwen3_moe_tiny_pretrain_config(seq_length=64)
+    cfg.to_yaml(tmp_path / "run.yaml")
+    assert (tmp_path / "run.yaml").read_text().count("seq_length: 64") == 1  # the model's
+    loaded = ConfigContainer.from_yaml(tmp_path / "run.yaml")
+    assert loaded.validate().dataset.seq_length == 64
+
+
+@pytest.mark.parametrize("recipe", ALL_RECIPES)
+def test_recipe_leaves_the_overlap_switches_unset_as_megatron_bridge_does(recipe):
+    """Unset means the framework decides: EP overlap and delayed weight gradients off unless asked for."""
+    cfg = recipe()
+    assert (cfg.comm_overlap.overlap_moe_expert_parallel_comm, cfg.comm_overlap.delay_wgrad_compute) == (None, None)
+    resolved = cfg.validate()
+    assert (resolved.model.overlap_moe_expert_parallel_comm, resolved.model.delay_wgrad_compute) == (False, False)

@@ -36,10 +36,12 @@ UPSTREAM_VALUES = {
     "train.manual_gc": True,
     "train.manual_gc_interval": 100,
     "model.seq_length": 4096,
+    "dataset.seq_length": 4096,
     "model.vocab_size": 151936,
     "model.moe_shared_expert_overlap": False,
     "model.moe_router_force_load_balancing": False,
-    "comm_overlap.overlap_moe_expert_parallel_comm": False,
+    "comm_overlap.overlap_moe_expert_parallel_comm": None,
+    "comm_overlap.delay_wgrad_compute": None,
 }
 
 # Values kept so the recipe runs without an optional package (TE, DeepEP/HybridEP, a download).
@@ -71,7 +73,7 @@ def test_recipe_field_has_the_upstream_or_package_free_value(recipe, key, expect
 def test_schedule_spans_the_run_and_data_follows_the_model(recipe, gpus):
     resolved = recipe().validate(world_size=gpus)
     assert resolved.scheduler.lr_decay_iters == resolved.train.train_iters  # upstream: None = train_iters
-    assert resolved.dataset.seq_length in (None, resolved.model.seq_length)  # None reads model.seq_length
+    assert resolved.dataset.seq_length == resolved.model.seq_length
     assert resolved.tokenizer.vocab_size in (None, resolved.model.vocab_size)
 
 

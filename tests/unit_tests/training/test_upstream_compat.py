@@ -79,7 +79,7 @@ def test_a_missing_data_path_is_refused_before_launch(tmp_path):
 def test_dataset_seq_length_must_agree_with_the_model(corpus, tmp_path):
     cfg = documented_qwen3_30b_a3b_script(corpus, tmp_path)
     cfg.dataset.seq_length = 2048
-    with pytest.raises(ConfigValidationError, match="dataset-seq-length-matches-model"):
+    with pytest.raises(ConfigValidationError, match=r"owned-field-set-directly[\s\S]*model.seq_length=2048"):
         cfg.validate(world_size=16)
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from megatron.bridge.training.config import ConfigContainer, data_paths_from_alias
+from megatron.bridge.training.config_stages.facts.ownership import write_following_copies
 from megatron.bridge.training.flex_dispatcher_backend import dispatcher_fields
 from megatron.bridge.training.mixed_precision import get_mixed_precision_config
 from megatron.bridge.utils.error_types import ArgumentError, Violation, did_you_mean
@@ -72,6 +73,12 @@ def _set_flex_backend(cfg: ConfigContainer, value: Any) -> None:
         setattr(cfg.model, name, field_value)
 
 
+def _set_seq_length(cfg: ConfigContainer, value: int) -> None:
+    """``seq_length``: the model's sequence length, and the dataset's copy of it."""
+    cfg.model.seq_length = value
+    write_following_copies(cfg)
+
+
 def _set_recompute(cfg: ConfigContainer, value: bool) -> None:
     """``enable_recompute=True``: full recompute of one layer at a time, uniformly (Megatron-Bridge's)."""
     if value:
@@ -91,7 +98,7 @@ APPLIED: dict[str, Callable[[ConfigContainer, Any], None]] = {
     "account_for_embedding_in_pipeline_split": _field_setter("model.account_for_embedding_in_pipeline_split"),
     "account_for_loss_in_pipeline_split": _field_setter("model.account_for_loss_in_pipeline_split"),
     "enable_recompute": _set_recompute,
-    "seq_length": _field_setter("model.seq_length"),
+    "seq_length": _set_seq_length,
     "global_batch_size": _field_setter("train.global_batch_size"),
     "micro_batch_size": _field_setter("train.micro_batch_size"),
     "lr": _field_setter("optimizer.lr"),

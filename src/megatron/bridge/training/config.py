@@ -94,7 +94,7 @@ class DatasetConfig(StrictFields):
     """Training data. Mock data (megatron-core ``MockGPTDataset``) when ``data_paths`` is ``None``.
 
     ``data_path`` is an alias of ``data_paths`` (Megatron-Bridge's name). The sequence length is
-    owned by ``model.seq_length``; ``seq_length`` here may repeat it and must then agree.
+    owned by ``model.seq_length``; ``seq_length`` here is its copy.
     """
 
     data_paths: Optional[list[str]] = None
@@ -108,8 +108,9 @@ class DatasetConfig(StrictFields):
     mmap_bin_files: bool = True
     path_to_cache: Optional[str] = None
     seq_length: Optional[int] = None
-    """``None``: ``model.seq_length``. When set it must equal ``model.seq_length`` (one sequence
-    length per run; Megatron-Bridge scripts set both)."""
+    """A copy of ``model.seq_length`` (Megatron-Bridge scripts set both): the recipes and ``validate()``
+    write the model's value here; a different value written directly is refused
+    (``owned-field-set-directly``). ``None``: not written yet."""
     random_seed: Optional[int] = None
     """Seed of the dataset's sample shuffling; ``None`` uses ``rng.seed``."""
     dataloader_type: Literal["single", "cyclic", "external"] = "single"

@@ -1,8 +1,11 @@
 """Qwen3-MoE pretraining recipes on mock data.
 
 Every recipe states its dispatcher (plain ``alltoall``, no flex backend) and carries a real
-``CommOverlapConfig`` with EP overlap off: turn it on with
-``cfg.comm_overlap.overlap_moe_expert_parallel_comm = True`` or the matching dotted override.
+``CommOverlapConfig`` whose switches are left unset, as Megatron-Bridge's recipes leave them (unset
+means "the framework decides": EP overlap and delayed weight gradients stay off unless requested):
+turn EP overlap on with ``cfg.comm_overlap.overlap_moe_expert_parallel_comm = True`` or the matching
+dotted override. ``cfg.dataset.seq_length`` holds the model's sequence length, which owns it: a
+change of ``cfg.model.seq_length`` carries over to it when the config is validated.
 
 The published-model recipes train with Megatron-Bridge's pretraining values (run length, warm-up,
 weight-decay schedule, Adam epsilon, manual garbage collection); the values that need an optional
@@ -39,6 +42,7 @@ from megatron.bridge.training.config import (
     TokenizerConfig,
     TrainingConfig,
 )
+from megatron.bridge.training.config_stages.facts.ownership import write_following_copies
 
 RecipeFn = TypeVar("RecipeFn", bound=Callable[[], ConfigContainer])
 
@@ -71,8 +75,9 @@ def _pretrain_config(
     min_lr: float = 3e-5,
     lr_warmup_iters: int = RECIPE_WARMUP_ITERS,
 ) -> ConfigContainer:
-    """Shared pretraining defaults: Adam, cosine decay, distributed optimizer, mock data."""
-    return ConfigContainer(
+    """Shared pretraining defaults: Adam, cosine decay, distributed optimizer, mock data; the
+    dataset's sequence length written from the model's (its owner)."""
+    cfg = ConfigContainer(
         model=model,
         train=TrainingConfig(
             train_iters=train_iters,
@@ -108,10 +113,10 @@ def _pretrain_config(
         checkpoint=CheckpointConfig(),
         rng=RNGConfig(seed=1234),
         mixed_precision="bf16_mixed",
-        comm_overlap=CommOverlapConfig(
-            overlap_moe_expert_parallel_comm=False, delay_wgrad_compute=False
-        ),
+        comm_overlap=CommOverlapConfig(),
     )
+    write_following_copies(cfg)
+    return cfg
 
 
 def _upstream_training_values(cfg: ConfigContainer) -> ConfigContainer:

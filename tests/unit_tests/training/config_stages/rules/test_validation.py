@@ -67,8 +67,6 @@ CASES = {
         _set(**{"mixed_precision": None, "model.bf16": True, "optimizer.bf16": True})),
     "dataset-files-exist": (
         {}, _set(**{"dataset.data_path": "/nonexistent/corpus_text_document"}), _set(**{"dataset.data_path": None})),
-    "dataset-seq-length-matches-model": (
-        {}, _set(**{"dataset.seq_length": 8192}), _set(**{"dataset.seq_length": 4096})),
     "hf-tokenizer-kwargs-need-hf-tokenizer": (
         {}, _set(**{"tokenizer.hf_tokenizer_kwargs": {"use_fast": True}}),
         _set(**{"tokenizer.hf_tokenizer_kwargs": {"use_fast": True}, "tokenizer.tokenizer_type": "HuggingFaceTokenizer",

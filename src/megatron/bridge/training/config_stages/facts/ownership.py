@@ -1,9 +1,11 @@
 """One owner per setting: the megatron-facing fields that are copies of another field, as data.
 
 megatron-core reads some settings from several of its configs (``model.delay_wgrad_compute`` and
-``ddp.delay_wgrad_compute``; the precision flags of model, optimizer and DDP). Here each of them has
-one owner (``comm_overlap.<switch>``, ``mixed_precision``) and the megatron-facing fields are copies,
-written when the config is resolved. :data:`OWNED_FIELDS` lists every copy and its owner, and the
+``ddp.delay_wgrad_compute``; the precision flags of model, optimizer and DDP), and Megatron-Bridge's
+dataset section repeats the model's sequence length. Here each of them has one owner
+(``comm_overlap.<switch>``, ``mixed_precision``, ``model.seq_length``) and the other fields are copies,
+written when the config is resolved (``dataset.seq_length`` also by the recipes, as Megatron-Bridge's
+recipes set it). :data:`OWNED_FIELDS` lists every copy and its owner, and the
 rule is enforced where values are written:
 
 * an override (YAML, flag, dotted CLI key, a loaded config) that writes a copy is refused when it is
@@ -66,6 +68,16 @@ def _precision_copy(target: str) -> Callable[[Any], Any]:
     return lambda name: precision_value(name, target)
 
 
+def _same(owner_value: Any) -> Any:
+    return owner_value
+
+
+FOLLOWING_COPIES: tuple[OwnedField, ...] = (
+    OwnedField("dataset.seq_length", "model.seq_length", _same,
+               "set model.seq_length={value} instead: dataset.seq_length follows it"),
+)
+"""Copies that hold their owner's value as it is, written by :func:`write_following_copies`."""
+
 OWNED_FIELDS: tuple[OwnedField, ...] = tuple(
     OwnedField(target, spec.key, _overlap_copy, f"set {spec.key}={{value}} instead and leave {target} out")
     for spec in OVERLAP_FIELDS
@@ -79,8 +91,9 @@ OWNED_FIELDS: tuple[OwnedField, ...] = tuple(
         "to set the model's, optimizer's and DDP's dtype flags yourself",
     )
     for target in PRECISION_TARGETS
-)
-"""Every copy and its owner: the overlap switches' targets and the precision recipe's flags."""
+) + FOLLOWING_COPIES
+"""Every copy and its owner: the overlap switches' targets, the precision recipe's flags and
+:data:`FOLLOWING_COPIES`."""
 
 OWNER_OF: dict[str, OwnedField] = {owned.target: owned for owned in OWNED_FIELDS}
 
@@ -99,8 +112,10 @@ def expected_value(cfg: "ConfigContainer", owned: OwnedField) -> Any:
 
 
 def decided_copies(cfg: "ConfigContainer") -> list[OwnedField]:
-    """The copies of ``cfg`` whose owner decides them (not left to the user)."""
-    return [owned for owned in OWNED_FIELDS if expected_value(cfg, owned) is not FREE]
+    """The copies of ``cfg`` whose owner decides them (not left to the user). A copy whose section
+    ``cfg`` does not have (the partial view ``CommOverlapConfig.setup()`` works on) is not among them."""
+    return [owned for owned in OWNED_FIELDS
+            if hasattr(cfg, owned.target.partition(".")[0]) and expected_value(cfg, owned) is not FREE]
 
 
 def _holder(cfg: "ConfigContainer", dotted: str) -> tuple[Any, str]:
@@ -194,6 +209,17 @@ def concerns_overlap(violation: Violation) -> bool:
     """An ownership violation about a copy of an overlap switch."""
     owned = OWNER_OF.get(violation.fields[0]) if violation.fields else None
     return violation.rule in OWNERSHIP_RULE_IDS and owned is not None and owned.owner.startswith("comm_overlap.")
+
+
+def write_following_copies(cfg: "ConfigContainer") -> None:
+    """Give each copy of :data:`FOLLOWING_COPIES` its owner's value and record it as the owner's: a
+    later change of the owner (``model.seq_length=128``) then carries over, while a value written
+    into the copy directly is still told apart. Resolution calls it, and so do the recipes."""
+    for owned in FOLLOWING_COPIES:
+        holder, name = _holder(cfg, owned.target)
+        value = expected_value(cfg, owned)
+        setattr(holder, name, value)
+        copy_records.record(holder, name, value)
 
 
 def remember_copies(cfg: "ConfigContainer") -> None:

@@ -150,14 +150,6 @@ CONFIG_RULES: tuple[Rule, ...] = (
         derived_values=(("missing", lambda cfg, ctx: missing_data_files(cfg.dataset.data_paths)),),
     ),
     Rule(
-        id="dataset-seq-length-matches-model",
-        fields=("dataset.seq_length", "model.seq_length"),
-        applies=lambda cfg, ctx: cfg.dataset.seq_length is not None,
-        holds=lambda cfg, ctx: cfg.dataset.seq_length == cfg.model.seq_length,
-        message="a run has one sequence length: the samples the dataset cuts must fit the model",
-        fix="give dataset.seq_length the value of model.seq_length (or leave it null)",
-    ),
-    Rule(
         id="hf-tokenizer-kwargs-need-hf-tokenizer",
         fields=("tokenizer.hf_tokenizer_kwargs", "tokenizer.tokenizer_type"),
         applies=lambda cfg, ctx: bool(cfg.tokenizer.hf_tokenizer_kwargs),
