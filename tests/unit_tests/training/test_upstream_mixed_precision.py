@@ -11,7 +11,8 @@ from megatron.bridge.training import mixed_precision as mp
 from megatron.bridge.training.config_stages.resolution.finalize import resolve_config
 from megatron.bridge.training.config_stages.rules.mixed_precision_rules import PRECISION_RULES
 from megatron.bridge.training.config_stages.schema.rule_base import RuleContext, check_rules
-from megatron.bridge.training.errors import ConfigError
+from megatron.bridge.training.config import ConfigContainer
+from megatron.bridge.training.errors import ConfigError, ConfigValidationError
 from megatron.bridge.training.mixed_precision import MixedPrecisionConfig, get_mixed_precision_config
 
 TE = Version("2.8")
@@ -143,3 +144,43 @@ def test_fp4_recipe_is_refused_where_it_cannot_run(ctx, rule) -> None:
     blackwell = RuleContext(te_version=ctx.te_version or TE,
                             device_capability=(10, 0))
     assert check_rules(PRECISION_RULES, effective, blackwell) == []
+
+
+# Megatron-Bridge's MixedPrecisionConfig fields that have nothing to act on here, at the only value accepted.
+UNOFFERED_AT_WHAT_RUNS = {"autocast_enabled": False, "autocast_dtype": None, "fp8_param": False,
+                          "fp8_param_gather": False}
+EP_OVERLAP_OFF = {"comm_overlap.overlap_moe_expert_parallel_comm": False}
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_every_recipe_carries_the_unoffered_fields_at_what_runs_and_validates_with_them(name) -> None:
+    precision = getattr(mp, name)()
+    assert {field: getattr(precision, field) for field in UNOFFERED_AT_WHAT_RUNS} == UNOFFERED_AT_WHAT_RUNS
+    cfg = set_fields(ep_overlap_cfg(), {"mixed_precision": precision, **EP_OVERLAP_OFF})
+    refused = {v.rule for v in resolve_config(cfg).errors}
+    assert not refused & {"autocast-not-offered", "fp8-param-not-offered"}
+
+
+@pytest.mark.parametrize(
+    "field, value, rule",
+    [
+        ("autocast_enabled", True, "autocast-not-offered"),
+        ("autocast_dtype", torch.bfloat16, "autocast-not-offered"),
+        ("fp8_param", True, "fp8-param-not-offered"),
+        ("fp8_param_gather", True, "fp8-param-not-offered"),
+    ],
+)
+def test_an_unoffered_precision_setting_is_refused_by_validate_naming_field_and_value(field, value, rule) -> None:
+    precision = MixedPrecisionConfig(bf16=True, **{field: value})
+    cfg = set_fields(ep_overlap_cfg(), {"mixed_precision": precision, **EP_OVERLAP_OFF})
+    with pytest.raises(ConfigValidationError) as info:
+        cfg.validate()
+    assert [v.rule for v in info.value.violations] == [rule]
+    assert f"mixed_precision.{field}={value!r}" in str(info.value) and "fix:" in str(info.value)
+
+
+def test_a_precision_object_keeps_the_unoffered_fields_through_yaml(tmp_path) -> None:
+    cfg = set_fields(ep_overlap_cfg(), {"mixed_precision": mp.bf16_mixed(), **EP_OVERLAP_OFF})
+    cfg.to_yaml(tmp_path / "run.yaml")
+    loaded = ConfigContainer.from_yaml(tmp_path / "run.yaml")
+    assert {field: getattr(loaded.mixed_precision, field) for field in UNOFFERED_AT_WHAT_RUNS} == UNOFFERED_AT_WHAT_RUNS

@@ -157,6 +157,17 @@ class MixedPrecisionConfig(StrictFields):
     pipeline_dtype: Optional[torch.dtype] = None
     """dtype of the activations sent between pipeline stages (``model.pipeline_dtype``); ``None``:
     ``params_dtype``."""
+    autocast_enabled: bool = False
+    """Megatron-Bridge's autocast switch, accepted at ``False`` only (rule ``autocast-not-offered``):
+    the forward step is not wrapped in ``torch.autocast``; weights and compute use ``params_dtype``."""
+    autocast_dtype: Optional[torch.dtype] = None
+    """The autocast's dtype, accepted at ``None`` only (rule ``autocast-not-offered``)."""
+    fp8_param: bool = False
+    """FP8 primary weights, accepted at ``False`` only (rule ``fp8-param-not-offered``): parameters stay
+    in ``params_dtype`` and FP8 is used for compute."""
+    fp8_param_gather: bool = False
+    """Gathering FP8 parameters (Megatron-Bridge keeps it equal to ``fp8_param``), accepted at
+    ``False`` only (rule ``fp8-param-not-offered``)."""
 
     @classmethod
     def from_name(cls, name: str) -> "MixedPrecisionConfig":

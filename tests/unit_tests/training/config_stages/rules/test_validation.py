@@ -18,6 +18,7 @@ from megatron.bridge.training.config_stages.schema.rule_base import check_rules
 from megatron.bridge.training.errors import ConfigValidationError
 from megatron.bridge.training.loop.checkpoint_dir import model_shape
 from megatron.bridge.training.loop.save_lock import LOCK_NAME, SaveDirLock
+from megatron.bridge.training.mixed_precision import MixedPrecisionConfig
 
 TE_ABSENT = dict(te_version=None)
 TE_PRESENT = dict(te_version=Version("2.12.0"))
@@ -62,6 +63,12 @@ CASES = {
     "fp4-needs-blackwell": (
         dict(TE_PRESENT, device_capability=(9, 0)), _set(mixed_precision="bf16_with_nvfp4_mixed"),
         _set(mixed_precision="bf16_with_fp8_current_scaling_mixed")),
+    "autocast-not-offered": (
+        {}, _set(mixed_precision=MixedPrecisionConfig(bf16=True, autocast_enabled=True)),
+        _set(mixed_precision=MixedPrecisionConfig(bf16=True, autocast_enabled=False))),
+    "fp8-param-not-offered": (
+        {}, _set(mixed_precision=MixedPrecisionConfig(bf16=True, fp8_param_gather=True)),
+        _set(mixed_precision=MixedPrecisionConfig(bf16=True, fp8_param=False, fp8_param_gather=False))),
     "own-precision-flags-agree": (
         {}, _set(**{"mixed_precision": None, "model.bf16": True}),
         _set(**{"mixed_precision": None, "model.bf16": True, "optimizer.bf16": True})),

@@ -1,5 +1,6 @@
-"""Rules of the FP4 precision recipes, as data (FP4 read from the precision recipe, or with
-``mixed_precision=null`` from ``model.fp4``).
+"""Rules of the precision recipes, as data: FP4 (read from the precision recipe, or with
+``mixed_precision=null`` from ``model.fp4``), and the ``MixedPrecisionConfig`` fields of
+Megatron-Bridge that are accepted at their defaults only.
 
 NVFP4 compute exists only in Transformer Engine's NVFP4 kernels, which run on Blackwell tensor
 cores. Without them the torch layers would compute in BF16 and the recipe would have no effect,
@@ -12,12 +13,18 @@ from typing import TYPE_CHECKING
 
 from megatron.bridge.training.config_stages.facts.overlap_facts import precision_fp4, resolved_layer_spec
 from megatron.bridge.training.config_stages.schema.rule_base import TE_VERSION_VALUE, Rule, RuleContext
+from megatron.bridge.training.mixed_precision import MixedPrecisionConfig
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
 FP4_MIN_CAPABILITY = (10, 0)
 """NVFP4 GEMMs run on Blackwell (compute capability 10.0+)."""
+
+
+def _precision_object(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    """``mixed_precision`` is a ``MixedPrecisionConfig`` (a recipe name has these fields at their defaults)."""
+    return isinstance(cfg.mixed_precision, MixedPrecisionConfig)
 
 
 def _uses_fp4(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
@@ -55,5 +62,28 @@ PRECISION_RULES: tuple[Rule, ...] = (
         "for a Blackwell GPU (-g b200)",
         derived_values=(("target_gpu_capability", lambda cfg, ctx: ctx.device_capability),),
     ),
+    Rule(
+        id="autocast-not-offered",
+        fields=("mixed_precision.autocast_enabled", "mixed_precision.autocast_dtype"),
+        applies=_precision_object,
+        holds=lambda cfg, ctx: cfg.mixed_precision.autocast_enabled is False
+        and cfg.mixed_precision.autocast_dtype is None,
+        message="the forward step is not run under torch.autocast here: weights and compute use the "
+        "recipe's params_dtype (Megatron-Bridge sets autocast_enabled on no megatron-core config either, "
+        "so it has no effect there)",
+        fix="leave autocast_enabled=False and autocast_dtype=None, and choose the compute dtype with the "
+        "recipe (bf16_mixed, fp16_mixed)",
+    ),
+    Rule(
+        id="fp8-param-not-offered",
+        fields=("mixed_precision.fp8_param", "mixed_precision.fp8_param_gather"),
+        applies=_precision_object,
+        holds=lambda cfg, ctx: cfg.mixed_precision.fp8_param is False
+        and cfg.mixed_precision.fp8_param_gather is False,
+        message="FP8 primary weights (and gathering them in FP8) are not offered: parameters stay in "
+        "params_dtype and FP8 is used for compute only",
+        fix="leave fp8_param=False and fp8_param_gather=False; the FP8 recipes still compute in FP8",
+    ),
 )
-"""Part of the general rule table: FP4 where it cannot run is refused, not ignored."""
+"""Part of the general rule table: FP4 where it cannot run, and precision fields that would have no
+effect, are refused, not ignored."""
