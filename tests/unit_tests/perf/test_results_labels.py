@@ -61,3 +61,12 @@ def test_a_gpu_runs_table_shows_its_numbers_plainly_and_the_windows_rule():
     assert "EMULATED" not in text and "CPU" not in text
     window = rows["steady-state window"]
     assert window.startswith("iterations 3-10") and "max(2, 10 %)" in window, window
+
+
+@pytest.mark.parametrize("window, label", [
+    (None, "iterations 3-10 (automatic: the first 2 of 10 steps left out as warm-up"),
+    ([2, 4], "iterations 2-4 (--steady_state_window 2,4)"),
+], ids=["automatic", "asked"])
+def test_a_summary_without_its_window_gets_the_rule_or_the_asked_window(window, label):
+    summary = {k: v for k, v in _summary("cuda", emulated=False).items() if not k.startswith("steady_state")}
+    assert label in format_results(summary, "summary.json", window)

@@ -91,12 +91,12 @@ def summary_steady_state(summary: dict[str, Any], window: Optional[Sequence[int]
     times = summary.get("step_times_s") or []
     iterations = summary.get("iterations") or []
     rule = summary.get("steady_state_rule")
-    if window is None and written is None:  # a summary without a window: the automatic rule
-        chosen, rule = SteadyWindow().choose(len(times))
-        window = list(chosen) if chosen else [1, 1]
-    window = list(window or written)
-    if written is None or list(written) != window:
+    if window is not None and (written is None or list(written) != list(window)):
         rule = f"--steady_state_window {window[0]},{window[1]}"
+    elif written is None:  # a summary without a window: the automatic rule
+        chosen, rule = SteadyWindow().choose(len(times))
+        window = chosen or (1, 1)
+    window = list(window or written)
     if written is not None and list(written) == window and summary.get("steady_state_mean_s") is not None:
         count = len(times[window[0] - 1 : window[1]]) or (window[1] - window[0] + 1)
         last = window[0] + count - 1
