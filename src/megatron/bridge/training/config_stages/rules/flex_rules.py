@@ -1,100 +1,32 @@
-"""Flex token-dispatcher backends (DeepEP, HybridEP, NCCL EP): where each runs, and the rules of a choice.
+"""Flex token-dispatcher backends (DeepEP, HybridEP, NCCL EP): the rules of a choice and of its settings.
 
-:data:`FLEX_BACKEND_SUPPORT`: the GPUs each backend runs on (GPU types: ``facts.gpu_catalog``); :data:`FLEX_RULES`
-(in the registry through the overlap rules): the choice against a ``RuleContext``'s target GPU (as
-``apply_``/``validate_flex_dispatcher_backend`` check it); :data:`FLEX_SETTING_RULES`: the backends' own settings
-(SM counts, per-rank capacity, NCCL EP's static shape and zero copy), seen whole only by ``cfg.validate()``.
+:data:`FLEX_RULES` (in the registry through the overlap rules): the choice against a ``RuleContext``'s target GPU
+(as ``apply_``/``validate_flex_dispatcher_backend`` check it), read from the support table
+:data:`FLEX_BACKEND_SUPPORT` (``flex_gpu_support.py``, re-exported here); :data:`FLEX_SETTING_RULES`: the
+backends' own settings (SM counts, per-rank capacity, NCCL EP's static shape and zero copy) and what the
+dispatcher megatron-core builds needs (MoE layers, TP x EP > 1), seen whole only by ``cfg.validate()``.
 :func:`dispatcher_fields`: what choosing a dispatcher sets; :func:`describe_dispatcher`: which dispatch path runs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional
 
-from megatron.bridge.training.config_stages.facts.gpu_catalog import (
-    GPU_TYPES,
-    GpuTarget,
-    architecture_name,
-    gpu_target_from_context,
-    target_of,
-)
+from megatron.bridge.training.config_stages.facts.gpu_catalog import gpu_target_from_context
 from megatron.bridge.training.config_stages.facts.overlap_facts import (
     ep_on,
     layers_use_te,
     precision_fp4,
     precision_fp8,
 )
+from megatron.bridge.training.config_stages.rules.flex_gpu_support import (
+    FLEX_BACKEND_SUPPORT,
+    BackendSupport,
+    backend_support,
+    render_support_table,
+)
 from megatron.bridge.training.config_stages.schema.rule_base import TE_VERSION_VALUE, Rule, RuleContext
 from megatron.bridge.utils.flex_backend_names import DEEP_EP_BACKENDS, FLEX_BACKENDS
-
-
-@dataclass(frozen=True)
-class BackendSupport:
-    """Where one flex backend runs: capability majors, and whether GB200/GB300 NVL72 systems count."""
-
-    name: str
-    label: str
-    majors: tuple[int, ...]
-    nvl72: bool
-    """Runs on GB200/GB300 NVL72 systems (same capability as B200/B300 boards)."""
-    applicable: str
-    """Where it runs, in the words of Megatron-Bridge's selection warning (scripts may match on them)."""
-    supported: str
-    """Where it runs, in the words of Megatron-Bridge's validation error (scripts may match on them)."""
-
-    def describe(self) -> str:
-        """``DeepEP: Ampere, Hopper, Blackwell B200/B300 (not GB200/GB300 NVL72)``."""
-        archs = ", ".join(architecture_name(m) for m in self.majors)
-        systems = "incl. GB200/GB300 NVL72" if self.nvl72 else "B200/B300 (not GB200/GB300 NVL72)"
-        return f"{self.label}: {archs} {systems}"
-
-    def support(self, target: GpuTarget) -> tuple[Optional[bool], str]:
-        """``True``/``False``, or ``None`` when the target cannot tell (Blackwell of unknown system)."""
-        if not target.known:
-            return None, "target GPU unknown: support not checked"
-        arch = target.architecture
-        if target.capability[0] not in self.majors:
-            return False, f"{self.applicable}. Current GPU: {_current(target)}"
-        if self.nvl72 or target.nvl72 is False:
-            return True, f"{self.label} supports {arch}" + (" incl. NVL72" if target.nvl72 else "")
-        if target.nvl72 is None:
-            return None, f"{self.describe()}; whether the target is an NVL72 system is unknown"
-        return False, f"{self.applicable} (not GB200/GB300 NVL72). Current GPU: {_current(target)}"
-
-
-def _current(target: GpuTarget) -> str:
-    """``NVIDIA GB200 (compute capability 10.0)``."""
-    major, minor = target.capability
-    return f"{target.name or 'GPU'} (compute capability {major}.{minor})"
-
-
-FLEX_BACKEND_SUPPORT: dict[str, BackendSupport] = {
-    "deepep": BackendSupport(
-        "deepep", "DeepEP", (8, 9, 10), nvl72=False,
-        applicable="DeepEP is only applicable to Ampere, Hopper, and Blackwell (B200/B300) GPUs",
-        supported="DeepEP is supported for Ampere, Hopper, and Blackwell (B200/B300) GPUs",
-    ),
-    "hybridep": BackendSupport(
-        "hybridep", "HybridEP", (8, 9, 10), nvl72=True,
-        applicable="HybridEP is only applicable for GB200, GB300 with NVL72 and for Ampere, Hopper, "
-        "B200 and B300 GPUs",
-        supported="HybridEP is supported for GB200, GB300 with NVL72 and for Ampere, Hopper, B200 and B300 GPUs",
-    ),
-    "ncclep": BackendSupport(
-        "ncclep", "NCCL EP", (9, 10), nvl72=True,
-        applicable="NCCL EP is only applicable to Hopper and Blackwell GPUs",
-        supported="NCCL EP is supported for Hopper and Blackwell GPUs",
-    ),
-}
-"""Flex backend (every name of :data:`FLEX_BACKENDS`) -> the GPUs it supports."""
-
-
-def backend_support(backend: Optional[str], target: GpuTarget) -> tuple[Optional[bool], str]:
-    """Whether ``backend`` runs on ``target``: ``True``, ``False``, or ``None`` when unknown."""
-    if backend not in FLEX_BACKEND_SUPPORT:
-        return None, f"no GPU-support table for backend {backend!r}"
-    return FLEX_BACKEND_SUPPORT[backend].support(target)
 
 
 def dispatcher_fields(backend: Optional[str]) -> dict[str, Any]:
@@ -110,6 +42,11 @@ def dispatcher_fields(backend: Optional[str]) -> dict[str, Any]:
 
 def _flex(cfg: Any) -> bool:
     return cfg.model.moe_token_dispatcher_type == "flex"
+
+
+def _has_moe_layers(cfg: Any) -> bool:
+    """megatron-core builds a token dispatcher only for MoE layers (``num_moe_experts`` set and not 0)."""
+    return bool(cfg.model.num_moe_experts)
 
 
 def _backend_known(cfg: Any) -> bool:
@@ -347,14 +284,27 @@ FLEX_SETTING_RULES: tuple[Rule, ...] = (
         fix="set model.moe_flex_dispatcher_num_sms to an even number (DeepEP's default is 20), or null",
     ),
     Rule(
+        id="flex-dispatcher-needs-moe-layers",
+        group="flex-settings",
+        fields=("model.moe_token_dispatcher_type", "model.moe_flex_dispatcher_backend", "model.num_moe_experts"),
+        applies=lambda cfg, ctx: _flex(cfg),
+        holds=lambda cfg, ctx: _has_moe_layers(cfg),
+        message="the model has no MoE layers (num_moe_experts unset or 0), so megatron-core never builds a "
+        "token dispatcher: the flex dispatcher and its backend would do nothing (Megatron-Bridge's "
+        "apply_flex_dispatcher_backend skips a dense model for the same reason)",
+        fix=f"use {_PLAIN_ALLTOALL} and model.moe_token_dispatcher_type=alltoall for a dense model, or set "
+        "model.num_moe_experts",
+    ),
+    Rule(
         id="flex-backend-needs-tp-x-ep",
         group="flex-settings",
         fields=("model.moe_flex_dispatcher_backend", "model.tensor_model_parallel_size",
                 "model.expert_model_parallel_size"),
-        applies=_on(("deepep", "ncclep")),
+        applies=lambda cfg, ctx: _on(("deepep", "ncclep"))(cfg, ctx) and _has_moe_layers(cfg),
         holds=lambda cfg, ctx: cfg.model.tensor_model_parallel_size * cfg.model.expert_model_parallel_size > 1,
         message="the DeepEP and NCCL EP dispatchers exchange tokens within the TP x EP group; megatron-core "
-        "asserts TP x EP > 1 when it builds them",
+        "asserts TP x EP > 1 when it builds them for the MoE layers (Megatron-Bridge's validate() does not "
+        "check it, so there the run stops at model build)",
         fix=f"set model.expert_model_parallel_size > 1 (-ep), or use {_PLAIN_ALLTOALL}",
     ),
     Rule(
@@ -483,17 +433,19 @@ def describe_dispatcher(model: Any) -> str:
     return f"flex, backend {backend} ({', '.join(parts)})"
 
 
-def render_support_table() -> str:
-    """Markdown table of GPU types x backends, for the docs page."""
-    names = list(FLEX_BACKEND_SUPPORT)
-    header = "| `-g` | capability | architecture | NVL72 | " + " | ".join(names) + " |\n|---|---|---|---|"
-    header += "---|" * len(names) + "\n"
-    rows = []
-    for entry in GPU_TYPES.values():
-        cells = ["yes" if backend_support(b, target_of(entry))[0] else "no" for b in names]
-        major, minor = entry.capability
-        rows.append(
-            f"| `{entry.name}` | {major}.{minor} | {entry.architecture} | "
-            f"{'yes' if entry.nvl72 else 'no'} | " + " | ".join(cells) + " |"
-        )
-    return header + "\n".join(rows) + "\n"
+__all__ = [
+    "FLEX_BACKEND_SUPPORT",
+    "FLEX_RULES",
+    "FLEX_SETTING_RULES",
+    "NUM_SMS_FIELDS",
+    "BackendSupport",
+    "backend_support",
+    "describe_dispatcher",
+    "dispatcher_fields",
+    "effective_num_sms",
+    "flex_backend",
+    "render_support_table",
+    "sm_counts",
+]
+"""The support table's names (``flex_gpu_support.py``) are re-exported: the rules and their table are
+imported from here."""
