@@ -8,10 +8,10 @@ from overlap_helpers import ep_overlap_cfg, set_fields
 from packaging.version import Version
 
 from megatron.bridge.training import mixed_precision as mp
+from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.config_stages.resolution.finalize import resolve_config
 from megatron.bridge.training.config_stages.rules.mixed_precision_rules import PRECISION_RULES
 from megatron.bridge.training.config_stages.schema.rule_base import RuleContext, check_rules
-from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.errors import ConfigError, ConfigValidationError
 from megatron.bridge.training.mixed_precision import MixedPrecisionConfig, get_mixed_precision_config
 
