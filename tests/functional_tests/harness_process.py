@@ -73,6 +73,8 @@ class HarnessProcess:
             [*command, *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env=env or dict(os.environ), start_new_session=via_uv,
         )
+        self.log_dir = Path(argv[argv.index("-l") + 1]) if "-l" in argv else None
+        """The run directory (``-l``), where the ranks write ``summary.json``."""
         self.lines: list[str] = []
         self.seen: set[int] = set()
         self._reader = threading.Thread(target=self._read, daemon=True)

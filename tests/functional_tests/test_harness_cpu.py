@@ -86,18 +86,23 @@ def sigterm_run(tmp_path_factory):
 
 def _check_clean_stop(run: HarnessProcess, code: int, ckpt: Path, left: list[int], signum: int,
                       fresh: bool = True) -> int:
-    out = run.output
+    """A clean stop, reported under the signal the harness received (by the harness, by the ranks,
+    which got SIGTERM, and in ``summary.json``)."""
+    out, name = run.output, signal.Signals(signum).name
     assert code == 128 + signum, out[-3000:]
     assert not left, f"processes left behind: {left}"
-    assert f"{signal.Signals(signum).name} received" in out
+    assert f"{name} received" in out
     if fresh:  # an empty directory: a fresh start, and the run says so
         assert f"no checkpoint in {ckpt} yet: starting from iteration 0" in out
-    stopped = [line for line in out.splitlines() if line.startswith("stopped by signal at iteration ")]
+    stopped = [line for line in out.splitlines() if line.startswith("stopped by ")]
     assert len(stopped) == 1, out[-3000:]
     iteration = int(stopped[0].split("iteration ")[1].split(";")[0])
-    assert stopped[0] == f"stopped by signal at iteration {iteration}; checkpoint at {ckpt / f'iter_{iteration:07d}'}"
+    assert stopped[0] == f"stopped by {name} at iteration {iteration}; checkpoint at {ckpt / f'iter_{iteration:07d}'}"
+    assert f"[megatron.bridge] {name}: stopping at iteration {iteration}" in out
     assert out.count(f"saved checkpoint at iteration {iteration} ") == 1  # a save-interval iteration, saved once
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == str(iteration)
+    summary = json.loads((run.log_dir / "summary.json").read_text())
+    assert (summary["stop_reason"], summary["stopped_by_signal"]) == (name, True)
     assert "Traceback" not in out and "job failed" not in out and "SignalException" not in out
     return iteration
 
@@ -162,7 +167,7 @@ def test_srun_mode_forwards_the_stop_to_srun(tmp_path):
     code = run.finish()
     assert code == 143, run.output[-3000:]
     assert log.read_text().split() == ["started", "TERM"]
-    assert "stopped by signal before training started; no checkpoint written" in run.output
+    assert "stopped by SIGTERM before training started; no checkpoint written" in run.output
     assert not run.left_behind()
 
 

@@ -71,6 +71,8 @@ def test_stop_signal_reaches_each_rank_once_and_not_the_launcher(markers, signum
     assert outcome.stop_signal == signum and not outcome.killed
     assert outcome.exit_code == 0  # the launcher saw its ranks finish normally
     assert [(markers / f"rank{r}.stopped").read_text() for r in (0, 1)] == ["1", "1"]
+    # each rank got SIGTERM and reports what the harness received (summary.json's stop_reason)
+    assert [(markers / f"rank{r}.reason").read_text() for r in (0, 1)] == [signal.Signals(signum).name] * 2
     assert not (markers / "launcher.term").exists()
     assert outcome.leftovers_killed == 0
 
@@ -84,23 +86,39 @@ def test_the_same_signal_twice_at_once_is_one_request(markers):
 
 
 def test_second_signal_kills_the_job_at_once(markers):
-    _signal_me(markers, signal.SIGTERM, signal.SIGTERM, gap_s=supervisor.SAME_REQUEST_S + 0.3)
+    _signal_me(markers, signal.SIGTERM, signal.SIGINT, gap_s=supervisor.SAME_REQUEST_S + 0.3)
     out = io.StringIO()
     started = time.monotonic()
     outcome = _launch(markers, "stubborn", out=out)
-    assert outcome.killed and outcome.stop_signal == signal.SIGTERM
+    assert outcome.killed and outcome.stop_signal == signal.SIGTERM and outcome.kill_signal == signal.SIGINT
     assert time.monotonic() - started < 20
-    assert "second SIGTERM: killing the job without saving" in out.getvalue()
+    assert "== second signal (SIGINT): killing the job now, before the ranks have finished" in out.getvalue()
     assert not list(markers.glob("rank*.stopped"))
 
 
-def test_srun_mode_sends_the_stop_to_the_launcher(markers):
-    """srun forwards SIGTERM to its tasks itself (the stand-in launcher does the same)."""
-    _signal_me(markers, signal.SIGTERM)
+def test_a_second_signal_after_the_ranks_saved_does_not_say_without_saving(markers):
+    """The ranks had saved and written summary.json and were exiting when the second Ctrl-C came:
+    the harness kills them and says that the save was done, not that nothing was saved."""
+    _signal_me(markers, signal.SIGINT, signal.SIGINT, gap_s=supervisor.SAME_REQUEST_S + 0.3)
+    out = io.StringIO()
+    outcome = _launch(markers, "saved", out=out)
+    said = out.getvalue()
+    assert outcome.killed and outcome.stop_signal == outcome.kill_signal == signal.SIGINT
+    assert ("== second signal (SIGINT): the ranks had already saved and written summary.json; killing them "
+            "as they exit") in said, said
+    assert "without saving" not in said
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_srun_mode_sends_the_stop_to_the_launcher(markers, signum):
+    """srun forwards SIGTERM to its tasks itself (the stand-in launcher does the same); the ranks
+    report the signal the harness received."""
+    _signal_me(markers, signum)
     outcome = _launch(markers, "graceful", target="launcher")
     assert (markers / "launcher.term").read_text() == "SIGTERM"
     assert [(markers / f"rank{r}.stopped").read_text() for r in (0, 1)] == ["1", "1"]
-    assert outcome.stop_signal == signal.SIGTERM and outcome.exit_code == 0
+    assert [(markers / f"rank{r}.reason").read_text() for r in (0, 1)] == [signal.Signals(signum).name] * 2
+    assert outcome.stop_signal == signum and outcome.exit_code == 0
 
 
 def test_ranks_that_outlive_their_launcher_are_killed(markers):

@@ -14,7 +14,8 @@ environment, i.e. before any worker initialises CUDA. ``torchrun`` tears the who
 rank fails; the harness then returns that non-zero exit code and prints the tail of the rank that
 failed first (``--redirects 3 --tee 3`` keeps a per-rank copy under ``<log_dir>/torchrun``).
 
-Stopping: SIGTERM/SIGINT to the harness reach the ranks as SIGTERM (``supervisor``); a batch
+Stopping: SIGTERM/SIGINT to the harness reach the ranks as SIGTERM, which they report under the
+signal the harness received (``supervisor``'s stop note); a batch
 script asks SLURM for SIGTERM ``SLURM_STOP_LEAD_S`` seconds before its time limit
 (``--signal=B:TERM@...``) and forwards it to ``srun``, which forwards it to every task. The ranks
 finish their step, save once and exit 0.

@@ -3,6 +3,7 @@ the harness itself: read from what the ranks wrote (``summary.json``, the checkp
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -12,10 +13,12 @@ from megatron.bridge.training.harness_surface import inspect_checkpoint_dir, ite
 
 
 def stop_message(summary_path: Path, outcome: JobOutcome, save_dir: Optional[str]) -> str:
-    """``stopped by signal at iteration N; checkpoint at PATH``, from what the ranks wrote."""
+    """``stopped by SIGINT at iteration N; checkpoint at PATH``: the signal the harness received and
+    what the ranks did, from what they wrote (``summary.json`` is written after their save)."""
+    name = _name(outcome.stop_signal)
     if not summary_path.is_file():
-        head = ("killed by a second signal before the ranks finished" if outcome.killed
-                else "stopped by signal before training started")
+        head = (f"killed by the second signal ({_name(outcome.kill_signal)}) before the ranks finished"
+                if outcome.killed else f"stopped by {name} before training started")
         on_disk = inspect_checkpoint_dir(save_dir) if save_dir else None
         if on_disk is not None and on_disk.resumable:
             return f"{head}; latest checkpoint at {iteration_dir(save_dir, on_disk.iteration)}"
@@ -28,7 +31,13 @@ def stop_message(summary_path: Path, outcome: JobOutcome, save_dir: Optional[str
         saved = "no checkpoint written (no step ran)"
     else:
         saved = "no checkpoint (checkpoint.save is not set)"
-    return f"stopped by signal at iteration {summary.get('final_iteration')}; {saved}"
+    late = (f" (the second {_name(outcome.kill_signal)} came after the ranks had saved and written {SUMMARY_NAME}, "
+            "and killed them as they exited)" if outcome.killed else "")
+    return f"stopped by {name} at iteration {summary.get('final_iteration')}; {saved}{late}"
+
+
+def _name(signum: Optional[int]) -> str:
+    return signal.Signals(signum).name if signum else "signal"
 
 
 def interrupted_message(ended: Sequence[Path]) -> str:

@@ -5,8 +5,12 @@
   itself dies (``PR_SET_PDEATHSIG``), so a killed harness cannot orphan a job.
 * SIGTERM, SIGINT or SIGHUP (its terminal closed) to the harness becomes one SIGTERM to every rank (``torchrun``
   mode: the launcher's children) or to ``srun`` (which forwards it to its tasks). The ranks finish their step,
-  save once and exit 0; ``torchrun`` then ends normally. A second signal, a second or more after
-  the first, kills the job at once (an earlier one is the same Ctrl-C delivered twice).
+  save once and exit 0; ``torchrun`` then ends normally. The signal the harness received is written
+  first into ``<log_dir>/stop_signal`` (named to the ranks by ``STOP_NOTE_ENV``), and the ranks report
+  the stop under it: a Ctrl-C is SIGINT in their line and in ``summary.json``. A second signal, a
+  second or more after the first, kills the job at once (an earlier one is the same Ctrl-C delivered
+  twice), and says what it interrupts: the ranks' save and report, or only their exit when
+  ``summary.json`` is written already.
 * The launcher's output (ranks' lines and its own) passes through: all of it into
   ``<log_dir>/launch.log``, the console without ``torchrun``'s own failure traceback (the harness
   prints a shorter report naming the first failing rank) and without the ranks' known third-party
@@ -30,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional, TextIO
 
-from megatron.bridge.training.harness_surface import STOP_SIGNALS
-from megatron.bridge.utils.owned_files import describe_os_error, make_dir, open_append
+from megatron.bridge.perf.results import SUMMARY_NAME
+from megatron.bridge.training.harness_surface import STOP_NOTE_ENV, STOP_SIGNALS
+from megatron.bridge.utils.owned_files import describe_os_error, make_dir, open_append, remove, replace_file
 from megatron.bridge.utils.quiet import marked, unmarked
 
 LAUNCH_LOG = "launch.log"
@@ -44,6 +49,8 @@ both ``uv run`` and the harness, and ``uv run`` passes its copy on): only a late
 StopTarget = Literal["ranks", "launcher"]
 HARNESS_STOP_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP)
 """What stops a job gracefully: the ranks' stop signals, and SIGHUP (the harness's terminal closed)."""
+STOP_NOTE_NAME = "stop_signal"
+"""The file in the run directory that tells the ranks which signal the harness received."""
 
 # torchrun's own lines: glog-style records of torch.distributed.elastic and its ChildFailedError
 # traceback (the ranks' lines carry a "[default<N>]:" prefix instead).
@@ -75,9 +82,11 @@ class JobOutcome:
 
     exit_code: int
     stop_signal: Optional[int] = None
-    """The signal (SIGTERM/SIGINT) that asked the job to stop, if one did."""
+    """The signal (SIGTERM/SIGINT/SIGHUP) that asked the job to stop, if one did."""
     killed: bool = False
-    """A second signal killed the job without a save."""
+    """A second signal killed the job (what the ranks had written by then stays)."""
+    kill_signal: Optional[int] = None
+    """The second signal, the one that killed the job."""
     launcher_lines: list[str] = field(default_factory=list)
     """The launcher's own output lines (not the ranks'): exit codes and pids of failed ranks."""
     leftovers_killed: int = 0
@@ -154,11 +163,14 @@ class StopForwarder:
     arrives before :meth:`attach` means nothing is launched at all.
     """
 
-    def __init__(self, target: StopTarget, announce: Callable[[str], None]) -> None:
+    def __init__(self, target: StopTarget, announce: Callable[[str], None], log_dir: Optional[Path] = None) -> None:
         self.proc: Optional[subprocess.Popen] = None
         self.target, self.announce = target, announce
+        self.log_dir = log_dir
+        """The run directory: the stop note goes into it, the ranks' ``summary.json`` is read from it."""
         self.signum: Optional[int] = None
         self.killed = False
+        self.kill_signal: Optional[int] = None
         self.ranks: set[int] = set()
         self._signalled: set[int] = set()
         self._announced = False
@@ -183,13 +195,36 @@ class StopForwarder:
         if self.signum is None:
             self.signum = signum
             self._first_at = time.monotonic()
+            self._write_note(signum)
             self.track()
         elif time.monotonic() - self._first_at < SAME_REQUEST_S:
             return  # one Ctrl-C delivered twice: by the terminal and by `uv run` passing it on
         elif not self.killed and self.proc is not None:
-            self.killed = True
-            self.announce(f"== second {signal.Signals(signum).name}: killing the job without saving")
+            self.killed, self.kill_signal = True, signum
+            self.announce(self._kill_message(signum))
             self.kill()
+
+    def _write_note(self, signum: int) -> None:
+        """Tell the ranks which signal this was, before they get their SIGTERM (without a note, which
+        a full disk may prevent, they report SIGTERM)."""
+        if self.log_dir is None:
+            return
+        try:
+            replace_file(self.log_dir / STOP_NOTE_NAME, signal.Signals(signum).name)
+        except OSError:
+            pass
+
+    def ranks_finished(self) -> bool:
+        """Whether the ranks have written ``summary.json``: their save (if any) is done, they are exiting."""
+        return self.log_dir is not None and (self.log_dir / SUMMARY_NAME).is_file()
+
+    def _kill_message(self, signum: int) -> str:
+        """What a second signal interrupts: the ranks' exit only, or their step, save and report."""
+        head = f"== second signal ({signal.Signals(signum).name})"
+        if self.ranks_finished():
+            return f"{head}: the ranks had already saved and written {SUMMARY_NAME}; killing them as they exit"
+        return (f"{head}: killing the job now, before the ranks have finished (a checkpoint they were writing is "
+                "not kept; the last complete one stays loadable)")
 
     def track(self) -> None:
         """Remember the ranks started so far; a stop already asked for reaches late starters too."""
@@ -205,7 +240,7 @@ class StopForwarder:
             self._announced = True
             self.announce(
                 f"== {signal.Signals(self.signum).name} received: asking the ranks to finish their step, "
-                "save and exit (send it again to kill the job without saving)"
+                "save and exit (send it again, a second or more later, to kill the job at once)"
             )
         # srun forwards SIGTERM to every task; torchrun would tear the ranks down itself, so the
         # ranks are signalled directly and torchrun just sees them finish.
@@ -344,12 +379,14 @@ def supervise(
     """Start ``argv``, stream its output, forward stop signals; returns when it and its ranks are gone."""
     out = out or sys.stdout
     make_dir(log_dir, parents=True)
-    forwarder = StopForwarder(target, lambda text: print(text, file=out, flush=True))
+    remove(log_dir / STOP_NOTE_NAME)  # an earlier run's: this job's ranks read only this job's note
+    forwarder = StopForwarder(target, lambda text: print(text, file=out, flush=True), log_dir)
     with forwarder:
         if forwarder.signum is not None:  # stopped while the config was being written
             return JobOutcome(exit_code=0, stop_signal=forwarder.signum)
         proc = subprocess.Popen(
-            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            argv, env={**env, STOP_NOTE_ENV: str(log_dir / STOP_NOTE_NAME)}, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, preexec_fn=_die_with_parent,
         )
         forwarder.attach(proc)
@@ -368,6 +405,7 @@ def supervise(
         exit_code=code,
         stop_signal=forwarder.signum,
         killed=forwarder.killed,
+        kill_signal=forwarder.kill_signal,
         launcher_lines=pump.launcher_lines,
         leftovers_killed=leftovers,
     )

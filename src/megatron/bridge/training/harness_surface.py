@@ -37,6 +37,7 @@ SURFACE: dict[str, str] = {
     # launch facts: the entry point's files, signals and checkpoints
     "FAILURE_DIR": "megatron.bridge.training.entry",
     "STOP_SIGNALS": "megatron.bridge.training.loop.stop_request",
+    "STOP_NOTE_ENV": "megatron.bridge.training.loop.stop_request",
     "default_log_dir": "megatron.bridge.training.telemetry.metrics",
     "HARNESS_REPORTS_ENV": "megatron.bridge.training.telemetry.results_table",
     # the run's results: the table a run ends with and its steady-state statistics

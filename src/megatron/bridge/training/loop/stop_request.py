@@ -7,16 +7,45 @@ nothing saved, and a rank that dies alone leaves its peers blocked in a collecti
 
 The entry point installs the handler first thing, before torch and megatron-core are imported,
 so that a signal during start-up is honoured too (the ranks then stop before the first step).
+
+The harness relays every stop to the ranks as SIGTERM (``srun`` forwards nothing else), whatever it
+received; before it does, it writes the name of the signal it received (Ctrl-C: SIGINT, its terminal
+closing: SIGHUP) into the file :data:`STOP_NOTE_ENV` names, and a rank reports a SIGTERM under that
+signal (:func:`reported_signal`): the rank's line and ``summary.json``'s ``stop_reason`` say SIGINT
+for a Ctrl-C. Without a note (SLURM's pre-timeout SIGTERM, torchrun, a user's ``kill``) a rank
+reports the signal it got.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from typing import Any, Iterator, Optional
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
-STOP_SIGNAL_NAMES: frozenset[str] = frozenset(sig.name for sig in STOP_SIGNALS)
+RELAYED_SIGNALS: tuple[signal.Signals, ...] = (*STOP_SIGNALS, signal.SIGHUP)
+"""What a stop may be reported under: the ranks' stop signals, and SIGHUP (the harness's terminal
+closed), which reaches the ranks as the harness's SIGTERM."""
+STOP_SIGNAL_NAMES: frozenset[str] = frozenset(sig.name for sig in RELAYED_SIGNALS)
+STOP_NOTE_ENV = "MEGATRON_BRIDGE_STOP_NOTE"
+"""Environment variable naming the file in which the harness writes the signal it received, before it
+relays the stop to the ranks as SIGTERM."""
+_NOTE_MAX_CHARS = 16
+
+
+def reported_signal(signum: int) -> int:
+    """The signal a stop that arrived as ``signum`` is reported under: for a SIGTERM, the stop signal
+    the harness's note names, when there is one; else ``signum`` itself."""
+    path = os.environ.get(STOP_NOTE_ENV)
+    if signum != signal.SIGTERM or not path:
+        return signum
+    try:
+        with open(path, encoding="ascii", errors="replace") as note:
+            name = note.read(_NOTE_MAX_CHARS).strip()
+    except OSError:
+        return signum
+    return int(signal.Signals[name]) if name in STOP_SIGNAL_NAMES else signum
 
 
 class StopRequest:
@@ -32,12 +61,12 @@ class StopRequest:
 
     @property
     def name(self) -> str:
-        """``SIGTERM``/``SIGINT`` (empty when no signal arrived)."""
+        """``SIGTERM``/``SIGINT``/``SIGHUP`` (empty when no signal arrived)."""
         return signal.Signals(self.signum).name if self.signum is not None else ""
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is None:
-            self.signum = signum
+            self.signum = reported_signal(signum)
 
     def install(self) -> bool:
         """Route SIGTERM and SIGINT here; ``False`` outside the main thread (signals cannot be
