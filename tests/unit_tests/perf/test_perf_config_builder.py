@@ -80,8 +80,8 @@ def test_flag_maps_to_field(tmp_path, flags, key, value):
 @pytest.mark.parametrize(
     "yaml_data, flag, ep, dw",
     [
-        (None, "true", True, False),
-        (None, "false", False, False),
+        (None, "true", True, None),  # the recipe leaves delayed wgrad unset (off unless requested)
+        (None, "false", False, None),
         ({"comm_overlap": {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True}}, "false", False,
          True),
         ({"comm_overlap": {"delay_wgrad_compute": True}}, "true", True, True),
