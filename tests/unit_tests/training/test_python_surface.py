@@ -39,7 +39,7 @@ def test_validation_failures_are_caught_as_config_validation_error(break_it, rai
 def test_repr_of_a_config_is_one_short_line():
     text = repr(qwen3_moe_tiny_pretrain_config())
     assert "\n" not in text and len(text) < 400, text
-    for fact in ("Qwen3MoEModelProvider", "layers=2", "EP1", "bf16_mixed", "ep_overlap=False"):
+    for fact in ("Qwen3MoEModelProvider", "layers=2", "EP1", "bf16_mixed", "ep_overlap=None"):
         assert fact in text, (fact, text)
 
 
