@@ -1,6 +1,7 @@
 """The harness's last line for a job a signal stopped names the signal it received and says what the
 ranks did, read from what they wrote: a second signal that came after the ranks had saved is not a
-kill "before the ranks finished"."""
+kill "before the ranks finished". What a second signal says of the checkpoint directory when it
+kills the ranks before they finished (``saved_state``) is read from the directory too."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from checkpoint_stand_in import saved_checkpoint
 
 from megatron.bridge.perf.stop_report import stop_message
-from megatron.bridge.perf.supervisor import JobOutcome
+from megatron.bridge.perf.supervisor import JobOutcome, saved_state
 
 SIGINT, SIGTERM = int(signal.SIGINT), int(signal.SIGTERM)
 LAYOUT = dict(tp=1, pp=1, vpp=None, cp=1, ep=2, etp=1, dp=2)
@@ -48,3 +49,28 @@ def test_the_stop_line_names_the_signal_and_what_the_ranks_did(case, tmp_path):
         summary_path.write_text(json.dumps(summary).replace("CKPT", str(ckpt)))
     line = stop_message(summary_path, outcome, str(ckpt) if with_checkpoint else None)
     assert line == expected.replace("CKPT", str(ckpt)), line
+
+
+SAVED_STATES = {
+    "no-save-asked": (None, None, (), "checkpoint.save is not set: nothing was to be saved"),
+    "nothing-yet": (True, None, (), "no checkpoint is complete"),
+    "complete": (True, 2, (), "the latest complete checkpoint is CKPT/iter_0000002"),
+    "save-under-way": (True, 2, (3,), "the save of iteration 3 under way is not kept; the latest complete checkpoint "
+                                     "is CKPT/iter_0000002"),
+    "first-save-under-way": (True, None, (1,), "the save of iteration 1 under way is not kept; no checkpoint is "
+                                              "complete"),
+    "older-leftover": (True, 2, (1,), "the latest complete checkpoint is CKPT/iter_0000002"),
+}
+"""case -> (checkpoint.save given, its complete iteration, staged iterations, what is said)."""
+
+
+@pytest.mark.parametrize("case", sorted(SAVED_STATES))
+def test_a_kill_before_the_ranks_finished_says_what_the_checkpoint_directory_holds(case, tmp_path):
+    given, complete, staged, expected = SAVED_STATES[case]
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    if complete is not None:
+        saved_checkpoint(ckpt, complete, LAYOUT)
+    for iteration in staged:
+        (ckpt / f"iter_{iteration:07d}.incomplete.run1").mkdir()
+    assert saved_state(str(ckpt) if given else None) == expected.replace("CKPT", str(ckpt))

@@ -60,6 +60,8 @@ class LaunchPlan:
     script_path: Optional[Path] = None
     script_text: Optional[str] = None
     notes: list[str] = field(default_factory=list)
+    save_dir: Optional[str] = None
+    """The job's ``checkpoint.save``: what a second stop signal says it interrupts is read from it."""
     supervised_env: dict[str, str] = field(default_factory=dict)
     """Added to ``env`` only when the harness runs the plan itself (not in :meth:`shell`): the
     ranks then print their known third-party noise marked instead of dropping it, so that
@@ -194,6 +196,7 @@ def plan_launch(
     workdir: Optional[Path] = None,
     verbose: bool = False,
     config_sha256: Optional[str] = None,
+    save_dir: Optional[str] = None,
 ) -> LaunchPlan:
     """Build (do not run) the launch for a job of ``num_gpus`` GPUs (processes in CPU mode)."""
     environ = os.environ if environ is None else environ
@@ -205,7 +208,7 @@ def plan_launch(
     nprocs = num_gpus * (1 if cpu else procs_per_gpu)
     env = worker_env(cpu=cpu, cuda_device_max_connections=cuda_device_max_connections)
     worker = worker_argv(config_path, python, verbose, config_sha256)
-    plan = LaunchPlan(mode, [], env, nprocs, nodes, log_dir)
+    plan = LaunchPlan(mode, [], env, nprocs, nodes, log_dir, save_dir=save_dir)
     if mode != "sbatch":  # the harness watches the job and prints its Results table itself
         plan.supervised_env[HARNESS_REPORTS_ENV] = "1"
     if mode != "sbatch" and not verbose:  # an sbatch job's output goes to SLURM's file, unfiltered by the harness
@@ -239,4 +242,5 @@ def run_plan(plan: LaunchPlan, *, stream: Optional[TextIO] = None, verbose: bool
     if plan.mode == "sbatch":
         raise ValueError("an sbatch plan is submitted by the user, not run by the harness")
     env = {**os.environ, **plan.env, **plan.supervised_env}
-    return supervise(plan.argv, env, plan.log_dir, stop_target(plan), out=stream or sys.stdout, verbose=verbose)
+    return supervise(plan.argv, env, plan.log_dir, stop_target(plan), out=stream or sys.stdout, verbose=verbose,
+                     save_dir=plan.save_dir)

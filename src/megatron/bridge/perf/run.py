@@ -176,6 +176,7 @@ def plan_job(built: BuiltConfig, resolution: "Resolution", args, max_connections
         job_name=built.recipe.function_name.removesuffix("_config"),
         verbose=args.verbose,
         config_sha256=config_sha256,
+        save_dir=resolution.config.checkpoint.save,
     )
 
 

@@ -35,7 +35,13 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Optional, TextIO
 
 from megatron.bridge.perf.results import SUMMARY_NAME
-from megatron.bridge.training.harness_surface import STOP_NOTE_ENV, STOP_SIGNALS
+from megatron.bridge.training.harness_surface import (
+    STOP_NOTE_ENV,
+    STOP_SIGNALS,
+    inspect_checkpoint_dir,
+    iteration_dir,
+    staged_iterations,
+)
 from megatron.bridge.utils.owned_files import describe_os_error, make_dir, open_append, remove, replace_file
 from megatron.bridge.utils.quiet import marked, unmarked
 
@@ -163,11 +169,14 @@ class StopForwarder:
     arrives before :meth:`attach` means nothing is launched at all.
     """
 
-    def __init__(self, target: StopTarget, announce: Callable[[str], None], log_dir: Optional[Path] = None) -> None:
+    def __init__(self, target: StopTarget, announce: Callable[[str], None], log_dir: Optional[Path] = None,
+                 save_dir: Optional[str] = None) -> None:
         self.proc: Optional[subprocess.Popen] = None
         self.target, self.announce = target, announce
         self.log_dir = log_dir
         """The run directory: the stop note goes into it, the ranks' ``summary.json`` is read from it."""
+        self.save_dir = save_dir
+        """The job's ``checkpoint.save`` (``None``: it saves nothing), read when a second signal comes."""
         self.signum: Optional[int] = None
         self.killed = False
         self.kill_signal: Optional[int] = None
@@ -201,7 +210,7 @@ class StopForwarder:
             return  # one Ctrl-C delivered twice: by the terminal and by `uv run` passing it on
         elif not self.killed and self.proc is not None:
             self.killed, self.kill_signal = True, signum
-            self.announce(self._kill_message(signum))
+            self.announce(self.kill_message(signum))
             self.kill()
 
     def _write_note(self, signum: int) -> None:
@@ -218,13 +227,13 @@ class StopForwarder:
         """Whether the ranks have written ``summary.json``: their save (if any) is done, they are exiting."""
         return self.log_dir is not None and (self.log_dir / SUMMARY_NAME).is_file()
 
-    def _kill_message(self, signum: int) -> str:
-        """What a second signal interrupts: the ranks' exit only, or their step, save and report."""
+    def kill_message(self, signum: int) -> str:
+        """What a second signal interrupts: only the ranks' exit (their save and report are written),
+        or the job before they finished, and then what the checkpoint directory holds."""
         head = f"== second signal ({signal.Signals(signum).name})"
         if self.ranks_finished():
             return f"{head}: the ranks had already saved and written {SUMMARY_NAME}; killing them as they exit"
-        return (f"{head}: killing the job now, before the ranks have finished (a checkpoint they were writing is "
-                "not kept; the last complete one stays loadable)")
+        return f"{head}: killing the job now, before the ranks have finished; {saved_state(self.save_dir)}"
 
     def track(self) -> None:
         """Remember the ranks started so far; a stop already asked for reaches late starters too."""
@@ -264,6 +273,19 @@ class StopForwarder:
         while any(alive(pid) for pid in left) and time.monotonic() < deadline:
             time.sleep(0.05)
         return len(left)
+
+
+def saved_state(save_dir: Optional[str]) -> str:
+    """What ``checkpoint.save`` holds: the latest complete checkpoint, and a save under way (which a
+    kill leaves unpublished: the complete one stays the one a resume loads)."""
+    if not save_dir:
+        return "checkpoint.save is not set: nothing was to be saved"
+    found = inspect_checkpoint_dir(save_dir)
+    latest = found.iteration if found.resumable else None
+    done = (f"the latest complete checkpoint is {iteration_dir(save_dir, latest)}" if latest is not None
+            else "no checkpoint is complete")
+    under_way = [n for n in staged_iterations(save_dir) if latest is None or n > latest]
+    return f"the save of iteration {under_way[-1]} under way is not kept; {done}" if under_way else done
 
 
 # --------------------------------------------------------------------------------------------- output
@@ -374,13 +396,14 @@ def _pump(proc: subprocess.Popen, pump: OutputPump, on_tick: Callable[[], None])
 
 def supervise(
     argv: list[str], env: dict[str, str], log_dir: Path, target: StopTarget, out: Optional[TextIO] = None,
-    verbose: bool = False,
+    verbose: bool = False, save_dir: Optional[str] = None,
 ) -> JobOutcome:
-    """Start ``argv``, stream its output, forward stop signals; returns when it and its ranks are gone."""
+    """Start ``argv``, stream its output, forward stop signals; returns when it and its ranks are gone.
+    ``save_dir``: the job's ``checkpoint.save``, for what a second signal says."""
     out = out or sys.stdout
     make_dir(log_dir, parents=True)
     remove(log_dir / STOP_NOTE_NAME)  # an earlier run's: this job's ranks read only this job's note
-    forwarder = StopForwarder(target, lambda text: print(text, file=out, flush=True), log_dir)
+    forwarder = StopForwarder(target, lambda text: print(text, file=out, flush=True), log_dir, save_dir)
     with forwarder:
         if forwarder.signum is not None:  # stopped while the config was being written
             return JobOutcome(exit_code=0, stop_signal=forwarder.signum)

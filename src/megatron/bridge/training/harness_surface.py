@@ -48,6 +48,7 @@ SURFACE: dict[str, str] = {
     "CheckpointDir": "megatron.bridge.training.loop.checkpoint_dir",
     "inspect_checkpoint_dir": "megatron.bridge.training.loop.checkpoint_dir",
     "iteration_dir": "megatron.bridge.training.loop.checkpoint_dir",
+    "staged_iterations": "megatron.bridge.training.loop.checkpoint_dir",
 }
 """Name -> the module that defines it."""
 

@@ -146,6 +146,13 @@ def staging_dir(final: Path, run_id: str) -> Path:
     return final.with_name(f"{final.name}{STAGING_SUFFIX}.{run_id}")
 
 
+def staged_iterations(root: str | os.PathLike) -> list[int]:
+    """Iterations whose save is staged in ``root`` and not published: being written, or killed."""
+    found = (re.fullmatch(rf"iter_(\d+){re.escape(STAGING_SUFFIX)}\..*", child.name) for child in Path(root).glob(
+        f"iter_*{STAGING_SUFFIX}*"))
+    return sorted(int(match.group(1)) for match in found if match)
+
+
 def remove_leftover_staging(root: Path) -> None:
     """Staging directories of saves that were killed; only called by the run holding the directory's
     lock, so none of them is being written."""
