@@ -143,11 +143,10 @@ def test_the_sorted_dispatchers_nvshmem_exchange_runs_emulated_and_is_charged_on
     layers, micro_batches = 2, 32 // 16
     exchanges = ep["all_to_all"]
     assert exchanges["calls"] == layers * micro_batches * 4  # dispatch and combine, forward and backward
-    nvlink_bytes = exchanges["bytes"] - exchanges["inter_node_bytes"]
-    per_call = 7 * H100.intra_node_latency_us * 1e-6 + 8 * H100.inter_node_latency_us * 1e-6  # 7 peers in the node
-    assert exchanges["modeled_s"] == pytest.approx(
-        exchanges["calls"] * per_call + nvlink_bytes / (H100.intra_node_gbps * 1e9)
-        + exchanges["inter_node_bytes"] / (H100.inter_node_gbps * 1e9), rel=1e-6)
+    # 15 calls an exchange, each a team-wide barrier and its slowest pair, which crosses the NIC in every call
+    # of EP=16 over two nodes (what a pair sends follows the routing: the unit tests price it exactly)
+    least = exchanges["calls"] * 15 * 2 * H100.inter_node_latency_us * 1e-6
+    assert least < exchanges["modeled_s"] < 2 * least
     counts = ep["all_gather"]  # 16 int64 expert counts: one 128-byte row to each of 15 peers, 8 over the NIC
     calls = layers * micro_batches
     assert (counts["calls"], counts["bytes"], counts["inter_node_bytes"]) == (calls, calls * 15 * 128, calls * 8 * 128)

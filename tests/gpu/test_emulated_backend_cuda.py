@@ -119,8 +119,9 @@ def test_the_emulated_nvshmem_exchange_never_waits_for_the_gpu_and_holds_for_its
     assert spent < BUSY_S / 4, f"the host waited {spent * 1e3:.0f} ms for queued GPU work"
     tally = world.record.take()["groups"]["world[8]"]["all_to_all"]
     row = 2048 * 2  # bf16 values
-    seconds, sent, inter = dist.group.WORLD.costs.serial_all_to_all([256 * row] * WORLD)
-    assert (tally["calls"], tally["bytes"], tally["inter_node_bytes"]) == (1, sent, inter)
+    cost = dist.group.WORLD.costs.serial_all_to_all([256 * row] * WORLD)
+    seconds = cost.seconds
+    assert (tally["calls"], tally["bytes"], tally["inter_node_bytes"]) == (1, cost.sent_bytes, cost.inter_node_bytes)
     assert tally["modeled_s"] == pytest.approx(seconds, rel=1e-3)  # float32 on the GPU
     torch.cuda.synchronize()
     Hold()(BUSY_S, 1)  # the GPU is busy while the host issues the exchange: the events time the GPU alone
@@ -130,3 +131,24 @@ def test_the_emulated_nvshmem_exchange_never_waits_for_the_gpu_and_holds_for_its
     end.record()
     end.synchronize()
     assert start.elapsed_time(end) * 1e-3 == pytest.approx(seconds, rel=0.1, abs=5e-5)
+
+
+@pytest.mark.parametrize("ranks, shared", [(range(WORLD), True), (range(4), False)], ids=["across-nodes", "one-node"])
+def test_collectives_running_at_once_share_the_nic_and_not_nvlink(world, ranks, shared):
+    """Two all-reduces on two groups (two streams), issued together: across nodes the second sends after
+    the first (the NIC ledger), so both take about twice one's time; inside one node they run side by side."""
+    groups = [dist.new_group(list(ranks)) for _ in range(2)]
+    grads = [torch.zeros(16 * 2**20, device="cuda") for _ in groups]  # 64 MiB each
+    dist.all_reduce(grads[0], group=groups[0])
+    modeled = world.record.take()["modeled_s"]
+
+    def both():
+        for work in [dist.all_reduce(g, group=group, async_op=True) for g, group in zip(grads, groups)]:
+            work.wait()
+
+    both()
+    elapsed = _gpu_seconds(both)
+    if shared:
+        assert elapsed > 1.7 * modeled, f"{elapsed * 1e3:.2f} ms against {modeled * 1e3:.2f} ms: the NIC was not shared"
+    else:
+        assert elapsed < 1.3 * modeled, f"{elapsed * 1e3:.2f} ms against {modeled * 1e3:.2f} ms: NVLink was queued"

@@ -61,8 +61,10 @@ def test_an_exchange_is_charged_one_call_per_peer_in_turn(world):
     send = [1, 2, 2, 0, 1, 0, 0, 1]
     _exchange(_route(send, [2] * 8, 4), [torch.zeros(7, 16)])  # 64-byte rows
     tally = world.record.take()["groups"]["world[8]"]["all_to_all"]
-    # peers 0, 1, 3 share this rank's node (NVLink), 4..7 do not (the NIC); its own 2 rows go nowhere
-    seconds = 3 * 5e-6 + 3 * 64 / 450e9 + 4 * 15e-6 + 2 * 64 / 50e9
+    # 7 calls, one per peer, each a 15 us barrier (the group spans nodes) and its slowest pair: a NIC pair
+    # (15 us, 47 GB/s) into a rank that every rank sends 2 rows (ranks 1, 2) in calls 2-6; in calls 1 and 7
+    # those come from their own node, and the slowest is a NIC pair into a rank of 1 row
+    seconds = 7 * 15e-6 + 7 * 15e-6 + (2 * 64 + 5 * 128) / 47e9
     assert tally["calls"] == 1 and tally["bytes"] == 5 * 64 and tally["inter_node_bytes"] == 2 * 64
     assert tally["modeled_s"] == pytest.approx(seconds, rel=1e-12)
 
@@ -73,7 +75,7 @@ def test_the_counts_gather_replicates_and_is_one_call_to_every_peer(world):
     assert gathered.tolist() == [[0, 1, 2, 3]] * 8
     tally = world.record.take()["groups"]["world[8]"]["all_gather"]
     assert tally["calls"] == 1 and tally["bytes"] == 7 * 64  # one 64-byte row (4 int64 padded) to each peer
-    assert tally["modeled_s"] == pytest.approx(15e-6 + 4 * 64 / 50e9, rel=1e-12)  # the NIC is the slower link
+    assert tally["modeled_s"] == pytest.approx(15e-6 + 4 * 64 / 47e9, rel=1e-12)  # the NIC is the slower link
 
 
 def _config(**fields) -> SimpleNamespace:

@@ -45,7 +45,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from megatron.bridge.emulation.hold import Hold
-from megatron.bridge.emulation.network import GroupCosts, NetworkModel
+from megatron.bridge.emulation.network import Charge, GroupCosts, NetworkModel
 from megatron.bridge.emulation.record import CommRecord, HostTimer
 
 logger = logging.getLogger(__name__)
@@ -76,21 +76,21 @@ class EmulatedWorld:
             self.streams[key] = torch.cuda.Stream(device=device)
         return self.streams[key]
 
-    def charge(self, group: "EmulatedGroup", kind: str, nbytes: int, seconds: float, on_gpu: bool,
-               inter_node_bytes: int = 0) -> None:
-        """Record a collective and, on a GPU, hold the current (the group's) stream for its modeled time
-        (issued inside a CUDA-graph capture, it is recorded at every replay instead)."""
+    def charge(self, group: "EmulatedGroup", kind: str, cost: Charge, on_gpu: bool) -> None:
+        """Record a collective and, on a GPU, hold the current (the group's) stream for its modeled time,
+        after the NIC is free where it crosses the NIC (issued inside a CUDA-graph capture, it is
+        recorded at every replay instead)."""
         capturing = on_gpu and torch.cuda.is_current_stream_capturing()
-        self.record.add(group.label, kind, nbytes, seconds, inter_node_bytes, capturing=capturing)
-        if seconds > 0 and on_gpu:
-            self.hold(seconds, self.network.comm_sms, all_to_all=kind == "all_to_all")
+        self.record.add(group.label, kind, cost.sent_bytes, cost.seconds, cost.inter_node_bytes, capturing=capturing)
+        if cost.seconds > 0 and on_gpu:
+            self.hold(cost.seconds, self.network.comm_sms, all_to_all=kind == "all_to_all",
+                      nic_seconds=cost.nic_seconds)
 
     def charge_rows(self, group: "EmulatedGroup", kind: str, bytes_to_peer: list[int], on_gpu: bool) -> None:
         """Charge, on the current stream, one call that sends ``bytes_to_peer[j]`` to peer ``j`` over
         NVLink and NIC at once (sizes known on the host)."""
         with HostTimer(self.record):
-            seconds, sent, inter = group.costs.all_to_all(bytes_to_peer)
-            self.charge(group, kind, sent, seconds, on_gpu, inter)
+            self.charge(group, kind, group.costs.all_to_all(bytes_to_peer), on_gpu)
 
     def charge_serial_exchange(self, group: "EmulatedGroup", splits: torch.Tensor, row_bytes: int) -> None:
         """Charge, on the current stream, an exchange of ``splits[j]`` rows of ``row_bytes`` to peer
@@ -100,11 +100,11 @@ class EmulatedWorld:
             costs = group.costs
             if splits.is_cuda:
                 tally = self.record.device_tally(group.label, "all_to_all", splits.device)
-                if self.hold.serial_exchange(splits, row_bytes, costs.link_table(splits.device), tally,
-                                             self.network.comm_sms):
+                if self.hold.serial_exchange(splits, row_bytes, costs.device_tables(splits.device),
+                                             costs.barrier_seconds, tally, self.network.comm_sms):
                     return
-            seconds, sent, inter = costs.serial_all_to_all([rows * row_bytes for rows in splits.tolist()])
-            self.charge(group, "all_to_all", sent, seconds, splits.is_cuda, inter)
+            cost = costs.serial_all_to_all([rows * row_bytes for rows in splits.tolist()])
+            self.charge(group, "all_to_all", cost, splits.is_cuda)
 
 
 _WORLD: Optional[EmulatedWorld] = None
@@ -262,7 +262,7 @@ class EmulatedGroup(dist.ProcessGroup):
 
     def barrier(self, opts: Any = None) -> dist.Work:
         with self._collective() as stream:
-            return self._charged("barrier", 0, self.costs.ring("barrier", 0)[0], stream)
+            return self._charged("barrier", self.costs.ring("barrier", 0), stream)
 
     # ------------------------------------------------------------------------------- refused
     def _refuse(self, what: str) -> None:
@@ -317,17 +317,15 @@ class EmulatedGroup(dist.ProcessGroup):
         _reduce_identical(output, op, self.n)
 
     def _done(self, kind: str, nbytes: int, stream: Optional[torch.cuda.Stream]) -> dist.Work:
-        seconds, inter = self.costs.ring(kind, nbytes)
-        return self._charged(kind, nbytes, seconds, stream, inter)
+        """Charge a ring collective on a tensor of ``nbytes`` (the record keeps the tensor's bytes)."""
+        return self._charged(kind, self.costs.ring(kind, nbytes)._replace(sent_bytes=nbytes), stream)
 
     def _all_to_all_charged(self, to_peer: list[int], stream: Optional[torch.cuda.Stream]) -> dist.Work:
         """Charge an all-to-all sending ``to_peer[j]`` bytes to peer ``j``."""
-        seconds, sent, inter = self.costs.all_to_all(to_peer)
-        return self._charged("all_to_all", sent, seconds, stream, inter)
+        return self._charged("all_to_all", self.costs.all_to_all(to_peer), stream)
 
-    def _charged(self, kind: str, nbytes: int, seconds: float, stream: Optional[torch.cuda.Stream],
-                 inter_node_bytes: int = 0) -> dist.Work:
-        self.world.charge(self, kind, nbytes, seconds, stream is not None, inter_node_bytes)
+    def _charged(self, kind: str, cost: Charge, stream: Optional[torch.cuda.Stream]) -> dist.Work:
+        self.world.charge(self, kind, cost, stream is not None)
         return _Done(None if stream is None else stream.record_event())
 
 

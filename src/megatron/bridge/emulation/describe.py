@@ -20,8 +20,9 @@ def startup_line(world: EmulatedWorld) -> str:
     nodes = -(-world.world_size // net.gpus_per_node)
     return (f"EMULATED world: this process plays rank {world.rank} of {world.world_size} ({nodes} node(s) x "
             f"{net.gpus_per_node} GPUs); the other ranks are played by symmetry; communication times are "
-            f"MODELED by network {net.name!r} (NVLink {net.intra_node_gbps:g} GB/s, NIC {net.inter_node_gbps:g} "
-            f"GB/s per GPU and direction, {net.comm_sms} SMs held per collective, hold kernel "
+            f"MODELED by network {net.name!r} (achievable rates per direction: NVLink {net.intra_node_gbps:g} GB/s "
+            f"a GPU, NIC {net.inter_node_gbps:g} GB/s, {net.nics_per_gpu:g} NIC(s) a GPU; {net.comm_sms} SMs held per "
+            f"collective, hold kernel "
             f"{world.hold.kind or 'not yet used'}), not measured")
 
 
@@ -33,10 +34,7 @@ def summary_section(world: EmulatedWorld, steps: list[dict[str, Any]]) -> dict[s
         "note": MODELED_NOTE,
         "rank": world.rank,
         "world_size": world.world_size,
-        "network": {"name": net.name, "gpus_per_node": net.gpus_per_node, "intra_node_gbps": net.intra_node_gbps,
-                    "inter_node_gbps": net.inter_node_gbps, "intra_node_latency_us": net.intra_node_latency_us,
-                    "inter_node_latency_us": net.inter_node_latency_us, "comm_sms": net.comm_sms,
-                    "source": net.source},
+        "network": net.figures(),
         "hold_kernel": world.hold.kind,
         "steps": steps,
     }

@@ -4,14 +4,16 @@ An NCCL collective is a kernel: it occupies one thread block per channel on as m
 stream the collective runs on, for as long as the transfer takes. :class:`Hold` launches a kernel
 of ``sms`` blocks (512 threads each) whose threads spin on the GPU's global timer until the modeled
 time has passed: kernels behind it on the same stream wait, kernels on other streams share the GPU
-with it, and a CUDA graph captures it like any kernel. It is written in Triton; where Triton is
-missing, ``torch.cuda._sleep`` (one thread, one SM, clock cycles) stands in and :attr:`Hold.kind`
-says so.
+with it, and a CUDA graph captures it like any kernel. Collectives that cross the NIC book it in a
+device-side ledger (when the NIC is free again): one that finds it busy waits for it, first come,
+first served, so collectives running at the same time on different streams share the NIC. It is
+written in Triton; where Triton is missing, ``torch.cuda._sleep`` (one thread, one SM, clock cycles,
+no NIC ledger) stands in and :attr:`Hold.kind` says so.
 
 :meth:`Hold.serial_exchange` is the device-side variant for an exchange whose split sizes never
 reach the host (the sorted dispatcher's NVSHMEM transport, emulated): one kernel reads the split
-sizes and the group's link table, works out the modeled time of one call per peer, adds the call to
-a device-side tally, then holds as the plain kernel does.
+sizes and the group's link tables, works out the modeled time of one call per peer (each as long as
+its slowest pair), adds the exchange to a device-side tally, then holds as the plain kernel does.
 
 The kernels are named as NCCL's are, so a profiler trace of an emulated step reads like a real one
 (``scripts/performance/analyze_overlap.py`` counts ``emulated_nccl_all_to_all`` and
@@ -38,51 +40,89 @@ except ImportError:  # pragma: no cover - exercised on machines without Triton
 if triton is not None:
 
     @triton.jit
-    def _spin_until(nanoseconds):
-        start = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
-                                          pack=1)
-        now = start
-        while now - start < nanoseconds:
-            now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
-                                            is_pure=False, pack=1)
+    def _now():
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                         pack=1)
 
-    @triton.jit(do_not_specialize=["nanoseconds"])  # one compiled kernel for every time
-    def emulated_nccl_all_to_all(nanoseconds):
-        _spin_until(nanoseconds)
+    @triton.jit
+    def _spin_to(end):
+        now = _now()
+        while now < end:
+            now = _now()
 
-    @triton.jit(do_not_specialize=["nanoseconds"])
-    def emulated_nccl_collective(nanoseconds):
-        _spin_until(nanoseconds)
+    @triton.jit
+    def _end_after_nic(start, nanoseconds, nic_ns, ledger_ptr):
+        """When a collective issued at ``start`` ends: ``nanoseconds`` later, or, when it keeps the NIC
+        busy for ``nic_ns`` and the NIC is still busy (``ledger``: when it is free), that long after the
+        NIC is free for it (first come, first served; ``network.nic_queue_end``). Block 0 books the NIC;
+        the other blocks hold their SMs for the collective's own time."""
+        end = start + nanoseconds
+        if (nic_ns > 0) & (tl.program_id(0) == 0):
+            tl.atomic_max(ledger_ptr, start)
+            slot = tl.atomic_add(ledger_ptr, nic_ns)
+            end = slot + nanoseconds
+        return end
 
-    @triton.jit(do_not_specialize=["row_bytes"])
-    def emulated_nvshmem_all_to_all(splits_ptr, links_ptr, tally_ptr, world, row_bytes, BLOCK: tl.constexpr):
-        """``links``: ``[4, world]`` float32 (latency ns, ns per byte, NIC flag, peer flag);
-        ``tally``: int64 (calls, bytes to peers, bytes over the NIC, modeled ns)."""
-        peers = tl.arange(0, BLOCK)
-        mask = peers < world
-        nbytes = tl.load(splits_ptr + peers, mask=mask, other=0).to(tl.int64) * row_bytes
-        latency = tl.load(links_ptr + peers, mask=mask, other=0.0)
-        ns_per_byte = tl.load(links_ptr + world + peers, mask=mask, other=0.0)
-        nic = tl.load(links_ptr + 2 * world + peers, mask=mask, other=0.0)
-        peer = tl.load(links_ptr + 3 * world + peers, mask=mask, other=0.0)
-        nanoseconds = tl.sum(latency + nbytes.to(tl.float32) * ns_per_byte, axis=0).to(tl.int64)
+    @triton.jit(do_not_specialize=["nanoseconds", "nic_ns"])  # one compiled kernel for every time
+    def emulated_nccl_all_to_all(nanoseconds, nic_ns, ledger_ptr):
+        _spin_to(_end_after_nic(_now(), nanoseconds, nic_ns, ledger_ptr))
+
+    @triton.jit(do_not_specialize=["nanoseconds", "nic_ns"])
+    def emulated_nccl_collective(nanoseconds, nic_ns, ledger_ptr):
+        _spin_to(_end_after_nic(_now(), nanoseconds, nic_ns, ledger_ptr))
+
+    @triton.jit(do_not_specialize=["row_bytes", "barrier_ns"])
+    def emulated_nvshmem_all_to_all(splits_ptr, calls_ptr, own_ptr, tally_ptr, ledger_ptr, world, row_bytes,
+                                    barrier_ns, BLOCK: tl.constexpr):
+        """``calls``: ``[3, world, world]`` float32 (latency ns, ns per byte, crosses nodes) of the pair
+        sending to rank ``j`` in call ``k``; ``own``: ``[2, world]`` (peer flag, NIC flag) of this rank's
+        bytes to ``j``; ``tally``: int64 (calls, bytes to peers, bytes over the NIC, modeled ns). Each call
+        lasts the barrier plus its slowest pair (``GroupCosts.serial_all_to_all``)."""
+        start = _now()
+        index = tl.arange(0, BLOCK)
+        ks, js = index[:, None], index[None, :]
+        inside = (ks < world) & (js < world)
+        cells = world * world
+        nbytes = tl.load(splits_ptr + js, mask=js < world, other=0).to(tl.int64) * row_bytes
+        latency = tl.load(calls_ptr + ks * world + js, mask=inside, other=0.0)
+        ns_per_byte = tl.load(calls_ptr + cells + ks * world + js, mask=inside, other=0.0)
+        crosses = tl.load(calls_ptr + 2 * cells + ks * world + js, mask=inside, other=0.0)
+        cost = tl.where(inside & (ks > 0), latency + nbytes.to(tl.float32) * ns_per_byte, 0.0)
+        slowest = tl.max(cost, axis=1)
+        slowest_crossing = tl.max(tl.where(crosses > 0, cost, 0.0), axis=1)
+        is_call = (index > 0) & (index < world)
+        nanoseconds = tl.sum(tl.where(is_call, slowest + barrier_ns, 0.0), axis=0).to(tl.int64)
+        nic_ns = tl.sum(tl.where(is_call & (slowest_crossing >= slowest), slowest, 0.0), axis=0).to(tl.int64)
         if tl.program_id(0) == 0:
+            mine = tl.load(splits_ptr + index, mask=index < world, other=0).to(tl.int64) * row_bytes
+            peer = tl.load(own_ptr + index, mask=index < world, other=0.0)
+            nic = tl.load(own_ptr + world + index, mask=index < world, other=0.0)
             tl.atomic_add(tally_ptr, 1)
-            tl.atomic_add(tally_ptr + 1, tl.sum(tl.where(peer > 0, nbytes, 0), axis=0))
-            tl.atomic_add(tally_ptr + 2, tl.sum(tl.where(nic > 0, nbytes, 0), axis=0))
+            tl.atomic_add(tally_ptr + 1, tl.sum(tl.where(peer > 0, mine, 0), axis=0))
+            tl.atomic_add(tally_ptr + 2, tl.sum(tl.where(nic > 0, mine, 0), axis=0))
             tl.atomic_add(tally_ptr + 3, nanoseconds)
-        _spin_until(nanoseconds)
+        _spin_to(_end_after_nic(start, nanoseconds, nic_ns, ledger_ptr))
 
 
 class Hold:
-    """``hold(seconds, sms, all_to_all)``: the current CUDA stream is busy on ``sms`` SMs for ``seconds``
-    (in the kernel named for an all-to-all, or for any other collective)."""
+    """``hold(seconds, sms, all_to_all, nic_seconds)``: the current CUDA stream is busy on ``sms`` SMs for
+    ``seconds`` (in the kernel named for an all-to-all, or for any other collective), after the NIC is
+    free when the collective keeps it busy for ``nic_seconds`` (:func:`network.nic_queue_end`)."""
 
     def __init__(self) -> None:
         self.kind: Optional[str] = None
         self._cycles_per_ns: Optional[float] = None
+        self._ledgers: dict[torch.device, torch.Tensor] = {}
 
-    def __call__(self, seconds: float, sms: int, all_to_all: bool = False) -> None:
+    def nic_ledger(self, device: torch.device) -> torch.Tensor:
+        """When this GPU's NIC is free again (global timer ns, int64 on ``device``), shared by every
+        collective the GPU holds for."""
+        ledger = self._ledgers.get(device)
+        if ledger is None:
+            ledger = self._ledgers[device] = torch.zeros(1, dtype=torch.int64, device=device)
+        return ledger
+
+    def __call__(self, seconds: float, sms: int, all_to_all: bool = False, nic_seconds: float = 0.0) -> None:
         nanoseconds = int(seconds * 1e9)
         if nanoseconds <= 0:
             return
@@ -90,23 +130,27 @@ class Hold:
             self.kind = self._choose()
         if self.kind == "triton":
             kernel = emulated_nccl_all_to_all if all_to_all else emulated_nccl_collective
-            kernel[(max(1, sms),)](nanoseconds, num_warps=16)
+            ledger = self.nic_ledger(torch.device("cuda", torch.cuda.current_device()))
+            kernel[(max(1, sms),)](nanoseconds, int(nic_seconds * 1e9), ledger, num_warps=16)
         else:
             torch.cuda._sleep(int(nanoseconds * self._clock_ghz()))
 
-    def serial_exchange(self, splits: torch.Tensor, row_bytes: int, links: torch.Tensor, tally: torch.Tensor,
-                        sms: int) -> bool:
+    def serial_exchange(self, splits: torch.Tensor, row_bytes: int, tables: tuple[torch.Tensor, torch.Tensor],
+                        barrier_seconds: float, tally: torch.Tensor, sms: int) -> bool:
         """Hold the current stream for an exchange of ``splits[j]`` rows of ``row_bytes`` to each peer
-        ``j``, one peer after another over the links of ``links`` (``GroupCosts.link_table``), and add
-        it to the device ``tally``, all on the GPU. ``False`` (nothing done) without the Triton
-        kernel: the caller then charges from host split sizes."""
+        ``j``, one call per peer, each as long as its slowest pair over the links of ``tables``
+        (``GroupCosts.device_tables``) after a barrier of ``barrier_seconds``, and add it to the device
+        ``tally``, all on the GPU. ``False`` (nothing done) without the Triton kernel: the caller then
+        charges from host split sizes."""
         if self.kind is None:
             self.kind = self._choose()
         if self.kind != "triton":
             return False
         world = splits.numel()
-        emulated_nvshmem_all_to_all[(max(1, sms),)](splits, links, tally, world, row_bytes,
-                                                     BLOCK=triton.next_power_of_2(world), num_warps=16)
+        calls, own = tables
+        emulated_nvshmem_all_to_all[(max(1, sms),)](
+            splits, calls, own, tally, self.nic_ledger(splits.device), world, row_bytes, barrier_seconds * 1e9,
+            BLOCK=triton.next_power_of_2(world), num_warps=16)
         return True
 
     def _choose(self) -> str:
@@ -114,8 +158,9 @@ class Hold:
             logger.warning("Triton is not installed: modeled communication holds one SM (torch.cuda._sleep)")
             return "sleep"
         try:
-            emulated_nccl_all_to_all[(1,)](1000, num_warps=16)
-            emulated_nccl_collective[(1,)](1000, num_warps=16)
+            ledger = self.nic_ledger(torch.device("cuda", torch.cuda.current_device()))
+            emulated_nccl_all_to_all[(1,)](1000, 0, ledger, num_warps=16)
+            emulated_nccl_collective[(1,)](1000, 0, ledger, num_warps=16)
             return "triton"
         except Exception as exc:  # a Triton that cannot build the kernel on this GPU
             logger.warning("the Triton hold kernel failed (%s): modeled communication holds one SM", exc)

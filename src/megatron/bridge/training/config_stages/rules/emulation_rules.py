@@ -47,7 +47,7 @@ def _sized_world(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
 EMULATION_RULES: tuple[Rule, ...] = (
     _rule("emulation-settings-need-an-emulated-world",
           ("emulation.world_size", "emulation.rank", "emulation.network", "emulation.gpus_per_node",
-           "emulation.comm_sms", "emulation.intra_node_gbps", "emulation.inter_node_gbps",
+           "emulation.comm_sms", "emulation.intra_node_gbps", "emulation.inter_node_gbps", "emulation.nics_per_gpu",
            "emulation.intra_node_latency_us", "emulation.inter_node_latency_us"),
           _at_defaults, "emulation.* describes an emulated world, and without emulation.world_size the run is a "
           "real one: the setting would have no effect", "emulate (the harness: --emulate with -ng N; in Python: "

@@ -29,9 +29,11 @@ class EmulationConfig(StrictFields):
     comm_sms: Optional[int] = None
     """SMs a modeled collective keeps busy; ``None``: the preset's."""
     intra_node_gbps: Optional[float] = None
-    """NVLink bandwidth per GPU and direction, GB/s; ``None``: the preset's."""
+    """NVLink bandwidth a GPU achieves per direction, GB/s; ``None``: the preset's."""
     inter_node_gbps: Optional[float] = None
-    """NIC bandwidth per GPU and direction between nodes, GB/s; ``None``: the preset's."""
+    """Bandwidth one NIC achieves per direction between nodes, GB/s; ``None``: the preset's."""
+    nics_per_gpu: Optional[float] = None
+    """NICs per GPU of a node; ``None``: the preset's."""
     intra_node_latency_us: Optional[float] = None
     inter_node_latency_us: Optional[float] = None
 
@@ -43,6 +45,6 @@ class EmulationConfig(StrictFields):
         """The network with this section's overrides (the preset must exist: a rule checks it)."""
         return network_model(
             self.network, gpus_per_node=self.gpus_per_node, comm_sms=self.comm_sms,
-            intra_node_gbps=self.intra_node_gbps, inter_node_gbps=self.inter_node_gbps,
+            intra_node_gbps=self.intra_node_gbps, inter_node_gbps=self.inter_node_gbps, nics_per_gpu=self.nics_per_gpu,
             intra_node_latency_us=self.intra_node_latency_us, inter_node_latency_us=self.inter_node_latency_us,
         )

@@ -145,9 +145,11 @@ RANGES: tuple[FieldRange, ...] = (
     FieldRange("emulation.comm_sms", low=0, integer=True, optional=True,
                why="SMs a modeled collective keeps busy (null: the preset's)"),
     FieldRange("emulation.intra_node_gbps", low=0, low_inclusive=False, optional=True,
-               why="NVLink GB/s per GPU and direction (null: the preset's)"),
+               why="NVLink GB/s a GPU achieves per direction (null: the preset's)"),
     FieldRange("emulation.inter_node_gbps", low=0, low_inclusive=False, optional=True,
-               why="NIC GB/s per GPU and direction (null: the preset's)"),
+               why="GB/s one NIC achieves per direction (null: the preset's)"),
+    FieldRange("emulation.nics_per_gpu", low=0, low_inclusive=False, optional=True,
+               why="NICs per GPU of a node (null: the preset's)"),
     FieldRange("emulation.intra_node_latency_us", low=0, optional=True, why="microseconds (null: the preset's)"),
     FieldRange("emulation.inter_node_latency_us", low=0, optional=True, why="microseconds (null: the preset's)"),
 )
