@@ -1,5 +1,5 @@
 """Which dispatch/combine exchanges of a profiled EP-overlap step stay exposed, by their place in
-megatron-core's schedule (``megatron.bridge.perf.exchange_exposure``).
+megatron-core's schedule (``megatron.bridge.perf.analysis.exchange_exposure``).
 
     uv run python scripts/performance/ep_exchange_exposure.py TRACE.json[.gz] --layers 4 --micro-batches 8 \\
         [--json OUT.json]
@@ -12,8 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from megatron.bridge.perf.exchange_exposure import ExchangeCountMismatch, exchange_exposure
-from megatron.bridge.perf.overlap_analysis import TraceError
+from megatron.bridge.perf.analysis.exchange_exposure import ExchangeCountMismatch, exchange_exposure
+from megatron.bridge.perf.analysis.overlap_analysis import TraceError
 
 
 def main(argv: list[str]) -> int:

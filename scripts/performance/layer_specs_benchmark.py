@@ -12,7 +12,7 @@ one after another in one ``torchrun`` job (one start-up), interleaved: for each 
 run again, so the same command continues a run that was stopped (``--job-timeout``).
 
 ``--profile`` adds, after the timed cases, one profiled run per arm at 8 experts and MBS 1 (not timed:
-the profiler slows the step) and a summary of each trace (``perf/trace_summary.py``).
+the profiler slows the step) and a summary of each trace (``perf/analysis/trace_summary.py``).
 
 Outputs: ``<out>/results.json``; with ``--publish``, ``docs/benchmarks/layer_specs_results.json``
 (one row per arm, expert count and MBS) and the generated part of ``docs/benchmarks/layer_specs.md``.
@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Optional
 
 from megatron.bridge.perf import benchmark_jobs
+from megatron.bridge.perf.analysis.trace_summary import format_summary, summarize_file
 from megatron.bridge.perf.benchmark_jobs import JOB_TIMED_OUT, NOMINAL_PEAK_TFLOPS, SAFE_ENV
 from megatron.bridge.perf.results import argv_without
-from megatron.bridge.perf.trace_summary import format_summary, summarize_file
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS_JSON = REPO / "docs" / "benchmarks" / "layer_specs_results.json"

@@ -10,7 +10,7 @@ import pytest
 from perf_scripts import load_script
 from trace_events import kernel, step
 
-from megatron.bridge.perf.exchange_exposure import ExchangeCountMismatch, exchange_exposure
+from megatron.bridge.perf.analysis.exchange_exposure import ExchangeCountMismatch, exchange_exposure
 
 EXCHANGE_US, COMM, COMPUTE = 100, 9, 7
 COVERED_US = [0, 0, 100, 50, 0, 100, 0, 0]

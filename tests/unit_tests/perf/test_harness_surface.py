@@ -25,7 +25,7 @@ def _training_imports(path: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("path", sorted(PERF.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(PERF.rglob("*.py")), ids=lambda p: p.relative_to(PERF).as_posix())
 def test_the_harness_imports_the_training_side_only_through_its_surface(path):
     assert {m for m in _training_imports(path)} <= {SURFACE_MODULE}
 

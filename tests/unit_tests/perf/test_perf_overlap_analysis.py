@@ -5,14 +5,14 @@ import json
 import pytest
 from trace_events import kernel, step
 
-from megatron.bridge.perf.overlap_analysis import (
+from megatron.bridge.perf.analysis.overlap_analysis import (
     analyze_trace,
     classify,
     intersect,
     total,
     union,
 )
-from megatron.bridge.perf.overlap_analysis_cli import main as analyze_main
+from megatron.bridge.perf.analysis.overlap_analysis_cli import main as analyze_main
 
 
 def cpu_op(name, ts, dur, **args):

@@ -3,8 +3,8 @@
 import pytest
 from trace_events import kernel, step
 
-from megatron.bridge.perf.overlap_analysis import classify
-from megatron.bridge.perf.step_anatomy import step_anatomy
+from megatron.bridge.perf.analysis.overlap_analysis import classify
+from megatron.bridge.perf.analysis.step_anatomy import step_anatomy
 
 
 def _runtime(name, ts, dur):

@@ -18,7 +18,7 @@ world). Within a job the cases are interleaved, repeat by repeat. ``ep1`` needs 
 per-GPU work of EP=16); at more nodes it is left out and ``free`` is the compute-only reference.
 
 Profiled cases (``profile_arms``) run once more each with the torch profiler on one step; their
-:func:`~megatron.bridge.perf.step_anatomy.step_anatomy` (GPU idle, host waits, exposed
+:func:`~megatron.bridge.perf.analysis.step_anatomy.step_anatomy` (GPU idle, host waits, exposed
 communication) goes into the row of their arm, their step times into no row.
 """
 
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from megatron.bridge.perf.exchange_exposure import ExchangeCountMismatch, exchange_exposure
-from megatron.bridge.perf.step_anatomy import step_anatomy
+from megatron.bridge.perf.analysis.exchange_exposure import ExchangeCountMismatch, exchange_exposure
+from megatron.bridge.perf.analysis.step_anatomy import step_anatomy
 
 ARMS = ("ep1", "free", "off", "on", "on_delay_wgrad")
 GPUS_PER_NODE = 8

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from megatron.bridge.perf.overlap_analysis import total
+from megatron.bridge.perf.analysis.overlap_analysis import total
 
 _STEP = re.compile(r"ProfilerStep#(\d+)")
 HOST_WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Union
 
-from megatron.bridge.perf.overlap_analysis import (
+from megatron.bridge.perf.analysis.overlap_analysis import (
     _KERNEL_CATS,
     _STEP,
     _trace_events,

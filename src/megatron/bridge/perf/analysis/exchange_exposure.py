@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Union
 
-from megatron.bridge.perf.overlap_analysis import Event, _events, compute_beside, intersect, load_trace, total
+from megatron.bridge.perf.analysis.overlap_analysis import Event, _events, compute_beside, intersect, load_trace, total
 
 PAIRED_ORDER = ("combine_backward", "dispatch_forward", "dispatch_backward", "combine_forward")
 """The exchanges of one paired layer, in the order megatron-core's schedule issues them."""
@@ -32,7 +32,7 @@ class ExchangeCountMismatch(ValueError):
 
 def _exposed(exchange: Event, beside: dict[str, list[tuple[float, float]]]) -> float:
     """Microseconds of ``exchange`` that no compute kernel on another stream covers
-    (``beside``: :func:`~megatron.bridge.perf.overlap_analysis.compute_beside`)."""
+    (``beside``: :func:`~megatron.bridge.perf.analysis.overlap_analysis.compute_beside`)."""
     return (exchange.end - exchange.start) - total(intersect([(exchange.start, exchange.end)], beside[exchange.stream]))
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from megatron.bridge.perf.overlap_analysis import DEFAULT_THRESHOLD, OverlapAnalysis, TraceError, analyze_trace
+from megatron.bridge.perf.analysis.overlap_analysis import DEFAULT_THRESHOLD, OverlapAnalysis, TraceError, analyze_trace
 
 
 def _run_facts_near(trace: Path) -> tuple[Optional[int], Optional[bool]]:
