@@ -2,7 +2,7 @@
 
 Qwen3-30B-A3B's layer shape at EP=8*nodes over ``nodes`` x 8 GPUs, one rank trained on this GPU in
 an emulated world whose collectives take the time of a network model (modeled, not measured), with
-EP overlap off and on, against EP=1 on the same GPU (see ``megatron.bridge.perf.emulation_benchmark``
+EP overlap off and on, against EP=1 on the same GPU (see ``megatron.bridge.perf.benchmarks.emulation_benchmark``
 for the arms and the hidden share).
 
     uv run python scripts/performance/ep_emulation_benchmark.py --out runs/ep_emulation --publish
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from megatron.bridge.emulation.network import PRESETS
-from megatron.bridge.perf import emulation_benchmark as bench
-from megatron.bridge.perf.benchmark_jobs import (
+from megatron.bridge.perf.benchmarks import emulation_benchmark as bench
+from megatron.bridge.perf.benchmarks.benchmark_jobs import (
     NOMINAL_PEAK_TFLOPS,
     SAFE_ENV,
     device_name,

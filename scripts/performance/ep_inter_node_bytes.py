@@ -3,7 +3,7 @@
 
 Each count is emulated harness runs (``run_script.py --emulate``, one layer, one step), one as the
 first rank of each node, whose records give the bytes every all-to-all sent over the inter-node link (see
-``megatron.bridge.perf.inter_node_bytes``). Bytes depend on the routing, not on the device: ``-g cpu``
+``megatron.bridge.perf.benchmarks.inter_node_bytes``). Bytes depend on the routing, not on the device: ``-g cpu``
 (the default) counts what a GPU run of the same data and seed would.
 
     uv run python scripts/performance/ep_inter_node_bytes.py --out runs/inter_node_bytes --publish
@@ -19,8 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from megatron.bridge.perf import inter_node_bytes as count
-from megatron.bridge.perf.benchmark_jobs import git_commit
+from megatron.bridge.perf.benchmarks import inter_node_bytes as count
+from megatron.bridge.perf.benchmarks.benchmark_jobs import git_commit
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS_JSON = REPO / "docs" / "benchmarks" / "ep_inter_node_bytes_results.json"

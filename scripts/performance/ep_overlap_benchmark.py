@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from megatron.bridge.perf import benchmark_jobs
-from megatron.bridge.perf.benchmark_jobs import (
+from megatron.bridge.perf.benchmarks import benchmark_jobs
+from megatron.bridge.perf.benchmarks.benchmark_jobs import (
     JOB_TIMED_OUT,
     NOMINAL_PEAK_TFLOPS,
     SAFE_ENV,

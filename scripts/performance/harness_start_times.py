@@ -9,7 +9,7 @@ Usage (compare a commit with the working tree; ``git worktree add /tmp/base <com
 
 Prints a table (median and minimum wall time, median CPU time) and, with ``--imports``, where the
 dry run's import time goes; ``--out`` also writes the raw samples as JSON. The logic lives in
-``megatron.bridge.perf.start_times``.
+``megatron.bridge.perf.benchmarks.start_times``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from megatron.bridge.perf.start_times import COMMANDS, import_breakdown, markdown, measure
+from megatron.bridge.perf.benchmarks.start_times import COMMANDS, import_breakdown, markdown, measure
 
 
 def main() -> int:

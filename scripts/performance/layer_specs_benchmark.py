@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from megatron.bridge.perf import benchmark_jobs
 from megatron.bridge.perf.analysis.trace_summary import format_summary, summarize_file
-from megatron.bridge.perf.benchmark_jobs import JOB_TIMED_OUT, NOMINAL_PEAK_TFLOPS, SAFE_ENV
+from megatron.bridge.perf.benchmarks import benchmark_jobs
+from megatron.bridge.perf.benchmarks.benchmark_jobs import JOB_TIMED_OUT, NOMINAL_PEAK_TFLOPS, SAFE_ENV
 from megatron.bridge.perf.results import argv_without
 
 REPO = Path(__file__).resolve().parents[2]

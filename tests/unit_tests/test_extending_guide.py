@@ -37,7 +37,7 @@ import megatron.bridge.recipes as recipes_package
 from megatron.bridge.models.gpt_provider import TORCH_NATIVE_DISPATCHERS
 from megatron.bridge.models.torch_native.dispatch_policy import choose_dispatch
 from megatron.bridge.perf.argument_parser import parse_args
-from megatron.bridge.perf.benchmark_jobs import write_configs
+from megatron.bridge.perf.benchmarks.benchmark_jobs import write_configs
 from megatron.bridge.perf.config_builder import HarnessError, build_config
 from megatron.bridge.perf.recipe_lookup import RECIPES_PACKAGE, available_families
 from megatron.bridge.perf.run import main, make_job
@@ -495,7 +495,7 @@ def test_a_flex_backend_named_and_given_its_gpus_is_offered_and_checked(toy_flex
 
 # ------------------------------------------------------------------------------------------ (5) a benchmark
 def toy_benchmark_case(root: Path, overlap: bool, ep: int = 2) -> list[str]:
-    """A benchmark case as the guide asks: a harness command line (its logic would live in perf/)."""
+    """A benchmark case as the guide asks: a harness command line (its logic would live in perf/benchmarks/)."""
     name = f"ep{ep}_overlap_{'on' if overlap else 'off'}"
     return ["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "2", "-ep", str(ep), "--max_steps", "4",
             f"comm_overlap.overlap_moe_expert_parallel_comm={str(overlap).lower()}", "-l", str(root / name)]

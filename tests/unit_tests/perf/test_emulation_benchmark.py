@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from perf_scripts import load_script
 
-from megatron.bridge.perf import emulation_benchmark as bench
+from megatron.bridge.perf.benchmarks import emulation_benchmark as bench
 from megatron.bridge.perf.run import main
 
 

@@ -61,7 +61,7 @@ def test_the_script_writes_the_split_or_says_why_not(tmp_path, capsys, micro_bat
 @pytest.mark.parametrize("arm, exchanges, split", [("on", 8, True), ("off", 8, False), ("on", 12, False)],
                          ids=["overlap-on", "overlap-off", "several-kernels-an-exchange"])
 def test_the_benchmark_adds_the_split_to_a_profiled_overlap_row(tmp_path, arm, exchanges, split):
-    from megatron.bridge.perf import emulation_benchmark as bench
+    from megatron.bridge.perf.benchmarks import emulation_benchmark as bench
 
     case = bench.Case(arm, "h100_ib400", "sorted_nvshmem_graph", 0, 1, 2, 12, "h200", profile=True, micro_batches=2)
     trace = tmp_path / "profile" / f"trace_rank0_steps{bench.PROFILED_STEP}-{bench.PROFILED_STEP}.json"

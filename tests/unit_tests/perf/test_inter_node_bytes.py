@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron.bridge.perf import inter_node_bytes as count
+from megatron.bridge.perf.benchmarks import inter_node_bytes as count
 from megatron.bridge.perf.run import main
 
 

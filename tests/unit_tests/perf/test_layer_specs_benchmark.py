@@ -39,7 +39,7 @@ def test_every_case_is_a_harness_command_that_validates(bench, tmp_path, monkeyp
     """Each arm's command line goes through the harness's own rules (TE faked as installed, so a CPU
     host validates the GPU machine's cases; megatron-core's own deferred checks look for the real TE
     kernels and are left to the GPU run) and selects the layers it names."""
-    from megatron.bridge.perf import benchmark_jobs
+    from megatron.bridge.perf.benchmarks import benchmark_jobs
     from megatron.bridge.training.config_stages.resolution import finalize
 
     monkeypatch.setattr(finalize, "run_megatron_post_init", lambda cfg: None)

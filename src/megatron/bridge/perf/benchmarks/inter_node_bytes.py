@@ -27,8 +27,8 @@ from math import comb
 from pathlib import Path
 from typing import Any
 
-from megatron.bridge.perf import emulation_benchmark as bench
-from megatron.bridge.perf.emulation_benchmark import EXPERTS, GPUS_PER_NODE, TOPK
+from megatron.bridge.perf.benchmarks import emulation_benchmark as bench
+from megatron.bridge.perf.benchmarks.emulation_benchmark import EXPERTS, GPUS_PER_NODE, TOPK
 
 HIDDEN, SEQ = 2048, 4096
 DISPATCHERS = {name: bench.DISPATCHERS[name] for name in ("alltoall", "node_aware")}
