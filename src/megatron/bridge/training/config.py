@@ -27,8 +27,11 @@ from megatron.core.optimizer import OptimizerConfig
 from megatron.bridge.models.gpt_provider import GPTModelProvider
 from megatron.bridge.training.config_stages.schema import copy_records
 from megatron.bridge.training.config_stages.schema.emulation_config import EmulationConfig
+from megatron.bridge.training.config_stages.schema.mixed_precision_config import (
+    MIXED_PRECISION_RECIPES,
+    MixedPrecisionConfig,
+)
 from megatron.bridge.training.config_stages.schema.upstream_sections import RerunStateMachineConfig, ValidationConfig
-from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, MixedPrecisionConfig
 from megatron.bridge.training.tokenizers.config import TokenizerConfig
 from megatron.bridge.utils.strict_fields import StrictFields, make_strict, register_strict
 

@@ -25,6 +25,7 @@ FACES: tuple[str, ...] = (
     "megatron.bridge.training.config",
     "megatron.bridge.training.comm_overlap",
     "megatron.bridge.training.flex_dispatcher_backend",
+    "megatron.bridge.training.mixed_precision",
     "megatron.bridge.training.pretrain",
     "megatron.bridge.training.utils.omegaconf_utils",
 )

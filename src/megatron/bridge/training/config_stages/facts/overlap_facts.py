@@ -12,8 +12,8 @@ from packaging.version import Version
 
 from megatron.bridge.models.layer_specs import LayerSpecChoice, choose_layer_spec, te_only_features
 from megatron.bridge.training.config_stages.facts.megatron_compat import graph_modules
+from megatron.bridge.training.config_stages.facts.mixed_precision_targets import mixed_precision_recipe
 from megatron.bridge.training.config_stages.schema.rule_base import RuleContext
-from megatron.bridge.training.mixed_precision import mixed_precision_recipe
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

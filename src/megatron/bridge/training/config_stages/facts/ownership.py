@@ -24,11 +24,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from megatron.bridge.training.config_stages.facts.mixed_precision_targets import (
+    LEFT_TO_USER,
+    PRECISION_TARGETS,
+    precision_value,
+)
 from megatron.bridge.training.config_stages.facts.overlap_fields import OVERLAP_FIELDS
 from megatron.bridge.training.config_stages.schema import copy_records
 from megatron.bridge.training.config_stages.schema.rule_base import field_default, read_field
 from megatron.bridge.training.errors import Violation
-from megatron.bridge.training.mixed_precision import LEFT_TO_USER, PRECISION_TARGETS, precision_value
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

@@ -24,13 +24,13 @@ from megatron.bridge.models.layer_specs import LayerSpecChoice
 from megatron.bridge.training.config_stages.facts import gpu_catalog, ownership
 from megatron.bridge.training.config_stages.facts.overlap_facts import layer_spec_choice
 from megatron.bridge.training.config_stages.resolution import overlap_resolution
+from megatron.bridge.training.config_stages.resolution.mixed_precision_resolution import apply_mixed_precision
 from megatron.bridge.training.config_stages.resolution.overlap_report import OverlapReport, report_from
 from megatron.bridge.training.config_stages.resolution.overlap_resolution import EffectiveValue
 from megatron.bridge.training.config_stages.rules.overlap_rules import OVERLAP_RULES
 from megatron.bridge.training.config_stages.rules.registry import ALL_RULES
 from megatron.bridge.training.config_stages.schema.rule_base import RuleContext, check_rules, field_default
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigValidationError, Violation
-from megatron.bridge.training.mixed_precision import apply_mixed_precision
 from megatron.bridge.training.tokenizers.config import derive_vocab_size
 from megatron.bridge.utils.host import current_host
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from megatron.bridge.training.config_stages.facts.overlap_facts import precision_fp4, resolved_layer_spec
+from megatron.bridge.training.config_stages.schema.mixed_precision_config import MixedPrecisionConfig
 from megatron.bridge.training.config_stages.schema.rule_base import TE_VERSION_VALUE, Rule, RuleContext
-from megatron.bridge.training.mixed_precision import MixedPrecisionConfig
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
