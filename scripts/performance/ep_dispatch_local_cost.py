@@ -55,9 +55,9 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from megatron.bridge.models.torch_native.dispatcher import ExpertParallelSortedDispatcher
+from megatron.bridge.models.torch_native.sorted_dispatcher import ExpertParallelSortedDispatcher
 from megatron.bridge.models.torch_native.token_exchange import CollectiveExchange, Route, RowExchange
-from megatron.bridge.perf.results import argv_without
+from megatron.bridge.perf.harness.results import argv_without
 from megatron.bridge.training.telemetry.step_timing import host_enqueue_s, park_gpu
 
 HIDDEN, EXPERTS, TOPK, SEQ, EP = 2048, 128, 8, 4096, 2

@@ -51,7 +51,7 @@ from megatron.bridge.perf.benchmarks.benchmark_jobs import (
     matmul_ceiling_tflops,
     run_logged,
 )
-from megatron.bridge.perf.results import argv_without
+from megatron.bridge.perf.harness.results import argv_without
 
 REPO = Path(__file__).resolve().parents[2]
 

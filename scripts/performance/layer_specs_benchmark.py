@@ -36,7 +36,7 @@ from typing import Optional
 from megatron.bridge.perf.analysis.trace_summary import format_summary, summarize_file
 from megatron.bridge.perf.benchmarks import benchmark_jobs
 from megatron.bridge.perf.benchmarks.benchmark_jobs import JOB_TIMED_OUT, NOMINAL_PEAK_TFLOPS, SAFE_ENV
-from megatron.bridge.perf.results import argv_without
+from megatron.bridge.perf.harness.results import argv_without
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS_JSON = REPO / "docs" / "benchmarks" / "layer_specs_results.json"

@@ -22,7 +22,7 @@ from megatron.bridge.utils.quiet import silence_harness_noise
 # megatron-core warns at import time about optional packages (TE, Apex, absl); not actionable here.
 silence_harness_noise()
 
-from megatron.bridge.perf.run import main  # noqa: E402
+from megatron.bridge.perf.harness.run import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -174,7 +174,7 @@ def test_srun_mode_forwards_the_stop_to_srun(tmp_path):
 def test_batch_script_forwards_slurms_pre_timeout_signal_to_srun(tmp_path):
     """The generated sbatch script asks SLURM for SIGTERM before the time limit and forwards it to
     srun; run here by bash with stand-ins for srun and scontrol."""
-    from megatron.bridge.perf.launcher import SLURM_STOP_LEAD_S, plan_launch
+    from megatron.bridge.perf.harness.launcher import SLURM_STOP_LEAD_S, plan_launch
 
     plan = plan_launch(cpu=False, num_gpus=16, gpus_per_node=8, procs_per_gpu=1, config_path=tmp_path / "c.yaml",
                        log_dir=tmp_path, environ={}, workdir=tmp_path)

@@ -71,9 +71,9 @@ CASES: dict[str, tuple[list[str], str]] = {
 
 def build(name: str, argv: list[str], out: Path):
     """The harness's job for one case, or the typed error that refused it."""
-    from megatron.bridge.perf.argument_parser import parse_args
-    from megatron.bridge.perf.config_builder import build_config
-    from megatron.bridge.perf.run import make_job, prepare
+    from megatron.bridge.perf.harness.argument_parser import parse_args
+    from megatron.bridge.perf.harness.config_builder import build_config
+    from megatron.bridge.perf.harness.run import make_job, prepare
 
     args = parse_args([*BASE, *argv, "-l", str(out / name)])
     job = make_job(build_config(args), args)

@@ -20,7 +20,7 @@ Where it must exist:
 * ``src/``, ``tests/``, ``scripts/``, ``docs/``: from the repository root, exactly;
 * ``megatron/core/...``: in the installed megatron-core;
 * any other (``recipes/...``, which is also the package's ``recipes/``, and the package- or
-  section-relative names the pages use: ``perf/run.py``, ``config_stages/rules/registry.py``,
+  section-relative names the pages use: ``perf/harness/run.py``, ``config_stages/rules/registry.py``,
   ``unit_tests/perf/test_harness_start.py``): as the tail of a file or folder of the repository, or
   from the document's own folder;
 * a path of another project that a page names as such (Megatron-Bridge's tests and scripts) is listed

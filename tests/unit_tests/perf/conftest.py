@@ -25,7 +25,7 @@ def readme_command(tmp_path):
 @pytest.fixture
 def no_launch(monkeypatch):
     """Any launch attempt fails the test: refusals and answers given before launch come first."""
-    import megatron.bridge.perf.run as run_module
+    import megatron.bridge.perf.harness.run as run_module
 
     def refuse(*args, **kwargs):
         raise AssertionError("launched although the harness should have answered before launch")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from megatron.bridge.perf.run import main
+from megatron.bridge.perf.harness.run import main
 
 TINY_CPU = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2"]
 PLANTED = "planted_by_config_test"

@@ -8,7 +8,7 @@ import io
 import pytest
 from seed_command import README_COMMAND, for_gpu
 
-from megatron.bridge.perf.run import main
+from megatron.bridge.perf.harness.run import main
 
 EMULATE = ["--emulate", "--network", "h100_ib400"]
 

@@ -12,7 +12,7 @@ import pytest
 from perf_scripts import load_script
 
 from megatron.bridge.perf.benchmarks import emulation_benchmark as bench
-from megatron.bridge.perf.run import main
+from megatron.bridge.perf.harness.run import main
 
 
 def test_the_plan_interleaves_repeats_and_runs_free_once_per_dispatcher():

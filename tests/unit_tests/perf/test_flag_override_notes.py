@@ -8,10 +8,10 @@ from argparse import Namespace
 
 import pytest
 
-from megatron.bridge.perf.argument_parser import parse_args
-from megatron.bridge.perf.config_builder import emulation_values, flag_values
-from megatron.bridge.perf.flag_fields import flag_of_field
-from megatron.bridge.perf.run import main
+from megatron.bridge.perf.harness.argument_parser import parse_args
+from megatron.bridge.perf.harness.config_builder import emulation_values, flag_values
+from megatron.bridge.perf.harness.flag_fields import flag_of_field
+from megatron.bridge.perf.harness.run import main
 
 TINY_CPU = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--dryrun"]
 BOTH_SET = "both set"

@@ -14,9 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import megatron.bridge.perf.run as run_module
-from megatron.bridge.perf.launcher import run_plan
-from megatron.bridge.perf.supervisor import LAUNCH_LOG, JobOutcome
+import megatron.bridge.perf.harness.run as run_module
+from megatron.bridge.perf.harness.launcher import run_plan
+from megatron.bridge.perf.harness.supervisor import LAUNCH_LOG, JobOutcome
 
 ROOT = Path(__file__).resolve().parents[3]
 CHILDREN = Path(__file__).with_name("children")

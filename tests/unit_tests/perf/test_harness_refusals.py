@@ -1,5 +1,5 @@
 """What ``run_script.py`` says when it will not launch, through its real entry point
-(``megatron.bridge.perf.run.main``): short usage errors with the flag meant, recipe and layout
+(``megatron.bridge.perf.harness.run.main``): short usage errors with the flag meant, recipe and layout
 refusals with a suggestion and a rule id, a run that has nothing left to train, a dry run that
 says what it does not write, a machine check before the launch is described, and a ``-h`` whose
 defaults are shown once and true."""
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from checkpoint_stand_in import saved_checkpoint
 
-from megatron.bridge.perf.argument_parser import LOG_DIR_DEFAULT, SWEEP_DIR_DEFAULT
-from megatron.bridge.perf.run import main
+from megatron.bridge.perf.harness.argument_parser import LOG_DIR_DEFAULT, SWEEP_DIR_DEFAULT
+from megatron.bridge.perf.harness.run import main
 
 TINY_CPU = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2"]
 LAYOUT = dict(tp=1, pp=1, vpp=None, cp=1, ep=2, etp=1, dp=2)

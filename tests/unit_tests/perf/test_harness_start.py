@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron.bridge.perf import recipe_lookup
+from megatron.bridge.perf.harness import recipe_lookup
 
 ROOT = Path(__file__).resolve().parents[3]
 RUN_SCRIPT = ROOT / "scripts" / "performance" / "run_script.py"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from megatron.bridge.perf.benchmarks import inter_node_bytes as count
-from megatron.bridge.perf.run import main
+from megatron.bridge.perf.harness.run import main
 
 
 def _summary(groups: dict[str, int]) -> dict:

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from megatron.bridge.perf.run import main
+from megatron.bridge.perf.harness.run import main
 
 SBATCH_RUN = ["-mr", "qwen3_30b_a3b", "-g", "h100", "-ng", "16", "-gn", "8", "--max_steps", "4"]
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from megatron.bridge.perf.argument_parser import PLAIN_ALLTOALL, build_parser, parse_args, str_to_bool
-from megatron.bridge.perf.config_builder import flag_values
-from megatron.bridge.perf.flag_fields import FLAG_FIELDS
+from megatron.bridge.perf.harness.argument_parser import PLAIN_ALLTOALL, build_parser, parse_args, str_to_bool
+from megatron.bridge.perf.harness.config_builder import flag_values
+from megatron.bridge.perf.harness.flag_fields import FLAG_FIELDS
 
 BASE = ["-mr", "qwen3_30b_a3b"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from checkpoint_stand_in import saved_checkpoint
 
-from megatron.bridge.perf.run import main
+from megatron.bridge.perf.harness.run import main
 
 TINY_CPU = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--max_steps", "3"]
 
@@ -56,7 +56,7 @@ def _long_tracker(tmp: Path) -> list[str]:
 def _other_model(tmp: Path) -> list[str]:
     """A checkpoint with the tiny run's layout, written by a tiny model of four layers (two here)."""
     from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
-    from megatron.bridge.training.loop.checkpoint_dir import model_shape
+    from megatron.bridge.training.config_stages.facts.checkpoint_dir import model_shape
 
     other = qwen3_moe_tiny_pretrain_config()
     other.model.num_layers = 4
@@ -200,8 +200,8 @@ def test_empty_checkpoint_directory_starts_fresh_and_says_so(tmp_path):
     ids=["scaled", "kept-and-said"],
 )
 def test_max_steps_scales_the_schedule_or_says_what_it_does(tmp_path, extra, decay, warmup, says):
-    from megatron.bridge.perf.argument_parser import parse_args
-    from megatron.bridge.perf.config_builder import build_config
+    from megatron.bridge.perf.harness.argument_parser import parse_args
+    from megatron.bridge.perf.harness.config_builder import build_config
 
     argv = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--max_steps", "20", *extra]
     built = build_config(parse_args([*argv, "-l", str(tmp_path)]))
@@ -213,7 +213,7 @@ def test_max_steps_scales_the_schedule_or_says_what_it_does(tmp_path, extra, dec
 
 def test_resuming_says_the_checkpoints_schedule_continues(tmp_path):
     """megatron-core's scheduler takes its lengths from the checkpoint: no scaling note, this one."""
-    from megatron.bridge.perf.config_builder import RESUMED_SCHEDULE_NOTE
+    from megatron.bridge.perf.harness.config_builder import RESUMED_SCHEDULE_NOTE
 
     root = _checkpoint(tmp_path, dict(tp=1, pp=1, vpp=None, cp=1, ep=2, etp=1, dp=2))
     out = io.StringIO()

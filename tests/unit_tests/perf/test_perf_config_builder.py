@@ -3,8 +3,8 @@
 import pytest
 import yaml
 
-from megatron.bridge.perf.argument_parser import parse_args
-from megatron.bridge.perf.config_builder import HarnessError, build_config, resolve
+from megatron.bridge.perf.harness.argument_parser import parse_args
+from megatron.bridge.perf.harness.config_builder import HarnessError, build_config, resolve
 from megatron.bridge.training.config_stages.schema.rule_base import read_field
 from megatron.bridge.training.errors import CommOverlapConfigError, ConfigError, OverrideError
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from megatron.bridge.perf.argument_parser import parse_args
-from megatron.bridge.perf.config_builder import build_config, resolution_of, resolve
-from megatron.bridge.perf.run import main
-from megatron.bridge.perf.supervisor import JobOutcome
+from megatron.bridge.perf.harness.argument_parser import parse_args
+from megatron.bridge.perf.harness.config_builder import build_config, resolution_of, resolve
+from megatron.bridge.perf.harness.run import main
+from megatron.bridge.perf.harness.supervisor import JobOutcome
 
 
 def run(argv):
@@ -166,7 +166,7 @@ def _fake_run_plan(plan, stream=None, verbose=False):
 
 def _on_a_gpu_machine(monkeypatch):
     """Sweeps on a GPU target (the machine check sees eight GPUs; the launch is faked)."""
-    import megatron.bridge.perf.run as run_module
+    import megatron.bridge.perf.harness.run as run_module
 
     monkeypatch.setattr(run_module, "run_plan", _fake_run_plan)
     monkeypatch.setattr(run_module, "gpus_visible", lambda: 8)
@@ -212,7 +212,7 @@ def test_sweep_repeats_interleave_the_values_and_report_each_round(tmp_path, mon
 
 
 def test_single_run_prints_results_table(tmp_path, monkeypatch):
-    import megatron.bridge.perf.run as run_module
+    import megatron.bridge.perf.harness.run as run_module
 
     monkeypatch.setattr(run_module, "run_plan", _fake_run_plan)
     code, out = run(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-l", str(tmp_path / "r")])
@@ -221,7 +221,7 @@ def test_single_run_prints_results_table(tmp_path, monkeypatch):
 
 
 def test_failed_run_returns_its_exit_code(tmp_path, monkeypatch):
-    import megatron.bridge.perf.run as run_module
+    import megatron.bridge.perf.harness.run as run_module
 
     monkeypatch.setattr(run_module, "run_plan", lambda plan, stream=None, verbose=False: JobOutcome(5))
     code, out = run(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "1", "-l", str(tmp_path / "r")])

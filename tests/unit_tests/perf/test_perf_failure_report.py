@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from megatron.bridge.perf.failure_report import failed_ranks, failure_report
+from megatron.bridge.perf.harness.failure_report import failed_ranks, failure_report
 
 PEER_LOST = "RuntimeError: [gloo/transport/tcp/pair.cc:545] Read error: Connection reset by peer"
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron.bridge.perf.failure_report import failure_report
-from megatron.bridge.perf.launcher import (
+from megatron.bridge.perf.harness.failure_report import failure_report
+from megatron.bridge.perf.harness.launcher import (
     ENTRY_MODULE,
     choose_mode,
     plan_launch,

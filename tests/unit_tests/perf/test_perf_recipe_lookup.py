@@ -2,7 +2,7 @@
 
 import pytest
 
-from megatron.bridge.perf.recipe_lookup import (
+from megatron.bridge.perf.harness.recipe_lookup import (
     RecipeLookupError,
     available_families,
     layout_problem,

@@ -3,8 +3,8 @@
 
 import pytest
 
-from megatron.bridge.perf.results import format_results, steady_state, summary_steady_state
-from megatron.bridge.perf.sweep import (
+from megatron.bridge.perf.harness.results import format_results, steady_state, summary_steady_state
+from megatron.bridge.perf.harness.sweep import (
     SweepPoint,
     job_dirname,
     parse_sweep,
@@ -78,7 +78,7 @@ def test_job_dirname_is_safe_and_ordered():
 
 
 def _points():
-    from megatron.bridge.perf.results import SteadyState
+    from megatron.bridge.perf.harness.results import SteadyState
 
     return [
         SweepPoint("false", "runs/a", SteadyState(3, 8, 2.0, 1.8, 2.2, 6)),

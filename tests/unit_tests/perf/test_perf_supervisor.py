@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron.bridge.perf import supervisor
-from megatron.bridge.perf.supervisor import LAUNCH_LOG, OutputPump, StopForwarder, alive, supervise
+from megatron.bridge.perf.harness import supervisor
+from megatron.bridge.perf.harness.supervisor import LAUNCH_LOG, OutputPump, StopForwarder, alive, supervise
 
 CHILDREN = Path(__file__).with_name("children")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 
-from megatron.bridge.perf.run import main
+from megatron.bridge.perf.harness.run import main
 
 TINY_CPU = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--dryrun"]
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from megatron.bridge.perf.results import format_results
+from megatron.bridge.perf.harness.results import format_results
 
 STEPS = 10
 TIMES = [2.0, 1.5] + [1.0] * (STEPS - 2)

@@ -1,4 +1,4 @@
-"""The harness on a shared cluster, through its real entry point (``megatron.bridge.perf.run.main``):
+"""The harness on a shared cluster, through its real entry point (``megatron.bridge.perf.harness.run.main``):
 it never writes or deletes through a planted link, never uses a directory that is not a run
 directory of its own, never lets two runs share one, and names what it refuses before launch.
 
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-import megatron.bridge.perf.run as run_module
-from megatron.bridge.perf.run import main
-from megatron.bridge.perf.run_dir import MARKER, claim
-from megatron.bridge.perf.supervisor import JobOutcome
+import megatron.bridge.perf.harness.run as run_module
+from megatron.bridge.perf.harness.run import main
+from megatron.bridge.perf.harness.run_dir import MARKER, claim
+from megatron.bridge.perf.harness.supervisor import JobOutcome
 
 TINY_CPU = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2"]
 RUN_DIR_NAMES = ["config.yaml", "launch.log", "summary.json", "failures", "torchrun", "profile", "launch.sbatch",

@@ -11,8 +11,8 @@ import signal
 import pytest
 from checkpoint_stand_in import saved_checkpoint
 
-from megatron.bridge.perf.stop_report import stop_message
-from megatron.bridge.perf.supervisor import JobOutcome, saved_state
+from megatron.bridge.perf.harness.stop_report import stop_message
+from megatron.bridge.perf.harness.supervisor import JobOutcome, saved_state
 
 SIGINT, SIGTERM = int(signal.SIGINT), int(signal.SIGTERM)
 LAYOUT = dict(tp=1, pp=1, vpp=None, cp=1, ep=2, etp=1, dp=2)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from megatron.bridge.perf.results import SteadyState
-from megatron.bridge.perf.sweep import SweepPoint, parse_sweep, sweep_figure, sweep_markdown
+from megatron.bridge.perf.harness.results import SteadyState
+from megatron.bridge.perf.harness.sweep import SweepPoint, parse_sweep, sweep_figure, sweep_markdown
 
 KEY = "comm_overlap.overlap_moe_expert_parallel_comm"
 

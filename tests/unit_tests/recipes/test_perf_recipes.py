@@ -9,9 +9,9 @@ from seed_command import for_gpu
 import megatron.bridge.perf_recipes as perf_recipes
 import megatron.bridge.recipes.qwen as qwen_family
 import megatron.bridge.recipes.qwen.qwen3_moe_perf as qwen3_moe_perf
-from megatron.bridge.perf.config_builder import OVERLAP_RELATED_KEYS
-from megatron.bridge.perf.recipe_lookup import recipe_functions
-from megatron.bridge.perf.run import main
+from megatron.bridge.perf.harness.config_builder import OVERLAP_RELATED_KEYS
+from megatron.bridge.perf.harness.recipe_lookup import recipe_functions
+from megatron.bridge.perf.harness.run import main
 from megatron.bridge.training.config_stages.schema.rule_base import read_field
 from megatron.bridge.training.utils.omegaconf_utils import config_from_yaml
 

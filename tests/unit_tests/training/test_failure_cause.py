@@ -9,7 +9,7 @@ from collections import namedtuple
 import pytest
 from torch.distributed.checkpoint.api import CheckpointException
 
-from megatron.bridge.perf.failure_report import failure_report
+from megatron.bridge.perf.harness.failure_report import failure_report
 from megatron.bridge.training import entry
 from megatron.bridge.training.loop import failure_cause
 from megatron.bridge.training.loop.failure_cause import describe_failure

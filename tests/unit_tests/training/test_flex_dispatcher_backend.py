@@ -8,7 +8,7 @@ import pytest
 from overlap_helpers import ep_overlap_cfg
 
 from megatron.bridge.models.qwen import Qwen3MoEModelProvider
-from megatron.bridge.perf.argument_parser import GPU_CHOICES, build_parser
+from megatron.bridge.perf.harness.argument_parser import GPU_CHOICES, build_parser
 from megatron.bridge.training import flex_dispatcher_backend as fdb
 from megatron.bridge.training.config_stages.facts.gpu_catalog import GPU_TYPES, resolve_gpu_target
 from megatron.bridge.training.config_stages.resolution import finalize as finalize_module

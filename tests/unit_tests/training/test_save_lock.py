@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron.bridge.perf.run import main
+from megatron.bridge.perf.harness.run import main
 from megatron.bridge.training.loop.save_lock import (
     LOCK_NAME,
     STALE_AFTER_S,

@@ -1,8 +1,7 @@
-"""The performance harness behind ``scripts/performance/run_script.py``.
+"""The performance harness behind ``scripts/performance/run_script.py`` and what is measured with it.
 
-Each step lives in its own importable module so it can be unit-tested without launching anything:
-``argument_parser`` (flags), ``recipe_lookup`` (``-m/-mr/--task`` to a recipe), ``config_builder``
-(recipe < ``--config_file`` < flags < dotted overrides), ``launcher`` (torchrun/srun/sbatch),
-``results`` (steady-state table), ``sweep`` (one-knob A/B runs) and ``overlap_analysis``
-(exposed dispatch/combine time from a profiler trace).
+Three jobs, one package each: ``harness/`` (flags, recipe lookup, config building, launch,
+supervision, results, sweeps), ``analysis/`` (reading profiler traces: hidden and exposed
+dispatch/combine time, where a step's time goes) and ``benchmarks/`` (the benchmarks of
+``scripts/performance/``). ``loopback_torchrun`` stays here: launch commands name it by this path.
 """

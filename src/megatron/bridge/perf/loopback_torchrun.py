@@ -28,8 +28,8 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.run import main as torchrun_main
 
-from megatron.bridge.perf.launcher import LOOPBACK
-from megatron.bridge.perf.launcher import LOOPBACK_BACKEND as BACKEND
+from megatron.bridge.perf.harness.launcher import LOOPBACK
+from megatron.bridge.perf.harness.launcher import LOOPBACK_BACKEND as BACKEND
 
 
 class LoopbackRendezvous(RendezvousHandler):

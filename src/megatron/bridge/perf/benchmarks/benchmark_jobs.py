@@ -19,10 +19,10 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
-from megatron.bridge.perf.argument_parser import parse_args
-from megatron.bridge.perf.config_builder import build_config
-from megatron.bridge.perf.launcher import ENTRY_MODULE, torchrun_argv
-from megatron.bridge.perf.run import make_job, prepare
+from megatron.bridge.perf.harness.argument_parser import parse_args
+from megatron.bridge.perf.harness.config_builder import build_config
+from megatron.bridge.perf.harness.launcher import ENTRY_MODULE, torchrun_argv
+from megatron.bridge.perf.harness.run import make_job, prepare
 
 NOMINAL_PEAK_TFLOPS = 989.5
 """Dense bf16 peak of an H100/H200 SXM (datasheet): what MFU is quoted against."""

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from megatron.bridge.perf.recipe_lookup import minimum_world_size
+from megatron.bridge.perf.harness.recipe_lookup import minimum_world_size
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config, qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.config_stages.facts.memory_estimate import estimate_per_rank
 from megatron.bridge.training.config_stages.resolution.finalize import default_rule_context, resolve_config

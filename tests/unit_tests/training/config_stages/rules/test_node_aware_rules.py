@@ -8,9 +8,9 @@ import io
 
 import pytest
 
-from megatron.bridge.perf.argument_parser import parse_args
-from megatron.bridge.perf.config_builder import build_config
-from megatron.bridge.perf.run import main
+from megatron.bridge.perf.harness.argument_parser import parse_args
+from megatron.bridge.perf.harness.config_builder import build_config
+from megatron.bridge.perf.harness.run import main
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
 from megatron.bridge.training.errors import ConfigValidationError
 

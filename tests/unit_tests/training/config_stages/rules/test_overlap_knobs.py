@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from overlap_helpers import ep_overlap_cfg, set_fields
 
-from megatron.bridge.perf.run import main
+from megatron.bridge.perf.harness.run import main
 from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.devices.platform import select_platform
 from megatron.bridge.training.errors import CommOverlapConfigError

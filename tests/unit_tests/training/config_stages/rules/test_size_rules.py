@@ -8,7 +8,7 @@ import io
 
 import pytest
 
-import megatron.bridge.perf.run as run_module
+import megatron.bridge.perf.harness.run as run_module
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config, qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.config_stages.rules.size_rules import SIZE_RULES
 from megatron.bridge.training.errors import ConfigValidationError

@@ -10,11 +10,11 @@ import argparse
 from pathlib import Path
 from typing import Optional
 
+from megatron.bridge.models.dispatch.path_registry import FLEX_BACKENDS
 from megatron.bridge.training.config_stages.facts.overlap_fields import OVERLAP_FIELDS
 from megatron.bridge.training.config_stages.facts.ownership import OWNED_FIELDS
 from megatron.bridge.training.config_stages.rules.flex_rules import render_support_table
 from megatron.bridge.training.config_stages.rules.overlap_rules import NO_EFFECT_RULE_IDS, OVERLAP_RULES
-from megatron.bridge.utils.flex_backend_names import FLEX_BACKENDS
 
 DOCS_PATH = "docs/training/communication-overlap.md"
 
@@ -75,10 +75,10 @@ The walk of `comm_overlap.overlap_moe_expert_parallel_comm=true`, each module on
 the value meets it (paths under `src/megatron/bridge/` but the first; `config_stages/` is filed by stage, and a
 stage imports only from earlier ones). In the harness process:
 
-1. `scripts/performance/run_script.py`, then `perf/run.py`: the command line, one job.
-2. `perf/argument_parser.py`: `--moe_a2a_overlap` (when given) read as a real bool.
-3. `perf/flag_fields.py`: the flag names its one field, `comm_overlap.overlap_moe_expert_parallel_comm`.
-4. `perf/config_builder.py`: the layers in order (recipe, `--config_file`, flags, dotted overrides),
+1. `scripts/performance/run_script.py`, then `perf/harness/run.py`: the command line, one job.
+2. `perf/harness/argument_parser.py`: `--moe_a2a_overlap` (when given) read as a real bool.
+3. `perf/harness/flag_fields.py`: the flag names its one field, `comm_overlap.overlap_moe_expert_parallel_comm`.
+4. `perf/harness/config_builder.py`: the layers in order (recipe, `--config_file`, flags, dotted overrides),
    each applied through the public `training/utils/omegaconf_utils.py` `apply_overrides`.
 5. `config_stages/reading/hydra_overrides.py`: no `+`/`++`/`~` form, so the list goes on as it is.
 6. `config_stages/reading/overrides.py`: the layer applied to a copy, `cli` recorded as its source,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from megatron.bridge.perf.run_dir import run_dir_problems
+from megatron.bridge.perf.harness.run_dir import run_dir_problems
 
 _NAME = r"[A-Za-z0-9_.+-]+"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")

@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence, TextIO
 
-from megatron.bridge.perf.argument_parser import parse_args
-from megatron.bridge.perf.config_builder import (
+from megatron.bridge.perf.harness.argument_parser import parse_args
+from megatron.bridge.perf.harness.config_builder import (
     BuiltConfig,
     HarnessError,
     build_config,
@@ -30,14 +30,21 @@ from megatron.bridge.perf.config_builder import (
     gpus_visible,
     resolution_of,
 )
-from megatron.bridge.perf.failure_report import failure_report
-from megatron.bridge.perf.flag_notes import built_config_notes, flags_setting, override_key
-from megatron.bridge.perf.launch_values import launch_problems
-from megatron.bridge.perf.launcher import CONFIG_NAME, TORCHRUN_DIR, LaunchPlan, choose_mode, plan_launch, run_plan
-from megatron.bridge.perf.results import SUMMARY_NAME, format_results, load_summary, summary_steady_state
-from megatron.bridge.perf.run_dir import RunDirClaim, RunDirError, claim, make_child_dir, run_dir_problems
-from megatron.bridge.perf.stop_report import interrupted_message, stop_message
-from megatron.bridge.perf.sweep import combine_rounds, job_dirname, parse_sweep, write_sweep_outputs
+from megatron.bridge.perf.harness.failure_report import failure_report
+from megatron.bridge.perf.harness.flag_notes import built_config_notes, flags_setting, override_key
+from megatron.bridge.perf.harness.launch_values import launch_problems
+from megatron.bridge.perf.harness.launcher import (
+    CONFIG_NAME,
+    TORCHRUN_DIR,
+    LaunchPlan,
+    choose_mode,
+    plan_launch,
+    run_plan,
+)
+from megatron.bridge.perf.harness.results import SUMMARY_NAME, format_results, load_summary, summary_steady_state
+from megatron.bridge.perf.harness.run_dir import RunDirClaim, RunDirError, claim, make_child_dir, run_dir_problems
+from megatron.bridge.perf.harness.stop_report import interrupted_message, stop_message
+from megatron.bridge.perf.harness.sweep import combine_rounds, job_dirname, parse_sweep, write_sweep_outputs
 from megatron.bridge.training.harness_surface import (
     FAILURE_DIR,
     CheckpointDir,

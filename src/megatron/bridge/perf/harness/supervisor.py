@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional, TextIO
 
-from megatron.bridge.perf.results import SUMMARY_NAME
+from megatron.bridge.perf.harness.results import SUMMARY_NAME
 from megatron.bridge.training.harness_surface import (
     STOP_NOTE_ENV,
     STOP_SIGNALS,

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Mapping, Optional, Sequence, TextIO
 
-from megatron.bridge.perf.supervisor import JobOutcome, StopTarget, supervise
+from megatron.bridge.perf.harness.supervisor import JobOutcome, StopTarget, supervise
 from megatron.bridge.training.harness_surface import HARNESS_REPORTS_ENV
 from megatron.bridge.utils.quiet import MARK_ENV
 

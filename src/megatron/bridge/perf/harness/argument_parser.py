@@ -19,8 +19,8 @@ import textwrap
 from typing import NoReturn, Optional, Sequence
 
 from megatron.bridge.emulation.network import PRESETS as NETWORK_PRESETS
-from megatron.bridge.perf.flag_fields import FLAG_FIELDS
-from megatron.bridge.perf.recipe_lookup import recipe_tasks
+from megatron.bridge.perf.harness.flag_fields import FLAG_FIELDS
+from megatron.bridge.perf.harness.recipe_lookup import recipe_tasks
 from megatron.bridge.training.harness_surface import GPU_TYPES, MAX_WORLD_SIZE, did_you_mean
 from megatron.bridge.utils.flex_backend_names import FLEX_BACKENDS
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron.bridge.perf.argument_parser import TOP_LEVEL_KEYS
-from megatron.bridge.perf.results import SteadyState
+from megatron.bridge.perf.harness.argument_parser import TOP_LEVEL_KEYS
+from megatron.bridge.perf.harness.results import SteadyState
 from megatron.bridge.utils.owned_files import replace_file
 from megatron.bridge.utils.plots import fit_width, pyplot, save_png
 

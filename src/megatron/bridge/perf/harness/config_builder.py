@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-from megatron.bridge.perf.argument_parser import COMPUTE_DTYPES, PLAIN_ALLTOALL
-from megatron.bridge.perf.flag_fields import FLAG_FIELDS
-from megatron.bridge.perf.recipe_lookup import (
+from megatron.bridge.perf.harness.argument_parser import COMPUTE_DTYPES, PLAIN_ALLTOALL
+from megatron.bridge.perf.harness.flag_fields import FLAG_FIELDS
+from megatron.bridge.perf.harness.recipe_lookup import (
     RecipeChoice,
     layout_problem,
     lookup_recipe,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron.bridge.perf.supervisor import LAUNCH_LOG, is_rank_line
+from megatron.bridge.perf.harness.supervisor import LAUNCH_LOG, is_rank_line
 from megatron.bridge.training.harness_surface import FAILURE_DIR
 
 TAIL_LINES = 30

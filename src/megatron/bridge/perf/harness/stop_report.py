@@ -7,8 +7,8 @@ import signal
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron.bridge.perf.results import SUMMARY_NAME, load_summary
-from megatron.bridge.perf.supervisor import LAUNCH_LOG, JobOutcome
+from megatron.bridge.perf.harness.results import SUMMARY_NAME, load_summary
+from megatron.bridge.perf.harness.supervisor import LAUNCH_LOG, JobOutcome
 from megatron.bridge.training.harness_surface import inspect_checkpoint_dir, iteration_dir
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from argparse import Namespace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from megatron.bridge.perf.argument_parser import build_parser
-from megatron.bridge.perf.config_builder import BuiltConfig, emulation_values, flag_values
-from megatron.bridge.perf.flag_fields import PRECEDENCE, flag_of_field
+from megatron.bridge.perf.harness.argument_parser import build_parser
+from megatron.bridge.perf.harness.config_builder import BuiltConfig, emulation_values, flag_values
+from megatron.bridge.perf.harness.flag_fields import PRECEDENCE, flag_of_field
 from megatron.bridge.training.harness_surface import read_field
 
 
