@@ -12,9 +12,10 @@ import torch
 
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training import entry
+from megatron.bridge.training.config_stages.facts.data_files import blend
 from megatron.bridge.training.devices.platform import set_cuda_device_max_connections
 from megatron.bridge.training.errors import ConfigError
-from megatron.bridge.training.loop.data import PretrainingSampler, _blend
+from megatron.bridge.training.loop.data import PretrainingSampler
 from megatron.bridge.training.loop.initialize import launch_env
 from megatron.bridge.training.pretrain import pretrain
 
@@ -122,7 +123,7 @@ def test_sampler_rejects_bad_arguments(bad: dict) -> None:
     ],
 )
 def test_blend(paths, expected) -> None:
-    assert _blend(paths) == expected
+    assert blend(paths) == expected
 
 
 @pytest.mark.parametrize("need,env_before,env_after", [(32, None, "32"), (None, None, None), (None, "1", "1")])

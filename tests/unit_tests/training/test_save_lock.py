@@ -15,13 +15,8 @@ from pathlib import Path
 import pytest
 
 from megatron.bridge.perf.harness.run import main
-from megatron.bridge.training.loop.save_lock import (
-    LOCK_NAME,
-    STALE_AFTER_S,
-    SaveDirInUseError,
-    SaveDirLock,
-    read_holder,
-)
+from megatron.bridge.training.config_stages.facts.lock_holder import LOCK_NAME, STALE_AFTER_S, read_holder
+from megatron.bridge.training.loop.save_lock import SaveDirInUseError, SaveDirLock
 
 TAKER = Path(__file__).parent / "children" / "take_save_lock.py"
 

@@ -45,10 +45,10 @@ SURFACE: dict[str, str] = {
     "format_results": "megatron.bridge.training.telemetry.results_table",
     "steady_state": "megatron.bridge.training.telemetry.results_table",
     "summary_steady_state": "megatron.bridge.training.telemetry.results_table",
-    "CheckpointDir": "megatron.bridge.training.loop.checkpoint_dir",
-    "inspect_checkpoint_dir": "megatron.bridge.training.loop.checkpoint_dir",
-    "iteration_dir": "megatron.bridge.training.loop.checkpoint_dir",
-    "staged_iterations": "megatron.bridge.training.loop.checkpoint_dir",
+    "CheckpointDir": "megatron.bridge.training.config_stages.facts.checkpoint_dir",
+    "inspect_checkpoint_dir": "megatron.bridge.training.config_stages.facts.checkpoint_dir",
+    "iteration_dir": "megatron.bridge.training.config_stages.facts.checkpoint_dir",
+    "staged_iterations": "megatron.bridge.training.config_stages.facts.checkpoint_dir",
 }
 """Name -> the module that defines it."""
 

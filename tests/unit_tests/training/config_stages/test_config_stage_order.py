@@ -10,6 +10,11 @@ an earlier stage or from outside the package (``ConfigContainer``, from ``traini
 The public modules above the package (:data:`FACES`) may call into it; the package may name them
 only under ``if TYPE_CHECKING:`` (annotations never run, and a run-time import would close a cycle
 with the face that calls the stage).
+
+The configuration does not reach into the run: no stage imports the training loop or the device
+layer (:data:`RUN_PACKAGES`), not even for an annotation. What a rule needs to know of the file system
+or of a CUDA graph (checkpoint directory, save lock, data files, sample counts, the capturing
+iteration) is a fact, in ``facts/``, which the run reads too.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 from typing import Iterator, Optional
+
+import pytest
 
 SRC = Path(__file__).resolve().parents[4] / "src"
 PACKAGE = "megatron.bridge.training.config_stages"
@@ -29,6 +36,10 @@ FACES: tuple[str, ...] = (
     "megatron.bridge.training.pretrain",
     "megatron.bridge.training.utils.omegaconf_utils",
 )
+
+RUN_PACKAGES: tuple[str, ...] = ("megatron.bridge.training.loop", "megatron.bridge.training.devices")
+"""The packages of the run (the training loop's steps, GPUs against CPU smoke mode): they build on the
+configuration, never the other way round."""
 
 
 def _module_name(path: Path, src: Path) -> str:
@@ -106,9 +117,30 @@ def violations(src: Path = SRC, package: str = PACKAGE, faces: tuple[str, ...] =
     return sorted(set(found))
 
 
+def run_imports(src: Path = SRC, package: str = PACKAGE, run_packages: tuple[str, ...] = RUN_PACKAGES) -> list[str]:
+    """``module imports name, line N`` for every import of a run package by a module of ``package``,
+    at any depth and under ``if TYPE_CHECKING:`` alike."""
+    root = src / Path(*package.split("."))
+    found: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        module = _module_name(path, src)
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node, _ in _imports(tree):
+            for name in imported_names(node, module, path.name == "__init__.py"):
+                if any(name == run or name.startswith(run + ".") for run in run_packages):
+                    found.append(f"{module} imports {name}, line {node.lineno}")
+    return sorted(set(found))
+
+
 def test_every_stage_imports_only_from_itself_or_an_earlier_stage() -> None:
     found = violations()
     assert not found, "imports against the stage order " + " -> ".join(STAGES) + ":\n" + "\n".join(found)
+
+
+def test_no_stage_imports_the_training_loop_or_the_devices() -> None:
+    found = run_imports()
+    assert not found, ("the configuration imports the run (" + ", ".join(RUN_PACKAGES) + "); move the fact it "
+                       "needs into facts/:\n" + "\n".join(found))
 
 
 def test_the_stages_are_the_sub_packages() -> None:
@@ -176,6 +208,23 @@ def test_checker_catches_a_run_time_import_of_a_face_but_not_an_annotation_one(t
 def test_checker_reports_a_module_outside_every_stage(tmp_path: Path) -> None:
     _write(tmp_path, "fake/stages/loose.py")
     assert _check(tmp_path, "") == ["fake.stages.loose is in no stage (stages: " + ", ".join(STAGES) + ")"]
+
+
+@pytest.mark.parametrize("text, line", [
+    ("from fake.run.loop import steps\n", 1),
+    ("def f():\n    import fake.run.loop.steps\n", 2),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from fake.run import devices\n", 3),
+])
+def test_checker_catches_an_import_of_the_run(tmp_path: Path, text: str, line: int) -> None:
+    src = _synthetic(tmp_path, text)
+    found = run_imports(src, "fake.stages", ("fake.run.loop", "fake.run.devices"))
+    assert len(found) >= 1 and all(f.startswith("fake.stages.facts.probe imports fake.run.") for f in found)
+    assert {f.rsplit("line ", 1)[1] for f in found} == {str(line)}
+
+
+def test_checker_leaves_a_package_whose_name_only_begins_like_the_run(tmp_path: Path) -> None:
+    src = _synthetic(tmp_path, "import fake.run.loopback\nfrom fake.run import loop_notes\n")
+    assert run_imports(src, "fake.stages", ("fake.run.loop",)) == []
 
 
 def _imports_of(module: str) -> set[str]:

@@ -43,10 +43,9 @@ import torch
 from megatron.core import full_cuda_graph
 
 from megatron.bridge.emulation.backend import current_world
+from megatron.bridge.training.config_stages.facts import graph_capture
 from megatron.bridge.training.devices import capture_memory
 from megatron.bridge.training.devices.capture_memory import CaptureMemoryReuse
-
-IMPL = "full_iteration"
 
 
 @dataclass
@@ -66,7 +65,7 @@ class IterationGraph:
 
     @classmethod
     def from_model_config(cls, model_cfg: Any, check_for_nan_in_grad: bool = False) -> "IterationGraph":
-        enabled = model_cfg.cuda_graph_impl == IMPL
+        enabled = graph_capture.captures_full_iteration(model_cfg)
         return cls(
             enabled=enabled,
             warmup_steps=int(model_cfg.cuda_graph_warmup_steps),
@@ -92,7 +91,7 @@ class IterationGraph:
     @property
     def capture_iteration(self) -> Optional[int]:
         """The iteration whose step captures the graph (``None`` without a graph)."""
-        return self.first_iteration + self.warmup_steps if self.enabled else None
+        return graph_capture.capture_iteration(self.first_iteration, self.warmup_steps) if self.enabled else None
 
     def model_build_stream(self) -> ContextManager:
         """Where the DDP wrapper is built: the capture stream when capturing, else as usual."""
@@ -138,7 +137,7 @@ class IterationGraph:
         """``summary.json`` ``cuda_graph``: the setting and whether (and when) the capture happened."""
         captured = self.enabled and final_iteration >= self.capture_iteration
         return dict(
-            impl=IMPL if self.enabled else "none",
+            impl=graph_capture.FULL_ITERATION if self.enabled else "none",
             warmup_steps=self.warmup_steps if self.enabled else None,
             captured_iteration=self.capture_iteration if captured else None,
             grad_nan_check_after_backward=self.checks_grads_after_backward,

@@ -18,7 +18,7 @@ the save directory (:mod:`megatron.bridge.training.loop.save_lock`).
 ``load_checkpoint`` resumes from the iteration named in ``latest_checkpointed_iteration.txt`` in
 ``cfg.checkpoint.load``; :class:`CheckpointSaver` is a run's cadence (save interval, save on exit,
 each iteration at most once). What a directory holds, read without torch, is
-:mod:`megatron.bridge.training.loop.checkpoint_dir`.
+:mod:`megatron.bridge.training.config_stages.facts.checkpoint_dir`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import os
 import queue
 import random
 import resource
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -41,14 +42,14 @@ from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.optimizer import distrib_optimizer
 from megatron.core.utils import unwrap_model
 
-from megatron.bridge.training.loop.checkpoint_dir import (
+from megatron.bridge.training.config_stages.facts.checkpoint_dir import (
     LAYOUT_FILE,
     REPLACED_SUFFIX,
+    STAGING_SUFFIX,
     TRACKER,
     checkpoint_layout,
     iteration_dir,
     latest_iteration,
-    remove_leftover_staging,
     staging_dir,
 )
 from megatron.bridge.training.loop.save_lock import SaveDirInUseError, SaveDirLock
@@ -72,6 +73,13 @@ logger = logging.getLogger(__name__)
 # ("fully_sharded_model_space", megatron's default, fails in 0.19.2: "ShardedTensor.flattened_range is
 # not supported".)
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable", "chained_optim_avoid_prefix": True}
+
+
+def remove_leftover_staging(root: Path) -> None:
+    """Staging directories of saves that were killed; only called by the run holding the directory's
+    lock, so none of them is being written."""
+    for child in root.glob(f"iter_*{STAGING_SUFFIX}*"):
+        shutil.rmtree(child, ignore_errors=True)
 
 
 @dataclass

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import signal
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
@@ -28,6 +27,7 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from megatron.core.tokenizers import MegatronTokenizer
 
+from megatron.bridge.training.config_stages.facts.data_files import blend, dataset_sample_counts
 from megatron.bridge.training.devices.platform import Platform, select_platform
 from megatron.bridge.training.loop.stop_request import STOP_SIGNALS
 
@@ -53,32 +53,9 @@ def build_tokenizer(cfg: "ConfigContainer") -> Any:
     raise ValueError(f"tokenizer.tokenizer_type={tok.tokenizer_type!r} is not supported")
 
 
-def _blend(data_paths: Optional[list[str]]) -> Optional[tuple[list[str], Optional[list[float]]]]:
-    """megatron's blend tuple from ``["w1", "p1", "w2", "p2"]`` or ``["p1", "p2"]``."""
-    if not data_paths:
-        return None
-    try:
-        weights = [float(x) for x in data_paths[0::2]]
-        return (list(data_paths[1::2]), weights)
-    except ValueError:
-        return (list(data_paths), None)
-
-
 def dataset_seed(cfg: "ConfigContainer") -> int:
     """``dataset.random_seed`` when set, else ``rng.seed``."""
     return cfg.dataset.random_seed if cfg.dataset.random_seed is not None else cfg.rng.seed
-
-
-def data_prefixes(data_paths: Optional[list[str]]) -> list[str]:
-    """The dataset prefixes of ``data_paths`` (a blend list's weights left out)."""
-    blend = _blend(data_paths)
-    return list(blend[0]) if blend else []
-
-
-def missing_data_files(data_paths: Optional[list[str]]) -> list[str]:
-    """The ``.bin``/``.idx`` files of ``data_paths`` that do not exist."""
-    return [f"{p}{suffix}" for p in data_prefixes(data_paths) for suffix in (".bin", ".idx")
-            if not Path(f"{p}{suffix}").is_file()]
 
 
 def gpt_dataset_config(cfg: "ConfigContainer", tokenizer: Any, platform: Optional[Platform] = None) -> Any:
@@ -87,7 +64,7 @@ def gpt_dataset_config(cfg: "ConfigContainer", tokenizer: Any, platform: Optiona
     return GPTDatasetConfig(
         random_seed=dataset_seed(cfg),
         sequence_length=cfg.model.seq_length,
-        blend=_blend(ds.data_paths),
+        blend=blend(ds.data_paths),
         split=ds.split,
         path_to_cache=ds.path_to_cache,
         mmap_bin_files=ds.mmap_bin_files,
@@ -97,14 +74,6 @@ def gpt_dataset_config(cfg: "ConfigContainer", tokenizer: Any, platform: Optiona
         eod_mask_loss=ds.eod_mask_loss,
         create_attention_mask=(platform or select_platform(cfg)).explicit_causal_mask or ds.reset_attention_mask,
     )
-
-
-def dataset_sample_counts(cfg: "ConfigContainer") -> tuple[int, int]:
-    """Samples the dataset build indexes (training, evaluation) before the first step; the size rules
-    (``training/config_stages/rules/size_rules.py``) bound them."""
-    train_samples = cfg.train.train_iters * cfg.train.global_batch_size
-    eval_samples = max(cfg.train.eval_iters, 1) * cfg.train.global_batch_size
-    return train_samples, eval_samples
 
 
 def build_train_dataset(cfg: "ConfigContainer", platform: Optional[Platform] = None) -> Any:

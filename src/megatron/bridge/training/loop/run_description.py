@@ -10,9 +10,9 @@ import torch
 from megatron.core import parallel_state as ps
 
 from megatron.bridge.models.torch_native.linear import dense_wgrad_accumulation
+from megatron.bridge.training.config_stages.facts.checkpoint_dir import checkpoint_layout
 from megatron.bridge.training.config_stages.rules.flex_rules import describe_dispatcher
 from megatron.bridge.training.loop import initialize
-from megatron.bridge.training.loop.checkpoint_dir import checkpoint_layout
 from megatron.bridge.training.telemetry.metrics import default_log_dir
 
 if TYPE_CHECKING:

@@ -11,12 +11,12 @@ from overlap_helpers import violated_rule_ids
 from packaging.version import Version
 
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config, qwen3_moe_tiny_pretrain_config
+from megatron.bridge.training.config_stages.facts.checkpoint_dir import model_shape
 from megatron.bridge.training.config_stages.resolution.finalize import default_rule_context
 from megatron.bridge.training.config_stages.rules.validation import CHECKPOINT_RULES, GENERAL_RULES
 from megatron.bridge.training.config_stages.schema.field_ranges import RANGES
 from megatron.bridge.training.config_stages.schema.rule_base import check_rules
 from megatron.bridge.training.errors import ConfigValidationError
-from megatron.bridge.training.loop.checkpoint_dir import model_shape
 from megatron.bridge.training.loop.save_lock import LOCK_NAME, SaveDirLock
 from megatron.bridge.training.mixed_precision import MixedPrecisionConfig
 
@@ -471,8 +471,8 @@ def test_a_damaged_checkpoint_is_refused_naming_what_is_wrong(tmp_path, damage, 
 def test_the_recorded_model_shape_is_the_one_compared_before_launch():
     """The record is written from the config the ranks train (after megatron-core's ``__post_init__``
     filled its defaults) and compared against the user's config before it: both give one shape."""
+    from megatron.bridge.training.config_stages.facts.checkpoint_dir import checkpoint_layout
     from megatron.bridge.training.config_stages.resolution.finalize import resolve_config
-    from megatron.bridge.training.loop.checkpoint_dir import checkpoint_layout
 
     cfg = qwen3_moe_tiny_pretrain_config()
     cfg.model.num_query_groups = cfg.model.kv_channels = cfg.model.moe_ffn_hidden_size = None

@@ -13,9 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from megatron.bridge.training.config_stages.facts.parallel_layout import data_parallel_size, dp_known, layout_within
-from megatron.bridge.training.config_stages.schema.rule_base import Rule, RuleContext
-from megatron.bridge.training.loop.checkpoint_dir import (
+from megatron.bridge.training.config_stages.facts.checkpoint_dir import (
     LAYOUT_FILE,
     MODEL_KEY,
     TRACKER,
@@ -25,7 +23,9 @@ from megatron.bridge.training.loop.checkpoint_dir import (
     model_shape,
     parallel_sizes,
 )
-from megatron.bridge.training.loop.save_lock import LOCK_NAME, held_by_another_live_run, lock_problem
+from megatron.bridge.training.config_stages.facts.lock_holder import LOCK_NAME, held_by_another_live_run, lock_problem
+from megatron.bridge.training.config_stages.facts.parallel_layout import data_parallel_size, dp_known, layout_within
+from megatron.bridge.training.config_stages.schema.rule_base import Rule, RuleContext
 from megatron.bridge.utils.owned_files import MAX_LISTED, unsafe_entries
 from megatron.bridge.utils.paths import writable_directory_problem
 

@@ -12,22 +12,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from megatron.bridge.training.config_stages.facts.graph_capture import FULL_ITERATION, fresh_capture_iteration
 from megatron.bridge.training.config_stages.rules.dispatch_rules import (
     sorted_dispatch_blockers,
     uses_torch_native_layers,
 )
 from megatron.bridge.training.config_stages.schema.rule_base import Rule, RuleContext
-from megatron.bridge.training.devices.cuda_graphs import IterationGraph
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
-CAPTURED_IMPLS: tuple[str, ...] = ("none", "full_iteration")
+CAPTURED_IMPLS: tuple[str, ...] = ("none", FULL_ITERATION)
 """The ``model.cuda_graph_impl`` values this loop acts on (``none``: no graph)."""
 
 
 def captures_full_iteration(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
-    return cfg.model.cuda_graph_impl == "full_iteration"
+    return cfg.model.cuda_graph_impl == FULL_ITERATION
 
 
 def moe_step_is_sync_free(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
@@ -59,7 +59,7 @@ def _warmup_in_range(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
 def _capture_outside_window(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     """The capturing step (of a fresh run, as the run will count it) is not in the steady window."""
     first, last = cfg.logger.steady_state_window
-    return not first <= IterationGraph.from_model_config(cfg.model).capture_iteration <= last
+    return not first <= fresh_capture_iteration(cfg.model) <= last
 
 
 CUDA_GRAPH_RULES: tuple[Rule, ...] = (

@@ -2,7 +2,7 @@
 
 Every rank builds megatron-core's dataset indices for all the samples the run will read
 (``train.train_iters x train.global_batch_size`` for training, plus the evaluation split: see
-``loop/data.py``'s ``dataset_sample_counts``) before its first step, in memory: a document index
+``facts/data_files.py``'s ``dataset_sample_counts``) before its first step, in memory: a document index
 (one entry per document read, each epoch over again), a sample index and a shuffle index (one entry
 per sample). A count no run means, such as ``--max_steps 99999999999999999999``, passes every range
 and then keeps every rank in that build for as long as it takes to run out of memory, while the
@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 from megatron.core.datasets.gpt_dataset import MockGPTLowLevelDataset
 
+from megatron.bridge.training.config_stages.facts.data_files import dataset_sample_counts
 from megatron.bridge.training.config_stages.facts.memory_estimate import gib, host_memory_bytes
 from megatron.bridge.training.config_stages.facts.parallel_layout import all_within
 from megatron.bridge.training.config_stages.schema.rule_base import Rule, RuleContext
-from megatron.bridge.training.loop.data import dataset_sample_counts
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Optional
 
 from megatron.bridge.models.gpt_provider import CROSS_ENTROPY_IMPLS
 from megatron.bridge.models.layer_specs import LAYER_SPEC_CHOICES
+from megatron.bridge.training.config_stages.facts.data_files import missing_data_files
 from megatron.bridge.training.config_stages.facts.mixed_precision_targets import mixed_precision_recipe
 from megatron.bridge.training.config_stages.facts.overlap_facts import precision_fp8, resolved_layer_spec
 from megatron.bridge.training.config_stages.facts.parallel_layout import (
@@ -27,7 +28,6 @@ from megatron.bridge.training.config_stages.schema.mixed_precision_config import
     is_known_setting,
 )
 from megatron.bridge.training.config_stages.schema.rule_base import TE_VERSION_VALUE, Rule, RuleContext, read_field
-from megatron.bridge.training.loop.data import missing_data_files
 from megatron.bridge.training.telemetry.steady_window import automatic_window
 
 if TYPE_CHECKING:

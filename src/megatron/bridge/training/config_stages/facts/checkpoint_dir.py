@@ -3,7 +3,8 @@
 The names written under ``checkpoint.save`` (one ``iter_NNNNNNN`` per saved iteration, the tracker
 file, the layout record, the per-run staging directories) and :func:`inspect_checkpoint_dir`, which
 tells validation before anything is launched whether a directory holds a complete checkpoint, is
-empty, or is not a checkpoint directory.
+empty, or is not a checkpoint directory. A fact the rules read, so it sits with the configuration's
+facts; the loop's saves (``training/loop/checkpointing.py``) write what it names.
 
 Everything here reads a directory someone else may have damaged or written on purpose, so every read
 is bounded (the tracker and the layout record by size, the per-rank files by the layout's world size,
@@ -17,14 +18,13 @@ import errno
 import json
 import os
 import re
-import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
+from megatron.bridge.training.config_stages.facts.lock_holder import LOCK_NAME
 from megatron.bridge.training.config_stages.facts.parallel_layout import MAX_WORLD_SIZE
-from megatron.bridge.training.loop.save_lock import LOCK_NAME
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -151,13 +151,6 @@ def staged_iterations(root: str | os.PathLike) -> list[int]:
     found = (re.fullmatch(rf"iter_(\d+){re.escape(STAGING_SUFFIX)}\..*", child.name) for child in Path(root).glob(
         f"iter_*{STAGING_SUFFIX}*"))
     return sorted(int(match.group(1)) for match in found if match)
-
-
-def remove_leftover_staging(root: Path) -> None:
-    """Staging directories of saves that were killed; only called by the run holding the directory's
-    lock, so none of them is being written."""
-    for child in root.glob(f"iter_*{STAGING_SUFFIX}*"):
-        shutil.rmtree(child, ignore_errors=True)
 
 
 def _read_record(path: Path) -> tuple[Any, Optional[str]]:
