@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo
 
 import megatron.bridge.training.loop.initialize as initialize
+import megatron.bridge.training.loop.trainer as trainer_module
 import megatron.bridge.training.pretrain as pretrain_module
 from megatron.bridge.emulation.backend import megatron_group_names
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
@@ -175,14 +176,14 @@ def main() -> None:
     else:
         dist.Backend.register_backend("recording_gloo", RecordingGloo, extended_api=True, devices=["cpu"])
         dist.init_process_group("recording_gloo")
-    build = pretrain_module.build_model
+    build = trainer_module.build_model
 
     def build_and_watch(*args, **kwargs):
         model = build(*args, **kwargs)
         count_expert_tokens(model)
         return model
 
-    pretrain_module.build_model = build_and_watch
+    trainer_module.build_model = build_and_watch
     steps: list = []
     record = pretrain_module.Trainer._record
 

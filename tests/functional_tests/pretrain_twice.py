@@ -17,11 +17,12 @@ os.environ.setdefault("MASTER_PORT", "29541")
 
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config  # noqa: E402
 from megatron.bridge.training import pretrain as pretrain_module  # noqa: E402
+from megatron.bridge.training.loop import trainer as trainer_module  # noqa: E402
 
 OUT = Path(sys.argv[1])
 EMULATED = sys.argv[2] == "emulated"
 built = []
-_build_model = pretrain_module.build_model
+_build_model = trainer_module.build_model
 
 
 def build_model_and_watch(*args, **kwargs):
@@ -30,7 +31,7 @@ def build_model_and_watch(*args, **kwargs):
     return chunks
 
 
-pretrain_module.build_model = build_model_and_watch  # the name the trainer calls
+trainer_module.build_model = build_model_and_watch  # the name the trainer calls
 
 
 def tiny(name: str):
