@@ -12,7 +12,6 @@ from typing import Any, Optional
 from megatron.bridge.training.config_stages.schema.mixed_precision_config import (
     MIXED_PRECISION_RECIPES,
     MixedPrecisionConfig,
-    MixedPrecisionRecipe,
     MixedPrecisionSetting,
     canonical_name,
 )
@@ -43,9 +42,9 @@ LEFT_TO_USER = object()
 """What :func:`precision_value` returns for a field the recipe does not set."""
 
 
-def mixed_precision_recipe(setting: MixedPrecisionSetting) -> Optional[MixedPrecisionRecipe]:
-    """The recipe ``setting`` (a name or an object) stands for; ``None`` for no recipe or an unknown
-    name (a rule reports that)."""
+def mixed_precision_recipe(setting: MixedPrecisionSetting) -> Optional[MixedPrecisionConfig]:
+    """The recipe ``setting`` (a name or an object) stands for, its dtypes decided (the table's
+    read-only record for a name); ``None`` for no recipe or an unknown name (a rule reports that)."""
     if isinstance(setting, MixedPrecisionConfig):
         return setting.as_recipe()
     return MIXED_PRECISION_RECIPES.get(canonical_name(setting)) if isinstance(setting, str) else None
