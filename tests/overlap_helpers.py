@@ -25,7 +25,7 @@ def ctx(**overrides: Any) -> RuleContext:
         device_capability=None,
         device_name=None,
         cuda_available=False,
-        deep_ep_available=False,
+        packages={"deep_ep": False},
     )
     for key, value in overrides.items():
         facts[key] = Version(value) if key in ("te_version", "torch_version") and isinstance(value, str) else value

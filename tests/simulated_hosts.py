@@ -24,7 +24,7 @@ SIMULATED_HOSTS: dict[str, HostFacts] = {
 }
 """``cpu``: a 2-core CI machine's kind (24 GiB, no GPU). ``h100``/``h200``: the GPU machines the GPU
 lane runs on, with neither Transformer Engine nor DeepEP installed. Facts a test needs beyond these
-(``transformer_engine="2.7.0"``, ``has_deep_ep=True``) are keywords of its ``host`` mark."""
+(``transformer_engine="2.7.0"``, ``packages=("deep_ep",)``) are keywords of its ``host`` mark."""
 
 REAL = "real"
 

@@ -14,7 +14,7 @@ import statistics
 
 import torch
 
-from megatron.bridge.models.torch_native.dispatcher import graphed_routing_and_plan, routing_and_plan
+from megatron.bridge.models.torch_native.sorted_exchange import graphed_routing_and_plan, routing_and_plan
 from megatron.bridge.models.torch_native.sorted_permutation import graphed_routing_indices, routing_indices
 from megatron.bridge.training.telemetry.step_timing import host_enqueue_s, park_gpu
 

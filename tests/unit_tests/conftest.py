@@ -57,7 +57,7 @@ def described_host(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
 
 @pytest.fixture
 def simulate_host(described_host) -> Callable[..., HostFacts]:
-    """``simulate_host(has_deep_ep=True)``: from here on the test runs on its described host with
+    """``simulate_host(packages=("deep_ep",))``: from here on the test runs on its described host with
     these facts changed; returns that host."""
 
     def change(**facts) -> HostFacts:

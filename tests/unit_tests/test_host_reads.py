@@ -63,22 +63,24 @@ def test_the_allowed_reads_are_still_there() -> None:
         assert MACHINE_READS.search((SRC / name).read_text()), f"{name} no longer reads the machine"
 
 
-@pytest.mark.parametrize("fact", ["gpu", "gpu_count", "memory_bytes", "te_version", "deep_ep", "te_nccl_ep"])
-def test_a_unit_test_that_reads_the_real_machine_fails_loudly(fact, request) -> None:
+@pytest.mark.parametrize("fact, args", [("gpu", ()), ("gpu_count", ()), ("memory_bytes", ()), ("te_version", ()),
+                                        ("has_package", ("deep_ep",))])
+def test_a_unit_test_that_reads_the_real_machine_fails_loudly(fact, args, request) -> None:
     """The machine's own probes are refused unless the test is marked ``host('real')``; the described
     host answers instead."""
     with pytest.raises(RealHostRead, match=rf"read this machine's {fact}\(\).*host\('real'\)"):
-        getattr(host_module._REAL, fact)()
-    getattr(host_module.current_host(), fact)()  # the described host answers
+        getattr(host_module._REAL, fact)(*args)
+    getattr(host_module.current_host(), fact)(*args)  # the described host answers
 
 
-@pytest.mark.host("h100", transformer_engine="2.7.0", has_deep_ep=True)
+@pytest.mark.host("h100", transformer_engine="2.7.0", packages=("deep_ep",))
 def test_a_test_states_its_machine_with_the_host_mark() -> None:
     from megatron.bridge.training.config_stages.resolution.finalize import default_rule_context
 
     ctx = default_rule_context(8)
     assert ctx.device_capability == (9, 0) and ctx.device_name == "h100" and ctx.cuda_available
-    assert str(ctx.te_version) == "2.7.0" and ctx.deep_ep_available and not ctx.te_nccl_ep_available
+    assert str(ctx.te_version) == "2.7.0" and ctx.package("deep_ep")
+    assert ctx.package("transformer_engine.pytorch.ep") is False  # every path's package is asked for
 
 
 @pytest.mark.host("cpu")

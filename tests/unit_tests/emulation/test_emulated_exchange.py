@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from megatron.bridge.emulation.backend import start_world, stop_world
 from megatron.bridge.emulation.network import network_model
-from megatron.bridge.models.torch_native.dispatch_policy import choose_dispatch
+from megatron.bridge.models.dispatch.path_registry import choose_dispatch
 from megatron.bridge.models.torch_native.emulated_exchange import EmulatedSymmetricExchange
 from megatron.bridge.models.torch_native.symmetric_exchange import make_exchange
 from megatron.bridge.models.torch_native.token_exchange import Route

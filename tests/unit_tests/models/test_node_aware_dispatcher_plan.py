@@ -10,7 +10,8 @@ import itertools
 import pytest
 import torch
 
-from megatron.bridge.models.torch_native.dispatch_policy import choose_dispatch, node_layout_problem
+from megatron.bridge.models.dispatch.node_aware import node_layout_problem
+from megatron.bridge.models.dispatch.path_registry import choose_dispatch
 from megatron.bridge.models.torch_native.node_aware_dispatcher import (
     copy_slots,
     expert_order,

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.bridge.models.torch_native import sorted_permutation, streams
-from megatron.bridge.models.torch_native.dispatcher import exchange_plan
+from megatron.bridge.models.torch_native.sorted_exchange import exchange_plan
 from megatron.bridge.models.torch_native.symmetric_exchange import (
     VDEV_FULL_GRID_BYTES,
     SymmetricMemoryExchange,

@@ -544,8 +544,8 @@ def test_moe_layer_with_sorted_dispatcher_matches_plain_moe_layer(
 )
 def test_sorted_dispatcher_only_where_it_is_exact(model_parallel, no_dtoh_stream, tiny_moe_config, overrides,
                                                   blocker) -> None:
-    from megatron.bridge.models.torch_native.dispatch_policy import fast_path_blockers
-    from megatron.bridge.models.torch_native.dispatcher import SortedTokenDispatcher
+    from megatron.bridge.models.dispatch.sorted_common import fast_path_blockers
+    from megatron.bridge.models.torch_native.sorted_dispatcher import SortedTokenDispatcher
 
     config = tiny_moe_config(**dict({"moe_token_dispatcher_type": "alltoall"}, **overrides))
     blockers = fast_path_blockers(config, ep_size=1, tp_size=1)

@@ -10,9 +10,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron.bridge.models.torch_native.dispatch_policy import DispatchChoice, choose_dispatch
-from megatron.bridge.models.torch_native.dispatcher import exchange_plan
+from megatron.bridge.models.dispatch.dispatch_path import DispatchChoice
+from megatron.bridge.models.dispatch.path_registry import choose_dispatch
 from megatron.bridge.models.torch_native.grouped_gemm import grouped_linear, reference_grouped_linear
+from megatron.bridge.models.torch_native.sorted_exchange import exchange_plan
 from megatron.bridge.models.torch_native.token_exchange import (
     ROW_ALIGN_BYTES,
     CollectiveExchange,
@@ -209,7 +210,7 @@ def test_sorted_dispatcher_equals_megatron_dispatcher(ep_sorted_report, variant)
 
 
 def test_compiled_exchange_plan_equals_the_eager_one() -> None:
-    from megatron.bridge.models.torch_native.dispatcher import _plan_tensors
+    from megatron.bridge.models.torch_native.sorted_exchange import _plan_tensors
 
     counts = torch.tensor([[1, 0, 2, 3], [0, 4, 1, 1]])
     compiled = torch.compile(_plan_tensors, dynamic=False)

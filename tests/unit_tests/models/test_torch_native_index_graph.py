@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from megatron.bridge.models.torch_native import index_graph
-from megatron.bridge.models.torch_native.dispatcher import routing_and_plan
 from megatron.bridge.models.torch_native.index_graph import GraphedIndexFunction, _Captured
+from megatron.bridge.models.torch_native.sorted_exchange import routing_and_plan
 from megatron.bridge.models.torch_native.sorted_permutation import permutation_indices, routing_indices, sorted_routing
 
 
@@ -93,7 +93,7 @@ def test_a_failed_capture_is_logged_once_and_the_function_runs_eagerly(monkeypat
 
 
 def test_ep_indices_and_plan_are_the_routing_indices_and_the_plan() -> None:
-    from megatron.bridge.models.torch_native.dispatcher import plan_tensors
+    from megatron.bridge.models.torch_native.sorted_exchange import plan_tensors
 
     routing_map = _routing_map(16, 8, 2, seed=3)
     peer = _routing_map(16, 8, 2, seed=4)

@@ -159,7 +159,7 @@ def test_bad_input_is_refused_before_launch(case, tmp_path, no_launch):
     assert not (tmp_path / "run" / "config.yaml").exists()
 
 
-@pytest.mark.host("h100", gpus=2, has_deep_ep=False)
+@pytest.mark.host("h100", gpus=2, packages=())
 def test_missing_deep_ep_on_a_gpu_host_is_refused_before_launch(tmp_path, no_launch):
     """A GPU machine without DeepEP: refused at validation, not by an ImportError in every rank."""
     out = io.StringIO()

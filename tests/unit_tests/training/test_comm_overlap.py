@@ -84,6 +84,8 @@ TP_OVERLAP = {
 }
 FLEX = {"model.moe_token_dispatcher_type": "flex", "model.moe_flex_dispatcher_backend": "deepep"}
 H100 = {"device_capability": (9, 0), "device_name": "h100"}
+TE_NCCL_EP = "transformer_engine.pytorch.ep"
+"""The module the NCCL EP backend needs (``RuleContext.packages``)."""
 GB200 = {"device_capability": (10, 0), "device_name": "gb200"}
 A100 = {"device_capability": (8, 0), "device_name": "a100"}
 TE = {"te_version": "2.12"}
@@ -215,14 +217,14 @@ CASES: list[Case] = [
     Case("flex-backend-supported-on-gpu", NCCLEP, NCCLEP, A100, GB200, name="ncclep"),
     Case("flex-backend-gpu-not-checked", FLEX, FLEX, {}, H100),
     Case("flex-needs-deep-ep", FLEX, FLEX, {**H100, "cuda_available": True},
-         {**H100, "cuda_available": True, "deep_ep_available": True}),
-    Case("flex-deep-ep-not-checked-on-cpu-host", FLEX, FLEX, H100, {**H100, "deep_ep_available": True}),
+         {**H100, "cuda_available": True, "packages": {"deep_ep": True}}),
+    Case("flex-deep-ep-not-checked-on-cpu-host", FLEX, FLEX, H100, {**H100, "packages": {"deep_ep": True}}),
     Case("flex-needs-deep-ep", FLEX, NCCLEP, {**H100, "cuda_available": True},
-         {**H100, "cuda_available": True, "te_nccl_ep_available": True}, name="not-for-ncclep"),
-    Case("ncclep-needs-te-nccl-ep", NCCLEP, NCCLEP, {**H100, "cuda_available": True, "te_nccl_ep_available": False},
-         {**H100, "cuda_available": True, "te_nccl_ep_available": True}),
-    Case("ncclep-te-nccl-ep-not-checked-on-cpu-host", NCCLEP, NCCLEP, {**H100, "te_nccl_ep_available": False},
-         {**H100, "te_nccl_ep_available": True}),
+         {**H100, "cuda_available": True, "packages": {TE_NCCL_EP: True}}, name="not-for-ncclep"),
+    Case("ncclep-needs-te-nccl-ep", NCCLEP, NCCLEP, {**H100, "cuda_available": True, "packages": {TE_NCCL_EP: False}},
+         {**H100, "cuda_available": True, "packages": {TE_NCCL_EP: True}}),
+    Case("ncclep-te-nccl-ep-not-checked-on-cpu-host", NCCLEP, NCCLEP, {**H100, "packages": {TE_NCCL_EP: False}},
+         {**H100, "packages": {TE_NCCL_EP: True}}),
     Case("flex-num-sms-needs-flex-dispatcher", {"model.moe_flex_dispatcher_num_sms": 24},
          {**FLEX, "model.moe_flex_dispatcher_num_sms": 24}),
     Case("flex-num-sms-needs-flex-dispatcher", {"model.moe_hybridep_num_sms": 16},

@@ -39,6 +39,7 @@ PACKAGE_NOTE = {"deepep": "flex-deep-ep-not-checked-on-cpu-host", "hybridep": "f
 """The note a CPU host gets for each backend: its package is checked where the job runs."""
 MATRIX = [(gpu, backend, ok) for gpu, row in SUPPORT.items() for backend, ok in row.items()]
 FLEX_RULE_IDS = {rule.id for rule in FLEX_RULES}
+TE_NCCL_EP = "transformer_engine.pytorch.ep"
 
 
 @pytest.fixture
@@ -53,7 +54,7 @@ def _machine(simulate_host, gpu, deep_ep: bool = False, te_nccl_ep: bool = False
     packages as given (NCCL EP with Transformer Engine)."""
     capability, name = gpu
     simulate_host(gpu_capability=capability, gpu_name=name, gpus=int(capability is not None),
-                  has_deep_ep=deep_ep, has_te_nccl_ep=te_nccl_ep,
+                  packages=(("deep_ep",) if deep_ep else ()) + ((TE_NCCL_EP,) if te_nccl_ep else ()),
                   transformer_engine="2.20.2" if te_nccl_ep else None)
 
 

@@ -16,6 +16,8 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.bridge.models import grad_accumulation_fusion
 from megatron.bridge.models.comm_stream_grads import keep_comm_stream_grads_for_accumulation
+from megatron.bridge.models.dispatch.path_registry import FLEX_BACKENDS, TORCH_NATIVE_DISPATCHERS
+from megatron.bridge.models.dispatch.sorted_dispatch import TorchNativeEPTransport
 from megatron.bridge.models.grad_accumulation_fusion import provide_missing_kernel
 from megatron.bridge.models.layer_specs import LayerSpecName, build_decoder_block_spec, choose_for_model
 from megatron.bridge.models.torch_native import linear
@@ -26,7 +28,6 @@ from megatron.bridge.models.torch_native.backends import (
 )
 from megatron.bridge.models.torch_native.compiled import set_compile_enabled
 from megatron.bridge.models.torch_native.cross_entropy import select_backend
-from megatron.bridge.utils.flex_backend_names import FlexBackend
 from megatron.bridge.utils.strict_fields import StrictFields
 
 if TYPE_CHECKING:
@@ -36,9 +37,10 @@ logger = logging.getLogger(__name__)
 
 CrossEntropyImpl = Literal["native", "te", "torch_native"]
 CROSS_ENTROPY_IMPLS = get_args(CrossEntropyImpl)
-TorchNativeDispatcher = Literal["auto", "sorted", "megatron", "node_aware"]
-TORCH_NATIVE_DISPATCHERS = get_args(TorchNativeDispatcher)
-TorchNativeEPTransport = Literal["auto", "nvshmem", "nccl"]
+TorchNativeDispatcher = Literal[TORCH_NATIVE_DISPATCHERS]  # type: ignore[valid-type]
+"""``auto`` and the torch-native dispatch paths' values (``models/dispatch/path_registry.py``)."""
+FlexBackend = Literal[FLEX_BACKENDS]  # type: ignore[valid-type]
+"""The flex dispatch paths' names (``models/dispatch/path_registry.py``)."""
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel_size: int) -> int:
@@ -68,7 +70,7 @@ class GPTModelProvider(StrictFields, TransformerConfig):
     moe_flex_dispatcher_backend: Optional[FlexBackend] = None
     """Flex dispatcher backend; only meaningful with ``moe_token_dispatcher_type="flex"``.
     ``None`` (unlike megatron-core's ``"deepep"`` default) so that an unset backend is visible. The
-    backends with a GPU-support table (``flex_dispatcher_backend.FLEX_BACKENDS``)."""
+    flex paths of the dispatch registry (``models/dispatch/``), each with its GPU-support table."""
     cross_entropy_fusion_impl: CrossEntropyImpl = "native"
     """Fused cross-entropy used when ``cross_entropy_loss_fusion`` is true: megatron-core's
     ``native`` (TorchScript) or ``te`` (needs Transformer Engine), or ``torch_native`` (this

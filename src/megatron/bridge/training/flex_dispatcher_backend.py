@@ -3,8 +3,9 @@
 :func:`apply_flex_dispatcher_backend` selects a dispatcher on a model config and
 :func:`validate_flex_dispatcher_backend` checks one; both check the flex-dispatcher rules of the one
 rule registry (the ones ``cfg.validate()`` checks) on a container holding that model config, for the
-target GPU. The support table and the rules live in :mod:`megatron.bridge.training.config_stages.rules.flex_rules`
-and are re-exported here, where upstream scripts import them.
+target GPU. Each backend is a flex dispatch path (``models/dispatch/``: its GPUs, packages and rules); the
+support table and the rules are read in :mod:`megatron.bridge.training.config_stages.rules.flex_rules` and
+re-exported here, where upstream scripts import them.
 
 Setting ``moe_flex_dispatcher_backend`` alone does not activate flex dispatch: the dispatcher type
 must be ``flex`` as well. A dispatcher choice therefore sets the fields :func:`dispatcher_fields`
@@ -16,10 +17,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Mapping, Optional
 
 import torch
 
+from megatron.bridge.models.dispatch.path_registry import (
+    FLEX_BACKENDS,
+    configured_path,
+    describe_dispatcher,
+    probe_packages,
+)
+from megatron.bridge.models.gpt_provider import FlexBackend
 from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.config_stages.facts import gpu_catalog
 from megatron.bridge.training.config_stages.facts.gpu_catalog import GpuTarget
@@ -28,16 +36,13 @@ from megatron.bridge.training.config_stages.rules.flex_rules import (
     FLEX_RULES,
     BackendSupport,
     backend_support,
-    describe_dispatcher,
     dispatcher_fields,
     render_support_table,
 )
 from megatron.bridge.training.config_stages.rules.registry import ALL_RULES
 from megatron.bridge.training.config_stages.schema.rule_base import Rule, RuleContext, check_rules
 from megatron.bridge.training.errors import CommOverlapConfigError, Violation
-from megatron.bridge.utils.flex_backend_names import DEEP_EP_BACKENDS, FLEX_BACKENDS, FlexBackend
 from megatron.bridge.utils.host import current_host
-from megatron.bridge.utils.import_utils import have_deep_ep, have_te_nccl_ep
 
 logger = logging.getLogger(__name__)
 
@@ -70,29 +75,27 @@ def flex_dispatcher_violations(
     model_config: Any,
     target: GpuTarget,
     *,
-    deep_ep_available: Optional[bool] = None,
+    packages: Optional[Mapping[str, bool]] = None,
     gpu_host: Optional[bool] = None,
-    te_nccl_ep_available: Optional[bool] = None,
 ) -> list[Violation]:
     """Every flex-dispatcher problem of ``model_config`` for ``target`` (errors and notes).
 
-    ``gpu_host``: whether this process runs on a GPU machine (default: a GPU is visible). A missing
-    ``deep_ep`` (DeepEP, HybridEP) or Transformer Engine NCCL EP module (NCCL EP) is an error there
-    and a note on a CPU host (dry run); each is looked up only when its backend is configured.
+    ``gpu_host``: whether this process runs on a GPU machine (default: a GPU is visible). A package the
+    configured backend needs (``deep_ep`` for DeepEP and HybridEP, Transformer Engine's NCCL EP module
+    for NCCL EP) that does not import is an error there and a note on a CPU host (dry run);
+    ``packages`` (module -> imports) answers for them, else the host is asked, only for the configured
+    backend's packages.
     """
     if gpu_host is None:
         gpu_host = gpu_catalog.visible_gpu()[0] is not None
-    backend = getattr(model_config, "moe_flex_dispatcher_backend", None)
-    if deep_ep_available is None and backend in DEEP_EP_BACKENDS:
-        deep_ep_available = have_deep_ep()
-    if te_nccl_ep_available is None and backend == "ncclep":
-        te_nccl_ep_available = have_te_nccl_ep()
+    if packages is None:
+        configured = configured_path(model_config)
+        packages = probe_packages(current_host(), (configured,) if configured is not None else ())
     ctx = RuleContext(
         device_capability=target.capability,
         device_name=target.name,
         cuda_available=gpu_host,
-        deep_ep_available=deep_ep_available,
-        te_nccl_ep_available=te_nccl_ep_available,
+        packages=packages,
     )
     return check_rules(FLEX_DISPATCHER_RULES, ConfigContainer(model=model_config), ctx)
 
@@ -228,8 +231,10 @@ def apply_flex_dispatcher_backend(
         target = GpuTarget()  # plain alltoall runs on any GPU
     else:
         target = probe_target_gpu(moe_flex_dispatcher_backend)
+    chosen = _with_choice(model_config, choice)
+    configured = configured_path(chosen)
     found = flex_dispatcher_violations(  # the packages are checked by validate, where the job runs
-        _with_choice(model_config, choice), target, deep_ep_available=True, te_nccl_ep_available=True,
+        chosen, target, packages={need.module: True for need in (configured.packages if configured else ())},
         gpu_host=target.source == "visible GPU",
     )
     errors = [v for v in found if v.severity == "error"]

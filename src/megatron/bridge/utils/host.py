@@ -2,7 +2,8 @@
 
 Validation, resolution, the ``auto`` choices and the GPU-count checks ask one object,
 :func:`current_host`, for the facts of the machine: its GPU (capability, name, count), its memory,
-and which optional packages import (Transformer Engine, its NCCL EP module, DeepEP). On a real run
+and which optional packages import (Transformer Engine, and any module a dispatch path needs, such
+as DeepEP's ``deep_ep`` or Transformer Engine's NCCL EP module). On a real run
 that is :class:`RealHost`, which probes each fact once, when first asked (a TE import or an
 ``nvidia-smi`` call costs seconds, and a dry run that never asks pays nothing).
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import importlib.util
 import os
 import shutil
@@ -40,9 +42,7 @@ class Host(Protocol):
 
     def te_version(self) -> Optional[Version]: ...
 
-    def deep_ep(self) -> bool: ...
-
-    def te_nccl_ep(self) -> bool: ...
+    def has_package(self, module: str) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,8 @@ class HostFacts:
     """Bytes this process's group may use; ``None``: unknown."""
     transformer_engine: Optional[str] = None
     """Transformer Engine's version; ``None``: it does not import."""
-    has_deep_ep: bool = False
-    has_te_nccl_ep: bool = False
+    packages: tuple[str, ...] = ()
+    """The optional modules that import (``("deep_ep", "transformer_engine.pytorch.ep")``)."""
 
     def gpu(self) -> GpuIdentity:
         return (self.gpu_capability, self.gpu_name) if self.gpus else (None, None)
@@ -71,11 +71,8 @@ class HostFacts:
     def te_version(self) -> Optional[Version]:
         return None if self.transformer_engine is None else Version(self.transformer_engine)
 
-    def deep_ep(self) -> bool:
-        return self.has_deep_ep
-
-    def te_nccl_ep(self) -> bool:
-        return self.has_te_nccl_ep and self.transformer_engine is not None
+    def has_package(self, module: str) -> bool:
+        return module in self.packages
 
 
 class RealHost:
@@ -93,11 +90,8 @@ class RealHost:
     def te_version(self) -> Optional[Version]:
         return _probe_te_version()
 
-    def deep_ep(self) -> bool:
-        return importlib.util.find_spec("deep_ep") is not None
-
-    def te_nccl_ep(self) -> bool:
-        return _probe_te_nccl_ep()
+    def has_package(self, module: str) -> bool:
+        return _probe_package(module)
 
 
 _REAL: Host = RealHost()
@@ -224,14 +218,15 @@ def _probe_te_version() -> Optional[Version]:
 
 
 @functools.cache
-def _probe_te_nccl_ep() -> bool:
-    """Whether TE imports with its NCCL expert-parallel module (``transformer_engine.pytorch.ep``,
-    built with ``NVTE_BUILD_WITH_NCCL_EP=1``). Without TE nothing is imported."""
-    if _probe_te_version() is None:
-        return False
+def _probe_package(module: str) -> bool:
+    """Whether ``module`` imports. A top-level package is looked up without running it
+    (``deep_ep``); a module inside a package is imported, since finding it runs its package anyway
+    and a package such as Transformer Engine only proves it works by loading its CUDA libraries
+    (``transformer_engine.pytorch.ep`` exists only in a TE built with ``NVTE_BUILD_WITH_NCCL_EP=1``)."""
     try:
-        # Deferred: only asked where TE imports; a TE built without NCCL EP lacks the module.
-        from transformer_engine.pytorch import ep  # noqa: F401
-    except Exception:  # any import failure means the backend cannot run here
+        if "." not in module:
+            return importlib.util.find_spec(module) is not None
+        importlib.import_module(module)
+    except Exception:  # any import failure (missing module, missing CUDA libraries) means absent
         return False
     return True

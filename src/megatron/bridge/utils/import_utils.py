@@ -1,6 +1,6 @@
-"""Which optional packages (Transformer Engine, its NCCL EP module, DeepEP) import on the machine
-decisions are made for (:func:`megatron.bridge.utils.host.current_host`), without importing them
-eagerly."""
+"""Whether Transformer Engine imports on the machine decisions are made for
+(:func:`megatron.bridge.utils.host.current_host`), without importing it eagerly. The modules a
+dispatch path needs are probed through ``current_host().has_package`` (``models/dispatch/``)."""
 
 from __future__ import annotations
 
@@ -25,14 +25,3 @@ def describe_transformer_engine() -> str:
     """``"absent"`` or the installed version, for logs and error messages."""
     version = transformer_engine_version()
     return "absent" if version is None else str(version)
-
-
-def have_deep_ep() -> bool:
-    """True when the ``deep_ep`` package (needed by the flex dispatcher backends) is importable."""
-    return current_host().deep_ep()
-
-
-def have_te_nccl_ep() -> bool:
-    """True when Transformer Engine imports with its NCCL expert-parallel module
-    (``transformer_engine.pytorch.ep``), which the ``ncclep`` flex backend calls."""
-    return current_host().te_nccl_ep()

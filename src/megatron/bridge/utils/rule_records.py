@@ -2,7 +2,12 @@
 
 A rule names the dotted fields it reads, when it applies, what must hold, the message and the fix.
 Rules read a ``RuleContext`` for facts that are not in the config (installed TE version, the target
-GPU, the world size), so a CPU login node can validate against the cluster's GPUs.
+GPU, the world size, which optional packages import), so a CPU login node can validate against the
+cluster's GPUs.
+
+Defined below every other layer (as the error types are) so that a component below the
+configuration, such as a dispatch path (``models/dispatch/``), declares its own rules; the
+configuration's stages import them from ``training/config_stages/schema/rule_base.py``.
 """
 
 from __future__ import annotations
@@ -10,11 +15,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
 from packaging.version import Version
 
-from megatron.bridge.training.errors import Severity, Violation
+from megatron.bridge.utils.error_types import Severity, Violation
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -34,11 +39,14 @@ class RuleContext:
     """Target GPU type or device name (``h100``, ``NVIDIA GB200``); tells B200 from GB200 NVL72."""
     cuda_available: bool = False
     """Whether this process runs on a GPU machine (``False`` on a CPU host: a dry run)."""
-    deep_ep_available: Optional[bool] = None
-    """Whether ``deep_ep`` (flex dispatcher backends) imports here; ``None``: not checked."""
-    te_nccl_ep_available: Optional[bool] = None
-    """Whether Transformer Engine's NCCL EP module (the ``ncclep`` flex backend) imports here;
-    ``None``: not checked."""
+    packages: Mapping[str, bool] = field(default_factory=dict, hash=False)
+    """Optional module -> whether it imports here (``deep_ep``, ``transformer_engine.pytorch.ep``):
+    the packages the dispatch paths need (``models/dispatch/``), probed on the host. A module not
+    listed was not checked (:meth:`package`)."""
+
+    def package(self, module: str) -> Optional[bool]:
+        """Whether ``module`` imports here; ``None``: not checked."""
+        return self.packages.get(module)
 
 
 def te_version_text(ctx: RuleContext) -> str:

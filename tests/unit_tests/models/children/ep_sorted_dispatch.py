@@ -34,10 +34,8 @@ from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: E
 from megatron.core.utils import get_attr_wrapped_model  # noqa: E402
 
 from megatron.bridge.models.qwen import Qwen3MoEModelProvider  # noqa: E402
-from megatron.bridge.models.torch_native.dispatcher import (  # noqa: E402
-    ExpertParallelSortedDispatcher,
-    dispatch_choices,
-)
+from megatron.bridge.models.torch_native.moe_layer import dispatch_choices  # noqa: E402
+from megatron.bridge.models.torch_native.sorted_dispatcher import ExpertParallelSortedDispatcher  # noqa: E402
 
 SEQ, MICRO_BATCHES = (256, 4) if ON_GPU else (16, 3)
 HIDDEN = 256 if ON_GPU else 32
@@ -61,25 +59,25 @@ def nvshmem_exchange_emulated(enabled: bool):
         return
     from vdev_emulation import install  # beside this program
 
-    from megatron.bridge.models.torch_native import dispatcher as dispatch_module
+    from megatron.bridge.models.torch_native import sorted_exchange as exchange_module
     from megatron.bridge.models.torch_native import symmetric_exchange
 
     install(setattr, late_blocks=True)
-    made, computed = dispatch_module.make_exchange, dispatch_module.call_rows
+    made, computed = exchange_module.make_exchange, exchange_module.call_rows
 
     def counted(*args, **kwargs):  # the per-call rows the dispatcher precomputes in its index function
         PRECOMPUTED_CALL_ROWS[0] += 1
         return computed(*args, **kwargs)
 
-    dispatch_module._EXCHANGES.clear()
-    dispatch_module.make_exchange = (
+    exchange_module._EXCHANGES.clear()
+    exchange_module.make_exchange = (
         lambda group, device, prefer_symmetric: symmetric_exchange.SymmetricMemoryExchange(group))
-    dispatch_module.call_rows = counted
+    exchange_module.call_rows = counted
     try:
         yield
     finally:
-        dispatch_module.make_exchange, dispatch_module.call_rows = made, computed
-        dispatch_module._EXCHANGES.clear()
+        exchange_module.make_exchange, exchange_module.call_rows = made, computed
+        exchange_module._EXCHANGES.clear()
 
 
 PRECOMPUTED_CALL_ROWS = [0]

@@ -5,8 +5,8 @@ SDPA core attention (:class:`TorchSDPAttention`) and grouped-GEMM routed experts
 plugged into megatron-core's ``TransformerLayer``/``MoELayer`` through its spec mechanism.
 Select with ``model.layer_spec="torch_native"`` (``"auto"`` picks it unless a feature needs Transformer Engine).
 
-Names are imported on first use, so that light modules of this package (``dispatch_policy``, used
-by validation on login nodes) do not pull in megatron's layers.
+Names are imported on first use, so that light modules of this package (``symmetric_exchange``,
+read by the dispatch paths that validation imports on login nodes) do not pull in megatron's layers.
 """
 
 from importlib import import_module
@@ -15,8 +15,8 @@ from typing import Any
 _EXPORTS = {
     "TorchSDPAttention": "attention",
     "sdpa_core_attention": "attention",
-    "SortedTokenDispatcher": "dispatcher",
-    "TorchNativeMoELayer": "dispatcher",
+    "SortedTokenDispatcher": "sorted_dispatcher",
+    "TorchNativeMoELayer": "moe_layer",
     "TorchGroupedMLP": "experts",
     "grouped_linear": "grouped_gemm",
     "select_backend": "grouped_gemm",

@@ -29,9 +29,10 @@ With one node (EP inside a node) hop (a) keeps every token on its rank; with one
 (b) keeps every row on its rank.
 
 The six stage methods are the ones megatron's MoE layer and combined-1F1B EP-overlap schedule call
-(``build_schedule_plan`` keeps working); what a backward needs lives in autograd contexts, so a
-forward of the next micro-batch may run between a forward and its backward. Gathers run in both
-directions (no atomics): a row copied to several places sums its gradients back by a gather.
+(``build_schedule_plan`` keeps working; see :mod:`dispatcher_base`); what a backward needs lives in
+autograd contexts, so a forward of the next micro-batch may run between a forward and its backward.
+Gathers run in both directions (no atomics): a row copied to several places sums its gradients back
+by a gather.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 
+from megatron.bridge.models.torch_native.dispatcher_base import TorchNativeTokenDispatcher
 from megatron.bridge.models.torch_native.node_groups import NodeGroups, NodeLayout, node_groups
 from megatron.bridge.models.torch_native.row_gather import gather_sum_rows
 from megatron.bridge.models.torch_native.streams import record_if_read_elsewhere, stream_of
@@ -261,7 +262,7 @@ class NodePlan:
         )
 
 
-class NodeAwareDispatcher(MoEAlltoAllTokenDispatcher):
+class NodeAwareDispatcher(TorchNativeTokenDispatcher):
     """megatron's alltoall dispatcher's interface; tokens cross the inter-node link once per node."""
 
     def __init__(self, *args, gpus_per_node: int, **kwargs) -> None:
@@ -300,10 +301,7 @@ class NodeAwareDispatcher(MoEAlltoAllTokenDispatcher):
 
     def dispatch_preprocess(self, hidden_states: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor):
         """Plan both hops; one copy of each token per destination node, with its slots' probs."""
-        self.hidden_shape = hidden_states.shape
-        self.probs, self.routing_map = probs, routing_map
-        tokens = hidden_states.view(-1, self.hidden_shape[-1])
-        self.hidden_shape_before_permute = tokens.shape
+        tokens = self.keep_input(hidden_states, routing_map, probs)
         overlap = bool(self.config.overlap_moe_expert_parallel_comm)
         plan = self._plan = self._make_plan(routing_map, stream_of(tokens) if overlap else None)
         copies = _Replicate.apply(tokens, plan.copy_token, plan.copy_pos)

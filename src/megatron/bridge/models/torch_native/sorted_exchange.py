@@ -1,58 +1,28 @@
-"""Sync-free token dispatch for the torch-native MoE layer.
+"""The sorted dispatcher's exchange between EP ranks: the plan, the index function, the autograd
+exchanges and the buffers they share.
 
-megatron-core's alltoall dispatcher permutes with ``masked_select``/``nonzero`` over the routing map,
-copies the token counts to the host before every all-to-all (``all_to_all_single`` wants host split
-sizes) and, with more than one expert-parallel rank, re-sorts the received tokens by expert with a
-host-side loop over ``ep_size * num_local_experts`` chunks. Every MoE layer stalls the host behind
-the GPU, so the host never gets ahead and megatron's combined-1F1B schedule has little queued to
-overlap the all-to-all with. Here the host only enqueues work:
-
-* the permutation is a static-size sorted one (:mod:`sorted_permutation`): megatron's order exactly
-  (expert-major, tokens ascending within an expert), which is also destination-rank-major;
-* counts stay on the device, and every index a micro-batch needs before a token moves comes from one
-  function, replayed from a CUDA graph on GPUs (:mod:`index_graph`).
-
-With one expert-parallel rank (:class:`SortedTokenDispatcher`) nothing is exchanged. With several
-(:class:`ExpertParallelSortedDispatcher`) the per-expert counts are all-gathered over the EP group
-(a fixed-size collective: no host copy), rows travel through a :class:`RowExchange` into a buffer
-sized for the worst case (``ep_size * tokens * min(topk, local experts)`` rows, so no token is ever
-dropped), and the copy out of that buffer is a device-side gather that also re-sorts them by local
-expert (megatron's order after its second permutation); the combine packs them back the same way.
-Rows past the received total are padding: the experts' GEMMs and activation skip them
-(``tokens_per_expert`` does not cover them) and nothing sends them back.
-
-:class:`TorchNativeMoELayer` is megatron's ``MoELayer`` whose dispatcher is swapped according to
-``config.torch_native_dispatcher`` (``"auto"``, ``"sorted"``, ``"megatron"`` or ``"node_aware"``,
-see :func:`choose_dispatch`; the node-aware one is in :mod:`node_aware_dispatcher`). The dispatchers subclass
-megatron's ``MoEAlltoAllTokenDispatcher`` and implement the six stage methods that the MoE layer and the
-combined-1F1B schedule call, so ``build_schedule_plan`` keeps working; state the backward needs lives in autograd
-contexts, so a forward of the next micro-batch may run between a forward and its backward.
+Each micro-batch's plan (:class:`ExchangePlan`) is computed on the device from every rank's
+per-expert counts, all-gathered over the EP group: how many rows go to and come from each rank, and
+the permutations between the order rows arrive in (source-rank-major) and megatron's order (by local
+expert, then source rank). The routing indices and the plan are one function, replayed from a CUDA
+graph on GPUs (:data:`graphed_routing_and_plan`). :class:`DispatchExchange` and
+:class:`CombineExchange` move the rows through a :class:`RowExchange` (NVSHMEM symmetric memory or
+``all_to_all_single``), one per set of EP ranks and transport (:func:`shared_exchange`). The
+dispatcher that uses them is ``ExpertParallelSortedDispatcher`` (``sorted_dispatcher.py``).
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-from megatron.core.transformer.moe.moe_layer import MoELayer
-from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
-from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.bridge.models.torch_native.compiled import LazyCompiled
-from megatron.bridge.models.torch_native.dispatch_policy import DispatchChoice, apply_nvshmem_blocks, choose_dispatch
 from megatron.bridge.models.torch_native.index_graph import GraphedIndexFunction
-from megatron.bridge.models.torch_native.node_aware_dispatcher import NodeAwareDispatcher
-from megatron.bridge.models.torch_native.row_gather import copy_counted_rows
-from megatron.bridge.models.torch_native.sorted_permutation import (
-    graphed_routing_indices,
-    permutation_indices,
-    permute_with,
-    unpermute_sorted,
-)
-from megatron.bridge.models.torch_native.streams import record_if_read_elsewhere, stream_of
+from megatron.bridge.models.torch_native.sorted_permutation import permutation_indices
+from megatron.bridge.models.torch_native.streams import record_if_read_elsewhere
 from megatron.bridge.models.torch_native.symmetric_exchange import call_rows, make_exchange
 from megatron.bridge.models.torch_native.token_exchange import (
     Route,
@@ -60,64 +30,7 @@ from megatron.bridge.models.torch_native.token_exchange import (
     copy_columns,
     exclusive_cumsum,
     region_pack_index,
-    row_bytes,
 )
-
-logger = logging.getLogger(__name__)
-
-# ------------------------------------------------------------------------------ EP = 1
-
-
-def _check_exactly_topk(tokens_per_expert: torch.Tensor, num_tokens: int, topk: int) -> None:
-    """Free on the host (CPU tensors): guard the every-token-has-``topk``-experts invariant."""
-    total = int(tokens_per_expert.sum())
-    if total != num_tokens * topk:
-        raise RuntimeError(f"routing map selects {total} token-expert pairs, expected {num_tokens} tokens x top-{topk}")
-
-
-class SortedTokenDispatcher(MoEAlltoAllTokenDispatcher):
-    """Alltoall dispatcher for one EP rank: static-size sorted permutation, counts stay on device."""
-
-    def dispatch_preprocess(self, hidden_states: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor):
-        """Permute tokens and probs by expert (no communication, no host sync)."""
-        self.hidden_shape = hidden_states.shape
-        self.probs = probs
-        self.routing_map = routing_map
-        tokens = hidden_states.view(-1, self.hidden_shape[-1])
-        self.hidden_shape_before_permute = tokens.shape
-        src_token, pos, prob_index, self.tokens_per_expert = graphed_routing_indices(
-            routing_map, topk=self.config.moe_router_topk
-        )
-        if not tokens.is_cuda:
-            _check_exactly_topk(self.tokens_per_expert, tokens.shape[0], self.config.moe_router_topk)
-        permuted, permuted_probs, self._perm_state = permute_with(tokens, probs, src_token, pos, prob_index)
-        return permuted, permuted_probs
-
-    def token_dispatch(self, permutated_local_input_tokens, permuted_probs):
-        """One EP rank: nothing to exchange."""
-        return permutated_local_input_tokens, permuted_probs
-
-    def dispatch_postprocess(self, global_input_tokens, global_probs):
-        """Tokens are already sorted by (local == global) expert; counts stay on the device."""
-        tokens_per_expert, self.tokens_per_expert = self.tokens_per_expert, None
-        return global_input_tokens, tokens_per_expert, global_probs
-
-    def combine_preprocess(self, hidden_states):
-        """Nothing to unsort or reduce-scatter with one EP and one expert-TP rank."""
-        return hidden_states
-
-    def token_combine(self, hidden_states, async_finish: bool = True, allocate_on_comm_stream: bool = True):
-        """One EP rank: nothing to exchange."""
-        return hidden_states
-
-    def combine_postprocess(self, permutated_local_input_tokens):
-        """Sum each token's expert outputs (gather, no atomics) and restore the input shape."""
-        output = unpermute_sorted(permutated_local_input_tokens, self._perm_state)
-        self._perm_state = None
-        return output.view(self.hidden_shape)
-
-
-# ------------------------------------------------------------------------------ EP > 1
 
 
 @dataclass
@@ -269,7 +182,7 @@ def routing_and_plan(
 graphed_routing_and_plan = GraphedIndexFunction(routing_and_plan, "EP routing indices and exchange plan")
 
 
-class _DispatchExchange(torch.autograd.Function):
+class DispatchExchange(torch.autograd.Function):
     """Tokens and probs to the experts' ranks, received straight into expert-major order.
 
     Rows arrive source-major; reading them out of the receive buffer gathers them by
@@ -317,7 +230,7 @@ def _tokens_and_probs_reader(
     return read
 
 
-class _CombineExchange(torch.autograd.Function):
+class CombineExchange(torch.autograd.Function):
     """Expert outputs (expert-major ``[capacity, hidden]``) back to their tokens' ranks.
 
     The rows are packed source-major as they are copied into the send buffer (the received total of
@@ -363,137 +276,3 @@ def shared_exchange(group: dist.ProcessGroup, transport: str, device: torch.devi
     elif exchange.group is not group:
         exchange.rebind(group)
     return exchange
-
-
-def _configure_transport(config: TransformerConfig, choice: DispatchChoice) -> None:
-    if choice.transport == "nvshmem":
-        apply_nvshmem_blocks(getattr(config, "torch_native_nvshmem_blocks", None))
-
-
-class ExpertParallelSortedDispatcher(MoEAlltoAllTokenDispatcher):
-    """Alltoall dispatcher for EP > 1 (expert TP = 1) with device-side counts and static buffers."""
-
-    def __init__(self, *args, transport: str, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.transport = transport
-        self._plan: Optional[ExchangePlan] = None
-
-    def _exchange(self, device: torch.device) -> RowExchange:
-        return shared_exchange(self.ep_group, self.transport, device)
-
-    def _capacity(self, num_tokens: int) -> int:
-        """Worst-case rows one rank can receive: every source sends it each token's local experts."""
-        return self.ep_size * num_tokens * min(self.config.moe_router_topk, self.num_local_experts)
-
-    def dispatch_preprocess(self, hidden_states: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor):
-        """Permute by (global) expert, gather every rank's per-expert counts, plan the exchange."""
-        self.hidden_shape = hidden_states.shape
-        self.probs = probs
-        self.routing_map = routing_map
-        tokens = hidden_states.view(-1, self.hidden_shape[-1])
-        self.hidden_shape_before_permute = tokens.shape
-        counts = routing_map.sum(dim=0).long()
-        if not tokens.is_cuda:
-            _check_exactly_topk(counts, tokens.shape[0], self.config.moe_router_topk)
-        all_counts = self._exchange(counts.device).all_gather(counts)
-        num_tokens, topk = tokens.shape[0], self.config.moe_router_topk
-        capacity = self._capacity(num_tokens)
-        src_token, pos, prob_index, *plan = graphed_routing_and_plan(
-            routing_map, all_counts, topk=topk, rank=self.ep_rank, num_local_experts=self.num_local_experts,
-            capacity=capacity, with_calls=self.transport == "nvshmem",
-        )
-        # Under EP overlap the exchanges and the unpermutation run on the communication stream.
-        overlap = bool(self.config.overlap_moe_expert_parallel_comm)
-        made_on = stream_of(tokens) if overlap else None
-        self._plan = make_plan(tuple(plan), capacity, send_rows=num_tokens * topk, made_on=made_on)
-        permuted, permuted_probs, self._perm_state = permute_with(
-            tokens, probs, src_token, pos, prob_index, unpermute_elsewhere=overlap,
-        )
-        return permuted, permuted_probs
-
-    def _row_bytes(self, tokens: torch.Tensor, probs: torch.Tensor) -> int:
-        # One row layout for dispatch and combine, so they share one set of buffers.
-        return row_bytes([(tokens.shape[1], tokens.dtype), (1, probs.dtype)])
-
-    def token_dispatch(self, permutated_local_input_tokens, permuted_probs):
-        """Send each token row (with its prob) to the rank of its expert; counts stay on device."""
-        tokens, probs = permutated_local_input_tokens, permuted_probs
-        self._nbytes = self._row_bytes(tokens, probs)
-        return _DispatchExchange.apply(tokens, probs, self._plan, self._exchange(tokens.device), self._nbytes)
-
-    def dispatch_postprocess(self, global_input_tokens, global_probs):
-        """The received rows are already in megatron's order (by local expert); padding rows last.
-
-        Under the combined-1F1B schedule the received rows are copied (not the padding): that
-        schedule frees this stage's input after the forward, while the experts keep theirs.
-        """
-        tokens = global_input_tokens
-        if self.config.overlap_moe_expert_parallel_comm:
-            tokens = copy_counted_rows(tokens, self._plan.recv_total)
-        return tokens, self._plan.tokens_per_expert, global_probs
-
-    def combine_preprocess(self, hidden_states):
-        """Nothing to do: the combine packs the rows back into source-rank order as it sends them."""
-        return hidden_states
-
-    def token_combine(self, hidden_states, async_finish: bool = True, allocate_on_comm_stream: bool = True):
-        """Send the expert outputs back; rows arrive in this rank's permuted order."""
-        return _CombineExchange.apply(hidden_states, self._plan, self._exchange(hidden_states.device), self._nbytes)
-
-    def combine_postprocess(self, permutated_local_input_tokens):
-        """Sum each token's expert outputs (gather, no atomics) and restore the input shape."""
-        output = unpermute_sorted(permutated_local_input_tokens, self._perm_state)
-        self._perm_state, self._plan = None, None
-        return output.view(self.hidden_shape)
-
-
-# ------------------------------------------------------------------------------ the MoE layer
-
-
-def dispatch_choices(model_chunks: Iterable[torch.nn.Module]) -> List[DispatchChoice]:
-    """The distinct dispatcher choices of the torch-native MoE layers in these model chunks."""
-    layers = (m for chunk in model_chunks for m in chunk.modules() if isinstance(m, TorchNativeMoELayer))
-    return list(dict.fromkeys(layer.dispatch_choice for layer in layers))
-
-
-class TorchNativeMoELayer(MoELayer):
-    """megatron's ``MoELayer`` with the dispatcher :func:`choose_dispatch` picks."""
-
-    def __init__(self, config: TransformerConfig, *args, **kwargs):
-        super().__init__(config, *args, **kwargs)
-        old = self.token_dispatcher
-        choice = choose_dispatch(config, old.ep_size, old.tp_size, old.ep_group, _run_device())
-        if choice.dispatcher == "sorted":
-            common = dict(config=config, pg_collection=_DispatcherGroups(old))
-            if old.ep_size == 1:
-                self.token_dispatcher = SortedTokenDispatcher(self.num_local_experts, self.local_expert_indices,
-                                                              **common)
-            else:
-                _configure_transport(config, choice)
-                self.token_dispatcher = ExpertParallelSortedDispatcher(
-                    self.num_local_experts, self.local_expert_indices, transport=choice.transport, **common
-                )
-                if hasattr(self.experts, "padded_rows"):  # the torch-native experts skip the padding rows
-                    self.experts.padded_rows = True
-        if choice.dispatcher == "node_aware":
-            self.token_dispatcher = NodeAwareDispatcher(
-                self.num_local_experts, self.local_expert_indices, config=config,
-                pg_collection=_DispatcherGroups(old), gpus_per_node=config.torch_native_gpus_per_node,
-            )
-        self.dispatch_choice = choice
-        logger.debug("torch_native MoE: %s", choice.describe())
-
-
-def _run_device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-class _DispatcherGroups:
-    """The process groups megatron's dispatcher was built with, in ``ProcessGroupCollection`` shape."""
-
-    def __init__(self, dispatcher: MoEAlltoAllTokenDispatcher):
-        self.ep = dispatcher.ep_group
-        self.expt_tp = dispatcher.tp_group
-        self.tp_ep = dispatcher.tp_ep_group

@@ -5,8 +5,8 @@ Built from megatron-core's local (non-TE) decoder block spec, so projections, Ro
 
 * ``SelfAttentionSubmodules.core_attention``: ``DotProductAttention`` -> :class:`TorchSDPAttention`
 * ``MoESubmodules.experts``: ``SequentialMLP`` -> :class:`TorchGroupedMLP`
-* the MoE layer: ``MoELayer`` -> :class:`TorchNativeMoELayer` (same module; a sync-free token
-  permutation replaces megatron's alltoall dispatcher for EP=1, see ``dispatcher.py``)
+* the MoE layer: ``MoELayer`` -> :class:`TorchNativeMoELayer` (same module; the dispatch path the
+  registry picks replaces megatron's alltoall dispatcher, see ``moe_layer.py`` and ``models/dispatch/``)
 * every ``WrappedTorchNorm`` slot (input, pre-MLP, query/key and final norms) ->
   :class:`TorchNativeNorm` (RMSNorm compiled on CUDA, see ``norm.py``; Apex norms stay)
 
@@ -29,8 +29,8 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.bridge.models.torch_native.attention import TorchSDPAttention
-from megatron.bridge.models.torch_native.dispatcher import TorchNativeMoELayer
 from megatron.bridge.models.torch_native.experts import TorchGroupedMLP
+from megatron.bridge.models.torch_native.moe_layer import TorchNativeMoELayer
 from megatron.bridge.models.torch_native.norm import TorchNativeNorm
 
 

@@ -168,22 +168,16 @@ def emulation_values(args: Namespace, num_gpus: int) -> dict[str, Any]:
     return values
 
 
-def node_aware_values(cfg: "ConfigContainer", given: Optional[int], launch_gpus_per_node: int) -> dict[str, Any]:
-    """``model.torch_native_gpus_per_node`` for the node-aware dispatcher, where no layer set it:
-    ``-gn``, else the emulated network's GPUs per node (``--emulate``), else the launch's (``-gn``'s
-    default; in CPU smoke mode every process is on this one host, so ``-gn`` alone draws node
-    boundaries there). Other dispatchers get nothing (the field would have no effect)."""
-    m = cfg.model
-    if m.torch_native_dispatcher != "node_aware" or m.torch_native_gpus_per_node is not None:
-        return {}
-    emulated = None
-    if cfg.emulation.world_size is not None:
-        # Deferred: only --emulate runs need the network presets.
-        from megatron.bridge.emulation.network import PRESETS
+def dispatch_launch_values(cfg: "ConfigContainer", given: Optional[int], launch_gpus_per_node: int) -> dict[str, Any]:
+    """The settings the dispatch path the config asks for takes from the launch, where no layer set
+    them (the node-aware dispatcher's ``model.torch_native_gpus_per_node``: ``-gn``, else the emulated
+    network's GPUs per node, else the launch's); other paths get nothing (the settings would have no
+    effect). The paths say what they take (``models/dispatch/``)."""
+    # Deferred: the dispatch registry lives under the models package, which imports megatron-core.
+    from megatron.bridge.models.dispatch.dispatch_path import LaunchFacts
+    from megatron.bridge.models.dispatch.path_registry import launch_values
 
-        preset = PRESETS.get(cfg.emulation.network)
-        emulated = cfg.emulation.gpus_per_node or (preset.gpus_per_node if preset else None)
-    return {"model.torch_native_gpus_per_node": given or emulated or launch_gpus_per_node}
+    return launch_values(cfg, LaunchFacts(gpus_per_node=given, launch_gpus_per_node=launch_gpus_per_node))
 
 
 def flex_dispatcher_values(backend: str) -> dict[str, Any]:
@@ -355,7 +349,7 @@ def build_config(
                            f"{args.procs_per_gpu} asks for several\n    fix: leave --procs_per_gpu out")
     procs_per_gpu = 1 if cpu else args.procs_per_gpu
     gpus_per_node = _gpus_per_node(args, num_gpus, cpu)
-    cfg = apply_layer(cfg, node_aware_values(cfg, args.gpus_per_node, gpus_per_node),
+    cfg = apply_layer(cfg, dispatch_launch_values(cfg, args.gpus_per_node, gpus_per_node),
                       "flag" if args.gpus_per_node else "computed")
     built = BuiltConfig(
         cfg=cfg,

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 from megatron.core import parallel_state as ps
 
+from megatron.bridge.models.dispatch.path_registry import describe_dispatcher
 from megatron.bridge.models.torch_native.linear import dense_wgrad_accumulation
 from megatron.bridge.training.config_stages.facts.checkpoint_dir import checkpoint_layout
-from megatron.bridge.training.config_stages.rules.flex_rules import describe_dispatcher
 from megatron.bridge.training.loop import initialize
 from megatron.bridge.training.telemetry.metrics import default_log_dir
 
@@ -66,7 +66,7 @@ def moe_token_dispatch(resolved: "ConfigContainer", model: list) -> list[dict[st
         return []
     # Deferred: the torch-native MoE layers (megatron-core's MoE code) are loaded only for a model
     # built from them.
-    from megatron.bridge.models.torch_native.dispatcher import dispatch_choices
+    from megatron.bridge.models.torch_native.moe_layer import dispatch_choices
 
     return [dict(c.to_dict(), description=c.describe()) for c in dispatch_choices(model)]
 

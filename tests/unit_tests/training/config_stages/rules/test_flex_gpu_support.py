@@ -53,7 +53,7 @@ def test_hybridep_and_ncclep_run_on_any_blackwell_board() -> None:
 
 
 def _machine(name, capability, deep_ep: bool = True):
-    return ctx(device_capability=capability, device_name=name, cuda_available=True, deep_ep_available=deep_ep)
+    return ctx(device_capability=capability, device_name=name, cuda_available=True, packages={"deep_ep": deep_ep})
 
 
 @pytest.mark.parametrize("name, capability, runs", [c for c in DEEPEP_GPUS if c[2] is not None],

@@ -60,7 +60,7 @@ MOE = dict(num_moe_experts=2, expert_model_parallel_size=2, moe_token_dispatcher
 @pytest.fixture
 def cpu_host(simulate_host) -> None:
     """No visible GPU and no deep_ep."""
-    simulate_host(gpu_capability=None, gpu_name=None, gpus=0, has_deep_ep=False)
+    simulate_host(gpu_capability=None, gpu_name=None, gpus=0, packages=())
 
 
 def test_upstream_style_container_validates(cpu_host) -> None:

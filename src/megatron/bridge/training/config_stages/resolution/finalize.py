@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from packaging.version import Version
 
+from megatron.bridge.models.dispatch.path_registry import probe_packages
 from megatron.bridge.models.layer_specs import LayerSpecChoice
 from megatron.bridge.training.config_stages.facts import gpu_catalog, ownership
 from megatron.bridge.training.config_stages.facts.overlap_facts import layer_spec_choice
@@ -63,7 +64,8 @@ def world_size_violation(world_size: object) -> Optional[Violation]:
 def default_rule_context(
     world_size: Optional[int] = None, target_gpu: Optional[str] = None, **overrides
 ) -> RuleContext:
-    """Facts about the machine (``current_host()``); ``world_size`` falls back to ``$WORLD_SIZE`` when set.
+    """Facts about the machine (``current_host()``: its GPU, Transformer Engine, the packages the dispatch
+    paths need); ``world_size`` falls back to ``$WORLD_SIZE`` when set.
 
     The target GPU is ``target_gpu`` (a ``-g`` type such as ``h100``/``gb200``), else the visible
     GPU, else unknown (a CPU host validates what it can and says so).
@@ -79,8 +81,7 @@ def default_rule_context(
         device_capability=target.capability,
         device_name=target.name,
         cuda_available=visible_capability is not None,
-        deep_ep_available=host.deep_ep(),
-        te_nccl_ep_available=host.te_nccl_ep(),
+        packages=probe_packages(host),
     )
     facts.update(overrides)
     return RuleContext(**facts)

@@ -13,11 +13,11 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
+from megatron.bridge.models.dispatch.path_registry import describe_dispatcher
 from megatron.bridge.training.config_stages.facts.gpu_catalog import gpu_target_from_context
 from megatron.bridge.training.config_stages.facts.ownership import OWNERSHIP_RULE_IDS, concerns_overlap
 from megatron.bridge.training.config_stages.facts.parallel_layout import positive_size
 from megatron.bridge.training.config_stages.resolution.overlap_resolution import EffectiveValue
-from megatron.bridge.training.config_stages.rules.flex_rules import describe_dispatcher
 from megatron.bridge.training.config_stages.rules.overlap_rules import NO_EFFECT_RULE_IDS, OVERLAP_RULES
 from megatron.bridge.training.config_stages.schema.rule_base import RuleContext, read_field, te_version_text
 from megatron.bridge.training.errors import Violation
