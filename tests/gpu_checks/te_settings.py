@@ -73,7 +73,8 @@ def build(name: str, argv: list[str], out: Path):
     """The harness's job for one case, or the typed error that refused it."""
     from megatron.bridge.perf.harness.argument_parser import parse_args
     from megatron.bridge.perf.harness.config_builder import build_config
-    from megatron.bridge.perf.harness.run import make_job, prepare
+    from megatron.bridge.perf.harness.execution import prepare
+    from megatron.bridge.perf.harness.job import make_job
 
     args = parse_args([*BASE, *argv, "-l", str(out / name)])
     job = make_job(build_config(args), args)

@@ -32,15 +32,16 @@ import pytest
 import torch
 
 import megatron.bridge.models as models_package
-import megatron.bridge.perf.harness.run as run_module
+import megatron.bridge.perf.harness.execution as execution_module
 import megatron.bridge.recipes as recipes_package
 from megatron.bridge.models.gpt_provider import TORCH_NATIVE_DISPATCHERS
 from megatron.bridge.models.torch_native.dispatch_policy import choose_dispatch
 from megatron.bridge.perf.benchmarks.benchmark_jobs import write_configs
 from megatron.bridge.perf.harness.argument_parser import parse_args
 from megatron.bridge.perf.harness.config_builder import HarnessError, build_config
+from megatron.bridge.perf.harness.job import make_job
 from megatron.bridge.perf.harness.recipe_lookup import RECIPES_PACKAGE, available_families
-from megatron.bridge.perf.harness.run import main, make_job
+from megatron.bridge.perf.harness.run import main
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.config_stages.resolution import overlap_docs
@@ -134,7 +135,7 @@ def no_launch(monkeypatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("launched although the harness should have refused before launch")
 
-    monkeypatch.setattr(run_module, "run_plan", refuse)
+    monkeypatch.setattr(execution_module, "run_plan", refuse)
 
 
 def harness(argv: list[str]) -> tuple[int, str]:

@@ -25,9 +25,9 @@ def readme_command(tmp_path):
 @pytest.fixture
 def no_launch(monkeypatch):
     """Any launch attempt fails the test: refusals and answers given before launch come first."""
-    import megatron.bridge.perf.harness.run as run_module
+    import megatron.bridge.perf.harness.execution as execution_module
 
     def refuse(*args, **kwargs):
         raise AssertionError("launched although the harness should have answered before launch")
 
-    monkeypatch.setattr(run_module, "run_plan", refuse)
+    monkeypatch.setattr(execution_module, "run_plan", refuse)

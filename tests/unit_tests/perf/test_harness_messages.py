@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import megatron.bridge.perf.harness.execution as execution_module
 import megatron.bridge.perf.harness.run as run_module
 from megatron.bridge.perf.harness.launcher import run_plan
 from megatron.bridge.perf.harness.supervisor import LAUNCH_LOG, JobOutcome
@@ -42,12 +43,12 @@ def _trained(plan, stream=None, verbose=False, stop_signal=None) -> JobOutcome:
 def test_a_ctrl_c_after_the_job_ended_says_what_the_job_did(tmp_path, monkeypatch):
     """The first Ctrl-C stopped the job (it saved at iteration 4); a second one reached the harness
     while it reported. It said "interrupted before launch: nothing was launched"."""
-    monkeypatch.setattr(run_module, "run_plan", lambda plan, **kw: _trained(plan, stop_signal=signal.SIGINT))
+    monkeypatch.setattr(execution_module, "run_plan", lambda plan, **kw: _trained(plan, stop_signal=signal.SIGINT))
 
     def second_ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt  # what Python's SIGINT handler raises once the job's supervisor is gone
 
-    monkeypatch.setattr(run_module, "format_results", second_ctrl_c)
+    monkeypatch.setattr(execution_module, "format_results", second_ctrl_c)
     code, out = run([*TINY_CPU, "-l", str(tmp_path / "run")])
     assert code == 130, out
     assert "nothing was launched" not in out and "before launch" not in out, out
@@ -83,7 +84,7 @@ def test_a_cpu_sweep_gives_no_speedup(tmp_path, monkeypatch):
             "step_times_s": [3.0, 2.0] + [step] * 6, "losses": [7.0] * 8, "world_size": plan.nprocs}))
         return JobOutcome(0)
 
-    monkeypatch.setattr(run_module, "run_plan", faster_with_overlap)
+    monkeypatch.setattr(execution_module, "run_plan", faster_with_overlap)
     root = tmp_path / "s"
     code, out = run([*TINY_CPU, "-l", str(root), "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true"])
     assert code == 0, out
@@ -145,7 +146,7 @@ def test_a_profiled_cpu_runs_native_profiler_lines_stay_out_of_the_console(tmp_p
         return run_plan(dataclasses.replace(plan, argv=[sys.executable, str(CHILDREN / "profiled_cpu_rank.py")]),
                         stream=stream, verbose=verbose)
 
-    monkeypatch.setattr(run_module, "run_plan", launch_stand_in)
+    monkeypatch.setattr(execution_module, "run_plan", launch_stand_in)
     log_dir = tmp_path / "run"
     code, out = run([*TINY_CPU, "--profile", "--profile_step_start", "2", "--profile_step_end", "2",
                      "-l", str(log_dir)])

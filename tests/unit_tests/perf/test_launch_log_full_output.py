@@ -79,7 +79,7 @@ def test_the_printed_command_prints_what_the_console_shows(tmp_path):
 def test_failure_report_quotes_rank_logs_as_the_console_shows_them(verbose, shown):
     """The per-rank logs under ``torchrun/`` hold the marked lines; the failure report that quotes
     their tail leaves them out like the console (and shows them unmarked with ``-v``)."""
-    from megatron.bridge.perf.harness.run import console_text
+    from megatron.bridge.perf.harness.execution import console_text
     from megatron.bridge.utils.quiet import QUIET_MARK
 
     report = "\n".join(["--- rank 0: last lines of rank log ---", QUIET_MARK + "[rank 0] INFO megatron.core.x: dump",

@@ -166,10 +166,11 @@ def _fake_run_plan(plan, stream=None, verbose=False):
 
 def _on_a_gpu_machine(monkeypatch):
     """Sweeps on a GPU target (the machine check sees eight GPUs; the launch is faked)."""
-    import megatron.bridge.perf.harness.run as run_module
+    import megatron.bridge.perf.harness.execution as execution_module
+    import megatron.bridge.perf.harness.job as job_module
 
-    monkeypatch.setattr(run_module, "run_plan", _fake_run_plan)
-    monkeypatch.setattr(run_module, "gpus_visible", lambda: 8)
+    monkeypatch.setattr(execution_module, "run_plan", _fake_run_plan)
+    monkeypatch.setattr(job_module, "gpus_visible", lambda: 8)
 
 
 def test_sweep_runs_each_value_and_writes_outputs(tmp_path, monkeypatch):
@@ -212,18 +213,18 @@ def test_sweep_repeats_interleave_the_values_and_report_each_round(tmp_path, mon
 
 
 def test_single_run_prints_results_table(tmp_path, monkeypatch):
-    import megatron.bridge.perf.harness.run as run_module
+    import megatron.bridge.perf.harness.execution as execution_module
 
-    monkeypatch.setattr(run_module, "run_plan", _fake_run_plan)
+    monkeypatch.setattr(execution_module, "run_plan", _fake_run_plan)
     code, out = run(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-l", str(tmp_path / "r")])
     assert code == 0, out
     assert "iterations 3-8" in out and "1.0000 s" in out and str(tmp_path / "r" / "summary.json") in out
 
 
 def test_failed_run_returns_its_exit_code(tmp_path, monkeypatch):
-    import megatron.bridge.perf.harness.run as run_module
+    import megatron.bridge.perf.harness.execution as execution_module
 
-    monkeypatch.setattr(run_module, "run_plan", lambda plan, stream=None, verbose=False: JobOutcome(5))
+    monkeypatch.setattr(execution_module, "run_plan", lambda plan, stream=None, verbose=False: JobOutcome(5))
     code, out = run(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "1", "-l", str(tmp_path / "r")])
     assert code == 5 and "Results" not in out
 

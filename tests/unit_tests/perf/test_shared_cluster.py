@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-import megatron.bridge.perf.harness.run as run_module
+import megatron.bridge.perf.harness.execution as execution_module
 from megatron.bridge.perf.harness.run import main
 from megatron.bridge.perf.harness.run_dir import MARKER, claim
 from megatron.bridge.perf.harness.supervisor import JobOutcome
@@ -60,7 +60,7 @@ def stand_in_launch(monkeypatch):
         seen["config"] = (plan.log_dir / "config.yaml").read_text()
         return JobOutcome(exit_code=0)
 
-    monkeypatch.setattr(run_module, "run_plan", launch)
+    monkeypatch.setattr(execution_module, "run_plan", launch)
     return seen
 
 
@@ -178,7 +178,7 @@ def test_a_run_directory_removed_during_the_run_is_said(tmp_path, monkeypatch):
         shutil.rmtree(plan.log_dir)  # someone cleans up while the job runs
         return JobOutcome(exit_code=0)
 
-    monkeypatch.setattr(run_module, "run_plan", launch)
+    monkeypatch.setattr(execution_module, "run_plan", launch)
     code, out = run([*TINY_CPU, "--max_steps", "2", "-l", str(tmp_path / "run")])
     assert "was removed or replaced during the run" in out, out
 

@@ -21,8 +21,9 @@ import torch
 
 from megatron.bridge.perf.harness.argument_parser import parse_args
 from megatron.bridge.perf.harness.config_builder import build_config
+from megatron.bridge.perf.harness.execution import prepare
+from megatron.bridge.perf.harness.job import make_job
 from megatron.bridge.perf.harness.launcher import ENTRY_MODULE, torchrun_argv
-from megatron.bridge.perf.harness.run import make_job, prepare
 
 NOMINAL_PEAK_TFLOPS = 989.5
 """Dense bf16 peak of an H100/H200 SXM (datasheet): what MFU is quoted against."""

@@ -8,6 +8,7 @@ import io
 
 import pytest
 
+import megatron.bridge.perf.harness.execution as execution_module
 import megatron.bridge.perf.harness.run as run_module
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config, qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.config_stages.rules.size_rules import SIZE_RULES
@@ -74,7 +75,7 @@ def test_the_harness_refuses_absurd_steps_before_launch(monkeypatch, tmp_path):
     def launched(*args, **kwargs):
         raise AssertionError("launched a run whose dataset build cannot finish")
 
-    monkeypatch.setattr(run_module, "run_plan", launched)
+    monkeypatch.setattr(execution_module, "run_plan", launched)
     out = io.StringIO()
     code = run_module.main(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--max_steps",
                             str(ABSURD_STEPS), "-l", str(tmp_path / "run")], out=out)
