@@ -4,7 +4,7 @@ which one the run gets (dotted overrides come after flags), through its real ent
 from __future__ import annotations
 
 import io
-from argparse import Namespace
+from dataclasses import replace
 
 import pytest
 
@@ -95,5 +95,5 @@ def test_every_field_a_flag_sets_is_attributed_to_its_flag():
                        "--profile_step_end", "3", "--profile_ranks", "0", "--emulate", "--network", "free",
                        "--emulate_rank", "1", "-gn", "8"])
     written = {**flag_values(args), **emulation_values(args, 16),
-               **flag_values(Namespace(**{**vars(args), "gpu": "cpu"}))}
+               **flag_values(replace(args, gpu="cpu"))}
     assert {key: flag_of_field(key) for key in written if flag_of_field(key) is None} == {}

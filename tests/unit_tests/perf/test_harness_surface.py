@@ -41,6 +41,28 @@ def test_every_name_of_the_surface_is_found_at_its_home(name):
     assert getattr(harness_surface, name) is not None
 
 
+def _imports_for_type_checkers(source: str) -> dict[str, str]:
+    """Name -> module of the imports under the module's ``if TYPE_CHECKING:``."""
+    block = next((node for node in ast.parse(source).body
+                  if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"), None)
+    assert block is not None, "harness_surface has no `if TYPE_CHECKING:` imports: type checkers see every name as Any"
+    return {alias.name: node.module or "" for node in block.body if isinstance(node, ast.ImportFrom)
+            for alias in node.names}
+
+
+def test_type_checkers_see_every_name_of_the_surface_at_its_home():
+    """The lazy table's names are imported again for type checkers, IDEs and import graphs: the same
+    names from the same modules, so no edge of the harness is hidden from them."""
+    assert _imports_for_type_checkers(Path(harness_surface.__file__).read_text()) == harness_surface.SURFACE
+
+
+def test_the_imports_for_type_checkers_are_not_run():
+    """They stay under ``TYPE_CHECKING``: importing the surface still loads none of its homes."""
+    code = f"import sys, {SURFACE_MODULE}; print(sorted(set(sys.modules) & set({SURFACE_MODULE}.SURFACE.values())))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_a_name_outside_the_surface_is_refused_with_the_list():
     with pytest.raises(AttributeError, match="the harness's names are"):
         harness_surface.train_step  # noqa: B018

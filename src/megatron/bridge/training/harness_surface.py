@@ -3,14 +3,16 @@
 The harness builds a configuration, resolves and validates it for the target GPU, and launches the
 training entry point; it reads a few facts of the layout, the checkpoint directory and the run's
 files to do so. Each name below is looked up in its home when it is imported from here (PEP 562),
-so ``run_script.py --help`` and a refused flag never load megatron-core. A test holds ``perf/`` to
-this module: a new need of the harness is added here, in the table, or not at all.
+so ``run_script.py --help`` and a refused flag never load megatron-core. The same names are imported
+again under ``TYPE_CHECKING`` (never at run time), so type checkers, IDEs and import graphs see each
+edge and its type; a test holds the two lists equal. A test holds ``perf/`` to this module: a new
+need of the harness is added here, in the table and the imports, or not at all.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 SURFACE: dict[str, str] = {
     # build
@@ -51,6 +53,43 @@ SURFACE: dict[str, str] = {
     "staged_iterations": "megatron.bridge.training.config_stages.facts.checkpoint_dir",
 }
 """Name -> the module that defines it."""
+
+if TYPE_CHECKING:  # SURFACE's names again, for type checkers, IDEs and import graphs (a test holds them equal)
+    from megatron.bridge.training.config import ConfigContainer
+    from megatron.bridge.training.config_stages.facts.checkpoint_dir import (
+        CheckpointDir,
+        inspect_checkpoint_dir,
+        iteration_dir,
+        staged_iterations,
+    )
+    from megatron.bridge.training.config_stages.facts.gpu_catalog import GPU_TYPES
+    from megatron.bridge.training.config_stages.facts.parallel_layout import (
+        MAX_WORLD_SIZE,
+        expert_parallel_span,
+        layout_within,
+        model_parallel_size,
+    )
+    from megatron.bridge.training.config_stages.reading.override_names import check_override_names
+    from megatron.bridge.training.config_stages.reading.shown import short_text
+    from megatron.bridge.training.config_stages.resolution.finalize import (
+        Resolution,
+        default_rule_context,
+        resolve_config,
+    )
+    from megatron.bridge.training.config_stages.schema.rule_base import RuleContext, read_field
+    from megatron.bridge.training.entry import FAILURE_DIR
+    from megatron.bridge.training.errors import ConfigError, did_you_mean
+    from megatron.bridge.training.flex_dispatcher_backend import dispatcher_fields
+    from megatron.bridge.training.loop.stop_request import STOP_NOTE_ENV, STOP_SIGNALS
+    from megatron.bridge.training.telemetry.metrics import default_log_dir
+    from megatron.bridge.training.telemetry.results_table import (
+        HARNESS_REPORTS_ENV,
+        SteadyState,
+        format_results,
+        steady_state,
+        summary_steady_state,
+    )
+    from megatron.bridge.training.utils.omegaconf_utils import apply_overrides, load_yaml
 
 __all__ = sorted(SURFACE)
 

@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
+import sys
 import textwrap
 from typing import NoReturn, Optional, Sequence
 
 from megatron.bridge.emulation.network import PRESETS as NETWORK_PRESETS
 from megatron.bridge.perf.harness.flag_fields import FLAG_FIELDS
+from megatron.bridge.perf.harness.harness_args import HarnessArgs
 from megatron.bridge.perf.harness.recipe_lookup import recipe_tasks
 from megatron.bridge.training.harness_surface import GPU_TYPES, MAX_WORLD_SIZE, did_you_mean
 from megatron.bridge.utils.flex_backend_names import FLEX_BACKENDS
@@ -333,8 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """Parse ``argv``; positional ``key=value`` may appear anywhere. Exits 2 on bad input."""
+def parse_args(argv: Optional[Sequence[str]] = None) -> HarnessArgs:
+    """Parse ``argv`` (default: ``sys.argv[1:]``) into the typed record; positional ``key=value`` may
+    appear anywhere. Exits 2 on bad input."""
     parser = build_parser()
     args, extras = parser.parse_known_intermixed_args(argv)
     unknown = unknown_flags_message(parser, extras)
@@ -359,4 +362,4 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error(f"{', '.join(emulation_only)} without --emulate would have no effect: a run without --emulate "
                      "is a real one; add --emulate to play the -ng layout in one process, or leave "
                      f"{' and '.join(emulation_only)} out")
-    return args
+    return HarnessArgs.from_namespace(args, sys.argv[1:] if argv is None else argv)

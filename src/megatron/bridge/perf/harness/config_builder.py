@@ -21,13 +21,13 @@ override machinery, the resolution and the recipe itself load on first use (each
 from __future__ import annotations
 
 import copy
-from argparse import Namespace
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from megatron.bridge.perf.harness.argument_parser import COMPUTE_DTYPES, PLAIN_ALLTOALL
 from megatron.bridge.perf.harness.flag_fields import FLAG_FIELDS
+from megatron.bridge.perf.harness.harness_args import HarnessArgs
 from megatron.bridge.perf.harness.recipe_lookup import (
     RecipeChoice,
     layout_problem,
@@ -135,7 +135,7 @@ def apply_layer(cfg: "ConfigContainer", values: "Mapping[str, Any] | Sequence[st
     return apply_overrides(cfg, nest(values) if isinstance(values, Mapping) else list(values), source=source)
 
 
-def flag_values(args: Namespace) -> dict[str, Any]:
+def flag_values(args: HarnessArgs) -> dict[str, Any]:
     """Dotted key -> value for every flag that was given (``None`` means not given)."""
     values = {key: getattr(args, dest) for dest, key in FLAG_FIELDS.items() if getattr(args, dest, None) is not None}
     if args.compute_dtype is not None:
@@ -157,7 +157,7 @@ def flag_values(args: Namespace) -> dict[str, Any]:
     return values
 
 
-def emulation_values(args: Namespace, num_gpus: int) -> dict[str, Any]:
+def emulation_values(args: HarnessArgs, num_gpus: int) -> dict[str, Any]:
     """``--emulate``: the emulated world is the ``-ng`` layout, ``-gn`` GPUs to a node (else the
     network preset's)."""
     if not args.emulate:
@@ -202,7 +202,7 @@ WORLD_SIZE_RULE = "world-size-bounded"
 """Rule id of the harness's bound on the job's rank count."""
 
 
-def world_size_problem(built: BuiltConfig, args: Namespace) -> str:
+def world_size_problem(built: BuiltConfig, args: HarnessArgs) -> str:
     """Why a job of ``built.world_size`` ranks is refused: more than any job has (a typo, or a layout
     whose smallest GPU count is absurd when ``-ng`` is not given)."""
     m = built.cfg.model
@@ -288,13 +288,13 @@ def _resumes(cfg: "ConfigContainer") -> bool:
 
 
 # --------------------------------------------------------------------------------------------- build
-def _gpus_per_node(args: Namespace, num_gpus: int, cpu: bool) -> int:
+def _gpus_per_node(args: HarnessArgs, num_gpus: int, cpu: bool) -> int:
     if cpu:
         return num_gpus
     return args.gpus_per_node or min(num_gpus, DEFAULT_GPUS_PER_NODE)
 
 
-def default_num_gpus(args: Namespace, recipe: RecipeChoice, cfg: "ConfigContainer", sizes_ok: bool,
+def default_num_gpus(args: HarnessArgs, recipe: RecipeChoice, cfg: "ConfigContainer", sizes_ok: bool,
                      cpu: bool) -> tuple[int, Optional[str]]:
     """``-ng``, else its default and the note that says which: in CPU smoke mode the smallest process
     count the layout fits (a recipe's GPU count says nothing about CPU processes), else the recipe's
@@ -311,7 +311,7 @@ def default_num_gpus(args: Namespace, recipe: RecipeChoice, cfg: "ConfigContaine
 
 
 def build_config(
-    args: Namespace,
+    args: HarnessArgs,
     *,
     extra_overrides: Sequence[str] = (),
     log_dir: Optional["str | Path"] = None,

@@ -36,6 +36,7 @@ def prepare(job: Job) -> None:
     except OSError as exc:
         raise HarnessError(f"cannot write the run directory {log_dir}: {describe_os_error(exc, log_dir)}") from None
 
+
 def execute(job: Job, out: TextIO, window: Optional[Sequence[int]], verbose: bool = False,
             ended: Optional[list[Path]] = None) -> tuple[int, bool]:
     """Launch; print the results table (or how it stopped, or which rank failed first). The job's
@@ -75,6 +76,7 @@ def execute(job: Job, out: TextIO, window: Optional[Sequence[int]], verbose: boo
         print(f"profile trace: {trace}\n  analyse: uv run python scripts/performance/analyze_overlap.py {trace}",
               file=out)
     return outcome.exit_code, False
+
 
 def console_text(report: str, verbose: bool) -> str:
     """A report quoting rank logs, as the console shows rank output: without the known third-party

@@ -4,16 +4,16 @@ value the run gets from which (dotted overrides come after flags). The flags' fi
 
 from __future__ import annotations
 
-from argparse import Namespace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from megatron.bridge.perf.harness.argument_parser import build_parser
 from megatron.bridge.perf.harness.config_builder import BuiltConfig, emulation_values, flag_values
 from megatron.bridge.perf.harness.flag_fields import PRECEDENCE, flag_of_field
+from megatron.bridge.perf.harness.harness_args import HarnessArgs
 from megatron.bridge.training.harness_surface import read_field
 
 
-def flag_text(args: Namespace, dest: str) -> str:
+def flag_text(args: HarnessArgs, dest: str) -> str:
     """The flag as given, in argparse's spelling of its names: ``-ep/--expert_model_parallel_size 2``,
     ``--moe_a2a_overlap false``, ``--profile``."""
     action = next(a for a in build_parser()._actions if a.dest == dest)
@@ -35,12 +35,12 @@ def override_key(text: str) -> str:
     return text.partition("=")[0].strip().lstrip("+~")
 
 
-def keys_set_by_flags(args: Namespace) -> list[str]:
+def keys_set_by_flags(args: HarnessArgs) -> list[str]:
     """Every dotted key a flag of ``args`` writes."""
     return [*flag_values(args), *emulation_values(args, num_gpus=1)]  # the keys, whatever -ng is
 
 
-def flags_setting(args: Namespace, key: str) -> list[str]:
+def flags_setting(args: HarnessArgs, key: str) -> list[str]:
     """The given flags (as :func:`flag_text` writes them) that set ``key``."""
     if key not in keys_set_by_flags(args):
         return []
@@ -48,7 +48,7 @@ def flags_setting(args: Namespace, key: str) -> list[str]:
     return [flag_text(args, dest)] if dest else []
 
 
-def flag_override_notes(args: Namespace, overrides: Sequence[str], flag_keys: Iterable[str],
+def flag_override_notes(args: HarnessArgs, overrides: Sequence[str], flag_keys: Iterable[str],
                         provenance: Mapping[str, str], value_of: Callable[[str], Any]) -> list[str]:
     """One note for each dotted override that sets a field a flag of ``args`` also set (``flag_keys``):
     both, and which one the run gets (``provenance`` names the layer that won, ``value_of(key)`` the
@@ -66,7 +66,7 @@ def flag_override_notes(args: Namespace, overrides: Sequence[str], flag_keys: It
     return notes
 
 
-def built_config_notes(args: Namespace, built: BuiltConfig) -> list[str]:
+def built_config_notes(args: HarnessArgs, built: BuiltConfig) -> list[str]:
     """:func:`flag_override_notes` for a built job and the dotted overrides of its command line."""
     return flag_override_notes(args, args.overrides, keys_set_by_flags(args),
                                built.cfg.provenance, lambda key: read_field(built.cfg, key))

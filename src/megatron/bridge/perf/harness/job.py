@@ -23,6 +23,7 @@ from megatron.bridge.perf.harness.config_builder import (
     resolution_of,
 )
 from megatron.bridge.perf.harness.flag_notes import built_config_notes
+from megatron.bridge.perf.harness.harness_args import HarnessArgs
 from megatron.bridge.perf.harness.launch_values import launch_problems
 from megatron.bridge.perf.harness.launcher import CONFIG_NAME, LaunchPlan, choose_mode, plan_launch
 from megatron.bridge.perf.harness.run_dir import RunDirClaim
@@ -73,6 +74,7 @@ class Job:
         except OSError as exc:
             raise HarnessError(f"--save_config_filepath {path}: {describe_os_error(exc, path)}") from None
 
+
 def checkpoint_notes(resolved) -> list[str]:
     """Where the run starts from, said before launch (validation has refused unusable directories)."""
     ckpt = resolved.checkpoint
@@ -88,12 +90,14 @@ def checkpoint_notes(resolved) -> list[str]:
         return [f"resumes from iteration {found.iteration} in {ckpt.load}"]
     return [f"{ckpt.load} holds no checkpoint yet: starts from iteration 0 and saves there"]
 
+
 def nothing_to_train(resolved) -> Optional[str]:
     """Why the run has no step left (``checkpoint.load`` already holds ``train.train_iters``
     iterations or more), decided here so that no rank is started for it; ``None`` otherwise."""
     if not resolved.checkpoint.load:
         return None
     return _finished(resolved, inspect_checkpoint_dir(resolved.checkpoint.load))
+
 
 def _finished(resolved, found: CheckpointDir) -> Optional[str]:
     """:func:`nothing_to_train` for the ``checkpoint.load`` directory already read as ``found``."""
@@ -105,6 +109,7 @@ def _finished(resolved, found: CheckpointDir) -> Optional[str]:
             f"(to train on, raise --max_steps / train.train_iters above {found.iteration}; to start over, "
             "point checkpoint.load at another directory)")
 
+
 def data_notes(resolved) -> list[str]:
     """Which data trains, said before launch when it is not mock data (``dataset.data_path`` is the
     alias that writes ``dataset.data_paths``)."""
@@ -113,17 +118,20 @@ def data_notes(resolved) -> list[str]:
         return []
     return [f"data: indexed dataset dataset.data_paths={ds.data_paths} (alias dataset.data_path)"]
 
-def make_job(built: BuiltConfig, args, max_connections: Optional[int] = None) -> Job:
+
+def make_job(built: BuiltConfig, args: HarnessArgs, max_connections: Optional[int] = None) -> Job:
     """Resolve once (raises ``ConfigError`` with every violation) and plan the launch."""
     built.notes += built_config_notes(args, built)  # a flag and a dotted override that set one field
     resolution = resolution_of(built)
     text = resolution.effective.to_yaml()
     return Job(built, resolution, plan_job(built, resolution, args, max_connections, digest(text)), text)
 
+
 def digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
-def plan_job(built: BuiltConfig, resolution: "Resolution", args, max_connections: Optional[int] = None,
+
+def plan_job(built: BuiltConfig, resolution: "Resolution", args: HarnessArgs, max_connections: Optional[int] = None,
              config_sha256: Optional[str] = None) -> LaunchPlan:
     """The launch of a resolved job. ``max_connections`` replaces the report's
     ``CUDA_DEVICE_MAX_CONNECTIONS`` (sweeps keep the environment identical across values)."""
@@ -153,6 +161,7 @@ def plan_job(built: BuiltConfig, resolution: "Resolution", args, max_connections
         save_dir=resolution.config.checkpoint.save,
     )
 
+
 def describe(job: Job, out: TextIO, *, verbose: bool = True, dryrun: bool = False) -> None:
     """What will run: environment, notes, overlap report, effective values, launch command (in a
     dry run an sbatch script is only described: nothing is written)."""
@@ -173,6 +182,7 @@ def describe(job: Job, out: TextIO, *, verbose: bool = True, dryrun: bool = Fals
             print(f"   (dry run: {job.plan.script_path} is not written; run without --dryrun to write it)", file=out)
         print("   the script runs, on every node:", file=out)
         print("   " + next(line for line in job.plan.script_text.splitlines() if line.startswith("srun")), file=out)
+
 
 def check_machine(job: Job) -> None:
     """Fail fast when this machine cannot run the job locally (instead of hanging in NCCL init)."""

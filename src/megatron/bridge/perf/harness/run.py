@@ -15,18 +15,21 @@ from __future__ import annotations
 import shlex
 import signal
 import sys
+from pathlib import Path
 from typing import Optional, Sequence, TextIO
 
 from megatron.bridge.perf.harness.argument_parser import parse_args
 from megatron.bridge.perf.harness.config_builder import HarnessError, build_config, environment_summary
 from megatron.bridge.perf.harness.execution import execute, prepare
+from megatron.bridge.perf.harness.harness_args import HarnessArgs
 from megatron.bridge.perf.harness.job import EXIT_CONFIG, check_machine, describe, make_job, nothing_to_train
 from megatron.bridge.perf.harness.stop_report import interrupted_message
 from megatron.bridge.perf.harness.sweep_runs import NothingToTrain, run_sweep
 from megatron.bridge.training.harness_surface import ConfigError, check_override_names
 
 
-def run_single(args, out: TextIO) -> int:
+def run_single(args: HarnessArgs, out: TextIO, ended: list[Path]) -> int:
+    """One job: resolved, described, launched; its directory is added to ``ended`` when it ended."""
     job = make_job(build_config(args), args)
     done = nothing_to_train(job.resolved)
     if done and not args.dryrun:  # decided here, not after the ranks have started
@@ -50,18 +53,18 @@ def run_single(args, out: TextIO) -> int:
               f"   submit it with: {shlex.join(['sbatch', str(job.plan.script_path)])}",
               file=out)
         return 0
-    return execute(job, out, args.steady_state_window, args.verbose, args.ended_jobs)[0]
+    return execute(job, out, args.steady_state_window, args.verbose, ended)[0]
+
 
 def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> int:
     """Entry point of ``scripts/performance/run_script.py``; returns the process exit code."""
     out = out or sys.stdout
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    args.argv = argv
-    args.ended_jobs = []
+    ended: list[Path] = []  # the jobs that ran to their end, for what a Ctrl-C between them says
     try:
         check_override_names([*args.overrides, *([args.sweep] if args.sweep else [])])  # before megatron-core loads
-        return run_sweep(args, out) if args.sweep else run_single(args, out)
+        return run_sweep(args, out, ended) if args.sweep else run_single(args, out, ended)
     except NothingToTrain as exc:
         print(f"== {exc}\n   nothing was launched", file=out)
         return 0
@@ -74,5 +77,5 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> 
         print("nothing was launched", file=out)
         return EXIT_CONFIG
     except KeyboardInterrupt:  # Ctrl-C outside a job (during one, the supervisor turns it into a stop)
-        print(interrupted_message(args.ended_jobs), file=out)
+        print(interrupted_message(ended), file=out)
         return 128 + signal.SIGINT

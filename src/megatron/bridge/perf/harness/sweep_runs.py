@@ -12,13 +12,14 @@ from typing import TextIO
 from megatron.bridge.perf.harness.config_builder import HarnessError, build_config
 from megatron.bridge.perf.harness.execution import execute, prepare
 from megatron.bridge.perf.harness.flag_notes import flags_setting, override_key
+from megatron.bridge.perf.harness.harness_args import HarnessArgs
 from megatron.bridge.perf.harness.job import Job, check_machine, describe, digest, make_job, nothing_to_train, plan_job
 from megatron.bridge.perf.harness.results import SUMMARY_NAME, load_summary, summary_steady_state
 from megatron.bridge.perf.harness.run_dir import RunDirClaim, RunDirError, claim, run_dir_problems
 from megatron.bridge.perf.harness.sweep import combine_rounds, job_dirname, parse_sweep, write_sweep_outputs
 
 
-def sweep_root(args) -> Path:
+def sweep_root(args: HarnessArgs) -> Path:
     """``-l``, else a new name for this sweep (``runs/<recipe>_<task>_sweep_<time>_<token>``)."""
     if args.log_dir:
         return Path(args.log_dir).resolve()
@@ -27,6 +28,7 @@ def sweep_root(args) -> Path:
 
     return Path(default_log_dir(f"{args.model_recipe_name}_{args.task}_sweep"))
 
+
 def claim_sweep_root(root: Path) -> RunDirClaim:
     """The sweep's own directory (its jobs' directories and ``sweep.md`` go into it)."""
     try:
@@ -34,7 +36,8 @@ def claim_sweep_root(root: Path) -> RunDirClaim:
     except RunDirError as exc:
         raise HarnessError(f"[run-dir-usable] {exc}") from None
 
-def same_environment(jobs: list[Job], args, out: TextIO) -> list[Job]:
+
+def same_environment(jobs: list[Job], args: HarnessArgs, out: TextIO) -> list[Job]:
     """Give every job of a sweep the same ``CUDA_DEVICE_MAX_CONNECTIONS`` so only the swept key differs.
 
     The value one job needs (e.g. 32 for EP overlap) is harmless for the others (megatron-core only
@@ -53,8 +56,10 @@ def same_environment(jobs: list[Job], args, out: TextIO) -> list[Job]:
         for job in jobs
     ]
 
+
 class NothingToTrain(Exception):
     """Every job of the request is already trained to ``train.train_iters``: nothing is launched (exit 0)."""
+
 
 def finished_sweep(key: str, done: list[tuple[str, str]], total: int) -> None:
     """A sweep whose jobs' checkpoints already hold ``train.train_iters``: all of them, nothing to do
@@ -68,8 +73,10 @@ def finished_sweep(key: str, done: list[tuple[str, str]], total: int) -> None:
         "fewer iterations than train.train_iters (or none), or raise --max_steps"
     )
 
-def run_sweep(args, out: TextIO) -> int:
-    """Every value of the swept key as its own job (all validated before the first launches)."""
+
+def run_sweep(args: HarnessArgs, out: TextIO, ended: list[Path]) -> int:
+    """Every value of the swept key as its own job (all validated before the first launches); the
+    directory of each job that ended is added to ``ended``."""
     try:
         spec = parse_sweep(args.sweep)
     except ValueError as exc:
@@ -117,7 +124,7 @@ def run_sweep(args, out: TextIO) -> int:
         label = f" (round {round_number} of {rounds})" if rounds > 1 else ""
         print(f"== running {spec.key}={value}{label} in {job.built.log_dir}", file=out)
         prepare(job)
-        code, stopped = execute(job, out, args.steady_state_window, args.verbose, args.ended_jobs)
+        code, stopped = execute(job, out, args.steady_state_window, args.verbose, ended)
         if stopped:
             print("== sweep stopped by signal: the remaining values were not run", file=out)
             return code
