@@ -58,7 +58,8 @@ class NetworkModel:
 
     def with_overrides(self, **figures: Optional[float]) -> "NetworkModel":
         """A copy with the given figures replaced (``None`` keeps the preset's)."""
-        return dataclasses.replace(self, **{k: v for k, v in figures.items() if v is not None})
+        changes: dict[str, Any] = {k: v for k, v in figures.items() if v is not None}
+        return dataclasses.replace(self, **changes)
 
     def figures(self) -> dict[str, Any]:
         """Every figure the model prices with, and its sources, as results record them."""
@@ -137,10 +138,11 @@ FIGURE_SOURCES: Mapping[str, str] = {
 }
 """Where each preset figure comes from."""
 
-_HOPPER = dict(gpus_per_node=8, intra_node_gbps=370.0, inter_node_gbps=47.0, intra_node_latency_us=5.0,
-               inter_node_latency_us=15.0, nics_per_gpu=1.0, intra_node_line_gbps=450.0, inter_node_line_gbps=50.0,
-               source="DGX H100/H200-class nodes: 8 GPUs on NVLink 4, 8 NDR 400 Gb/s NICs; achievable rates, "
-               "each figure's source in FIGURE_SOURCES")
+_HOPPER: dict[str, Any] = dict(
+    gpus_per_node=8, intra_node_gbps=370.0, inter_node_gbps=47.0, intra_node_latency_us=5.0,
+    inter_node_latency_us=15.0, nics_per_gpu=1.0, intra_node_line_gbps=450.0, inter_node_line_gbps=50.0,
+    source="DGX H100/H200-class nodes: 8 GPUs on NVLink 4, 8 NDR 400 Gb/s NICs; achievable rates, "
+    "each figure's source in FIGURE_SOURCES")
 
 PRESETS: Mapping[str, NetworkModel] = {
     "h100_ib400": NetworkModel("h100_ib400", **_HOPPER),

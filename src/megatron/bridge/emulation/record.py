@@ -117,7 +117,7 @@ class CommRecord:
         groups: dict[str, dict[str, Any]] = {}
         for (group, kind), tally in sorted(self.tallies.items()):
             groups.setdefault(group, {})[kind] = tally.as_dict()
-        step = {"groups": groups, "modeled_s": sum(t.modeled_s for t in self.tallies.values()),
+        step: dict[str, Any] = {"groups": groups, "modeled_s": sum(t.modeled_s for t in self.tallies.values()),
                 "host_s": self.host_s}
         if self.keep_order:
             step["order"] = list(self.order)

@@ -165,6 +165,8 @@ def case_result(case: Case, summary: dict[str, Any], window_start: int, run_dir:
     """What one finished case measured: its steady step times, modeled communication by group, the
     emulation's own host cost, model TFLOP/s per GPU; for a profiled case, the step's anatomy."""
     if case.profile:
+        if run_dir is None:
+            raise ValueError(f"case {case.name}: a profiled case's result is read from its trace, so run_dir is needed")
         trace = run_dir / "profile" / f"trace_rank0_steps{PROFILED_STEP}-{PROFILED_STEP}.json"
         return {"profile": _profile(case, trace)} if trace.is_file() else {}
     steps = steady(summary["step_times_s"], window_start)

@@ -109,6 +109,9 @@ class BuiltConfig:
 
     @property
     def log_dir(self) -> Path:
+        """The run directory (``-l``, else the computed layer's new one: the builder always sets it)."""
+        if self.cfg.logger.log_dir is None:
+            raise ValueError("logger.log_dir is unset: the config builder's computed layer sets it")
         return Path(self.cfg.logger.log_dir)
 
 
@@ -284,7 +287,8 @@ def schedule_values(
 
 
 def _resumes(cfg: "ConfigContainer") -> bool:
-    return bool(cfg.checkpoint.load) and inspect_checkpoint_dir(cfg.checkpoint.load).resumable
+    load = cfg.checkpoint.load
+    return inspect_checkpoint_dir(load).resumable if load else False
 
 
 # --------------------------------------------------------------------------------------------- build
@@ -403,9 +407,17 @@ def resolution_of(built: BuiltConfig) -> "Resolution":
     return resolve_config(built.cfg, ctx=rule_context(built)).raise_for_errors()
 
 
+def trained_config(resolution: "Resolution") -> "ConfigContainer":
+    """What the ranks train: the resolution's finalized config, which every resolution without errors
+    has (:func:`resolution_of` raises for the others)."""
+    if resolution.config is None:
+        raise ValueError("a resolution with errors has no config to train: raise_for_errors() first")
+    return resolution.config
+
+
 def resolve(built: BuiltConfig) -> "ConfigContainer":
     """The finalized config of the job (what the ranks train); raises like :func:`resolution_of`."""
-    return resolution_of(built).config
+    return trained_config(resolution_of(built))
 
 
 def source_of(key: str, merged: "ConfigContainer", resolved: "ConfigContainer") -> str:

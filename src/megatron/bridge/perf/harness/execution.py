@@ -50,7 +50,7 @@ def execute(job: Job, out: TextIO, window: Optional[Sequence[int]], verbose: boo
     if ended is not None:
         ended.append(job.built.log_dir)
     summary_path = job.built.log_dir / SUMMARY_NAME
-    if outcome.stopped:
+    if outcome.stop_signal is not None:  # a signal stopped the job
         if outcome.exit_code != 0 and not outcome.killed:
             print(console_text(failure_report(job.built.log_dir, outcome.exit_code, outcome.launcher_lines), verbose),
                   file=out)

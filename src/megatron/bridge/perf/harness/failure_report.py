@@ -114,7 +114,7 @@ def parse_torchrun(lines: Sequence[str]) -> tuple[dict[int, tuple[int, int]], se
 
 
 def _task_ranks(spec: str) -> list[int]:
-    ranks = []
+    ranks: list[int] = []
     for part in spec.split(","):
         first, _, last = part.partition("-")
         ranks += range(int(first), int(last or first) + 1)

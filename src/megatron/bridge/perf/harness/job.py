@@ -21,6 +21,7 @@ from megatron.bridge.perf.harness.config_builder import (
     format_effective_rows,
     gpus_visible,
     resolution_of,
+    trained_config,
 )
 from megatron.bridge.perf.harness.flag_notes import built_config_notes
 from megatron.bridge.perf.harness.harness_args import HarnessArgs
@@ -54,7 +55,7 @@ class Job:
     @property
     def resolved(self) -> "ConfigContainer":
         """The finalized config the ranks will train."""
-        return self.resolution.config
+        return trained_config(self.resolution)
 
     @property
     def report(self) -> str:
@@ -102,7 +103,7 @@ def nothing_to_train(resolved) -> Optional[str]:
 def _finished(resolved, found: CheckpointDir) -> Optional[str]:
     """:func:`nothing_to_train` for the ``checkpoint.load`` directory already read as ``found``."""
     total = resolved.train.train_iters
-    if not isinstance(total, int) or not found.resumable or found.iteration < total:
+    if not isinstance(total, int) or not found.resumable or found.iteration is None or found.iteration < total:
         return None
     return (f"nothing to train: {resolved.checkpoint.load} holds iteration {found.iteration} "
             f"and train.train_iters={total} "
@@ -158,7 +159,7 @@ def plan_job(built: BuiltConfig, resolution: "Resolution", args: HarnessArgs, ma
         job_name=built.recipe.function_name.removesuffix("_config"),
         verbose=args.verbose,
         config_sha256=config_sha256,
-        save_dir=resolution.config.checkpoint.save,
+        save_dir=trained_config(resolution).checkpoint.save,
     )
 
 

@@ -200,9 +200,19 @@ def _not_found(family: str, recipe: str, task: str, candidates: list[str], names
     return f"{head}{'' if head.endswith('?') else '.'}\nAvailable recipes:\n{describe_recipes(names)}"
 
 
+def replica_gpus(cfg: "ConfigContainer") -> int:
+    """TP*PP*CP of a layout whose parallel sizes are positive integers (the harness sizes a layout only
+    after its range rules passed; ``model_parallel_size`` is ``None`` for any other)."""
+    span = model_parallel_size(cfg)
+    if span is None:
+        raise ValueError("a parallel size is not a positive integer: its range rule reports it before the "
+                         "layout is sized")
+    return span
+
+
 def minimum_world_size(cfg: "ConfigContainer") -> int:
     """Smallest GPU count the layout fits: a multiple of TP*PP*CP and of ETP*EP*PP."""
-    return math.lcm(model_parallel_size(cfg), expert_parallel_span(cfg))
+    return math.lcm(replica_gpus(cfg), expert_parallel_span(cfg))
 
 
 def fitting_gpu_counts(cfg: "ConfigContainer", near: int) -> list[int]:
@@ -226,7 +236,7 @@ def _listed(counts: list[int]) -> str:
 def layout_problem(cfg: "ConfigContainer", num_gpus: int) -> Optional[str]:
     """Why the layout does not fit ``num_gpus`` (naming the sizes that do), or ``None``."""
     m = cfg.model
-    if num_gpus % model_parallel_size(cfg) == 0 and num_gpus % expert_parallel_span(cfg) == 0:
+    if num_gpus % replica_gpus(cfg) == 0 and num_gpus % expert_parallel_span(cfg) == 0:
         return None
     fits = _listed(fitting_gpu_counts(cfg, num_gpus))
     return (
@@ -250,7 +260,7 @@ def scaled_global_batch_size(
     layout; the result keeps the per-replica batch (and so the number of micro-batches) unchanged.
     """
     ref_gpus = reference_gpus or minimum_world_size(recipe_cfg)
-    ref_dp = max(1, ref_gpus // model_parallel_size(recipe_cfg))
-    dp = max(1, num_gpus // model_parallel_size(cfg))
+    ref_dp = max(1, ref_gpus // replica_gpus(recipe_cfg))
+    dp = max(1, num_gpus // replica_gpus(cfg))
     per_replica = max(1, recipe_gbs // ref_dp)
     return per_replica * dp

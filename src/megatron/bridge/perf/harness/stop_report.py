@@ -20,7 +20,7 @@ def stop_message(summary_path: Path, outcome: JobOutcome, save_dir: Optional[str
         head = (f"killed by the second signal ({_name(outcome.kill_signal)}) before the ranks finished"
                 if outcome.killed else f"stopped by {name} before training started")
         on_disk = inspect_checkpoint_dir(save_dir) if save_dir else None
-        if on_disk is not None and on_disk.resumable:
+        if save_dir and on_disk is not None and on_disk.resumable and on_disk.iteration is not None:
             return f"{head}; latest checkpoint at {iteration_dir(save_dir, on_disk.iteration)}"
         return f"{head}; no checkpoint written"
     summary = load_summary(summary_path)

@@ -32,7 +32,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional, TextIO
+from typing import IO, Any, Callable, Literal, Optional, TextIO
 
 from megatron.bridge.perf.harness.results import SUMMARY_NAME
 from megatron.bridge.training.harness_surface import (
@@ -242,23 +242,26 @@ class StopForwarder:
         if self.target == "ranks" and self.proc.poll() is None:
             self.ranks.update(child_pids(self.proc.pid))
         if self.signum is not None and not self.killed:
-            self._forward()
+            self._forward(self.proc, self.signum)
 
-    def _forward(self) -> None:
+    def _forward(self, proc: subprocess.Popen, signum: int) -> None:
         if not self._announced:
             self._announced = True
             self.announce(
-                f"== {signal.Signals(self.signum).name} received: asking the ranks to finish their step, "
+                f"== {signal.Signals(signum).name} received: asking the ranks to finish their step, "
                 "save and exit (send it again, a second or more later, to kill the job at once)"
             )
         # srun forwards SIGTERM to every task; torchrun would tear the ranks down itself, so the
         # ranks are signalled directly and torchrun just sees them finish.
-        targets = {self.proc.pid} if self.target == "launcher" else self.ranks
+        targets = {proc.pid} if self.target == "launcher" else self.ranks
         for pid in targets - self._signalled:
             _signal(pid, signal.SIGTERM)
             self._signalled.add(pid)
 
     def kill(self) -> None:
+        """Kill the ranks and the launcher at once (nothing to kill before :meth:`attach`)."""
+        if self.proc is None:
+            return
         for pid in self.ranks | set(child_pids(self.proc.pid)):
             _signal(pid, signal.SIGKILL, group=True)  # a rank leads its own process group
         _signal(self.proc.pid, signal.SIGKILL)
@@ -296,7 +299,7 @@ class OutputPump:
     def __init__(self, out: TextIO, log_path: Path, verbose: bool) -> None:
         self.out, self.verbose = out, verbose
         self.log_path = log_path
-        self.log: Optional[TextIO] = open_append(log_path)
+        self.log: Optional[IO[str]] = open_append(log_path)
         self.launcher_lines: list[str] = []
         self.started = self.last_output = time.monotonic()
         self.first_iteration_seen = False
@@ -323,6 +326,8 @@ class OutputPump:
 
     def _close_log(self) -> None:
         log, self.log = self.log, None
+        if log is None:
+            return
         try:
             log.close()
         except OSError:
@@ -372,6 +377,8 @@ def is_rank_line(text: str) -> bool:
 def _pump(proc: subprocess.Popen, pump: OutputPump, on_tick: Callable[[], None]) -> None:
     """Stream until the launcher's output ends, or until ``DRAIN_S`` after the launcher exited
     (ranks that outlive it keep the pipe open; they are killed right after)."""
+    if proc.stdout is None:
+        raise ValueError("the launcher was started without a pipe for its output: there is nothing to stream")
     fd = proc.stdout.fileno()
     pending = b""
     exited_at: Optional[float] = None

@@ -40,7 +40,10 @@ class SweepSpec:
 
 def split_values(text: str) -> list[str]:
     """Split ``a,b,[1,2]`` on commas outside brackets/quotes (list values stay whole)."""
-    parts, depth, quote, current = [], 0, None, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
+    quote: Optional[str] = None
     for ch in text:
         if quote:
             quote = None if ch == quote else quote
@@ -216,15 +219,15 @@ def sweep_figure(spec: SweepSpec, points: Sequence[SweepPoint], cpu: bool = Fals
     plt = pyplot()
     if plt is None:
         return None
-    done = [p for p in points if p.stats is not None]
+    done = [(p.value, p.stats) for p in points if p.stats is not None]
     fig, ax = plt.subplots(figsize=(max(4.8, 1.4 * len(points) + 2), 3.8))
     if done:
-        names, means = [p.value for p in done], [p.stats.mean_s for p in done]
+        names, means = [value for value, _ in done], [stats.mean_s for _, stats in done]
         # clamp: a float mean of equal values can sit a hair outside [min, max]
-        lower = [max(0.0, p.stats.mean_s - p.stats.min_s) for p in done]
-        upper = [max(0.0, p.stats.max_s - p.stats.mean_s) for p in done]
+        lower = [max(0.0, stats.mean_s - stats.min_s) for _, stats in done]
+        upper = [max(0.0, stats.max_s - stats.mean_s) for _, stats in done]
         ax.bar(names, means, yerr=[lower, upper], capsize=6, color="#4c72b0")
-        comm = [p.stats.modeled_comm_s for p in done]
+        comm = [stats.modeled_comm_s for _, stats in done]
         if all(c is not None for c in comm):
             ax.bar(names, comm, color="#4c72b0", edgecolor="white", hatch="//", lw=0, label="modeled communication")
             ax.legend(fontsize=8, loc="lower right")

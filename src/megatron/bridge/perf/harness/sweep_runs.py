@@ -44,7 +44,7 @@ def same_environment(jobs: list[Job], args: HarnessArgs, out: TextIO) -> list[Jo
     requires 1 for TP/CP comm overlap on pre-Blackwell GPUs); conflicting needs are left per job.
     """
     key = "CUDA_DEVICE_MAX_CONNECTIONS"
-    needs = {job.plan.env.get(key) for job in jobs} - {None}
+    needs = {need for job in jobs if (need := job.plan.env.get(key)) is not None}
     if len(needs) != 1:
         if len(needs) > 1:
             print(f"   note: sweep values need different {key} ({sorted(needs)}); kept per job", file=out)
@@ -77,6 +77,8 @@ def finished_sweep(key: str, done: list[tuple[str, str]], total: int) -> None:
 def run_sweep(args: HarnessArgs, out: TextIO, ended: list[Path]) -> int:
     """Every value of the swept key as its own job (all validated before the first launches); the
     directory of each job that ended is added to ``ended``."""
+    if args.sweep is None:
+        raise ValueError("a sweep run needs --sweep (main runs one job without it)")
     try:
         spec = parse_sweep(args.sweep)
     except ValueError as exc:
