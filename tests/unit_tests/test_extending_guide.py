@@ -21,12 +21,13 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
@@ -34,8 +35,8 @@ import torch
 import megatron.bridge.models as models_package
 import megatron.bridge.perf.harness.execution as execution_module
 import megatron.bridge.recipes as recipes_package
-from megatron.bridge.models.gpt_provider import TORCH_NATIVE_DISPATCHERS
-from megatron.bridge.models.torch_native.dispatch_policy import choose_dispatch
+from megatron.bridge.models.dispatch import node_aware, path_registry
+from megatron.bridge.models.dispatch.path_registry import choose_dispatch
 from megatron.bridge.perf.benchmarks.benchmark_jobs import write_configs
 from megatron.bridge.perf.harness.argument_parser import parse_args
 from megatron.bridge.perf.harness.config_builder import HarnessError, build_config
@@ -45,14 +46,12 @@ from megatron.bridge.perf.harness.run import main
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.config_stages.resolution import overlap_docs
-from megatron.bridge.training.config_stages.rules import flex_rules, registry
-from megatron.bridge.training.config_stages.rules.flex_rules import BackendSupport
+from megatron.bridge.training.config_stages.rules import registry
 from megatron.bridge.training.config_stages.schema import field_ranges as ranges
 from megatron.bridge.training.config_stages.schema.field_ranges import FieldRange
 from megatron.bridge.training.config_stages.schema.rule_base import Rule
 from megatron.bridge.training.errors import ConfigError, ConfigValidationError
 from megatron.bridge.training.telemetry import flops
-from megatron.bridge.utils import flex_backend_names
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "extending.md"
@@ -451,47 +450,81 @@ def test_an_unknown_dispatcher_name_set_in_python_is_refused_by_validate(fields,
         cfg.validate()
 
 
-def test_a_dispatcher_name_without_its_branch_in_choose_dispatch_is_refused(rebind):
-    rebind(TORCH_NATIVE_DISPATCHERS, (*TORCH_NATIVE_DISPATCHERS, "toy"))  # the name added to the Literal only
+def test_a_torch_native_value_whose_paths_cannot_choose_is_refused_by_choose_dispatch(monkeypatch):
+    """A path that names a ``torch_native_dispatcher`` value but gives the layer no ``choose``."""
+    mute = dataclasses.replace(node_aware.PATH, torch_native_value="toy", choose=None)
+    monkeypatch.setattr(path_registry, "DISPATCH_PATHS", (*path_registry.DISPATCH_PATHS, mute))
     model = qwen3_moe_tiny_pretrain_config().model
     model.torch_native_dispatcher = "toy"
-    with pytest.raises(ValueError, match="toy"):
+    with pytest.raises(ValueError, match="'toy' has no dispatcher in choose_dispatch"):
         choose_dispatch(model, 1, 1, None, torch.device("cpu"))
 
 
-TOY_BACKEND = BackendSupport(
-    "toyep", "ToyEP", (10,), nvl72=True,
-    applicable="ToyEP is only applicable to Blackwell GPUs",
-    supported="ToyEP is supported for Blackwell GPUs",
-)
+TOY_PATHS = CHILDREN / "toy_dispatch_paths"
+"""The guide's toy paths: ``toy_dispatch.py`` (torch-native) and ``toyep.py`` (a flex backend)."""
+DISPATCH = Path("megatron") / "bridge" / "models" / "dispatch"
 
 
-@pytest.fixture
-def toy_flex_backend(rebind, monkeypatch) -> str:
-    """The guide's two edits for a flex backend megatron-core already runs: its name in
-    ``utils/flex_backend_names.py`` and its GPU support in ``FLEX_BACKEND_SUPPORT``."""
-    assert tuple(flex_rules.FLEX_BACKEND_SUPPORT) == flex_backend_names.FLEX_BACKENDS
-    names = (*flex_backend_names.FLEX_BACKENDS, TOY_BACKEND.name)
-    rebind(flex_backend_names.FlexBackend, Literal[names])  # the field's type, as the module derives it
-    rebind(flex_backend_names.FLEX_BACKENDS, names)
-    monkeypatch.setitem(flex_rules.FLEX_BACKEND_SUPPORT, TOY_BACKEND.name, TOY_BACKEND)
-    return TOY_BACKEND.name
+def add_registry_line(registry: str, module: str) -> str:
+    """``path_registry.py`` with ``module``'s line in ``DISPATCH_PATHS`` (and its name in the import
+    of the path modules above it), as the guide says."""
+    imports = registry.index("from megatron.bridge.models.dispatch import (")
+    close = registry.index(")", imports)
+    registry = registry[:close] + f"    {module},\n" + registry[close:]
+    listed = registry.index("DISPATCH_PATHS: tuple[DispatchPath, ...] = (")
+    close = registry.index("\n)", listed) + 1
+    return registry[:close] + f"    {module}.PATH,\n" + registry[close:]
 
 
-@pytest.mark.parametrize("gpu, code, shown", [
-    ("b200", 0, "dispatcher: flex, backend toyep"),
-    ("h100", 2, "[flex-backend-supported-on-gpu]"),
+@pytest.fixture(scope="module")
+def toy_paths_report(tmp_path_factory) -> dict:
+    """The source tree copied, each toy path added to it as one module and its registry line, and
+    what the product then says (``children/toy_dispatch_report.py``)."""
+    root = tmp_path_factory.mktemp("tree")
+    shutil.copytree(ROOT / "src", root / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    registry = root / "src" / DISPATCH / "path_registry.py"
+    before = registry.read_text()
+    for module in ("toy_dispatch", "toyep"):
+        shutil.copy(TOY_PATHS / f"{module}.py", root / "src" / DISPATCH / f"{module}.py")
+        registry.write_text(add_registry_line(registry.read_text(), module))
+    added = [line for line in registry.read_text().splitlines() if line not in before.splitlines()]
+    assert added == ["    toy_dispatch,", "    toyep,", "    toy_dispatch.PATH,", "    toyep.PATH,"]
+    logs = tmp_path_factory.mktemp("logs")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root / "src"), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, str(CHILDREN / "toy_dispatch_report.py"), str(logs)], capture_output=True,
+                          text=True, timeout=900, cwd=root, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("REPORT "))[len("REPORT "):])
+
+
+def test_a_dispatch_path_is_a_field_choice_and_a_harness_choice(toy_paths_report):
+    fields, flag = toy_paths_report["fields"], toy_paths_report["harness"]
+    assert fields["torch_native"][-1] == "toy" and fields["flex"][-1] == "toyep"
+    assert fields["overridden"] == ["toy", "toyep"]  # the dotted overrides' type check takes them
+    assert flag["taken"] == "toyep" and "deepep|hybridep|ncclep|toyep:" in flag["help"]
+
+
+@pytest.mark.parametrize("run, code, shown", [
+    ("flex_on_blackwell", 0, ["dispatcher: flex, backend toyep (toy settings, SMs: backend default)",
+                              "note: toy_ep_kernels does not import on this CPU host"]),
+    ("flex_on_hopper", 2, ["[flex-backend-supported-on-gpu]", "ToyEP is only applicable to Blackwell GPUs"]),
+    ("flex_rule", 2, ["[toyep-needs-even-experts] ToyEP pairs experts"]),
+    ("toy_rule", 2, ["[toy-dispatch-needs-one-ep-rank] the toy dispatcher exchanges nothing"]),
 ])
-def test_a_flex_backend_named_and_given_its_gpus_is_offered_and_checked(toy_flex_backend, no_launch, tmp_path,
-                                                                        gpu, code, shown):
-    argv = ["-mr", "qwen3_moe_tiny", "-g", gpu, "-ng", "2", "-ep", "2", "-l", str(tmp_path / "r"),
-            "--moe_flex_dispatcher_backend", toy_flex_backend]
-    got, out = harness([*argv, "--dryrun"] if code == 0 else argv)
-    assert got == code and shown in out, out
-    if code:
-        assert TOY_BACKEND.applicable in out and "nothing was launched" in out
-    table = flex_rules.render_support_table()
-    assert f"| {toy_flex_backend} |" in table.splitlines()[0]  # a column of the overlap page's support table
+def test_a_dispatch_path_s_gpus_packages_rules_and_start_up_text_reach_the_harness(toy_paths_report, run, code,
+                                                                                   shown):
+    got = toy_paths_report[run]
+    assert got["code"] == code and all(text in got["out"] for text in shown), got["out"]
+
+
+def test_a_dispatch_path_is_in_the_docs_the_probes_the_layer_and_the_benchmark(toy_paths_report):
+    report = toy_paths_report
+    assert report["docs"]["support_table_header"].endswith("| toyep |")
+    assert "| `toyep-needs-even-experts` | flex-settings |" in report["docs"]["overlap_page"]
+    assert report["probed"]["toy_ep_kernels"] is False  # the described host was asked for its package
+    assert report["start_up"]["flex"] == "flex, backend toyep (toy settings, SMs: backend default)"
+    assert report["layer"] == {"dispatcher": "ToyDispatcher", "choices": ["toy dispatcher (EP=1)"]}
+    assert report["benchmark"] == ["model.torch_native_dispatcher=toy"]
 
 
 # ------------------------------------------------------------------------------------------ (5) a benchmark

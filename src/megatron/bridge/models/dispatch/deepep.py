@@ -11,7 +11,7 @@ from megatron.bridge.models.dispatch.dispatch_path import (
     BackendSupport,
     DispatchPath,
     PackageNeed,
-    RunFacts,
+    fixed_rules,
 )
 from megatron.bridge.models.dispatch.flex_common import NUM_SMS_FIELDS, describe_flex, effective_num_sms, flex_backend
 from megatron.bridge.utils.rule_records import Rule
@@ -47,10 +47,6 @@ DEEPEP_RULES: tuple[Rule, ...] = (
 )
 
 
-def _rules(facts: RunFacts) -> tuple[Rule, ...]:
-    return DEEPEP_RULES
-
-
 PATH = DispatchPath(
     name="deepep",
     kind="flex",
@@ -63,6 +59,6 @@ PATH = DispatchPath(
         supported="DeepEP is supported for Ampere, Hopper, and Blackwell (B200/B300) GPUs",
         blackwell_boards=("b200", "b300"),
     ),
-    rules=_rules,
+    rules=fixed_rules(DEEPEP_RULES),
     describe=describe_flex,
 )

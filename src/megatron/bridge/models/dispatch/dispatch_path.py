@@ -177,6 +177,11 @@ def no_rules(facts: RunFacts) -> tuple[Rule, ...]:
     return ()
 
 
+def fixed_rules(rules: tuple[Rule, ...]) -> Callable[[RunFacts], tuple[Rule, ...]]:
+    """:attr:`DispatchPath.rules` of a path whose rules ask no :class:`RunFacts`."""
+    return lambda facts: rules
+
+
 @dataclass(frozen=True, eq=False)
 class DispatchPath:
     """One dispatch path (see the module's docstring). Compared by identity: one object per path."""

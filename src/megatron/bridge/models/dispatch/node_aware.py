@@ -20,7 +20,7 @@ from megatron.bridge.models.dispatch.dispatch_path import (
     DispatchPath,
     DispatchRequest,
     LaunchFacts,
-    RunFacts,
+    fixed_rules,
 )
 from megatron.bridge.models.dispatch.sorted_common import fast_path_blockers, sorted_dispatch_blockers
 from megatron.bridge.utils.rule_records import Rule, RuleContext
@@ -202,10 +202,6 @@ NODE_AWARE_RULES: tuple[Rule, ...] = (
 """The node-aware dispatcher's prerequisites (``model.torch_native_dispatcher=node_aware``)."""
 
 
-def _rules(facts: RunFacts) -> tuple[Rule, ...]:
-    return NODE_AWARE_RULES
-
-
 PATH = DispatchPath(
     name="node_aware",
     kind="torch_native",
@@ -213,7 +209,7 @@ PATH = DispatchPath(
     token_dispatcher_type="alltoall",
     torch_native_value="node_aware",
     fields=(GPUS_PER_NODE_FIELD,),
-    rules=_rules,
+    rules=fixed_rules(NODE_AWARE_RULES),
     transports=(NODE_AWARE_TRANSPORT,),
     choose=_choose,
     describe_choice=_describe_choice,

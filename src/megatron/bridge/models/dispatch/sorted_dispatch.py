@@ -25,7 +25,7 @@ from megatron.bridge.models.dispatch.dispatch_path import (
     DispatchChoice,
     DispatchPath,
     DispatchRequest,
-    RunFacts,
+    fixed_rules,
 )
 from megatron.bridge.models.dispatch.sorted_common import (
     build_sorted,
@@ -102,10 +102,6 @@ SORTED_RULES: tuple[Rule, ...] = (
 )
 
 
-def _rules(facts: RunFacts) -> tuple[Rule, ...]:
-    return SORTED_RULES
-
-
 PATH = DispatchPath(
     name="sorted",
     kind="torch_native",
@@ -115,7 +111,7 @@ PATH = DispatchPath(
     torch_native_value="sorted",
     decides_auto=True,
     fields=("model.torch_native_ep_transport",),
-    rules=_rules,
+    rules=fixed_rules(SORTED_RULES),
     transports=("none", "collective"),
     choose=choose_sorted,
     describe_choice=describe_sorted,

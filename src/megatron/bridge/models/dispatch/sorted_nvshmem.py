@@ -22,7 +22,7 @@ from megatron.bridge.models.dispatch.dispatch_path import (
     DispatcherBuild,
     DispatchPath,
     DispatchRequest,
-    RunFacts,
+    fixed_rules,
 )
 from megatron.bridge.models.dispatch.sorted_common import build_sorted, describe_sorted
 from megatron.bridge.models.torch_native import symmetric_exchange
@@ -91,10 +91,6 @@ NVSHMEM_RULES: tuple[Rule, ...] = (
 )
 
 
-def _rules(facts: RunFacts) -> tuple[Rule, ...]:
-    return NVSHMEM_RULES
-
-
 _SELECTED = ("model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nvshmem")
 
 PATH = DispatchPath(
@@ -104,7 +100,7 @@ PATH = DispatchPath(
     token_dispatcher_type="alltoall",
     torch_native_value="sorted",
     fields=("model.torch_native_nvshmem_blocks",),
-    rules=_rules,
+    rules=fixed_rules(NVSHMEM_RULES),
     transports=("nvshmem",),
     describe_choice=describe_sorted,
     build=_build,

@@ -30,28 +30,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from megatron.bridge.models.dispatch.path_registry import benchmark_arms
+from megatron.bridge.models.dispatch.sorted_nvshmem import WHOLE_ITERATION_GRAPH
 from megatron.bridge.perf.analysis.exchange_exposure import ExchangeCountMismatch, exchange_exposure
 from megatron.bridge.perf.analysis.step_anatomy import step_anatomy
 
 ARMS = ("ep1", "free", "off", "on", "on_delay_wgrad")
 GPUS_PER_NODE = 8
 EXPERTS, TOPK = 128, 8
-GRAPH = ["--cuda_graph_impl", "full_iteration", "model.cuda_graph_warmup_steps=2"]
+GRAPH = list(WHOLE_ITERATION_GRAPH)
 """The whole-iteration CUDA graph, captured in step 3 (before the steady window)."""
-SORTED_NVSHMEM = ["model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nvshmem"]
-DISPATCHERS = {
-    "alltoall": [],
-    "sorted": ["model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nccl"],
-    "sorted_nvshmem": SORTED_NVSHMEM,
-    "sorted_nvshmem_graph": [*SORTED_NVSHMEM, *GRAPH],
-    "node_aware": ["model.torch_native_dispatcher=node_aware", f"model.torch_native_gpus_per_node={GPUS_PER_NODE}"],
-}
-"""Dispatchers the product offers at EP > 1 without a flex backend: megatron-core's alltoall, the
-torch-native sorted one over ``all_to_all_single`` (split sizes through the host) and over NVSHMEM
-(split sizes stay on the GPU; emulated by ``models/torch_native/emulated_exchange.py``), the latter
-also with its forward+backward captured in a whole-iteration CUDA graph (the one EP > 1 step that
-can be: nothing in it reads the GPU on the host), and the node-aware one (each token crosses the
-inter-node link once per node). With a graphed dispatcher in the plan, ``ep1`` also runs graphed
+DISPATCHERS: dict[str, list[str]] = benchmark_arms(GPUS_PER_NODE)
+"""Dispatcher arm -> its harness arguments: the arms of every dispatch path the emulated world can run
+(``models/dispatch/``): megatron-core's alltoall, the torch-native sorted one over ``all_to_all_single``
+(split sizes through the host) and over NVSHMEM (split sizes stay on the GPU; emulated by
+``models/torch_native/emulated_exchange.py``), the latter also with its forward+backward captured in a
+whole-iteration CUDA graph (the one EP > 1 step that can be: nothing in it reads the GPU on the host),
+and the node-aware one (each token crosses the inter-node link once per node). The flex backends'
+buffers cannot be emulated. With a graphed dispatcher in the plan, ``ep1`` also runs graphed
 (dispatcher ``graph``), so graphed arms have a graphed compute-only reference."""
 OVERLAP = {
     "free": ["comm_overlap.overlap_moe_expert_parallel_comm=false"],

@@ -20,11 +20,11 @@ import textwrap
 from typing import NoReturn, Optional, Sequence
 
 from megatron.bridge.emulation.network import PRESETS as NETWORK_PRESETS
+from megatron.bridge.perf.harness.dispatch_names import flex_backend_names
 from megatron.bridge.perf.harness.flag_fields import FLAG_FIELDS
 from megatron.bridge.perf.harness.harness_args import HarnessArgs
 from megatron.bridge.perf.harness.recipe_lookup import recipe_tasks
 from megatron.bridge.training.harness_surface import GPU_TYPES, MAX_WORLD_SIZE, did_you_mean
-from megatron.bridge.utils.flex_backend_names import FLEX_BACKENDS
 
 PLAIN_ALLTOALL = "alltoall"
 """Parsed value of ``--moe_flex_dispatcher_backend None``: plain alltoall, no flex backend."""
@@ -71,14 +71,16 @@ def str_to_bool(text: str) -> bool:
 
 
 def flex_backend(text: str) -> str:
-    """``deepep``/``hybridep`` select flex dispatch; ``None``/``alltoall`` mean plain alltoall."""
+    """A flex dispatch path's name (``deepep``, ...) selects flex dispatch; ``None``/``alltoall`` mean
+    plain alltoall."""
     value = text.strip().lower()
     if value in ("none", PLAIN_ALLTOALL):
         return PLAIN_ALLTOALL
-    if value in FLEX_BACKENDS:
+    names = flex_backend_names()
+    if value in names:
         return value
     raise argparse.ArgumentTypeError(
-        f"expected one of {', '.join(FLEX_BACKENDS)} or None (plain alltoall), got {text!r}"
+        f"expected one of {', '.join(names)} or None (plain alltoall), got {text!r}"
     )
 
 
@@ -274,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--cuda_graph_impl", type=_choice(CUDA_GRAPH_IMPLS), default=None,
                        help=FLAG_FIELDS["cuda_graph_impl"])
     model.add_argument("--moe_flex_dispatcher_backend", type=flex_backend, default=None,
-                       help=f"{'|'.join(FLEX_BACKENDS)}: model.moe_token_dispatcher_type=flex with that "
+                       help=f"{'|'.join(flex_backend_names())}: model.moe_token_dispatcher_type=flex with that "
                        "model.moe_flex_dispatcher_backend (and model.moe_shared_expert_overlap=false); "
                        "None: model.moe_token_dispatcher_type=alltoall, no backend")
     model.add_argument("--moe_a2a_overlap", type=str_to_bool, default=None,

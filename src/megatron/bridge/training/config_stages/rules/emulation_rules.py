@@ -14,6 +14,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.emulation.network import PRESETS
+from megatron.bridge.models.dispatch.path_registry import configured_path
 from megatron.bridge.training.config_stages.schema.rule_base import Rule, RuleContext
 
 if TYPE_CHECKING:
@@ -37,6 +38,13 @@ def _at_defaults(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     """Every ``emulation.*`` setting but the world's size is left as it comes (nothing to apply it to)."""
     e = cfg.emulation
     return all(getattr(e, f.name) == f.default for f in dataclasses.fields(e) if f.name != "world_size")
+
+
+def _dispatcher_played(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    """The emulated world can run the megatron-core dispatcher the config selects (its dispatch path
+    says so, ``models/dispatch/``); a flex dispatcher without a known backend it cannot."""
+    path = configured_path(cfg.model)
+    return path.emulated if path is not None else cfg.model.moe_token_dispatcher_type != "flex"
 
 
 def _sized_world(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
@@ -74,7 +82,7 @@ EMULATION_RULES: tuple[Rule, ...] = (
           "context parallelism exchanges key/value blocks point to point between different sequence chunks, "
           "which symmetry cannot play", "emulate with -cp 1"),
     _rule("emulation-no-flex-dispatcher", ("model.moe_token_dispatcher_type", "model.moe_flex_dispatcher_backend"),
-          lambda cfg, ctx: cfg.model.moe_token_dispatcher_type != "flex",
+          _dispatcher_played,
           "the flex dispatcher's backends (DeepEP, HybridEP, NCCL EP) move tokens through buffers their kernels "
           "share with real peers: there is nothing to emulate them with",
           "emulate with --moe_flex_dispatcher_backend None (megatron's alltoall dispatcher or the torch-native "
