@@ -29,10 +29,9 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo
 
-import megatron.bridge.training.loop.initialize as initialize
 import megatron.bridge.training.loop.trainer as trainer_module
 import megatron.bridge.training.pretrain as pretrain_module
-from megatron.bridge.emulation.backend import megatron_group_names
+from megatron.bridge.emulation.group_names import megatron_group_names
 from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
 from megatron.bridge.training.gpt_step import forward_step
 
@@ -165,14 +164,6 @@ def main() -> None:
     cfg.logger.log_dir = str(out / mode)
     if mode == "emulated":
         cfg.emulation.world_size = 2
-        start = initialize.start_world
-
-        def start_keeping_order(*args, **kwargs):
-            world = start(*args, **kwargs)
-            world.record.keep_order = True
-            return world
-
-        initialize.start_world = start_keeping_order
     else:
         dist.Backend.register_backend("recording_gloo", RecordingGloo, extended_api=True, devices=["cpu"])
         dist.init_process_group("recording_gloo")
@@ -194,13 +185,15 @@ def main() -> None:
             steps.append([(kind, names.get(id(group), "world"), nbytes) for kind, group, nbytes in ORDER])
         else:
             steps.append([(kind, group.split("[")[0], nbytes)
-                          for group, kind, nbytes in trainer.emulated_steps[-1]["order"]])
+                          for group, kind, nbytes in trainer.world.steps[-1]["order"]])
 
     resume = pretrain_module.Trainer.resume
 
     def resume_and_forget(trainer):
         resume(trainer)
         ORDER.clear()  # what building and loading issued is not the step's
+        if mode == "emulated":
+            trainer.world.backend.record.keep_order = True  # the steps' collectives, in issue order
 
     pretrain_module.Trainer._record = record_step
     pretrain_module.Trainer.resume = resume_and_forget

@@ -6,7 +6,6 @@ megatron-core accepts what the rules accept, and that a run leaves no graph behi
 
 import contextlib
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from overlap_helpers import set_fields, violated_rule_ids
@@ -175,10 +174,10 @@ def megatron_graph_state():
      StaticBufferLoader.static_buffers, full_cuda_graph._shared_graph_pool) = saved
 
 
-def _graph(impl="full_iteration", warmup=2, nan_check=False):
+def _graph(impl="full_iteration", warmup=2, nan_check=False, world=None):
     model = qwen3_30b_a3b_pretrain_config().model
     model.cuda_graph_impl, model.cuda_graph_warmup_steps = impl, warmup
-    return IterationGraph.from_model_config(model, nan_check)
+    return IterationGraph.from_model_config(model, nan_check, world)
 
 
 def test_release_leaves_no_graph_for_the_next_run(megatron_graph_state):
@@ -261,26 +260,42 @@ def test_every_step_runs_on_the_capture_stream_warmup_steps_included(stand_in_wr
     assert stand_in_wrapper == ["default"] + ["capture"] * 4
 
 
-def test_an_emulated_world_counts_the_captured_collectives_at_every_replay(monkeypatch, stand_in_wrapper):
-    """The host issues a captured collective once; the GPU runs it at each replay (the capture
-    step replays too), so the emulated world's record counts it per replay, not per issue."""
-    from megatron.bridge.emulation.record import CommRecord
-    from megatron.bridge.training.devices import cuda_graphs
+def _emulated_world():
+    """An emulated world's seam as the loop holds it, its backend state made without a process group."""
+    from megatron.bridge.emulation.backend import EmulatedWorld
+    from megatron.bridge.emulation.network import network_model
+    from megatron.bridge.emulation.training_world import EmulatedTrainingWorld
 
-    record = CommRecord()
-    monkeypatch.setattr(cuda_graphs, "current_world", lambda: SimpleNamespace(record=record))
+    world = EmulatedTrainingWorld(0, 16, lambda: network_model("h100_ib400"))
+    world.backend = EmulatedWorld(0, 16, world.network())
+    return world
+
+
+def test_an_emulated_world_counts_the_captured_collectives_at_every_replay(stand_in_wrapper):
+    """The host issues a captured collective once; the GPU runs it at each replay (the capture
+    step replays too), so the emulated world's record counts it per replay, not per issue. The
+    graph tells the world the run gives it; each step's record is what the world ends the step with."""
+    world = _emulated_world()
+    record = world.backend.record
     record.add("dp[16]", "reduce_scatter", 4000, 1e-4, capturing=True)  # an earlier run's graph
 
     def schedule(step: int) -> int:  # the reduce-scatter is captured in the capture step only
         record.add("dp[16]", "reduce_scatter", 4000, 1e-4, capturing=step == 2)
         return step
 
-    step = _graph(warmup=2).wrap(schedule, first_iteration=1)
-    calls = []
+    step = _graph(warmup=2, world=world).wrap(schedule, first_iteration=1)
+    world.begin_steps()
     for i in range(5):  # warm-up, warm-up, capture, replay, replay
         step(step=i)
-        calls.append(record.take()["groups"].get("dp[16]", {}).get("reduce_scatter", {}).get("calls", 0))
+        world.end_step(i + 1)
+    calls = [s["groups"].get("dp[16]", {}).get("reduce_scatter", {}).get("calls", 0) for s in world.steps]
     assert calls == [1, 1, 1, 1, 1]
+
+
+def test_a_real_world_counts_nothing_at_a_replay(stand_in_wrapper):
+    """Without an emulated world the graph replays as before and nothing is recorded."""
+    step = _graph(warmup=1).wrap(lambda **kw: kw["step"], first_iteration=1)
+    assert [step(step=i) for i in range(3)] == [0, 1, 2]
 
 
 @pytest.mark.parametrize(

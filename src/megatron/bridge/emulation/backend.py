@@ -38,7 +38,7 @@ import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -107,14 +107,6 @@ class EmulatedWorld:
             self.charge(group, "all_to_all", cost, splits.is_cuda)
 
 
-_WORLD: Optional[EmulatedWorld] = None
-
-
-def current_world() -> Optional[EmulatedWorld]:
-    """The emulated world of this process (``None`` when the world is real)."""
-    return _WORLD
-
-
 class _Done(dist.Work):
     """A collective already enqueued: waiting makes the current stream wait for its last kernel."""
 
@@ -150,7 +142,7 @@ class EmulatedGroup(dist.ProcessGroup):
 
     @property
     def label(self) -> str:
-        """What the record calls this group: megatron-core's name once ``label_groups`` ran, else the
+        """What the record calls this group: megatron-core's name once ``group_names.label_groups`` ran, else the
         description its creator gave ``new_group(group_desc=...)`` (set by torch after the group is
         made, so read at the first collective, then kept), else its number; with its size."""
         if self._label is None:
@@ -401,73 +393,41 @@ def _sizes(splits: Any) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------------- the world
-def _create(opts: Any, backend_options: Any = None) -> EmulatedGroup:
-    if _WORLD is None:
-        raise EmulationUnsupported("the emulated backend was used before start_world() set up its world")
-    return EmulatedGroup(_WORLD, opts.group_rank, opts.group_size, list(opts.global_ranks_in_group), opts.group_id)
+def _group_maker(world: EmulatedWorld) -> Callable[..., EmulatedGroup]:
+    """The factory torch.distributed calls for every group it creates: groups of ``world``."""
+
+    def make_group(opts: Any, backend_options: Any = None) -> EmulatedGroup:
+        return EmulatedGroup(world, opts.group_rank, opts.group_size, list(opts.global_ranks_in_group), opts.group_id)
+
+    return make_group
+
+
+def _refuse_group(opts: Any, backend_options: Any = None) -> EmulatedGroup:
+    raise EmulationUnsupported("the emulated backend was used before start_world() set up its world")
+
+
+def _register(factory: Callable[..., EmulatedGroup]) -> None:
+    """Make ``factory`` the one torch.distributed calls for :data:`BACKEND` (a later registration
+    replaces an earlier one, so a stopped world's groups are never made again)."""
+    dist.Backend.register_backend(BACKEND, factory, extended_api=True, devices=["cpu", "cuda"])
 
 
 def start_world(rank: int, world_size: int, network: NetworkModel, timeout: timedelta) -> EmulatedWorld:
-    """Register the backend and make it the default process group: this process is ``rank`` of
-    ``world_size`` (no peer is contacted: the store is this process's own)."""
-    global _WORLD
-    _WORLD = EmulatedWorld(rank, world_size, network)
-    if BACKEND not in dist.Backend.backend_list:
-        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+    """Register the backend for a new world and make it the default process group: this process is
+    ``rank`` of ``world_size`` (no peer is contacted: the store is this process's own)."""
+    world = EmulatedWorld(rank, world_size, network)
+    _register(_group_maker(world))
     dist.init_process_group(BACKEND, rank=rank, world_size=world_size, store=dist.HashStore(), timeout=timeout)
     dist.group.WORLD.label = f"world[{world_size}]"
-    return _WORLD
+    return world
 
 
 def stop_world() -> None:
-    global _WORLD
-    _WORLD = None
+    """The world is over (its default group destroyed): a group asked of the backend now is refused."""
+    _register(_refuse_group)
 
 
-MEGATRON_GROUPS = (
-    ("ep", "get_expert_model_parallel_group", {}),
-    ("etp", "get_expert_tensor_parallel_group", {}),
-    ("tp_ep", "get_expert_tensor_and_model_parallel_group", {}),
-    ("edp", "get_expert_data_parallel_group", {}),
-    ("tp", "get_tensor_model_parallel_group", {}),
-    ("cp", "get_context_parallel_group", {}),
-    ("pp", "get_pipeline_model_parallel_group", {}),
-    ("dp", "get_data_parallel_group", {}),
-    ("dp_cp", "get_data_parallel_group", {"with_context_parallel": True}),
-    ("dist_opt", "get_intra_distributed_optimizer_instance_group", {}),
-    ("tp_cp", "get_tensor_and_context_parallel_group", {}),
-    ("tp_dp", "get_tensor_and_data_parallel_group", {}),
-    ("tp_dp_cp", "get_tensor_and_data_parallel_group", {"with_context_parallel": True}),
-    ("mp", "get_model_parallel_group", {}),
-    ("embd", "get_embedding_group", {}),
-    ("pos_embd", "get_position_embedding_group", {}),
-)
-"""megatron-core's groups (getter and arguments), most specific first: a group gets the first name
-whose getter returns it."""
-
-
-def megatron_group_names() -> dict[int, str]:
-    """``id(group) -> name`` for megatron-core's groups of this process (after ``initialize_model_parallel``)."""
-    from megatron.core import parallel_state  # deferred: the backend itself does not need megatron-core
-
-    names: dict[int, str] = {}
-    for label, getter, kwargs in MEGATRON_GROUPS:
-        try:
-            group = getattr(parallel_state, getter)(**kwargs)
-        except Exception:  # a group this layout does not create, or a getter this version lacks
-            continue
-        names.setdefault(id(group), label)
-    return names
-
-
-def label_groups() -> None:
-    """Name each emulated group by megatron-core's getter that returns it, with its size."""
-    names = megatron_group_names()
-    for group in [*_created_groups(), dist.group.WORLD]:
-        if isinstance(group, EmulatedGroup):
-            base = names.get(id(group), "world" if group is dist.group.WORLD else f"group{group.name_}")
-            group.label = f"{base}[{group.n}]"
-
-
-def _created_groups() -> list[Any]:
-    return list(dist.distributed_c10d._world.pg_map.keys())
+def world_of_default_group() -> Optional[EmulatedWorld]:
+    """The emulated world whose group is this process's default group (``None``: none, or a real one)."""
+    group = dist.group.WORLD if dist.is_initialized() else None
+    return group.world if isinstance(group, EmulatedGroup) else None

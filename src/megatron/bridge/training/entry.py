@@ -66,14 +66,16 @@ def _one_process_group(configs: list) -> Iterator[None]:
         return
     # Deferred: torch and megatron-core load only after the stop handler is installed (see _run).
     from megatron.bridge.training.loop import initialize
+    from megatron.bridge.training.loop.world import world_for
 
     env = initialize.launch_env()
-    first = configs[0].validate(world_size=initialize.world_to_validate(configs[0], env))
-    initialize.initialize_distributed(first, env)
+    world = world_for(configs[0])
+    first = configs[0].validate(world_size=world.size_to_validate(env.world_size))
+    initialize.initialize_distributed(first, world, env)
     try:
         yield
     finally:
-        initialize.teardown()
+        initialize.teardown(world)
 
 
 def failure_record_path(log_dir: Path, rank: int) -> Path:

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 from megatron.core import parallel_state
 
-from megatron.bridge.emulation.backend import stop_world
 from megatron.bridge.training.devices.platform import select_platform
 from megatron.bridge.training.gpt_step import forward_step as gpt_forward_step
 from megatron.bridge.training.loop import initialize
@@ -33,6 +32,7 @@ from megatron.bridge.training.loop.pretrain_arguments import checked_pretrain_ar
 from megatron.bridge.training.loop.run_description import resolved_config_text
 from megatron.bridge.training.loop.teardown import free_memory
 from megatron.bridge.training.loop.trainer import PretrainResult, Trainer
+from megatron.bridge.training.loop.world import world_for
 from megatron.bridge.utils.error_types import MachineError
 from megatron.bridge.utils.gpu_count import too_few_gpus, visible_gpu_count
 
@@ -69,10 +69,9 @@ def pretrain(
     """
     cfg, forward_step_func = checked_pretrain_arguments(config, cfg, forward_step_func, callbacks)
     env = initialize.launch_env()
-    if cfg.emulation.enabled and env.world_size != 1:
-        raise MachineError(f"an emulated world runs in one process (it plays rank {cfg.emulation.rank} of "
-                           f"{cfg.emulation.world_size}), but {env.world_size} processes were launched: start one")
-    resolution = cfg.resolve(world_size=initialize.world_to_validate(cfg, env))  # once, before any group or CUDA work
+    world = world_for(cfg)  # real, or one rank of an emulated world: the loop asks it, never cfg.emulation
+    world.check_launch(env.world_size)
+    resolution = cfg.resolve(world_size=world.size_to_validate(env.world_size))  # once, before any group or CUDA work
     resolved, report = resolution.config, resolution.report
     refuse_gpu_run_without_gpu(resolved)
     platform = select_platform(resolved)
@@ -83,16 +82,16 @@ def pretrain(
     check_forward_step(forward_step_func, ep_overlap=bool(resolved.comm_overlap.overlap_moe_expert_parallel_comm))
 
     created_group = not torch.distributed.is_initialized()
-    env = initialize.initialize_distributed(resolved, env, platform)
+    env = initialize.initialize_distributed(resolved, world, env, platform)
     try:
-        initialize.initialize_model_parallel(resolved)
+        initialize.initialize_model_parallel(resolved, world)
         initialize.set_seeds(resolved, platform)
         config_text = resolved_config_text(resolution.effective)
-        return Trainer(resolved, report, env, platform, forward_step_func, verbose, config_text).run()
+        return Trainer(resolved, report, env, platform, world, forward_step_func, verbose, config_text).run()
     finally:
         parallel_state.destroy_model_parallel()
         if created_group and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-            stop_world()
+            world.stop()
         free_memory()  # the trainer is gone: its model's memory is free when pretrain returns
 

@@ -26,7 +26,8 @@ and leaves the rest to the training loop, which this module does:
   blocks freed across streams while capturing, else it can need several times the eager step's
   memory (``capture_memory.py``).
 * in an emulated world the host issues a captured collective once, at the capture: each replay
-  tells the world's record to count the captured collectives again (``emulation/record.py``).
+  tells the world the run trains in (``loop/world.py``), whose record counts the captured
+  collectives again (``emulation/record.py``); a real world counts nothing.
 
 The rules that keep the captured step free of host reads are in ``cuda_graph_rules.py``.
 """
@@ -36,16 +37,16 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Optional
 
 import torch
 from megatron.core import full_cuda_graph
 
-from megatron.bridge.emulation.backend import current_world
 from megatron.bridge.training.config_stages.facts import graph_capture
 from megatron.bridge.training.devices import capture_memory
 from megatron.bridge.training.devices.capture_memory import CaptureMemoryReuse
+from megatron.bridge.training.loop.world import CapturedCollectives, RealWorld
 
 
 @dataclass
@@ -61,10 +62,13 @@ class IterationGraph:
     """The first iteration this process trains (after a resume, not 1)."""
     memory_reuse: Optional[CaptureMemoryReuse] = None
     """Whether the capture reuses blocks freed across streams (``capture_memory.py``); None without a graph."""
+    world: CapturedCollectives = field(default_factory=RealWorld)
+    """The world the run trains in: told when the graph replays, and when a new one will be captured."""
     _wrapper: Optional[Any] = None
 
     @classmethod
-    def from_model_config(cls, model_cfg: Any, check_for_nan_in_grad: bool = False) -> "IterationGraph":
+    def from_model_config(cls, model_cfg: Any, check_for_nan_in_grad: bool = False,
+                          world: Optional[CapturedCollectives] = None) -> "IterationGraph":
         enabled = graph_capture.captures_full_iteration(model_cfg)
         return cls(
             enabled=enabled,
@@ -72,6 +76,7 @@ class IterationGraph:
             use_single_mempool=bool(model_cfg.cuda_graph_use_single_mempool),
             check_for_nan_in_grad=bool(check_for_nan_in_grad),
             memory_reuse=capture_memory.decide(os.environ) if enabled else None,
+            world=world if world is not None else RealWorld(),
         )
 
     @property
@@ -106,17 +111,18 @@ class IterationGraph:
             return forward_backward
 
         self.release()  # a graph left by an earlier run in this process must not be replayed
-        _forget_captured_collectives()
+        self.world.forget_graph()
         self.memory_reuse = capture_memory.apply(self.memory_reuse)
         wrapper = self._wrapper = full_cuda_graph.FullCudaGraphWrapper(
             forward_backward, cuda_graph_warmup_steps=self.warmup_steps, use_single_mempool=self.use_single_mempool
         )
+        world = self.world
 
         def on_capture_stream(*args: Any, **kwargs: Any) -> Any:
             with _on_capture_stream():
                 result = wrapper(*args, **kwargs)
             if wrapper.cuda_graph["training"] is not None:  # captured: this call replayed it
-                _count_replayed_collectives()
+                world.graph_replayed()
             return result
 
         return on_capture_stream
@@ -168,15 +174,3 @@ def _on_capture_stream():
         yield
     torch.cuda.current_stream().wait_stream(stream)
 
-
-def _count_replayed_collectives() -> None:
-    """The graph replayed: an emulated world counts the collectives it captured (no-op in a real one)."""
-    world = current_world()
-    if world is not None:
-        world.record.replayed()
-
-
-def _forget_captured_collectives() -> None:
-    world = current_world()
-    if world is not None:
-        world.record.forget_capture()

@@ -18,6 +18,7 @@ from megatron.core.transformer.module import Float16Module
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
     from megatron.bridge.training.devices.platform import Platform
+    from megatron.bridge.training.loop.world import World
 
 
 def build_model(resolved: "ConfigContainer", platform: "Platform", ddp_config: Any = None) -> list[Any]:
@@ -51,10 +52,10 @@ def build_model(resolved: "ConfigContainer", platform: "Platform", ddp_config: A
     return wrapped
 
 
-def build_optimizer(resolved: "ConfigContainer", model: list[Any]) -> Any:
-    """megatron-core's optimizer (distributed optimizer when ``optimizer.use_distributed_optimizer``)."""
-    return get_megatron_optimizer(resolved.optimizer, model,
-                                  use_gloo_process_groups=not resolved.emulation.enabled)  # no peers for gloo
+def build_optimizer(resolved: "ConfigContainer", model: list[Any], world: "World") -> Any:
+    """megatron-core's optimizer (distributed optimizer when ``optimizer.use_distributed_optimizer``),
+    with gloo groups where ``world`` has real peers for them."""
+    return get_megatron_optimizer(resolved.optimizer, model, use_gloo_process_groups=world.gloo_process_groups)
 
 
 def build_scheduler(resolved: "ConfigContainer", optimizer: Any) -> Any:

@@ -2,7 +2,8 @@
 
 Every parallel size comes from one owner, ``cfg.model.*_parallel_size``: the same values are given
 to ``initialize_model_parallel`` and are what the model config carries. If the two disagreed, DDP
-would silently average gradients of different experts across ranks.
+would silently average gradients of different experts across ranks. How the default process group
+is made, and which groups may be made, is asked of the world the run trains in (``world.py``).
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import numpy as np
 import torch
 from megatron.core import parallel_state
 
-from megatron.bridge.emulation.backend import current_world, label_groups, start_world, stop_world
 from megatron.bridge.training.devices.platform import Platform, select_platform
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
+    from megatron.bridge.training.loop.world import World
 
 logger = logging.getLogger(__name__)
 
@@ -54,15 +55,11 @@ def launch_env(environ: Optional[dict] = None) -> LaunchEnv:
     return LaunchEnv(0, 1, 0, "single")
 
 
-def world_to_validate(cfg: "ConfigContainer", env: LaunchEnv) -> object:
-    """The world size the run is validated for: the emulated layout's, else the launcher's."""
-    return cfg.emulation.world_size if cfg.emulation.enabled else env.world_size
-
-
 def initialize_distributed(
-    cfg: "ConfigContainer", env: Optional[LaunchEnv] = None, platform: Optional[Platform] = None
+    cfg: "ConfigContainer", world: "World", env: Optional[LaunchEnv] = None, platform: Optional[Platform] = None
 ) -> LaunchEnv:
-    """Create the default process group (or reuse an existing one) with ``cfg.dist``'s backend/timeout.
+    """Create the default process group (or join an existing one) with ``cfg.dist``'s backend/timeout,
+    as ``world`` makes it.
 
     The platform binds the rank's device first: on GPUs ``cuda:LOCAL_RANK`` modulo the visible
     devices, so several ranks can share one GPU when the backend allows it (gloo).
@@ -70,36 +67,15 @@ def initialize_distributed(
     env = env or launch_env()
     (platform or select_platform(cfg)).bind_device(env.local_rank)
     if torch.distributed.is_initialized():
-        if cfg.emulation.enabled:
-            join_emulated_world(cfg)
+        world.join_process_group()
         return LaunchEnv(
             torch.distributed.get_rank(), torch.distributed.get_world_size(), env.local_rank, "existing"
         )
     timeout = datetime.timedelta(minutes=cfg.dist.distributed_timeout_minutes)
-    if cfg.emulation.enabled:  # this process plays one rank; the backend plays the others
-        world = start_world(cfg.emulation.rank, cfg.emulation.world_size, cfg.emulation.model(), timeout)
-        return LaunchEnv(world.rank, world.world_size, env.local_rank, "emulated")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
-    torch.distributed.init_process_group(
-        backend=cfg.dist.effective_backend, rank=env.rank, world_size=env.world_size, timeout=timeout,
-    )
-    return env
+    return world.create_process_group(env, cfg.dist.effective_backend, timeout)
 
 
-def join_emulated_world(cfg: "ConfigContainer") -> None:
-    """A run in a process whose emulated world exists (several configs, one start-up): the same
-    rank of the same world size, charged for this config's network."""
-    world = current_world()
-    e = cfg.emulation
-    if world is None or (world.world_size, world.rank) != (e.world_size, e.rank):
-        have = "a real world" if world is None else f"rank {world.rank} of an emulated {world.world_size}"
-        raise RuntimeError(f"this process already holds {have}; the config asks for rank {e.rank} of an emulated "
-                           f"{e.world_size}: run it in a process of its own")
-    world.network = e.model()
-
-
-def initialize_model_parallel(cfg: "ConfigContainer") -> None:
+def initialize_model_parallel(cfg: "ConfigContainer", world: "World") -> None:
     """megatron-core's parallel groups, sized from ``cfg.model`` (the single owner)."""
     m = cfg.model
     parallel_state.initialize_model_parallel(
@@ -110,10 +86,9 @@ def initialize_model_parallel(cfg: "ConfigContainer") -> None:
         expert_model_parallel_size=m.expert_model_parallel_size,
         expert_tensor_parallel_size=m.expert_tensor_parallel_size,
         distributed_timeout_minutes=cfg.dist.distributed_timeout_minutes,
-        create_gloo_process_groups=not cfg.emulation.enabled,  # gloo groups would need real peers
+        create_gloo_process_groups=world.gloo_process_groups,
     )
-    if cfg.emulation.enabled:
-        label_groups()
+    world.name_groups()
     got = parallel_state.get_expert_model_parallel_world_size()
     if got != m.expert_model_parallel_size:  # defensive: the two owners must never disagree
         raise RuntimeError(
@@ -136,9 +111,9 @@ def set_seeds(cfg: "ConfigContainer", platform: Optional[Platform] = None) -> No
     (platform or select_platform(cfg)).seed_model_parallel(seed)
 
 
-def teardown() -> None:
-    """Destroy megatron's parallel groups and the default process group (and an emulated world)."""
+def teardown(world: "World") -> None:
+    """Destroy megatron's parallel groups and the default process group, and end ``world``."""
     parallel_state.destroy_model_parallel()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-    stop_world()
+    world.stop()

@@ -23,9 +23,6 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.rerun_state_machine import get_rerun_state_machine
 
-from megatron.bridge.emulation.backend import current_world
-from megatron.bridge.emulation.describe import startup_line as emulation_startup_line
-from megatron.bridge.emulation.describe import summary_section as emulation_summary
 from megatron.bridge.training.devices.cuda_graphs import IterationGraph
 from megatron.bridge.training.devices.platform import Platform
 from megatron.bridge.training.loop import initialize
@@ -68,6 +65,7 @@ from megatron.bridge.training.telemetry.step_timing import StepTimer
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
+    from megatron.bridge.training.loop.world import World
 
 
 @dataclass
@@ -136,29 +134,28 @@ class Trainer:
     """One run on this rank, in named steps: build, resume, train (step by step), save, report.
 
     Process groups, megatron's parallel state and seeds exist before it is created; everything
-    that differs between GPUs and CPU smoke mode is asked of ``platform``.
+    that differs between GPUs and CPU smoke mode is asked of ``platform``, everything that differs
+    between a real and an emulated world of ``world`` (``world.py``).
     """
 
     def __init__(
         self, resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, platform: Platform,
-        forward_step_func: Callable[..., Any], verbose: bool, config_text: str,
+        world: "World", forward_step_func: Callable[..., Any], verbose: bool, config_text: str,
     ) -> None:
 
-        self.resolved, self.report, self.env, self.platform = resolved, report, env, platform
+        self.resolved, self.report, self.env, self.platform, self.world = resolved, report, env, platform, world
         self.config_text = config_text  # the effective config as YAML, for summary.json
         self.forward_step_func, self.verbose = forward_step_func, verbose
         t = resolved.train
         data_parallel = parallel_state.get_data_parallel_world_size()
         self.num_microbatches = t.global_batch_size // (t.micro_batch_size * data_parallel)
         self.rank = torch.distributed.get_rank()
-        self.emulated = current_world()  # one rank of an emulated world: this process reports for it
-        self.emulated_steps: list[dict] = []
-        self.is_logging_rank = self.rank == 0 or self.emulated is not None
+        self.is_logging_rank = world.is_logging_rank(self.rank)
         self.device = platform.device
         self.state = TrainState()
         self.model: list = []  # model chunks, from build()
         self.parked_steps: list[dict[str, float]] = []  # profiling.gpu_park_steps, as measured
-        self.graph = IterationGraph.from_model_config(resolved.model, resolved.ddp.check_for_nan_in_grad)
+        self.graph = IterationGraph.from_model_config(resolved.model, resolved.ddp.check_for_nan_in_grad, world)
         self.save_lock, self.run_id = None, "run"  # hold_save_dir()
         self.grad_norm: Optional[float] = None  # the last step's gradient norm, as logged
 
@@ -201,8 +198,8 @@ class Trainer:
     def announce(self) -> None:
         """The start-up lines: launch, layout, batch, layers, loss, dispatcher, schedule, CUDA graph, overlap."""
         if self.is_logging_rank:
-            if self.emulated is not None:
-                _say(emulation_startup_line(self.emulated))
+            for line in self.world.startup_lines():
+                _say(line)
             for line in startup_lines(self.resolved, self.report, self.env, self.num_microbatches, self.verbose,
                                        cuda_graph=self.graph.describe()):
                 _say(line)
@@ -220,7 +217,7 @@ class Trainer:
                 _say(f"MoE token dispatch: {choice['description']}")
             for how in filter(None, self.wgrad_accumulation.values()):
                 _say(how["description"])
-        self.optimizer = build_optimizer(self.resolved, self.model)
+        self.optimizer = build_optimizer(self.resolved, self.model, self.world)
         self.optimizer_kernels = self.platform.fast_optimizer_kernels(self.optimizer)
         if self.is_logging_rank:
             _say(self.optimizer_kernels)
@@ -244,8 +241,7 @@ class Trainer:
         uses_cuda = self.platform.uses_cuda
         self.profiler = StepProfiler(self.resolved.profiling, self.rank, log_dir, use_cuda=uses_cuda)
         self.timer = StepTimer(use_cuda=uses_cuda)
-        if self.emulated is not None:
-            self.emulated.record.take()  # what building and loading issued is not a step's
+        self.world.begin_steps()  # what building and loading issued is not a step's
 
     def _data_iterator(self) -> Any:
         """This rank's micro-batches from ``consumed_samples`` on; one iterator per virtual stage."""
@@ -353,10 +349,7 @@ class Trainer:
             phases = {k: v for k, v in phases.items() if k not in ("gpu_parked_s", "gpu_work_s")}
         scalars.update(phases)
         scalars.update(moe_aux_losses(self.resolved.model, self.num_microbatches, self.state.iteration))
-        if self.emulated is not None:
-            step = self.emulated.record.take()
-            self.emulated_steps.append(dict(iteration=self.state.iteration, **step))
-            scalars.update(modeled_comm_s=step["modeled_s"], emulation_host_s=step["host_s"])
+        scalars.update(self.world.end_step(self.state.iteration))
         self.metrics.record(self.state.iteration, loss, step_time, **scalars)
 
     def after_step(self) -> None:
@@ -414,7 +407,7 @@ class Trainer:
             stopped_on_nonfinite=nonfinite.record() if nonfinite is not None else None,
             checkpoint=str(self.saver.path) if self.saver.path else None,
             resolved_config=self.config_text,
-            emulation=emulation_summary(self.emulated, self.emulated_steps) if self.emulated is not None else None,
+            emulation=self.world.summary(),
         )
         torch.distributed.barrier()
         return PretrainResult(
