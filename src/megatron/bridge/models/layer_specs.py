@@ -39,7 +39,7 @@ LAYER_SPEC_EVIDENCE = "docs/benchmarks/layer_specs.md"
 class LayerSpecChoice:
     """The layer implementation a run builds and why (``reason`` is shown to the user)."""
 
-    name: str
+    name: LayerSpecName
     reason: str
 
 

@@ -407,17 +407,9 @@ def resolution_of(built: BuiltConfig) -> "Resolution":
     return resolve_config(built.cfg, ctx=rule_context(built)).raise_for_errors()
 
 
-def trained_config(resolution: "Resolution") -> "ConfigContainer":
-    """What the ranks train: the resolution's finalized config, which every resolution without errors
-    has (:func:`resolution_of` raises for the others)."""
-    if resolution.config is None:
-        raise ValueError("a resolution with errors has no config to train: raise_for_errors() first")
-    return resolution.config
-
-
 def resolve(built: BuiltConfig) -> "ConfigContainer":
     """The finalized config of the job (what the ranks train); raises like :func:`resolution_of`."""
-    return trained_config(resolution_of(built))
+    return resolution_of(built).trained
 
 
 def source_of(key: str, merged: "ConfigContainer", resolved: "ConfigContainer") -> str:

@@ -21,7 +21,6 @@ from megatron.bridge.perf.harness.config_builder import (
     format_effective_rows,
     gpus_visible,
     resolution_of,
-    trained_config,
 )
 from megatron.bridge.perf.harness.flag_notes import built_config_notes
 from megatron.bridge.perf.harness.harness_args import HarnessArgs
@@ -55,7 +54,7 @@ class Job:
     @property
     def resolved(self) -> "ConfigContainer":
         """The finalized config the ranks will train."""
-        return trained_config(self.resolution)
+        return self.resolution.trained
 
     @property
     def report(self) -> str:
@@ -159,7 +158,7 @@ def plan_job(built: BuiltConfig, resolution: "Resolution", args: HarnessArgs, ma
         job_name=built.recipe.function_name.removesuffix("_config"),
         verbose=args.verbose,
         config_sha256=config_sha256,
-        save_dir=trained_config(resolution).checkpoint.save,
+        save_dir=resolution.trained.checkpoint.save,
     )
 
 

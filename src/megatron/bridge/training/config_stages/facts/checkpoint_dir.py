@@ -277,7 +277,7 @@ def inspect_checkpoint_dir(root: str | os.PathLike) -> CheckpointDir:
     if tracker.is_file():
         iteration, problem = read_tracker(path)
         if iteration is None:
-            return CheckpointDir(path, "bad_tracker", problems=(problem,))
+            return CheckpointDir(path, "bad_tracker", problems=(problem or "unreadable tracker",))
         saved = iteration_dir(path, iteration)
         if not saved.is_dir():
             return CheckpointDir(path, "tracker_without_iteration", iteration)

@@ -88,7 +88,7 @@ class GpuTarget:
 
     def describe(self) -> str:
         """For messages: ``gb200 (10.0, Blackwell, NVL72; argument)``."""
-        if not self.known:
+        if self.capability is None:  # not self.known
             return "unknown (no GPU type given and no visible GPU)"
         major, minor = self.capability
         system = {True: ", NVL72", False: "", None: ", NVL72 unknown"}[self.nvl72]
@@ -148,13 +148,21 @@ def resolve_gpu_target(
         device_capability, device_name = visible_gpu()
         source = "visible GPU"
     entry = gpu_type(device_name) if device_name else None
-    capability = tuple(device_capability) if device_capability is not None else (
-        entry.capability if entry else None
-    )
+    capability: Optional[tuple[int, int]]
+    if device_capability is not None:
+        capability = (device_capability[0], device_capability[1])  # a list from a record reads as the pair
+    else:
+        capability = entry.capability if entry else None
     if capability is None:
         return GpuTarget(name=device_name, source="unknown")
     label = entry.name if entry else device_name
     return GpuTarget(capability, label, _nvl72_from_name(device_name, capability), source)
+
+
+def capability_at_least(capability: Optional[tuple[int, int]], minimum: tuple[int, int]) -> bool:
+    """``capability >= minimum``; an unknown GPU refuses nothing (the rules about a GPU apply only
+    where it is known)."""
+    return capability is None or tuple(capability) >= minimum
 
 
 def gpu_target_from_context(ctx: "RuleContext") -> GpuTarget:

@@ -167,6 +167,16 @@ def estimate_per_rank(cfg: "ConfigContainer", world_size: Optional[int]) -> Memo
     return MemoryEstimate(params, params * weight, params * grad, optimizer_bytes)
 
 
+def within_limit(needed: float, limit: Optional[int]) -> bool:
+    """``needed <= limit``; an unknown limit refuses nothing (the memory rules apply only where it is known)."""
+    return limit is None or needed <= limit
+
+
+def limit_text(limit: Optional[int], where: str) -> str:
+    """``80.0 GiB on this host`` (``where`` after the size), or that the limit is unknown."""
+    return f"{gib(limit)} {where}" if limit is not None else f"unknown {where}"
+
+
 def host_memory_bytes() -> Optional[int]:
     """Memory the machine decisions are made for lets this process's group use (``current_host()``);
     ``None`` when it cannot be read."""

@@ -31,9 +31,9 @@ def positive_size(value: object) -> Optional[int]:
 def model_parallel_size(cfg: "ConfigContainer") -> Optional[int]:
     """GPUs one model replica spans (TP x PP x CP); ``None`` when a size is not a positive integer."""
     m = cfg.model
-    sizes = [positive_size(v) for v in (m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
-                                        m.context_parallel_size)]
-    return None if None in sizes else sizes[0] * sizes[1] * sizes[2]
+    tp, pp, cp = (positive_size(v) for v in (m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
+                                             m.context_parallel_size))
+    return None if tp is None or pp is None or cp is None else tp * pp * cp
 
 
 def expert_parallel_span(cfg: "ConfigContainer") -> int:
@@ -78,9 +78,16 @@ def layout_within(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     return all_within(cfg, ctx, *LAYOUT_FIELDS)
 
 
+def known_data_parallel_size(cfg: "ConfigContainer", ctx: RuleContext) -> Optional[int]:
+    """DP for the context's world size; ``None`` without a world size, with a layout size out of its
+    range, or when the layout does not divide the world."""
+    if ctx.world_size is None or not layout_within(cfg, ctx):
+        return None
+    return data_parallel_size(cfg, ctx.world_size)
+
+
 def dp_known(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
-    return (ctx.world_size is not None and layout_within(cfg, ctx)
-            and data_parallel_size(cfg, ctx.world_size) is not None)
+    return known_data_parallel_size(cfg, ctx) is not None
 
 
 LAYOUT_FIELDS: tuple[str, ...] = (
@@ -95,6 +102,7 @@ LAYOUT_FIELDS: tuple[str, ...] = (
 
 def micro_batches_per_step(cfg: "ConfigContainer", ctx: RuleContext) -> Optional[int]:
     """Micro-batches each data-parallel rank runs per step (``None`` without a world size)."""
-    if not dp_known(cfg, ctx) or not all_within(cfg, ctx, "train.global_batch_size", "train.micro_batch_size"):
+    dp = known_data_parallel_size(cfg, ctx)
+    if dp is None or not all_within(cfg, ctx, "train.global_batch_size", "train.micro_batch_size"):
         return None
-    return cfg.train.global_batch_size // (cfg.train.micro_batch_size * data_parallel_size(cfg, ctx.world_size))
+    return cfg.train.global_batch_size // (cfg.train.micro_batch_size * dp)

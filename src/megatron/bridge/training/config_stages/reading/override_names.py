@@ -207,7 +207,8 @@ PROJECT_PACKAGE = "megatron.bridge."
 def _subclasses(cls: type) -> list[type]:
     """The project's loaded subclasses of ``cls`` (what a recipe or a ``_target_`` may put in its
     place), in a stable order."""
-    found, todo = {}, list(cls.__subclasses__())
+    found: dict[str, type] = {}
+    todo: list[type] = list(cls.__subclasses__())
     while todo:
         sub = todo.pop()
         if sub.__module__.startswith(PROJECT_PACKAGE) and "<" not in sub.__qualname__:

@@ -210,7 +210,7 @@ def _default_instance(cls: type, path: str, errors: list[Violation]) -> Any:
 
 def _rebuild(obj: Any, updates: dict[str, Any]) -> Any:
     """``dataclasses.replace`` so that ``__post_init__`` re-derives fields from the new values."""
-    if dataclasses.is_dataclass(obj):
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return dataclasses.replace(obj, **updates)
     for key, value in updates.items():
         setattr(obj, key, value)
@@ -225,6 +225,7 @@ def with_overrides(cfg: Any, overrides: Union[Mapping[str, Any], Sequence[str]],
     ``OverrideError`` listing every problem (a write to a copy whose owner gives it another value
     included).
     """
+    errors: list[Violation]
     if isinstance(overrides, Mapping):
         changes, errors = plain(overrides), []
     else:

@@ -352,7 +352,7 @@ def dataclass_in(annotation: Any) -> Optional[type]:
     if dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
         return annotation
     if typing.get_origin(annotation) in (Union, types.UnionType):
-        found = [a for a in typing.get_args(annotation) if dataclasses.is_dataclass(a)]
+        found = [a for a in typing.get_args(annotation) if dataclasses.is_dataclass(a) and isinstance(a, type)]
         return found[0] if len(found) == 1 else None
     return None
 

@@ -263,7 +263,7 @@ def container_from_dict(container_cls: type, data: Mapping[str, Any]) -> "Config
     """
     model_data = dict(data.get("model") or {})
     errors: list[Violation] = []
-    model_cls = GPTModelProvider
+    model_cls: type = GPTModelProvider
     if TARGET_KEY in model_data:
         model_cls = class_from_target(model_data.pop(TARGET_KEY), GPTModelProvider, "model", errors) or model_cls
     if errors:

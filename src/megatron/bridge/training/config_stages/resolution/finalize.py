@@ -15,7 +15,7 @@ import logging
 import os
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from packaging.version import Version
@@ -74,7 +74,7 @@ def default_rule_context(
     host = current_host()
     visible_capability, _ = host.gpu()
     target = gpu_catalog.resolve_gpu_target(device_name=target_gpu) if target_gpu else gpu_catalog.resolve_gpu_target()
-    facts = dict(
+    facts: dict[str, Any] = dict(
         te_version=host.te_version(),
         torch_version=Version(torch.__version__.split("+")[0]),
         world_size=world_size,
@@ -105,6 +105,13 @@ class Resolution:
     config: Optional["ConfigContainer"]
     """``effective`` after megatron-core's own deferred checks, with ``model.layer_spec`` holding the
     choice: what trains (``None`` with errors)."""
+
+    @property
+    def trained(self) -> "ConfigContainer":
+        """:attr:`config` of a resolution without errors; one with errors has nothing to train."""
+        if self.config is None:
+            raise ValueError("a resolution with errors has no config to train: raise_for_errors() says which")
+        return self.config
 
     @property
     def error_type(self) -> type:
@@ -217,7 +224,7 @@ def resolve_container(cfg: "ConfigContainer", world_size: Optional[int] = None) 
         world_size=world_size,
         as_left=copy.deepcopy(cfg),
         resolution=resolution,
-        trains=copy.deepcopy(resolution.config),
+        trains=copy.deepcopy(resolution.trained),
     )
     return resolution
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 from megatron.bridge.training.config_stages.facts import ownership
 from megatron.bridge.training.config_stages.resolution.overlap_resolution import (
@@ -18,7 +18,7 @@ from megatron.bridge.training.config_stages.schema.rule_base import RuleContext,
 from megatron.bridge.training.errors import CommOverlapConfigError
 
 if TYPE_CHECKING:
-    from megatron.bridge.training.config import CommOverlapConfig
+    from megatron.bridge.training.config import CommOverlapConfig, ConfigContainer
 
 _SELF_CONTAINED_RULE_IDS = frozenset({"tp-comm-bootstrap-backend-known", "data-parallel-size-matches-layout"})
 _SELF_CONTAINED_RULES = tuple(
@@ -49,9 +49,17 @@ class _SetupView:
     provenance: dict[str, str] = field(default_factory=dict)
 
 
+def _as_container(view: _SetupView) -> "ConfigContainer":
+    """``view`` where the rules and the overlap resolution take a container: it has the sections they
+    read (duck-typed on purpose: ``finalize``/``setup`` are given sections, not a container), and the
+    ownership records skip the ones it lacks."""
+    return cast("ConfigContainer", view)
+
+
 def finalize_switches(overlap: "CommOverlapConfig") -> None:
     """``CommOverlapConfig.finalize()``: the self-contained rules, every error raised at once."""
-    problems = check_rules(_SELF_CONTAINED_RULES, _SetupView(None, None, None, overlap, None), RuleContext())
+    problems = check_rules(_SELF_CONTAINED_RULES, _as_container(_SetupView(None, None, None, overlap, None)),
+                           RuleContext())
     errors = [v for v in problems if v.severity == "error"]
     if errors:
         raise CommOverlapConfigError(errors, title="comm_overlap cannot be finalized")
@@ -62,7 +70,8 @@ def setup_switches(
     dist_config: Optional[Any],
 ) -> dict[str, EffectiveValue]:
     """``CommOverlapConfig.setup(...)``: the effective values written onto the three configs."""
-    view = _SetupView(model_config, optimizer_config, ddp_config, copy.copy(overlap), dist_config or _NcclOnGpus())
+    view = _as_container(_SetupView(model_config, optimizer_config, ddp_config, copy.copy(overlap),
+                                    dist_config or _NcclOnGpus()))
     written = ownership.directly_written(view)
     values = resolve_overlap_values(view, RuleContext())
     trial = copy.deepcopy(view)

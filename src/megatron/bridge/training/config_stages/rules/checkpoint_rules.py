@@ -24,7 +24,7 @@ from megatron.bridge.training.config_stages.facts.checkpoint_dir import (
     parallel_sizes,
 )
 from megatron.bridge.training.config_stages.facts.lock_holder import LOCK_NAME, held_by_another_live_run, lock_problem
-from megatron.bridge.training.config_stages.facts.parallel_layout import data_parallel_size, dp_known, layout_within
+from megatron.bridge.training.config_stages.facts.parallel_layout import known_data_parallel_size, layout_within
 from megatron.bridge.training.config_stages.schema.rule_base import Rule, RuleContext
 from megatron.bridge.utils.owned_files import MAX_LISTED, unsafe_entries
 from megatron.bridge.utils.paths import writable_directory_problem
@@ -34,13 +34,21 @@ if TYPE_CHECKING:
 
 
 def _existing_dir(path: Optional[str]) -> bool:
-    return bool(path) and Path(path).is_dir()
+    return Path(path).is_dir() if path else False
+
+
+def _given(cfg: "ConfigContainer", which: str) -> str:
+    """``checkpoint.<which>`` where a rule reads it: the rules that do apply only when it is set."""
+    path = getattr(cfg.checkpoint, which)
+    if not path:
+        raise ValueError(f"checkpoint.{which} is unset: a rule that reads it applies only when it is set")
+    return path
 
 
 def _unsafe(path: Optional[str]) -> list[str]:
     """Top-level entries of a checkpoint directory that are links or another user's (the run acts on
     names at the top only: the tracker, its lock, iteration and staging directories); at most a few."""
-    found = unsafe_entries(path, recursive=False) if _existing_dir(path) else []
+    found = unsafe_entries(path, recursive=False) if path and _existing_dir(path) else []
     return found[:MAX_LISTED] + ([f"... and {len(found) - MAX_LISTED} more"] if len(found) > MAX_LISTED else [])
 
 
@@ -55,11 +63,11 @@ def _saved_iterations(save: str) -> Optional[str]:
 
 
 def _load_dir(cfg: "ConfigContainer") -> CheckpointDir:
-    return inspect_checkpoint_dir(cfg.checkpoint.load)
+    return inspect_checkpoint_dir(_given(cfg, "load"))
 
 
 def _same_dir(a: Optional[str], b: Optional[str]) -> bool:
-    return bool(a) and bool(b) and Path(a).resolve() == Path(b).resolve()
+    return Path(a).resolve() == Path(b).resolve() if a and b else False
 
 
 def _load_is(*kinds: str):
@@ -67,8 +75,7 @@ def _load_is(*kinds: str):
 
 
 def _current_layout(cfg: "ConfigContainer", ctx: RuleContext) -> dict[str, Optional[int]]:
-    dp = data_parallel_size(cfg, ctx.world_size) if dp_known(cfg, ctx) else None
-    return parallel_sizes(cfg, dp)
+    return parallel_sizes(cfg, known_data_parallel_size(cfg, ctx))
 
 
 def _saved_layout(cfg: "ConfigContainer", ctx: RuleContext) -> Optional[dict]:
@@ -93,12 +100,14 @@ def _resuming_without_model_record(cfg: "ConfigContainer", ctx: RuleContext) -> 
 
 def _layout_file(cfg: "ConfigContainer", ctx: RuleContext) -> str:
     found = _load_dir(cfg)
-    return str(iteration_dir(found.path, found.iteration) / LAYOUT_FILE)
+    return str(found.path if found.iteration is None else iteration_dir(found.path, found.iteration) / LAYOUT_FILE)
 
 
 def layout_matches_checkpoint(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     """Every recorded size equals the current one (DP only when the world size is known)."""
     saved, current = _saved_layout(cfg, ctx), _current_layout(cfg, ctx)
+    if saved is None:  # no record to compare with (the rule applies only with one)
+        return True
     return all(saved.get(k) == v for k, v in current.items() if v is not None and k in saved)
 
 
@@ -118,6 +127,41 @@ def _load_dir_rule(rule_id: str, kinds: tuple[str, ...], message: str, fix: str 
     """A ``checkpoint.load`` directory in one of ``kinds`` (see ``inspect_checkpoint_dir``) is refused."""
     return Rule(id=rule_id, fields=kw.pop("fields", ("checkpoint.load",)), applies=_load_is(*kinds),
                 holds=kw.pop("holds", lambda cfg, ctx: False), message=message, fix=fix, group="checkpoint", **kw)
+
+
+def _holder(cfg: "ConfigContainer", ctx: RuleContext) -> str:
+    holder = held_by_another_live_run(_given(cfg, "save"))
+    return holder.describe() if holder is not None else "no live run"
+
+
+def _path_not_empty_rule(which: str) -> Rule:
+    """``checkpoint.<which>`` given as an empty path is refused."""
+    return Rule(
+        id=f"checkpoint-{which}-path-not-empty",
+        fields=(f"checkpoint.{which}",),
+        applies=lambda cfg, ctx: isinstance(getattr(cfg.checkpoint, which), str),
+        holds=lambda cfg, ctx: bool(getattr(cfg.checkpoint, which).strip()),
+        message=f"checkpoint.{which} is an empty path (an unset shell variable?): it would mean no "
+        f"checkpoint{' to resume from' if which == 'load' else 's'} without a word",
+        fix=f"give checkpoint.{which} a directory, or leave it out (null) on purpose",
+        group="checkpoint",
+    )
+
+
+def _entries_yours_rule(which: str) -> Rule:
+    """A ``checkpoint.<which>`` directory holding links or other users' entries is refused."""
+    return Rule(
+        id=f"checkpoint-{which}-entries-yours",
+        fields=(f"checkpoint.{which}",),
+        applies=lambda cfg, ctx: _existing_dir(getattr(cfg.checkpoint, which)),
+        holds=lambda cfg, ctx: not _unsafe(getattr(cfg.checkpoint, which)),
+        message=f"checkpoint.{which} holds links or entries of another user: a run renames, replaces and "
+        "removes names there (the tracker, iteration directories, leftovers of killed saves) and must never "
+        "do so through a link or in someone else's files",
+        fix="remove the listed entries (or ask their owner to), or choose a directory of your own",
+        derived_values=(("entries", lambda cfg, ctx: _unsafe(getattr(cfg.checkpoint, which))),),
+        group="checkpoint",
+    )
 
 
 CHECKPOINT_RULES: tuple[Rule, ...] = (
@@ -177,23 +221,23 @@ CHECKPOINT_RULES: tuple[Rule, ...] = (
         id="checkpoint-save-writable",
         fields=("checkpoint.save",),
         applies=lambda cfg, ctx: bool(cfg.checkpoint.save),
-        holds=lambda cfg, ctx: writable_directory_problem(Path(cfg.checkpoint.save)) is None,
+        holds=lambda cfg, ctx: writable_directory_problem(Path(_given(cfg, "save"))) is None,
         message="checkpoint.save must be a directory this run can create and write; otherwise training runs "
         "and fails at its first save",
         fix="give checkpoint.save a writable directory (created if missing), or unset it",
-        derived_values=(("problem", lambda cfg, ctx: writable_directory_problem(Path(cfg.checkpoint.save))),),
+        derived_values=(("problem", lambda cfg, ctx: writable_directory_problem(Path(_given(cfg, "save")))),),
         group="checkpoint",
     ),
     Rule(
         id="checkpoint-save-not-in-use",
         fields=("checkpoint.save",),
         applies=lambda cfg, ctx: bool(cfg.checkpoint.save),
-        holds=lambda cfg, ctx: held_by_another_live_run(cfg.checkpoint.save) is None,
+        holds=lambda cfg, ctx: held_by_another_live_run(_given(cfg, "save")) is None,
         message="another run that is still alive saves into checkpoint.save; two runs in one directory would "
         "replace each other's checkpoints",
         fix="wait for that run, or give this run another checkpoint.save; if that run is gone, delete its "
         f"{LOCK_NAME}",
-        derived_values=(("held_by", lambda cfg, ctx: held_by_another_live_run(cfg.checkpoint.save).describe()),),
+        derived_values=(("held_by", _holder),),
         group="checkpoint",
     ),
     Rule(
@@ -201,53 +245,27 @@ CHECKPOINT_RULES: tuple[Rule, ...] = (
         fields=("checkpoint.save", "checkpoint.load"),
         applies=lambda cfg, ctx: _existing_dir(cfg.checkpoint.save) and not _same_dir(cfg.checkpoint.load,
                                                                                        cfg.checkpoint.save),
-        holds=lambda cfg, ctx: _saved_iterations(cfg.checkpoint.save) is None,
+        holds=lambda cfg, ctx: _saved_iterations(_given(cfg, "save")) is None,
         message="checkpoint.save already holds the checkpoints of another run and this run does not resume from "
         "it: its saves would replace that run's iterations and move its latest_checkpointed_iteration.txt "
         "back to this run's",
         fix="resume from it (checkpoint.load = checkpoint.save), or choose another (new or empty) checkpoint.save",
-        derived_values=(("holds", lambda cfg, ctx: _saved_iterations(cfg.checkpoint.save)),),
+        derived_values=(("holds", lambda cfg, ctx: _saved_iterations(_given(cfg, "save"))),),
         group="checkpoint",
     ),
-    *(
-        Rule(
-            id=f"checkpoint-{which}-path-not-empty",
-            fields=(f"checkpoint.{which}",),
-            applies=lambda cfg, ctx, which=which: isinstance(getattr(cfg.checkpoint, which), str),
-            holds=lambda cfg, ctx, which=which: bool(getattr(cfg.checkpoint, which).strip()),
-            message=f"checkpoint.{which} is an empty path (an unset shell variable?): it would mean no "
-            f"checkpoint{' to resume from' if which == 'load' else 's'} without a word",
-            fix=f"give checkpoint.{which} a directory, or leave it out (null) on purpose",
-            group="checkpoint",
-        )
-        for which in ("load", "save")
-    ),
+    *(_path_not_empty_rule(which) for which in ("load", "save")),
     Rule(
         id="checkpoint-save-lock-usable",
         fields=("checkpoint.save",),
         applies=lambda cfg, ctx: bool(cfg.checkpoint.save),
-        holds=lambda cfg, ctx: lock_problem(cfg.checkpoint.save) is None,
+        holds=lambda cfg, ctx: lock_problem(_given(cfg, "save")) is None,
         message=f"checkpoint.save's {LOCK_NAME} must be a plain file of yours: the run takes it as its lock at "
         "start, and anything else there would stop rank 0 after launch",
         fix=f"remove that {LOCK_NAME} (no run of this tool made it), or give this run another checkpoint.save",
-        derived_values=(("problem", lambda cfg, ctx: lock_problem(cfg.checkpoint.save)),),
+        derived_values=(("problem", lambda cfg, ctx: lock_problem(_given(cfg, "save"))),),
         group="checkpoint",
     ),
-    *(
-        Rule(
-            id=f"checkpoint-{which}-entries-yours",
-            fields=(f"checkpoint.{which}",),
-            applies=lambda cfg, ctx, which=which: _existing_dir(getattr(cfg.checkpoint, which)),
-            holds=lambda cfg, ctx, which=which: not _unsafe(getattr(cfg.checkpoint, which)),
-            message=f"checkpoint.{which} holds links or entries of another user: a run renames, replaces and "
-            "removes names there (the tracker, iteration directories, leftovers of killed saves) and must never "
-            "do so through a link or in someone else's files",
-            fix="remove the listed entries (or ask their owner to), or choose a directory of your own",
-            derived_values=(("entries", lambda cfg, ctx, which=which: _unsafe(getattr(cfg.checkpoint, which))),),
-            group="checkpoint",
-        )
-        for which in ("save", "load")
-    ),
+    *(_entries_yours_rule(which) for which in ("save", "load")),
     Rule(
         id="resume-same-parallel-layout",
         fields=("checkpoint.load",),

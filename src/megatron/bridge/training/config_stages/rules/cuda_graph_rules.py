@@ -58,8 +58,11 @@ def _warmup_in_range(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
 
 def _capture_outside_window(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     """The capturing step (of a fresh run, as the run will count it) is not in the steady window."""
-    first, last = cfg.logger.steady_state_window
-    return not first <= fresh_capture_iteration(cfg.model) <= last
+    window, capture = cfg.logger.steady_state_window, fresh_capture_iteration(cfg.model)
+    if window is None or capture is None:  # the automatic window starts after the capture; no capture
+        return True
+    first, last = window
+    return not first <= capture <= last
 
 
 CUDA_GRAPH_RULES: tuple[Rule, ...] = (

@@ -36,7 +36,7 @@ def describe_support(entry: BackendSupport) -> str:
 
 def support_on(entry: BackendSupport, target: GpuTarget) -> tuple[Optional[bool], str]:
     """``True``/``False``, or ``None`` when the target cannot tell (Blackwell of unknown system)."""
-    if not target.known:
+    if target.capability is None:  # not target.known
         return None, "target GPU unknown: support not checked"
     if target.capability[0] not in entry.majors:
         return False, f"{entry.applicable}. Current GPU: {_current(target)}"
@@ -53,7 +53,8 @@ def support_on(entry: BackendSupport, target: GpuTarget) -> tuple[Optional[bool]
 def _board_support(entry: BackendSupport, target: GpuTarget) -> Optional[tuple[bool, str]]:
     """The verdict of ``entry.blackwell_boards`` on a named Blackwell target; ``None`` where they do
     not decide (no such list, another architecture, or a capability without a name)."""
-    if entry.blackwell_boards is None or target.capability[0] != BLACKWELL_MAJOR or not target.name:
+    if (entry.blackwell_boards is None or target.capability is None or target.capability[0] != BLACKWELL_MAJOR
+            or not target.name):
         return None
     found = gpu_type(target.name)
     if found is None or found.name not in entry.blackwell_boards:
@@ -63,6 +64,8 @@ def _board_support(entry: BackendSupport, target: GpuTarget) -> Optional[tuple[b
 
 def _current(target: GpuTarget) -> str:
     """``NVIDIA GB200 (compute capability 10.0)``."""
+    if target.capability is None:
+        return f"{target.name or 'GPU'} (compute capability unknown)"
     major, minor = target.capability
     return f"{target.name or 'GPU'} (compute capability {major}.{minor})"
 

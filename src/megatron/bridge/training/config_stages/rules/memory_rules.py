@@ -15,8 +15,9 @@ from megatron.bridge.training.config_stages.facts.memory_estimate import (
     cpu_job_estimate,
     estimable,
     estimate_per_rank,
-    gib,
     host_memory_bytes,
+    limit_text,
+    within_limit,
 )
 from megatron.bridge.training.config_stages.schema.rule_base import Rule, RuleContext
 
@@ -55,12 +56,12 @@ def _emulated_on_host(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
 
 
 def _fits_host(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
-    return cpu_job_estimate(cfg, ctx.world_size).total_bytes <= host_memory_bytes()
+    return within_limit(cpu_job_estimate(cfg, ctx.world_size).total_bytes, host_memory_bytes())
 
 
 _HOST_VALUES = (
     ("estimate", lambda cfg, ctx: cpu_job_estimate(cfg, ctx.world_size).describe()),
-    ("limit", lambda cfg, ctx: f"{gib(host_memory_bytes())} on this host"),
+    ("limit", lambda cfg, ctx: limit_text(host_memory_bytes(), "on this host")),
 )
 
 
@@ -69,14 +70,14 @@ MEMORY_RULES: tuple[Rule, ...] = (
         id="model-state-fits-gpu-memory",
         fields=MEMORY_FIELDS,
         applies=_gpu_applies,
-        holds=lambda cfg, ctx: estimate_per_rank(cfg, ctx.world_size).total_bytes <= _gpu_limit(cfg, ctx),
+        holds=lambda cfg, ctx: within_limit(estimate_per_rank(cfg, ctx.world_size).total_bytes, _gpu_limit(cfg, ctx)),
         message="the model's weights, gradients and optimizer state alone (a lower bound: activations and "
         "buffers come on top) need more memory per rank than one GPU of the target type has: every rank "
         "would fail allocating them",
         fix=_FIX,
         derived_values=(
             ("estimate", lambda cfg, ctx: estimate_per_rank(cfg, ctx.world_size).describe()),
-            ("limit", lambda cfg, ctx: f"{gib(_gpu_limit(cfg, ctx))} on one {ctx.device_name}"),
+            ("limit", lambda cfg, ctx: limit_text(_gpu_limit(cfg, ctx), f"on one {ctx.device_name}")),
         ),
         group="memory",
     ),

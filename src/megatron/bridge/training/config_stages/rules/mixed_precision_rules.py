@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from megatron.bridge.training.config_stages.facts.gpu_catalog import capability_at_least
 from megatron.bridge.training.config_stages.facts.overlap_facts import precision_fp4, resolved_layer_spec
 from megatron.bridge.training.config_stages.schema.mixed_precision_config import MixedPrecisionConfig
 from megatron.bridge.training.config_stages.schema.rule_base import TE_VERSION_VALUE, Rule, RuleContext
@@ -25,6 +26,16 @@ FP4_MIN_CAPABILITY = (10, 0)
 def _precision_object(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     """``mixed_precision`` is a ``MixedPrecisionConfig`` (a recipe name has these fields at their defaults)."""
     return isinstance(cfg.mixed_precision, MixedPrecisionConfig)
+
+
+def _no_autocast(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    mp = cfg.mixed_precision
+    return not isinstance(mp, MixedPrecisionConfig) or (mp.autocast_enabled is False and mp.autocast_dtype is None)
+
+
+def _no_fp8_params(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    mp = cfg.mixed_precision
+    return not isinstance(mp, MixedPrecisionConfig) or (mp.fp8_param is False and mp.fp8_param_gather is False)
 
 
 def _uses_fp4(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
@@ -56,7 +67,7 @@ PRECISION_RULES: tuple[Rule, ...] = (
         id="fp4-needs-blackwell",
         fields=("mixed_precision", "model.fp4"),
         applies=lambda cfg, ctx: _uses_fp4(cfg, ctx) and ctx.device_capability is not None,
-        holds=lambda cfg, ctx: tuple(ctx.device_capability) >= FP4_MIN_CAPABILITY,
+        holds=lambda cfg, ctx: capability_at_least(ctx.device_capability, FP4_MIN_CAPABILITY),
         message="FP4 (NVFP4) needs Blackwell tensor cores (compute capability 10.0+)",
         fix="use mixed_precision=bf16_with_fp8_current_scaling_mixed (-c fp8_cs) on Hopper, or validate "
         "for a Blackwell GPU (-g b200)",
@@ -66,8 +77,7 @@ PRECISION_RULES: tuple[Rule, ...] = (
         id="autocast-not-offered",
         fields=("mixed_precision.autocast_enabled", "mixed_precision.autocast_dtype"),
         applies=_precision_object,
-        holds=lambda cfg, ctx: cfg.mixed_precision.autocast_enabled is False
-        and cfg.mixed_precision.autocast_dtype is None,
+        holds=_no_autocast,
         message="the forward step is not run under torch.autocast here: weights and compute use the "
         "recipe's params_dtype (Megatron-Bridge sets autocast_enabled on no megatron-core config either, "
         "so it has no effect there)",
@@ -78,8 +88,7 @@ PRECISION_RULES: tuple[Rule, ...] = (
         id="fp8-param-not-offered",
         fields=("mixed_precision.fp8_param", "mixed_precision.fp8_param_gather"),
         applies=_precision_object,
-        holds=lambda cfg, ctx: cfg.mixed_precision.fp8_param is False
-        and cfg.mixed_precision.fp8_param_gather is False,
+        holds=_no_fp8_params,
         message="FP8 primary weights (and gathering them in FP8) are not offered: parameters stay in "
         "params_dtype and FP8 is used for compute only",
         fix="leave fp8_param=False and fp8_param_gather=False; the FP8 recipes still compute in FP8",

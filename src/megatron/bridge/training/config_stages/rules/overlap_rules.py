@@ -36,6 +36,12 @@ _DW_FIX_OFF = "or set comm_overlap.delay_wgrad_compute=false"
 _EP_OFF = "comm_overlap.overlap_moe_expert_parallel_comm=false"
 
 
+def _two_micro_batches(cfg, ctx) -> bool:
+    """At least two micro-batches per step (an unknown count: the rule does not apply)."""
+    count = micro_batches_per_step(cfg, ctx)
+    return count is None or count >= 2
+
+
 def _co(name: str):
     """Predicate: the switch ``comm_overlap.<name>`` is on (its effective value)."""
     return lambda cfg, ctx: bool(getattr(cfg.comm_overlap, name))
@@ -181,7 +187,7 @@ EP_OVERLAP_RULES: tuple[Rule, ...] = (
         severity="warning",
         fields=("train.global_batch_size", "train.micro_batch_size"),
         applies=lambda cfg, ctx: ep_on(cfg, ctx) and micro_batches_per_step(cfg, ctx) is not None,
-        holds=lambda cfg, ctx: micro_batches_per_step(cfg, ctx) >= 2,
+        holds=_two_micro_batches,
         message="the overlap interleaves two micro-batches; with one there is nothing to overlap",
         fix="raise train.global_batch_size to at least 2 x micro_batch_size x DP",
         extra_values=(("world_size", lambda ctx: ctx.world_size),),

@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING
 from megatron.core.datasets.gpt_dataset import MockGPTLowLevelDataset
 
 from megatron.bridge.training.config_stages.facts.data_files import dataset_sample_counts
-from megatron.bridge.training.config_stages.facts.memory_estimate import gib, host_memory_bytes
+from megatron.bridge.training.config_stages.facts.memory_estimate import (
+    gib,
+    host_memory_bytes,
+    limit_text,
+    within_limit,
+)
 from megatron.bridge.training.config_stages.facts.parallel_layout import all_within
 from megatron.bridge.training.config_stages.schema.rule_base import Rule, RuleContext
 
@@ -101,14 +106,14 @@ SIZE_RULES: tuple[Rule, ...] = (
         id="dataset-index-fits-host-memory",
         fields=SIZE_FIELDS + ("dist.device",),
         applies=_index_applies,
-        holds=lambda cfg, ctx: index_bytes_per_rank(cfg) * _ranks(ctx) <= host_memory_bytes(),
+        holds=lambda cfg, ctx: within_limit(index_bytes_per_rank(cfg) * _ranks(ctx), host_memory_bytes()),
         message="CPU smoke mode runs every rank on this host, and each builds the dataset's indices for every "
         "sample in memory before its first step (a lower bound: sample, shuffle and, for mock data, document "
         "index); together they need more memory than the host has",
         fix=_STEPS_FIX + " (CPU smoke mode checks that a configuration runs: a few steps are enough)",
         derived_values=(
             ("estimate", _describe_index),
-            ("limit", lambda cfg, ctx: f"{gib(host_memory_bytes())} on this host"),
+            ("limit", lambda cfg, ctx: limit_text(host_memory_bytes(), "on this host")),
         ),
         group="sizes",
     ),

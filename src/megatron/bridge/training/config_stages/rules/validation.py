@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from megatron.bridge.models.gpt_provider import CROSS_ENTROPY_IMPLS
 from megatron.bridge.models.layer_specs import LAYER_SPEC_CHOICES
 from megatron.bridge.training.config_stages.facts.data_files import missing_data_files
+from megatron.bridge.training.config_stages.facts.gpu_catalog import capability_at_least
 from megatron.bridge.training.config_stages.facts.mixed_precision_targets import mixed_precision_recipe
 from megatron.bridge.training.config_stages.facts.overlap_facts import precision_fp8, resolved_layer_spec
 from megatron.bridge.training.config_stages.facts.parallel_layout import (
     all_within,
-    data_parallel_size,
     dp_known,
     expert_parallel_span,
+    known_data_parallel_size,
     layout_within,
     lr_decay_iters,
     micro_batches_per_step,
@@ -53,7 +54,8 @@ def _fp8_recipe(cfg: "ConfigContainer") -> Optional[str]:
         return None
     if cfg.mixed_precision is None:
         return cfg.model.fp8_recipe
-    return mixed_precision_recipe(cfg.mixed_precision).fp8_recipe
+    recipe = mixed_precision_recipe(cfg.mixed_precision)
+    return recipe.fp8_recipe if recipe is not None else None  # an unknown name: its own rule says so
 
 
 MXFP8_MIN_CAPABILITY = (10, 0)
@@ -62,19 +64,34 @@ MXFP8_MIN_CAPABILITY = (10, 0)
 
 def _window_ok(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     w = cfg.logger.steady_state_window
-    return len(w) == 2 and all(isinstance(i, int) for i in w) and 1 <= w[0] <= w[1]
+    return w is not None and len(w) == 2 and all(isinstance(i, int) for i in w) and 1 <= w[0] <= w[1]
 
 
 def _parks_after_window(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     """Every parked step lies within the run and after the window: a set window's last step, or
     the automatic window's warm-up with at least one steady step before the first park."""
     parks, iters = cfg.profiling.gpu_park_steps, cfg.train.train_iters
-    window = cfg.logger.steady_state_window
+    window: Optional[Sequence[int]] = cfg.logger.steady_state_window
     if window is None:
         window = automatic_window(iters, first_parked_step=min(parks))
         if window is None:
             return False
     return all(window[-1] < s <= iters for s in parks)
+
+
+def _divides(part: Optional[int], whole: Optional[int]) -> bool:
+    """``part`` divides ``whole``; unknown sizes refuse nothing (the rules apply only where both are known)."""
+    return part is None or whole is None or whole % part == 0
+
+
+def _batch_divides_over_data_parallel(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    dp = known_data_parallel_size(cfg, ctx)
+    return dp is None or cfg.train.global_batch_size % (cfg.train.micro_batch_size * dp) == 0
+
+
+def _tokenizer_vocab_fits(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+    tokens, rows = cfg.tokenizer.vocab_size, cfg.model.vocab_size
+    return tokens is None or rows is None or tokens <= rows
 
 
 def _whole(value: object) -> bool:
@@ -120,7 +137,7 @@ CONFIG_RULES: tuple[Rule, ...] = (
         id="mxfp8-needs-blackwell",
         fields=("mixed_precision", "model.fp8_recipe"),
         applies=lambda cfg, ctx: _fp8_recipe(cfg) == "mxfp8" and ctx.device_capability is not None,
-        holds=lambda cfg, ctx: tuple(ctx.device_capability) >= MXFP8_MIN_CAPABILITY,
+        holds=lambda cfg, ctx: capability_at_least(ctx.device_capability, MXFP8_MIN_CAPABILITY),
         message="MXFP8 (block-scaled FP8) needs Blackwell tensor cores (compute capability 10.0+); "
         "Transformer Engine refuses it on this GPU when the first layer runs",
         fix="use mixed_precision=bf16_with_fp8_current_scaling_mixed or bf16_with_fp8_delayed_scaling_mixed "
@@ -241,7 +258,7 @@ CONFIG_RULES: tuple[Rule, ...] = (
             "model.context_parallel_size",
         ),
         applies=lambda cfg, ctx: _has_world(cfg, ctx) and layout_within(cfg, ctx),
-        holds=lambda cfg, ctx: ctx.world_size % model_parallel_size(cfg) == 0,
+        holds=lambda cfg, ctx: _divides(model_parallel_size(cfg), ctx.world_size),
         message="TP x PP x CP must divide the number of GPUs",
         fix="change the parallel sizes or the GPU count so that TP*PP*CP divides it",
         extra_values=(("world_size", _world),),
@@ -254,7 +271,7 @@ CONFIG_RULES: tuple[Rule, ...] = (
             "model.pipeline_model_parallel_size",
         ),
         applies=lambda cfg, ctx: _has_world(cfg, ctx) and layout_within(cfg, ctx),
-        holds=lambda cfg, ctx: ctx.world_size % expert_parallel_span(cfg) == 0,
+        holds=lambda cfg, ctx: _divides(expert_parallel_span(cfg), ctx.world_size),
         message="expert TP x EP x PP must divide the number of GPUs",
         fix="change expert_model_parallel_size (or the GPU count) so that ETP*EP*PP divides it",
         extra_values=(("world_size", _world),),
@@ -264,9 +281,7 @@ CONFIG_RULES: tuple[Rule, ...] = (
         fields=("train.global_batch_size", "train.micro_batch_size"),
         applies=lambda cfg, ctx: dp_known(cfg, ctx)
         and all_within(cfg, ctx, "train.global_batch_size", "train.micro_batch_size"),
-        holds=lambda cfg, ctx: cfg.train.global_batch_size
-        % (cfg.train.micro_batch_size * data_parallel_size(cfg, ctx.world_size))
-        == 0,
+        holds=_batch_divides_over_data_parallel,
         message="the global batch must be a multiple of micro batch x data-parallel size",
         fix="scale train.global_batch_size to a multiple of micro_batch_size * DP",
         extra_values=(("world_size", _world),),
@@ -330,7 +345,7 @@ CONFIG_RULES: tuple[Rule, ...] = (
         fields=("tokenizer.vocab_size", "model.vocab_size"),
         applies=lambda cfg, ctx: cfg.tokenizer.tokenizer_type == "NullTokenizer"
         and _whole(cfg.tokenizer.vocab_size) and _whole(cfg.model.vocab_size),
-        holds=lambda cfg, ctx: cfg.tokenizer.vocab_size <= cfg.model.vocab_size,
+        holds=_tokenizer_vocab_fits,
         message="Model vocab_size cannot be smaller than tokenizer's vocab_size: the token ids past "
         "model.vocab_size (the end-of-document id among them) would have no embedding",
         fix="raise model.vocab_size to at least tokenizer.vocab_size, or unset tokenizer.vocab_size "
@@ -410,6 +425,8 @@ def interleaved_schedule_accepts(cfg: "ConfigContainer", ctx: RuleContext) -> bo
     with M micro-batches, group size N and pipeline size P it raises unless P <= N <= M, and
     unless M % N is 0 or at least P. With the default N = P: M must be a multiple of P."""
     m, n, p = micro_batches_per_step(cfg, ctx), _microbatch_group(cfg), cfg.model.pipeline_model_parallel_size
+    if m is None or n is None or p is None:  # the rule applies only where the sizes are known
+        return True
     return p <= n <= m and (m % n == 0 or m % n >= p)
 
 

@@ -32,7 +32,11 @@ def record(holder: Any, name: str, value: Any) -> None:
     values = _entry(holder)
     if values is None:
         key = id(holder)
-        ref = weakref.ref(holder, lambda _ref, key=key: _RECORDS.pop(key, None))
+
+        def forget(_ref: Any, key: int = key) -> None:  # the holder is gone: so is its record
+            _RECORDS.pop(key, None)
+
+        ref = weakref.ref(holder, forget)
         values = {}
         _RECORDS[key] = (ref, values)
     values[name] = value

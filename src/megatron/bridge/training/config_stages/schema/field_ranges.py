@@ -45,7 +45,7 @@ class FieldRange:
             return f"in {left}{_num(self.low)}, {_num(self.high)}{right}"
         if self.low is not None:
             return f"{'>=' if self.low_inclusive else '>'} {_num(self.low)}"
-        return f"{'<=' if self.high_inclusive else '<'} {_num(self.high)}"
+        return f"{'<=' if self.high_inclusive else '<'} {_num(self._bound_high())}"
 
     def allows(self, value: Any) -> bool:
         if value is None:
@@ -66,7 +66,14 @@ class FieldRange:
         """A value this range refuses (for the tests and the docs)."""
         if self.low is not None:
             return self.low - 1 if self.low_inclusive else self.low
-        return self.high + 1 if self.high_inclusive else self.high
+        high = self._bound_high()
+        return high + 1 if self.high_inclusive else high
+
+    def _bound_high(self) -> float:
+        """The upper bound of a range without a lower one (a range has at least one bound)."""
+        if self.high is None:
+            raise ValueError(f"the range of {self.field} has no bound: give it low or high")
+        return self.high
 
     def rule(self) -> Rule:
         unset = " or null" if self.optional else ""

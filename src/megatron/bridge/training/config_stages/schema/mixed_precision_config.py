@@ -111,18 +111,21 @@ MixedPrecisionSetting = Union[str, MixedPrecisionConfig, None]
 """What ``cfg.mixed_precision`` holds: a recipe name, an object, or ``None`` (no recipe)."""
 
 
-_BF16 = dict(bf16=True, fp16=False, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
-             grad_reduce_in_fp32=True)
-_FP16 = dict(bf16=False, fp16=True, params_dtype=torch.half, pipeline_dtype=torch.half, grad_reduce_in_fp32=False)
-_FP32 = dict(bf16=False, fp16=False, params_dtype=torch.float32, pipeline_dtype=torch.float32,
-             grad_reduce_in_fp32=False)
-_DELAYED = dict(fp8="hybrid", fp8_recipe="delayed", fp8_amax_history_len=1024, fp8_amax_compute_algo="max")
-_MXFP8 = dict(fp8="e4m3", fp8_recipe="mxfp8")
-_CURRENT = dict(fp8="hybrid", fp8_recipe="tensorwise", first_last_layers_bf16=True,
-                num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=1)
-_SUBCHANNEL = dict(fp8="hybrid", fp8_recipe="blockwise")
-_NVFP4 = dict(fp4="e2m1", fp4_recipe="nvfp4")
-_EDGE_2 = dict(first_last_layers_bf16=True, num_layers_at_start_in_bf16=2, num_layers_at_end_in_bf16=2)
+# The recipes' field groups (keyword arguments of MixedPrecisionConfig, of several types).
+_BF16: dict[str, Any] = dict(bf16=True, fp16=False, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
+                             grad_reduce_in_fp32=True)
+_FP16: dict[str, Any] = dict(bf16=False, fp16=True, params_dtype=torch.half, pipeline_dtype=torch.half,
+                             grad_reduce_in_fp32=False)
+_FP32: dict[str, Any] = dict(bf16=False, fp16=False, params_dtype=torch.float32, pipeline_dtype=torch.float32,
+                             grad_reduce_in_fp32=False)
+_DELAYED: dict[str, Any] = dict(fp8="hybrid", fp8_recipe="delayed", fp8_amax_history_len=1024,
+                                fp8_amax_compute_algo="max")
+_MXFP8: dict[str, Any] = dict(fp8="e4m3", fp8_recipe="mxfp8")
+_CURRENT: dict[str, Any] = dict(fp8="hybrid", fp8_recipe="tensorwise", first_last_layers_bf16=True,
+                                num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=1)
+_SUBCHANNEL: dict[str, Any] = dict(fp8="hybrid", fp8_recipe="blockwise")
+_NVFP4: dict[str, Any] = dict(fp4="e2m1", fp4_recipe="nvfp4")
+_EDGE_2: dict[str, Any] = dict(first_last_layers_bf16=True, num_layers_at_start_in_bf16=2, num_layers_at_end_in_bf16=2)
 
 
 class RecipeTable(dict[str, MixedPrecisionConfig]):

@@ -52,6 +52,11 @@ class ValidationConfig(_ValidationFields):
     means "not set"). The other fields are accepted only at their defaults (see the module).
     """
 
+    _given: dict[str, Any]
+    """The aliases given to this section before it had a container (written into it on receipt)."""
+    _owner: Optional["ConfigContainer"]
+    """The container whose ``train`` the aliases read and write (``None``: not in one yet)."""
+
     def __init__(self, *, eval_iters: Any = _NOT_GIVEN, eval_interval: Any = _NOT_GIVEN, **fields: Any) -> None:
         given = {"eval_iters": eval_iters, "eval_interval": eval_interval}
         object.__setattr__(self, "_given", {k: v for k, v in given.items() if v is not _NOT_GIVEN})
@@ -95,8 +100,7 @@ class ValidationConfig(_ValidationFields):
         another explicit value for the same setting (one of the two would be dropped).
         """
         section = self if self._owner is None or self._owner is owner else copy.copy(self)
-        conflicts = [_conflict(owner, name, value) for name, value in self._given.items()]
-        conflicts = [c for c in conflicts if c is not None]
+        conflicts = [c for name, value in self._given.items() if (c := _conflict(owner, name, value)) is not None]
         if conflicts:
             raise ConfigValidationError(conflicts, "conflicting evaluation settings")
         for name, value in self._given.items():
