@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import socket
 import sys
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Optional, Sequence
 
 from torch.distributed import PrefixStore, TCPStore
 from torch.distributed.elastic.rendezvous import (
@@ -37,8 +37,8 @@ class LoopbackRendezvous(RendezvousHandler):
 
     def __init__(self, run_id: str, timeout: timedelta) -> None:
         self._run_id, self._timeout = run_id, timeout
-        self._store: Optional[TCPStore] = None
-        self._listener: Optional[socket.socket] = None
+        self._store: TCPStore | None = None
+        self._listener: socket.socket | None = None
 
     def get_backend(self) -> str:
         return BACKEND
@@ -77,7 +77,7 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     return LoopbackRendezvous(params.run_id, timedelta(seconds=int(params.config.get("timeout", 900))))
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     rendezvous_handler_registry.register(BACKEND, create_handler)
     torchrun_main(list(sys.argv[1:] if argv is None else argv))
 

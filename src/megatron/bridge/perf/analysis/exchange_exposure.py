@@ -18,7 +18,7 @@ peer and megatron-core's alltoall dispatcher more than one collective, which the
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from megatron.bridge.perf.analysis.overlap_analysis import Event, _events, compute_beside, intersect, load_trace, total
 
@@ -41,7 +41,7 @@ def _add(into: dict[str, float], duration: float, exposed: float) -> None:
     into["exposed_ms"] = into.get("exposed_ms", 0.0) + exposed / 1e3
 
 
-def exchange_exposure(trace: Union[dict[str, Any], str, Path], layers: int, micro_batches: int) -> dict[str, Any]:
+def exchange_exposure(trace: dict[str, Any] | str | Path, layers: int, micro_batches: int) -> dict[str, Any]:
     """Per profiled step, in milliseconds: ``first_forward``, ``last_backward`` and ``paired`` (by
     :data:`PAIRED_ORDER`), each ``{"ms", "exposed_ms"}``. Raises :class:`ExchangeCountMismatch` when
     a step does not hold ``4 x layers x micro_batches`` exchange kernels."""

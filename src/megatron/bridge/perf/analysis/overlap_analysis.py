@@ -39,9 +39,10 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
 Interval = tuple[float, float]
 
@@ -94,7 +95,7 @@ def intersect(a: Iterable[Interval], b: Iterable[Interval]) -> list[Interval]:
 
 
 # ----------------------------------------------------------------------------- classification
-def classify(name: str, category: str, args: Optional[dict] = None, *, include_sendrecv: bool = True) -> str:
+def classify(name: str, category: str, args: dict | None = None, *, include_sendrecv: bool = True) -> str:
     """``"a2a"`` (dispatch/combine kernel), ``"a2a_cpu"`` (CPU-side all-to-all op),
     ``"other_comm"``, ``"compute"`` or ``"ignore"``."""
     if category in _CPU_CATS:
@@ -131,7 +132,7 @@ class TraceError(ValueError):
     """The file is not a torch profiler Chrome trace; the message says why."""
 
 
-def load_trace(path: "str | Path") -> dict[str, Any]:
+def load_trace(path: str | Path) -> dict[str, Any]:
     """Read a Chrome trace (``.json`` or ``.json.gz``); :class:`TraceError` when the file is not one
     (an ``OSError`` when it cannot be read at all)."""
     path = Path(path)
@@ -166,7 +167,7 @@ def gpu_kernel_count(trace: dict[str, Any]) -> int:
 
 
 def _events(trace: dict[str, Any], *, include_sendrecv: bool,
-            include_cpu_ops: Optional[bool]) -> tuple[list[Event], list[tuple[int, float, float]]]:
+            include_cpu_ops: bool | None) -> tuple[list[Event], list[tuple[int, float, float]]]:
     """Classified events and ProfilerStep spans ``(step number, start, end)``. CPU all-to-all ops count as
     dispatch/combine when ``include_cpu_ops`` is true, or (``None``) when the trace has no dispatch/combine kernels."""
     events: list[Event] = []
@@ -225,11 +226,11 @@ class OverlapAnalysis:
     other_comm_ms: float
     comm_kernels: int
     comm_names: list[str] = field(default_factory=list)
-    expert_parallel_size: Optional[int] = None
+    expert_parallel_size: int | None = None
     threshold: float = DEFAULT_THRESHOLD
-    ep_overlap_active: Optional[bool] = None
+    ep_overlap_active: bool | None = None
     """Whether the profiled run had EP overlap on (from its ``summary.json``); ``None``: unknown."""
-    gpu_kernels: Optional[int] = None
+    gpu_kernels: int | None = None
     """GPU kernels in the trace (``0``: a CPU run, whose timings rank nothing); ``None``: not counted."""
 
     @property
@@ -314,7 +315,7 @@ def analyze_events(
     events: Sequence[Event],
     steps: Sequence[tuple[int, float, float]] = (),
     *,
-    expert_parallel_size: Optional[int] = None,
+    expert_parallel_size: int | None = None,
     threshold: float = DEFAULT_THRESHOLD,
 ) -> OverlapAnalysis:
     """Measure comm/hidden/exposed; the step time is the ProfilerStep spans, else the event span.
@@ -353,12 +354,12 @@ def analyze_events(
 
 
 def analyze_trace(
-    trace: "dict[str, Any] | str | Path",
+    trace: dict[str, Any] | str | Path,
     *,
-    expert_parallel_size: Optional[int] = None,
+    expert_parallel_size: int | None = None,
     threshold: float = DEFAULT_THRESHOLD,
     include_sendrecv: bool = True,
-    include_cpu_ops: Optional[bool] = None,
+    include_cpu_ops: bool | None = None,
 ) -> OverlapAnalysis:
     """Analyse a Chrome trace (dict or path)."""
     if not isinstance(trace, dict):

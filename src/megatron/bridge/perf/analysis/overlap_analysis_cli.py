@@ -10,13 +10,14 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from megatron.bridge.perf.analysis.overlap_analysis import DEFAULT_THRESHOLD, OverlapAnalysis, TraceError, analyze_trace
 
 
-def _run_facts_near(trace: Path) -> tuple[Optional[int], Optional[bool]]:
+def _run_facts_near(trace: Path) -> tuple[int | None, bool | None]:
     """EP size and whether EP overlap was on, from the run's ``summary.json`` (in the trace's
     directory or up to three levels above it: the run's log dir); ``None`` where unknown."""
     for folder in [trace.parent, *trace.parents][:4]:
@@ -34,7 +35,7 @@ def _run_facts_near(trace: Path) -> tuple[Optional[int], Optional[bool]]:
     return None, None
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="analyze_overlap.py", description=__doc__)
     p.add_argument("traces", nargs="+", type=Path, help="Chrome trace files (.json or .json.gz)")
     p.add_argument("--ep", type=int, default=None, help="expert-parallel size (default: from summary.json nearby)")

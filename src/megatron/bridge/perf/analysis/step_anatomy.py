@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from megatron.bridge.perf.analysis.overlap_analysis import (
     _KERNEL_CATS,
@@ -70,7 +70,7 @@ def _spans(trace: dict[str, Any]) -> tuple[list[tuple[float, float]], list[tuple
     return step_union, intersect(kernels, step_union), inside
 
 
-def step_anatomy(trace: Union[dict[str, Any], str, Path]) -> StepAnatomy:
+def step_anatomy(trace: dict[str, Any] | str | Path) -> StepAnatomy:
     """The anatomy of the profiled steps of a torch profiler Chrome trace (dict or path)."""
     if not isinstance(trace, dict):
         trace = load_trace(trace)

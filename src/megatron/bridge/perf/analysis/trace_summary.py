@@ -13,8 +13,9 @@ from __future__ import annotations
 import collections
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from megatron.bridge.perf.analysis.overlap_analysis import total
 
@@ -63,7 +64,7 @@ def summarize(trace: dict[str, Any], top: int = 10) -> dict[str, Any]:
                 host_waits=_top(waits, len(HOST_WAITS)))
 
 
-def summarize_file(path: "str | Path", top: int = 10) -> dict[str, Any]:
+def summarize_file(path: str | Path, top: int = 10) -> dict[str, Any]:
     """:func:`summarize` of a trace file."""
     return summarize(json.loads(Path(path).read_text()), top)
 

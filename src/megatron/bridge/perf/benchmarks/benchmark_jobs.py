@@ -14,8 +14,8 @@ import signal
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
 
 import torch
 
@@ -85,7 +85,7 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
     proc.wait()
 
 
-def matmul_ceiling_tflops() -> Optional[float]:
+def matmul_ceiling_tflops() -> float | None:
     """bf16 8192^3 matmul rate on GPU 0 (median of 20), the measured ceiling beside the nominal peak."""
     try:
         a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)

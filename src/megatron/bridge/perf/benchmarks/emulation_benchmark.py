@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from megatron.bridge.models.dispatch.path_registry import benchmark_arms
 from megatron.bridge.models.dispatch.sorted_nvshmem import WHOLE_ITERATION_GRAPH
@@ -156,7 +157,7 @@ def steady(values: Sequence[float], start: int) -> list[float]:
     return list(values[start - 1:])
 
 
-def case_result(case: Case, summary: dict[str, Any], window_start: int, run_dir: Optional[Path] = None
+def case_result(case: Case, summary: dict[str, Any], window_start: int, run_dir: Path | None = None
                 ) -> dict[str, Any]:
     """What one finished case measured: its steady step times, modeled communication by group, the
     emulation's own host cost, model TFLOP/s per GPU; for a profiled case, the step's anatomy."""
@@ -191,7 +192,7 @@ def _profile(case: Case, trace: Path) -> dict[str, Any]:
     return profile
 
 
-def _tflops(summary: dict[str, Any], steps: Sequence[float]) -> Optional[float]:
+def _tflops(summary: dict[str, Any], steps: Sequence[float]) -> float | None:
     flops = summary.get("model_flops_per_step")
     world = summary.get("world_size")
     if not flops or not world or not steps:
@@ -210,7 +211,7 @@ def _by_group(window: Sequence[dict[str, Any]], field: str) -> dict[str, float]:
     return {k: v for k, v in sorted(totals.items()) if v > 0}
 
 
-def hidden_share(off: float, on: float, free: float) -> Optional[float]:
+def hidden_share(off: float, on: float, free: float) -> float | None:
     """(off - on) / (off - free): the share of what communication added to the step that overlap hid."""
     return (off - on) / (off - free) if off - free > 0 else None
 
@@ -247,7 +248,7 @@ def rows(cases: Sequence[Case], results: dict[str, dict[str, Any]], commit: str,
     return out
 
 
-def _mean(values: Any) -> Optional[float]:
+def _mean(values: Any) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.fmean(present) if present else None
 
@@ -271,7 +272,7 @@ def _add_hidden_shares(table: list[dict[str, Any]]) -> None:
                                                statistics.fmean(free["step_s"]))
 
 
-def merge_rows(tables: Sequence[list[dict[str, Any]]], ran_at: Optional[str]) -> list[dict[str, Any]]:
+def merge_rows(tables: Sequence[list[dict[str, Any]]], ran_at: str | None) -> list[dict[str, Any]]:
     """Rows of separate runs joined by (EP, layers, micro-batches, network, dispatcher, arm): their repeats
     side by side, the means pooled, hidden shares recomputed from the pooled means (a profile: the last
     run's)."""

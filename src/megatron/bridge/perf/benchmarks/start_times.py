@@ -22,9 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
 
 README_DRYRUN = (
     "-m", "qwen", "-mr", "qwen3_30b_a3b", "--task", "pretrain", "-g", "h100", "-c", "bf16", "-ng", "16", "-gn", "8",
@@ -135,7 +135,7 @@ def import_breakdown(tree: Path) -> dict[str, float]:
     return totals
 
 
-def markdown(results: dict[str, dict[str, Samples]], breakdown: Optional[dict[str, dict[str, float]]] = None) -> str:
+def markdown(results: dict[str, dict[str, Samples]], breakdown: dict[str, dict[str, float]] | None = None) -> str:
     """The numbers as the harness page shows them."""
     lines = ["| command | tree | median wall (s) | min wall (s) | median CPU (s) | runs |", "|---|---|---|---|---|---|"]
     for name, by_tree in results.items():

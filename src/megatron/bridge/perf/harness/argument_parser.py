@@ -17,7 +17,8 @@ import difflib
 import re
 import sys
 import textwrap
-from typing import NoReturn, Optional, Sequence
+from collections.abc import Sequence
+from typing import NoReturn
 
 from megatron.bridge.emulation.network import PRESETS as NETWORK_PRESETS
 from megatron.bridge.perf.harness.dispatch_names import flex_backend_names
@@ -213,7 +214,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n{SHORT_USAGE}\n{self.prog} -h lists every flag\n")
 
 
-def unknown_flags_message(parser: argparse.ArgumentParser, extras: Sequence[str]) -> Optional[str]:
+def unknown_flags_message(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str | None:
     """The unknown flags among ``extras``, each with the flag it is probably meant to be."""
     flags = [t for t in extras if t.startswith("-") and not _is_number(t)]
     if not flags:
@@ -229,7 +230,7 @@ def unknown_flags_message(parser: argparse.ArgumentParser, extras: Sequence[str]
     return f"unrecognized argument{'s' if len(parts) > 1 else ''}: {', '.join(parts)}"
 
 
-def _nearly(name: str, options: Sequence[str]) -> Optional[str]:
+def _nearly(name: str, options: Sequence[str]) -> str | None:
     """The one option ``name`` differs from by a letter or so (``--max_step``: ``--max_steps``), if any:
     then it alone is suggested, not every option that shares a few letters with it."""
     best = difflib.get_close_matches(name, options, n=1, cutoff=0.9)
@@ -337,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> HarnessArgs:
+def parse_args(argv: Sequence[str] | None = None) -> HarnessArgs:
     """Parse ``argv`` (default: ``sys.argv[1:]``) into the typed record; positional ``key=value`` may
     appear anywhere. Exits 2 on bad input."""
     parser = build_parser()

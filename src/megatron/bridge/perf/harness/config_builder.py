@@ -21,9 +21,10 @@ override machinery, the resolution and the recipe itself load on first use (each
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.perf.harness.argument_parser import COMPUTE_DTYPES, PLAIN_ALLTOALL
 from megatron.bridge.perf.harness.flag_fields import FLAG_FIELDS
@@ -82,13 +83,13 @@ class HarnessError(Exception):
 class BuiltConfig:
     """The merged (not yet finalized) config plus the facts the launcher and the report need."""
 
-    cfg: "ConfigContainer"
+    cfg: ConfigContainer
     recipe: RecipeChoice
     num_gpus: int
     """GPUs (``-ng``); processes in CPU mode."""
     gpus_per_node: int
     procs_per_gpu: int
-    target_gpu: Optional[str]
+    target_gpu: str | None
     """GPU type validated against (``-g``, or ``dist.target_gpu``); ``None`` for CPU mode / not given."""
     cpu: bool
     notes: list[str] = field(default_factory=list)
@@ -128,7 +129,7 @@ def nest(dotted: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def apply_layer(cfg: "ConfigContainer", values: "Mapping[str, Any] | Sequence[str]", source: str) -> "ConfigContainer":
+def apply_layer(cfg: ConfigContainer, values: Mapping[str, Any] | Sequence[str], source: str) -> ConfigContainer:
     """Apply dotted values (mapping or ``key=value`` strings) as layer ``source``; typed, all errors."""
     if not values:
         return cfg
@@ -171,7 +172,7 @@ def emulation_values(args: HarnessArgs, num_gpus: int) -> dict[str, Any]:
     return values
 
 
-def dispatch_launch_values(cfg: "ConfigContainer", given: Optional[int], launch_gpus_per_node: int) -> dict[str, Any]:
+def dispatch_launch_values(cfg: ConfigContainer, given: int | None, launch_gpus_per_node: int) -> dict[str, Any]:
     """The settings the dispatch path the config asks for takes from the launch, where no layer set
     them (the node-aware dispatcher's ``model.torch_native_gpus_per_node``: ``-gn``, else the emulated
     network's GPUs per node, else the launch's); other paths get nothing (the settings would have no
@@ -194,7 +195,7 @@ def flex_dispatcher_values(backend: str) -> dict[str, Any]:
     return {f"model.{name}": value for name, value in chosen.items()}
 
 
-def sizes_within_ranges(cfg: "ConfigContainer") -> bool:
+def sizes_within_ranges(cfg: ConfigContainer) -> bool:
     """Whether every parallel size is inside its range: the harness's GPU-count arithmetic divides by
     them, so with a zero or negative size it is skipped and validation reports the range instead
     (with every other problem, never a ``ZeroDivisionError``)."""
@@ -219,7 +220,7 @@ def world_size_problem(built: BuiltConfig, args: HarnessArgs) -> str:
     )
 
 
-def computed_values(cfg: "ConfigContainer", recipe: RecipeChoice, recipe_cfg: "ConfigContainer",
+def computed_values(cfg: ConfigContainer, recipe: RecipeChoice, recipe_cfg: ConfigContainer,
                     world_size: int, procs_per_gpu: int) -> dict[str, Any]:
     """Values for keys no user layer set (global batch scaling, log dir, gloo for shared GPUs)."""
     values: dict[str, Any] = {}
@@ -248,7 +249,7 @@ RESUMED_SCHEDULE_NOTE = (
 
 
 def schedule_values(
-    cfg: "ConfigContainer", recipe_cfg: "ConfigContainer", resuming: bool = False
+    cfg: ConfigContainer, recipe_cfg: ConfigContainer, resuming: bool = False
 ) -> tuple[dict[str, Any], list[str]]:
     """Learning-rate schedule lengths scaled with a changed ``train.train_iters`` (``--max_steps``).
 
@@ -286,7 +287,7 @@ def schedule_values(
     return values, notes
 
 
-def _resumes(cfg: "ConfigContainer") -> bool:
+def _resumes(cfg: ConfigContainer) -> bool:
     load = cfg.checkpoint.load
     return inspect_checkpoint_dir(load).resumable if load else False
 
@@ -298,8 +299,8 @@ def _gpus_per_node(args: HarnessArgs, num_gpus: int, cpu: bool) -> int:
     return args.gpus_per_node or min(num_gpus, DEFAULT_GPUS_PER_NODE)
 
 
-def default_num_gpus(args: HarnessArgs, recipe: RecipeChoice, cfg: "ConfigContainer", sizes_ok: bool,
-                     cpu: bool) -> tuple[int, Optional[str]]:
+def default_num_gpus(args: HarnessArgs, recipe: RecipeChoice, cfg: ConfigContainer, sizes_ok: bool,
+                     cpu: bool) -> tuple[int, str | None]:
     """``-ng``, else its default and the note that says which: in CPU smoke mode the smallest process
     count the layout fits (a recipe's GPU count says nothing about CPU processes), else the recipe's
     reference GPU count (or the layout's smallest)."""
@@ -318,7 +319,7 @@ def build_config(
     args: HarnessArgs,
     *,
     extra_overrides: Sequence[str] = (),
-    log_dir: Optional["str | Path"] = None,
+    log_dir: str | Path | None = None,
 ) -> BuiltConfig:
     """Recipe < ``--config_file`` < flags < dotted overrides (+ ``extra_overrides``) < computed.
 
@@ -391,7 +392,7 @@ def build_config(
 
 
 # --------------------------------------------------------------------------------------------- resolve
-def rule_context(built: BuiltConfig) -> "RuleContext":
+def rule_context(built: BuiltConfig) -> RuleContext:
     """Validation facts: world size of the job and the ``-g`` target GPU (not this machine's)."""
     # Deferred: the resolution imports every rule table, the configuration and megatron-core.
     from megatron.bridge.training.harness_surface import default_rule_context
@@ -399,7 +400,7 @@ def rule_context(built: BuiltConfig) -> "RuleContext":
     return default_rule_context(built.world_size, target_gpu=built.target_gpu)
 
 
-def resolution_of(built: BuiltConfig) -> "Resolution":
+def resolution_of(built: BuiltConfig) -> Resolution:
     """The one resolution of the job's config; raises ``ConfigError`` listing every violation."""
     # Deferred: as in rule_context.
     from megatron.bridge.training.harness_surface import resolve_config
@@ -407,12 +408,12 @@ def resolution_of(built: BuiltConfig) -> "Resolution":
     return resolve_config(built.cfg, ctx=rule_context(built)).raise_for_errors()
 
 
-def resolve(built: BuiltConfig) -> "ConfigContainer":
+def resolve(built: BuiltConfig) -> ConfigContainer:
     """The finalized config of the job (what the ranks train); raises like :func:`resolution_of`."""
     return resolution_of(built).trained
 
 
-def source_of(key: str, merged: "ConfigContainer", resolved: "ConfigContainer") -> str:
+def source_of(key: str, merged: ConfigContainer, resolved: ConfigContainer) -> str:
     """Which layer set ``key``: the recorded one, ``computed`` if resolving changed it, else ``recipe``."""
     recorded = resolved.provenance.get(key) or merged.provenance.get(key)
     if recorded:
@@ -423,7 +424,7 @@ def source_of(key: str, merged: "ConfigContainer", resolved: "ConfigContainer") 
         return "recipe"
 
 
-def effective_values(built: BuiltConfig, resolution: "Resolution") -> list[tuple[str, Any, str, str]]:
+def effective_values(built: BuiltConfig, resolution: Resolution) -> list[tuple[str, Any, str, str]]:
     """``(key, value, source, detail)`` for every overlap switch and overlap-related field."""
     rows = [(v.key, v.value, v.source, v.detail) for v in resolution.values.values()]
     for key in OVERLAP_RELATED_KEYS:

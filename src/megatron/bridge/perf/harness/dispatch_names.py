@@ -13,7 +13,6 @@ from __future__ import annotations
 import ast
 import importlib
 from pathlib import Path
-from typing import Optional
 
 import megatron.bridge
 
@@ -26,14 +25,14 @@ def _package_dir() -> Path:
     return Path(megatron.bridge.__file__).parent / "models" / "dispatch"
 
 
-def _parse(path: Path) -> Optional[ast.Module]:
+def _parse(path: Path) -> ast.Module | None:
     try:
         return ast.parse(path.read_text(encoding="utf-8"))
     except (OSError, SyntaxError, ValueError):
         return None
 
 
-def _assigned(tree: ast.Module, name: str) -> Optional[ast.expr]:
+def _assigned(tree: ast.Module, name: str) -> ast.expr | None:
     """The value a module assigns to ``name`` at its top level."""
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
@@ -52,7 +51,7 @@ def _imported_modules(tree: ast.Module) -> dict[str, str]:
     return found
 
 
-def _path_record(module: str) -> Optional[tuple[str, str]]:
+def _path_record(module: str) -> tuple[str, str] | None:
     """``(name, kind)`` of ``PATH = DispatchPath(name=..., kind=...)`` in the path module."""
     tree = _parse(_package_dir() / f"{module}.py")
     call = _assigned(tree, "PATH") if tree is not None else None
@@ -63,7 +62,7 @@ def _path_record(module: str) -> Optional[tuple[str, str]]:
     return (words["name"], words["kind"]) if len(words) == 2 else None
 
 
-def paths_from_source() -> Optional[list[tuple[str, str]]]:
+def paths_from_source() -> list[tuple[str, str]] | None:
     """``(name, kind)`` of every registered path, in registry order; ``None`` where the source cannot say."""
     tree = _parse(_package_dir() / f"{REGISTRY}.py")
     listed = _assigned(tree, PATHS_NAME) if tree is not None else None

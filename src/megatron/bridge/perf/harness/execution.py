@@ -4,8 +4,9 @@ the results table, how a signal stopped it, or which rank failed first."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence, TextIO
+from typing import TextIO
 
 from megatron.bridge.perf.harness.config_builder import HarnessError
 from megatron.bridge.perf.harness.failure_report import failure_report
@@ -37,8 +38,8 @@ def prepare(job: Job) -> None:
         raise HarnessError(f"cannot write the run directory {log_dir}: {describe_os_error(exc, log_dir)}") from None
 
 
-def execute(job: Job, out: TextIO, window: Optional[Sequence[int]], verbose: bool = False,
-            ended: Optional[list[Path]] = None) -> tuple[int, bool]:
+def execute(job: Job, out: TextIO, window: Sequence[int] | None, verbose: bool = False,
+            ended: list[Path] | None = None) -> tuple[int, bool]:
     """Launch; print the results table (or how it stopped, or which rank failed first). The job's
     directory is added to ``ended`` once the job and its ranks are gone (``stop_report.interrupted_message``).
 

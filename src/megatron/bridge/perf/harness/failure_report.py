@@ -21,9 +21,9 @@ import json
 import math
 import re
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
 
 from megatron.bridge.perf.harness.supervisor import LAUNCH_LOG, is_rank_line
 from megatron.bridge.training.harness_surface import FAILURE_DIR
@@ -52,10 +52,10 @@ class RankFailure:
     """One failed rank, as far as the records and the launcher tell."""
 
     rank: int
-    exit_code: Optional[int] = None
-    pid: Optional[int] = None
-    error: Optional[str] = None
-    time: Optional[float] = None
+    exit_code: int | None = None
+    pid: int | None = None
+    error: str | None = None
+    time: float | None = None
     stopped_by_launcher: bool = False
 
     @property
@@ -101,7 +101,7 @@ def parse_torchrun(lines: Sequence[str]) -> tuple[dict[int, tuple[int, int]], se
     """``{rank: (exit_code, pid)}`` from torchrun's failure summary, and the pids it closed."""
     failed: dict[int, tuple[int, int]] = {}
     closed: set[int] = set()
-    rank: Optional[int] = None
+    rank: int | None = None
     for text in lines:
         if match := _TORCHRUN_CLOSING.search(text):
             closed.add(int(match.group(1)))
@@ -152,7 +152,7 @@ def failed_ranks(log_dir: Path, launcher_lines: Sequence[str]) -> list[RankFailu
     return sorted(failures, key=lambda f: (f.group, f.time if f.time is not None else math.inf, f.rank))
 
 
-def rank_log(log_dir: Path, rank: int) -> Optional[Path]:
+def rank_log(log_dir: Path, rank: int) -> Path | None:
     """The newest per-rank log ``torchrun --redirects`` wrote for ``rank`` (stderr, else stdout)."""
     root = log_dir / "torchrun"
     for name in ("stderr.log", "stdout.log"):

@@ -4,8 +4,6 @@ together, so that the run's value is never a silent choice."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 FLAG_FIELDS: dict[str, str] = {
     "tensor_model_parallel_size": "model.tensor_model_parallel_size",
     "pipeline_model_parallel_size": "model.pipeline_model_parallel_size",
@@ -51,7 +49,7 @@ dispatcher choice, ``--emulate`` the emulated world's size (``-ng``), ``-gn`` it
 PRECEDENCE = "recipe < --config_file < flags < dotted overrides"
 
 
-def flag_of_field(key: str) -> Optional[str]:
+def flag_of_field(key: str) -> str | None:
     """The flag (argparse dest) that sets the dotted ``key``, if one does."""
     for dest, field in FLAG_FIELDS.items():
         if field == key:

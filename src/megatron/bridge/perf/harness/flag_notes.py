@@ -4,7 +4,8 @@ value the run gets from which (dotted overrides come after flags). The flags' fi
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from megatron.bridge.perf.harness.argument_parser import build_parser
 from megatron.bridge.perf.harness.config_builder import BuiltConfig, emulation_values, flag_values

@@ -10,8 +10,8 @@ leaves it.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Optional, Sequence
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,48 +22,48 @@ class HarnessArgs:
     model_family_name: str
     model_recipe_name: str
     task: str
-    gpu: Optional[str]
-    compute_dtype: Optional[str]
-    num_gpus: Optional[int]
-    gpus_per_node: Optional[int]
+    gpu: str | None
+    compute_dtype: str | None
+    num_gpus: int | None
+    gpus_per_node: int | None
     procs_per_gpu: int
     # training and model: each flag sets one config field (``flag_fields.FLAG_FIELDS``)
-    max_steps: Optional[int]
-    cuda_graph_impl: Optional[str]
-    moe_flex_dispatcher_backend: Optional[str]
-    moe_a2a_overlap: Optional[bool]
-    tokenizer_type: Optional[str]
-    tensor_model_parallel_size: Optional[int]
-    pipeline_model_parallel_size: Optional[int]
-    virtual_pipeline_model_parallel_size: Optional[int]
-    context_parallel_size: Optional[int]
-    expert_model_parallel_size: Optional[int]
-    expert_tensor_parallel_size: Optional[int]
-    global_batch_size: Optional[int]
-    micro_batch_size: Optional[int]
-    seq_length: Optional[int]
+    max_steps: int | None
+    cuda_graph_impl: str | None
+    moe_flex_dispatcher_backend: str | None
+    moe_a2a_overlap: bool | None
+    tokenizer_type: str | None
+    tensor_model_parallel_size: int | None
+    pipeline_model_parallel_size: int | None
+    virtual_pipeline_model_parallel_size: int | None
+    context_parallel_size: int | None
+    expert_model_parallel_size: int | None
+    expert_tensor_parallel_size: int | None
+    global_batch_size: int | None
+    micro_batch_size: int | None
+    seq_length: int | None
     # inputs, outputs and modes
-    config_file: Optional[str]
+    config_file: str | None
     dryrun: bool
-    save_config_filepath: Optional[str]
-    log_dir: Optional[str]
-    steady_state_window: Optional[list[int]]
-    sweep: Optional[str]
+    save_config_filepath: str | None
+    log_dir: str | None
+    steady_state_window: list[int] | None
+    sweep: str | None
     sweep_repeats: int
     verbose: bool
     # emulated world
     emulate: bool
-    network: Optional[str]
-    emulate_rank: Optional[int]
+    network: str | None
+    emulate_rank: int | None
     # profiling
     profile: bool
-    profile_step_start: Optional[int]
-    profile_step_end: Optional[int]
-    profile_ranks: Optional[list[int]]
+    profile_step_start: int | None
+    profile_step_end: int | None
+    profile_ranks: list[int] | None
     # SLURM
-    account: Optional[str]
-    partition: Optional[str]
-    time_limit: Optional[str]
+    account: str | None
+    partition: str | None
+    time_limit: str | None
     # dotted overrides, applied last, and the command line they came from
     overrides: list[str]
     argv: list[str]

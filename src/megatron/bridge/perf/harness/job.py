@@ -11,7 +11,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from megatron.bridge.perf.harness.config_builder import (
     BuiltConfig,
@@ -43,16 +43,16 @@ class Job:
     """One resolved, launchable run: everything it shows, saves and launches comes from ``resolution``."""
 
     built: BuiltConfig
-    resolution: "Resolution"
+    resolution: Resolution
     plan: LaunchPlan
     config_text: str
     """The YAML the ranks load (copies equal the effective values), written by ``execution.prepare``; the
     ranks get its digest and refuse any other file."""
-    claim: Optional[RunDirClaim] = None
+    claim: RunDirClaim | None = None
     """The harness's hold on its run directory, from ``execution.prepare`` on."""
 
     @property
-    def resolved(self) -> "ConfigContainer":
+    def resolved(self) -> ConfigContainer:
         """The finalized config the ranks will train."""
         return self.resolution.trained
 
@@ -66,7 +66,7 @@ class Job:
         """The overlap report without the lines the ranks' start-up repeats."""
         return self.resolution.report.format(brief=True)
 
-    def save_config(self, path: "str | Path") -> None:
+    def save_config(self, path: str | Path) -> None:
         """Write the effective config (what the ranks load) where ``--save_config_filepath`` says."""
         try:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -91,7 +91,7 @@ def checkpoint_notes(resolved) -> list[str]:
     return [f"{ckpt.load} holds no checkpoint yet: starts from iteration 0 and saves there"]
 
 
-def nothing_to_train(resolved) -> Optional[str]:
+def nothing_to_train(resolved) -> str | None:
     """Why the run has no step left (``checkpoint.load`` already holds ``train.train_iters``
     iterations or more), decided here so that no rank is started for it; ``None`` otherwise."""
     if not resolved.checkpoint.load:
@@ -99,7 +99,7 @@ def nothing_to_train(resolved) -> Optional[str]:
     return _finished(resolved, inspect_checkpoint_dir(resolved.checkpoint.load))
 
 
-def _finished(resolved, found: CheckpointDir) -> Optional[str]:
+def _finished(resolved, found: CheckpointDir) -> str | None:
     """:func:`nothing_to_train` for the ``checkpoint.load`` directory already read as ``found``."""
     total = resolved.train.train_iters
     if not isinstance(total, int) or not found.resumable or found.iteration is None or found.iteration < total:
@@ -119,7 +119,7 @@ def data_notes(resolved) -> list[str]:
     return [f"data: indexed dataset dataset.data_paths={ds.data_paths} (alias dataset.data_path)"]
 
 
-def make_job(built: BuiltConfig, args: HarnessArgs, max_connections: Optional[int] = None) -> Job:
+def make_job(built: BuiltConfig, args: HarnessArgs, max_connections: int | None = None) -> Job:
     """Resolve once (raises ``ConfigError`` with every violation) and plan the launch."""
     built.notes += built_config_notes(args, built)  # a flag and a dotted override that set one field
     resolution = resolution_of(built)
@@ -131,8 +131,8 @@ def digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def plan_job(built: BuiltConfig, resolution: "Resolution", args: HarnessArgs, max_connections: Optional[int] = None,
-             config_sha256: Optional[str] = None) -> LaunchPlan:
+def plan_job(built: BuiltConfig, resolution: Resolution, args: HarnessArgs, max_connections: int | None = None,
+             config_sha256: str | None = None) -> LaunchPlan:
     """The launch of a resolved job. ``max_connections`` replaces the report's
     ``CUDA_DEVICE_MAX_CONNECTIONS`` (sweeps keep the environment identical across values)."""
     needed = resolution.report.cuda_device_max_connections

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from megatron.bridge.perf.harness.run_dir import run_dir_problems
 
@@ -30,7 +29,7 @@ class ValueRule:
     allowed: str
     example: str
 
-    def problem(self, value: Optional[str]) -> Optional[str]:
+    def problem(self, value: str | None) -> str | None:
         """Why ``value`` cannot be written (``None``: it can, or it is not set)."""
         if value is None or re.fullmatch(self.pattern, value):
             return None
@@ -65,7 +64,7 @@ def log_dir_problems(log_dir: Path, written_to_batch_script: bool) -> list[str]:
 
 
 def launch_problems(
-    *, account: Optional[str], partition: Optional[str], time_limit: Optional[str], log_dir: Path,
+    *, account: str | None, partition: str | None, time_limit: str | None, log_dir: Path,
     written_to_batch_script: bool,
 ) -> list[str]:
     """Every problem of the launch values at once (empty: all can be written)."""

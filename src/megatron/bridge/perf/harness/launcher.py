@@ -26,9 +26,10 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Mapping, Optional, Sequence, TextIO
+from typing import Literal, TextIO
 
 from megatron.bridge.perf.harness.supervisor import JobOutcome, StopTarget, supervise
 from megatron.bridge.training.harness_surface import HARNESS_REPORTS_ENV
@@ -57,10 +58,10 @@ class LaunchPlan:
     nprocs: int
     nodes: int
     log_dir: Path
-    script_path: Optional[Path] = None
-    script_text: Optional[str] = None
+    script_path: Path | None = None
+    script_text: str | None = None
     notes: list[str] = field(default_factory=list)
-    save_dir: Optional[str] = None
+    save_dir: str | None = None
     """The job's ``checkpoint.save``: what a second stop signal says it interrupts is read from it."""
     supervised_env: dict[str, str] = field(default_factory=dict)
     """Added to ``env`` only when the harness runs the plan itself (not in :meth:`shell`): the
@@ -76,7 +77,7 @@ class LaunchPlan:
 
 
 def worker_argv(config_path: Path, python: str, verbose: bool = False,
-                config_sha256: Optional[str] = None) -> list[str]:
+                config_sha256: str | None = None) -> list[str]:
     """The per-rank command (the training entry point on the resolved YAML; with its digest, the
     ranks load only the file the harness wrote)."""
     digest = ["--config-sha256", config_sha256] if config_sha256 else []
@@ -94,8 +95,8 @@ def choose_mode(*, cpu: bool, num_gpus: int, gpus_per_node: int, environ: Mappin
     return "torchrun"
 
 
-def worker_env(*, cpu: bool, cuda_device_max_connections: Optional[int],
-               extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+def worker_env(*, cpu: bool, cuda_device_max_connections: int | None,
+               extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment the workers need before CUDA starts."""
     env = {"PYTHONUNBUFFERED": "1"}
     if cpu:
@@ -132,8 +133,8 @@ def srun_argv(nprocs: int, nodes: int, tasks_per_node: int, worker: Sequence[str
 
 def sbatch_script(
     *, nodes: int, gpus_per_node: int, tasks_per_node: int, log_dir: Path, worker: Sequence[str],
-    env: Mapping[str, str], job_name: str, account: Optional[str], partition: Optional[str],
-    time_limit: Optional[str], workdir: Path,
+    env: Mapping[str, str], job_name: str, account: str | None, partition: str | None,
+    time_limit: str | None, workdir: Path,
 ) -> str:
     """A self-contained batch script: one task per rank, MASTER_ADDR from the allocation."""
     lines = [
@@ -186,17 +187,17 @@ def plan_launch(
     procs_per_gpu: int,
     config_path: Path,
     log_dir: Path,
-    cuda_device_max_connections: Optional[int] = None,
-    account: Optional[str] = None,
-    partition: Optional[str] = None,
-    time_limit: Optional[str] = None,
+    cuda_device_max_connections: int | None = None,
+    account: str | None = None,
+    partition: str | None = None,
+    time_limit: str | None = None,
     job_name: str = "moe-overlap",
-    environ: Optional[Mapping[str, str]] = None,
-    python: Optional[str] = None,
-    workdir: Optional[Path] = None,
+    environ: Mapping[str, str] | None = None,
+    python: str | None = None,
+    workdir: Path | None = None,
     verbose: bool = False,
-    config_sha256: Optional[str] = None,
-    save_dir: Optional[str] = None,
+    config_sha256: str | None = None,
+    save_dir: str | None = None,
 ) -> LaunchPlan:
     """Build (do not run) the launch for a job of ``num_gpus`` GPUs (processes in CPU mode)."""
     environ = os.environ if environ is None else environ
@@ -237,7 +238,7 @@ def stop_target(plan: LaunchPlan) -> StopTarget:
     return "launcher" if plan.mode == "srun" else "ranks"
 
 
-def run_plan(plan: LaunchPlan, *, stream: Optional[TextIO] = None, verbose: bool = False) -> JobOutcome:
+def run_plan(plan: LaunchPlan, *, stream: TextIO | None = None, verbose: bool = False) -> JobOutcome:
     """Run a local plan (``torchrun``/``cpu``/``srun``) to completion (see ``supervisor``)."""
     if plan.mode == "sbatch":
         raise ValueError("an sbatch plan is submitted by the user, not run by the harness")

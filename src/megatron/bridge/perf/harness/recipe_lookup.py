@@ -19,10 +19,11 @@ import importlib.util
 import math
 import pkgutil
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Callable, Iterable, Optional
+from typing import TYPE_CHECKING
 
 from megatron.bridge.training.harness_surface import did_you_mean, expert_parallel_span, model_parallel_size, short_text
 
@@ -48,9 +49,9 @@ class RecipeChoice:
     family: str
     function_name: str
     module: str
-    factory: Callable[[], "ConfigContainer"]
+    factory: Callable[[], ConfigContainer]
     gpu_specific: bool
-    reference_num_gpus: Optional[int]
+    reference_num_gpus: int | None
     """GPU count the recipe's global batch was written for (``None``: the layout's minimum)."""
 
     @property
@@ -64,7 +65,7 @@ def available_families() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.ispkg and not m.name.startswith("_"))
 
 
-def declared_recipe_names(family: str) -> Optional[set[str]]:
+def declared_recipe_names(family: str) -> set[str] | None:
     """The public ``*_config`` names the family package binds (defines, imports or assigns), read from
     its ``__init__`` source without running it; ``None`` when the source cannot say (no source file,
     a star import, a module ``__getattr__``), and the package is then imported to find out."""
@@ -91,7 +92,7 @@ def declared_recipe_names(family: str) -> Optional[set[str]]:
     return {name for name in names if name.endswith("_config") and not name.startswith("_")}
 
 
-def recipe_functions(module: ModuleType) -> dict[str, Callable[[], "ConfigContainer"]]:
+def recipe_functions(module: ModuleType) -> dict[str, Callable[[], ConfigContainer]]:
     """Public ``*_config`` callables of a family package."""
     return {
         name: obj
@@ -158,14 +159,14 @@ def recipe_tasks() -> tuple[str, ...]:
     return tuple(sorted(tasks))
 
 
-def reference_num_gpus(factory: Callable) -> Optional[int]:
+def reference_num_gpus(factory: Callable) -> int | None:
     """GPU count a recipe is written for (its ``reference_num_gpus`` attribute, set by
     ``written_for_gpus``), else ``None`` (then the minimum the layout needs is assumed)."""
     explicit = getattr(factory, "reference_num_gpus", None)
     return int(explicit) if explicit else None
 
 
-def lookup_recipe(family: str, recipe: str, task: str, num_gpus: Optional[int] = None) -> RecipeChoice:
+def lookup_recipe(family: str, recipe: str, task: str, num_gpus: int | None = None) -> RecipeChoice:
     """Find the recipe function for ``-m/-mr/--task`` (GPU-count variant first); the family is
     imported only when its source declares one of the names asked for."""
     _check_family(family)
@@ -200,7 +201,7 @@ def _not_found(family: str, recipe: str, task: str, candidates: list[str], names
     return f"{head}{'' if head.endswith('?') else '.'}\nAvailable recipes:\n{describe_recipes(names)}"
 
 
-def replica_gpus(cfg: "ConfigContainer") -> int:
+def replica_gpus(cfg: ConfigContainer) -> int:
     """TP*PP*CP of a layout whose parallel sizes are positive integers (the harness sizes a layout only
     after its range rules passed; ``model_parallel_size`` is ``None`` for any other)."""
     span = model_parallel_size(cfg)
@@ -210,12 +211,12 @@ def replica_gpus(cfg: "ConfigContainer") -> int:
     return span
 
 
-def minimum_world_size(cfg: "ConfigContainer") -> int:
+def minimum_world_size(cfg: ConfigContainer) -> int:
     """Smallest GPU count the layout fits: a multiple of TP*PP*CP and of ETP*EP*PP."""
     return math.lcm(replica_gpus(cfg), expert_parallel_span(cfg))
 
 
-def fitting_gpu_counts(cfg: "ConfigContainer", near: int) -> list[int]:
+def fitting_gpu_counts(cfg: ConfigContainer, near: int) -> list[int]:
     """GPU counts the layout divides: the four smallest and the two around ``near`` (at most six,
     whatever ``near`` is: a message lists them)."""
     step = minimum_world_size(cfg)
@@ -233,7 +234,7 @@ def _listed(counts: list[int]) -> str:
     return ", ".join(parts)
 
 
-def layout_problem(cfg: "ConfigContainer", num_gpus: int) -> Optional[str]:
+def layout_problem(cfg: ConfigContainer, num_gpus: int) -> str | None:
     """Why the layout does not fit ``num_gpus`` (naming the sizes that do), or ``None``."""
     m = cfg.model
     if num_gpus % replica_gpus(cfg) == 0 and num_gpus % expert_parallel_span(cfg) == 0:
@@ -252,7 +253,7 @@ def layout_problem(cfg: "ConfigContainer", num_gpus: int) -> Optional[str]:
 
 
 def scaled_global_batch_size(
-    recipe_gbs: int, recipe_cfg: "ConfigContainer", reference_gpus: Optional[int], cfg: "ConfigContainer", num_gpus: int
+    recipe_gbs: int, recipe_cfg: ConfigContainer, reference_gpus: int | None, cfg: ConfigContainer, num_gpus: int
 ) -> int:
     """The recipe's global batch scaled from its reference data-parallel size to this run's.
 

@@ -10,8 +10,9 @@ set) or, with ``--steady_state_window``, recomputed from ``step_times_s``.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from megatron.bridge.training.harness_surface import (
     SteadyState,
@@ -26,7 +27,7 @@ __all__ = ["SUMMARY_NAME", "SteadyState", "argv_without", "format_results", "loa
            "summary_steady_state"]
 
 
-def load_summary(path: "str | Path") -> dict[str, Any]:
+def load_summary(path: str | Path) -> dict[str, Any]:
     """Read ``summary.json`` (``path`` may be the file or the run directory)."""
     path = Path(path)
     if path.is_dir():

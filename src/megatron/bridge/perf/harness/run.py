@@ -15,8 +15,9 @@ from __future__ import annotations
 import shlex
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence, TextIO
+from typing import TextIO
 
 from megatron.bridge.perf.harness.argument_parser import parse_args
 from megatron.bridge.perf.harness.config_builder import HarnessError, build_config, environment_summary
@@ -56,7 +57,7 @@ def run_single(args: HarnessArgs, out: TextIO, ended: list[Path]) -> int:
     return execute(job, out, args.steady_state_window, args.verbose, ended)[0]
 
 
-def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> int:
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Entry point of ``scripts/performance/run_script.py``; returns the process exit code."""
     out = out or sys.stdout
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -21,7 +21,6 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from megatron.bridge.utils.owned_files import (
     UnsafePathError,
@@ -68,7 +67,7 @@ class RunDirError(Exception):
     """The run directory cannot be used (the message names it and says why)."""
 
 
-def path_length_problem(field: str, text: str) -> Optional[str]:
+def path_length_problem(field: str, text: str) -> str | None:
     """A path the file system would refuse for its length, named before anything is written."""
     raw = os.fsencode(text)
     if len(raw) > MAX_PATH_BYTES:
@@ -191,7 +190,7 @@ def _lock_marker(path: Path) -> RunDirClaim:
     return RunDirClaim(path, fd)
 
 
-def _holder(path: Path) -> Optional[str]:
+def _holder(path: Path) -> str | None:
     """Who holds ``path``'s marker lock (``None``: nobody)."""
     try:
         fd = os.open(path / MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)

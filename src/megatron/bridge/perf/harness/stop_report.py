@@ -4,15 +4,15 @@ the harness itself: read from what the ranks wrote (``summary.json``, the checkp
 from __future__ import annotations
 
 import signal
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from megatron.bridge.perf.harness.results import SUMMARY_NAME, load_summary
 from megatron.bridge.perf.harness.supervisor import LAUNCH_LOG, JobOutcome
 from megatron.bridge.training.harness_surface import inspect_checkpoint_dir, iteration_dir
 
 
-def stop_message(summary_path: Path, outcome: JobOutcome, save_dir: Optional[str]) -> str:
+def stop_message(summary_path: Path, outcome: JobOutcome, save_dir: str | None) -> str:
     """``stopped by SIGINT at iteration N; checkpoint at PATH``: the signal the harness received and
     what the ranks did, from what they wrote (``summary.json`` is written after their save)."""
     name = _name(outcome.stop_signal)
@@ -36,7 +36,7 @@ def stop_message(summary_path: Path, outcome: JobOutcome, save_dir: Optional[str
     return f"stopped by {name} at iteration {summary.get('final_iteration')}; {saved}{late}"
 
 
-def _name(signum: Optional[int]) -> str:
+def _name(signum: int | None) -> str:
     return signal.Signals(signum).name if signum else "signal"
 
 

@@ -30,9 +30,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Literal, Optional, TextIO
+from typing import IO, Any, Literal, TextIO
 
 from megatron.bridge.perf.harness.results import SUMMARY_NAME
 from megatron.bridge.training.harness_surface import (
@@ -87,11 +88,11 @@ class JobOutcome:
     """How a launched job ended."""
 
     exit_code: int
-    stop_signal: Optional[int] = None
+    stop_signal: int | None = None
     """The signal (SIGTERM/SIGINT/SIGHUP) that asked the job to stop, if one did."""
     killed: bool = False
     """A second signal killed the job (what the ranks had written by then stays)."""
-    kill_signal: Optional[int] = None
+    kill_signal: int | None = None
     """The second signal, the one that killed the job."""
     launcher_lines: list[str] = field(default_factory=list)
     """The launcher's own output lines (not the ranks'): exit codes and pids of failed ranks."""
@@ -169,24 +170,24 @@ class StopForwarder:
     arrives before :meth:`attach` means nothing is launched at all.
     """
 
-    def __init__(self, target: StopTarget, announce: Callable[[str], None], log_dir: Optional[Path] = None,
-                 save_dir: Optional[str] = None) -> None:
-        self.proc: Optional[subprocess.Popen] = None
+    def __init__(self, target: StopTarget, announce: Callable[[str], None], log_dir: Path | None = None,
+                 save_dir: str | None = None) -> None:
+        self.proc: subprocess.Popen | None = None
         self.target, self.announce = target, announce
         self.log_dir = log_dir
         """The run directory: the stop note goes into it, the ranks' ``summary.json`` is read from it."""
         self.save_dir = save_dir
         """The job's ``checkpoint.save`` (``None``: it saves nothing), read when a second signal comes."""
-        self.signum: Optional[int] = None
+        self.signum: int | None = None
         self.killed = False
-        self.kill_signal: Optional[int] = None
+        self.kill_signal: int | None = None
         self.ranks: set[int] = set()
         self._signalled: set[int] = set()
         self._announced = False
         self._first_at = 0.0
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> "StopForwarder":
+    def __enter__(self) -> StopForwarder:
         for sig in HARNESS_STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
@@ -278,7 +279,7 @@ class StopForwarder:
         return len(left)
 
 
-def saved_state(save_dir: Optional[str]) -> str:
+def saved_state(save_dir: str | None) -> str:
     """What ``checkpoint.save`` holds: the latest complete checkpoint, and a save under way (which a
     kill leaves unpublished: the complete one stays the one a resume loads)."""
     if not save_dir:
@@ -299,11 +300,11 @@ class OutputPump:
     def __init__(self, out: TextIO, log_path: Path, verbose: bool) -> None:
         self.out, self.verbose = out, verbose
         self.log_path = log_path
-        self.log: Optional[IO[str]] = open_append(log_path)
+        self.log: IO[str] | None = open_append(log_path)
         self.launcher_lines: list[str] = []
         self.started = self.last_output = time.monotonic()
         self.first_iteration_seen = False
-        self._held: Optional[list[str]] = None
+        self._held: list[str] | None = None
 
     def _emit(self, text: str) -> None:
         try:
@@ -381,7 +382,7 @@ def _pump(proc: subprocess.Popen, pump: OutputPump, on_tick: Callable[[], None])
         raise ValueError("the launcher was started without a pipe for its output: there is nothing to stream")
     fd = proc.stdout.fileno()
     pending = b""
-    exited_at: Optional[float] = None
+    exited_at: float | None = None
     while exited_at is None or time.monotonic() - exited_at < DRAIN_S:
         ready, _, _ = select.select([fd], [], [], TICK_S)
         on_tick()
@@ -402,8 +403,8 @@ def _pump(proc: subprocess.Popen, pump: OutputPump, on_tick: Callable[[], None])
 
 
 def supervise(
-    argv: list[str], env: dict[str, str], log_dir: Path, target: StopTarget, out: Optional[TextIO] = None,
-    verbose: bool = False, save_dir: Optional[str] = None,
+    argv: list[str], env: dict[str, str], log_dir: Path, target: StopTarget, out: TextIO | None = None,
+    verbose: bool = False, save_dir: str | None = None,
 ) -> JobOutcome:
     """Start ``argv``, stream its output, forward stop signals; returns when it and its ranks are gone.
     ``save_dir``: the job's ``checkpoint.save``, for what a second signal says."""

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
 
 from megatron.bridge.perf.harness.argument_parser import TOP_LEVEL_KEYS
 from megatron.bridge.perf.harness.results import SteadyState
@@ -43,7 +43,7 @@ def split_values(text: str) -> list[str]:
     parts: list[str] = []
     current: list[str] = []
     depth = 0
-    quote: Optional[str] = None
+    quote: str | None = None
     for ch in text:
         if quote:
             quote = None if ch == quote else quote
@@ -76,7 +76,7 @@ def parse_sweep(text: str) -> SweepSpec:
     return SweepSpec(key, tuple(values))
 
 
-def job_dirname(spec: SweepSpec, index: int, value: str, round_number: Optional[int] = None) -> str:
+def job_dirname(spec: SweepSpec, index: int, value: str, round_number: int | None = None) -> str:
     """A filesystem-safe sub-directory per value (and round, when there are several), ordered by position."""
     safe = re.sub(r"[^A-Za-z0-9_.+-]+", "_", value).strip("_") or "value"
     name = f"{index:02d}_{spec.key.rsplit('.', 1)[-1]}={safe}"
@@ -93,15 +93,15 @@ class SweepPoint:
 
     value: str
     log_dir: str
-    stats: Optional[SteadyState]
+    stats: SteadyState | None
     exit_code: int = 0
-    rounds: tuple[Optional[SteadyState], ...] = ()
+    rounds: tuple[SteadyState | None, ...] = ()
 
     def round_means(self) -> list[float]:
         return [r.mean_s for r in self.rounds if r is not None]
 
 
-def combine_rounds(value: str, log_dirs: Sequence[str], rounds: Sequence[Optional[SteadyState]],
+def combine_rounds(value: str, log_dirs: Sequence[str], rounds: Sequence[SteadyState | None],
                    exit_codes: Sequence[int]) -> SweepPoint:
     """One value's point from its rounds (a failed round keeps its exit code in the point)."""
     done = [r for r in rounds if r is not None]
@@ -143,7 +143,7 @@ EMULATED_CPU_NOTE = (
 """What an emulated CPU sweep says instead of a speedup (no gloo collective ran: the communication was modeled)."""
 
 
-def emulated_network(points: Sequence[SweepPoint]) -> Optional[str]:
+def emulated_network(points: Sequence[SweepPoint]) -> str | None:
     """The network model of an emulated sweep (``None`` for a measured one)."""
     return next((p.stats.emulated_network for p in points if p.stats and p.stats.emulated_network), None)
 
@@ -199,7 +199,7 @@ def sweep_markdown(spec: SweepSpec, points: Sequence[SweepPoint], command: str =
     return "\n".join(lines) + "\n"
 
 
-def _seconds(value: Optional[float]) -> str:
+def _seconds(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
@@ -212,7 +212,7 @@ def _title(spec: SweepSpec, points: Sequence[SweepPoint], cpu: bool) -> str:
     return "\n".join([f"Sweep of {key}", *kinds])
 
 
-def sweep_figure(spec: SweepSpec, points: Sequence[SweepPoint], cpu: bool = False) -> Optional[object]:
+def sweep_figure(spec: SweepSpec, points: Sequence[SweepPoint], cpu: bool = False) -> object | None:
     """The bar chart of mean step time with min-max whiskers, each bar's mean written above its
     whisker, an emulated sweep's modeled communication hatched inside the bar; ``None`` without
     matplotlib. The figure is widened until its title and labels fit."""
@@ -243,14 +243,14 @@ def sweep_figure(spec: SweepSpec, points: Sequence[SweepPoint], cpu: bool = Fals
     return fig
 
 
-def sweep_plot(spec: SweepSpec, points: Sequence[SweepPoint], path: "str | Path", cpu: bool = False) -> Optional[Path]:
+def sweep_plot(spec: SweepSpec, points: Sequence[SweepPoint], path: str | Path, cpu: bool = False) -> Path | None:
     """:func:`sweep_figure` written as a PNG at ``path``; ``None`` when matplotlib is missing."""
     fig = sweep_figure(spec, points, cpu)
     return None if fig is None else save_png(fig, path)
 
 
-def write_sweep_outputs(spec: SweepSpec, points: Sequence[SweepPoint], log_dir: "str | Path", command: str = "",
-                        cpu: bool = False) -> tuple[Path, Optional[Path]]:
+def write_sweep_outputs(spec: SweepSpec, points: Sequence[SweepPoint], log_dir: str | Path, command: str = "",
+                        cpu: bool = False) -> tuple[Path, Path | None]:
     """Write ``sweep.md`` and ``sweep.png`` into ``log_dir`` (the sweep's own directory, claimed
     by the harness; each replaces a link at its name instead of writing through it); ``cpu``: a CPU
     smoke-mode sweep (no speedup, see :data:`CPU_TIMINGS_NOTE`)."""
