@@ -108,7 +108,10 @@ def test_recipe_gives_the_dataset_the_model_s_sequence_length(recipe):
 @pytest.mark.parametrize("change", [
     lambda cfg: setattr(cfg.model, "seq_length", 64),
     lambda cfg: apply_overrides(cfg, ["model.seq_length=64"]),
-], ids=["python", "dotted-override"])
+    # another dataset field overridden rebuilds the dataset section: its copy is still the model's
+    lambda cfg: apply_overrides(cfg, ["dataset.num_workers=0", "model.seq_length=64"]),
+    lambda cfg: apply_overrides(apply_overrides(cfg, ["dataset.num_workers=0"]), ["model.seq_length=64"]),
+], ids=["python", "dotted-override", "with-a-dataset-override", "after-a-dataset-override"])
 def test_a_new_model_sequence_length_carries_over_to_the_dataset(change):
     cfg = qwen3_moe_tiny_pretrain_config()
     cfg = change(cfg) or cfg

@@ -32,6 +32,7 @@ from megatron.bridge.training.config_stages.reading.typed_values import (
     field_annotations,
     import_object,
 )
+from megatron.bridge.training.config_stages.schema import copy_records
 from megatron.bridge.training.errors import OverrideError, Violation
 
 _ABSENT = object()
@@ -209,9 +210,13 @@ def _default_instance(cls: type, path: str, errors: list[Violation]) -> Any:
 
 
 def _rebuild(obj: Any, updates: dict[str, Any]) -> Any:
-    """``dataclasses.replace`` so that ``__post_init__`` re-derives fields from the new values."""
+    """``dataclasses.replace`` so that ``__post_init__`` re-derives fields from the new values; the new
+    section keeps the record of what its owners wrote into its copies (a copy the override did not
+    touch is still its owner's)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **updates)
+        rebuilt = dataclasses.replace(obj, **updates)
+        copy_records.follow_copy(obj, rebuilt)
+        return rebuilt
     for key, value in updates.items():
         setattr(obj, key, value)
     return obj
