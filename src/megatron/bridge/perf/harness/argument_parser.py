@@ -183,7 +183,7 @@ LOG_DIR_DEFAULT = "runs/<-mr>_<--task>[_<N>gpu]_<YYYYmmdd_HHMMSS>_<token>"
 function's name without ``_config``, then the time and a random token, so that every run gets its
 own), e.g. ``runs/qwen3_moe_tiny_pretrain_20250101_120000_3fa9c1``."""
 SWEEP_DIR_DEFAULT = "runs/<-mr>_<--task>_sweep_<YYYYmmdd_HHMMSS>_<token>"
-"""The sweep's directory when ``-l`` is not given (``run.sweep_root``)."""
+"""The sweep's directory when ``-l`` is not given (``sweep_runs.sweep_root``)."""
 
 SHORT_USAGE = "usage: run_script.py -mr RECIPE [-g GPU] [-ng N] [flags ...] [key=value ...]"
 """The one usage line an input error prints (``-h`` prints every flag)."""
