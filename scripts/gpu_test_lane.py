@@ -34,7 +34,6 @@ import sys
 import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
-from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 PUBLISHED = REPO / "docs" / "testing"
@@ -42,7 +41,7 @@ TEST_PATHS = ("tests/unit_tests", "tests/gpu")
 MARKERS = "not functional"
 
 
-def version(distribution: str) -> Optional[str]:
+def version(distribution: str) -> str | None:
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
@@ -57,8 +56,13 @@ def environment() -> dict:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return dict(
-        python=platform.python_version(), torch=torch.__version__, triton=version("triton"), numpy=version("numpy"),
-        megatron_core=version("megatron-core"), transformer_engine=describe_transformer_engine(), gpu=gpu,
+        python=platform.python_version(),
+        torch=torch.__version__,
+        triton=version("triton"),
+        numpy=version("numpy"),
+        megatron_core=version("megatron-core"),
+        transformer_engine=describe_transformer_engine(),
+        gpu=gpu,
         gpus=torch.cuda.device_count(),
     )
 
@@ -100,9 +104,20 @@ def shard_files(files: list[str], shard: tuple[int, int], seconds: dict[str, flo
     return sorted(mine)
 
 
-def pytest_argv(out: Path, workers: int, files: Optional[list[str]] = None) -> list[str]:
-    argv = [sys.executable, "-m", "pytest", *(files or TEST_PATHS), "-m", MARKERS, "-q", "-rfEs", "-p",
-            "no:cacheprovider", f"--junitxml={out / 'junit.xml'}"]
+def pytest_argv(out: Path, workers: int, files: list[str] | None = None) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *(files or TEST_PATHS),
+        "-m",
+        MARKERS,
+        "-q",
+        "-rfEs",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={out / 'junit.xml'}",
+    ]
     if workers > 1:
         argv += ["-n", str(workers), "--dist", "loadfile"]
     return argv
@@ -173,13 +188,14 @@ def merge(summaries: list[dict]) -> dict:
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
 
-def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, help="directory for pytest.log, junit.xml, summary.json")
     p.add_argument("--workers", type=int, default=1, help="pytest-xdist workers (1: one process)")
@@ -193,7 +209,7 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return args
 
 
-def publish(summary: dict, name: Optional[str]) -> None:
+def publish(summary: dict, name: str | None) -> None:
     if name:
         PUBLISHED.mkdir(parents=True, exist_ok=True)
         (PUBLISHED / f"gpu_lane_{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -201,14 +217,17 @@ def publish(summary: dict, name: Optional[str]) -> None:
 
 def report(summary: dict) -> None:
     c = summary["counts"]
-    print(f"GPU lane: {c['passed']} passed, {c['failed']} failed, {c['errors']} errors, {c['skipped']} skipped "
-          f"in {summary['wall_s']} s; torch {summary['torch']}, Transformer Engine {summary['transformer_engine']}, "
-          f"GPU {summary['gpu']}; exit {summary['exit_status']}", flush=True)
+    print(
+        f"GPU lane: {c['passed']} passed, {c['failed']} failed, {c['errors']} errors, {c['skipped']} skipped "
+        f"in {summary['wall_s']} s; torch {summary['torch']}, Transformer Engine {summary['transformer_engine']}, "
+        f"GPU {summary['gpu']}; exit {summary['exit_status']}",
+        flush=True,
+    )
     for failure in summary["failures"][:40]:
         print(f"  FAILED {failure['test']}: {failure['message'][:200]}", flush=True)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.merge:
         summary = merge([json.loads(path.read_text()) for path in args.merge])
@@ -222,12 +241,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     start = time.time()
     with open(args.out / "pytest.log", "w") as log:
         code = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-    shown = command if files is None else [*command[:3], f"--shard {args.shard[0]}/{args.shard[1]}",
-                                           *command[3 + len(files):]]
+    shown = (
+        command
+        if files is None
+        else [*command[:3], f"--shard {args.shard[0]}/{args.shard[1]}", *command[3 + len(files) :]]
+    )
     summary = dict(
-        date=time.strftime("%Y-%m-%d"), commit=args.commit or git_commit(), exit_status=code,
-        wall_s=round(time.time() - start, 1), command=" ".join(["python", *shown[1:]]).replace(str(args.out), "OUT"),
-        shard=list(args.shard) if args.shard else None, **environment(), **outcomes(args.out / "junit.xml"),
+        date=time.strftime("%Y-%m-%d"),
+        commit=args.commit or git_commit(),
+        exit_status=code,
+        wall_s=round(time.time() - start, 1),
+        command=" ".join(["python", *shown[1:]]).replace(str(args.out), "OUT"),
+        shard=list(args.shard) if args.shard else None,
+        **environment(),
+        **outcomes(args.out / "junit.xml"),
     )
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     publish(summary, args.publish)

@@ -2,8 +2,9 @@
 tests of what is decided about a checkpoint before anything loads it."""
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 
 def saved_checkpoint(root: Path, iteration: int, layout: dict[str, Any], drop: Iterable[str] = ()) -> Path:

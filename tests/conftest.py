@@ -12,8 +12,8 @@ import socket
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 import pytest
 import torch.distributed as dist
@@ -106,19 +106,25 @@ def run_child_script():
     to another process run again on a new one.
     """
 
-    def run(script: Path, workdir: Path, world_size: int = 1, timeout: float = 300,
-            env_extra: Optional[dict] = None) -> list[dict]:
+    def run(
+        script: Path, workdir: Path, world_size: int = 1, timeout: float = 300, env_extra: dict | None = None
+    ) -> list[dict]:
         repo = Path(__file__).resolve().parents[1]
         # src first, then whatever the parent had (a machine whose megatron-core comes through PYTHONPATH)
         path = os.pathsep.join(filter(None, [str(repo / "src"), os.environ.get("PYTHONPATH")]))
-        env = dict(os.environ, PYTHONPATH=path, CUDA_VISIBLE_DEVICES="", WORLD_SIZE=str(world_size),
-                   **(env_extra or {}))
+        env = dict(
+            os.environ, PYTHONPATH=path, CUDA_VISIBLE_DEVICES="", WORLD_SIZE=str(world_size), **(env_extra or {})
+        )
         for _ in range(_PORT_ATTEMPTS):
             port = str(free_port())
             procs = [
                 subprocess.Popen(
                     [sys.executable, str(script), str(rank), port],
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=workdir,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=env,
+                    cwd=workdir,
                 )
                 for rank in range(world_size)
             ]
@@ -129,7 +135,7 @@ def run_child_script():
         for proc, (out, err) in zip(procs, outputs):
             assert proc.returncode == 0, out[-3000:] + err[-5000:]
             line = next(text for text in out.splitlines() if text.startswith(REPORT_PREFIX))
-            reports.append({**json.loads(line[len(REPORT_PREFIX):]), "stdout": out})
+            reports.append({**json.loads(line[len(REPORT_PREFIX) :]), "stdout": out})
         return reports
 
     return run

@@ -35,7 +35,8 @@ def container_extras(cfg) -> set[str]:
 def copies_unlike_their_owners(cfg, effective) -> list[str]:
     """Decided copies whose value on ``cfg`` differs from the effective configuration's."""
     return [
-        owned.target for owned in decided_copies(cfg)
+        owned.target
+        for owned in decided_copies(cfg)
         if read_field(cfg, owned.target) != read_field(effective, owned.target)
     ]
 

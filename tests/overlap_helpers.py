@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 from packaging.version import Version
 
@@ -55,17 +55,17 @@ def set_fields(cfg: ConfigContainer, values: dict[str, Any]) -> ConfigContainer:
     return cfg
 
 
-def overlap_violations(cfg: ConfigContainer, context: Optional[RuleContext] = None):
+def overlap_violations(cfg: ConfigContainer, context: RuleContext | None = None):
     """The overlap violations (errors and warnings) of one resolution of ``cfg``."""
     report = resolve_config(cfg, ctx=context or ctx()).report
     return list(report.errors + report.notes)
 
 
-def violated_ids(cfg: ConfigContainer, context: Optional[RuleContext] = None) -> set[str]:
+def violated_ids(cfg: ConfigContainer, context: RuleContext | None = None) -> set[str]:
     """Rule ids of every overlap violation (errors and warnings)."""
     return {v.rule for v in overlap_violations(cfg, context)}
 
 
-def finalize(cfg: ConfigContainer, context: Optional[RuleContext] = None) -> ConfigContainer:
+def finalize(cfg: ConfigContainer, context: RuleContext | None = None) -> ConfigContainer:
     """``cfg.finalize()`` with an explicit rule context."""
     return resolve_config(copy.deepcopy(cfg), ctx=context or ctx()).raise_for_errors().config

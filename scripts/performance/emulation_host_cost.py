@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -50,7 +50,8 @@ def cases(device: torch.device) -> dict[str, Callable[[], object]]:
         "all_to_all_single (uneven, tokens)": lambda: dist.all_to_all_single(received, tokens, splits, splits[::-1]),
         "reduce_scatter_tensor (async)": lambda: dist.reduce_scatter_tensor(shard, grads, async_op=True).wait(),
         "all_gather_into_tensor (in place, async)": lambda: dist.all_gather_into_tensor(
-            grads, grads.narrow(0, 0, shard.numel()), async_op=True).wait(),
+            grads, grads.narrow(0, 0, shard.numel()), async_op=True
+        ).wait(),
         "all_reduce (scalar)": lambda: dist.all_reduce(scalar),
     }
 
@@ -87,8 +88,19 @@ def main() -> None:
     for name, us in rows.items():
         print(f"  {name:42s} {us:8.1f} us per call (host)")
     if args.json:
-        args.json.write_text(json.dumps({"device": device.type, "network": args.network, "hold": world.hold.kind,
-                                         "calls": args.calls, "host_us_per_call": rows}, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "device": device.type,
+                    "network": args.network,
+                    "hold": world.hold.kind,
+                    "calls": args.calls,
+                    "host_us_per_call": rows,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

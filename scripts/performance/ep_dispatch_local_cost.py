@@ -122,17 +122,30 @@ def expert_stand_in(tokens: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
 
 
 #: The parts of a pass whose host time ``host_stage_us`` reports, in order.
-PASS_PARTS = ("dispatch_preprocess", "token_dispatch", "dispatch_postprocess", "stand_in",
-              "combine_preprocess_and_token_combine", "combine_postprocess", "backward")
+PASS_PARTS = (
+    "dispatch_preprocess",
+    "token_dispatch",
+    "dispatch_postprocess",
+    "stand_in",
+    "combine_preprocess_and_token_combine",
+    "combine_postprocess",
+    "backward",
+)
 
 
 def one_pass(
-    d: ExpertParallelSortedDispatcher, x: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor,
-    grad: torch.Tensor, marks: list[float] | None = None, outputs: dict | None = None,
+    d: ExpertParallelSortedDispatcher,
+    x: torch.Tensor,
+    routing_map: torch.Tensor,
+    probs: torch.Tensor,
+    grad: torch.Tensor,
+    marks: list[float] | None = None,
+    outputs: dict | None = None,
 ):
     """Forward and backward through the six stages, in the MoE layer's order; with ``marks``, the
     host clock is appended before the pass and after each of :data:`PASS_PARTS`; ``outputs`` gets
     what the pass produced (and ``received``, the received row count, on the device)."""
+
     def mark() -> None:
         if marks is not None:
             marks.append(time.perf_counter())
@@ -156,8 +169,13 @@ def one_pass(
     mark()
     if outputs is not None:
         outputs.update(
-            received_tokens=tokens, received_probs=permuted_probs, tokens_per_expert=tokens_per_expert,
-            combined=out, tokens_grad=x.grad, probs_grad=probs.grad, received=received,
+            received_tokens=tokens,
+            received_probs=permuted_probs,
+            tokens_per_expert=tokens_per_expert,
+            combined=out,
+            tokens_grad=x.grad,
+            probs_grad=probs.grad,
+            received=received,
         )
 
 
@@ -208,8 +226,9 @@ def kernel_times(fn) -> list[tuple[str, float]]:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return [(e.name, e.time_range.elapsed_us())
-            for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [
+        (e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+    ]
 
 
 def host_issue_us(fn, passes: int = 5, park_s: float = 0.1) -> tuple[float, bool]:
@@ -258,12 +277,20 @@ def measure(mbs: int, overlap: bool, iters: int, top_kernels: int) -> dict:
     total_us = sum(us for _, us in kernels)
     local_rows = int(routing_map[:, : EXPERTS // EP].sum() + peer_map[:, : EXPERTS // EP].sum())
     return dict(
-        mbs=mbs, schedule="ep_overlap" if overlap else "standard", tokens=tokens,
-        received_rows=local_rows, capacity_rows=d._capacity(tokens),
-        event_fwd_bwd_ms=1e3 * statistics.fmean(times), event_fwd_bwd_ms_min=1e3 * min(times),
-        host_issue_us=statistics.fmean(us for us, _ in host), host_issue_us_min=min(us for us, _ in host),
-        host_waited_for_gpu=any(waited for _, waited in host), host_stage_us=stages,
-        kernels_per_pass=len(kernels), kernel_us_per_pass=total_us, expert_stand_in_us=stand_in_us,
+        mbs=mbs,
+        schedule="ep_overlap" if overlap else "standard",
+        tokens=tokens,
+        received_rows=local_rows,
+        capacity_rows=d._capacity(tokens),
+        event_fwd_bwd_ms=1e3 * statistics.fmean(times),
+        event_fwd_bwd_ms_min=1e3 * min(times),
+        host_issue_us=statistics.fmean(us for us, _ in host),
+        host_issue_us_min=min(us for us, _ in host),
+        host_waited_for_gpu=any(waited for _, waited in host),
+        host_stage_us=stages,
+        kernels_per_pass=len(kernels),
+        kernel_us_per_pass=total_us,
+        expert_stand_in_us=stand_in_us,
         dispatcher_kernel_us=total_us - stand_in_us,
         top_kernels=[dict(name=name, calls=len(us), total_us=sum(us)) for name, us in top],
         output_sha256=digests,
@@ -285,7 +312,9 @@ def main() -> None:
     args = p.parse_args()
     rows = [measure(mbs, overlap, args.iters, args.top_kernels) for mbs in args.mbs for overlap in (False, True)]
     result = dict(
-        label=args.label, device=torch.cuda.get_device_name(0), torch=torch.__version__,
+        label=args.label,
+        device=torch.cuda.get_device_name(0),
+        torch=torch.__version__,
         command="python scripts/performance/ep_dispatch_local_cost.py " + shlex.join(measured_argv(sys.argv[1:])),
         rows=rows,
     )

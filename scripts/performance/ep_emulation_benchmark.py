@@ -41,9 +41,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--networks", default="h100_ib400,h200_ib400", help=f"comma-separated: {', '.join(PRESETS)}")
     p.add_argument("--dispatchers", default="alltoall,sorted", help=", ".join(bench.DISPATCHERS))
     p.add_argument("--arms", default=",".join(bench.ARMS))
-    p.add_argument("--profile-arms", default="ep1,free,off,on",
-                   help="arms that run once more with one step profiled (their anatomy goes into the rows; "
-                   "'' for none)")
+    p.add_argument(
+        "--profile-arms",
+        default="ep1,free,off,on",
+        help="arms that run once more with one step profiled (their anatomy goes into the rows; '' for none)",
+    )
     p.add_argument("--nodes", type=int, default=2, help="nodes of 8 GPUs (EP = 8 x nodes)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--micro-batches", type=int, default=bench.MICRO_BATCHES, help="micro-batches per rank a step")
@@ -53,15 +55,30 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gpu", default="h200", help="the -g target the cases are validated for")
     p.add_argument("--job-timeout", type=float, default=540.0)
     p.add_argument("--publish", action="store_true", help=f"also write {RESULTS_JSON.relative_to(REPO)}")
-    p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="RESULTS_JSON",
-                   help="instead of running: merge the results.json of separate runs (their repeats side by side, "
-                   "hidden shares of the pooled means) into --out/results.json (and, with --publish, the docs)")
+    p.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="RESULTS_JSON",
+        help="instead of running: merge the results.json of separate runs (their repeats side by side, "
+        "hidden shares of the pooled means) into --out/results.json (and, with --publish, the docs)",
+    )
     p.add_argument("--ran-at", default=None, help="with --merge: the commit whose code the runs ran")
-    p.add_argument("--note", action="append", default=[],
-                   help="with --merge: a line about how the runs were made, kept in the results (repeatable)")
-    p.add_argument("--leave-out", action="append", default=[], metavar="FILE:DISPATCHER",
-                   help="with --merge: leave that run's rows of that dispatcher out (a run re-made later); "
-                   "said in the results' notes (repeatable)")
+    p.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        help="with --merge: a line about how the runs were made, kept in the results (repeatable)",
+    )
+    p.add_argument(
+        "--leave-out",
+        action="append",
+        default=[],
+        metavar="FILE:DISPATCHER",
+        help="with --merge: leave that run's rows of that dispatcher out (a run re-made later); "
+        "said in the results' notes (repeatable)",
+    )
     return p.parse_args(argv)
 
 
@@ -77,18 +94,32 @@ def merge(args: argparse.Namespace) -> int:
     """Runs of the same benchmark made in separate calls, as one table: every repeat of every row."""
     runs = [json.loads(path.read_text()) for path in args.merge]
     left_out = {tuple(item.rsplit(":", 1)) for item in args.leave_out}
-    tables = [[row for row in run["rows"] if (path.name, row["dispatcher"]) not in left_out]
-              for path, run in zip(args.merge, runs)]
+    tables = [
+        [row for row in run["rows"] if (path.name, row["dispatcher"]) not in left_out]
+        for path, run in zip(args.merge, runs)
+    ]
     table = bench.merge_rows(tables, args.ran_at)
     meta = {key: runs[0][key] for key in ("question", "modeled", "steps", "window_start")}
     meta["networks"] = {name: figures for run in runs for name, figures in run["networks"].items()}
-    meta.update(commands=[_portable(run["command"]) for run in runs], devices=sorted({run["device"] for run in runs}),
-                matmul_ceiling_tflops=[run["matmul_ceiling_tflops"] for run in runs],
-                nominal_peak_tflops=NOMINAL_PEAK_TFLOPS, ran_at=args.ran_at,
-                notes=args.note + [f"left out: {item}" for item in args.leave_out],
-                merged_by=shlex.join(["uv", "run", "python", "scripts/performance/ep_emulation_benchmark.py",
-                                      "--merge", *(p.name for p in args.merge),
-                                      *(f"--leave-out={item}" for item in args.leave_out)]))
+    meta.update(
+        commands=[_portable(run["command"]) for run in runs],
+        devices=sorted({run["device"] for run in runs}),
+        matmul_ceiling_tflops=[run["matmul_ceiling_tflops"] for run in runs],
+        nominal_peak_tflops=NOMINAL_PEAK_TFLOPS,
+        ran_at=args.ran_at,
+        notes=args.note + [f"left out: {item}" for item in args.leave_out],
+        merged_by=shlex.join(
+            [
+                "uv",
+                "run",
+                "python",
+                "scripts/performance/ep_emulation_benchmark.py",
+                "--merge",
+                *(p.name for p in args.merge),
+                *(f"--leave-out={item}" for item in args.leave_out),
+            ]
+        ),
+    )
     meta["layers"] = sorted({bench.row_key(row)[1] for row in table})
     args.out.mkdir(parents=True, exist_ok=True)
     bench.write_results(args.out / "results.json", table, meta)
@@ -117,26 +148,46 @@ def main(argv: list[str]) -> int:
     if args.merge:
         return merge(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    jobs = bench.plan(args.networks.split(","), args.dispatchers.split(","), args.repeats, args.layers, args.nodes,
-                      args.steps, args.gpu, args.arms.split(","), [a for a in args.profile_arms.split(",") if a],
-                      args.micro_batches)
+    jobs = bench.plan(
+        args.networks.split(","),
+        args.dispatchers.split(","),
+        args.repeats,
+        args.layers,
+        args.nodes,
+        args.steps,
+        args.gpu,
+        args.arms.split(","),
+        [a for a in args.profile_arms.split(",") if a],
+        args.micro_batches,
+    )
     ceiling = matmul_ceiling_tflops()
     results: dict[str, dict] = {}
     started = time.time()
     for name, cases in jobs.items():
         for case_name, summary in run_job(name, cases, args.out, args.job_timeout).items():
-            results[case_name] = bench.case_result(next(c for c in cases if c.name == case_name), summary,
-                                                   args.window_start, args.out / "cases" / case_name)
+            results[case_name] = bench.case_result(
+                next(c for c in cases if c.name == case_name),
+                summary,
+                args.window_start,
+                args.out / "cases" / case_name,
+            )
     cases = [case for cases in jobs.values() for case in cases]
     timed = [case for case in cases if not case.profile]
     table = bench.rows(cases, results, git_commit(REPO), args.nodes)
-    meta = {"question": "how much of the modeled EP communication does EP overlap hide at EP=8 x nodes?",
-            "command": shlex.join(["uv", "run", "python", "scripts/performance/ep_emulation_benchmark.py", *argv]),
-            "device": device_name(), "matmul_ceiling_tflops": ceiling, "nominal_peak_tflops": NOMINAL_PEAK_TFLOPS,
-            "modeled": "emulated rows: communication times are modeled by the named network, not measured",
-            "networks": {n: vars(PRESETS[n]) | {"source": PRESETS[n].source} for n in args.networks.split(",")},
-            "layers": args.layers, "steps": args.steps, "window_start": args.window_start,
-            "wall_s": time.time() - started, "complete": all(case.name in results for case in timed)}
+    meta = {
+        "question": "how much of the modeled EP communication does EP overlap hide at EP=8 x nodes?",
+        "command": shlex.join(["uv", "run", "python", "scripts/performance/ep_emulation_benchmark.py", *argv]),
+        "device": device_name(),
+        "matmul_ceiling_tflops": ceiling,
+        "nominal_peak_tflops": NOMINAL_PEAK_TFLOPS,
+        "modeled": "emulated rows: communication times are modeled by the named network, not measured",
+        "networks": {n: vars(PRESETS[n]) | {"source": PRESETS[n].source} for n in args.networks.split(",")},
+        "layers": args.layers,
+        "steps": args.steps,
+        "window_start": args.window_start,
+        "wall_s": time.time() - started,
+        "complete": all(case.name in results for case in timed),
+    }
     bench.write_results(args.out / "results.json", table, meta)
     if args.publish:
         bench.write_results(RESULTS_JSON, table, meta)

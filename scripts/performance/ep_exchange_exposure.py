@@ -28,8 +28,9 @@ def main(argv: list[str]) -> int:
     except (OSError, TraceError, ExchangeCountMismatch) as exc:
         print(f"error: {args.trace}: {exc}", file=sys.stderr)
         return 2
-    text = json.dumps({"trace": args.trace.name, "layers": args.layers, "micro_batches": args.micro_batches,
-                       **split}, indent=1)
+    text = json.dumps(
+        {"trace": args.trace.name, "layers": args.layers, "micro_batches": args.micro_batches, **split}, indent=1
+    )
     print(text)
     if args.json is not None:
         args.json.write_text(text + "\n")

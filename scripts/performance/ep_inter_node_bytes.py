@@ -43,8 +43,7 @@ def run_one(dispatcher: str, nodes: int, node: int, args: argparse.Namespace) ->
     ``RuntimeError`` if it failed)."""
     argv = count.case_argv(dispatcher, nodes, args.out, args.device, node)
     log_dir = Path(argv[argv.index("-l") + 1])
-    proc = subprocess.run([sys.executable, str(HARNESS), *argv], capture_output=True, text=True,
-                          timeout=args.timeout)
+    proc = subprocess.run([sys.executable, str(HARNESS), *argv], capture_output=True, text=True, timeout=args.timeout)
     summary = log_dir / "summary.json"
     if proc.returncode != 0 or not summary.is_file():
         raise RuntimeError(f"{dispatcher} at {nodes} nodes failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
@@ -55,18 +54,36 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     started, commit = time.time(), git_commit(REPO)  # the code that runs: the commit at the start
-    counts = {(d, int(n)): count.averaged([run_one(d, int(n), node, args) for node in range(int(n))])
-              for n in args.nodes.split(",") for d in args.dispatchers.split(",")}
+    counts = {
+        (d, int(n)): count.averaged([run_one(d, int(n), node, args) for node in range(int(n))])
+        for n in args.nodes.split(",")
+        for d in args.dispatchers.split(",")
+    }
     results = {
         "question": "how many bytes of EP dispatch and combine cross the inter-node link, per layer and "
         "micro-batch, with megatron-core's alltoall dispatcher and with the node-aware one?",
         "modeled": "counted by the emulated world's network model h100_ib400 (8 GPUs a node): modeled traffic, "
         "not a measured transfer",
-        "shape": {"experts": count.EXPERTS, "topk": count.TOPK, "hidden": count.HIDDEN, "seq": count.SEQ,
-                  "dtype": "bf16", "exchanges_per_layer": count.EXCHANGES_PER_LAYER},
-        "command": shlex.join(["uv", "run", "python", "scripts/performance/ep_inter_node_bytes.py",
-                               *(a if a != str(args.out) else "runs/inter_node_bytes" for a in argv)]),
-        "device": args.device, "commit": commit, "wall_s": round(time.time() - started, 1),
+        "shape": {
+            "experts": count.EXPERTS,
+            "topk": count.TOPK,
+            "hidden": count.HIDDEN,
+            "seq": count.SEQ,
+            "dtype": "bf16",
+            "exchanges_per_layer": count.EXCHANGES_PER_LAYER,
+        },
+        "command": shlex.join(
+            [
+                "uv",
+                "run",
+                "python",
+                "scripts/performance/ep_inter_node_bytes.py",
+                *(a if a != str(args.out) else "runs/inter_node_bytes" for a in argv),
+            ]
+        ),
+        "device": args.device,
+        "commit": commit,
+        "wall_s": round(time.time() - started, 1),
         "rows": count.rows(counts),
     }
     text = json.dumps(results, indent=2) + "\n"

@@ -40,7 +40,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from megatron.bridge.perf.benchmarks import benchmark_jobs
 from megatron.bridge.perf.benchmarks.benchmark_jobs import (
@@ -95,14 +94,44 @@ def harness_argv(case: Case, args: argparse.Namespace) -> list[str]:
     ep = 1 if case.transport == "ep1" else 2
     micro_batches = 8
     argv = [
-        "-m", "qwen", "-mr", "qwen3_30b_a3b", "--task", "pretrain", "-g", "h200", "-c", "bf16",
-        "-ng", str(ep), "-ep", str(ep), "-mb", str(case.mbs), "-gb", str(case.mbs * micro_batches * ep),
-        "-sl", "4096", "--max_steps", str(args.steps), "--cuda_graph_impl", args.cuda_graph,
-        "--moe_flex_dispatcher_backend", "None", "--tokenizer_type", "NullTokenizer",
-        "--moe_a2a_overlap", "true" if case.overlap else "false", "-l", str(case.log_dir),
-        f"model.num_layers={args.layers}", "scheduler.lr_warmup_iters=2",
+        "-m",
+        "qwen",
+        "-mr",
+        "qwen3_30b_a3b",
+        "--task",
+        "pretrain",
+        "-g",
+        "h200",
+        "-c",
+        "bf16",
+        "-ng",
+        str(ep),
+        "-ep",
+        str(ep),
+        "-mb",
+        str(case.mbs),
+        "-gb",
+        str(case.mbs * micro_batches * ep),
+        "-sl",
+        "4096",
+        "--max_steps",
+        str(args.steps),
+        "--cuda_graph_impl",
+        args.cuda_graph,
+        "--moe_flex_dispatcher_backend",
+        "None",
+        "--tokenizer_type",
+        "NullTokenizer",
+        "--moe_a2a_overlap",
+        "true" if case.overlap else "false",
+        "-l",
+        str(case.log_dir),
+        f"model.num_layers={args.layers}",
+        "scheduler.lr_warmup_iters=2",
         f"logger.steady_state_window=[{args.window_start},{args.steps}]",
-        *GRAPH_OVERRIDES[args.cuda_graph], *DISPATCH_OVERRIDES[args.ep_dispatch][case.transport], *args.override,
+        *GRAPH_OVERRIDES[args.cuda_graph],
+        *DISPATCH_OVERRIDES[args.ep_dispatch][case.transport],
+        *args.override,
     ]
     return argv
 
@@ -115,7 +144,7 @@ def plan_cases(args: argparse.Namespace) -> dict[str, list[Case]]:
         cases = []
         for repeat in range(args.repeats):
             for mbs in mbs_list:
-                for overlap in ((False,) if transport == "ep1" else (False, True)):
+                for overlap in (False,) if transport == "ep1" else (False, True):
                     case = Case(transport, mbs, overlap, repeat)
                     case.log_dir = args.out / case.name
                     cases.append(case)
@@ -152,30 +181,35 @@ def run_job(transport: str, cases: list[Case], args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------ results
 
 
-def load_case(case: Case) -> Optional[dict]:
+def load_case(case: Case) -> dict | None:
     path = case.log_dir / "summary.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 
 def case_stats(summary: dict) -> dict:
     window = summary["steady_state_window"]
-    times = summary["step_times_s"][window[0] - 1: window[1]]
+    times = summary["step_times_s"][window[0] - 1 : window[1]]
     extra = summary.get("extra", {})
 
-    def mean_of(key: str) -> Optional[float]:
-        values = extra.get(key, [])[window[0] - 1: window[1]]
+    def mean_of(key: str) -> float | None:
+        values = extra.get(key, [])[window[0] - 1 : window[1]]
         return statistics.fmean(values) if values else None
 
     return dict(
-        step_s=summary["steady_state_mean_s"], min_s=min(times), max_s=max(times),
-        tflops_per_gpu=summary["tflops_per_gpu"], losses=summary["losses"],
-        host_fwd_bwd_s=mean_of("host_fwd_bwd_s"), gpu_fwd_bwd_s=mean_of("gpu_fwd_bwd_s"),
-        gpu_optimizer_s=mean_of("gpu_optimizer_s"), dispatch=summary.get("moe_token_dispatch"),
+        step_s=summary["steady_state_mean_s"],
+        min_s=min(times),
+        max_s=max(times),
+        tflops_per_gpu=summary["tflops_per_gpu"],
+        losses=summary["losses"],
+        host_fwd_bwd_s=mean_of("host_fwd_bwd_s"),
+        gpu_fwd_bwd_s=mean_of("gpu_fwd_bwd_s"),
+        gpu_optimizer_s=mean_of("gpu_optimizer_s"),
+        dispatch=summary.get("moe_token_dispatch"),
         window=window,
     )
 
 
-def mean(values: list[float]) -> Optional[float]:
+def mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
@@ -187,8 +221,9 @@ def rows(jobs: dict[str, list[Case]]) -> list[dict]:
     stats = {case.name: case_stats(s) for cases in jobs.values() for case in cases if (s := load_case(case))}
 
     def runs(transport: str, mbs: int, overlap: bool) -> list[dict]:
-        return [stats[c.name] for c in jobs.get(transport, [])
-                if c.mbs == mbs and c.overlap == overlap and c.name in stats]
+        return [
+            stats[c.name] for c in jobs.get(transport, []) if c.mbs == mbs and c.overlap == overlap and c.name in stats
+        ]
 
     out = []
     for transport in [t for t in jobs if t != "ep1"] or ["ep1"]:
@@ -197,20 +232,31 @@ def rows(jobs: dict[str, list[Case]]) -> list[dict]:
             off, on = (runs(transport, mbs, False), runs(transport, mbs, True)) if transport != "ep1" else ([], [])
             ep1_s, off_s, on_s = (mean([r["step_s"] for r in x]) for x in (ep1, off, on))
             row = dict(
-                transport=transport, mbs=mbs, ep1_step_s=ep1_s, off_step_s=off_s, on_step_s=on_s,
-                ep1_runs_s=[r["step_s"] for r in ep1], off_runs_s=[r["step_s"] for r in off],
+                transport=transport,
+                mbs=mbs,
+                ep1_step_s=ep1_s,
+                off_step_s=off_s,
+                on_step_s=on_s,
+                ep1_runs_s=[r["step_s"] for r in ep1],
+                off_runs_s=[r["step_s"] for r in off],
                 on_runs_s=[r["step_s"] for r in on],
                 off_spread_s=[min(r["min_s"] for r in off), max(r["max_s"] for r in off)] if off else None,
                 on_spread_s=[min(r["min_s"] for r in on), max(r["max_s"] for r in on)] if on else None,
                 ep1_tflops_per_gpu=mean([r["tflops_per_gpu"] for r in ep1]),
                 off_tflops_per_gpu=mean([r["tflops_per_gpu"] for r in off]),
                 on_tflops_per_gpu=mean([r["tflops_per_gpu"] for r in on]),
-                phases={k: {p: mean([r[p] for r in x if r[p] is not None])
-                            for p in ("host_fwd_bwd_s", "gpu_fwd_bwd_s", "gpu_optimizer_s")}
-                        for k, x in (("ep1", ep1), ("off", off), ("on", on))},
+                phases={
+                    k: {
+                        p: mean([r[p] for r in x if r[p] is not None])
+                        for p in ("host_fwd_bwd_s", "gpu_fwd_bwd_s", "gpu_optimizer_s")
+                    }
+                    for k, x in (("ep1", ep1), ("off", off), ("on", on))
+                },
                 dispatch_on=on[0]["dispatch"] if on else None,
-                loss_diff_first4=max((abs(a - b) for x, y in zip(off, on)
-                                      for a, b in zip(x["losses"][:4], y["losses"][:4])), default=None),
+                loss_diff_first4=max(
+                    (abs(a - b) for x, y in zip(off, on) for a, b in zip(x["losses"][:4], y["losses"][:4])),
+                    default=None,
+                ),
             )
             if ep1_s and off_s and on_s:
                 row["on_vs_off"] = off_s / on_s
@@ -224,34 +270,38 @@ def git_commit() -> str:
     return benchmark_jobs.git_commit(REPO)
 
 
-def fmt(x: Optional[float], digits: int = 3) -> str:
+def fmt(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
-def step_cell(mean_s: Optional[float], runs_s: list[float]) -> str:
+def step_cell(mean_s: float | None, runs_s: list[float]) -> str:
     """``0.430 s (0.432 / 0.428)``: the mean and each run in run order; ``-`` when nothing ran."""
     return f"{fmt(mean_s)} s ({' / '.join(fmt(x) for x in runs_s)})" if runs_s else "-"
 
 
-def ratio(x: Optional[float]) -> str:
+def ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
-def mfu(tflops: Optional[float]) -> str:
+def mfu(tflops: float | None) -> str:
     return "-" if tflops is None else f"{100 * tflops / NOMINAL_PEAK_TFLOPS:.1f}%"
 
 
 def markdown_section(result: dict) -> str:
     """The generated part of ``ep_overlap.md``: command, table, per-phase times."""
-    stopped = "" if result.get("complete", True) else (
-        " **Partial: the run stopped after the jobs "
-        + ", ".join(f"{job} (exit {code})" for job, code in result.get("exit_codes", {}).items()) + ".**"
+    stopped = (
+        ""
+        if result.get("complete", True)
+        else (
+            " **Partial: the run stopped after the jobs "
+            + ", ".join(f"{job} (exit {code})" for job, code in result.get("exit_codes", {}).items())
+            + ".**"
+        )
     )
     lines = [
         f"Run: {result['date']}, commit `{result['commit']}`, {result['device']}; "
         f"bf16 matmul ceiling measured in the run: {fmt(result['ceiling_tflops'], 0)} TFLOP/s "
-        f"(nominal peak {NOMINAL_PEAK_TFLOPS})."
-        + stopped,
+        f"(nominal peak {NOMINAL_PEAK_TFLOPS})." + stopped,
         "",
         "```bash",
         result["command"],
@@ -266,7 +316,7 @@ def markdown_section(result: dict) -> str:
             f"| {r['transport']} | {r['mbs']} | {step_cell(r['ep1_step_s'], r['ep1_runs_s'])} "
             f"| {step_cell(r['off_step_s'], r['off_runs_s'])} | {step_cell(r['on_step_s'], r['on_runs_s'])} "
             f"| {ratio(r.get('on_vs_off'))} | {ratio(r.get('on_vs_ep1'))} | "
-            f"{'-' if r.get('hidden_share') is None else f'{100 * r['hidden_share']:.0f}%'} "
+            f"{'-' if r.get('hidden_share') is None else f'{100 * r["hidden_share"]:.0f}%'} "
             f"| {fmt(r['ep1_tflops_per_gpu'], 0)} / {fmt(r['off_tflops_per_gpu'], 0)} "
             f"/ {fmt(r['on_tflops_per_gpu'], 0)} "
             f"| {mfu(r['on_tflops_per_gpu'] or r['ep1_tflops_per_gpu'])} |"
@@ -281,16 +331,24 @@ def markdown_section(result: dict) -> str:
     for r in result["rows"]:
         ph = r["phases"]
         lines.append(
-            f"- {r['transport']} MBS {r['mbs']}: " + "; ".join(
+            f"- {r['transport']} MBS {r['mbs']}: "
+            + "; ".join(
                 f"{k} {fmt(v['gpu_fwd_bwd_s'])} / {fmt(v['gpu_optimizer_s'])} / {fmt(v['host_fwd_bwd_s'])} s"
                 for k, v in ph.items()
-            ) + f"; largest loss difference off vs on over iterations 1-4: {fmt(r['loss_diff_first4'], 5)}"
+            )
+            + f"; largest loss difference off vs on over iterations 1-4: {fmt(r['loss_diff_first4'], 5)}"
         )
     dispatch = next((r["dispatch_on"] for r in result["rows"] if r["dispatch_on"]), None)
     if dispatch:
-        lines += ["", "Token dispatch (overlap-on runs): " + "; ".join(
-            f"{r['transport']}: {r['dispatch_on'][0]['description']}" for r in result["rows"]
-            if r["dispatch_on"] and r["mbs"] == result["rows"][0]["mbs"])]
+        lines += [
+            "",
+            "Token dispatch (overlap-on runs): "
+            + "; ".join(
+                f"{r['transport']}: {r['dispatch_on'][0]['description']}"
+                for r in result["rows"]
+                if r["dispatch_on"] and r["mbs"] == result["rows"][0]["mbs"]
+            ),
+        ]
     return "\n".join(lines)
 
 
@@ -312,48 +370,76 @@ def rerun_argv(argv: list[str]) -> list[str]:
     return argv_without(argv, "--commit")
 
 
-def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, help="working directory (logs, configs, results.json)")
-    p.add_argument("--republish", type=Path, nargs="+", metavar="RESULTS_JSON",
-                   help="only re-render the committed results from saved results.json files, in order (no runs)")
+    p.add_argument(
+        "--republish",
+        type=Path,
+        nargs="+",
+        metavar="RESULTS_JSON",
+        help="only re-render the committed results from saved results.json files, in order (no runs)",
+    )
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--window-start", type=int, default=4)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--mbs", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--transports", nargs="*", default=["nvlink", "host_staged"], choices=["nvlink", "host_staged"],
-                   help="EP=2 jobs to run after the EP=1 reference (none: the reference only)")
-    p.add_argument("--ep-dispatch", choices=sorted(DISPATCH_OVERRIDES), default="auto",
-                   help="EP=2 token dispatch: the product default (auto) or the torch-native sorted dispatcher")
-    p.add_argument("--cuda-graph", choices=sorted(GRAPH_OVERRIDES), default="none",
-                   help="model.cuda_graph_impl of every case (full_iteration: captured after 2 eager steps)")
+    p.add_argument(
+        "--transports",
+        nargs="*",
+        default=["nvlink", "host_staged"],
+        choices=["nvlink", "host_staged"],
+        help="EP=2 jobs to run after the EP=1 reference (none: the reference only)",
+    )
+    p.add_argument(
+        "--ep-dispatch",
+        choices=sorted(DISPATCH_OVERRIDES),
+        default="auto",
+        help="EP=2 token dispatch: the product default (auto) or the torch-native sorted dispatcher",
+    )
+    p.add_argument(
+        "--cuda-graph",
+        choices=sorted(GRAPH_OVERRIDES),
+        default="none",
+        help="model.cuda_graph_impl of every case (full_iteration: captured after 2 eager steps)",
+    )
     p.add_argument("--override", action="append", default=[], help="extra dotted override for every case")
     p.add_argument("--job-timeout", type=float, default=420.0)
     p.add_argument("--commit", help="commit the run measures (default: git rev-parse HEAD of this checkout)")
-    p.add_argument("--publish", action="store_true",
-                   help="write docs/benchmarks/ep_overlap_results.json and the table in ep_overlap.md")
+    p.add_argument(
+        "--publish",
+        action="store_true",
+        help="write docs/benchmarks/ep_overlap_results.json and the table in ep_overlap.md",
+    )
     return p.parse_args(argv)
 
 
 def collect(
-    args: argparse.Namespace, argv: Optional[list[str]], jobs: dict[str, list[Case]], codes: dict[str, int],
-    ceiling: Optional[float],
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    jobs: dict[str, list[Case]],
+    codes: dict[str, int],
+    ceiling: float | None,
 ) -> dict:
     """``results.json`` from the jobs run so far (``complete``: every job has run)."""
     return dict(
-        date=time.strftime("%Y-%m-%d"), commit=args.commit or git_commit(), device=benchmark_jobs.device_name(),
-        ceiling_tflops=ceiling, window=[args.window_start, args.steps], exit_codes=dict(codes),
+        date=time.strftime("%Y-%m-%d"),
+        commit=args.commit or git_commit(),
+        device=benchmark_jobs.device_name(),
+        ceiling_tflops=ceiling,
+        window=[args.window_start, args.steps],
+        exit_codes=dict(codes),
         complete=len(codes) == len(jobs),
-        command="uv run python scripts/performance/ep_overlap_benchmark.py " + shlex.join(
-            rerun_argv(argv if argv is not None else sys.argv[1:])),
-        harness_command_example="uv run python scripts/performance/run_script.py " + shlex.join(
-            harness_argv(jobs[list(jobs)[-1]][-1], args)),
+        command="uv run python scripts/performance/ep_overlap_benchmark.py "
+        + shlex.join(rerun_argv(argv if argv is not None else sys.argv[1:])),
+        harness_command_example="uv run python scripts/performance/run_script.py "
+        + shlex.join(harness_argv(jobs[list(jobs)[-1]][-1], args)),
         rows=rows(jobs),
     )
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.republish:
         publish([json.loads(path.read_text()) for path in args.republish])

@@ -23,14 +23,24 @@ from megatron.bridge.perf.benchmarks.start_times import COMMANDS, import_breakdo
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="harness_start_times.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tree", action="append", required=True, metavar="LABEL=DIR",
-                   help="a checkout to time (its scripts/ and src/); give two or more to compare")
+    p = argparse.ArgumentParser(
+        prog="harness_start_times.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--tree",
+        action="append",
+        required=True,
+        metavar="LABEL=DIR",
+        help="a checkout to time (its scripts/ and src/); give two or more to compare",
+    )
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--commands", default=",".join(COMMANDS), help=f"which of {', '.join(COMMANDS)}")
-    p.add_argument("--no-references", dest="references", action="store_false",
-                   help="leave out the interpreter, torch and megatron-core import times")
+    p.add_argument(
+        "--no-references",
+        dest="references",
+        action="store_false",
+        help="leave out the interpreter, torch and megatron-core import times",
+    )
     p.add_argument("--imports", action="store_true", help="also break the dry run's import time down by package")
     p.add_argument("--out", type=Path, default=None, help="write the samples and medians as JSON")
     args = p.parse_args()
@@ -49,10 +59,21 @@ def main() -> int:
     print(markdown(results, breakdown))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        rows = {name: {label: {**s.row(), "wall_s": s.wall_s, "cpu_s": s.cpu_s} for label, s in by_tree.items()}
-                for name, by_tree in results.items()}
-        args.out.write_text(json.dumps({"trees": {k: str(v) for k, v in trees.items()}, "repeats": args.repeats,
-                                        "results": rows, "imports_s": breakdown}, indent=2))
+        rows = {
+            name: {label: {**s.row(), "wall_s": s.wall_s, "cpu_s": s.cpu_s} for label, s in by_tree.items()}
+            for name, by_tree in results.items()
+        }
+        args.out.write_text(
+            json.dumps(
+                {
+                    "trees": {k: str(v) for k, v in trees.items()},
+                    "repeats": args.repeats,
+                    "results": rows,
+                    "imports_s": breakdown,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -26,7 +26,7 @@ def last_report(log_text: str) -> dict:
     lines = [line for line in log_text.splitlines() if line.startswith(REPORT_PREFIX)]
     if not lines:
         raise ValueError("no line starting with 'REPORT ' in the log: the check program did not finish")
-    return json.loads(lines[-1][len(REPORT_PREFIX):])
+    return json.loads(lines[-1][len(REPORT_PREFIX) :])
 
 
 def record(log_text: str, command: str, setting: str, tree: str) -> dict:

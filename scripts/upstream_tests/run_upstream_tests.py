@@ -43,16 +43,32 @@ _DEEPEP = "test_config.py::TestConfigContainerValidation::test_deepep_validation
 _QWEN = "test_qwen_recipes.py::"
 IN_SCOPE: tuple[str, ...] = (
     # failing at 624e003, each with its cause in the issue that counted them
-    *(f"{_DEEPEP}[{case}]" for case in (
-        "8-NVIDIA A100-True-False", "9-NVIDIA H100-True-False", "10-NVIDIA B200-True-False",
-        "10-NVIDIA B200 SXM6 AC-True-False", "10-NVIDIA B300-True-False", "7-NVIDIA V100-True-True",
-        "6-NVIDIA P100-True-True", "10-NVIDIA B100-True-True", "7-NVIDIA V100-False-False",
-        "6-NVIDIA P100-False-False")),
+    *(
+        f"{_DEEPEP}[{case}]"
+        for case in (
+            "8-NVIDIA A100-True-False",
+            "9-NVIDIA H100-True-False",
+            "10-NVIDIA B200-True-False",
+            "10-NVIDIA B200 SXM6 AC-True-False",
+            "10-NVIDIA B300-True-False",
+            "7-NVIDIA V100-True-True",
+            "6-NVIDIA P100-True-True",
+            "10-NVIDIA B100-True-True",
+            "7-NVIDIA V100-False-False",
+            "6-NVIDIA P100-False-False",
+        )
+    ),
     "test_config.py::TestConfigContainerValidation::test_deepep_validation_disabled_skips_hardware_check",
     "test_config.py::TestRuntimeConfigUpdate::test_runtime_config_update_with_comm_overlap",
-    *(f"{_QWEN}test_each_qwen_recipe_builds_config[{name}]" for name in (
-        "qwen3_30b_a3b_pretrain_config", "qwen3_30b_a3b_pretrain_8gpu_config", "qwen3_235b_a22b_pretrain_config",
-        "qwen3_moe_tiny_pretrain_config")),
+    *(
+        f"{_QWEN}test_each_qwen_recipe_builds_config[{name}]"
+        for name in (
+            "qwen3_30b_a3b_pretrain_config",
+            "qwen3_30b_a3b_pretrain_8gpu_config",
+            "qwen3_235b_a22b_pretrain_config",
+            "qwen3_moe_tiny_pretrain_config",
+        )
+    ),
     f"{_QWEN}test_qwen3_30b_a3b_pretrain_defaults",
     f"{_QWEN}test_qwen3_30b_a3b_bf16_perf_recipe_uses_default_functional_config",
     "test_mixed_precision.py::TestMixedPrecisionRecipes::test_bf16_mixed",
@@ -60,22 +76,32 @@ IN_SCOPE: tuple[str, ...] = (
     "test_config.py::TestCheckpointConfig::test_save_weight_format_field_is_removed",
     "test_config.py::TestTokenizerConfig::test_config_failure",
     "test_comm_overlap.py::TestMegatronCommOverlapConfig::test_setup_without_distributed_optimizer",
-    *(f"test_deepep.py::{name}" for name in (
-        "TestApplyDeepEP::test_apply_flex_dispatcher_backend_sets_configs_for_moe_model_on_ampere",
-        "TestApplyDeepEP::test_apply_flex_dispatcher_backend_sets_configs_for_moe_model_on_hopper",
-        "TestApplyDeepEP::test_apply_flex_dispatcher_backend_overrides_existing_configs_for_moe_model",
-        "TestApplyDeepEP::test_apply_flex_dispatcher_backend_preserves_cuda_probe_errors",
-        "TestApplyDeepEP::test_apply_flex_dispatcher_backend_warns_for_non_moe_model_none_experts",
-        "TestApplyDeepEP::test_apply_flex_dispatcher_backend_warns_for_non_moe_model_zero_experts",
-        "TestValidateDeepEP::test_validate_flex_dispatcher_backend_volta_gpu_raises_error",
-        "TestValidateDeepEP::test_validate_flex_dispatcher_backend_future_gpu_raises_error",
-        "TestApplyHybridEP::test_pply_flex_dispatcher_backend_sets_configs_for_moe_model_on_gb200",
-        "TestValidateHybridEP::test_validate_flex_dispatcher_backend_future_gpu_raises_error")),
+    *(
+        f"test_deepep.py::{name}"
+        for name in (
+            "TestApplyDeepEP::test_apply_flex_dispatcher_backend_sets_configs_for_moe_model_on_ampere",
+            "TestApplyDeepEP::test_apply_flex_dispatcher_backend_sets_configs_for_moe_model_on_hopper",
+            "TestApplyDeepEP::test_apply_flex_dispatcher_backend_overrides_existing_configs_for_moe_model",
+            "TestApplyDeepEP::test_apply_flex_dispatcher_backend_preserves_cuda_probe_errors",
+            "TestApplyDeepEP::test_apply_flex_dispatcher_backend_warns_for_non_moe_model_none_experts",
+            "TestApplyDeepEP::test_apply_flex_dispatcher_backend_warns_for_non_moe_model_zero_experts",
+            "TestValidateDeepEP::test_validate_flex_dispatcher_backend_volta_gpu_raises_error",
+            "TestValidateDeepEP::test_validate_flex_dispatcher_backend_future_gpu_raises_error",
+            "TestApplyHybridEP::test_pply_flex_dispatcher_backend_sets_configs_for_moe_model_on_gb200",
+            "TestValidateHybridEP::test_validate_flex_dispatcher_backend_future_gpu_raises_error",
+        )
+    ),
     "test_mixed_precision.py::TestMixedPrecisionRecipes::test_recipe_returns_new_instance",
-    *(f"test_mixed_precision.py::TestRegisterAndGetMixedPrecisionConfig::{name}" for name in (
-        "test_get_mixed_precision_config_with_hyphens", "test_get_mixed_precision_config_with_hyphens_and_underscores",
-        "test_get_mixed_precision_config_hyphen_aliases_for_all_recipes",
-        "test_get_mixed_precision_config_invalid_name", "test_get_mixed_precision_config_passthrough")),
+    *(
+        f"test_mixed_precision.py::TestRegisterAndGetMixedPrecisionConfig::{name}"
+        for name in (
+            "test_get_mixed_precision_config_with_hyphens",
+            "test_get_mixed_precision_config_with_hyphens_and_underscores",
+            "test_get_mixed_precision_config_hyphen_aliases_for_all_recipes",
+            "test_get_mixed_precision_config_invalid_name",
+            "test_get_mixed_precision_config_passthrough",
+        )
+    ),
 )
 """The 38 tests of the mirrored surface: each uses only modules, names and fields this package has."""
 
@@ -83,8 +109,12 @@ IN_SCOPE: tuple[str, ...] = (
 def write_workdir(upstream: Path, workdir: Path) -> None:
     """The upstream files at :data:`UPSTREAM_COMMIT`, the stand-in conftest and a pytest.ini."""
     for name in TEST_FILES:
-        text = subprocess.run(["git", "-C", str(upstream), "show", f"{UPSTREAM_COMMIT}:{name}"],
-                              check=True, capture_output=True, text=True).stdout
+        text = subprocess.run(
+            ["git", "-C", str(upstream), "show", f"{UPSTREAM_COMMIT}:{name}"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         target = workdir / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
@@ -98,7 +128,7 @@ def results(junit: Path) -> dict[str, str]:
     for case in ET.parse(junit).iter("testcase"):
         parts = case.get("classname", "").split(".")
         module = next((i for i, part in enumerate(parts) if part.startswith("test_")), len(parts) - 1)
-        key = "::".join([parts[module] + ".py", *parts[module + 1:], case.get("name", "")])
+        key = "::".join([parts[module] + ".py", *parts[module + 1 :], case.get("name", "")])
         failed = case.find("failure") is not None or case.find("error") is not None
         found[key] = "skip" if case.find("skipped") is not None else "fail" if failed else "pass"
     return found
@@ -112,8 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="upstream_tests_"))
     write_workdir(args.upstream, workdir)
     junit = workdir / "results.xml"
-    subprocess.run([sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider",
-                    f"--junitxml={junit}"], cwd=workdir, stdout=subprocess.DEVNULL, check=False)
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"],
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        check=False,
+    )
     found = results(junit)
     for name in IN_SCOPE:
         print(f"{found.get(name, 'missing'):7} {name}")

@@ -139,8 +139,12 @@ def trained_after_validate(out: Path) -> tuple[list[float], dict]:
         losses = pretrain(cfg).losses
     finally:
         finalize.resolve_config = resolve
-    facts = {"tree_extras_before": before, "after_validate": after_validate,
-             "after_pretrain": container_facts(cfg), "resolutions": resolved.count(True)}
+    facts = {
+        "tree_extras_before": before,
+        "after_validate": after_validate,
+        "after_pretrain": container_facts(cfg),
+        "resolutions": resolved.count(True),
+    }
     return losses, facts
 
 
@@ -218,8 +222,9 @@ def main() -> None:
     if torch.distributed.get_rank() == 0:
         shutil.copytree(ckpt, planted)
         for rank in range(torch.distributed.get_world_size()):  # every rank meets it (none waits for a peer)
-            torch.save(RunsCode(str(out / "planted_code_ran")),
-                       planted / "iter_0000010" / "rng" / f"rank_{rank:05d}.pt")
+            torch.save(
+                RunsCode(str(out / "planted_code_ran")), planted / "iter_0000010" / "rng" / f"rank_{rank:05d}.pt"
+            )
     torch.distributed.barrier()
     try:
         pretrain(resume_cfg(out, "planted", planted))

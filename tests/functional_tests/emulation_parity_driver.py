@@ -91,8 +91,11 @@ class RecordingGloo(dist.ProcessGroup):
         return self.inner.reduce_scatter_single_coalesced(outputs, inputs, opts)
 
     def all_to_all_single(self, output, tensor, out_splits, in_splits, opts):
-        splits = ([int(s) for s in in_splits] if in_splits is not None and len(in_splits)
-                  else [tensor.shape[0] // self.n] * self.n)
+        splits = (
+            [int(s) for s in in_splits]
+            if in_splits is not None and len(in_splits)
+            else [tensor.shape[0] // self.n] * self.n
+        )
         row = _nb(tensor) // max(1, tensor.shape[0])
         self._note("all_to_all", (sum(splits) - splits[self.me]) * row)
         return self.inner.all_to_all_single(output, tensor, out_splits, in_splits, opts)
@@ -134,7 +137,8 @@ def count_expert_tokens(model) -> None:
         for module in chunk.modules():
             if type(module).__name__ in ("TorchGroupedMLP", "GroupedMLP", "SequentialMLP", "TEGroupedMLP"):
                 module.register_forward_pre_hook(
-                    lambda mod, args: EXPERT_TOKENS.append([int(x) for x in args[1].tolist()]))
+                    lambda mod, args: EXPERT_TOKENS.append([int(x) for x in args[1].tolist()])
+                )
 
 
 def record_step_of_a_wider_world(out: Path) -> None:
@@ -184,8 +188,9 @@ def main() -> None:
             names = megatron_group_names()
             steps.append([(kind, names.get(id(group), "world"), nbytes) for kind, group, nbytes in ORDER])
         else:
-            steps.append([(kind, group.split("[")[0], nbytes)
-                          for group, kind, nbytes in trainer.world.steps[-1]["order"]])
+            steps.append(
+                [(kind, group.split("[")[0], nbytes) for group, kind, nbytes in trainer.world.steps[-1]["order"]]
+            )
 
     resume = pretrain_module.Trainer.resume
 
@@ -200,8 +205,9 @@ def main() -> None:
     result = pretrain_module.pretrain(cfg, symmetric_forward_step)
     if dist.is_initialized() and dist.get_rank() != 0:
         return
-    (out / f"{mode}.json").write_text(json.dumps(dict(calls=steps[0], expert_tokens=EXPERT_TOKENS,
-                                                      losses=result.losses)))
+    (out / f"{mode}.json").write_text(
+        json.dumps(dict(calls=steps[0], expert_tokens=EXPERT_TOKENS, losses=result.losses))
+    )
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "performance" / "run_script.py"
@@ -48,7 +47,7 @@ def running(pid: int) -> bool:
     return stat[stat.rfind(")") + 2 :].split()[0] not in ("Z", "X")
 
 
-def rank_pid(root: int, rank: int) -> Optional[int]:
+def rank_pid(root: int, rank: int) -> int | None:
     """The training process of ``rank`` below ``root`` (from its environment)."""
     for pid in descendants(root):
         try:
@@ -56,8 +55,11 @@ def rank_pid(root: int, rank: int) -> Optional[int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if (b"megatron.bridge.training.entry" in cmd and b"loopback_torchrun" not in cmd
-                and f"RANK={rank}".encode() in env):
+        if (
+            b"megatron.bridge.training.entry" in cmd
+            and b"loopback_torchrun" not in cmd
+            and f"RANK={rank}".encode() in env
+        ):
             return pid
     return None
 
@@ -65,13 +67,18 @@ def rank_pid(root: int, rank: int) -> Optional[int]:
 class HarnessProcess:
     """One harness run; ``lines`` fills while it runs."""
 
-    def __init__(self, *argv: str, env: Optional[dict] = None, via_uv: bool = False) -> None:
+    def __init__(self, *argv: str, env: dict | None = None, via_uv: bool = False) -> None:
         """``via_uv``: start it as users do, ``uv run python run_script.py ...``, in a session of its
         own, so that :meth:`press_ctrl_c` reaches uv and the harness together, as a terminal does."""
         command = ["uv", "run", "python", str(SCRIPT)] if via_uv else [sys.executable, str(SCRIPT)]
         self.proc = subprocess.Popen(
-            [*command, *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=env or dict(os.environ), start_new_session=via_uv,
+            [*command, *argv],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env or dict(os.environ),
+            start_new_session=via_uv,
         )
         self.log_dir = Path(argv[argv.index("-l") + 1]) if "-l" in argv else None
         """The run directory (``-l``), where the ranks write ``summary.json``."""

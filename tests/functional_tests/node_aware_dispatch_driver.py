@@ -53,8 +53,11 @@ class InterNodeRows:
     def _counted(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
         if self.phase is not None:
             ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-            splits = list(input_split_sizes) if input_split_sizes is not None and len(input_split_sizes) else (
-                [input.shape[0] // len(ranks)] * len(ranks))
+            splits = (
+                list(input_split_sizes)
+                if input_split_sizes is not None and len(input_split_sizes)
+                else ([input.shape[0] // len(ranks)] * len(ranks))
+            )
             me = dist.get_rank() // self.gpus_per_node
             remote = sum(int(n) for rank, n in zip(ranks, splits) if rank // self.gpus_per_node != me)
             if input.dim() == 2 and input.shape[1] == HIDDEN:
@@ -134,12 +137,23 @@ def make_dispatcher(kind: str, topk: int, gpus_per_node: int):
     from megatron.bridge.models.torch_native.node_aware_dispatcher import NodeAwareDispatcher
 
     config = TransformerConfig(
-        num_layers=1, hidden_size=HIDDEN, num_attention_heads=1, num_moe_experts=EXPERTS, moe_router_topk=topk,
-        expert_model_parallel_size=EP, moe_token_dispatcher_type="alltoall", use_cpu_initialization=True,
-        params_dtype=torch.float32, add_bias_linear=False, moe_router_pre_softmax=True,  # megatron's rule for top-1
+        num_layers=1,
+        hidden_size=HIDDEN,
+        num_attention_heads=1,
+        num_moe_experts=EXPERTS,
+        moe_router_topk=topk,
+        expert_model_parallel_size=EP,
+        moe_token_dispatcher_type="alltoall",
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        add_bias_linear=False,
+        moe_router_pre_softmax=True,  # megatron's rule for top-1
     )
-    groups = SimpleNamespace(ep=ps.get_expert_model_parallel_group(), expt_tp=ps.get_expert_tensor_parallel_group(),
-                             tp_ep=ps.get_expert_tensor_and_model_parallel_group())
+    groups = SimpleNamespace(
+        ep=ps.get_expert_model_parallel_group(),
+        expt_tp=ps.get_expert_tensor_parallel_group(),
+        tp_ep=ps.get_expert_tensor_and_model_parallel_group(),
+    )
     local = EXPERTS // EP
     args = (local, list(range(dist.get_rank() * local, (dist.get_rank() + 1) * local)))
     if kind == "megatron":
@@ -175,8 +189,15 @@ def through_stages(dispatcher, counter: InterNodeRows, routing_map, probs) -> di
     out = dispatcher.combine_postprocess(dispatcher.token_combine(dispatcher.combine_preprocess(y)))
     counter.phase = None
     (out * torch.randn(out.shape, generator=g)).sum().backward()
-    return dict(inputs=tokens.detach(), probs=p.detach(), tokens_per_expert=torch.as_tensor(tokens_per_expert).tolist(),
-                out=out.detach(), grad_x=x.grad, grad_probs=probs.grad, grad_w=weights.grad)
+    return dict(
+        inputs=tokens.detach(),
+        probs=p.detach(),
+        tokens_per_expert=torch.as_tensor(tokens_per_expert).tolist(),
+        out=out.detach(),
+        grad_x=x.grad,
+        grad_probs=probs.grad,
+        grad_w=weights.grad,
+    )
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -202,7 +223,8 @@ def dispatcher_cases(counter: InterNodeRows) -> dict:
             tokens_per_expert=[ref["tokens_per_expert"], got["tokens_per_expert"]],
             diff={key: max_diff(ref[key], got[key]) for key in ("out", "grad_x", "grad_probs", "grad_w")},
             scale={key: float(ref[key].abs().max()) for key in ("out", "grad_x", "grad_probs", "grad_w")},
-            traffic=traffic, pairs=pair_counts(routing_map, gpus_per_node),
+            traffic=traffic,
+            pairs=pair_counts(routing_map, gpus_per_node),
         )
     ps.destroy_model_parallel()
     return report
@@ -245,12 +267,29 @@ def schedule_run(dispatcher: str, overlap: bool, delay: bool):
 
     ps.initialize_model_parallel(1, 1, expert_model_parallel_size=EP)
     provider = Qwen3MoEModelProvider(
-        num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2, kv_channels=8, ffn_hidden_size=64,
-        moe_ffn_hidden_size=16, num_moe_experts=EXPERTS, moe_router_topk=3, vocab_size=128, seq_length=SEQ,
-        make_vocab_size_divisible_by=128, layer_spec="torch_native", use_cpu_initialization=True,
-        params_dtype=torch.float32, bf16=True, expert_model_parallel_size=EP, moe_token_dispatcher_type="alltoall",
-        torch_native_dispatcher=dispatcher, torch_native_gpus_per_node=2 if dispatcher == "node_aware" else None,
-        overlap_moe_expert_parallel_comm=overlap, delay_wgrad_compute=delay, moe_aux_loss_coeff=0.0,
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_query_groups=2,
+        kv_channels=8,
+        ffn_hidden_size=64,
+        moe_ffn_hidden_size=16,
+        num_moe_experts=EXPERTS,
+        moe_router_topk=3,
+        vocab_size=128,
+        seq_length=SEQ,
+        make_vocab_size_divisible_by=128,
+        layer_spec="torch_native",
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        bf16=True,
+        expert_model_parallel_size=EP,
+        moe_token_dispatcher_type="alltoall",
+        torch_native_dispatcher=dispatcher,
+        torch_native_gpus_per_node=2 if dispatcher == "node_aware" else None,
+        overlap_moe_expert_parallel_comm=overlap,
+        delay_wgrad_compute=delay,
+        moe_aux_loss_coeff=0.0,
     )
     provider.finalize()
     cpu_compat.seed_cpu_model_parallel(1234)
@@ -259,8 +298,13 @@ def schedule_run(dispatcher: str, overlap: bool, delay: bool):
     g = torch.Generator().manual_seed(10 + dist.get_rank())
     data = [torch.randint(0, 128, (1, SEQ), generator=g) for _ in range(MICRO_BATCHES)]
     out = get_forward_backward_func()(
-        forward_step_func=_forward_step, data_iterator=iter(data), model=[model], num_microbatches=MICRO_BATCHES,
-        seq_length=SEQ, micro_batch_size=1, forward_only=False,
+        forward_step_func=_forward_step,
+        data_iterator=iter(data),
+        model=[model],
+        num_microbatches=MICRO_BATCHES,
+        seq_length=SEQ,
+        micro_batch_size=1,
+        forward_only=False,
     )
     grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
     left = sum(len(stash) for m in model.modules() for stash in getattr(m, "stashes", {}).values())
@@ -271,12 +315,17 @@ def schedule_run(dispatcher: str, overlap: bool, delay: bool):
 def schedule_cases() -> dict:
     results = {name: schedule_run(*variant) for name, variant in VARIANTS.items()}
     _, reference, _, _ = results["megatron"]
-    return {name: dict(
-        losses=losses, node_aware_layers=layers, deferred_wgrads_left=left,
-        grad_diff=max(max_diff(grads[k], reference[k]) for k in reference),
-        grad_scale=max(float(reference[k].detach().abs().max()) for k in reference),
-        same_grad_names=sorted(grads) == sorted(reference),
-    ) for name, (losses, grads, layers, left) in results.items()}
+    return {
+        name: dict(
+            losses=losses,
+            node_aware_layers=layers,
+            deferred_wgrads_left=left,
+            grad_diff=max(max_diff(grads[k], reference[k]) for k in reference),
+            grad_scale=max(float(reference[k].detach().abs().max()) for k in reference),
+            same_grad_names=sorted(grads) == sorted(reference),
+        )
+        for name, (losses, grads, layers, left) in results.items()
+    }
 
 
 # ------------------------------------------------------------------------------ 3. pretrain()

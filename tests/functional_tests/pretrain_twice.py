@@ -49,6 +49,9 @@ def tiny(name: str):
 report = {}
 for run in ("first", "second"):
     result = pretrain_module.pretrain(tiny(run))  # no gc.collect() here: the memory must be free when pretrain returns
-    report[run] = {"losses": len(result.losses), "alive": sum(r() is not None for r in built[-1]),
-                   "watched": len(built[-1])}
+    report[run] = {
+        "losses": len(result.losses),
+        "alive": sum(r() is not None for r in built[-1]),
+        "watched": len(built[-1]),
+    }
 print("REPORT " + json.dumps(report))

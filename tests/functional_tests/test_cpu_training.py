@@ -36,10 +36,21 @@ def results(tmp_path_factory, run_on_free_port) -> dict:
     out = tmp_path_factory.mktemp("cpu_training")
 
     def launch(port: int) -> dict:
-        return dict(args=[
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_addr", "127.0.0.1", "--master_port", str(port), str(DRIVER), str(out),
-        ])
+        return dict(
+            args=[
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                "2",
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                str(port),
+                str(DRIVER),
+                str(out),
+            ]
+        )
 
     proc = run_on_free_port(launch, capture_output=True, text=True, env=_env(), timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
@@ -166,8 +177,12 @@ def test_summary_json(results: dict) -> None:
     for key in ("overlap_report", "resolved_config", "peak_memory_gib", "step_times_s", "torch_native_kernels"):
         assert key in summary
     assert summary["cuda_graph"] == dict(
-        impl="none", warmup_steps=None, captured_iteration=None, grad_nan_check_after_backward=False,
-        capture_record_stream_reuse=None)
+        impl="none",
+        warmup_steps=None,
+        captured_iteration=None,
+        grad_nan_check_after_backward=False,
+        capture_record_stream_reuse=None,
+    )
     # megatron's own layers (layer_spec=local): no torch-native weight-gradient path to report.
     assert summary["expert_wgrad_accumulation"] is None and summary["dense_wgrad_accumulation"] is None
     config = yaml.safe_load(summary["resolved_config"])  # the effective config, not an error text

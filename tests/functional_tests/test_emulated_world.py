@@ -83,8 +83,12 @@ def test_a_steps_record_is_what_the_network_model_gives_by_hand(runs, group, kin
         assert tally["modeled_s"] == 0.0
         return
     latency, bandwidth = H100.inter_node_latency_us * 1e-6, H100.inter_node_gbps * 1e9  # one GPU per node
-    factor = {"all_to_all": 1.0, "all_gather": (size - 1) / size, "reduce_scatter": (size - 1) / size,
-              "all_reduce": 2 * (size - 1) / size}[kind]
+    factor = {
+        "all_to_all": 1.0,
+        "all_gather": (size - 1) / size,
+        "reduce_scatter": (size - 1) / size,
+        "all_reduce": 2 * (size - 1) / size,
+    }[kind]
     assert tally["modeled_s"] == pytest.approx(calls * latency + factor * tally["bytes"] / bandwidth, rel=1e-9)
 
 
@@ -100,8 +104,11 @@ def readme_emulated_cpu_command() -> list[str]:
     """The README's harness command with ``--emulate`` and ``-g cpu`` (continued lines joined)."""
     text = re.sub(r"\\\n\s*", "", (REPO / "README.md").read_text())
     for line in text.splitlines():
-        if line.startswith("uv run python scripts/performance/run_script.py") and "--emulate" in line \
-                and "-g cpu" in line:
+        if (
+            line.startswith("uv run python scripts/performance/run_script.py")
+            and "--emulate" in line
+            and "-g cpu" in line
+        ):
             return shlex.split(line)[3:]  # after "uv run python"
     raise AssertionError("the README has no CPU command for the emulated world")
 
@@ -110,8 +117,9 @@ def test_the_readmes_cpu_command_for_the_emulated_world_runs_as_written(tmp_path
     argv = readme_emulated_cpu_command()
     index = " ".join((REPO / "docs" / "README.md").read_text().split())
     assert f"`uv run python {shlex.join(argv)}`" in index  # the index gives the same command
-    proc = subprocess.run([sys.executable, *argv, "-l", str(tmp_path / "sweep")], cwd=REPO, capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, *argv, "-l", str(tmp_path / "sweep")], cwd=REPO, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert proc.stdout.count("EMULATED world: this process plays rank 0 of 16 (2 node(s) x 8 GPUs)") == 2
     tables = proc.stdout.split("Results")[1:]
@@ -132,10 +140,22 @@ def test_the_sorted_dispatchers_nvshmem_exchange_runs_emulated_and_is_charged_on
     from seed_command import TINY_SIZES, for_gpu
 
     script = Path(__file__).resolve().parents[2] / "scripts" / "performance" / "run_script.py"
-    argv = [*for_gpu("cpu"), "--emulate", "--network", "h100_ib400", *TINY_SIZES, "--max_steps", "2", "-gb", "32",
-            "model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nvshmem"]
-    proc = subprocess.run([sys.executable, str(script), *argv, "-l", str(tmp_path / "run")], capture_output=True,
-                          text=True, timeout=900)
+    argv = [
+        *for_gpu("cpu"),
+        "--emulate",
+        "--network",
+        "h100_ib400",
+        *TINY_SIZES,
+        "--max_steps",
+        "2",
+        "-gb",
+        "32",
+        "model.torch_native_dispatcher=sorted",
+        "model.torch_native_ep_transport=nvshmem",
+    ]
+    proc = subprocess.run(
+        [sys.executable, str(script), *argv, "-l", str(tmp_path / "run")], capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "sorted dispatcher, sync-free, transport: nvshmem (EP=16, NVSHMEM EMULATED" in proc.stdout
     step = json.loads((tmp_path / "run" / "summary.json").read_text())["emulation"]["steps"][-1]

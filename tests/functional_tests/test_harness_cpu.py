@@ -27,8 +27,9 @@ FAKE_SLURM = Path(__file__).with_name("fake_slurm")
 
 
 def harness(*argv, timeout=600):
-    return subprocess.run([sys.executable, str(SCRIPT), *argv], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *argv], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_cpu_sweep_trains_each_value_and_writes_summary_markdown_and_plot(tmp_path):
@@ -37,11 +38,18 @@ def test_cpu_sweep_trains_each_value_and_writes_summary_markdown_and_plot(tmp_pa
     the launcher dominates the cost on a 2-core CI machine. The torch-native kernel settings given
     as overrides reach the start-up lines and ``summary.json``."""
     root = tmp_path / "sweep"
-    kernels = dict(compile=True, grouped_gemm_backend="loop", cross_entropy_backend="torch",
-                   wgrad_accumulation="auto")
-    proc = harness(*TINY, "-l", str(root), "--steady_state_window", "2,3",
-                   "model.torch_native_grouped_gemm_backend=loop", "model.torch_native_cross_entropy_backend=torch",
-                   "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true")
+    kernels = dict(compile=True, grouped_gemm_backend="loop", cross_entropy_backend="torch", wgrad_accumulation="auto")
+    proc = harness(
+        *TINY,
+        "-l",
+        str(root),
+        "--steady_state_window",
+        "2,3",
+        "model.torch_native_grouped_gemm_backend=loop",
+        "model.torch_native_cross_entropy_backend=torch",
+        "--sweep",
+        "comm_overlap.overlap_moe_expert_parallel_comm=false,true",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     losses = []
     for sub in ("00_overlap_moe_expert_parallel_comm=false", "01_overlap_moe_expert_parallel_comm=true"):
@@ -68,8 +76,14 @@ def _stop_run(tmp_path, signum: int) -> tuple[HarnessProcess, int, Path, float]:
     ``signum`` to the harness once iteration 2 is printed."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    run = HarnessProcess(*TINY_SLOW, "-l", str(tmp_path / "run"), f"checkpoint.save={ckpt}",
-                         f"checkpoint.load={ckpt}", "checkpoint.save_interval=1")
+    run = HarnessProcess(
+        *TINY_SLOW,
+        "-l",
+        str(tmp_path / "run"),
+        f"checkpoint.save={ckpt}",
+        f"checkpoint.load={ckpt}",
+        "checkpoint.save_interval=1",
+    )
     run.wait_for("iteration      2/")
     sent = time.monotonic()
     run.send(signum)
@@ -84,8 +98,9 @@ def sigterm_run(tmp_path_factory):
     return dict(run=run, code=code, ckpt=ckpt, stop_s=stop_s, left=run.left_behind(), tmp=tmp_path)
 
 
-def _check_clean_stop(run: HarnessProcess, code: int, ckpt: Path, left: list[int], signum: int,
-                      fresh: bool = True) -> int:
+def _check_clean_stop(
+    run: HarnessProcess, code: int, ckpt: Path, left: list[int], signum: int, fresh: bool = True
+) -> int:
     """A clean stop, reported under the signal the harness received (by the harness, by the ranks,
     which got SIGTERM, and in ``summary.json``)."""
     out, name = run.output, signal.Signals(signum).name
@@ -122,9 +137,17 @@ def test_resume_then_ctrl_c_under_uv_continues_labels_the_timed_iterations_and_s
     window (steps 2-3 of this run) is labelled with the iteration numbers that were timed."""
     ckpt = sigterm_run["ckpt"]
     start = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
-    run = HarnessProcess(*TINY_SLOW, "--steady_state_window", "2,3", "-l", str(sigterm_run["tmp"] / "resumed"),
-                         f"checkpoint.save={ckpt}", f"checkpoint.load={ckpt}", "checkpoint.save_interval=1",
-                         via_uv=True)
+    run = HarnessProcess(
+        *TINY_SLOW,
+        "--steady_state_window",
+        "2,3",
+        "-l",
+        str(sigterm_run["tmp"] / "resumed"),
+        f"checkpoint.save={ckpt}",
+        f"checkpoint.load={ckpt}",
+        "checkpoint.save_interval=1",
+        via_uv=True,
+    )
     run.wait_for(f"iteration {start + 4:>6d}/")
     run.press_ctrl_c()
     code = run.finish()
@@ -156,10 +179,12 @@ def test_srun_mode_forwards_the_stop_to_srun(tmp_path):
     """Inside an allocation the harness runs srun; SIGTERM to the harness goes to srun (which
     forwards it to every task). A stand-in srun records it."""
     log = tmp_path / "srun.log"
-    env = dict(os.environ, SLURM_JOB_ID="4242", FAKE_SRUN_LOG=str(log),
-               PATH=f"{FAKE_SLURM}{os.pathsep}{os.environ['PATH']}")
-    run = HarnessProcess("-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "2", "-ep", "2", "-l", str(tmp_path / "run"),
-                         env=env)
+    env = dict(
+        os.environ, SLURM_JOB_ID="4242", FAKE_SRUN_LOG=str(log), PATH=f"{FAKE_SLURM}{os.pathsep}{os.environ['PATH']}"
+    )
+    run = HarnessProcess(
+        "-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "2", "-ep", "2", "-l", str(tmp_path / "run"), env=env
+    )
     deadline = time.monotonic() + 120
     while not (log.is_file() and "started" in log.read_text()) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -176,16 +201,29 @@ def test_batch_script_forwards_slurms_pre_timeout_signal_to_srun(tmp_path):
     srun; run here by bash with stand-ins for srun and scontrol."""
     from megatron.bridge.perf.harness.launcher import SLURM_STOP_LEAD_S, plan_launch
 
-    plan = plan_launch(cpu=False, num_gpus=16, gpus_per_node=8, procs_per_gpu=1, config_path=tmp_path / "c.yaml",
-                       log_dir=tmp_path, environ={}, workdir=tmp_path)
+    plan = plan_launch(
+        cpu=False,
+        num_gpus=16,
+        gpus_per_node=8,
+        procs_per_gpu=1,
+        config_path=tmp_path / "c.yaml",
+        log_dir=tmp_path,
+        environ={},
+        workdir=tmp_path,
+    )
     script = tmp_path / "launch.sbatch"
     script.write_text(plan.script_text)
     assert f"#SBATCH --signal=B:TERM@{SLURM_STOP_LEAD_S}" in plan.script_text
     log = tmp_path / "srun.log"
-    env = dict(os.environ, FAKE_SRUN_LOG=str(log), SLURM_JOB_NODELIST="node1",
-               PATH=f"{FAKE_SLURM}{os.pathsep}{os.environ['PATH']}")
-    batch = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True)
+    env = dict(
+        os.environ,
+        FAKE_SRUN_LOG=str(log),
+        SLURM_JOB_NODELIST="node1",
+        PATH=f"{FAKE_SLURM}{os.pathsep}{os.environ['PATH']}",
+    )
+    batch = subprocess.Popen(
+        ["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.monotonic() + 30
     while not (log.is_file() and "started" in log.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -19,8 +19,9 @@ TINY = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "-gb", "4"
 
 
 def harness(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *argv], cwd=REPO, capture_output=True, text=True, timeout=900,
-                          env=env)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *argv], cwd=REPO, capture_output=True, text=True, timeout=900, env=env
+    )
 
 
 def test_the_nan_stop_names_the_step_in_which_the_gradients_went_bad(tmp_path):
@@ -34,24 +35,39 @@ def test_the_nan_stop_names_the_step_in_which_the_gradients_went_bad(tmp_path):
 NONFINITE_SITE = Path(__file__).with_name("nonfinite_site")
 
 
-@pytest.mark.parametrize("save_interval, stop, what", [
-    # the loss of iteration 4 is NaN; iteration 2 was saved
-    pytest.param(2, 4, "loss", id="nan-loss"),
-    # iteration 2's update leaves a NaN parameter (that step's loss, computed before the update, is
-    # finite): the save of iteration 2 would publish it
-    pytest.param(1, 2, "parameters", id="nan-parameters-at-a-save"),
-])
+@pytest.mark.parametrize(
+    "save_interval, stop, what",
+    [
+        # the loss of iteration 4 is NaN; iteration 2 was saved
+        pytest.param(2, 4, "loss", id="nan-loss"),
+        # iteration 2's update leaves a NaN parameter (that step's loss, computed before the update, is
+        # finite): the save of iteration 2 would publish it
+        pytest.param(1, 2, "parameters", id="nan-parameters-at-a-save"),
+    ],
+)
 def test_a_nonfinite_loss_or_state_stops_the_run_and_is_never_saved(tmp_path, save_interval, stop, what):
     """The non-finite value is put there at a chosen iteration (``nonfinite_site``), not waited for."""
     ckpt, run = tmp_path / "ckpt", tmp_path / "run"
     ckpt.mkdir()
-    env = dict(os.environ, BRIDGE_TEST_NONFINITE=f"{what}:{stop}",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(NONFINITE_SITE), os.environ.get("PYTHONPATH")])))
-    proc = harness(*TINY, "--max_steps", "6", "-l", str(run), "ddp.check_for_nan_in_grad=false",
-                   f"checkpoint.save={ckpt}", f"checkpoint.load={ckpt}", f"checkpoint.save_interval={save_interval}",
-                   env=env)
+    env = dict(
+        os.environ,
+        BRIDGE_TEST_NONFINITE=f"{what}:{stop}",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(NONFINITE_SITE), os.environ.get("PYTHONPATH")])),
+    )
+    proc = harness(
+        *TINY,
+        "--max_steps",
+        "6",
+        "-l",
+        str(run),
+        "ddp.check_for_nan_in_grad=false",
+        f"checkpoint.save={ckpt}",
+        f"checkpoint.load={ckpt}",
+        f"checkpoint.save_interval={save_interval}",
+        env=env,
+    )
     assert proc.returncode == 1, proc.stdout[-3000:]
-    first = proc.stdout[proc.stdout.index("job failed"):].splitlines()[0]  # the report leads with the cause
+    first = proc.stdout[proc.stdout.index("job failed") :].splitlines()[0]  # the report leads with the cause
     assert f"NonFinite{what.capitalize()}Error: non-finite {what} at iteration {stop} " in first, first
 
     saved = list(range(save_interval, stop, save_interval))  # nothing of iteration `stop`, no leftovers
@@ -60,8 +76,9 @@ def test_a_nonfinite_loss_or_state_stops_the_run_and_is_never_saved(tmp_path, sa
 
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stopped_on_nonfinite"]["iteration"] == stop and summary["stopped_on_nonfinite"]["what"] == what
-    assert (summary["final_iteration"] == stop
-            and summary["stop_reason"].startswith(f"non-finite {what} at iteration {stop}"))
+    assert summary["final_iteration"] == stop and summary["stop_reason"].startswith(
+        f"non-finite {what} at iteration {stop}"
+    )
     losses = summary["losses"]
     assert len(losses) == stop and all(map(math.isfinite, losses[:-1]))
     assert math.isfinite(losses[-1]) == (what != "loss")

@@ -17,8 +17,9 @@ TINY = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--max_ste
 
 
 def harness(*argv, timeout=600):
-    return subprocess.run([sys.executable, str(SCRIPT), *argv], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *argv], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_launch_log_is_complete_and_a_finished_run_is_not_launched_again(tmp_path):

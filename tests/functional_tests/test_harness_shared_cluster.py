@@ -62,12 +62,30 @@ def _watch_listeners(proc: subprocess.Popen, found: set[str]) -> threading.Threa
 
 def test_every_write_of_a_run_goes_through_a_name_it_made_and_nothing_listens_beyond_loopback(tmp_path):
     run_dir, ckpt, log = tmp_path / "run", tmp_path / "ck", tmp_path / "writes.jsonl"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(AUDIT_SITE), os.environ.get("PYTHONPATH", "")]),
-               WRITE_AUDIT_ROOTS=os.pathsep.join([str(run_dir), str(ckpt)]), WRITE_AUDIT_LOG=str(log))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(AUDIT_SITE), os.environ.get("PYTHONPATH", "")]),
+        WRITE_AUDIT_ROOTS=os.pathsep.join([str(run_dir), str(ckpt)]),
+        WRITE_AUDIT_LOG=str(log),
+    )
     ckpt.mkdir()
-    argv = [sys.executable, str(SCRIPT), *TINY, "--max_steps", "3", "-l", str(run_dir), f"checkpoint.save={ckpt}",
-            f"checkpoint.load={ckpt}", "checkpoint.save_interval=1", "--profile", "--profile_step_start", "2",
-            "--profile_step_end", "2"]
+    argv = [
+        sys.executable,
+        str(SCRIPT),
+        *TINY,
+        "--max_steps",
+        "3",
+        "-l",
+        str(run_dir),
+        f"checkpoint.save={ckpt}",
+        f"checkpoint.load={ckpt}",
+        "checkpoint.save_interval=1",
+        "--profile",
+        "--profile_step_start",
+        "2",
+        "--profile_step_end",
+        "2",
+    ]
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     listeners: set[str] = set()
     watcher = _watch_listeners(proc, listeners)
@@ -81,8 +99,12 @@ def test_every_write_of_a_run_goes_through_a_name_it_made_and_nothing_listens_be
     assert any("rank_00000.pt" in w["path"] for w in writes)
     assert list((run_dir / "profile").glob("trace_rank0_*.json"))  # torch writes it from C++, unaudited: in a
     # private directory of its own, renamed into place
-    unsafe = [w for w in writes if not FRESH_PRIVATE_DIRS.search(w["path"]) and not (
-        w["flags"] & os.O_NOFOLLOW and (w["flags"] & os.O_EXCL or Path(w["path"]).name in CHECKED_OPENS))]
+    unsafe = [
+        w
+        for w in writes
+        if not FRESH_PRIVATE_DIRS.search(w["path"])
+        and not (w["flags"] & os.O_NOFOLLOW and (w["flags"] & os.O_EXCL or Path(w["path"]).name in CHECKED_OPENS))
+    ]
     assert not unsafe, unsafe
     assert listeners and listeners <= LOOPBACK, listeners
 
@@ -92,14 +114,27 @@ def test_a_full_file_system_under_the_run_directory_is_said_before_launch(tmp_pa
     """The run directory on a 96 KiB file system, mounted in a user and mount namespace of its own."""
     small = tmp_path / "small"
     small.mkdir()
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=96k tmpfs {small}"],
-                           capture_output=True)
+    probe = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=96k tmpfs {small}"], capture_output=True
+    )
     if probe.returncode != 0:
         pytest.skip(f"cannot mount in a namespace here: {probe.stderr.decode(errors='replace').strip()}")
-    command = " ".join([f"mount -t tmpfs -o size=96k tmpfs {small} &&", "exec", sys.executable, str(SCRIPT), *TINY,
-                        "--max_steps", "3", "-l", str(small / "run")])
-    proc = subprocess.run(["unshare", "-rm", "sh", "-c", command], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+    command = " ".join(
+        [
+            f"mount -t tmpfs -o size=96k tmpfs {small} &&",
+            "exec",
+            sys.executable,
+            str(SCRIPT),
+            *TINY,
+            "--max_steps",
+            "3",
+            "-l",
+            str(small / "run"),
+        ]
+    )
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", command], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "Traceback" not in out, out
     assert re.search(r"its file system has 0\.\d MiB free \(No space left for a run", out), out

@@ -39,10 +39,21 @@ def launch(tmp_path_factory, run_on_free_port) -> dict:
     out = tmp_path_factory.mktemp("node_aware")
 
     def args(port: int) -> dict:
-        return dict(args=[
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-            "--master_addr", "127.0.0.1", "--master_port", str(port), str(DRIVER), str(out),
-        ])
+        return dict(
+            args=[
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                "4",
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                str(port),
+                str(DRIVER),
+                str(out),
+            ]
+        )
 
     proc = run_on_free_port(args, capture_output=True, text=True, env=_env(), timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
@@ -105,16 +116,18 @@ def test_the_row_count_fails_a_dispatcher_that_sends_a_copy_per_rank_or_expert(r
     more rows than there are (token, node) pairs, and the check does not hold."""
     reports = _cases(ranks, case)
     assert not sends_one_row_per_token_and_node(reports, dispatcher)
-    assert ([r["traffic"][dispatcher]["rows"].get("dispatch", 0) for r in reports]
-            == [r["pairs"][pairs] for r in reports])
+    assert [r["traffic"][dispatcher]["rows"].get("dispatch", 0) for r in reports] == [
+        r["pairs"][pairs] for r in reports
+    ]
 
 
 @pytest.mark.parametrize("case", SEVERAL_RANKS_PER_NODE)
 def test_fewer_inter_node_bytes_than_megatron_where_tokens_share_a_node(ranks, case) -> None:
     """All inter-node bytes (hidden rows, probabilities, expert slots) of dispatch and combine."""
     reports = _cases(ranks, case)
-    total = {kind: sum(sum(r["traffic"][kind]["bytes"].values()) for r in reports)
-             for kind in ("megatron", "node_aware")}
+    total = {
+        kind: sum(sum(r["traffic"][kind]["bytes"].values()) for r in reports) for kind in ("megatron", "node_aware")
+    }
     assert total["node_aware"] < total["megatron"], total
 
 

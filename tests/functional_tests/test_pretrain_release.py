@@ -18,11 +18,13 @@ def test_a_finished_run_frees_its_model_for_the_next(tmp_path, world):
     garbage collection, by the cycles through the model config's schedule hooks. In a data-parallel
     world with the parameter all-gather overlapped, DDP's forward pre-hooks held it too (every
     emulated benchmark case kept its model, and a job of 20 cases ran out of the GPU's memory)."""
-    proc = subprocess.run([sys.executable, str(CHILD), str(tmp_path), world], capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(CHILD), str(tmp_path), world], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    report = json.loads(next(line for line in proc.stdout.splitlines()
-                             if line.startswith("REPORT ")).removeprefix("REPORT "))
+    report = json.loads(
+        next(line for line in proc.stdout.splitlines() if line.startswith("REPORT ")).removeprefix("REPORT ")
+    )
     for run in ("first", "second"):
         assert report[run]["losses"] == 2
         assert report[run]["watched"] > 0 and report[run]["alive"] == 0, report

@@ -15,8 +15,13 @@ import pytest
 pytestmark = pytest.mark.functional
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-KNOWN_NOISE = ("GPTModel IS DEPRECATED", "Unable to save MockGPTDataset indexes", "Rerun State Machine",
-               "RerunStateMachine initialized", "full_param_layout not provided")
+KNOWN_NOISE = (
+    "GPTModel IS DEPRECATED",
+    "Unable to save MockGPTDataset indexes",
+    "Rerun State Machine",
+    "RerunStateMachine initialized",
+    "full_param_layout not provided",
+)
 """megatron-core's notices that repeat on every rank and need no action (``utils/quiet.py``)."""
 
 
@@ -30,8 +35,13 @@ def own_run(tmp_path_factory) -> subprocess.CompletedProcess:
     tmp_path = tmp_path_factory.mktemp("own_script")
     script = tmp_path / "train.py"
     script.write_text(readme_script())
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 

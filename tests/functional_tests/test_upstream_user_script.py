@@ -31,10 +31,21 @@ def results(tmp_path_factory, run_on_free_port) -> dict:
     env.pop("WORLD_SIZE", None)
 
     def launch(port: int) -> dict:
-        return dict(args=[
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
-            "--master_addr", "127.0.0.1", "--master_port", str(port), str(SCRIPT), str(out),
-        ])
+        return dict(
+            args=[
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                "1",
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                str(port),
+                str(SCRIPT),
+                str(out),
+            ]
+        )
 
     proc = run_on_free_port(launch, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]

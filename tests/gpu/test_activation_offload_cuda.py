@@ -41,9 +41,31 @@ def train(log_dir: Path, *overrides: str) -> dict:
     gpu = gpu_type(torch.cuda.get_device_name(0))
     if gpu is None:
         pytest.skip(f"{torch.cuda.get_device_name(0)} is not one of the harness's -g GPU types")
-    argv = [sys.executable, str(SCRIPT), "-m", "qwen", "-mr", "qwen3_moe_tiny", "--task", "pretrain",
-            "-g", gpu.name, "-c", "bf16", "-ng", "1", "-ep", "1", "--max_steps", str(STEPS),
-            "--steady_state_window", f"2,{STEPS}", "-l", str(log_dir), *overrides]
+    argv = [
+        sys.executable,
+        str(SCRIPT),
+        "-m",
+        "qwen",
+        "-mr",
+        "qwen3_moe_tiny",
+        "--task",
+        "pretrain",
+        "-g",
+        gpu.name,
+        "-c",
+        "bf16",
+        "-ng",
+        "1",
+        "-ep",
+        "1",
+        "--max_steps",
+        str(STEPS),
+        "--steady_state_window",
+        f"2,{STEPS}",
+        "-l",
+        str(log_dir),
+        *overrides,
+    ]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     summary = json.loads((log_dir / "summary.json").read_text())

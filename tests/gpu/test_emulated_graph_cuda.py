@@ -26,8 +26,12 @@ ROUTED = ("ep[16]", "all_to_all")
 
 def _calls(step: dict) -> dict[tuple[str, str], tuple[int, ...]]:
     """A step's record without host times, the barriers around the capture, and routed bytes."""
-    return {(group, kind): (t["calls"],) if (group, kind) == ROUTED else (t["calls"], t["bytes"], t["inter_node_bytes"])
-            for group, kinds in step["groups"].items() for kind, t in kinds.items() if kind != "barrier"}
+    return {
+        (group, kind): (t["calls"],) if (group, kind) == ROUTED else (t["calls"], t["bytes"], t["inter_node_bytes"])
+        for group, kinds in step["groups"].items()
+        for kind, t in kinds.items()
+        if kind != "barrier"
+    }
 
 
 @pytest.mark.parametrize("overlap", ["false", "true"], ids=["overlap-off", "overlap-on"])
@@ -37,11 +41,29 @@ def test_a_captured_emulated_step_is_charged_at_every_replay_as_an_eager_step(tm
     gpu = gpu_type(torch.cuda.get_device_name(0))
     if gpu is None:
         pytest.skip(f"{torch.cuda.get_device_name(0)} is not one of the harness's -g GPU types")
-    argv = [sys.executable, str(SCRIPT), *for_gpu(gpu.name), "--emulate", "--network", "h100_ib400", *TINY_SIZES,
-            "--max_steps", str(STEPS), "-gb", "32", "--steady_state_window", f"{WARMUP + 2},{STEPS}",
-            "model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nvshmem",
-            "--cuda_graph_impl", "full_iteration", f"model.cuda_graph_warmup_steps={WARMUP}",
-            f"comm_overlap.overlap_moe_expert_parallel_comm={overlap}", "-l", str(tmp_path / "run")]
+    argv = [
+        sys.executable,
+        str(SCRIPT),
+        *for_gpu(gpu.name),
+        "--emulate",
+        "--network",
+        "h100_ib400",
+        *TINY_SIZES,
+        "--max_steps",
+        str(STEPS),
+        "-gb",
+        "32",
+        "--steady_state_window",
+        f"{WARMUP + 2},{STEPS}",
+        "model.torch_native_dispatcher=sorted",
+        "model.torch_native_ep_transport=nvshmem",
+        "--cuda_graph_impl",
+        "full_iteration",
+        f"model.cuda_graph_warmup_steps={WARMUP}",
+        f"comm_overlap.overlap_moe_expert_parallel_comm={overlap}",
+        "-l",
+        str(tmp_path / "run"),
+    ]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

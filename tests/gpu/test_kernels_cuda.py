@@ -75,8 +75,10 @@ def test_grouped_linear_matches_per_expert_matmuls(backend, generator):
     weight = torch.randn(4, 128, 256, device="cuda", generator=generator).to(torch.bfloat16) / 16
     dy = torch.randn(x.shape[0], 128, device="cuda", generator=generator).to(torch.bfloat16)
     results = []
-    for run in (lambda a, w: grouped_linear(a, w, counts, backend),
-                lambda a, w: reference_grouped_linear(a, w, counts.tolist())):
+    for run in (
+        lambda a, w: grouped_linear(a, w, counts, backend),
+        lambda a, w: reference_grouped_linear(a, w, counts.tolist()),
+    ):
         a, w = x.clone().requires_grad_(), weight.clone().requires_grad_()
         out = run(a, w)
         out.backward(dy)

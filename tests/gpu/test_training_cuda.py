@@ -24,9 +24,31 @@ def train(log_dir: Path, *overrides: str) -> dict:
     gpu = gpu_type(torch.cuda.get_device_name(0))
     if gpu is None:
         pytest.skip(f"{torch.cuda.get_device_name(0)} is not one of the harness's -g GPU types")
-    argv = [sys.executable, str(SCRIPT), "-m", "qwen", "-mr", "qwen3_moe_tiny", "--task", "pretrain",
-            "-g", gpu.name, "-c", "bf16", "-ng", "1", "-ep", "1", "--max_steps", str(STEPS),
-            "--steady_state_window", f"2,{STEPS}", "-l", str(log_dir), *overrides]
+    argv = [
+        sys.executable,
+        str(SCRIPT),
+        "-m",
+        "qwen",
+        "-mr",
+        "qwen3_moe_tiny",
+        "--task",
+        "pretrain",
+        "-g",
+        gpu.name,
+        "-c",
+        "bf16",
+        "-ng",
+        "1",
+        "-ep",
+        "1",
+        "--max_steps",
+        str(STEPS),
+        "--steady_state_window",
+        f"2,{STEPS}",
+        "-l",
+        str(log_dir),
+        *overrides,
+    ]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     summary = json.loads((log_dir / "summary.json").read_text())
@@ -43,8 +65,13 @@ def test_auto_trains_the_torch_native_layers_with_gradient_accumulation_fusion(t
 
 
 def test_transformer_engine_layers_train_with_gradient_accumulation_fusion_and_te_kernels(tmp_path, needs_te):
-    run = train(tmp_path / "te", "model.layer_spec=transformer_engine", "model.gradient_accumulation_fusion=true",
-                "model.moe_permute_fusion=true", "model.cross_entropy_fusion_impl=te")
+    run = train(
+        tmp_path / "te",
+        "model.layer_spec=transformer_engine",
+        "model.gradient_accumulation_fusion=true",
+        "model.moe_permute_fusion=true",
+        "model.cross_entropy_fusion_impl=te",
+    )
     assert run["layer_spec"] == "transformer_engine" and run["layer_spec_reason"] == "requested"
     assert "Transformer Engine's layers fuse into main_grad" in run["gradient_accumulation_fusion"]["description"]
     assert "loss: megatron-core fused cross-entropy (te)" in run["stdout"]

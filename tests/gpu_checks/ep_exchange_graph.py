@@ -69,32 +69,38 @@ parser.add_argument("--steps", type=int, default=6)
 parser.add_argument("--warmup", type=int, default=2)
 parser.add_argument("--variants", default=None, help="comma-separated; default: all that run at this world size")
 parser.add_argument(
-    "--baseline", default="reference",
+    "--baseline",
+    default="reference",
     help="the variant the others are compared with (runs first); exchange_collective isolates the "
-         "transport: the same dispatcher over all_to_all_single should match the NVSHMEM one bit for bit",
+    "transport: the same dispatcher over all_to_all_single should match the NVSHMEM one bit for bit",
 )
 parser.add_argument(
-    "--backend", default="nccl", choices=("nccl", "gloo"),
+    "--backend",
+    default="nccl",
+    choices=("nccl", "gloo"),
     help="gloo lets several ranks share one GPU (megatron's dispatcher only; NVSHMEM needs a GPU per rank)",
 )
 parser.add_argument(
-    "--sanitize", action="store_true",
+    "--sanitize",
+    action="store_true",
     help="run under torch's CUDA stream sanitizer (eager variants only: it reports tensor accesses from "
-         "two streams with no synchronisation between them, whatever the timing; slow), plus a check for "
-         "tensors freed while another stream may still use them (stream_checks.py). Every distinct finding "
-         "is printed once and listed with its count in the report; the torch-native layers then run torch "
-         "operators only (no Triton, no torch.compile) so that the detectors see every access",
+    "two streams with no synchronisation between them, whatever the timing; slow), plus a check for "
+    "tensors freed while another stream may still use them (stream_checks.py). Every distinct finding "
+    "is printed once and listed with its count in the report; the torch-native layers then run torch "
+    "operators only (no Triton, no torch.compile) so that the detectors see every access",
 )
 parser.add_argument(
-    "--torch-ops", action="store_true",
+    "--torch-ops",
+    action="store_true",
     help="torch operators only in the torch-native layers: no Triton kernels, no torch.compile (implied by "
-         "--sanitize); tells a race in those kernels from one elsewhere",
+    "--sanitize); tells a race in those kernels from one elsewhere",
 )
 parser.add_argument(
-    "--keep-going", action="store_true",
+    "--keep-going",
+    action="store_true",
     help="after a variant fails, go on with the next one. Safe only when every rank fails alike: a rank "
-         "that fails alone (out of memory, say) leaves the others waiting in a collective until the job's "
-         "time limit. By default the program reports what it has and exits 1, so torchrun stops the others",
+    "that fails alone (out of memory, say) leaves the others waiting in a collective until the job's "
+    "time limit. By default the program reports what it has and exits 1, so torchrun stops the others",
 )
 ARGS = parser.parse_args()
 ARGS.torch_ops = ARGS.torch_ops or ARGS.sanitize
@@ -129,8 +135,17 @@ if ARGS.proxy:
     PROVIDER = Qwen3MoEModelProvider30B_A3B
 else:
     SEQ, MICRO_BATCHES, VOCAB = 256, 4, 512
-    SHAPE = dict(num_layers=2, hidden_size=256, num_attention_heads=4, num_query_groups=2, kv_channels=64,
-                 ffn_hidden_size=512, moe_ffn_hidden_size=128, num_moe_experts=8, moe_router_topk=3)
+    SHAPE = dict(
+        num_layers=2,
+        hidden_size=256,
+        num_attention_heads=4,
+        num_query_groups=2,
+        kv_channels=64,
+        ffn_hidden_size=512,
+        moe_ffn_hidden_size=128,
+        num_moe_experts=8,
+        moe_router_topk=3,
+    )
     PROVIDER = Qwen3MoEModelProvider
 
 
@@ -157,8 +172,11 @@ def comm_stages_on_compute_stream(variant: str) -> None:
     if not _PLAN_INIT:
         _PLAN_INIT.append(plans.TransformerLayerSchedulePlan._build_callable_nodes)
     original = _PLAN_INIT[0]
-    moved = {name for name, key in (("moe_dispatch", "disponcomp"), ("moe_combine", "comboncomp"))
-             if key in variant or "onestream" in variant}
+    moved = {
+        name
+        for name, key in (("moe_dispatch", "disponcomp"), ("moe_combine", "comboncomp"))
+        if key in variant or "onestream" in variant
+    }
 
     def build_nodes(self, event, comp_stream, comm_stream, extra_args):
         original(self, event, comp_stream, comm_stream, extra_args)
@@ -216,22 +234,34 @@ def build(variant: str, graph: IterationGraph):
     reference = variant.startswith("reference")
     ps.initialize_model_parallel(1, 1, expert_model_parallel_size=WORLD)
     provider = PROVIDER(
-        **SHAPE, vocab_size=VOCAB, seq_length=SEQ, layer_spec="torch_native", bf16=True,
-        params_dtype=torch.bfloat16, expert_model_parallel_size=WORLD, moe_token_dispatcher_type="alltoall",
+        **SHAPE,
+        vocab_size=VOCAB,
+        seq_length=SEQ,
+        layer_spec="torch_native",
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        expert_model_parallel_size=WORLD,
+        moe_token_dispatcher_type="alltoall",
         torch_native_dispatcher="auto" if reference else "sorted",
         torch_native_ep_transport="auto" if reference else ("nccl" if "collective" in variant else "nvshmem"),
-        overlap_moe_expert_parallel_comm=overlap, delay_wgrad_compute=overlap and "delaywgrad" in variant,
+        overlap_moe_expert_parallel_comm=overlap,
+        delay_wgrad_compute=overlap and "delaywgrad" in variant,
         moe_aux_loss_coeff=0.0,
-        **(dict(torch_native_compile=False, torch_native_wgrad_accumulation="unfused",
-                torch_native_cross_entropy_backend="torch") if ARGS.torch_ops else {}),
+        **(
+            dict(
+                torch_native_compile=False,
+                torch_native_wgrad_accumulation="unfused",
+                torch_native_cross_entropy_backend="torch",
+            )
+            if ARGS.torch_ops
+            else {}
+        ),
     )
     provider.finalize()
     torch.manual_seed(1234)
     from megatron.core import tensor_parallel
 
-    tensor_parallel.model_parallel_cuda_manual_seed(
-        1234, use_cudagraphable_rng=graph.enabled, force_reset_rng=True
-    )
+    tensor_parallel.model_parallel_cuda_manual_seed(1234, use_cudagraphable_rng=graph.enabled, force_reset_rng=True)
     model = provider.provide()
     dispatchers = sorted({type(layer.mlp.token_dispatcher).__name__ for layer in model.decoder.layers})
     model = Float16Module(provider, model.cuda())
@@ -239,7 +269,8 @@ def build(variant: str, graph: IterationGraph):
         # As the product's configuration does (ddp.delay_wgrad_compute follows the model's): with it
         # off, DDP hooks the expert weights' AccumulateGrad, which delayed wgrad never reaches.
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, delay_wgrad_compute=provider.delay_wgrad_compute,
+            grad_reduce_in_fp32=True,
+            delay_wgrad_compute=provider.delay_wgrad_compute,
         )
         ddp = DistributedDataParallel(config=provider, ddp_config=ddp_config, module=model)
     return ddp, dispatchers
@@ -288,8 +319,13 @@ def run(variant: str, ref_grads: dict | None) -> dict:
             t0 = time.perf_counter()
             start.record()
             out = fwd_bwd(
-                forward_step_func=forward_step, data_iterator=batches(step), model=[model],
-                num_microbatches=MICRO_BATCHES, seq_length=SEQ, micro_batch_size=1, forward_only=False,
+                forward_step_func=forward_step,
+                data_iterator=batches(step),
+                model=[model],
+                num_microbatches=MICRO_BATCHES,
+                seq_length=SEQ,
+                micro_batch_size=1,
+                forward_only=False,
             )
             host = time.perf_counter() - t0
             end.record()
@@ -314,7 +350,11 @@ def run(variant: str, ref_grads: dict | None) -> dict:
     free_memory()
     timed = slice(ARGS.warmup + 1, None)  # after the capture step
     return dict(
-        row, dispatchers=dispatchers, losses=losses, schedule_plans=SCHEDULE_PLANS[0], **memory,
+        row,
+        dispatchers=dispatchers,
+        losses=losses,
+        schedule_plans=SCHEDULE_PLANS[0],
+        **memory,
         capture_record_stream_reuse=reuse,
         host_fwd_bwd_s=sum(host_s[timed]) / max(1, len(host_s[timed])),
         gpu_fwd_bwd_s=sum(gpu_s[timed]) / max(1, len(gpu_s[timed])),
@@ -327,16 +367,21 @@ def peak_memory_gib() -> dict:
     tensors held, and what the caching allocator reserved (a capture that cannot reuse freed blocks
     shows here first)."""
     gib = float(1 << 30)
-    return dict(peak_allocated_gib=round(torch.cuda.max_memory_allocated() / gib, 3),
-                peak_reserved_gib=round(torch.cuda.max_memory_reserved() / gib, 3))
+    return dict(
+        peak_allocated_gib=round(torch.cuda.max_memory_allocated() / gib, 3),
+        peak_reserved_gib=round(torch.cuda.max_memory_reserved() / gib, 3),
+    )
 
 
 def grad_diff(grads: dict, ref: dict) -> dict:
     """Largest relative difference of the final gradients from the reference's, and finiteness."""
     rels = {k: float((grads[k].float() - ref[k]).norm() / ref[k].norm().clamp_min(1e-30)) for k in ref}
     worst = sorted(rels.items(), key=lambda kv: -kv[1] if kv[1] == kv[1] else -float("inf"))[:6]  # NaN first
-    return dict(max_grad_rel_diff=max(rels.values()), worst_grads={k: round(v, 6) for k, v in worst if not v <= 0},
-                grads_finite=all(bool(torch.isfinite(v).all()) for v in grads.values()))
+    return dict(
+        max_grad_rel_diff=max(rels.values()),
+        worst_grads={k: round(v, 6) for k, v in worst if not v <= 0},
+        grads_finite=all(bool(torch.isfinite(v).all()) for v in grads.values()),
+    )
 
 
 SELF_TEST = stream_checks.self_test(FINDINGS) if ARGS.sanitize else None
@@ -360,9 +405,16 @@ for name in names:
             ps.destroy_model_parallel()
         torch.cuda.synchronize()
 
-report = {"world": WORLD, "proxy": ARGS.proxy, "baseline": ARGS.baseline, "errors": errors, "variants": {},
-          "alloc_conf_env": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-          "stream_findings": FINDINGS.report(), "stream_self_test": SELF_TEST}
+report = {
+    "world": WORLD,
+    "proxy": ARGS.proxy,
+    "baseline": ARGS.baseline,
+    "errors": errors,
+    "variants": {},
+    "alloc_conf_env": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+    "stream_findings": FINDINGS.report(),
+    "stream_self_test": SELF_TEST,
+}
 ref = results.get(ARGS.baseline)
 for name, r in results.items():
     row = {k: v for k, v in r.items() if k != "losses"}

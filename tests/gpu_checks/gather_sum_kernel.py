@@ -20,4 +20,4 @@ for T in (4096, 8192):
     print(T, "bitwise_equal", torch.equal(got, ref), "differing", int((diff > 0).sum()), "max", float(diff.max()))
     t_ref = do_bench(lambda: rows.index_select(0, pos.reshape(-1)).view(T, k, H).sum(1))
     t_k = do_bench(lambda: gather_sum_rows(rows, pos))
-    print(T, f"torch gather+sum {t_ref*1e3:.0f} us, kernel {t_k*1e3:.0f} us")
+    print(T, f"torch gather+sum {t_ref * 1e3:.0f} us, kernel {t_k * 1e3:.0f} us")

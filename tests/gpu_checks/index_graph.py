@@ -59,8 +59,11 @@ def cases(tokens: int):
 
     return [
         ("indices", lambda m, p: graphed_routing_indices(m, topk=TOPK), lambda m, p: routing_indices(m, TOPK)),
-        ("indices+plan", lambda m, p: graphed_routing_and_plan(m, counts(m, p), **plan_kwargs),
-         lambda m, p: routing_and_plan(m, counts(m, p), **plan_kwargs)),
+        (
+            "indices+plan",
+            lambda m, p: graphed_routing_and_plan(m, counts(m, p), **plan_kwargs),
+            lambda m, p: routing_and_plan(m, counts(m, p), **plan_kwargs),
+        ),
     ]
 
 
@@ -82,10 +85,12 @@ def main() -> None:
             m, p = maps[0], maps[1]
             host_eager = statistics.median(host_us(lambda: eager(m, p)) for _ in range(5))
             host_graph = statistics.median(host_us(lambda: graphed(m, p)) for _ in range(5))
-            print(f"{tokens} {name}: bitwise equal {equal}, on a second stream {equal_side}, inside a capture "
-                  f"{equal_outer}; host us per call eager {host_eager:.0f}, graphed {host_graph:.0f}; GPU us per "
-                  f"call eager {gpu_us(lambda: eager(m, p)):.0f}, graphed {gpu_us(lambda: graphed(m, p)):.0f}",
-                  flush=True)
+            print(
+                f"{tokens} {name}: bitwise equal {equal}, on a second stream {equal_side}, inside a capture "
+                f"{equal_outer}; host us per call eager {host_eager:.0f}, graphed {host_graph:.0f}; GPU us per "
+                f"call eager {gpu_us(lambda: eager(m, p)):.0f}, graphed {gpu_us(lambda: graphed(m, p)):.0f}",
+                flush=True,
+            )
     print("capture failed in this process:", graphed_routing_indices.failed or graphed_routing_and_plan.failed)
 
 

@@ -55,8 +55,9 @@ class Findings:
             print(f"{kind.upper()} during {self.label[0]}\n{text}", flush=True)
 
     def count(self, kind: str, during: str | None = None) -> int:
-        return sum(e["count"] for e in self.seen.values()
-                   if e["kind"] == kind and (during is None or e["during"] == during))
+        return sum(
+            e["count"] for e in self.seen.values() if e["kind"] == kind and (during is None or e["during"] == during)
+        )
 
     def report(self) -> list[dict]:
         return [dict(where=k, **v) for k, v in self.seen.items()]
@@ -95,8 +96,11 @@ class FreeHazardMode(TorchDispatchMode):
             entry = self.uses.get(args[0].untyped_storage().data_ptr())
             if entry is not None:
                 used = args[1]  # a device-generic torch.Stream here
-                entry.recorded.add(torch.cuda.Stream(stream_id=used.stream_id, device_index=used.device_index,
-                                                     device_type=used.device_type).cuda_stream)
+                entry.recorded.add(
+                    torch.cuda.Stream(
+                        stream_id=used.stream_id, device_index=used.device_index, device_type=used.device_type
+                    ).cuda_stream
+                )
             return out
         seq = self.handler.seq_num  # the sanitizer, below this mode, has just numbered this kernel
         for tensor in _cuda_tensors((args, kwargs, out)):

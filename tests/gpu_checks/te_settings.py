@@ -17,21 +17,53 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Optional
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 
 BASE = [
-    "-m", "qwen", "-mr", "qwen3_30b_a3b", "--task", "pretrain", "-g", "h200", "-c", "bf16", "-ng", "1", "-ep", "1",
-    "-mb", "1", "-gb", "2", "-sl", "2048", "--max_steps", "3", "--cuda_graph_impl", "none",
-    "--moe_flex_dispatcher_backend", "None", "--tokenizer_type", "NullTokenizer", "model.num_layers=2",
-    "model.num_moe_experts=8", "model.moe_router_topk=8", "scheduler.lr_warmup_iters=1",
+    "-m",
+    "qwen",
+    "-mr",
+    "qwen3_30b_a3b",
+    "--task",
+    "pretrain",
+    "-g",
+    "h200",
+    "-c",
+    "bf16",
+    "-ng",
+    "1",
+    "-ep",
+    "1",
+    "-mb",
+    "1",
+    "-gb",
+    "2",
+    "-sl",
+    "2048",
+    "--max_steps",
+    "3",
+    "--cuda_graph_impl",
+    "none",
+    "--moe_flex_dispatcher_backend",
+    "None",
+    "--tokenizer_type",
+    "NullTokenizer",
+    "model.num_layers=2",
+    "model.num_moe_experts=8",
+    "model.moe_router_topk=8",
+    "scheduler.lr_warmup_iters=1",
     "logger.steady_state_window=[2,3]",
 ]
 TE = ["model.layer_spec=transformer_engine"]
-FUSIONS = ["model.moe_permute_fusion=true", "model.apply_rope_fusion=true", "model.bias_activation_fusion=true",
-           "model.moe_router_fusion=true", "model.cross_entropy_fusion_impl=te"]
+FUSIONS = [
+    "model.moe_permute_fusion=true",
+    "model.apply_rope_fusion=true",
+    "model.bias_activation_fusion=true",
+    "model.moe_router_fusion=true",
+    "model.cross_entropy_fusion_impl=te",
+]
 EP2_OVERLAP = ["-ng", "2", "-ep", "2", "-gb", "4", "--moe_a2a_overlap", "true"]
 
 # name -> (arguments after BASE, what to do: "train" or "validate")
@@ -45,7 +77,8 @@ CASES: dict[str, tuple[list[str], str]] = {
     "cross_entropy_te": (TE + FUSIONS[4:5], "train"),
     "masked_softmax_bias_dropout_persist_ln": (
         TE + ["model.masked_softmax_fusion=true", "model.bias_dropout_fusion=true", "model.persist_layer_norm=true"],
-        "train"),
+        "train",
+    ),
     "gradient_accumulation_fusion": (TE + ["model.gradient_accumulation_fusion=true"], "train"),
     "all_fusions_and_gaf": (TE + FUSIONS + ["model.gradient_accumulation_fusion=true"], "train"),
     "te_sequential_experts": (TE + ["model.moe_grouped_gemm=false"], "train"),
@@ -57,15 +90,25 @@ CASES: dict[str, tuple[list[str], str]] = {
     "te_graph_attn": (TE + ["--cuda_graph_impl", "transformer_engine", "model.cuda_graph_modules=[attn]"], "train"),
     "te_graph_moe_router_preprocess": (
         TE + ["--cuda_graph_impl", "transformer_engine", "model.cuda_graph_modules=[moe_router,moe_preprocess]"],
-        "train"),
+        "train",
+    ),
     "ep2_overlap_delay_wgrad": (TE + EP2_OVERLAP + ["comm_overlap.delay_wgrad_compute=true"], "validate"),
     "ep2_overlap_delay_wgrad_gaf": (
         TE + EP2_OVERLAP + ["comm_overlap.delay_wgrad_compute=true", "model.gradient_accumulation_fusion=true"],
-        "validate"),
+        "validate",
+    ),
     "ep2_overlap_delay_wgrad_graph_attn": (
-        TE + EP2_OVERLAP + ["comm_overlap.delay_wgrad_compute=true", "model.gradient_accumulation_fusion=true",
-                            "--cuda_graph_impl", "transformer_engine", "model.cuda_graph_modules=[attn]"],
-        "validate"),
+        TE
+        + EP2_OVERLAP
+        + [
+            "comm_overlap.delay_wgrad_compute=true",
+            "model.gradient_accumulation_fusion=true",
+            "--cuda_graph_impl",
+            "transformer_engine",
+            "model.cuda_graph_modules=[attn]",
+        ],
+        "validate",
+    ),
 }
 
 
@@ -90,10 +133,14 @@ def train(job) -> dict:
     cfg = ConfigContainer.from_yaml(job.built.log_dir / "config.yaml")
     result = pretrain(cfg)
     summary = json.loads(Path(result.summary_path).read_text())
-    return dict(outcome="trained" if all(math.isfinite(x) for x in result.losses) else "failed",
-                losses=result.losses, layer_spec=summary["layer_spec"], layer_spec_reason=summary["layer_spec_reason"],
-                gradient_accumulation_fusion=summary["gradient_accumulation_fusion"]["description"],
-                step_s=summary.get("steady_state_mean_s"))
+    return dict(
+        outcome="trained" if all(math.isfinite(x) for x in result.losses) else "failed",
+        losses=result.losses,
+        layer_spec=summary["layer_spec"],
+        layer_spec_reason=summary["layer_spec_reason"],
+        gradient_accumulation_fusion=summary["gradient_accumulation_fusion"]["description"],
+        step_s=summary.get("steady_state_mean_s"),
+    )
 
 
 def run_case(name: str, argv: list[str], action: str, out: Path) -> dict:
@@ -109,11 +156,12 @@ def run_case(name: str, argv: list[str], action: str, out: Path) -> dict:
     try:
         return train(job)
     except Exception as exc:  # the point of the check: what crashes after launch
-        return dict(outcome="failed", error=f"{type(exc).__name__}: {exc}"[:1500],
-                    traceback=traceback.format_exc()[-3000:])
+        return dict(
+            outcome="failed", error=f"{type(exc).__name__}: {exc}"[:1500], traceback=traceback.format_exc()[-3000:]
+        )
 
 
-def mxfp8_support() -> Optional[str]:
+def mxfp8_support() -> str | None:
     """Transformer Engine's own answer to whether this GPU runs MXFP8."""
     try:
         import transformer_engine.pytorch as te
@@ -128,28 +176,41 @@ def mxfp8_support() -> Optional[str]:
         return f"not asked: {type(exc).__name__}: {exc}"
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--only", nargs="*", help="run these cases only")
     args = p.parse_args(argv)
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
+    os.environ.update(
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=os.environ.get("MASTER_PORT", "29511"),
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
     for name, (case_argv, action) in CASES.items():
         if args.only and name not in args.only:
             continue
         results[name] = dict(argv=case_argv, action=action, **run_case(name, case_argv, action, args.out))
-        print(f"== {name}: {results[name]['outcome']} {results[name].get('rules') or ''} "
-              f"{results[name].get('error', '')[:300]}", flush=True)
+        print(
+            f"== {name}: {results[name]['outcome']} {results[name].get('rules') or ''} "
+            f"{results[name].get('error', '')[:300]}",
+            flush=True,
+        )
         (args.out / "te_settings.json").write_text(json.dumps(dict(cases=results), indent=2))
     import torch
 
     from megatron.bridge.utils.import_utils import describe_transformer_engine
 
-    report = dict(transformer_engine=describe_transformer_engine(), torch=torch.__version__,
-                  gpu=torch.cuda.get_device_name(0), mxfp8_support=mxfp8_support(), cases=results)
+    report = dict(
+        transformer_engine=describe_transformer_engine(),
+        torch=torch.__version__,
+        gpu=torch.cuda.get_device_name(0),
+        mxfp8_support=mxfp8_support(),
+        cases=results,
+    )
     (args.out / "te_settings.json").write_text(json.dumps(report, indent=2))
     print("REPORT " + json.dumps({k: v["outcome"] for k, v in results.items()}), flush=True)
     return 0 if all(r["outcome"] != "failed" for r in results.values()) else 1

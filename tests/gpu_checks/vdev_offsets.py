@@ -35,7 +35,8 @@ parser.add_argument("--iterations", type=int, default=2000)
 parser.add_argument("--no-load", action="store_true", help="no matmul stream beside the exchange")
 parser.add_argument("--backend", default="gloo", choices=("nccl", "gloo"))
 parser.add_argument(
-    "--exchange", action="store_true",
+    "--exchange",
+    action="store_true",
     help="send through the product's SymmetricMemoryExchange (one peer per call) instead of one raw call",
 )
 ARGS = parser.parse_args()
@@ -90,7 +91,7 @@ for it in range(ARGS.iterations):
     mine = splits(it, RANK)
     offsets = [sum(mine[:d]) for d in range(WORLD)]
     for dst in range(WORLD):
-        send[offsets[dst]:offsets[dst] + mine[dst]] = payload(RANK, dst, mine[dst])
+        send[offsets[dst] : offsets[dst] + mine[dst]] = payload(RANK, dst, mine[dst])
     in_splits.copy_(torch.tensor(mine, device=DEVICE))
     if not ARGS.no_load:
         load_stream.wait_stream(torch.cuda.current_stream())
@@ -100,11 +101,15 @@ for it in range(ARGS.iterations):
     expected = torch.cat([payload(src, RANK, splits(it, src)[RANK]) for src in range(WORLD)])
     if EXCHANGE is None:
         torch.ops.symm_mem.all_to_all_vdev(send, recv, in_splits, out_splits_offsets, GROUP)
-        got = recv[:expected.shape[0]]
+        got = recv[: expected.shape[0]]
     else:
-        route = Route(in_splits.clone(), torch.tensor([splits(it, src)[RANK] for src in range(WORLD)], device=DEVICE),
-                      recv_rows=WORLD * ROWS // 2, source_rows=ROWS // 2)
-        got = EXCHANGE.exchange([send[:sum(mine)]], route, lambda r: r[:expected.shape[0]].view(torch.int32).clone())
+        route = Route(
+            in_splits.clone(),
+            torch.tensor([splits(it, src)[RANK] for src in range(WORLD)], device=DEVICE),
+            recv_rows=WORLD * ROWS // 2,
+            source_rows=ROWS // 2,
+        )
+        got = EXCHANGE.exchange([send[: sum(mine)]], route, lambda r: r[: expected.shape[0]].view(torch.int32).clone())
     wrong += int(not torch.equal(got, expected))
     torch.cuda.current_stream().wait_stream(load_stream)
     dist.barrier()
@@ -112,9 +117,18 @@ for it in range(ARGS.iterations):
 counts = [None] * WORLD
 dist.all_gather_object(counts, wrong)
 if RANK == 0:
-    print("REPORT " + json.dumps({
-        "iterations": ARGS.iterations, "load": not ARGS.no_load, "wrong_iterations_per_rank": counts,
-        "blocks_env": os.environ.get("TORCH_SYMMMEM_NBLOCKS"), "torch": torch.__version__,
-        "through": "SymmetricMemoryExchange" if ARGS.exchange else "one all_to_all_vdev call",
-    }), flush=True)
+    print(
+        "REPORT "
+        + json.dumps(
+            {
+                "iterations": ARGS.iterations,
+                "load": not ARGS.no_load,
+                "wrong_iterations_per_rank": counts,
+                "blocks_env": os.environ.get("TORCH_SYMMMEM_NBLOCKS"),
+                "torch": torch.__version__,
+                "through": "SymmetricMemoryExchange" if ARGS.exchange else "one all_to_all_vdev call",
+            }
+        ),
+        flush=True,
+    )
 dist.destroy_process_group()

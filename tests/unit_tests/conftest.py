@@ -10,7 +10,7 @@ machine's own probes. ``simulate_host(**facts)`` changes the described machine i
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from simulated_hosts import REAL, RealHostRead, default_host_name, simulated_host

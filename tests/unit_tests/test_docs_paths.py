@@ -34,7 +34,6 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Optional
 
 import pytest
 
@@ -63,12 +62,18 @@ def documents() -> list[Path]:
     return [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").rglob("*.md"))]
 
 
-def named_path(text: str, *, fenced: bool = False) -> Optional[str]:
+def named_path(text: str, *, fenced: bool = False) -> str | None:
     """The repository path ``text`` names (cleaned), or ``None`` when it names none (module rules)."""
     path = text.strip().strip(",;:()").split("::")[0]
     path = re.sub(r":\d+(-\d+)?$", "", path).rstrip("/")
-    if (not path or any(c.isspace() for c in path) or any(c in path for c in "<>*{}$[]") or "..." in path
-            or "://" in path or path.startswith(("/", "~"))):
+    if (
+        not path
+        or any(c.isspace() for c in path)
+        or any(c in path for c in "<>*{}$[]")
+        or "..." in path
+        or "://" in path
+        or path.startswith(("/", "~"))
+    ):
         return None
     if any(_CAPITALS.fullmatch(part) for part in path.split("/")[:-1]):
         return None
@@ -107,15 +112,23 @@ def exists(path: str, page: Path) -> bool:
     if path.startswith(MEGATRON_CORE):
         spec = importlib.util.find_spec("megatron.core")
         return spec is not None and (Path(spec.origin).parents[1] / path.removeprefix("megatron/")).exists()
-    return (path in repository_paths() or any(p.endswith("/" + path) for p in repository_paths())
-            or (page.parent / path).exists())
+    return (
+        path in repository_paths()
+        or any(p.endswith("/" + path) for p in repository_paths())
+        or (page.parent / path).exists()
+    )
 
 
 @pytest.mark.parametrize("page", documents(), ids=lambda p: p.relative_to(REPO).as_posix())
 def test_every_repository_path_a_page_names_exists(page):
     name = page.relative_to(REPO).as_posix()
-    missing = sorted({path for path in named_paths(page.read_text(encoding="utf-8"))
-                      if (name, path) not in OTHER_PROJECTS and not exists(path, page)})
+    missing = sorted(
+        {
+            path
+            for path in named_paths(page.read_text(encoding="utf-8"))
+            if (name, path) not in OTHER_PROJECTS and not exists(path, page)
+        }
+    )
     assert not missing, f"{name} names paths that do not exist (moved or renamed?): {missing}"
 
 
@@ -135,11 +148,21 @@ def test_each_other_projects_path_is_still_named_on_its_page():
         ("`summary.json`, `config.py`, `launch.log`", []),
         ("`DIR/latest_checkpointed_iteration.txt`, `runs/<name>/summary.json`, `docs/benchmarks/*.md`", []),
         ("`uv run python scripts/x.py`, `https://example.org/a.py`, `/tmp/a.py`", []),
-        ("```bash\nuv run python scripts/performance/run_script.py --config_file recipes/tiny.yaml x/y.py\n```",
-         ["scripts/performance/run_script.py", "recipes/tiny.yaml"]),
+        (
+            "```bash\nuv run python scripts/performance/run_script.py --config_file recipes/tiny.yaml x/y.py\n```",
+            ["scripts/performance/run_script.py", "recipes/tiny.yaml"],
+        ),
     ],
-    ids=["root-path", "relative-paths", "test-selector", "folder-and-line", "bare-names", "placeholders",
-         "no-single-path", "fenced-words"],
+    ids=[
+        "root-path",
+        "relative-paths",
+        "test-selector",
+        "folder-and-line",
+        "bare-names",
+        "placeholders",
+        "no-single-path",
+        "fenced-words",
+    ],
 )
 def test_what_counts_as_a_named_path(markdown, named):
     assert named_paths(markdown) == named

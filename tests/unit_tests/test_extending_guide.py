@@ -25,9 +25,10 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -192,16 +193,33 @@ def toy_recipes(add_package) -> str:
     return "toy_family"
 
 
-@pytest.mark.parametrize("mr, extra, code, shown", [
-    ("toy_moe", [], 0, "recipe megatron.bridge.recipes.toy_family.toy_moe_pretrain_config; 2 GPUs"),
-    ("toy_moe", ["-ng", "4"], 0, "recipe megatron.bridge.recipes.toy_family.toy_moe_pretrain_4gpu_config; 4 GPUs"),
-    ("toy_unlisted", [], 2, "no recipe 'toy_unlisted_pretrain_config'"),
-], ids=["generic", "gpu-count-variant", "defined-but-not-bound-in-init"])
-def test_a_recipe_bound_in_its_family_package_is_found_by_the_harness(toy_recipes, tmp_path, mr, extra, code,
-                                                                      shown):
+@pytest.mark.parametrize(
+    "mr, extra, code, shown",
+    [
+        ("toy_moe", [], 0, "recipe megatron.bridge.recipes.toy_family.toy_moe_pretrain_config; 2 GPUs"),
+        ("toy_moe", ["-ng", "4"], 0, "recipe megatron.bridge.recipes.toy_family.toy_moe_pretrain_4gpu_config; 4 GPUs"),
+        ("toy_unlisted", [], 2, "no recipe 'toy_unlisted_pretrain_config'"),
+    ],
+    ids=["generic", "gpu-count-variant", "defined-but-not-bound-in-init"],
+)
+def test_a_recipe_bound_in_its_family_package_is_found_by_the_harness(toy_recipes, tmp_path, mr, extra, code, shown):
     assert toy_recipes in available_families()
-    got, out = harness(["-m", toy_recipes, "-mr", mr, "--task", "pretrain", "--dryrun", "-l", str(tmp_path / "x"),
-                        "-g", "h100", *extra])
+    got, out = harness(
+        [
+            "-m",
+            toy_recipes,
+            "-mr",
+            mr,
+            "--task",
+            "pretrain",
+            "--dryrun",
+            "-l",
+            str(tmp_path / "x"),
+            "-g",
+            "h100",
+            *extra,
+        ]
+    )
     assert got == code, out
     assert shown in out, out
     if code:
@@ -212,8 +230,21 @@ def test_a_yaml_file_under_recipes_is_an_overlay_of_a_python_recipe(tmp_path):
     """YAML under ``recipes/`` is applied with ``--config_file`` over the ``-mr`` recipe, not named by ``-mr``."""
     overlay = tmp_path / "toy_overlay.yaml"
     overlay.write_text("model:\n  expert_model_parallel_size: 2\n")
-    code, out = harness(["-mr", "qwen3_moe_tiny", "--config_file", str(overlay), "-g", "h100", "-ng", "2",
-                         "--dryrun", "-l", str(tmp_path / "x")])
+    code, out = harness(
+        [
+            "-mr",
+            "qwen3_moe_tiny",
+            "--config_file",
+            str(overlay),
+            "-g",
+            "h100",
+            "-ng",
+            "2",
+            "--dryrun",
+            "-l",
+            str(tmp_path / "x"),
+        ]
+    )
     assert code == 0, out
     assert re.search(r"model\.expert_model_parallel_size\s+= 2  \[yaml\]", out), out
 
@@ -262,12 +293,24 @@ def _breaks_overlap_toy(cfg: ConfigContainer) -> None:
 
 
 RULE_CASES = {
-    "general-table": (_general, "toy-seq-length-multiple-of-64", lambda cfg: setattr(cfg.model, "seq_length", 100),
-                      None),
-    "overlap-table": (_overlap, "toy-ep-overlap-needs-even-layers", _breaks_overlap_toy,
-                      lambda: overlap_docs.render_docs()),
-    "range-row": (_range, "range:model.rotary_base", lambda cfg: setattr(cfg.model, "rotary_base", -1.0),
-                  lambda: ranges.ranges_markdown()),
+    "general-table": (
+        _general,
+        "toy-seq-length-multiple-of-64",
+        lambda cfg: setattr(cfg.model, "seq_length", 100),
+        None,
+    ),
+    "overlap-table": (
+        _overlap,
+        "toy-ep-overlap-needs-even-layers",
+        _breaks_overlap_toy,
+        lambda: overlap_docs.render_docs(),
+    ),
+    "range-row": (
+        _range,
+        "range:model.rotary_base",
+        lambda cfg: setattr(cfg.model, "rotary_base", -1.0),
+        lambda: ranges.ranges_markdown(),
+    ),
 }
 """Where the toy rule goes -> (how the guide adds it, its id, a change that breaks it, the generator of
 its docs table or ``None`` where no page is generated from that table)."""
@@ -367,12 +410,12 @@ TOY_MODELS = {
         ''',
 }
 TOY_MODEL_RECIPES = {
-    "__init__.py": '''\
+    "__init__.py": """\
         from megatron.bridge.recipes.toy_models.toy import toy_arch_pretrain_config
 
         __all__ = ["toy_arch_pretrain_config"]
-        ''',
-    "toy.py": '''\
+        """,
+    "toy.py": """\
         from megatron.bridge.models.toy_family import ToyMoEModelProvider
         from megatron.bridge.recipes.qwen import qwen3_moe_tiny_pretrain_config
         from megatron.bridge.training.config import ConfigContainer
@@ -382,7 +425,7 @@ TOY_MODEL_RECIPES = {
             cfg = qwen3_moe_tiny_pretrain_config()  # its training sections; the model is the toy family's
             cfg.model = ToyMoEModelProvider(expert_model_parallel_size=2)
             return cfg
-        ''',
+        """,
 }
 
 
@@ -393,18 +436,22 @@ def toy_model_family(add_package) -> None:
     add_package(recipes_package, "toy_models", TOY_MODEL_RECIPES)
 
 
-@pytest.mark.parametrize("target, accepted", [
-    ("megatron.bridge.models.toy_family.toy_moe_provider.ToyMoEModelProvider", True),
-    ("megatron.bridge.models.toy_family.unlisted_provider.UnlistedProvider", False),
-], ids=["imported-by-the-family", "never-imported"])
-def test_a_model_family_reaches_the_ranks_through_the_config_they_load(toy_model_family, tmp_path, target,
-                                                                       accepted):
+@pytest.mark.parametrize(
+    "target, accepted",
+    [
+        ("megatron.bridge.models.toy_family.toy_moe_provider.ToyMoEModelProvider", True),
+        ("megatron.bridge.models.toy_family.unlisted_provider.UnlistedProvider", False),
+    ],
+    ids=["imported-by-the-family", "never-imported"],
+)
+def test_a_model_family_reaches_the_ranks_through_the_config_they_load(toy_model_family, tmp_path, target, accepted):
     args = parse_args(["-m", "toy_models", "-mr", "toy_arch", "-g", "h100", "-ng", "2", "-l", str(tmp_path / "run")])
     job = make_job(build_config(args), args)  # resolved and validated, as for a launch
     assert type(job.resolved.model).__name__ == "ToyMoEModelProvider"
     written = tmp_path / "config.yaml"
-    written.write_text(job.config_text.replace(
-        "megatron.bridge.models.toy_family.toy_moe_provider.ToyMoEModelProvider", target))
+    written.write_text(
+        job.config_text.replace("megatron.bridge.models.toy_family.toy_moe_provider.ToyMoEModelProvider", target)
+    )
     if accepted:
         loaded = ConfigContainer.from_yaml(written)  # what megatron.bridge.training.entry does on each rank
         assert f"{type(loaded.model).__module__}.{type(loaded.model).__qualname__}" == target
@@ -418,29 +465,46 @@ def test_every_family_exported_by_the_models_package_is_known_to_the_ranks(tmp_p
     """A fresh process, as a rank starts: a provider re-exported from ``megatron.bridge.models`` (the
     guide's last step of a family) is a ``_target_`` its config may name."""
     path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, str(CHILDREN / "rank_side_providers.py")], capture_output=True,
-                          text=True, timeout=600, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=path))
+    proc = subprocess.run(
+        [sys.executable, str(CHILDREN / "rank_side_providers.py")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=path),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("REPORT "))[len("REPORT "):])
+    report = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("REPORT "))[len("REPORT ") :])
     assert report["exported"] and set(report["exported"]) <= set(report["allowed"])
 
 
 # ------------------------------------------------------------------------- (4) a dispatcher or flex backend
-@pytest.mark.parametrize("extra, rule", [
-    (["model.torch_native_dispatcher=toy"], "model.torch_native_dispatcher expects one of"),
-    (["model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=toyep"],
-     "model.moe_flex_dispatcher_backend expects one of"),
-], ids=["torch-native-dispatcher", "flex-backend"])
+@pytest.mark.parametrize(
+    "extra, rule",
+    [
+        (["model.torch_native_dispatcher=toy"], "model.torch_native_dispatcher expects one of"),
+        (
+            ["model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=toyep"],
+            "model.moe_flex_dispatcher_backend expects one of",
+        ),
+    ],
+    ids=["torch-native-dispatcher", "flex-backend"],
+)
 def test_an_unknown_dispatcher_name_is_refused_by_the_harness_before_launch(no_launch, tmp_path, extra, rule):
-    code, out = harness(["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "2", "-ep", "2", "-l", str(tmp_path / "r"),
-                         *extra])
+    code, out = harness(
+        ["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "2", "-ep", "2", "-l", str(tmp_path / "r"), *extra]
+    )
     assert code == 2 and "[override-type]" in out and rule in out and "nothing was launched" in out, out
 
 
-@pytest.mark.parametrize("fields, rule", [
-    ({"torch_native_dispatcher": "toy"}, "torch-native-dispatcher-known"),
-    ({"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "toyep"}, "flex-backend-known"),
-], ids=["torch-native-dispatcher", "flex-backend"])
+@pytest.mark.parametrize(
+    "fields, rule",
+    [
+        ({"torch_native_dispatcher": "toy"}, "torch-native-dispatcher-known"),
+        ({"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "toyep"}, "flex-backend-known"),
+    ],
+    ids=["torch-native-dispatcher", "flex-backend"],
+)
 def test_an_unknown_dispatcher_name_set_in_python_is_refused_by_validate(fields, rule):
     cfg = qwen3_moe_tiny_pretrain_config()
     cfg.model.expert_model_parallel_size = 2
@@ -491,10 +555,16 @@ def toy_paths_report(tmp_path_factory) -> dict:
     assert added == ["    toy_dispatch,", "    toyep,", "    toy_dispatch.PATH,", "    toyep.PATH,"]
     logs = tmp_path_factory.mktemp("logs")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root / "src"), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, str(CHILDREN / "toy_dispatch_report.py"), str(logs)], capture_output=True,
-                          text=True, timeout=900, cwd=root, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(CHILDREN / "toy_dispatch_report.py"), str(logs)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=root,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("REPORT "))[len("REPORT "):])
+    return json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("REPORT "))[len("REPORT ") :])
 
 
 def test_a_dispatch_path_is_a_field_choice_and_a_harness_choice(toy_paths_report):
@@ -504,15 +574,23 @@ def test_a_dispatch_path_is_a_field_choice_and_a_harness_choice(toy_paths_report
     assert flag["taken"] == "toyep" and "deepep|hybridep|ncclep|toyep:" in flag["help"]
 
 
-@pytest.mark.parametrize("run, code, shown", [
-    ("flex_on_blackwell", 0, ["dispatcher: flex, backend toyep (toy settings, SMs: backend default)",
-                              "note: toy_ep_kernels does not import on this CPU host"]),
-    ("flex_on_hopper", 2, ["[flex-backend-supported-on-gpu]", "ToyEP is only applicable to Blackwell GPUs"]),
-    ("flex_rule", 2, ["[toyep-needs-even-experts] ToyEP pairs experts"]),
-    ("toy_rule", 2, ["[toy-dispatch-needs-one-ep-rank] the toy dispatcher exchanges nothing"]),
-])
-def test_a_dispatch_path_s_gpus_packages_rules_and_start_up_text_reach_the_harness(toy_paths_report, run, code,
-                                                                                   shown):
+@pytest.mark.parametrize(
+    "run, code, shown",
+    [
+        (
+            "flex_on_blackwell",
+            0,
+            [
+                "dispatcher: flex, backend toyep (toy settings, SMs: backend default)",
+                "note: toy_ep_kernels does not import on this CPU host",
+            ],
+        ),
+        ("flex_on_hopper", 2, ["[flex-backend-supported-on-gpu]", "ToyEP is only applicable to Blackwell GPUs"]),
+        ("flex_rule", 2, ["[toyep-needs-even-experts] ToyEP pairs experts"]),
+        ("toy_rule", 2, ["[toy-dispatch-needs-one-ep-rank] the toy dispatcher exchanges nothing"]),
+    ],
+)
+def test_a_dispatch_path_s_gpus_packages_rules_and_start_up_text_reach_the_harness(toy_paths_report, run, code, shown):
     got = toy_paths_report[run]
     assert got["code"] == code and all(text in got["out"] for text in shown), got["out"]
 
@@ -531,8 +609,21 @@ def test_a_dispatch_path_is_in_the_docs_the_probes_the_layer_and_the_benchmark(t
 def toy_benchmark_case(root: Path, overlap: bool, ep: int = 2) -> list[str]:
     """A benchmark case as the guide asks: a harness command line (its logic would live in perf/benchmarks/)."""
     name = f"ep{ep}_overlap_{'on' if overlap else 'off'}"
-    return ["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "2", "-ep", str(ep), "--max_steps", "4",
-            f"comm_overlap.overlap_moe_expert_parallel_comm={str(overlap).lower()}", "-l", str(root / name)]
+    return [
+        "-mr",
+        "qwen3_moe_tiny",
+        "-g",
+        "h100",
+        "-ng",
+        "2",
+        "-ep",
+        str(ep),
+        "--max_steps",
+        "4",
+        f"comm_overlap.overlap_moe_expert_parallel_comm={str(overlap).lower()}",
+        "-l",
+        str(root / name),
+    ]
 
 
 def test_benchmark_cases_are_built_validated_and_written_by_the_harness(tmp_path):
@@ -553,8 +644,7 @@ def _records_its_command(data: Any) -> bool:
     return isinstance(data, dict) and any(data.get(key) for key in ("command", "commands"))
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "docs" / "benchmarks").glob("*_results.json")),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "docs" / "benchmarks").glob("*_results.json")), ids=lambda p: p.name)
 def test_every_published_benchmark_result_records_the_command_that_wrote_it(path):
     assert _records_its_command(json.loads(path.read_text()))
 
@@ -572,8 +662,11 @@ def test_an_attention_listed_as_uncounted_gives_no_flops_figure(monkeypatch, cap
     ``test_an_attention_the_formula_does_not_count_gives_no_figure``)."""
     model = qwen3_moe_tiny_pretrain_config().model
     assert flops.flops_per_step(model, 8) > 0
-    toy = SimpleNamespace(**{f.name: getattr(model, f.name) for f in dataclasses.fields(model)},
-                          padded_vocab_size=model.padded_vocab_size, toy_attention=True)
+    toy = SimpleNamespace(
+        **{f.name: getattr(model, f.name) for f in dataclasses.fields(model)},
+        padded_vocab_size=model.padded_vocab_size,
+        toy_attention=True,
+    )
     assert flops.flops_per_step(toy, 8) == flops.flops_per_step(model, 8)  # not listed: silently counted
     listed = (*flops.UNCOUNTED_ATTENTION, ("toy_attention", "a toy attention"))
     monkeypatch.setattr(flops, "UNCOUNTED_ATTENTION", listed)

@@ -63,11 +63,19 @@ def test_the_summary_counts_outcomes_and_seconds_per_file(lane, tmp_path):
 
 
 def _shard_summary(k: int, n: int, passed: int, failed: int = 0) -> dict:
-    return dict(commit="c", exit_status=int(bool(failed)), wall_s=100.0 + k, gpu="NVIDIA H100", shard=[k, n],
-                torch="2.11.0+cu130", transformer_engine="absent",
-                counts=dict(passed=passed, failed=failed, errors=0, skipped=1),
-                failures=[dict(test=f"t{k}", message="m")] * failed, skip_reasons=[dict(reason="needs TE", tests=1)],
-                file_seconds={f"tests/test_{k}.py": 1.0})
+    return dict(
+        commit="c",
+        exit_status=int(bool(failed)),
+        wall_s=100.0 + k,
+        gpu="NVIDIA H100",
+        shard=[k, n],
+        torch="2.11.0+cu130",
+        transformer_engine="absent",
+        counts=dict(passed=passed, failed=failed, errors=0, skipped=1),
+        failures=[dict(test=f"t{k}", message="m")] * failed,
+        skip_reasons=[dict(reason="needs TE", tests=1)],
+        file_seconds={f"tests/test_{k}.py": 1.0},
+    )
 
 
 def test_merging_the_shards_gives_the_whole_lane(lane, tmp_path):

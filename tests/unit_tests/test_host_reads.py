@@ -20,9 +20,18 @@ from megatron.bridge.utils import host as host_module
 SRC = Path(__file__).resolve().parents[2] / "src" / "megatron" / "bridge"
 
 DECIDES_BEFORE_LAUNCH = (
-    "training/config_stages", "recipes", "perf_recipes", "perf", "training/config.py", "training/comm_overlap.py",
-    "training/mixed_precision.py", "training/flex_dispatcher_backend.py", "models/layer_specs.py",
-    "models/gpt_provider.py", "utils/import_utils.py", "utils/gpu_count.py",
+    "training/config_stages",
+    "recipes",
+    "perf_recipes",
+    "perf",
+    "training/config.py",
+    "training/comm_overlap.py",
+    "training/mixed_precision.py",
+    "training/flex_dispatcher_backend.py",
+    "models/layer_specs.py",
+    "models/gpt_provider.py",
+    "utils/import_utils.py",
+    "utils/gpu_count.py",
 )
 """Modules whose answers must not depend on the machine they run on, except through ``current_host()``."""
 
@@ -63,8 +72,10 @@ def test_the_allowed_reads_are_still_there() -> None:
         assert MACHINE_READS.search((SRC / name).read_text()), f"{name} no longer reads the machine"
 
 
-@pytest.mark.parametrize("fact, args", [("gpu", ()), ("gpu_count", ()), ("memory_bytes", ()), ("te_version", ()),
-                                        ("has_package", ("deep_ep",))])
+@pytest.mark.parametrize(
+    "fact, args",
+    [("gpu", ()), ("gpu_count", ()), ("memory_bytes", ()), ("te_version", ()), ("has_package", ("deep_ep",))],
+)
 def test_a_unit_test_that_reads_the_real_machine_fails_loudly(fact, args, request) -> None:
     """The machine's own probes are refused unless the test is marked ``host('real')``; the described
     host answers instead."""

@@ -30,9 +30,24 @@ def test_pytest_accepts_the_gpu_mark_with_strict_markers(tmp_path):
     """pytest itself, with the project's configuration, on a test marked as ``tests/gpu``'s are."""
     (tmp_path / "test_marked.py").write_text("import pytest\n\n\n@pytest.mark.gpu\ndef test_marked():\n    pass\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--strict-markers",
-         "-W", "error::pytest.PytestUnknownMarkWarning", "-c", str(ROOT / "pyproject.toml"),
-         "--rootdir", str(ROOT), str(tmp_path / "test_marked.py")],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--strict-markers",
+            "-W",
+            "error::pytest.PytestUnknownMarkWarning",
+            "-c",
+            str(ROOT / "pyproject.toml"),
+            "--rootdir",
+            str(ROOT),
+            str(tmp_path / "test_marked.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -145,9 +145,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycle() -> None:
     found = cycles(import_graph())
-    assert not found, "import cycles (function-level imports included):\n" + "\n".join(
-        " <-> ".join(c) for c in found
-    )
+    assert not found, "import cycles (function-level imports included):\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
 def test_graph_sees_function_level_imports() -> None:
@@ -162,9 +160,14 @@ def test_cycle_finder_reports_a_two_module_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
 
 
-@pytest.mark.parametrize("lower, upper", [("megatron.bridge.models", "megatron.bridge.training"),
-                                          ("megatron.bridge.utils", "megatron.bridge.training"),
-                                          ("megatron.bridge.utils", "megatron.bridge.models")])
+@pytest.mark.parametrize(
+    "lower, upper",
+    [
+        ("megatron.bridge.models", "megatron.bridge.training"),
+        ("megatron.bridge.utils", "megatron.bridge.training"),
+        ("megatron.bridge.utils", "megatron.bridge.models"),
+    ],
+)
 def test_a_lower_layer_imports_nothing_from_a_higher_one(lower: str, upper: str) -> None:
     """The models build on megatron-core and the small shared types (``utils``), never on training."""
     found = sorted(
@@ -177,10 +180,20 @@ def test_a_lower_layer_imports_nothing_from_a_higher_one(lower: str, upper: str)
     assert not found, f"{lower} imports {upper} (function-level imports included):\n" + "\n".join(found)
 
 
-TRAINING_PUBLIC_MODULES = frozenset({
-    "__init__", "config", "comm_overlap", "mixed_precision", "flex_dispatcher_backend", "pretrain", "gpt_step",
-    "errors", "entry", "harness_surface",
-})
+TRAINING_PUBLIC_MODULES = frozenset(
+    {
+        "__init__",
+        "config",
+        "comm_overlap",
+        "mixed_precision",
+        "flex_dispatcher_backend",
+        "pretrain",
+        "gpt_step",
+        "errors",
+        "entry",
+        "harness_surface",
+    }
+)
 """The modules directly under ``training/``: the paths Megatron-Bridge users import, the errors they
 catch, the per-rank entry point the launchers start and the one surface the harness imports;
 everything else lives in a sub-package."""
@@ -209,13 +222,16 @@ def test_no_source_file_above_the_line_limit(path: Path) -> None:
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(SRC)} has {lines} lines (limit {MAX_LINES}): split it by job"
     if lines > WARN_LINES:
-        warnings.warn(f"{path.relative_to(SRC)} has {lines} lines (over {WARN_LINES}): find where its jobs part",
-                      stacklevel=1)
+        warnings.warn(
+            f"{path.relative_to(SRC)} has {lines} lines (over {WARN_LINES}): find where its jobs part", stacklevel=1
+        )
 
 
 CONFIG_MUST_NOT_LOAD = (
-    "megatron.bridge.training.config_stages.facts", "megatron.bridge.training.config_stages.reading",
-    "megatron.bridge.training.config_stages.rules", "megatron.bridge.training.config_stages.resolution",
+    "megatron.bridge.training.config_stages.facts",
+    "megatron.bridge.training.config_stages.reading",
+    "megatron.bridge.training.config_stages.rules",
+    "megatron.bridge.training.config_stages.resolution",
     "megatron.bridge.training.comm_overlap",
 )
 """What importing the configuration dataclasses must not load: every stage of ``config_stages`` after
@@ -229,8 +245,9 @@ def test_importing_the_configuration_loads_dataclasses_only() -> None:
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('megatron.bridge'))))"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", probe], capture_output=True, text=True, env=env,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", probe], capture_output=True, text=True, env=env, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "megatron.bridge.training.config" in loaded

@@ -26,8 +26,10 @@ def _poison(trainer_class: type, what: str, iteration: int) -> None:
         losses_reduced, grad_norm = step(self)
         if self.state.iteration + 1 == iteration:  # the step being run
             if what == "loss":
-                losses_reduced = [{**item, "lm loss": item["lm loss"] * float("nan")} if "lm loss" in item else item
-                                  for item in losses_reduced]
+                losses_reduced = [
+                    {**item, "lm loss": item["lm loss"] * float("nan")} if "lm loss" in item else item
+                    for item in losses_reduced
+                ]
             else:
                 with torch.no_grad():
                     next(self.model[0].parameters()).view(-1)[0] = float("nan")

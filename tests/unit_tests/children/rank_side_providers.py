@@ -13,6 +13,9 @@ import megatron.bridge.training.entry  # noqa: F401  (what a rank imports first)
 from megatron.bridge.models.gpt_provider import GPTModelProvider
 from megatron.bridge.training.config_stages.reading.overrides import allowed_targets
 
-exported = [f"{cls.__module__}.{cls.__qualname__}" for name in models.__all__
-            if isinstance(cls := getattr(models, name), type) and issubclass(cls, GPTModelProvider)]
+exported = [
+    f"{cls.__module__}.{cls.__qualname__}"
+    for name in models.__all__
+    if isinstance(cls := getattr(models, name), type) and issubclass(cls, GPTModelProvider)
+]
 print("REPORT " + json.dumps({"allowed": sorted(allowed_targets(GPTModelProvider)), "exported": sorted(exported)}))

@@ -39,9 +39,11 @@ def field_choices() -> dict:
 
     overrides = ["model.torch_native_dispatcher=toy", "model.moe_flex_dispatcher_backend=toyep"]
     cfg = apply_overrides(qwen3_moe_tiny_pretrain_config(), overrides)
-    return {"torch_native": list(typing.get_args(gpt_provider.TorchNativeDispatcher)),
-            "flex": list(typing.get_args(gpt_provider.FlexBackend)),
-            "overridden": [cfg.model.torch_native_dispatcher, cfg.model.moe_flex_dispatcher_backend]}
+    return {
+        "torch_native": list(typing.get_args(gpt_provider.TorchNativeDispatcher)),
+        "flex": list(typing.get_args(gpt_provider.FlexBackend)),
+        "overridden": [cfg.model.torch_native_dispatcher, cfg.model.moe_flex_dispatcher_backend],
+    }
 
 
 def harness_choices() -> dict:
@@ -85,10 +87,21 @@ def built_layer() -> dict:
     tensor_parallel.model_parallel_cuda_manual_seed(1234, inference_rng_tracker=True, force_reset_rng=True)
     MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = object()  # megatron's dispatcher asks CUDA for a stream
     config = TransformerConfig(
-        num_layers=1, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, moe_ffn_hidden_size=24,
-        num_moe_experts=4, moe_router_topk=2, moe_token_dispatcher_type="alltoall", add_bias_linear=False,
-        use_cpu_initialization=True, gradient_accumulation_fusion=False, params_dtype=torch.float32,
-        activation_func=F.silu, gated_linear_unit=True, bias_activation_fusion=False,
+        num_layers=1,
+        hidden_size=32,
+        num_attention_heads=4,
+        ffn_hidden_size=64,
+        moe_ffn_hidden_size=24,
+        num_moe_experts=4,
+        moe_router_topk=2,
+        moe_token_dispatcher_type="alltoall",
+        add_bias_linear=False,
+        use_cpu_initialization=True,
+        gradient_accumulation_fusion=False,
+        params_dtype=torch.float32,
+        activation_func=F.silu,
+        gated_linear_unit=True,
+        bias_activation_fusion=False,
     )
     config.torch_native_dispatcher = "toy"
     layer = get_torch_native_decoder_block_spec(config).layer_specs[0].submodules.mlp(config=config)

@@ -30,10 +30,17 @@ def _all_reduce(op):
     return t.tolist()
 
 
-@pytest.mark.parametrize("op, expected", [
-    (dist.ReduceOp.SUM, [16.0, 24.0]), (dist.ReduceOp.AVG, [2.0, 3.0]), (dist.ReduceOp.MAX, [2.0, 3.0]),
-    (dist.ReduceOp.MIN, [2.0, 3.0]), (dist.ReduceOp.PRODUCT, [2.0**8, 3.0**8]),
-], ids=["sum", "avg", "max", "min", "product"])
+@pytest.mark.parametrize(
+    "op, expected",
+    [
+        (dist.ReduceOp.SUM, [16.0, 24.0]),
+        (dist.ReduceOp.AVG, [2.0, 3.0]),
+        (dist.ReduceOp.MAX, [2.0, 3.0]),
+        (dist.ReduceOp.MIN, [2.0, 3.0]),
+        (dist.ReduceOp.PRODUCT, [2.0**8, 3.0**8]),
+    ],
+    ids=["sum", "avg", "max", "min", "product"],
+)
 def test_all_reduce_is_what_eight_identical_ranks_give(world, op, expected):
     assert _all_reduce(op) == expected
 
@@ -43,7 +50,7 @@ def test_all_gather_replicates_and_an_in_place_gather_keeps_the_other_chunks(wor
     dist.all_gather_into_tensor(out, torch.tensor([1.0, 2.0]))
     assert out.tolist() == [1.0, 2.0] * WORLD
     buffer = torch.arange(float(WORLD * 2))  # a parameter buffer; this rank owns chunk ME
-    dist.all_gather_into_tensor(buffer, buffer[2 * ME:2 * ME + 2])
+    dist.all_gather_into_tensor(buffer, buffer[2 * ME : 2 * ME + 2])
     assert buffer.tolist() == [float(i) for i in range(WORLD * 2)]
 
 
@@ -87,7 +94,6 @@ def test_a_combine_costs_the_host_one_copy_and_one_fill(world):
     assert len(ops.calls) <= 6, ops.calls  # views of the input and output, one copy, one fill
 
 
-
 def test_every_collective_is_charged_the_network_models_time(world):
     world.record.take()
     dist.all_reduce(torch.zeros(1000))  # 8 ranks over 2 nodes: the NIC
@@ -97,20 +103,36 @@ def test_every_collective_is_charged_the_network_models_time(world):
     # the rings cross nodes over the NICs of the group's 4 GPUs in a node (4 x 47 GB/s, slower than NVLink)
     ring = NET.inter_node_latency_us * 1e-6 + 2 * 7 / 8 * 4000 / (4 * NET.inter_node_gbps * 1e9)
     host = pytest.approx(0.05, abs=0.05)  # what the call cost this host: timed, not modeled
-    assert step["all_reduce"] == {"calls": 1, "bytes": 4000, "inter_node_bytes": 7000, "modeled_s": pytest.approx(ring),
-                                  "host_s": host}
+    assert step["all_reduce"] == {
+        "calls": 1,
+        "bytes": 4000,
+        "inter_node_bytes": 7000,
+        "modeled_s": pytest.approx(ring),
+        "host_s": host,
+    }
     intra, inter = 3 * 400, 4 * 400  # ranks 0, 1, 3 share rank 2's node; 4..7 are the other node
-    a2a = max(NET.intra_node_latency_us * 1e-6 + intra / (NET.intra_node_gbps * 1e9),
-              NET.inter_node_latency_us * 1e-6 + inter / (NET.inter_node_gbps * 1e9))
-    assert step["all_to_all"] == {"calls": 1, "bytes": 2800, "inter_node_bytes": inter, "modeled_s": pytest.approx(a2a),
-                                  "host_s": host}
+    a2a = max(
+        NET.intra_node_latency_us * 1e-6 + intra / (NET.intra_node_gbps * 1e9),
+        NET.inter_node_latency_us * 1e-6 + inter / (NET.inter_node_gbps * 1e9),
+    )
+    assert step["all_to_all"] == {
+        "calls": 1,
+        "bytes": 2800,
+        "inter_node_bytes": inter,
+        "modeled_s": pytest.approx(a2a),
+        "host_s": host,
+    }
 
 
-@pytest.mark.parametrize("call", [
-    lambda: dist.send(torch.zeros(1), dst=3),
-    lambda: dist.recv(torch.zeros(1), src=3),
-    lambda: dist.gather(torch.zeros(1), dst=0),
-], ids=["send", "recv", "gather"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: dist.send(torch.zeros(1), dst=3),
+        lambda: dist.recv(torch.zeros(1), src=3),
+        lambda: dist.gather(torch.zeros(1), dst=0),
+    ],
+    ids=["send", "recv", "gather"],
+)
 def test_what_symmetry_cannot_answer_is_refused(world, call):
     with pytest.raises(EmulationUnsupported, match="cannot say what a peer would send"):
         call()

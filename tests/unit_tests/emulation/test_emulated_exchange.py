@@ -36,7 +36,7 @@ def _route(send: list[int], recv: list[int], source_rows: int) -> Route:
 def _exchange(route: Route, sources: list[torch.Tensor]) -> torch.Tensor:
     exchange = make_exchange(dist.group.WORLD, torch.device("cpu"), prefer_symmetric=True)
     assert isinstance(exchange, EmulatedSymmetricExchange) and exchange.sync_free
-    return exchange.exchange(sources, route, lambda recv: recv[:int(route.recv_splits.sum())].clone())
+    return exchange.exchange(sources, route, lambda recv: recv[: int(route.recv_splits.sum())].clone())
 
 
 def test_every_peer_sends_the_rows_this_rank_sends_itself(world):
@@ -47,10 +47,14 @@ def test_every_peer_sends_the_rows_this_rank_sends_itself(world):
     assert received.view(torch.float32).view(-1, 16)[:, 0].tolist() == [3.0, 4.0] * 8
 
 
-@pytest.mark.parametrize("send, expected", [
-    ([1, 2, 2, 0, 1, 0, 0, 1], [3.0, 4.0, 3.0, 3.0]),  # its own two rows, cycled
-    ([1, 2, 0, 0, 1, 0, 0, 1], [0.0, 1.0, 2.0, 0.0]),  # it sends itself nothing: all 5 sent rows, cycled
-], ids=["own-rows-cycled", "no-own-rows"])
+@pytest.mark.parametrize(
+    "send, expected",
+    [
+        ([1, 2, 2, 0, 1, 0, 0, 1], [3.0, 4.0, 3.0, 3.0]),  # its own two rows, cycled
+        ([1, 2, 0, 0, 1, 0, 0, 1], [0.0, 1.0, 2.0, 0.0]),  # it sends itself nothing: all 5 sent rows, cycled
+    ],
+    ids=["own-rows-cycled", "no-own-rows"],
+)
 def test_a_peer_that_sends_more_than_this_rank_sends_itself_never_reads_padding(world, send, expected):
     rows = torch.arange(7.0).unsqueeze(1)  # rows past the sent ones are padding (no values on a GPU)
     received = _exchange(_route(send, [0, 3, 0, 0, 0, 0, 0, 1], 4), [rows])
@@ -79,22 +83,35 @@ def test_the_counts_gather_replicates_and_is_one_call_to_every_peer(world):
 
 
 def _config(**fields) -> SimpleNamespace:
-    base = dict(moe_token_dispatcher_type="alltoall", moe_expert_capacity_factor=None,
-                moe_pad_expert_input_to_capacity=False, moe_router_padding_for_quantization=False,
-                moe_shared_expert_overlap=False, cuda_graph_impl="none", pipeline_model_parallel_size=1,
-                torch_native_dispatcher="sorted", torch_native_ep_transport="auto")
+    base = dict(
+        moe_token_dispatcher_type="alltoall",
+        moe_expert_capacity_factor=None,
+        moe_pad_expert_input_to_capacity=False,
+        moe_router_padding_for_quantization=False,
+        moe_shared_expert_overlap=False,
+        cuda_graph_impl="none",
+        pipeline_model_parallel_size=1,
+        torch_native_dispatcher="sorted",
+        torch_native_ep_transport="auto",
+    )
     return SimpleNamespace(**{**base, **fields})
 
 
-@pytest.mark.parametrize("world, transport, expected", [
-    (8, "auto", ("nvshmem", True)),
-    (8, "nvshmem", ("nvshmem", True)),
-    (8, "nccl", ("collective", False)),
-    (12, "auto", ("collective", False)),  # EP 12 is no power of two: a cluster would not run NVSHMEM either
-], indirect=["world"], ids=["auto", "nvshmem", "nccl", "ep12"])
+@pytest.mark.parametrize(
+    "world, transport, expected",
+    [
+        (8, "auto", ("nvshmem", True)),
+        (8, "nvshmem", ("nvshmem", True)),
+        (8, "nccl", ("collective", False)),
+        (12, "auto", ("collective", False)),  # EP 12 is no power of two: a cluster would not run NVSHMEM either
+    ],
+    indirect=["world"],
+    ids=["auto", "nvshmem", "nccl", "ep12"],
+)
 def test_the_sorted_dispatcher_runs_the_emulated_nvshmem_exchange_where_a_cluster_would(world, transport, expected):
-    choice = choose_dispatch(_config(torch_native_ep_transport=transport), world.world_size, 1, dist.group.WORLD,
-                             torch.device("cpu"))
+    choice = choose_dispatch(
+        _config(torch_native_ep_transport=transport), world.world_size, 1, dist.group.WORLD, torch.device("cpu")
+    )
     assert (choice.dispatcher, choice.transport, choice.sync_free) == ("sorted", *expected)
     assert ("NVSHMEM EMULATED" in choice.describe()) is expected[1]
 

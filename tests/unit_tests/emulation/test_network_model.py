@@ -19,27 +19,33 @@ US, GB = 1e-6, 1e9
 NVLINK, NIC = 370 * GB, 47 * GB  # achievable, per direction
 
 
-@pytest.mark.parametrize("kind, ranks, nbytes, expected", [
-    ("all_reduce", range(8), 8e6, 5 * US + 2 * 7 / 8 * 8e6 / NVLINK),  # one node: NVLink
-    # two nodes, 8 GPUs each: the rings use all 8 NICs of a node (8 x 47 = 376 GB/s), NVLink (370) is slower
-    ("all_reduce", range(16), 8e6, 15 * US + 2 * 15 / 16 * 8e6 / NVLINK),
-    ("all_gather", range(16), 8e6, 15 * US + 15 / 16 * 8e6 / NVLINK),
-    ("reduce_scatter", range(4), 8e6, 5 * US + 3 / 4 * 8e6 / NVLINK),
-    ("broadcast", range(16), 8e6, 15 * US + 8e6 / NVLINK),
-    ("all_reduce", [0, 1, 8, 9], 8e6, 15 * US + 2 * 3 / 4 * 8e6 / (2 * NIC)),  # two GPUs a node: their 2 NICs
-    ("all_reduce", [0, 8], 8e6, 15 * US + 8e6 / NIC),  # one GPU a node: one NIC, no NVLink hop
-    ("barrier", range(16), 0, 15 * US),
-    ("all_reduce", [5], 8e6, 0.0),
-], ids=["ar-node", "ar-2nodes", "ag-2nodes", "rs-node", "bcast", "ar-2-per-node", "ar-1-per-node", "barrier",
-        "alone"])
+@pytest.mark.parametrize(
+    "kind, ranks, nbytes, expected",
+    [
+        ("all_reduce", range(8), 8e6, 5 * US + 2 * 7 / 8 * 8e6 / NVLINK),  # one node: NVLink
+        # two nodes, 8 GPUs each: the rings use all 8 NICs of a node (8 x 47 = 376 GB/s), NVLink (370) is slower
+        ("all_reduce", range(16), 8e6, 15 * US + 2 * 15 / 16 * 8e6 / NVLINK),
+        ("all_gather", range(16), 8e6, 15 * US + 15 / 16 * 8e6 / NVLINK),
+        ("reduce_scatter", range(4), 8e6, 5 * US + 3 / 4 * 8e6 / NVLINK),
+        ("broadcast", range(16), 8e6, 15 * US + 8e6 / NVLINK),
+        ("all_reduce", [0, 1, 8, 9], 8e6, 15 * US + 2 * 3 / 4 * 8e6 / (2 * NIC)),  # two GPUs a node: their 2 NICs
+        ("all_reduce", [0, 8], 8e6, 15 * US + 8e6 / NIC),  # one GPU a node: one NIC, no NVLink hop
+        ("barrier", range(16), 0, 15 * US),
+        ("all_reduce", [5], 8e6, 0.0),
+    ],
+    ids=["ar-node", "ar-2nodes", "ag-2nodes", "rs-node", "bcast", "ar-2-per-node", "ar-1-per-node", "barrier", "alone"],
+)
 def test_a_ring_collective_costs_latency_plus_its_bytes_over_its_bus_bandwidth(kind, ranks, nbytes, expected):
     assert H100.seconds(kind, list(ranks), nbytes) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("ranks, published_gbps", [
-    (range(8), (365, 370)),  # one DGX H100, NCCL_ALGO=Ring: NVIDIA/nccl#1455
-    (range(16), (365, 384)),  # two nodes over 8 NDR NICs each: 8 x 46-48 GB/s, capped by NVLink's 365-370
-])
+@pytest.mark.parametrize(
+    "ranks, published_gbps",
+    [
+        (range(8), (365, 370)),  # one DGX H100, NCCL_ALGO=Ring: NVIDIA/nccl#1455
+        (range(16), (365, 384)),  # two nodes over 8 NDR NICs each: 8 x 46-48 GB/s, capped by NVLink's 365-370
+    ],
+)
 def test_a_large_all_reduce_reaches_the_bus_bandwidth_nccl_tests_publish(ranks, published_gbps):
     """nccl-tests' bus bandwidth of a 1 GiB all-reduce, ``2(n-1)/n * size / time``, from the model."""
     ranks, size = list(ranks), 2**30
@@ -74,15 +80,28 @@ def test_free_costs_nothing_and_every_figure_can_be_overridden():
 def test_every_preset_names_its_source_and_records_every_figure(name):
     figures = PRESETS[name].figures()
     assert PRESETS[name].source and figures["sources"] == dict(FIGURE_SOURCES)
-    assert {"intra_node_gbps", "inter_node_gbps", "nics_per_gpu", "intra_node_line_gbps", "nic_share_gbps",
-            "intra_node_latency_us", "inter_node_latency_us", "comm_sms", "gpus_per_node"} <= set(figures)
+    assert {
+        "intra_node_gbps",
+        "inter_node_gbps",
+        "nics_per_gpu",
+        "intra_node_line_gbps",
+        "nic_share_gbps",
+        "intra_node_latency_us",
+        "inter_node_latency_us",
+        "comm_sms",
+        "gpus_per_node",
+    } <= set(figures)
 
 
 def test_the_hopper_presets_price_at_achievable_not_line_rates():
     for name in ("h100_ib400", "h200_ib400"):
         p = PRESETS[name]
         assert (p.intra_node_gbps, p.intra_node_line_gbps, p.inter_node_gbps, p.inter_node_line_gbps) == (
-            370.0, 450.0, 47.0, 50.0)
+            370.0,
+            450.0,
+            47.0,
+            50.0,
+        )
 
 
 # The exchange of one call per peer (the NVSHMEM transport): rank 1 of 4 ranks, 2 per node. In call k every
@@ -94,16 +113,25 @@ def test_the_hopper_presets_price_at_achievable_not_line_rates():
 BARRIERS = 3 * 15e-6
 
 
-@pytest.mark.parametrize("bytes_to_peer, seconds, nic_seconds, sent, inter", [
-    # every call waits for a NIC pair's latency, even with nothing to send
-    ([0, 0, 0, 0], BARRIERS + 3 * 15e-6, 3 * 15e-6, 0, 0),
-    # calls 1 and 2: the NIC pair into rank 2 (940 bytes at 47 GB/s: 20 ns); call 3: the NIC pair into rank 1,
-    # which receives from each rank what rank 1 keeps for itself (99 bytes); rank 1 itself sends 470 + 940
-    ([470, 99, 940, 0], BARRIERS + 2 * (15e-6 + 20e-9) + 15e-6 + 99 / NIC, 2 * (15e-6 + 20e-9) + 15e-6 + 99 / NIC,
-     1410, 940),
-])
-def test_each_call_of_the_serial_exchange_lasts_its_barrier_and_slowest_pair(bytes_to_peer, seconds, nic_seconds,
-                                                                              sent, inter):
+@pytest.mark.parametrize(
+    "bytes_to_peer, seconds, nic_seconds, sent, inter",
+    [
+        # every call waits for a NIC pair's latency, even with nothing to send
+        ([0, 0, 0, 0], BARRIERS + 3 * 15e-6, 3 * 15e-6, 0, 0),
+        # calls 1 and 2: the NIC pair into rank 2 (940 bytes at 47 GB/s: 20 ns); call 3: the NIC pair into rank 1,
+        # which receives from each rank what rank 1 keeps for itself (99 bytes); rank 1 itself sends 470 + 940
+        (
+            [470, 99, 940, 0],
+            BARRIERS + 2 * (15e-6 + 20e-9) + 15e-6 + 99 / NIC,
+            2 * (15e-6 + 20e-9) + 15e-6 + 99 / NIC,
+            1410,
+            940,
+        ),
+    ],
+)
+def test_each_call_of_the_serial_exchange_lasts_its_barrier_and_slowest_pair(
+    bytes_to_peer, seconds, nic_seconds, sent, inter
+):
     costs = GroupCosts(network_model("h100_ib400", gpus_per_node=2), range(4), 1)
     got = costs.serial_all_to_all(bytes_to_peer)
     assert got.seconds == pytest.approx(seconds, rel=1e-12) and got.nic_seconds == pytest.approx(nic_seconds)
@@ -141,11 +169,14 @@ def test_the_device_tables_hold_the_pair_of_each_call_and_this_ranks_links():
     assert costs.barrier_seconds == pytest.approx(15e-6)
 
 
-@pytest.mark.parametrize("now, seconds, nic, free, expected", [
-    (100, 1e-6, 0.0, 5_000, (1_100, 5_000)),  # no NIC: it neither waits nor books it
-    (100, 1e-6, 8e-7, 50, (1_100, 900)),  # the NIC is free: it starts now
-    (100, 1e-6, 8e-7, 900, (1_900, 1_700)),  # the NIC is busy until 900: it sends after the one before it
-])
+@pytest.mark.parametrize(
+    "now, seconds, nic, free, expected",
+    [
+        (100, 1e-6, 0.0, 5_000, (1_100, 5_000)),  # no NIC: it neither waits nor books it
+        (100, 1e-6, 8e-7, 50, (1_100, 900)),  # the NIC is free: it starts now
+        (100, 1e-6, 8e-7, 900, (1_900, 1_700)),  # the NIC is busy until 900: it sends after the one before it
+    ],
+)
 def test_collectives_at_the_same_time_share_the_nic_first_come_first_served(now, seconds, nic, free, expected):
     assert nic_queue_end(now, seconds, nic, free) == expected
 

@@ -19,8 +19,11 @@ def record() -> CommRecord:
 
 
 def _calls(step: dict) -> dict[tuple[str, str], tuple[int, int, int]]:
-    return {(group, kind): (t["calls"], t["bytes"], t["inter_node_bytes"])
-            for group, kinds in step["groups"].items() for kind, t in kinds.items()}
+    return {
+        (group, kind): (t["calls"], t["bytes"], t["inter_node_bytes"])
+        for group, kinds in step["groups"].items()
+        for kind, t in kinds.items()
+    }
 
 
 def test_a_captured_collective_is_not_charged_at_the_capture(record):
@@ -33,9 +36,11 @@ def test_each_replay_charges_every_captured_collective_once(record, replays):
     for _ in range(replays):
         record.replayed()
     step = record.take()
-    assert _calls(step) == {("ep[16]", "all_gather"): (replays, replays * 1920, replays * 1024),
-                            ("dp[16]", "reduce_scatter"): (replays, replays * 4000, replays * 3000),
-                            ("world[16]", "barrier"): (1, 0, 0)}
+    assert _calls(step) == {
+        ("ep[16]", "all_gather"): (replays, replays * 1920, replays * 1024),
+        ("dp[16]", "reduce_scatter"): (replays, replays * 4000, replays * 3000),
+        ("world[16]", "barrier"): (1, 0, 0),
+    }
     assert step["modeled_s"] == pytest.approx(replays * (2e-5 + 1e-4) + 1e-5)
 
 

@@ -69,8 +69,11 @@ def test_a_second_run_joins_the_world_of_the_process_and_charges_its_own_network
 
 @pytest.mark.parametrize("rank, size", [(ME, 16), (0, WORLD)])
 def test_a_run_for_another_rank_or_size_is_refused_in_this_process(started, rank, size):
-    with pytest.raises(RuntimeError, match=rf"already holds rank {ME} of an emulated {WORLD}; the config asks "
-                                           rf"for rank {rank} of an emulated {size}"):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"already holds rank {ME} of an emulated {WORLD}; the config asks "
+        rf"for rank {rank} of an emulated {size}",
+    ):
         EmulatedTrainingWorld(rank, size, _net()).join_process_group()
 
 

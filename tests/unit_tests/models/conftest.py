@@ -11,8 +11,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 import pytest
 import torch
@@ -33,7 +33,7 @@ def _interpreted_child_report(child: Path) -> dict:
 
 
 @functools.cache
-def triton_interpreter_problem() -> Optional[str]:
+def triton_interpreter_problem() -> str | None:
     """Why Triton's CPU interpreter cannot run this package's kernels here (``None``: it can).
 
     Asked of a minimal kernel (``children/interpreter_probe.py``), so a failure of our own kernels
@@ -47,12 +47,14 @@ def triton_interpreter_problem() -> Optional[str]:
     probe = _interpreted_child_report(INTERPRETER_PROBE)
     if probe["ok"]:
         return None
-    return (f"Triton {probe['triton']}'s CPU interpreter fails with NumPy {probe['numpy']} on a minimal kernel "
-            f"({probe['error']}); on a GPU machine tests/gpu runs these kernels on CUDA instead")
+    return (
+        f"Triton {probe['triton']}'s CPU interpreter fails with NumPy {probe['numpy']} on a minimal kernel "
+        f"({probe['error']}); on a GPU machine tests/gpu runs these kernels on CUDA instead"
+    )
 
 
 @pytest.fixture(scope="session")
-def interpreter_problem() -> Optional[str]:
+def interpreter_problem() -> str | None:
     """:func:`triton_interpreter_problem`, for tests that run Triton's interpreter themselves."""
     return triton_interpreter_problem()
 

@@ -83,8 +83,9 @@ def test_apex_when_present_is_kept(monkeypatch):
     ],
 )
 def test_the_start_up_line_says_which_kernel(without_apex, layer_spec, device, words):
-    model = GPTModelProvider(num_layers=1, hidden_size=8, num_attention_heads=1, layer_spec=layer_spec,
-                             gradient_accumulation_fusion=True)
+    model = GPTModelProvider(
+        num_layers=1, hidden_size=8, num_attention_heads=1, layer_spec=layer_spec, gradient_accumulation_fusion=True
+    )
     line = model.describe_gradient_accumulation_fusion(device)
     assert line.startswith("gradient accumulation fusion:") and all(w in line for w in words)
     assert ("Transformer Engine" in line) == (layer_spec == "transformer_engine")
@@ -93,8 +94,16 @@ def test_the_start_up_line_says_which_kernel(without_apex, layer_spec, device, w
 
 
 def _column_linear() -> layers.ColumnParallelLinear:
-    config = GPTModelProvider(num_layers=1, hidden_size=16, num_attention_heads=1, layer_spec="local",
-                              gradient_accumulation_fusion=True, use_cpu_initialization=True,
-                              perform_initialization=False, add_bias_linear=False)
-    return layers.ColumnParallelLinear(16, 24, config=config, init_method=torch.nn.init.zeros_, bias=False,
-                                       gather_output=False)
+    config = GPTModelProvider(
+        num_layers=1,
+        hidden_size=16,
+        num_attention_heads=1,
+        layer_spec="local",
+        gradient_accumulation_fusion=True,
+        use_cpu_initialization=True,
+        perform_initialization=False,
+        add_bias_linear=False,
+    )
+    return layers.ColumnParallelLinear(
+        16, 24, config=config, init_method=torch.nn.init.zeros_, bias=False, gather_output=False
+    )

@@ -52,10 +52,20 @@ def test_rails_hold_one_rank_per_node_and_nodes_their_consecutive_ranks() -> Non
     assert rail_ranks(ranks, layout) == [(6, 9), (7, 10), (8, 11)]
 
 
-@pytest.mark.parametrize("ep,gpus_per_node,ok", [
-    (4, 2, True), (16, 8, True), (4, 8, True), (4, 4, True), (4, 1, True), (12, 8, False), (8, 3, False),
-    (4, None, False), (4, 0, False),
-])
+@pytest.mark.parametrize(
+    "ep,gpus_per_node,ok",
+    [
+        (4, 2, True),
+        (16, 8, True),
+        (4, 8, True),
+        (4, 4, True),
+        (4, 1, True),
+        (12, 8, False),
+        (8, 3, False),
+        (4, None, False),
+        (4, 0, False),
+    ],
+)
 def test_node_layout_problem(ep, gpus_per_node, ok) -> None:
     assert (node_layout_problem(ep, gpus_per_node) is None) is ok
 
@@ -104,8 +114,9 @@ def test_fan_out_orders_rows_by_expert_then_copy_and_pads_empty_slots() -> None:
 def test_expert_order_is_megatrons_order_of_the_arrived_rows() -> None:
     g = torch.Generator().manual_seed(5)
     arrivals = torch.randint(0, 4, (2, 3, 2), generator=g)  # [source GPU, local expert, source node]
-    arrived = [(gpu, e, n, j) for gpu in range(2) for e in range(3) for n in range(2)
-               for j in range(int(arrivals[gpu, e, n]))]
+    arrived = [
+        (gpu, e, n, j) for gpu in range(2) for e in range(3) for n in range(2) for j in range(int(arrivals[gpu, e, n]))
+    ]
     megatron = sorted(arrived, key=lambda r: (r[1], r[2], r[0], r[3]))  # expert, source EP rank (node-major), token
     index = expert_order(arrivals, len(arrived))
     assert [arrived[i] for i in index.tolist()] == megatron
@@ -122,15 +133,18 @@ def test_stage_splits_agree_with_counting_rows_by_hand() -> None:
         splits = stage_splits(counts, NodeLayout(nodes, per_node, node, me), local)
         mine = maps[node * per_node + me]
         assert splits.send_a == [int(mine.view(6, nodes, -1).any(-1)[:, n].sum()) for n in range(nodes)]
-        assert splits.recv_a == [int(maps[n * per_node + me].view(6, nodes, -1).any(-1)[:, node].sum())
-                                 for n in range(nodes)]
+        assert splits.recv_a == [
+            int(maps[n * per_node + me].view(6, nodes, -1).any(-1)[:, node].sum()) for n in range(nodes)
+        ]
         # hop (b): rows of the tokens arrived over this rank's rail, for each GPU of the node
         rail = [maps[n * per_node + me] for n in range(nodes)]
-        assert splits.send_b == [sum(int(m[:, e].sum()) for m in rail for e in range(experts)
-                                     if node_of(e) == node and gpu_of(e) == j) for j in range(per_node)]
-        assert sum(splits.recv_b) == int(sum(m[:, [e for e in range(experts)
-                                                   if node_of(e) == node and gpu_of(e) == me]].sum()
-                                             for m in maps))
+        assert splits.send_b == [
+            sum(int(m[:, e].sum()) for m in rail for e in range(experts) if node_of(e) == node and gpu_of(e) == j)
+            for j in range(per_node)
+        ]
+        assert sum(splits.recv_b) == int(
+            sum(m[:, [e for e in range(experts) if node_of(e) == node and gpu_of(e) == me]].sum() for m in maps)
+        )
 
 
 class _Config:
@@ -153,8 +167,10 @@ class _Config:
         self.__dict__.update(overrides)
 
 
-@pytest.mark.parametrize("ep,gpus_per_node,shape", [(4, 2, "2 nodes x 2 GPUs"), (16, 8, "2 nodes x 8 GPUs"),
-                                                    (4, 8, "EP inside one node: one stage")])
+@pytest.mark.parametrize(
+    "ep,gpus_per_node,shape",
+    [(4, 2, "2 nodes x 2 GPUs"), (16, 8, "2 nodes x 8 GPUs"), (4, 8, "EP inside one node: one stage")],
+)
 def test_node_aware_is_chosen_when_asked_for_and_says_its_node_shape(ep, gpus_per_node, shape) -> None:
     choice = choose_dispatch(_Config(torch_native_gpus_per_node=gpus_per_node), ep, 1, None, torch.device("cpu"))
     assert (choice.dispatcher, choice.sync_free, choice.index_graph) == ("node_aware", False, False)
@@ -167,14 +183,17 @@ def test_auto_never_picks_node_aware_it_was_not_faster_with_overlap_on(ep) -> No
     assert choice.dispatcher == "megatron"
 
 
-@pytest.mark.parametrize("overrides,ep,blocker", [
-    ({"torch_native_gpus_per_node": None}, 4, "not a GPU count"),
-    ({"torch_native_gpus_per_node": 3}, 4, "neither divides"),
-    ({}, 1, "EP=1"),
-    ({"torch_native_ep_transport": "nccl"}, 4, "setting of the sorted dispatcher"),
-    ({"moe_expert_capacity_factor": 1.0}, 4, "token dropping"),
-    ({"pipeline_model_parallel_size": 2}, 4, "pipeline parallelism"),
-])
+@pytest.mark.parametrize(
+    "overrides,ep,blocker",
+    [
+        ({"torch_native_gpus_per_node": None}, 4, "not a GPU count"),
+        ({"torch_native_gpus_per_node": 3}, 4, "neither divides"),
+        ({}, 1, "EP=1"),
+        ({"torch_native_ep_transport": "nccl"}, 4, "setting of the sorted dispatcher"),
+        ({"moe_expert_capacity_factor": 1.0}, 4, "token dropping"),
+        ({"pipeline_model_parallel_size": 2}, 4, "pipeline parallelism"),
+    ],
+)
 def test_node_aware_that_cannot_run_is_an_error_naming_why(overrides, ep, blocker) -> None:
     with pytest.raises(ValueError, match=blocker):
         choose_dispatch(_Config(**overrides), ep, 1, None, torch.device("cpu"))

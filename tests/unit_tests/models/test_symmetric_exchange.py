@@ -74,9 +74,16 @@ def test_a_smaller_buffer_would_hit_the_device_assert() -> None:
 @pytest.mark.parametrize(
     "value,world,problem",
     [
-        (None, 2, False), ("", 2, False), ("0", 2, False),  # unset, or ignored by torch
-        ("64", 2, False), ("16", 8, False), ("8", 8, False), ("4", 8, False),  # powers of two per peer
-        ("6", 2, True), ("24", 8, True), ("48", 4, True),  # 3 blocks per peer: 64-byte rows do not split
+        (None, 2, False),
+        ("", 2, False),
+        ("0", 2, False),  # unset, or ignored by torch
+        ("64", 2, False),
+        ("16", 8, False),
+        ("8", 8, False),
+        ("4", 8, False),  # powers of two per peer
+        ("6", 2, True),
+        ("24", 8, True),
+        ("48", 4, True),  # 3 blocks per peer: 64-byte rows do not split
         ("many", 2, True),
     ],
 )
@@ -103,7 +110,7 @@ class _LoopbackBuffers:
         assert self.splits[slot].tolist() == [1, 1] and out is self.recv  # one row to each rank, in one call
         self.slots_run.append(slot)
         out[0] = self.send[slot][0]
-        out[1, :self.peer_row.numel()] = self.peer_row
+        out[1, : self.peer_row.numel()] = self.peer_row
 
 
 def test_symmetric_all_gather_sends_one_row_to_every_rank_through_its_own_buffers(gloo_world, monkeypatch) -> None:
@@ -173,8 +180,18 @@ def test_the_exchange_plan_is_recorded_only_where_another_stream_reads_it(record
     plan.made_on = compute
     recorded.current[0] = comm if elsewhere else compute
     plan.used_on_current_stream()
-    expected = [plan.send_splits, plan.recv_splits, plan.tokens_per_expert, plan.recv_total,
-                plan.to_source_major, plan.to_expert_major] if elsewhere else []
+    expected = (
+        [
+            plan.send_splits,
+            plan.recv_splits,
+            plan.tokens_per_expert,
+            plan.recv_total,
+            plan.to_source_major,
+            plan.to_expert_major,
+        ]
+        if elsewhere
+        else []
+    )
     assert [t for t, _ in recorded.calls] == expected and all(s is comm for _, s in recorded.calls)
 
 

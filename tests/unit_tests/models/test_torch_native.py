@@ -203,8 +203,9 @@ def test_experts_run_the_configured_grouped_gemm_backend(model_parallel, tiny_mo
     _, native = _expert_pair(config)
     seen = []
     original = grouped_gemm.select_backend
-    monkeypatch.setattr(grouped_gemm, "select_backend",
-                        lambda x, requested="auto": seen.append(requested) or original(x, requested))
+    monkeypatch.setattr(
+        grouped_gemm, "select_backend", lambda x, requested="auto": seen.append(requested) or original(x, requested)
+    )
     native(torch.randn(3, config.hidden_size), torch.tensor([1, 2, 0, 0]), torch.rand(3))
     assert seen == [backend, backend]  # fc1 and fc2
 
@@ -307,7 +308,10 @@ def test_spec_swaps_only_core_attention_experts_and_norms(model_parallel, tiny_m
     assert local.layer_specs[0].submodules.input_layernorm is WrappedTorchNorm
     attn = moe.submodules.self_attention.submodules
     assert (moe.submodules.input_layernorm, moe.submodules.pre_mlp_layernorm, native.layer_norm) == (
-        TorchNativeNorm, TorchNativeNorm, TorchNativeNorm)
+        TorchNativeNorm,
+        TorchNativeNorm,
+        TorchNativeNorm,
+    )
     assert (attn.q_layernorm, attn.k_layernorm) == (TorchNativeNorm, TorchNativeNorm)
     assert attn.linear_qkv is local.layer_specs[0].submodules.self_attention.submodules.linear_qkv
     assert local.layer_specs[0].submodules.mlp.keywords["submodules"].experts.func.__name__ == "SequentialMLP"
@@ -508,8 +512,9 @@ def test_moe_layer_with_sorted_dispatcher_matches_plain_moe_layer(
 ) -> None:
     from megatron.bridge.models.torch_native import SortedTokenDispatcher
 
-    config = tiny_moe_config(moe_token_dispatcher_type="alltoall", moe_router_topk=topk,
-                             moe_router_pre_softmax=topk == 1)
+    config = tiny_moe_config(
+        moe_token_dispatcher_type="alltoall", moe_router_topk=topk, moe_router_pre_softmax=topk == 1
+    )
     plain, native = _moe_layer_pair(config)
     assert isinstance(native.token_dispatcher, SortedTokenDispatcher)
     assert type(plain.token_dispatcher).__name__ == "MoEAllGatherTokenDispatcher"
@@ -542,8 +547,9 @@ def test_moe_layer_with_sorted_dispatcher_matches_plain_moe_layer(
         ({"moe_expert_capacity_factor": 1.0}, "token dropping"),
     ],
 )
-def test_sorted_dispatcher_only_where_it_is_exact(model_parallel, no_dtoh_stream, tiny_moe_config, overrides,
-                                                  blocker) -> None:
+def test_sorted_dispatcher_only_where_it_is_exact(
+    model_parallel, no_dtoh_stream, tiny_moe_config, overrides, blocker
+) -> None:
     from megatron.bridge.models.dispatch.sorted_common import fast_path_blockers
     from megatron.bridge.models.torch_native.sorted_dispatcher import SortedTokenDispatcher
 
@@ -559,8 +565,9 @@ def test_sorted_dispatcher_only_where_it_is_exact(model_parallel, no_dtoh_stream
     assert fast_path_blockers(config, ep_size=1, tp_size=2) != []
 
 
-def test_sorted_dispatcher_rejects_a_routing_map_without_exactly_topk(model_parallel, no_dtoh_stream,
-                                                                      tiny_moe_config) -> None:
+def test_sorted_dispatcher_rejects_a_routing_map_without_exactly_topk(
+    model_parallel, no_dtoh_stream, tiny_moe_config
+) -> None:
     config = tiny_moe_config(moe_token_dispatcher_type="alltoall")
     _, native = _moe_layer_pair(config)
     routing_map, probs = _topk_routing(4, config.num_moe_experts, config.moe_router_topk)

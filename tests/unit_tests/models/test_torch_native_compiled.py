@@ -38,6 +38,7 @@ def test_compiler_failure_goes_eager_for_good(monkeypatch, caplog):
 
 def test_running_out_of_gpu_memory_is_not_a_compiler_failure(monkeypatch):
     """An OOM inside the compiled function is raised, and the function stays compiled."""
+
     def full(*args):
         raise torch.OutOfMemoryError("CUDA out of memory")
 

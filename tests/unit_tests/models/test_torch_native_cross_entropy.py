@@ -41,10 +41,12 @@ def test_torch_backend_matches_megatron(gloo_world, vocab):
 
     logits, target, weight = _case(vocab)
     # megatron-core's loss overwrites its input in place: hand it a non-leaf copy.
-    ref_loss, ref_grad = _loss_and_grad(lambda x, t: megatron_ce(x * 1.0, t, tp_group=dist.group.WORLD),
-                                        logits, target, weight)
-    loss, grad = _loss_and_grad(lambda x, t: ce.vocab_parallel_cross_entropy(x, t, backend="torch"),
-                                logits, target, weight)
+    ref_loss, ref_grad = _loss_and_grad(
+        lambda x, t: megatron_ce(x * 1.0, t, tp_group=dist.group.WORLD), logits, target, weight
+    )
+    loss, grad = _loss_and_grad(
+        lambda x, t: ce.vocab_parallel_cross_entropy(x, t, backend="torch"), logits, target, weight
+    )
     assert loss.dtype == torch.float32 and loss.shape == target.shape
     torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-5)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-7)
@@ -52,8 +54,9 @@ def test_torch_backend_matches_megatron(gloo_world, vocab):
 
 def test_bf16_logits_give_fp32_loss_and_bf16_grad():
     logits, target, weight = _case(500, dtype=torch.bfloat16)
-    loss, grad = _loss_and_grad(lambda x, t: ce.vocab_parallel_cross_entropy(x, t, backend="torch"),
-                                logits, target, weight)
+    loss, grad = _loss_and_grad(
+        lambda x, t: ce.vocab_parallel_cross_entropy(x, t, backend="torch"), logits, target, weight
+    )
     ref = torch.nn.functional.cross_entropy(logits.float().reshape(-1, 500), target.reshape(-1), reduction="none")
     assert loss.dtype == torch.float32 and grad.dtype == torch.bfloat16
     torch.testing.assert_close(loss.reshape(-1), ref, rtol=1e-5, atol=1e-5)
@@ -63,8 +66,9 @@ def test_chunked_torch_path_equals_one_chunk(monkeypatch):
     logits, target, weight = _case(700)
     whole = _loss_and_grad(lambda x, t: ce.vocab_parallel_cross_entropy(x, t, backend="torch"), logits, target, weight)
     monkeypatch.setattr(ce, "_TORCH_CHUNK_ELEMENTS", 700 * 4)  # four rows per chunk
-    chunked = _loss_and_grad(lambda x, t: ce.vocab_parallel_cross_entropy(x, t, backend="torch"), logits, target,
-                             weight)
+    chunked = _loss_and_grad(
+        lambda x, t: ce.vocab_parallel_cross_entropy(x, t, backend="torch"), logits, target, weight
+    )
     torch.testing.assert_close(chunked[0], whole[0], rtol=0, atol=0)
     torch.testing.assert_close(chunked[1], whole[1], rtol=0, atol=0)
 
@@ -105,8 +109,9 @@ def test_the_model_runs_the_configured_backend(monkeypatch, backend):
 
     seen = []
     original = ce.select_backend
-    monkeypatch.setattr(ce, "select_backend",
-                        lambda device, requested="auto": seen.append(requested) or original(device, requested))
+    monkeypatch.setattr(
+        ce, "select_backend", lambda device, requested="auto": seen.append(requested) or original(device, requested)
+    )
     logits, labels = torch.randn(4, 2, 10), torch.randint(0, 10, (2, 4))
     loss = TorchNativeLossGPTModel.compute_language_model_loss(_LossModelStandIn(backend), labels, logits)
     assert loss.shape == (2, 4) and seen == [backend]
@@ -123,8 +128,7 @@ CHILD = Path(__file__).parent / "children" / "cross_entropy_tp2.py"
 @pytest.fixture(scope="module")
 def child_reports(tmp_path_factory, run_child_script, interpreter_problem) -> list:
     env = {"CROSS_ENTROPY_CHILD_TRITON": "0" if interpreter_problem else "1"}
-    return run_child_script(CHILD, tmp_path_factory.mktemp("cross_entropy"), world_size=2, timeout=600,
-                            env_extra=env)
+    return run_child_script(CHILD, tmp_path_factory.mktemp("cross_entropy"), world_size=2, timeout=600, env_extra=env)
 
 
 @pytest.fixture
@@ -185,8 +189,11 @@ def test_provider_loss_selection(monkeypatch, fusion, impl, model_class, line):
 def test_start_up_line_names_the_configured_backend():
     from megatron.bridge.models.qwen import Qwen3MoEModelProvider
 
-    provider = Qwen3MoEModelProvider(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="torch_native",
-                                     torch_native_cross_entropy_backend="torch")
+    provider = Qwen3MoEModelProvider(
+        cross_entropy_loss_fusion=True,
+        cross_entropy_fusion_impl="torch_native",
+        torch_native_cross_entropy_backend="torch",
+    )
     assert provider.describe_loss("cuda") == "loss: torch_native fused cross-entropy (torch kernels)"
 
 

@@ -29,7 +29,7 @@ CHILDREN = Path(__file__).parent / "children"
 def _naive_plan(all_counts: torch.Tensor, rank: int, local: int):
     """Host reference: the received (source-major) row index of each expert-major row."""
     ep = all_counts.shape[0]
-    mine = all_counts[:, rank * local:(rank + 1) * local].tolist()
+    mine = all_counts[:, rank * local : (rank + 1) * local].tolist()
     source_major = [(s, e, j) for s in range(ep) for e in range(local) for j in range(mine[s][e])]
     expert_major = sorted(source_major, key=lambda t: (t[1], t[0], t[2]))
     position = {t: i for i, t in enumerate(source_major)}
@@ -48,7 +48,7 @@ def _naive_plan(all_counts: torch.Tensor, rank: int, local: int):
 )
 def test_exchange_plan_matches_a_host_reference(counts, rank, local) -> None:
     all_counts = torch.tensor(counts)
-    total = int(all_counts[:, rank * local:(rank + 1) * local].sum())
+    total = int(all_counts[:, rank * local : (rank + 1) * local].sum())
     capacity = total + 5
     plan = exchange_plan(all_counts, rank, local, capacity=capacity, send_rows=int(all_counts[rank].sum()))
     assert plan.to_source_major[:total].tolist() == _naive_plan(all_counts, rank, local)
@@ -56,16 +56,19 @@ def test_exchange_plan_matches_a_host_reference(counts, rank, local) -> None:
     assert plan.to_expert_major[plan.to_source_major].tolist() == list(range(capacity))
     ep = all_counts.shape[0]
     assert plan.send_splits.tolist() == all_counts[rank].view(ep, local).sum(1).tolist()
-    assert plan.recv_splits.tolist() == all_counts[:, rank * local:(rank + 1) * local].sum(1).tolist()
-    assert plan.tokens_per_expert.tolist() == all_counts[:, rank * local:(rank + 1) * local].sum(0).tolist()
+    assert plan.recv_splits.tolist() == all_counts[:, rank * local : (rank + 1) * local].sum(1).tolist()
+    assert plan.tokens_per_expert.tolist() == all_counts[:, rank * local : (rank + 1) * local].sum(0).tolist()
 
 
-@pytest.mark.parametrize("columns", [[(32, torch.bfloat16), (1, torch.float32)], [(7, torch.float32)],
-                                     [(2048, torch.bfloat16), (1, torch.float32)]])
+@pytest.mark.parametrize(
+    "columns",
+    [[(32, torch.bfloat16), (1, torch.float32)], [(7, torch.float32)], [(2048, torch.bfloat16), (1, torch.float32)]],
+)
 def test_packed_rows_are_64_byte_multiples_and_columns_round_trip(columns) -> None:
     nbytes = row_bytes(columns)
-    assert (nbytes % ROW_ALIGN_BYTES == 0
-            and nbytes >= sum(w * torch.empty((), dtype=d).element_size() for w, d in columns))
+    assert nbytes % ROW_ALIGN_BYTES == 0 and nbytes >= sum(
+        w * torch.empty((), dtype=d).element_size() for w, d in columns
+    )
     buf = torch.zeros(3, nbytes, dtype=torch.uint8)
     offset = 0
     for width, dtype in columns:
@@ -172,8 +175,10 @@ def test_start_up_line_says_where_the_sorted_indices_replay_from_a_cuda_graph(de
     assert choice.to_dict()["index_graph"] is graphed
 
 
-@pytest.mark.parametrize("overrides,blocker", [({"moe_expert_capacity_factor": 1.0}, "token dropping"),
-                                               ({"cuda_graph_impl": "local"}, "per-layer CUDA graphs")])
+@pytest.mark.parametrize(
+    "overrides,blocker",
+    [({"moe_expert_capacity_factor": 1.0}, "token dropping"), ({"cuda_graph_impl": "local"}, "per-layer CUDA graphs")],
+)
 def test_sorted_request_that_cannot_be_exact_is_an_error(overrides, blocker) -> None:
     with pytest.raises(ValueError, match=blocker):
         choose_dispatch(_Config(torch_native_dispatcher="sorted", **overrides), 2, 1, None, torch.device("cpu"))
@@ -188,10 +193,16 @@ def ep_sorted_report(request, tmp_path_factory, run_child_script) -> list:
 
 
 @pytest.mark.functional
-@pytest.mark.parametrize("variant", [
-    "sorted", "sorted_overlap", "sorted_overlap_delay_wgrad", "sorted_nvshmem_emulated",
-    "sorted_nvshmem_emulated_overlap",
-])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "sorted",
+        "sorted_overlap",
+        "sorted_overlap_delay_wgrad",
+        "sorted_nvshmem_emulated",
+        "sorted_nvshmem_emulated_overlap",
+    ],
+)
 def test_sorted_dispatcher_equals_megatron_dispatcher(ep_sorted_report, variant) -> None:
     for rank in ep_sorted_report:
         assert rank["sorted_layers"][variant] == 2 and rank["sorted_layers"]["megatron"] == 0
@@ -223,8 +234,9 @@ def test_auto_with_several_ep_ranks_keeps_megatron_even_where_nvshmem_runs(monke
     from megatron.bridge.models.torch_native import symmetric_exchange
     from megatron.bridge.models.torch_native.symmetric_exchange import SymmetricMemorySupport
 
-    monkeypatch.setattr(symmetric_exchange, "symmetric_memory_support",
-                        lambda g, d: SymmetricMemorySupport(True, "NVSHMEM available"))
+    monkeypatch.setattr(
+        symmetric_exchange, "symmetric_memory_support", lambda g, d: SymmetricMemorySupport(True, "NVSHMEM available")
+    )
     auto = choose_dispatch(_Config(), 2, 1, None, torch.device("cuda"))
     assert auto.dispatcher == "megatron" and "measured faster" in auto.reason
     chosen = choose_dispatch(_Config(torch_native_dispatcher="sorted"), 2, 1, None, torch.device("cuda"))

@@ -54,8 +54,9 @@ class _FakeGraph:
 def test_a_replay_copies_inputs_in_and_outputs_out_in_their_shapes() -> None:
     static = (torch.zeros(6, dtype=torch.long),)
     flat = torch.zeros(13, dtype=torch.long)
-    captured = _Captured(_FakeGraph(static, flat, 3), static, flat,
-                         (torch.Size([6]), torch.Size([2, 3]), torch.Size([1])))
+    captured = _Captured(
+        _FakeGraph(static, flat, 3), static, flat, (torch.Size([6]), torch.Size([2, 3]), torch.Size([1]))
+    )
     x = torch.arange(6)
     got = captured.replay((x,))
     assert all(torch.equal(a, b) for a, b in zip(got, _indices(x, 3)))

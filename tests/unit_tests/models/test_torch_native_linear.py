@@ -17,16 +17,19 @@ from megatron.bridge.models.torch_native import linear
 def cpu_accumulation(monkeypatch):
     """``main_grad += dy^T x`` on CPU fp32 tensors, in place of the CUDA-only GEMM."""
     monkeypatch.setattr(linear, "can_fuse", lambda main_grad: main_grad.dtype == torch.float32)
-    monkeypatch.setattr(linear, "accumulate_dense_wgrad",
-                        lambda dy, x, main_grad: main_grad.add_(dy.t().float() @ x.float()))
+    monkeypatch.setattr(
+        linear, "accumulate_dense_wgrad", lambda dy, x, main_grad: main_grad.add_(dy.t().float() @ x.float())
+    )
 
 
 def _pair(kind, config):
     """A megatron-core layer and a rerouted copy with the same weights, the copy holding a DDP main_grad."""
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
-    cls, extra = {"column": (ColumnParallelLinear, dict(gather_output=False)),
-                  "row": (RowParallelLinear, dict(input_is_parallel=True, skip_bias_add=True))}[kind]
+    cls, extra = {
+        "column": (ColumnParallelLinear, dict(gather_output=False)),
+        "row": (RowParallelLinear, dict(input_is_parallel=True, skip_bias_add=True)),
+    }[kind]
     make = lambda: cls(32, 48, config=config, init_method=torch.nn.init.xavier_normal_, bias=False, **extra)  # noqa: E731
     reference, rerouted = make(), make()
     rerouted.load_state_dict(reference.state_dict())
@@ -98,8 +101,13 @@ def test_megatron_fsdp_parameters_stay_with_megatron(cpu_accumulation):
 
 @pytest.mark.parametrize(
     "setting,main_grad_dtype,expected",
-    [("auto", torch.float32, True), ("unfused", torch.float32, False), ("auto", torch.bfloat16, False),
-     ("fused", torch.float32, True), ("auto", None, False)],
+    [
+        ("auto", torch.float32, True),
+        ("unfused", torch.float32, False),
+        ("auto", torch.bfloat16, False),
+        ("fused", torch.float32, True),
+        ("auto", None, False),
+    ],
 )
 def test_the_setting_decides_per_weight(cpu_accumulation, setting, main_grad_dtype, expected):
     weight = torch.nn.Parameter(torch.randn(4, 3))
@@ -124,8 +132,12 @@ def test_cpu_main_grad_is_left_to_ddp():
 
 @pytest.mark.parametrize(
     "changes,rerouted",
-    [({}, True), ({"tensor_model_parallel_size": 2}, False), ({"gradient_accumulation_fusion": True}, False),
-     ({"defer_embedding_wgrad_compute": True}, False)],
+    [
+        ({}, True),
+        ({"tensor_model_parallel_size": 2}, False),
+        ({"gradient_accumulation_fusion": True}, False),
+        ({"defer_embedding_wgrad_compute": True}, False),
+    ],
 )
 def test_which_configs_get_the_rerouted_layers(tiny_moe_config, changes, rerouted):
     config = tiny_moe_config()
@@ -138,22 +150,32 @@ def test_which_configs_get_the_rerouted_layers(tiny_moe_config, changes, reroute
     "spec,changes,reported",
     [
         ("torch_native", {}, "fused"),
-        ("torch_native", {"tensor_model_parallel_size": 2},
-         "megatron-core's linear layers (tensor_model_parallel_size=2;"),
-        ("torch_native", {"gradient_accumulation_fusion": True},
-         "(gradient_accumulation_fusion (megatron's own fusion);"),
+        (
+            "torch_native",
+            {"tensor_model_parallel_size": 2},
+            "megatron-core's linear layers (tensor_model_parallel_size=2;",
+        ),
+        (
+            "torch_native",
+            {"gradient_accumulation_fusion": True},
+            "(gradient_accumulation_fusion (megatron's own fusion);",
+        ),
         ("local", {"tensor_model_parallel_size": 2}, None),  # megatron's layer specs: nothing to report
     ],
 )
-def test_report_names_the_dense_path_and_why_megatron_keeps_it(model_parallel, tiny_moe_config, spec, changes,
-                                                              reported):
+def test_report_names_the_dense_path_and_why_megatron_keeps_it(
+    model_parallel, tiny_moe_config, spec, changes, reported
+):
     """The start-up line and ``summary.json`` (``dense_wgrad_accumulation``) for a built model."""
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 
     config = tiny_moe_config()
     object.__setattr__(config, "resolved_layer_spec", spec)
-    model = torch.nn.Sequential(ColumnParallelLinear(32, 48, config=config, init_method=torch.nn.init.xavier_normal_,
-                                                     bias=False, gather_output=False))
+    model = torch.nn.Sequential(
+        ColumnParallelLinear(
+            32, 48, config=config, init_method=torch.nn.init.xavier_normal_, bias=False, gather_output=False
+        )
+    )
     for name, value in changes.items():  # after construction: megatron's layer refuses Apex fusion without Apex
         object.__setattr__(config, name, value)
     if spec == "torch_native" and linear.reroutes_dense_layers(config):

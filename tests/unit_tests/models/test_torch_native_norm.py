@@ -25,8 +25,10 @@ def test_reference_gradients_equal_torch_rms_norm():
     x = torch.randn(7, 32, generator=g, dtype=torch.float64)
     w = torch.rand(32, generator=g, dtype=torch.float64) + 0.5
     grads = []
-    for fn in (lambda a, b: torch.nn.functional.rms_norm(a, (32,), b, 1e-6),
-               lambda a, b: norm.rms_norm_reference(a, b, 1e-6)):
+    for fn in (
+        lambda a, b: torch.nn.functional.rms_norm(a, (32,), b, 1e-6),
+        lambda a, b: norm.rms_norm_reference(a, b, 1e-6),
+    ):
         a, b = x.clone().requires_grad_(), w.clone().requires_grad_()
         (fn(a, b) * torch.arange(32, dtype=torch.float64)).sum().backward()
         grads.append((a.grad, b.grad))
@@ -41,7 +43,8 @@ def test_norm_slot_builds(tiny_moe_config, normalization, expected):
     module = norm.TorchNativeNorm(config=tiny_moe_config(normalization=normalization), hidden_size=32, eps=1e-6)
     assert type(module) is expected
     assert list(dict(module.named_parameters())) == list(dict(torch.nn.RMSNorm(32).named_parameters())) or (
-        expected is torch.nn.LayerNorm)
+        expected is torch.nn.LayerNorm
+    )
     assert module.eps == 1e-6
 
 

@@ -19,14 +19,16 @@ def interpreted_report(run_interpreted_child) -> dict:
     return run_interpreted_child(CHILD)
 
 
-@pytest.mark.parametrize("case", ["uneven_with_empty_expert_and_padding", "fp32_single_row_experts",
-                                  "all_experts_empty"])
+@pytest.mark.parametrize(
+    "case", ["uneven_with_empty_expert_and_padding", "fp32_single_row_experts", "all_experts_empty"]
+)
 def test_kernel_adds_each_experts_rows_into_main_grad(interpreted_report, case):
     assert interpreted_report["kernel"][case] < 1e-5
 
 
-@pytest.mark.parametrize("path, fused", [("fused", True), ("fused_deferred", True),
-                                         ("unfused", False), ("unfused_deferred", False)])
+@pytest.mark.parametrize(
+    "path, fused", [("fused", True), ("fused_deferred", True), ("unfused", False), ("unfused_deferred", False)]
+)
 def test_backward_gradients_reach_main_grad_once(interpreted_report, path, fused):
     """Fused, the gradient is in main_grad and DDP's hook is told to skip its add; unfused, the hook adds."""
     result = interpreted_report["backward"][path]

@@ -74,8 +74,16 @@ def test_malformed_override_is_one_listed_problem(override, tmp_path, no_launch,
 
 
 def test_every_malformed_override_is_listed_at_once(tmp_path, no_launch):
-    code, text = run([*TINY_CPU, "-l", str(tmp_path / "run"), "model.num_layers=[1,2", "model.hidden_size='abc",
-                      "model.hidden_size=${oc.env:HOME}"])
+    code, text = run(
+        [
+            *TINY_CPU,
+            "-l",
+            str(tmp_path / "run"),
+            "model.num_layers=[1,2",
+            "model.hidden_size='abc",
+            "model.hidden_size=${oc.env:HOME}",
+        ]
+    )
     assert code == 2 and "3 problem(s)" in text, text
 
 
@@ -89,15 +97,32 @@ MALFORMED_FILES = {
 
 # YAML file text -> (rule id, texts the message must hold): valid YAML that is not plain data, each with its own reason
 NOT_PLAIN_FILES = {
-    "binary tag": ("checkpoint:\n  save: !!binary aGVsbG8=\n", "yaml-syntax",
-                   ["line 2, column 9", "YAML tags are not read (!!binary at checkpoint.save)"]),
-    "set tag": ("model:\n  num_layers: !!set {a, b}\n", "yaml-syntax",
-                ["YAML tags are not read (!!set at model.num_layers)"]),
-    "duplicate key": ("model:\n  num_layers: 4\n  num_layers: 5\n", "yaml-duplicate-key",
-                      ["line 3", "the key model.num_layers is given twice (lines 2 and 3)", "give the key once"]),
-    "node limit": ("a: &a [" + ", ".join(["x"] * 20) + "]\nb: &b [" + ", ".join(["*a"] * 20) + "]\nc: ["
-                   + ", ".join(["*b"] * 30) + "]\n", "yaml-too-large",
-                   ["more than 10,000 YAML nodes", "fewer *aliases"]),
+    "binary tag": (
+        "checkpoint:\n  save: !!binary aGVsbG8=\n",
+        "yaml-syntax",
+        ["line 2, column 9", "YAML tags are not read (!!binary at checkpoint.save)"],
+    ),
+    "set tag": (
+        "model:\n  num_layers: !!set {a, b}\n",
+        "yaml-syntax",
+        ["YAML tags are not read (!!set at model.num_layers)"],
+    ),
+    "duplicate key": (
+        "model:\n  num_layers: 4\n  num_layers: 5\n",
+        "yaml-duplicate-key",
+        ["line 3", "the key model.num_layers is given twice (lines 2 and 3)", "give the key once"],
+    ),
+    "node limit": (
+        "a: &a ["
+        + ", ".join(["x"] * 20)
+        + "]\nb: &b ["
+        + ", ".join(["*a"] * 20)
+        + "]\nc: ["
+        + ", ".join(["*b"] * 30)
+        + "]\n",
+        "yaml-too-large",
+        ["more than 10,000 YAML nodes", "fewer *aliases"],
+    ),
     "recursive alias": ("model: &m\n  inner: *m\n", "yaml-syntax", ["inside the node it names", "model.inner"]),
     "deep nesting": ("model: " + "{a: " * 40 + "1" + "}" * 40 + "\n", "yaml-too-large", ["nest deeper than 32 levels"]),
     "long number": ("model:\n  num_layers: " + "1" * 5000 + "\n", "yaml-syntax", ["a number of 5,000 digits"]),
@@ -120,8 +145,9 @@ def test_every_problem_of_a_config_file_is_listed_at_once(tmp_path, no_launch):
     path = tmp_path / "overlay.yaml"
     path.write_text("model:\n  num_layers: !!binary aGVsbG8=\n  num_layers: 3\ncheckpoint:\n  save: !!set {a}\n")
     code, out = run([*TINY_CPU, "-l", str(tmp_path / "run"), "--config_file", str(path)])
-    assert (code == 2 and "3 problem(s)" in out and "[yaml-duplicate-key]" in out
-            and out.count("[yaml-syntax]") == 2), out
+    assert code == 2 and "3 problem(s)" in out and "[yaml-duplicate-key]" in out and out.count("[yaml-syntax]") == 2, (
+        out
+    )
 
 
 # file bytes -> texts the refusal holds
@@ -146,8 +172,10 @@ def test_a_config_file_that_is_not_utf8_text_is_refused(case, tmp_path, no_launc
 
 @pytest.mark.parametrize(
     "path, fragment",
-    [("/tmp/" + "a" * 300 + "/overlay.yaml", "a name in it is 300 bytes long (at most 255)"),
-     ("/tmp/" + "abc/" * 1100 + "overlay.yaml", "it is 4,417 bytes long (at most 4095)")],
+    [
+        ("/tmp/" + "a" * 300 + "/overlay.yaml", "a name in it is 300 bytes long (at most 255)"),
+        ("/tmp/" + "abc/" * 1100 + "overlay.yaml", "it is 4,417 bytes long (at most 4095)"),
+    ],
     ids=["name-over-255", "path-over-4096"],
 )
 def test_a_config_file_path_no_file_system_opens_is_refused(path, fragment, tmp_path, no_launch):
@@ -181,7 +209,8 @@ def _doubling_file(tmp: Path, n: int = 16) -> list[str]:
 
 def _doubling_lists(tmp: Path, n: int = 14) -> list[str]:
     return [f"{SCRATCH}.k{i}=['${{{SCRATCH}.k{i + 1}}}', '${{{SCRATCH}.k{i + 1}}}']" for i in range(n)] + [
-        f"{SCRATCH}.k{n}=1"]
+        f"{SCRATCH}.k{n}=1"
+    ]
 
 
 def _long_chain(tmp: Path, n: int = 600) -> list[str]:
@@ -191,14 +220,18 @@ def _long_chain(tmp: Path, n: int = 600) -> list[str]:
 
 # case -> (argv built under tmp_path, rule id, texts the message must hold)
 UNBOUNDED_REFERENCES = {
-    "doubling overrides": (_doubling_overrides, "override-reference-size",
-                           [f"{SCRATCH}.k3=", "longer than 8,192 characters"]),
+    "doubling overrides": (
+        _doubling_overrides,
+        "override-reference-size",
+        [f"{SCRATCH}.k3=", "longer than 8,192 characters"],
+    ),
     "doubling yaml lines": (_doubling_file, "override-reference-size", ["x.k3=", "longer than 8,192 characters"]),
     "doubling lists": (_doubling_lists, "override-reference-size", [f"{SCRATCH}.k3=", "longer than 8,192 characters"]),
     "chain deeper than the recursion limit": (
-        _long_chain, "override-reference-depth",
-        [f"{SCRATCH}.k583=", f"17 references in a row ({SCRATCH}.k583 -> {SCRATCH}.k584 ->",
-         "at most 16 are followed"]),
+        _long_chain,
+        "override-reference-depth",
+        [f"{SCRATCH}.k583=", f"17 references in a row ({SCRATCH}.k583 -> {SCRATCH}.k584 ->", "at most 16 are followed"],
+    ),
 }
 
 
@@ -237,8 +270,9 @@ def test_config_file_names_nothing_outside_the_allowed_lists(text, tmp_path, no_
 )
 def test_a_reference_is_the_fields_value(overrides, expected, tmp_path, no_launch):
     saved = tmp_path / "saved.yaml"
-    code, text = run([*TINY_CPU, "--dryrun", "-l", str(tmp_path / "run"), "--save_config_filepath", str(saved),
-                      *overrides])
+    code, text = run(
+        [*TINY_CPU, "--dryrun", "-l", str(tmp_path / "run"), "--save_config_filepath", str(saved), *overrides]
+    )
     assert code == 0, text
     model = yaml.safe_load(saved.read_text())["model"]
     assert {k: model[k] for k in expected} == expected

@@ -18,8 +18,9 @@ def test_the_names_read_from_source_are_the_registry_s():
     assert dispatch_names.flex_backend_names() == flex_backends()
 
 
-@pytest.mark.parametrize("registry", ["DISPATCH_PATHS = tuple(PATHS)\n", "this is not python ("],
-                         ids=["not-written-out", "unreadable"])
+@pytest.mark.parametrize(
+    "registry", ["DISPATCH_PATHS = tuple(PATHS)\n", "this is not python ("], ids=["not-written-out", "unreadable"]
+)
 def test_a_registry_the_source_cannot_answer_for_is_imported(tmp_path: Path, monkeypatch, registry):
     (tmp_path / "path_registry.py").write_text(registry)
     monkeypatch.setattr(dispatch_names, "_package_dir", lambda: tmp_path)

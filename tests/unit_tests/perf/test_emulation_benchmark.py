@@ -18,34 +18,51 @@ from megatron.bridge.perf.harness.run import main
 def test_the_plan_interleaves_repeats_and_runs_free_once_per_dispatcher():
     jobs = bench.plan(["h100_ib400", "h200_ib400"], ["alltoall"], repeats=2, layers=4, nodes=2, steps=12, gpu="h200")
     names = [case.name for case in jobs["emulated"]]
-    assert names[:3] == ["free_free_alltoall_ep16_r1", "off_h100_ib400_alltoall_ep16_r1",
-                         "on_h100_ib400_alltoall_ep16_r1"]
+    assert names[:3] == [
+        "free_free_alltoall_ep16_r1",
+        "off_h100_ib400_alltoall_ep16_r1",
+        "on_h100_ib400_alltoall_ep16_r1",
+    ]
     assert names.count("free_free_alltoall_ep16_r1") == 1 and len(names) == 2 * (1 + 2 * 3)
     assert [case.name for case in jobs["ep1"]] == ["ep1_none_none_ep16_r1", "ep1_none_none_ep16_r2"]
 
 
 def test_profiled_cases_run_after_the_timed_ones_and_ep1_only_where_it_does_the_same_work():
-    jobs = bench.plan(["h100_ib400"], ["node_aware"], repeats=1, layers=4, nodes=2, steps=12, gpu="h200",
-                      profile_arms=["ep1", "on"])
+    jobs = bench.plan(
+        ["h100_ib400"], ["node_aware"], repeats=1, layers=4, nodes=2, steps=12, gpu="h200", profile_arms=["ep1", "on"]
+    )
     assert [c.name for c in jobs["emulated"]][-1] == "on_h100_ib400_node_aware_ep16_prof"
     assert [c.name for c in jobs["ep1"]] == ["ep1_none_none_ep16_r1", "ep1_none_none_ep16_prof"]
-    four_nodes = bench.plan(["h100_ib400"], ["alltoall"], repeats=1, layers=4, nodes=4, steps=12, gpu="h200",
-                            profile_arms=["ep1"])
+    four_nodes = bench.plan(
+        ["h100_ib400"], ["alltoall"], repeats=1, layers=4, nodes=4, steps=12, gpu="h200", profile_arms=["ep1"]
+    )
     assert "ep1" not in four_nodes  # 4 experts a GPU cannot take top-8: free is the reference there
 
 
 def test_a_graphed_dispatcher_brings_a_graphed_ep1_reference():
-    jobs = bench.plan(["h100_ib400"], ["sorted_nvshmem", "sorted_nvshmem_graph"], repeats=1, layers=4, nodes=2,
-                      steps=12, gpu="h200")
+    jobs = bench.plan(
+        ["h100_ib400"], ["sorted_nvshmem", "sorted_nvshmem_graph"], repeats=1, layers=4, nodes=2, steps=12, gpu="h200"
+    )
     assert [c.name for c in jobs["ep1"]] == ["ep1_none_none_ep16_r1", "ep1_none_graph_ep16_r1"]
     eager, graphed = (c.argv(Path("runs")) for c in jobs["ep1"])
     assert (_last_value(eager, "--cuda_graph_impl"), _last_value(graphed, "--cuda_graph_impl")) == (
-        "none", "full_iteration")
+        "none",
+        "full_iteration",
+    )
 
 
 def test_micro_batches_set_the_global_batch_and_the_row():
-    jobs = bench.plan(["h100_ib400"], ["sorted_nvshmem_graph"], repeats=1, layers=4, nodes=2, steps=12, gpu="h200",
-                      arms=["ep1", "on"], micro_batches=16)
+    jobs = bench.plan(
+        ["h100_ib400"],
+        ["sorted_nvshmem_graph"],
+        repeats=1,
+        layers=4,
+        nodes=2,
+        steps=12,
+        gpu="h200",
+        arms=["ep1", "on"],
+        micro_batches=16,
+    )
     ep1, on = jobs["ep1"][0], jobs["emulated"][0]
     assert on.name == "on_h100_ib400_sorted_nvshmem_graph_ep16_mb16_r1" and on.key[2] == 16
     assert "train.global_batch_size=16" in ep1.argv(Path("runs"))
@@ -57,11 +74,19 @@ def _last_value(argv: list[str], flag: str) -> str:
     return argv[len(argv) - argv[::-1].index(flag)]
 
 
-@pytest.mark.parametrize("arm, dispatcher, nodes, profile", [
-    ("ep1", "sorted", 2, False), ("free", "sorted", 2, False), ("on_delay_wgrad", "sorted", 2, False),
-    ("on", "node_aware", 2, True), ("off", "node_aware", 4, False), ("on", "alltoall", 4, False),
-    ("ep1", "graph", 2, False), ("on", "sorted_nvshmem_graph", 2, False),
-])
+@pytest.mark.parametrize(
+    "arm, dispatcher, nodes, profile",
+    [
+        ("ep1", "sorted", 2, False),
+        ("free", "sorted", 2, False),
+        ("on_delay_wgrad", "sorted", 2, False),
+        ("on", "node_aware", 2, True),
+        ("off", "node_aware", 4, False),
+        ("on", "alltoall", 4, False),
+        ("ep1", "graph", 2, False),
+        ("on", "sorted_nvshmem_graph", 2, False),
+    ],
+)
 def test_every_case_is_a_command_line_the_harness_accepts(arm, dispatcher, nodes, profile, tmp_path):
     case = bench.Case(arm, "h100_ib400", dispatcher, 1, 4, nodes, 12, "h200", profile)
     out = io.StringIO()
@@ -70,8 +95,16 @@ def test_every_case_is_a_command_line_the_harness_accepts(arm, dispatcher, nodes
 
 
 def _row(arm: str, network: str, steps: list[float], ep: int = 16, layers: int = 4) -> dict:
-    return {"ep": ep, "layers": layers, "network": network, "dispatcher": "alltoall", "arm": arm, "step_s": steps,
-            "tflops_per_gpu": 100.0, "commit": "c"}
+    return {
+        "ep": ep,
+        "layers": layers,
+        "network": network,
+        "dispatcher": "alltoall",
+        "arm": arm,
+        "step_s": steps,
+        "tflops_per_gpu": 100.0,
+        "commit": "c",
+    }
 
 
 def test_the_hidden_share_is_what_overlap_took_off_what_communication_added():
@@ -107,9 +140,17 @@ def test_depths_stay_apart_in_a_merge_and_a_row_without_a_depth_is_four_layers_d
 
 
 def _results(path, network: str, rows: list[dict], layers: int = 4) -> Path:
-    meta = {"question": "q", "modeled": "m", "layers": layers, "steps": 12, "window_start": 4,
-            "networks": {network: {"name": network}}, "command": f"python x.py --out /machine/dir --networks {network}",
-            "device": "1 x GPU", "matmul_ceiling_tflops": 700.0}
+    meta = {
+        "question": "q",
+        "modeled": "m",
+        "layers": layers,
+        "steps": 12,
+        "window_start": 4,
+        "networks": {network: {"name": network}},
+        "command": f"python x.py --out /machine/dir --networks {network}",
+        "device": "1 x GPU",
+        "matmul_ceiling_tflops": 700.0,
+    }
     path.write_text(json.dumps({**meta, "rows": rows}))
     return path
 
@@ -118,8 +159,17 @@ def test_the_merge_script_keeps_every_network_depth_and_note_of_its_calls(tmp_pa
     script = load_script("ep_emulation_benchmark.py")
     first = _results(tmp_path / "a.json", "h100_ib400", [_row("off", "h100_ib400", [1.5])])
     second = _results(tmp_path / "b.json", "h200_ib400", [_row("off", "h200_ib400", [9.0], layers=48)], layers=48)
-    argv = ["--merge", str(first), str(second), "--out", str(tmp_path / "out"), "--ran-at", "abc",
-            "--note", "the first call ran under a sampler"]
+    argv = [
+        "--merge",
+        str(first),
+        str(second),
+        "--out",
+        str(tmp_path / "out"),
+        "--ran-at",
+        "abc",
+        "--note",
+        "the first call ran under a sampler",
+    ]
     with contextlib.redirect_stdout(io.StringIO()):
         assert script.main(argv) == 0
     merged = json.loads((tmp_path / "out" / "results.json").read_text())

@@ -18,8 +18,11 @@ def bench():
 def _summary(step_s: float, losses=(10.0, 9.0, 8.0, 7.0)) -> dict:
     times = [5.0, 1.0, 1.0] + [step_s] * 9
     return {
-        "steady_state_window": [4, 12], "steady_state_mean_s": step_s, "step_times_s": times,
-        "tflops_per_gpu": 100.0 / step_s, "losses": list(losses),
+        "steady_state_window": [4, 12],
+        "steady_state_mean_s": step_s,
+        "step_times_s": times,
+        "tflops_per_gpu": 100.0 / step_s,
+        "losses": list(losses),
         "extra": {"gpu_fwd_bwd_s": [0.8 * step_s] * 12, "gpu_optimizer_s": [0.1] * 12, "host_fwd_bwd_s": [0.5] * 12},
         "moe_token_dispatch": [{"description": "sorted dispatcher, sync-free, transport: nvshmem"}],
     }
@@ -30,15 +33,26 @@ def test_cases_are_interleaved_larger_micro_batch_first(bench, tmp_path):
     jobs = bench.plan_cases(args)
     assert list(jobs) == ["ep1", "nvlink", "host_staged"]
     names = [c.name for c in jobs["nvlink"]]
-    assert names == ["nvlink_off_mbs2_r0", "nvlink_on_mbs2_r0", "nvlink_off_mbs1_r0", "nvlink_on_mbs1_r0",
-                     "nvlink_off_mbs2_r1", "nvlink_on_mbs2_r1", "nvlink_off_mbs1_r1", "nvlink_on_mbs1_r1"]
+    assert names == [
+        "nvlink_off_mbs2_r0",
+        "nvlink_on_mbs2_r0",
+        "nvlink_off_mbs1_r0",
+        "nvlink_on_mbs1_r0",
+        "nvlink_off_mbs2_r1",
+        "nvlink_on_mbs2_r1",
+        "nvlink_off_mbs1_r1",
+        "nvlink_on_mbs1_r1",
+    ]
     assert [c.name for c in jobs["ep1"]] == ["ep1_mbs2_r0", "ep1_mbs1_r0", "ep1_mbs2_r1", "ep1_mbs1_r1"]
 
 
-@pytest.mark.parametrize("dispatch,expected", [
-    ("auto", []),
-    ("sorted", ["model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nccl"]),
-])
+@pytest.mark.parametrize(
+    "dispatch,expected",
+    [
+        ("auto", []),
+        ("sorted", ["model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nccl"]),
+    ],
+)
 def test_host_staged_sorted_cases_exchange_tokens_over_nccl(bench, tmp_path, dispatch, expected):
     args = bench.parse(["--out", str(tmp_path), "--ep-dispatch", dispatch])
     case = bench.plan_cases(args)["host_staged"][1]
@@ -51,8 +65,14 @@ def test_host_staged_sorted_cases_exchange_tokens_over_nccl(bench, tmp_path, dis
 def test_rows_average_repeats_and_compute_the_hidden_share(bench, tmp_path):
     args = bench.parse(["--out", str(tmp_path), "--transports", "nvlink", "--mbs", "1"])
     jobs = bench.plan_cases(args)
-    step = {"ep1_mbs1_r0": 0.50, "ep1_mbs1_r1": 0.50, "nvlink_off_mbs1_r0": 0.70, "nvlink_off_mbs1_r1": 0.70,
-            "nvlink_on_mbs1_r0": 0.58, "nvlink_on_mbs1_r1": 0.62}
+    step = {
+        "ep1_mbs1_r0": 0.50,
+        "ep1_mbs1_r1": 0.50,
+        "nvlink_off_mbs1_r0": 0.70,
+        "nvlink_off_mbs1_r1": 0.70,
+        "nvlink_on_mbs1_r0": 0.58,
+        "nvlink_on_mbs1_r1": 0.62,
+    }
     for case in (c for cases in jobs.values() for c in cases):
         case.log_dir.mkdir(parents=True)
         (case.log_dir / "summary.json").write_text(json.dumps(_summary(step[case.name])))
@@ -68,11 +88,14 @@ def test_rows_average_repeats_and_compute_the_hidden_share(bench, tmp_path):
     assert "| nvlink | 1 | 0.500 s" in text and "50%" in text and "cmd" in text
 
 
-@pytest.mark.parametrize("argv, kept", [
-    (["--out", "o", "--commit", "abc123", "--mbs", "1"], ["--out", "o", "--mbs", "1"]),
-    (["--commit=abc123", "--publish"], ["--publish"]),
-    (["--transports", "--mbs", "1", "2"], ["--transports", "--mbs", "1", "2"]),
-])
+@pytest.mark.parametrize(
+    "argv, kept",
+    [
+        (["--out", "o", "--commit", "abc123", "--mbs", "1"], ["--out", "o", "--mbs", "1"]),
+        (["--commit=abc123", "--publish"], ["--publish"]),
+        (["--transports", "--mbs", "1", "2"], ["--transports", "--mbs", "1", "2"]),
+    ],
+)
 def test_recorded_command_leaves_out_the_measured_commit(bench, argv, kept):
     assert bench.rerun_argv(argv) == kept
 
@@ -87,15 +110,19 @@ def test_one_gpu_run_gives_one_ep1_row_per_micro_batch(bench, tmp_path):
     rows = bench.rows(jobs)
     assert [(r["transport"], r["mbs"]) for r in rows] == [("ep1", 1), ("ep1", 2)]
     assert rows[0]["ep1_step_s"] == pytest.approx(0.4) and rows[0]["off_step_s"] is None
-    text = bench.markdown_section(dict(date="d", commit="c", device="dev", ceiling_tflops=None, window=[4, 12],
-                                       command="cmd", rows=rows))
+    text = bench.markdown_section(
+        dict(date="d", commit="c", device="dev", ceiling_tflops=None, window=[4, 12], command="cmd", rows=rows)
+    )
     assert "| ep1 | 1 | 0.400 s (0.400 / 0.400) | - | - | - | - | - |" in text and "25.3%" in text  # 250 TFLOP/s
 
 
-@pytest.mark.parametrize("graph,impl,warmup", [
-    ([], "none", []),
-    (["--cuda-graph", "full_iteration"], "full_iteration", ["model.cuda_graph_warmup_steps=2"]),
-])
+@pytest.mark.parametrize(
+    "graph,impl,warmup",
+    [
+        ([], "none", []),
+        (["--cuda-graph", "full_iteration"], "full_iteration", ["model.cuda_graph_warmup_steps=2"]),
+    ],
+)
 def test_cuda_graph_option_sets_every_case(bench, tmp_path, graph, impl, warmup):
     args = bench.parse(["--out", str(tmp_path), "--transports", "--mbs", "1", *graph])
     (case, *_) = bench.plan_cases(args)["ep1"]
@@ -108,10 +135,13 @@ def test_cuda_graph_option_sets_every_case(bench, tmp_path, graph, impl, warmup)
 GRAPHED_SORTED = ["--cuda-graph", "full_iteration", "--ep-dispatch", "sorted", "--mbs", "1", "2"]
 
 
-@pytest.mark.parametrize("transport,refused_by", [
-    ("nvlink", None),  # the NVLink target: graph + EP overlap over NVSHMEM, every case accepted
-    ("host_staged", "full-iteration-graph-sync-free-moe"),  # NCCL's split sizes go through the host
-])
+@pytest.mark.parametrize(
+    "transport,refused_by",
+    [
+        ("nvlink", None),  # the NVLink target: graph + EP overlap over NVSHMEM, every case accepted
+        ("host_staged", "full-iteration-graph-sync-free-moe"),  # NCCL's split sizes go through the host
+    ],
+)
 def test_graphed_sorted_cases_pass_or_fail_validation_before_any_launch(bench, tmp_path, transport, refused_by):
     """Every case is resolved and validated through the harness before a job starts: the graphed
     NVLink cases (overlap off and on) are accepted, the host-staged ones refused by the rule that
@@ -135,9 +165,11 @@ def test_a_job_past_its_timeout_is_stopped_with_its_workers_and_reported(bench, 
     import os
     import time
 
-    script = ("import subprocess, sys, time; "
-              "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-              "print('worker', w.pid, flush=True); time.sleep(60)")
+    script = (
+        "import subprocess, sys, time; "
+        "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "print('worker', w.pid, flush=True); time.sleep(60)"
+    )
     start = time.time()
     code = bench.run_logged([sys.executable, "-c", script], dict(os.environ), tmp_path / "job.log", timeout=3)
     assert code == bench.JOB_TIMED_OUT and time.time() - start < 30
@@ -172,6 +204,7 @@ def test_results_are_written_after_every_job_so_a_stopped_run_keeps_what_finishe
         bench.main(["--out", str(tmp_path), "--transports", "nvlink", "--mbs", "1", "--commit", "abc"])
     result = json.loads((tmp_path / "results.json").read_text())
     assert result["complete"] is False and result["exit_codes"] == {"ep1": 0}
-    assert ([(r["transport"], r["mbs"], r["ep1_step_s"], r["off_step_s"]) for r in result["rows"]]
-            == [("nvlink", 1, 0.4, None)])
+    assert [(r["transport"], r["mbs"], r["ep1_step_s"], r["off_step_s"]) for r in result["rows"]] == [
+        ("nvlink", 1, 0.4, None)
+    ]
     assert "**Partial: the run stopped after the jobs ep1 (exit 0).**" in bench.markdown_section(result)

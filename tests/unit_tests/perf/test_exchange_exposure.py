@@ -33,10 +33,12 @@ def test_each_exchange_is_charged_to_its_place_in_the_schedule():
     assert exchange_exposure(_trace(), layers=1, micro_batches=2) == {
         "first_forward": {"ms": 0.2, "exposed_ms": 0.2},
         "last_backward": {"ms": 0.2, "exposed_ms": 0.2},
-        "paired": {"combine_backward": {"ms": 0.1, "exposed_ms": 0.0},
-                   "dispatch_forward": {"ms": 0.1, "exposed_ms": 0.05},
-                   "dispatch_backward": {"ms": 0.1, "exposed_ms": 0.1},
-                   "combine_forward": {"ms": 0.1, "exposed_ms": 0.0}},
+        "paired": {
+            "combine_backward": {"ms": 0.1, "exposed_ms": 0.0},
+            "dispatch_forward": {"ms": 0.1, "exposed_ms": 0.05},
+            "dispatch_backward": {"ms": 0.1, "exposed_ms": 0.1},
+            "combine_forward": {"ms": 0.1, "exposed_ms": 0.0},
+        },
     }
 
 
@@ -58,8 +60,11 @@ def test_the_script_writes_the_split_or_says_why_not(tmp_path, capsys, micro_bat
         assert json.loads(out.read_text())["paired"]["dispatch_backward"] == {"ms": 0.1, "exposed_ms": 0.1}
 
 
-@pytest.mark.parametrize("arm, exchanges, split", [("on", 8, True), ("off", 8, False), ("on", 12, False)],
-                         ids=["overlap-on", "overlap-off", "several-kernels-an-exchange"])
+@pytest.mark.parametrize(
+    "arm, exchanges, split",
+    [("on", 8, True), ("off", 8, False), ("on", 12, False)],
+    ids=["overlap-on", "overlap-off", "several-kernels-an-exchange"],
+)
 def test_the_benchmark_adds_the_split_to_a_profiled_overlap_row(tmp_path, arm, exchanges, split):
     from megatron.bridge.perf.benchmarks import emulation_benchmark as bench
 

@@ -23,7 +23,11 @@ def test_parse_args_gives_the_record_with_every_flag_as_a_field():
     assert isinstance(args, HarnessArgs)
     assert {f.name for f in dataclasses.fields(HarnessArgs)} == _parser_destinations() | {"argv"}
     assert (args.num_gpus, args.moe_a2a_overlap, args.time_limit, args.overrides) == (
-        2, False, "00:10:00", ["train.train_iters=3"])
+        2,
+        False,
+        "00:10:00",
+        ["train.train_iters=3"],
+    )
 
 
 def test_the_record_keeps_the_command_line_as_given():
@@ -38,10 +42,14 @@ def test_the_record_is_built_once_and_not_changed_after():
     assert dataclasses.replace(args, gpu="h100").gpu == "h100" and args.gpu == "cpu"
 
 
-@pytest.mark.parametrize("change, named", [
-    (lambda ns: setattr(ns, "new_flag", 1), "flags without a field ['new_flag']"),
-    (lambda ns: delattr(ns, "account"), "fields without a flag ['account']"),
-], ids=["flag-without-field", "field-without-flag"])
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (lambda ns: setattr(ns, "new_flag", 1), "flags without a field ['new_flag']"),
+        (lambda ns: delattr(ns, "account"), "fields without a flag ['account']"),
+    ],
+    ids=["flag-without-field", "field-without-flag"],
+)
 def test_a_flag_and_the_record_out_of_step_is_said_by_name(change, named):
     parsed = build_parser().parse_args(TINY)
     change(parsed)

@@ -33,10 +33,17 @@ def run(argv: list[str]) -> tuple[int, str]:
 
 def _trained(plan, stream=None, verbose=False, stop_signal=None) -> JobOutcome:
     """Stand-in launcher: the ranks trained to iteration 4 and saved, as ``summary.json`` says."""
-    (plan.log_dir / "summary.json").write_text(json.dumps({
-        "step_times_s": [3.0, 2.0, 1.0, 1.0], "losses": [7.0, 6.9, 6.8, 6.7], "world_size": plan.nprocs,
-        "final_iteration": 4, "checkpoint": str(plan.log_dir / "ckpt" / "iter_0000004"),
-    }))
+    (plan.log_dir / "summary.json").write_text(
+        json.dumps(
+            {
+                "step_times_s": [3.0, 2.0, 1.0, 1.0],
+                "losses": [7.0, 6.9, 6.8, 6.7],
+                "world_size": plan.nprocs,
+                "final_iteration": 4,
+                "checkpoint": str(plan.log_dir / "ckpt" / "iter_0000004"),
+            }
+        )
+    )
     return JobOutcome(0, stop_signal=stop_signal)
 
 
@@ -67,8 +74,17 @@ def test_a_ctrl_c_while_the_config_is_built_says_nothing_was_launched(tmp_path, 
 def test_the_cpu_smoke_overlay_is_cpu_smoke_mode_with_two_processes_by_itself(tmp_path):
     """``--config_file recipes/tiny_cpu_smoke.yaml`` without ``-g cpu -ng 2`` (it was refused: the
     layout EP=2 does not divide -ng 1)."""
-    code, out = run(["-mr", "qwen3_moe_tiny", "--config_file", str(ROOT / "recipes" / "tiny_cpu_smoke.yaml"),
-                     "--dryrun", "-l", str(tmp_path / "run")])
+    code, out = run(
+        [
+            "-mr",
+            "qwen3_moe_tiny",
+            "--config_file",
+            str(ROOT / "recipes" / "tiny_cpu_smoke.yaml"),
+            "--dryrun",
+            "-l",
+            str(tmp_path / "run"),
+        ]
+    )
     assert code == 0, out
     assert "2 processes on 1 node(s); world size 2; CPU smoke mode (gloo)" in out, out
     assert "--nproc-per-node=2" in out and "CUDA_VISIBLE_DEVICES=" in out, out
@@ -78,10 +94,12 @@ def test_the_cpu_smoke_overlay_is_cpu_smoke_mode_with_two_processes_by_itself(tm
 
 def test_a_cpu_sweep_gives_no_speedup(tmp_path, monkeypatch):
     """Step times of a CPU sweep are shown, with why they rank nothing; no "2.039x"."""
+
     def faster_with_overlap(plan, stream=None, verbose=False):
         step = 0.5 if "comm=true" in str(plan.log_dir) else 1.0
-        (plan.log_dir / "summary.json").write_text(json.dumps({
-            "step_times_s": [3.0, 2.0] + [step] * 6, "losses": [7.0] * 8, "world_size": plan.nprocs}))
+        (plan.log_dir / "summary.json").write_text(
+            json.dumps({"step_times_s": [3.0, 2.0] + [step] * 6, "losses": [7.0] * 8, "world_size": plan.nprocs})
+        )
         return JobOutcome(0)
 
     monkeypatch.setattr(execution_module, "run_plan", faster_with_overlap)
@@ -104,14 +122,16 @@ def _write_cpu_trace(folder: Path) -> Path:
     ]
     trace = folder / "rank0_trace.json"
     trace.write_text(json.dumps({"traceEvents": events}))
-    (folder / "summary.json").write_text(json.dumps({
-        "parallel_layout": {"ep": 2}, "overlap_report": {"features": {"moe_ep_overlap": {"active": True}}}}))
+    (folder / "summary.json").write_text(
+        json.dumps({"parallel_layout": {"ep": 2}, "overlap_report": {"features": {"moe_ep_overlap": {"active": True}}}})
+    )
     return trace
 
 
 def _analyze(*paths: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ANALYZE), *map(str, paths)], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, str(ANALYZE), *map(str, paths)], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
 
 
 def test_the_analysis_of_a_cpu_trace_ranks_nothing(tmp_path):
@@ -134,22 +154,31 @@ def test_analyze_overlap_refuses_files_that_are_not_traces_all_at_once(tmp_path)
     proc = _analyze(text, other_json, not_gzip, tmp_path / "missing.json")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
-    for path, reason in ((text, "not JSON"), (other_json, "without a traceEvents list"),
-                         (not_gzip, "not a gzip-compressed trace"), (tmp_path / "missing.json", "no such file")):
+    for path, reason in (
+        (text, "not JSON"),
+        (other_json, "without a traceEvents list"),
+        (not_gzip, "not a gzip-compressed trace"),
+        (tmp_path / "missing.json", "no such file"),
+    ):
         assert f"{path}: " in proc.stderr and reason in proc.stderr, (path, proc.stderr)
 
 
 def test_a_profiled_cpu_runs_native_profiler_lines_stay_out_of_the_console(tmp_path, monkeypatch):
     """kineto's "gpuGetDeviceCount failed with code 35" (no CUDA driver on a CPU host: expected) and
     its start/stop lines: in launch.log, not on the console (they were, on every profiled CPU run)."""
+
     def launch_stand_in(plan, stream=None, verbose=False):
-        return run_plan(dataclasses.replace(plan, argv=[sys.executable, str(CHILDREN / "profiled_cpu_rank.py")]),
-                        stream=stream, verbose=verbose)
+        return run_plan(
+            dataclasses.replace(plan, argv=[sys.executable, str(CHILDREN / "profiled_cpu_rank.py")]),
+            stream=stream,
+            verbose=verbose,
+        )
 
     monkeypatch.setattr(execution_module, "run_plan", launch_stand_in)
     log_dir = tmp_path / "run"
-    code, out = run([*TINY_CPU, "--profile", "--profile_step_start", "2", "--profile_step_end", "2",
-                     "-l", str(log_dir)])
+    code, out = run(
+        [*TINY_CPU, "--profile", "--profile_step_start", "2", "--profile_step_end", "2", "-l", str(log_dir)]
+    )
     assert code == 0, out
     assert "iteration      2/2" in out and "gpuGetDeviceCount" not in out and "profiler_start" not in out, out
     log = (log_dir / LAUNCH_LOG).read_text()

@@ -30,19 +30,30 @@ def run(argv: list[str]) -> tuple[int, str]:
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["-mr", "qwen3_moe_tiny", "--max-step", "10"],
-         "unrecognized argument: --max-step (did you mean --max_steps?)"),
+        (
+            ["-mr", "qwen3_moe_tiny", "--max-step", "10"],
+            "unrecognized argument: --max-step (did you mean --max_steps?)",
+        ),
         (["-mr", "qwen3_moe_tiny", "--max-steps=10"], "unrecognized argument: --max-steps (did you mean --max_steps?)"),
         (["-mr", "qwen3_moe_tiny", "--dry-run"], "unrecognized argument: --dry-run (did you mean --dryrun?)"),
         (["-mr", "qwen3_moe_tiny", "--num-gpus", "2"], "unrecognized argument: --num-gpus (did you mean --num_gpus?)"),
         (["-mr", "qwen3_moe_tiny", "-ng", "two"], "argument -ng/--num_gpus: expected a positive integer, got 'two'"),
         (["-g", "cpu"], "the following arguments are required: -mr/--model_recipe_name"),
-        (["-mr", "qwen3_moe_tiny", "--task", "sft"],
-         "argument --task: no recipe is written for --task sft: the recipes are for --task pretrain "
-         "(fine-tuning, Megatron-Bridge's sft and peft, is not offered)"),
+        (
+            ["-mr", "qwen3_moe_tiny", "--task", "sft"],
+            "argument --task: no recipe is written for --task sft: the recipes are for --task pretrain "
+            "(fine-tuning, Megatron-Bridge's sft and peft, is not offered)",
+        ),
     ],
-    ids=["hyphen-and-missing-s", "with-equals", "dry-run", "hyphenated-long-flag", "bad-value", "missing-recipe",
-         "fine-tuning-task"],
+    ids=[
+        "hyphen-and-missing-s",
+        "with-equals",
+        "dry-run",
+        "hyphenated-long-flag",
+        "bad-value",
+        "missing-recipe",
+        "fine-tuning-task",
+    ],
 )
 def test_usage_error_is_short_and_names_the_flag_meant(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -86,8 +97,17 @@ def _finished_checkpoint(tmp_path: Path, iteration: int) -> Path:
 @pytest.mark.parametrize("train_iters", [3, 2], ids=["at-the-last-iteration", "past-the-last-iteration"])
 def test_rerunning_a_finished_run_is_answered_before_launch(tmp_path, no_launch, train_iters):
     root = _finished_checkpoint(tmp_path, 3)
-    code, out = run([*TINY_CPU, "--max_steps", str(train_iters), "-l", str(tmp_path / "run"),
-                     f"checkpoint.load={root}", f"checkpoint.save={root}"])
+    code, out = run(
+        [
+            *TINY_CPU,
+            "--max_steps",
+            str(train_iters),
+            "-l",
+            str(tmp_path / "run"),
+            f"checkpoint.load={root}",
+            f"checkpoint.save={root}",
+        ]
+    )
     assert code == 0, out
     assert f"nothing to train: {root} holds iteration 3 and train.train_iters={train_iters}" in out
     assert "raise --max_steps" in out and "nothing was launched" in out
@@ -111,8 +131,9 @@ def test_dry_run_of_a_finished_run_says_nothing_would_train(tmp_path, no_launch)
 )
 def test_sweep_over_finished_runs_is_answered_before_launch(tmp_path, no_launch, values, code, said):
     root = _finished_checkpoint(tmp_path, 3)
-    got, out = run([*TINY_CPU, "-l", str(tmp_path / "sweep"), f"checkpoint.load={root}",
-                    "--sweep", f"train.train_iters={values}"])
+    got, out = run(
+        [*TINY_CPU, "-l", str(tmp_path / "sweep"), f"checkpoint.load={root}", "--sweep", f"train.train_iters={values}"]
+    )
     assert got == code and said in out and "nothing was launched" in out, out
     assert "== launch" not in out and not (tmp_path / "sweep").exists()
 
@@ -163,16 +184,22 @@ def test_help_offers_only_the_tasks_a_recipe_is_written_for(capsys):
 def _pattern(shown: str) -> str:
     """The help's directory pattern for ``-mr qwen3_moe_tiny --task pretrain`` as a regex."""
     regex = re.escape(shown)
-    for placeholder, value in ((r"<\-mr>", "qwen3_moe_tiny"), (r"<\-\-task>", "pretrain"),
-                               (r"\[_<N>gpu\]", r"(_\d+gpu)?"), ("<YYYYmmdd_HHMMSS>", r"\d{8}_\d{6}"),
-                               ("<token>", "[0-9a-f]{6}")):
+    for placeholder, value in (
+        (r"<\-mr>", "qwen3_moe_tiny"),
+        (r"<\-\-task>", "pretrain"),
+        (r"\[_<N>gpu\]", r"(_\d+gpu)?"),
+        ("<YYYYmmdd_HHMMSS>", r"\d{8}_\d{6}"),
+        ("<token>", "[0-9a-f]{6}"),
+    ):
         regex = regex.replace(placeholder, value)
     return regex
 
 
-@pytest.mark.parametrize("shown, extra",
-                         [(LOG_DIR_DEFAULT, []), (SWEEP_DIR_DEFAULT, ["--sweep", "train.train_iters=2,3"])],
-                         ids=["run", "sweep"])
+@pytest.mark.parametrize(
+    "shown, extra",
+    [(LOG_DIR_DEFAULT, []), (SWEEP_DIR_DEFAULT, ["--sweep", "train.train_iters=2,3"])],
+    ids=["run", "sweep"],
+)
 def test_help_names_the_run_directory_a_run_without_l_gets(shown, extra, capsys, tmp_path, monkeypatch):
     assert shown in _help(capsys).replace("\n", " ").replace("  ", "")
     monkeypatch.chdir(tmp_path)

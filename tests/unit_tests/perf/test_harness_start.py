@@ -26,21 +26,31 @@ ANSWERED_WITHOUT_A_CONFIG = {
     "unknown-task": (["-mr", "qwen3_moe_tiny", "--task", "sft"], 2, "no recipe is written for --task sft"),
     "unknown-family": (["-m", "qwn", "-mr", "qwen3_moe_tiny"], 2, "did you mean -m qwen?"),
     "bad-sweep": (["-mr", "qwen3_moe_tiny", "--sweep", "model.num_layers=2"], 2, "at least two distinct values"),
-    "misspelt-override": (["-mr", "qwen3_moe_tiny", "-g", "cpu", "train.trian_iters=3"], 2,
-                          "[override-unknown-key] 'train.trian_iters' is not a field of TrainingConfig\n"
-                          "    given: train.trian_iters=3\n    fix: did you mean train.train_iters"),
-    "misspelt-hydra-forms": (["-mr", "qwen3_moe_tiny", "++modle.num_layers=2", "~train.trian_iters"], 2,
-                             "'modle' is not a field of ConfigContainer"),
+    "misspelt-override": (
+        ["-mr", "qwen3_moe_tiny", "-g", "cpu", "train.trian_iters=3"],
+        2,
+        "[override-unknown-key] 'train.trian_iters' is not a field of TrainingConfig\n"
+        "    given: train.trian_iters=3\n    fix: did you mean train.train_iters",
+    ),
+    "misspelt-hydra-forms": (
+        ["-mr", "qwen3_moe_tiny", "++modle.num_layers=2", "~train.trian_iters"],
+        2,
+        "'modle' is not a field of ConfigContainer",
+    ),
     "misspelt-model-field": (["-mr", "qwen3_moe_tiny", "model.num_layerz=2"], 2, "did you mean model.num_layers"),
-    "misspelt-swept-key": (["-mr", "qwen3_moe_tiny", "--sweep", "comm_overlap.overlap_moe_expert_parallel_com=0,1"],
-                           2, "did you mean comm_overlap.overlap_moe_expert_parallel_comm"),
+    "misspelt-swept-key": (
+        ["-mr", "qwen3_moe_tiny", "--sweep", "comm_overlap.overlap_moe_expert_parallel_com=0,1"],
+        2,
+        "did you mean comm_overlap.overlap_moe_expert_parallel_comm",
+    ),
 }
 """case -> (arguments, exit code, text of the answer)."""
 
 
 def _run_harness(arguments: list[str]) -> dict:
-    proc = subprocess.run([sys.executable, str(CHILD), str(RUN_SCRIPT), *arguments], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(CHILD), str(RUN_SCRIPT), *arguments], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
 

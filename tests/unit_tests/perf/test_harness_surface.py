@@ -19,8 +19,11 @@ def _training_imports(path: Path) -> list[str]:
     """Modules of ``megatron.bridge.training`` that ``path`` imports, at any depth of the file."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
-        names = [node.module or ""] if isinstance(node, ast.ImportFrom) else (
-            [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+        names = (
+            [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else ([alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+        )
         found += [name for name in names if name.startswith("megatron.bridge.training")]
     return found
 
@@ -43,11 +46,18 @@ def test_every_name_of_the_surface_is_found_at_its_home(name):
 
 def _imports_for_type_checkers(source: str) -> dict[str, str]:
     """Name -> module of the imports under the module's ``if TYPE_CHECKING:``."""
-    block = next((node for node in ast.parse(source).body
-                  if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"), None)
+    block = next(
+        (
+            node
+            for node in ast.parse(source).body
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+        ),
+        None,
+    )
     assert block is not None, "harness_surface has no `if TYPE_CHECKING:` imports: type checkers see every name as Any"
-    return {alias.name: node.module or "" for node in block.body if isinstance(node, ast.ImportFrom)
-            for alias in node.names}
+    return {
+        alias.name: node.module or "" for node in block.body if isinstance(node, ast.ImportFrom) for alias in node.names
+    }
 
 
 def test_type_checkers_see_every_name_of_the_surface_at_its_home():

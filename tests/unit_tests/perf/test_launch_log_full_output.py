@@ -37,12 +37,21 @@ SHOWN = [
 
 
 def _run(tmp_path: Path, verbose: bool) -> tuple[str, str]:
-    plan = plan_launch(cpu=True, num_gpus=1, gpus_per_node=1, procs_per_gpu=1, config_path=tmp_path / "config.yaml",
-                       log_dir=tmp_path, environ={}, verbose=verbose)
+    plan = plan_launch(
+        cpu=True,
+        num_gpus=1,
+        gpus_per_node=1,
+        procs_per_gpu=1,
+        config_path=tmp_path / "config.yaml",
+        log_dir=tmp_path,
+        environ={},
+        verbose=verbose,
+    )
     worker_flags = ["--verbose"] if "--verbose" in plan.argv else []  # what the plan passes the entry point
     out = io.StringIO()
-    outcome = run_plan(dataclasses.replace(plan, argv=[sys.executable, str(CHILD), *worker_flags]), stream=out,
-                       verbose=verbose)
+    outcome = run_plan(
+        dataclasses.replace(plan, argv=[sys.executable, str(CHILD), *worker_flags]), stream=out, verbose=verbose
+    )
     assert outcome.exit_code == 0, out.getvalue()
     return out.getvalue(), (tmp_path / LAUNCH_LOG).read_text()
 
@@ -62,8 +71,15 @@ def test_launch_log_holds_all_rank_output_and_only_the_console_is_filtered(tmp_p
 def test_the_printed_command_prints_what_the_console_shows(tmp_path):
     """The launch command the harness prints leaves the marking out: copied into a shell, the
     ranks drop the noise themselves, as the console does."""
-    plan = plan_launch(cpu=True, num_gpus=2, gpus_per_node=2, procs_per_gpu=1, config_path=tmp_path / "c.yaml",
-                       log_dir=tmp_path, environ={})
+    plan = plan_launch(
+        cpu=True,
+        num_gpus=2,
+        gpus_per_node=2,
+        procs_per_gpu=1,
+        config_path=tmp_path / "c.yaml",
+        log_dir=tmp_path,
+        environ={},
+    )
     assert plan.supervised_env and not set(plan.supervised_env) & set(plan.env)
     assert not any(key in plan.shell() for key in plan.supervised_env)
 
@@ -82,6 +98,11 @@ def test_failure_report_quotes_rank_logs_as_the_console_shows_them(verbose, show
     from megatron.bridge.perf.harness.execution import console_text
     from megatron.bridge.utils.quiet import QUIET_MARK
 
-    report = "\n".join(["--- rank 0: last lines of rank log ---", QUIET_MARK + "[rank 0] INFO megatron.core.x: dump",
-                        "ValueError: bad"])
+    report = "\n".join(
+        [
+            "--- rank 0: last lines of rank log ---",
+            QUIET_MARK + "[rank 0] INFO megatron.core.x: dump",
+            "ValueError: bad",
+        ]
+    )
     assert console_text(report, verbose).splitlines() == shown

@@ -37,8 +37,10 @@ def test_a_value_that_would_change_the_script_is_refused_before_anything_is_writ
 
 
 def test_every_bad_value_is_listed_at_once(tmp_path, monkeypatch):
-    code, out = harness([*SBATCH_RUN, "-l", str(tmp_path / "run"), "--account", "a\nb", "--partition", "p q",
-                         "--time", "x"], monkeypatch)
+    code, out = harness(
+        [*SBATCH_RUN, "-l", str(tmp_path / "run"), "--account", "a\nb", "--partition", "p q", "--time", "x"],
+        monkeypatch,
+    )
     assert code == 2 and all(flag in out for flag in ("--account", "--partition", "--time"))
 
 
@@ -55,14 +57,30 @@ def test_a_run_directory_sbatch_would_misread(tmp_path, monkeypatch, name):
 
 
 def test_valid_values_give_a_script_whose_sbatch_lines_all_come_before_any_command(tmp_path, monkeypatch):
-    code, out = harness([*SBATCH_RUN, "-l", str(tmp_path / "run"), "--account", "proj_1", "--partition",
-                         "batch,debug", "--time", "1-02:00:00"], monkeypatch)
+    code, out = harness(
+        [
+            *SBATCH_RUN,
+            "-l",
+            str(tmp_path / "run"),
+            "--account",
+            "proj_1",
+            "--partition",
+            "batch,debug",
+            "--time",
+            "1-02:00:00",
+        ],
+        monkeypatch,
+    )
     assert code == 0, out
     lines = (tmp_path / "run" / "launch.sbatch").read_text().splitlines()
     first_command = next(i for i, line in enumerate(lines[1:], 1) if line and not line.startswith("#"))
     directives = [line for line in lines[:first_command] if line.startswith("#SBATCH")]
-    assert {"#SBATCH --account=proj_1", "#SBATCH --partition=batch,debug", "#SBATCH --time=1-02:00:00",
-            "#SBATCH --signal=B:TERM@120"} <= set(directives)
+    assert {
+        "#SBATCH --account=proj_1",
+        "#SBATCH --partition=batch,debug",
+        "#SBATCH --time=1-02:00:00",
+        "#SBATCH --signal=B:TERM@120",
+    } <= set(directives)
 
 
 def test_a_run_directory_that_is_a_file_is_refused(tmp_path, monkeypatch):

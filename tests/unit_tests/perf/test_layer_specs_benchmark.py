@@ -17,8 +17,12 @@ def bench():
 
 def _summary(step_s: float, layer_spec: str) -> dict:
     return {
-        "steady_state_mean_s": step_s, "steady_state_min_s": 0.9 * step_s, "steady_state_max_s": 1.1 * step_s,
-        "tflops_per_gpu": 100.0 / step_s, "peak_memory_gib": 30.0, "layer_spec": layer_spec,
+        "steady_state_mean_s": step_s,
+        "steady_state_min_s": 0.9 * step_s,
+        "steady_state_max_s": 1.1 * step_s,
+        "tflops_per_gpu": 100.0 / step_s,
+        "peak_memory_gib": 30.0,
+        "layer_spec": layer_spec,
         "gradient_accumulation_fusion": {"enabled": False, "description": None},
         "extra": {"gpu_fwd_bwd_s": [0.8 * step_s] * 12, "gpu_optimizer_s": [0.1] * 12, "host_fwd_bwd_s": [0.5] * 12},
     }
@@ -28,10 +32,10 @@ def test_cases_are_interleaved_and_the_profiled_runs_come_last(bench, tmp_path):
     args = bench.parse(["--out", str(tmp_path), "--profile"])
     cases = bench.plan_cases(args)
     assert len(cases) == 2 * 2 * 2 * len(bench.ARMS) + len(bench.ARMS)
-    first_round = [c.name for c in cases[:len(bench.ARMS)]]
+    first_round = [c.name for c in cases[: len(bench.ARMS)]]
     assert first_round == [f"{a.name}_e128_mbs2_r0" for a in bench.ARMS]
     assert [c.mbs for c in cases[:16]] == [2] * 8 + [1] * 8 and cases[16].repeat == 1
-    assert all(c.profiled and c.experts == 8 and c.mbs == 1 for c in cases[-len(bench.ARMS):])
+    assert all(c.profiled and c.experts == 8 and c.mbs == 1 for c in cases[-len(bench.ARMS) :])
 
 
 @pytest.mark.host("h100", transformer_engine="2.20.2")
@@ -68,11 +72,23 @@ def test_rows_keep_each_repeat_and_the_page_compares_with_torch_native(bench, tm
     assert gaf["settings"]["model.num_moe_experts"] == 8 and gaf["commit"] == "abc"
     for key in ("layer_spec", "experts_per_gpu", "settings", "mbs", "step_s", "tflops_per_gpu", "peak_mem_gib"):
         assert key in gaf
-    result = dict(date="d", commit="abc", device="1 x GPU", transformer_engine="2.20.2", torch="2.11",
-                  ceiling_tflops=None, complete=True, exit_code=0, command="cmd", rows=rows, profiles={})
+    result = dict(
+        date="d",
+        commit="abc",
+        device="1 x GPU",
+        transformer_engine="2.20.2",
+        torch="2.11",
+        ceiling_tflops=None,
+        complete=True,
+        exit_code=0,
+        command="cmd",
+        rows=rows,
+        profiles={},
+    )
     page = bench.markdown_section(result)
-    assert ("| transformer_engine | 8 | TE's fused kernels + gradient-accumulation fusion | 1 "
-            "| 0.605 s (0.600 / 0.610)") in page
+    assert (
+        "| transformer_engine | 8 | TE's fused kernels + gradient-accumulation fusion | 1 | 0.605 s (0.600 / 0.610)"
+    ) in page
     assert "| 1.49x |" in page  # 0.605 s against torch-native's 0.405 s
 
 
@@ -106,10 +122,12 @@ def test_a_case_that_kills_its_job_is_recorded_and_the_next_job_goes_on(bench, t
         return 0
 
     monkeypatch.setattr(bench.benchmark_jobs, "run_logged", fake_job)
-    monkeypatch.setattr(bench.benchmark_jobs, "write_configs", lambda argvs: (
-        [Path(a[a.index("-l") + 1]) / "config.yaml" for a in argvs], {}))
-    monkeypatch.setattr(bench.benchmark_jobs, "job_argv",
-                        lambda n, d, paths: [str(p) for p in paths])
+    monkeypatch.setattr(
+        bench.benchmark_jobs,
+        "write_configs",
+        lambda argvs: ([Path(a[a.index("-l") + 1]) / "config.yaml" for a in argvs], {}),
+    )
+    monkeypatch.setattr(bench.benchmark_jobs, "job_argv", lambda n, d, paths: [str(p) for p in paths])
     assert bench.run_pending(cases, args) == 0
     assert jobs == [[c.name for c in cases], [cases[3].name]]
     assert "boom" in bench.failure(cases[2], args)

@@ -40,10 +40,12 @@ def _resume_from(root: Path) -> list[str]:
 
 def _damaged_record(text: str):
     """A checkpoint of the tiny run whose ``parallel_layout.json`` holds ``text`` instead."""
+
     def build(tmp: Path) -> list[str]:
         root = _checkpoint(tmp, TINY_LAYOUT)
         (root / "iter_0000003" / "parallel_layout.json").write_text(text)
         return _resume_from(root)
+
     return build
 
 
@@ -67,82 +69,146 @@ def _other_model(tmp: Path) -> list[str]:
 CASES = {
     "malformed yaml": (_bad_yaml, "yaml-syntax", ["config_file=", "line 3, column 2", "fix:"]),
     "deepep in cpu mode": (
-        lambda tmp: ["--moe_flex_dispatcher_backend", "deepep"], "cpu-mode-no-flex-dispatcher",
-        ["model.moe_token_dispatcher_type='flex'", "CUDA kernels", "--moe_flex_dispatcher_backend None"]),
+        lambda tmp: ["--moe_flex_dispatcher_backend", "deepep"],
+        "cpu-mode-no-flex-dispatcher",
+        ["model.moe_token_dispatcher_type='flex'", "CUDA kernels", "--moe_flex_dispatcher_backend None"],
+    ),
     "negative sequence length": (
-        lambda tmp: ["model.seq_length=-1"], "range:model.seq_length", ["model.seq_length=-1", ">= 1"]),
-    "negative learning rate": (
-        lambda tmp: ["optimizer.lr=-1"], "range:optimizer.lr", ["optimizer.lr=-1", ">= 0"]),
+        lambda tmp: ["model.seq_length=-1"],
+        "range:model.seq_length",
+        ["model.seq_length=-1", ">= 1"],
+    ),
+    "negative learning rate": (lambda tmp: ["optimizer.lr=-1"], "range:optimizer.lr", ["optimizer.lr=-1", ">= 0"]),
     "copy of an overlap switch set by override": (
-        lambda tmp: ["model.overlap_moe_expert_parallel_comm=true"], "override-owned-field",
-        ["model.overlap_moe_expert_parallel_comm=True", "comm_overlap.overlap_moe_expert_parallel_comm",
-         "set comm_overlap.overlap_moe_expert_parallel_comm=true instead"]),
+        lambda tmp: ["model.overlap_moe_expert_parallel_comm=true"],
+        "override-owned-field",
+        [
+            "model.overlap_moe_expert_parallel_comm=True",
+            "comm_overlap.overlap_moe_expert_parallel_comm",
+            "set comm_overlap.overlap_moe_expert_parallel_comm=true instead",
+        ],
+    ),
     "precision flag against the precision recipe": (
-        lambda tmp: ["model.fp16=true"], "override-owned-field", ["model.fp16=True", "mixed_precision=null"]),
+        lambda tmp: ["model.fp16=true"],
+        "override-owned-field",
+        ["model.fp16=True", "mixed_precision=null"],
+    ),
     "ep overlap off by flag with delayed wgrad on": (
         lambda tmp: ["--moe_a2a_overlap", "false", "comm_overlap.delay_wgrad_compute=true"],
-        "delay-wgrad-needs-ep-overlap", ["comm_overlap.delay_wgrad_compute=True", "--moe_a2a_overlap false sets only"]),
+        "delay-wgrad-needs-ep-overlap",
+        ["comm_overlap.delay_wgrad_compute=True", "--moe_a2a_overlap false sets only"],
+    ),
     "resume with another layout": (
-        _other_layout, "resume-same-parallel-layout", ["saved_layout=", "'ep': 2", "current_layout=", "'ep': 1"]),
+        _other_layout,
+        "resume-same-parallel-layout",
+        ["saved_layout=", "'ep': 2", "current_layout=", "'ep': 1"],
+    ),
     "interleaved pipeline with too few micro-batches": (
         lambda tmp: ["-ep", "1", "-pp", "2", "-vp", "2", "-gb", "3", "model.num_layers=4"],
-        "interleaved-pipeline-micro-batches", ["micro_batches_per_step=3", "multiple of the pipeline size"]),
+        "interleaved-pipeline-micro-batches",
+        ["micro_batches_per_step=3", "multiple of the pipeline size"],
+    ),
     "mtp layers": (lambda tmp: ["model.mtp_num_layers=1"], "mtp-not-built", ["model.mtp_num_layers=1"]),
     "transformer engine cuda graphs": (
-        lambda tmp: ["--cuda_graph_impl", "transformer_engine"], "cuda-graph-impl-captured",
-        ["model.cuda_graph_impl='transformer_engine'", "no effect", "full_iteration"]),
+        lambda tmp: ["--cuda_graph_impl", "transformer_engine"],
+        "cuda-graph-impl-captured",
+        ["model.cuda_graph_impl='transformer_engine'", "no effect", "full_iteration"],
+    ),
     "local cuda graphs": (
-        lambda tmp: ["--cuda_graph_impl", "local"], "cuda-graph-impl-captured", ["model.cuda_graph_impl='local'"]),
+        lambda tmp: ["--cuda_graph_impl", "local"],
+        "cuda-graph-impl-captured",
+        ["model.cuda_graph_impl='local'"],
+    ),
     "whole-iteration graph in cpu mode": (
-        lambda tmp: ["--cuda_graph_impl", "full_iteration"], "full-iteration-graph-needs-cuda",
-        ["model.cuda_graph_impl='full_iteration'", "dist.device='cpu'", "model.cuda_graph_impl=none"]),
+        lambda tmp: ["--cuda_graph_impl", "full_iteration"],
+        "full-iteration-graph-needs-cuda",
+        ["model.cuda_graph_impl='full_iteration'", "dist.device='cpu'", "model.cuda_graph_impl=none"],
+    ),
     "checkpoint.load typo": (
-        lambda tmp: [f"checkpoint.load={tmp / 'ckpt_typo'}"], "checkpoint-load-exists", ["ckpt_typo", "mkdir"]),
+        lambda tmp: [f"checkpoint.load={tmp / 'ckpt_typo'}"],
+        "checkpoint-load-exists",
+        ["ckpt_typo", "mkdir"],
+    ),
     "triton cross-entropy in cpu mode": (
-        lambda tmp: ["model.torch_native_cross_entropy_backend=triton"], "triton-cross-entropy-needs-cuda",
-        ["model.torch_native_cross_entropy_backend='triton'", "dist.device='cpu'", "CUDA tensors only"]),
+        lambda tmp: ["model.torch_native_cross_entropy_backend=triton"],
+        "triton-cross-entropy-needs-cuda",
+        ["model.torch_native_cross_entropy_backend='triton'", "dist.device='cpu'", "CUDA tensors only"],
+    ),
     "compile switched off in cpu mode": (
-        lambda tmp: ["model.torch_native_compile=false"], "torch-native-compile-off-needs-cuda",
-        ["model.torch_native_compile=False", "no effect"]),
+        lambda tmp: ["model.torch_native_compile=false"],
+        "torch-native-compile-off-needs-cuda",
+        ["model.torch_native_compile=False", "no effect"],
+    ),
     "grouped_mm in cpu mode": (
-        lambda tmp: ["model.torch_native_grouped_gemm_backend=grouped_mm"], "grouped-mm-needs-hopper-bf16",
-        ["model.torch_native_grouped_gemm_backend='grouped_mm'", "compute capability 9.0"]),
+        lambda tmp: ["model.torch_native_grouped_gemm_backend=grouped_mm"],
+        "grouped-mm-needs-hopper-bf16",
+        ["model.torch_native_grouped_gemm_backend='grouped_mm'", "compute capability 9.0"],
+    ),
     "tensor parallel size 0": (
-        lambda tmp: ["model.tensor_model_parallel_size=0"], "range:model.tensor_model_parallel_size",
-        ["model.tensor_model_parallel_size=0", ">= 1"]),
+        lambda tmp: ["model.tensor_model_parallel_size=0"],
+        "range:model.tensor_model_parallel_size",
+        ["model.tensor_model_parallel_size=0", ">= 1"],
+    ),
     "context parallel size 0": (
-        lambda tmp: ["model.context_parallel_size=0"], "range:model.context_parallel_size",
-        ["model.context_parallel_size=0", ">= 1"]),
+        lambda tmp: ["model.context_parallel_size=0"],
+        "range:model.context_parallel_size",
+        ["model.context_parallel_size=0", ">= 1"],
+    ),
     "expert parallel size 0": (
-        lambda tmp: ["model.expert_model_parallel_size=0"], "range:model.expert_model_parallel_size",
-        ["model.expert_model_parallel_size=0", ">= 1"]),
+        lambda tmp: ["model.expert_model_parallel_size=0"],
+        "range:model.expert_model_parallel_size",
+        ["model.expert_model_parallel_size=0", ">= 1"],
+    ),
     "layout record of 10**12 data-parallel ranks": (
-        _damaged_record(json.dumps({**TINY_LAYOUT, "dp": 10**12})), "checkpoint-layout-record-valid",
-        ["iter_0000003/parallel_layout.json", "1000000000000 ranks", "at most 131072"]),
+        _damaged_record(json.dumps({**TINY_LAYOUT, "dp": 10**12})),
+        "checkpoint-layout-record-valid",
+        ["iter_0000003/parallel_layout.json", "1000000000000 ranks", "at most 131072"],
+    ),
     "empty layout record": (
-        _damaged_record("{}"), "checkpoint-layout-record-valid", ["parallel_layout.json", "'tp is missing'"]),
+        _damaged_record("{}"),
+        "checkpoint-layout-record-valid",
+        ["parallel_layout.json", "'tp is missing'"],
+    ),
     "layout record with a size that is text": (
-        _damaged_record(json.dumps({**TINY_LAYOUT, "ep": "2"})), "checkpoint-layout-record-valid",
-        ["ep='2' is not a positive integer"]),
+        _damaged_record(json.dumps({**TINY_LAYOUT, "ep": "2"})),
+        "checkpoint-layout-record-valid",
+        ["ep='2' is not a positive integer"],
+    ),
     "tracker of 5000 digits": (
-        _long_tracker, "checkpoint-load-has-tracker",
-        ["latest_checkpointed_iteration.txt holds more than 12 characters"]),
+        _long_tracker,
+        "checkpoint-load-has-tracker",
+        ["latest_checkpointed_iteration.txt holds more than 12 characters"],
+    ),
     "checkpoint of another model shape": (
-        _other_model, "resume-same-model-shape",
-        ["saved_model={'num_layers': 4}", "current_model={'num_layers': 2}"]),
+        _other_model,
+        "resume-same-model-shape",
+        ["saved_model={'num_layers': 4}", "current_model={'num_layers': 2}"],
+    ),
     "a million experts in cpu mode": (
-        lambda tmp: ["model.num_moe_experts=1000000"], "model-state-fits-host-memory",
-        ["model.num_moe_experts=1000000", "estimate='at least", "GiB for the 2 rank(s) on this host", "limit='"]),
+        lambda tmp: ["model.num_moe_experts=1000000"],
+        "model-state-fits-host-memory",
+        ["model.num_moe_experts=1000000", "estimate='at least", "GiB for the 2 rank(s) on this host", "limit='"],
+    ),
     "fresh run saving over another run's checkpoints": (
-        lambda tmp: [f"checkpoint.save={_checkpoint(tmp, {})}"], "checkpoint-save-not-another-runs",
-        ["saved iteration(s) (iter_0000003)", "latest iteration 3", "checkpoint.load = checkpoint.save",
-         "another (new or empty) checkpoint.save"]),
+        lambda tmp: [f"checkpoint.save={_checkpoint(tmp, {})}"],
+        "checkpoint-save-not-another-runs",
+        [
+            "saved iteration(s) (iter_0000003)",
+            "latest iteration 3",
+            "checkpoint.load = checkpoint.save",
+            "another (new or empty) checkpoint.save",
+        ],
+    ),
     "empty checkpoint.load (an unset variable)": (
-        lambda tmp: ["checkpoint.load=", f"checkpoint.save={tmp / 'new'}"], "override-empty-value",
-        ["checkpoint.load= gives no value", "checkpoint.load=null"]),
+        lambda tmp: ["checkpoint.load=", f"checkpoint.save={tmp / 'new'}"],
+        "override-empty-value",
+        ["checkpoint.load= gives no value", "checkpoint.load=null"],
+    ),
     "checkpoint.load at one iteration": (
-        lambda tmp: [f"checkpoint.load={_checkpoint(tmp, {}) / 'iter_0000003'}"], "checkpoint-load-is-iteration-dir",
-        ["iter_0000003", "parent directory"]),
+        lambda tmp: [f"checkpoint.load={_checkpoint(tmp, {}) / 'iter_0000003'}"],
+        "checkpoint-load-is-iteration-dir",
+        ["iter_0000003", "parent directory"],
+    ),
 }
 
 
@@ -163,8 +229,23 @@ def test_bad_input_is_refused_before_launch(case, tmp_path, no_launch):
 def test_missing_deep_ep_on_a_gpu_host_is_refused_before_launch(tmp_path, no_launch):
     """A GPU machine without DeepEP: refused at validation, not by an ImportError in every rank."""
     out = io.StringIO()
-    code = main(["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "2", "-ep", "2", "--moe_flex_dispatcher_backend",
-                 "deepep", "-l", str(tmp_path / "run")], out=out)
+    code = main(
+        [
+            "-mr",
+            "qwen3_moe_tiny",
+            "-g",
+            "h100",
+            "-ng",
+            "2",
+            "-ep",
+            "2",
+            "--moe_flex_dispatcher_backend",
+            "deepep",
+            "-l",
+            str(tmp_path / "run"),
+        ],
+        out=out,
+    )
     assert code == 2 and "[flex-needs-deep-ep]" in out.getvalue() and "deep_ep='not importable'" in out.getvalue()
 
 
@@ -173,10 +254,30 @@ def test_a_graph_of_ranks_sharing_a_gpu_over_gloo_is_refused_before_launch(tmp_p
     """``--procs_per_gpu 2`` makes the harness pick gloo; gloo's gradient reduction inside the captured
     step cannot be captured (it failed the first capture on an H200), so the graph is refused first."""
     out = io.StringIO()
-    code = main(["-mr", "qwen3_moe_tiny", "-g", "h200", "-ng", "1", "--procs_per_gpu", "2", "-ep", "2",
-                 "--max_steps", "6", "--cuda_graph_impl", "full_iteration", "model.cuda_graph_warmup_steps=2",
-                 "model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nvshmem",
-                 "-l", str(tmp_path / "run")], out=out)
+    code = main(
+        [
+            "-mr",
+            "qwen3_moe_tiny",
+            "-g",
+            "h200",
+            "-ng",
+            "1",
+            "--procs_per_gpu",
+            "2",
+            "-ep",
+            "2",
+            "--max_steps",
+            "6",
+            "--cuda_graph_impl",
+            "full_iteration",
+            "model.cuda_graph_warmup_steps=2",
+            "model.torch_native_dispatcher=sorted",
+            "model.torch_native_ep_transport=nvshmem",
+            "-l",
+            str(tmp_path / "run"),
+        ],
+        out=out,
+    )
     text = out.getvalue()
     assert code == 2 and "[full-iteration-graph-needs-nccl]" in text, text
     assert "dist.distributed_backend='gloo', world_size=2" in text and "nothing was launched" in text
@@ -225,10 +326,16 @@ def test_resuming_says_the_checkpoints_schedule_continues(tmp_path):
 @pytest.mark.parametrize(
     "argv, rule, texts",
     [
-        (["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "131072", "--procs_per_gpu", "2", "-ep", "2"],
-         "world-size-bounded", ["262144 ranks", "at most 131072"]),
-        (["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "99999", "-ep", "2"],
-         "layout-divides-gpu-count", ["GPU counts that fit: 2, 4, 6, 8, ..., 99998, 100000"]),
+        (
+            ["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "131072", "--procs_per_gpu", "2", "-ep", "2"],
+            "world-size-bounded",
+            ["262144 ranks", "at most 131072"],
+        ),
+        (
+            ["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "99999", "-ep", "2"],
+            "layout-divides-gpu-count",
+            ["GPU counts that fit: 2, 4, 6, 8, ..., 99998, 100000"],
+        ),
     ],
     ids=["ranks beyond any job", "odd GPU count near 100000"],
 )
@@ -252,15 +359,31 @@ def test_an_absurd_gpu_count_is_a_usage_error_with_the_bound(count, capsys):
         main([*TINY_CPU[:4], "-ng", count, "-ep", "2", "--dryrun"], out=io.StringIO())
     assert exc.value.code == 2
     assert f"-ng/--num_gpus: at most 131072 GPUs (more than any training job has: a typo?), got '{count}'" in (
-        capsys.readouterr().err)
+        capsys.readouterr().err
+    )
 
 
 def test_a_million_experts_are_refused_on_h100_and_the_readme_layout_is_accepted(tmp_path, no_launch):
     """Refused with the estimate and the limit (it passed validation and failed allocating in every rank);
     the estimate is a lower bound, so the real recipe at its README layout is accepted."""
     out = io.StringIO()
-    code = main(["-mr", "qwen3_moe_tiny", "-g", "h100", "-ng", "2", "-ep", "2", "model.num_moe_experts=1000000",
-                 "--dryrun", "-l", str(tmp_path / "tiny")], out=out)
+    code = main(
+        [
+            "-mr",
+            "qwen3_moe_tiny",
+            "-g",
+            "h100",
+            "-ng",
+            "2",
+            "-ep",
+            "2",
+            "model.num_moe_experts=1000000",
+            "--dryrun",
+            "-l",
+            str(tmp_path / "tiny"),
+        ],
+        out=out,
+    )
     text = out.getvalue()
     assert code == 2 and "[model-state-fits-gpu-memory]" in text and "nothing was launched" in text, text
     assert "estimate='at least" in text and "GiB per rank" in text and "limit='94.0 GiB on one h100'" in text, text

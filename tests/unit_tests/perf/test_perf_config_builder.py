@@ -26,9 +26,9 @@ YAML = {"train": {"train_iters": 5, "micro_batch_size": 2}, "model": {"seq_lengt
 @pytest.mark.parametrize(
     "with_yaml, argv, key, value, source",
     [
-        (False, (), "train.train_iters", 10, None),                                     # recipe
-        (True, (), "train.train_iters", 5, "yaml"),                                     # yaml over recipe
-        (True, ("--max_steps", "7"), "train.train_iters", 7, "flag"),                   # flag over yaml
+        (False, (), "train.train_iters", 10, None),  # recipe
+        (True, (), "train.train_iters", 5, "yaml"),  # yaml over recipe
+        (True, ("--max_steps", "7"), "train.train_iters", 7, "flag"),  # flag over yaml
         (True, ("--max_steps", "7", "train.train_iters=9"), "train.train_iters", 9, "cli"),  # cli over flag
         (True, ("train.train_iters=9", "--max_steps", "7"), "train.train_iters", 9, "cli"),  # position-free
         (True, ("-sl", "32"), "model.seq_length", 32, "flag"),
@@ -82,8 +82,12 @@ def test_flag_maps_to_field(tmp_path, flags, key, value):
     [
         (None, "true", True, None),  # the recipe leaves delayed wgrad unset (off unless requested)
         (None, "false", False, None),
-        ({"comm_overlap": {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True}}, "false", False,
-         True),
+        (
+            {"comm_overlap": {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True}},
+            "false",
+            False,
+            True,
+        ),
         ({"comm_overlap": {"delay_wgrad_compute": True}}, "true", True, True),
     ],
 )
@@ -97,8 +101,14 @@ def test_moe_a2a_overlap_flag_is_an_alias_of_one_field(tmp_path, yaml_data, flag
 
 
 def test_moe_a2a_overlap_false_really_off_after_resolve(tmp_path):
-    built = build(tmp_path, "--moe_a2a_overlap", "false", "-ep", "1",
-                  yaml_data={"comm_overlap": {"overlap_moe_expert_parallel_comm": True}})
+    built = build(
+        tmp_path,
+        "--moe_a2a_overlap",
+        "false",
+        "-ep",
+        "1",
+        yaml_data={"comm_overlap": {"overlap_moe_expert_parallel_comm": True}},
+    )
     resolved = resolve(built)
     assert resolved.model.overlap_moe_expert_parallel_comm is False
     assert resolved.model.delay_wgrad_compute is False and resolved.ddp.delay_wgrad_compute is False
@@ -106,8 +116,14 @@ def test_moe_a2a_overlap_false_really_off_after_resolve(tmp_path):
 
 def test_moe_a2a_overlap_false_does_not_clear_delayed_wgrad_silently(tmp_path):
     """Delayed wgrad on and the flag turning EP overlap off: refused, with both ways out."""
-    built = build(tmp_path, "--moe_a2a_overlap", "false", "-ep", "1",
-                  yaml_data={"comm_overlap": {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True}})
+    built = build(
+        tmp_path,
+        "--moe_a2a_overlap",
+        "false",
+        "-ep",
+        "1",
+        yaml_data={"comm_overlap": {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True}},
+    )
     with pytest.raises(CommOverlapConfigError) as info:
         resolve(built)
     (violation,) = info.value.violations
@@ -117,23 +133,49 @@ def test_moe_a2a_overlap_false_does_not_clear_delayed_wgrad_silently(tmp_path):
 
 @pytest.mark.parametrize(
     "backend, gpu, dispatcher, value",
-    [("None", "h100", "alltoall", None), ("deepep", "h100", "flex", "deepep"),
-     ("hybridep", "gb200", "flex", "hybridep")],
+    [
+        ("None", "h100", "alltoall", None),
+        ("deepep", "h100", "flex", "deepep"),
+        ("hybridep", "gb200", "flex", "hybridep"),
+    ],
 )
 def test_flex_backend_flag(tmp_path, backend, gpu, dispatcher, value):
-    argv = ["-mr", "qwen3_30b_a3b", "-g", gpu, "-ng", "16", "-l", str(tmp_path),
-            "--moe_flex_dispatcher_backend", backend]
+    argv = [
+        "-mr",
+        "qwen3_30b_a3b",
+        "-g",
+        gpu,
+        "-ng",
+        "16",
+        "-l",
+        str(tmp_path),
+        "--moe_flex_dispatcher_backend",
+        backend,
+    ]
     built = build_config(parse_args(argv))
     m = built.cfg.model
-    assert ((m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend, m.moe_shared_expert_overlap)
-            == (dispatcher, value, False))
+    assert (m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend, m.moe_shared_expert_overlap) == (
+        dispatcher,
+        value,
+        False,
+    )
     assert built.cfg.provenance["model.moe_token_dispatcher_type"] == "flag"
     assert built.cfg.provenance["model.moe_flex_dispatcher_backend"] == "flag"
 
 
 def test_flex_backend_refused_on_unsupported_gpu(tmp_path):
-    argv = ["-mr", "qwen3_30b_a3b", "-g", "gb200", "-ng", "16", "-l", str(tmp_path),
-            "--moe_flex_dispatcher_backend", "deepep"]
+    argv = [
+        "-mr",
+        "qwen3_30b_a3b",
+        "-g",
+        "gb200",
+        "-ng",
+        "16",
+        "-l",
+        str(tmp_path),
+        "--moe_flex_dispatcher_backend",
+        "deepep",
+    ]
     with pytest.raises(ConfigError, match="GB200") as info:
         resolve(build_config(parse_args(argv)))
     rules = [v.rule for v in info.value.violations]
@@ -142,8 +184,19 @@ def test_flex_backend_refused_on_unsupported_gpu(tmp_path):
 
 
 def test_cli_override_beats_flex_flag(tmp_path):
-    argv = ["-mr", "qwen3_30b_a3b", "-g", "h100", "-ng", "16", "-l", str(tmp_path),
-            "--moe_flex_dispatcher_backend", "deepep", "model.moe_token_dispatcher_type=alltoall"]
+    argv = [
+        "-mr",
+        "qwen3_30b_a3b",
+        "-g",
+        "h100",
+        "-ng",
+        "16",
+        "-l",
+        str(tmp_path),
+        "--moe_flex_dispatcher_backend",
+        "deepep",
+        "model.moe_token_dispatcher_type=alltoall",
+    ]
     built = build_config(parse_args(argv))
     assert built.cfg.model.moe_token_dispatcher_type == "alltoall"
     assert built.cfg.provenance["model.moe_token_dispatcher_type"] == "cli"
@@ -174,8 +227,11 @@ def test_computed_values(tmp_path):
 
 
 def test_ranks_sharing_a_gpu_get_gloo(tmp_path):
-    built = build_config(parse_args(["-mr", "qwen3_moe_tiny", "-g", "h200", "-ng", "1", "--procs_per_gpu", "2",
-                                     "-ep", "2", "-l", str(tmp_path)]))
+    built = build_config(
+        parse_args(
+            ["-mr", "qwen3_moe_tiny", "-g", "h200", "-ng", "1", "--procs_per_gpu", "2", "-ep", "2", "-l", str(tmp_path)]
+        )
+    )
     assert built.world_size == 2 and built.cfg.dist.distributed_backend == "gloo"
     assert built.cfg.provenance["dist.distributed_backend"] == "computed"
     resolve(built)
@@ -183,8 +239,23 @@ def test_ranks_sharing_a_gpu_get_gloo(tmp_path):
 
 def test_ranks_sharing_a_gpu_refuse_nccl(tmp_path):
     with pytest.raises(HarnessError, match="NCCL"):
-        build_config(parse_args(["-mr", "qwen3_moe_tiny", "-g", "h200", "-ng", "1", "--procs_per_gpu", "2",
-                                 "dist.distributed_backend=nccl", "-l", str(tmp_path)]))
+        build_config(
+            parse_args(
+                [
+                    "-mr",
+                    "qwen3_moe_tiny",
+                    "-g",
+                    "h200",
+                    "-ng",
+                    "1",
+                    "--procs_per_gpu",
+                    "2",
+                    "dist.distributed_backend=nccl",
+                    "-l",
+                    str(tmp_path),
+                ]
+            )
+        )
 
 
 @pytest.mark.host("h100", transformer_engine=None)

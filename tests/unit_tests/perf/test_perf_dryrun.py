@@ -26,7 +26,7 @@ def readme_resolved(tmp_path_factory, readme_argv):
 
 def test_readme_command_resolves_as_documented(readme_resolved):
     built, r = readme_resolved
-    assert r.model.overlap_moe_expert_parallel_comm is True          # CLI override beats --moe_a2a_overlap false
+    assert r.model.overlap_moe_expert_parallel_comm is True  # CLI override beats --moe_a2a_overlap false
     assert r.comm_overlap.overlap_moe_expert_parallel_comm is True
     assert r.model.delay_wgrad_compute is False and r.ddp.delay_wgrad_compute is False
     assert r.model.moe_shared_expert_overlap is False
@@ -111,20 +111,51 @@ def test_bad_override_exit_2(tmp_path):
     assert code == 2 and "model.num_layers" in out
 
 
-@pytest.mark.parametrize("given", ["comm_overlap.overlap_moe_expert_parallel_comm=false",
-                                   "++comm_overlap.overlap_moe_expert_parallel_comm=false"])
+@pytest.mark.parametrize(
+    "given",
+    ["comm_overlap.overlap_moe_expert_parallel_comm=false", "++comm_overlap.overlap_moe_expert_parallel_comm=false"],
+)
 def test_sweep_says_which_given_override_its_values_replace(tmp_path, given):
-    code, out = run(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--dryrun",
-                     "-l", str(tmp_path / "s"),
-                     given, "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true"])
+    code, out = run(
+        [
+            "-mr",
+            "qwen3_moe_tiny",
+            "-g",
+            "cpu",
+            "-ng",
+            "2",
+            "-ep",
+            "2",
+            "--dryrun",
+            "-l",
+            str(tmp_path / "s"),
+            given,
+            "--sweep",
+            "comm_overlap.overlap_moe_expert_parallel_comm=false,true",
+        ]
+    )
     assert code == 0, out
     assert f"the swept values replace {given}" in out
 
 
 def test_sweep_dry_run_describes_every_value(tmp_path):
-    code, out = run(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--dryrun",
-                     "-l", str(tmp_path / "s"),
-                     "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true"])
+    code, out = run(
+        [
+            "-mr",
+            "qwen3_moe_tiny",
+            "-g",
+            "cpu",
+            "-ng",
+            "2",
+            "-ep",
+            "2",
+            "--dryrun",
+            "-l",
+            str(tmp_path / "s"),
+            "--sweep",
+            "comm_overlap.overlap_moe_expert_parallel_comm=false,true",
+        ]
+    )
     assert code == 0, out
     assert "sweep comm_overlap.overlap_moe_expert_parallel_comm=false" in out
     assert "sweep comm_overlap.overlap_moe_expert_parallel_comm=true" in out
@@ -133,16 +164,44 @@ def test_sweep_dry_run_describes_every_value(tmp_path):
 
 def test_sweep_validates_every_value_before_launching(tmp_path):
     # EP overlap needs EP>1: the "true" job is invalid, so nothing runs at all
-    code, out = run(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "1", "-l", str(tmp_path / "s"),
-                     "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true"])
+    code, out = run(
+        [
+            "-mr",
+            "qwen3_moe_tiny",
+            "-g",
+            "cpu",
+            "-ng",
+            "1",
+            "-l",
+            str(tmp_path / "s"),
+            "--sweep",
+            "comm_overlap.overlap_moe_expert_parallel_comm=false,true",
+        ]
+    )
     assert code == 2 and "expert_model_parallel_size" in out
     assert not (tmp_path / "s").exists()
 
 
 def test_sweep_keeps_environment_identical_across_values(tmp_path):
-    code, out = run(["-mr", "qwen3_moe_tiny", "-g", "h200", "-ng", "1", "--procs_per_gpu", "2", "-ep", "2",
-                     "--dryrun", "-l", str(tmp_path / "s"),
-                     "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true"])
+    code, out = run(
+        [
+            "-mr",
+            "qwen3_moe_tiny",
+            "-g",
+            "h200",
+            "-ng",
+            "1",
+            "--procs_per_gpu",
+            "2",
+            "-ep",
+            "2",
+            "--dryrun",
+            "-l",
+            str(tmp_path / "s"),
+            "--sweep",
+            "comm_overlap.overlap_moe_expert_parallel_comm=false,true",
+        ]
+    )
     assert code == 0, out
     launches = [line for line in out.splitlines() if "loopback_torchrun" in line]
     assert len(launches) == 2 and all("CUDA_DEVICE_MAX_CONNECTIONS=32" in line for line in launches)
@@ -157,10 +216,18 @@ def _fake_run_plan(plan, stream=None, verbose=False):
     overlap = "overlap_moe_expert_parallel_comm=true" in str(plan.log_dir)
     step = 0.8 if overlap else 1.0
     times = [3.0, 2.0] + [step] * 6
-    (plan.log_dir / "summary.json").write_text(json.dumps({
-        "step_times_s": times, "losses": [7.0 - 0.1 * i for i in range(8)], "world_size": plan.nprocs,
-        "tokens_per_s": 1000.0, "tflops_per_gpu": 1.0, "peak_memory_gib": 0.5,
-    }))
+    (plan.log_dir / "summary.json").write_text(
+        json.dumps(
+            {
+                "step_times_s": times,
+                "losses": [7.0 - 0.1 * i for i in range(8)],
+                "world_size": plan.nprocs,
+                "tokens_per_s": 1000.0,
+                "tflops_per_gpu": 1.0,
+                "peak_memory_gib": 0.5,
+            }
+        )
+    )
     return JobOutcome(0)
 
 
@@ -176,9 +243,23 @@ def _on_a_gpu_machine(monkeypatch):
 def test_sweep_runs_each_value_and_writes_outputs(tmp_path, monkeypatch):
     _on_a_gpu_machine(monkeypatch)
     root = tmp_path / "s"
-    argv = ["-mr", "qwen3_moe_tiny", "-g", "h200", "-ng", "2", "-ep", "2", "--max_steps", "8", "-l", str(root),
-            "comm_overlap.overlap_moe_expert_parallel_comm=false",
-            "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true"]
+    argv = [
+        "-mr",
+        "qwen3_moe_tiny",
+        "-g",
+        "h200",
+        "-ng",
+        "2",
+        "-ep",
+        "2",
+        "--max_steps",
+        "8",
+        "-l",
+        str(root),
+        "comm_overlap.overlap_moe_expert_parallel_comm=false",
+        "--sweep",
+        "comm_overlap.overlap_moe_expert_parallel_comm=false,true",
+    ]
     code, out = run(argv)
     assert code == 0, out
     assert "swept values replace comm_overlap.overlap_moe_expert_parallel_comm=false" in out
@@ -197,15 +278,34 @@ def test_sweep_runs_each_value_and_writes_outputs(tmp_path, monkeypatch):
 def test_sweep_repeats_interleave_the_values_and_report_each_round(tmp_path, monkeypatch):
     _on_a_gpu_machine(monkeypatch)
     root = tmp_path / "s"
-    argv = ["-mr", "qwen3_moe_tiny", "-g", "h200", "-ng", "2", "-ep", "2", "--max_steps", "8", "-l", str(root),
-            "--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true", "--sweep_repeats", "2"]
+    argv = [
+        "-mr",
+        "qwen3_moe_tiny",
+        "-g",
+        "h200",
+        "-ng",
+        "2",
+        "-ep",
+        "2",
+        "--max_steps",
+        "8",
+        "-l",
+        str(root),
+        "--sweep",
+        "comm_overlap.overlap_moe_expert_parallel_comm=false,true",
+        "--sweep_repeats",
+        "2",
+    ]
     code, out = run(argv)
     assert code == 0, out
     order = re.findall(r"^== running comm_overlap\.overlap_moe_expert_parallel_comm=(\w+) \(round", out, re.M)
     assert order == ["false", "true", "false", "true"]
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == [
-        "00_overlap_moe_expert_parallel_comm=false_r1", "00_overlap_moe_expert_parallel_comm=false_r2",
-        "01_overlap_moe_expert_parallel_comm=true_r1", "01_overlap_moe_expert_parallel_comm=true_r2"]
+        "00_overlap_moe_expert_parallel_comm=false_r1",
+        "00_overlap_moe_expert_parallel_comm=false_r2",
+        "01_overlap_moe_expert_parallel_comm=true_r1",
+        "01_overlap_moe_expert_parallel_comm=true_r2",
+    ]
     md = (root / "sweep.md").read_text()
     assert "2 rounds run interleaved" in md
     assert "| `true` | 0.8000 | 0.8000 | 0.8000 | 1.250x | 0.8000 / 0.8000 | 0.0000 |" in md

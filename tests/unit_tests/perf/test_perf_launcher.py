@@ -20,14 +20,22 @@ CHILDREN = Path(__file__).with_name("children")
 
 def plan(tmp_path, *, cpu=False, ng=1, gn=8, ppg=1, environ=None, **kw):
     return plan_launch(
-        cpu=cpu, num_gpus=ng, gpus_per_node=gn, procs_per_gpu=ppg, config_path=tmp_path / "config.yaml",
-        log_dir=tmp_path, environ=environ or {}, python=PY, workdir=Path("/repo"), **kw,
+        cpu=cpu,
+        num_gpus=ng,
+        gpus_per_node=gn,
+        procs_per_gpu=ppg,
+        config_path=tmp_path / "config.yaml",
+        log_dir=tmp_path,
+        environ=environ or {},
+        python=PY,
+        workdir=Path("/repo"),
+        **kw,
     )
 
 
 def _entry_tail(argv, cfg):
     i = argv.index(ENTRY_MODULE)
-    assert argv[i - 1] == "-m" and argv[i + 1:] == ["--config-file", str(cfg)]
+    assert argv[i - 1] == "-m" and argv[i + 1 :] == ["--config-file", str(cfg)]
 
 
 @pytest.mark.parametrize("ng", [1, 8])
@@ -48,14 +56,23 @@ def test_two_ranks_share_one_gpu(tmp_path):
 
 
 def test_sixteen_gpus_on_two_nodes_writes_sbatch(tmp_path):
-    p = plan(tmp_path, ng=16, gn=8, account="acct", partition="batch", time_limit="00:20:00",
-             cuda_device_max_connections=32)
+    p = plan(
+        tmp_path, ng=16, gn=8, account="acct", partition="batch", time_limit="00:20:00", cuda_device_max_connections=32
+    )
     assert p.mode == "sbatch" and p.nodes == 2 and p.nprocs == 16
     assert p.argv == ["sbatch", str(tmp_path / "launch.sbatch")]
     s = p.script_text
-    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --account=acct", "#SBATCH --partition=batch", "#SBATCH --time=00:20:00",
-                 "export CUDA_DEVICE_MAX_CONNECTIONS=32", "MASTER_ADDR", "cd /repo"):
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=8",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --account=acct",
+        "#SBATCH --partition=batch",
+        "#SBATCH --time=00:20:00",
+        "export CUDA_DEVICE_MAX_CONNECTIONS=32",
+        "MASTER_ADDR",
+        "cd /repo",
+    ):
         assert line in s, line
     srun = next(line for line in s.splitlines() if line.startswith("srun"))
     assert "--kill-on-bad-exit=1" in srun and f"{PY} -m {ENTRY_MODULE} --config-file" in srun
@@ -83,8 +100,12 @@ def test_cpu_mode_runs_local_gloo_processes(tmp_path):
 
 @pytest.mark.parametrize(
     "cpu, ng, gn, env, mode",
-    [(True, 4, 1, {}, "cpu"), (False, 8, 8, {"SLURM_JOB_ID": "1"}, "srun"), (False, 9, 8, {}, "sbatch"),
-     (False, 8, 8, {}, "torchrun")],
+    [
+        (True, 4, 1, {}, "cpu"),
+        (False, 8, 8, {"SLURM_JOB_ID": "1"}, "srun"),
+        (False, 9, 8, {}, "sbatch"),
+        (False, 8, 8, {}, "torchrun"),
+    ],
 )
 def test_choose_mode(cpu, ng, gn, env, mode):
     assert choose_mode(cpu=cpu, num_gpus=ng, gpus_per_node=gn, environ=env) == mode
@@ -98,7 +119,8 @@ def test_failing_job_returns_its_code_and_tails_the_failing_rank(tmp_path, capsy
     (tmp_path / "torchrun" / "none_abc" / "attempt_0" / "0" / "stderr.log").write_text("fine\n")
     (tmp_path / "failures").mkdir()
     (tmp_path / "failures" / "rank_00001.json").write_text(
-        '{"rank": 1, "time": 1.0, "error": "ValueError: boom on rank 1"}')
+        '{"rank": 1, "time": 1.0, "error": "ValueError: boom on rank 1"}'
+    )
     p = plan(tmp_path, cpu=True, ng=2)
     p.argv = [sys.executable, str(CHILDREN / "exit_with.py"), "7"]
     outcome = run_plan(p, stream=sys.stdout)

@@ -132,7 +132,7 @@ def test_only_profiled_steps_count_and_multiple_steps():
         kernel(A2A, -50, 40, 20),  # before the first profiled step: ignored
         step(5, 0, 100),
         step(6, 100, 100),
-        kernel(A2A, 90, 20, 20),   # straddles both steps: 10+10
+        kernel(A2A, 90, 20, 20),  # straddles both steps: 10+10
         kernel(A2A, 250, 10, 20),  # after the last step: ignored
     )
     a = analyze_trace(trace, expert_parallel_size=2)
@@ -145,8 +145,11 @@ def test_only_profiled_steps_count_and_multiple_steps():
 def test_a_step_marked_on_cpu_and_gpu_streams_counts_once():
     gpu_mark = lambda n, ts, dur, stream: {**step(n, ts, dur), "cat": "gpu_user_annotation", "tid": stream}  # noqa: E731
     trace = _trace(
-        step(4, 0, 100), gpu_mark(4, 5, 110, 7), gpu_mark(4, 20, 90, 20),
-        step(5, 100, 100), gpu_mark(5, 115, 95, 7),
+        step(4, 0, 100),
+        gpu_mark(4, 5, 110, 7),
+        gpu_mark(4, 20, 90, 20),
+        step(5, 100, 100),
+        gpu_mark(5, 115, 95, 7),
         kernel(A2A, 50, 20, 20),
     )
     a = analyze_trace(trace, expert_parallel_size=2)

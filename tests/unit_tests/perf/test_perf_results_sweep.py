@@ -1,6 +1,5 @@
 """Steady-state results table and sweep outputs (markdown + bar chart)."""
 
-
 import pytest
 
 from megatron.bridge.perf.harness.results import format_results, steady_state, summary_steady_state
@@ -28,18 +27,39 @@ def test_steady_state_clipped_and_empty():
 
 
 def test_summary_values_used_when_window_matches_else_recomputed():
-    summary = {"step_times_s": TIMES, "steady_state_window": [3, 8], "steady_state_mean_s": 7.0,
-               "steady_state_min_s": 6.0, "steady_state_max_s": 8.0}
+    summary = {
+        "step_times_s": TIMES,
+        "steady_state_window": [3, 8],
+        "steady_state_mean_s": 7.0,
+        "steady_state_min_s": 6.0,
+        "steady_state_max_s": 8.0,
+    }
     assert summary_steady_state(summary).mean_s == 7.0
     assert summary_steady_state(summary, [2, 3]).mean_s == pytest.approx(1.5)
 
 
 def test_format_results_table(tmp_path):
-    summary = {"step_times_s": TIMES, "steady_state_window": [3, 8], "tokens_per_s": 12345.6, "tflops_per_gpu": 123.45,
-               "peak_memory_gib": 10.5, "world_size": 2, "losses": [3.0, 2.5]}
+    summary = {
+        "step_times_s": TIMES,
+        "steady_state_window": [3, 8],
+        "tokens_per_s": 12345.6,
+        "tflops_per_gpu": 123.45,
+        "peak_memory_gib": 10.5,
+        "world_size": 2,
+        "losses": [3.0, 2.5],
+    }
     text = format_results(summary, tmp_path / "summary.json")
-    for piece in ("iterations 3-8", "1.0000 s", "0.8000 s", "1.2000 s", "12,346", "123.5", "10.50 GiB",
-                  "summary.json", "2.5000"):
+    for piece in (
+        "iterations 3-8",
+        "1.0000 s",
+        "0.8000 s",
+        "1.2000 s",
+        "12,346",
+        "123.5",
+        "10.50 GiB",
+        "summary.json",
+        "2.5000",
+    ):
         assert piece in text
 
 
@@ -50,8 +70,11 @@ def test_format_results_short_run():
 @pytest.mark.parametrize(
     "text, key, values",
     [
-        ("comm_overlap.overlap_moe_expert_parallel_comm=false,true",
-         "comm_overlap.overlap_moe_expert_parallel_comm", ("false", "true")),
+        (
+            "comm_overlap.overlap_moe_expert_parallel_comm=false,true",
+            "comm_overlap.overlap_moe_expert_parallel_comm",
+            ("false", "true"),
+        ),
         ("model.seq_length=1024, 2048 ,4096", "model.seq_length", ("1024", "2048", "4096")),
         ("logger.steady_state_window=[3,8],[2,4]", "logger.steady_state_window", ("[3,8]", "[2,4]")),
     ],

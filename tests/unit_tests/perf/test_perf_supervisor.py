@@ -92,8 +92,10 @@ def test_second_signal_kills_the_job_at_once(markers):
     outcome = _launch(markers, "stubborn", out=out)
     assert outcome.killed and outcome.stop_signal == signal.SIGTERM and outcome.kill_signal == signal.SIGINT
     assert time.monotonic() - started < 20
-    assert ("== second signal (SIGINT): killing the job now, before the ranks have finished; checkpoint.save is "
-            "not set: nothing was to be saved") in out.getvalue()
+    assert (
+        "== second signal (SIGINT): killing the job now, before the ranks have finished; checkpoint.save is "
+        "not set: nothing was to be saved"
+    ) in out.getvalue()
     assert not list(markers.glob("rank*.stopped"))
 
 
@@ -105,8 +107,9 @@ def test_a_second_signal_after_the_ranks_saved_does_not_say_without_saving(marke
     outcome = _launch(markers, "saved", out=out)
     said = out.getvalue()
     assert outcome.killed and outcome.stop_signal == outcome.kill_signal == signal.SIGINT
-    assert ("== second signal (SIGINT): the ranks had already saved and written summary.json; killing them "
-            "as they exit") in said, said
+    assert (
+        "== second signal (SIGINT): the ranks had already saved and written summary.json; killing them as they exit"
+    ) in said, said
     assert "without saving" not in said
 
 
@@ -171,8 +174,11 @@ OTHER_TRACEBACK = ["Traceback (most recent call last):", '  File "x.py", line 1'
         (TORCHRUN_FAILURE, False, ["[default1]:training failed"]),
         (TORCHRUN_FAILURE, True, TORCHRUN_FAILURE),
         (OTHER_TRACEBACK, False, OTHER_TRACEBACK),
-        (["0: iteration 1", "srun: error: node1: task 1: Killed"], False,
-         ["0: iteration 1", "srun: error: node1: task 1: Killed"]),
+        (
+            ["0: iteration 1", "srun: error: node1: task 1: Killed"],
+            False,
+            ["0: iteration 1", "srun: error: node1: task 1: Killed"],
+        ),
     ],
     ids=["torchrun-failure-hidden", "verbose-shows-all", "other-traceback-shown", "srun-lines-shown"],
 )

@@ -16,8 +16,18 @@ def script():
 
 
 def _argv(log: Path, out: Path) -> list[str]:
-    return ["--log", str(log), "--out", str(out), "--command", "torchrun x.py", "--setting", "one GPU",
-            "--tree", "abc1234"]
+    return [
+        "--log",
+        str(log),
+        "--out",
+        str(out),
+        "--command",
+        "torchrun x.py",
+        "--setting",
+        "one GPU",
+        "--tree",
+        "abc1234",
+    ]
 
 
 def test_the_last_report_line_is_recorded_with_its_context(script, tmp_path) -> None:
@@ -26,7 +36,11 @@ def test_the_last_report_line_is_recorded_with_its_context(script, tmp_path) -> 
     out = tmp_path / "records" / "r.json"
     assert script.main(_argv(log, out)) == 0
     assert json.loads(out.read_text()) == {
-        "command": "torchrun x.py", "setting": "one GPU", "tree": "abc1234", "report": {"a": 2, "b": [0, 0]}}
+        "command": "torchrun x.py",
+        "setting": "one GPU",
+        "tree": "abc1234",
+        "report": {"a": 2, "b": [0, 0]},
+    }
 
 
 def test_a_log_without_a_report_is_refused_and_nothing_is_written(script, tmp_path, capsys) -> None:

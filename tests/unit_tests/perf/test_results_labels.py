@@ -16,16 +16,30 @@ TIMES = [2.0, 1.5] + [1.0] * (STEPS - 2)
 
 def _summary(device: str, emulated: bool) -> dict:
     summary = {
-        "step_times_s": TIMES, "losses": [7.0] * STEPS, "iterations": list(range(1, STEPS + 1)),
-        "steady_state_window": [3, STEPS], "steady_state_mean_s": 1.0, "steady_state_min_s": 1.0,
-        "steady_state_max_s": 1.0, "steady_state_rule": "automatic: the first 2 of 10 steps left out as warm-up "
-        "(max(2, 10 %))", "tokens_per_s": 2048.0, "tflops_per_gpu": 0.0021, "peak_memory_gib": 1.1,
-        "world_size": 16 if emulated else 2, "device": device, "extra": {}, "emulation": None,
+        "step_times_s": TIMES,
+        "losses": [7.0] * STEPS,
+        "iterations": list(range(1, STEPS + 1)),
+        "steady_state_window": [3, STEPS],
+        "steady_state_mean_s": 1.0,
+        "steady_state_min_s": 1.0,
+        "steady_state_max_s": 1.0,
+        "steady_state_rule": "automatic: the first 2 of 10 steps left out as warm-up (max(2, 10 %))",
+        "tokens_per_s": 2048.0,
+        "tflops_per_gpu": 0.0021,
+        "peak_memory_gib": 1.1,
+        "world_size": 16 if emulated else 2,
+        "device": device,
+        "extra": {},
+        "emulation": None,
     }
     if emulated:
         summary["extra"]["modeled_comm_s"] = [0.25] * STEPS
-        summary["emulation"] = {"emulated": True, "rank": 0, "world_size": 16,
-                                "network": {"name": "h100_ib400", "gpus_per_node": 8}}
+        summary["emulation"] = {
+            "emulated": True,
+            "rank": 0,
+            "world_size": 16,
+            "network": {"name": "h100_ib400", "gpus_per_node": 8},
+        }
     return summary
 
 
@@ -63,10 +77,14 @@ def test_a_gpu_runs_table_shows_its_numbers_plainly_and_the_windows_rule():
     assert window.startswith("iterations 3-10") and "max(2, 10 %)" in window, window
 
 
-@pytest.mark.parametrize("window, label", [
-    (None, "iterations 3-10 (automatic: the first 2 of 10 steps left out as warm-up"),
-    ([2, 4], "iterations 2-4 (--steady_state_window 2,4)"),
-], ids=["automatic", "asked"])
+@pytest.mark.parametrize(
+    "window, label",
+    [
+        (None, "iterations 3-10 (automatic: the first 2 of 10 steps left out as warm-up"),
+        ([2, 4], "iterations 2-4 (--steady_state_window 2,4)"),
+    ],
+    ids=["automatic", "asked"],
+)
 def test_a_summary_without_its_window_gets_the_rule_or_the_asked_window(window, label):
     summary = {k: v for k, v in _summary("cuda", emulated=False).items() if not k.startswith("steady_state")}
     assert label in format_results(summary, "summary.json", window)

@@ -25,8 +25,16 @@ from megatron.bridge.perf.harness.run_dir import MARKER, claim
 from megatron.bridge.perf.harness.supervisor import JobOutcome
 
 TINY_CPU = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2"]
-RUN_DIR_NAMES = ["config.yaml", "launch.log", "summary.json", "failures", "torchrun", "profile", "launch.sbatch",
-                 MARKER]
+RUN_DIR_NAMES = [
+    "config.yaml",
+    "launch.log",
+    "summary.json",
+    "failures",
+    "torchrun",
+    "profile",
+    "launch.sbatch",
+    MARKER,
+]
 """Every name the harness or a rank writes, replaces or deletes directly under a run directory."""
 
 
@@ -45,8 +53,10 @@ def victim(tmp_path: Path) -> Path:
 
 
 def untouched(victim: Path) -> bool:
-    return (sorted(p.name for p in victim.iterdir()) == ["precious.txt"]
-            and (victim / "precious.txt").read_text() == "precious")
+    return (
+        sorted(p.name for p in victim.iterdir()) == ["precious.txt"]
+        and (victim / "precious.txt").read_text() == "precious"
+    )
 
 
 @pytest.fixture
@@ -88,8 +98,17 @@ def test_a_link_planted_in_a_checkpoint_directory_is_refused_before_launch(tmp_p
     ckpt = tmp_path / "ck"
     ckpt.mkdir()
     (ckpt / "latest_checkpointed_iteration.txt.tmp").symlink_to(victim / "precious.txt")
-    code, out = run([*TINY_CPU, "--max_steps", "2", "-l", str(tmp_path / "run"),
-                     f"checkpoint.save={ckpt}", f"checkpoint.load={ckpt}"])
+    code, out = run(
+        [
+            *TINY_CPU,
+            "--max_steps",
+            "2",
+            "-l",
+            str(tmp_path / "run"),
+            f"checkpoint.save={ckpt}",
+            f"checkpoint.load={ckpt}",
+        ]
+    )
     assert code == 2 and "checkpoint-save-entries-yours" in out and "checkpoint-load-entries-yours" in out, out
     assert "latest_checkpointed_iteration.txt.tmp: a symbolic link" in out
     assert untouched(victim)
@@ -110,8 +129,10 @@ def test_a_directory_the_harness_did_not_make_is_left_alone(tmp_path, no_launch)
         (home / name).write_text("mine")
     code, out = run([*TINY_CPU, "--max_steps", "2", "-l", str(home)])
     assert code == 2 and "is not a run directory of this harness" in out, out
-    assert all((home / name).read_text() == "mine" for name in ("summary.json", "launch.log", "config.yaml",
-                                                               "failures/keep.txt"))
+    assert all(
+        (home / name).read_text() == "mine"
+        for name in ("summary.json", "launch.log", "config.yaml", "failures/keep.txt")
+    )
 
 
 def test_an_empty_directory_of_yours_becomes_the_run_directory(tmp_path, stand_in_launch):
@@ -187,8 +208,9 @@ def test_a_run_directory_removed_during_the_run_is_said(tmp_path, monkeypatch):
 def test_the_printed_submit_command_is_quoted(tmp_path, monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     run_dir = tmp_path / "r $(touch pwned)"
-    code, out = run(["-mr", "qwen3_30b_a3b", "-g", "h100", "-ng", "16", "-gn", "8", "--max_steps", "8",
-                     "-l", str(run_dir)])
+    code, out = run(
+        ["-mr", "qwen3_30b_a3b", "-g", "h100", "-ng", "16", "-gn", "8", "--max_steps", "8", "-l", str(run_dir)]
+    )
     assert code == 0, out
     line = next(line for line in out.splitlines() if "submit it with:" in line)
     assert shlex.split(line.split("submit it with: ")[1]) == ["sbatch", str(run_dir / "launch.sbatch")]
@@ -216,7 +238,12 @@ def test_a_rank_refuses_a_config_file_that_is_not_the_one_its_harness_wrote(tmp_
     config = tmp_path / "run" / "config.yaml"
     config.write_text(config.read_text().replace("train_iters: 2", "train_iters: 2000"))  # replaced after launch
     argv = stand_in_launch["plan"].argv
-    worker = argv[argv.index("-m", 3):]  # the rank's command after torchrun's flags
-    proc = subprocess.run([sys.executable, *worker], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, RANK="0", CUDA_VISIBLE_DEVICES=""))
+    worker = argv[argv.index("-m", 3) :]  # the rank's command after torchrun's flags
+    proc = subprocess.run(
+        [sys.executable, *worker],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, RANK="0", CUDA_VISIBLE_DEVICES=""),
+    )
     assert proc.returncode == 1 and "config-file-is-the-one-written" in proc.stderr, proc.stderr

@@ -11,29 +11,40 @@ def _runtime(name, ts, dur):
     return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1}
 
 
-@pytest.mark.parametrize("name, kind", [
-    ("emulated_nccl_all_to_all", "a2a"),  # the emulated world's dispatch/combine
-    ("emulated_nccl_collective", "other_comm"),  # its gradient and parameter collectives
-    ("_spin_until", "compute"),
-])
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("emulated_nccl_all_to_all", "a2a"),  # the emulated world's dispatch/combine
+        ("emulated_nccl_collective", "other_comm"),  # its gradient and parameter collectives
+        ("_spin_until", "compute"),
+    ],
+)
 def test_the_emulated_worlds_kernels_read_as_nccls(name, kind):
     assert classify(name, "kernel") == kind
 
 
 def test_an_emulated_step_splits_into_compute_communication_idle_and_host_waits():
-    trace = {"traceEvents": [
-        step(5, 0, 1000),
-        kernel("gemm", 0, 400, 7),  # compute on the default stream
-        kernel("emulated_nccl_all_to_all", 300, 200, 9),  # 100 under the gemm, 100 exposed
-        kernel("emulated_nccl_collective", 600, 100, 9),
-        _runtime("cudaStreamSynchronize", 420, 150),  # the host waits for the GPU
-        _runtime("cudaMemcpyAsync", 800, 50),  # a .tolist() of a GPU tensor
-        _runtime("cudaLaunchKernel", 10, 5),  # not a wait
-        _runtime("cudaStreamSynchronize", 2000, 90),  # outside the profiled step
-    ]}
+    trace = {
+        "traceEvents": [
+            step(5, 0, 1000),
+            kernel("gemm", 0, 400, 7),  # compute on the default stream
+            kernel("emulated_nccl_all_to_all", 300, 200, 9),  # 100 under the gemm, 100 exposed
+            kernel("emulated_nccl_collective", 600, 100, 9),
+            _runtime("cudaStreamSynchronize", 420, 150),  # the host waits for the GPU
+            _runtime("cudaMemcpyAsync", 800, 50),  # a .tolist() of a GPU tensor
+            _runtime("cudaLaunchKernel", 10, 5),  # not a wait
+            _runtime("cudaStreamSynchronize", 2000, 90),  # outside the profiled step
+        ]
+    }
     anatomy = step_anatomy(trace).as_dict()
     assert anatomy == {
-        "step_ms": 1.0, "gpu_busy_ms": 0.6, "gpu_idle_ms": 0.4, "compute_ms": 0.4,
-        "dispatch_combine_ms": 0.2, "dispatch_combine_exposed_ms": 0.1, "other_comm_ms": 0.1,
-        "host_wait_ms": 0.2, "host_waits": 2,
+        "step_ms": 1.0,
+        "gpu_busy_ms": 0.6,
+        "gpu_idle_ms": 0.4,
+        "compute_ms": 0.4,
+        "dispatch_combine_ms": 0.2,
+        "dispatch_combine_exposed_ms": 0.1,
+        "other_comm_ms": 0.1,
+        "host_wait_ms": 0.2,
+        "host_waits": 2,
     }

@@ -19,21 +19,36 @@ LAYOUT = dict(tp=1, pp=1, vpp=None, cp=1, ep=2, etp=1, dp=2)
 
 CASES = {
     "stopped-and-saved": (
-        dict(final_iteration=3, checkpoint="CKPT/iter_0000003"), JobOutcome(0, SIGINT), True,
-        "stopped by SIGINT at iteration 3; checkpoint at CKPT/iter_0000003"),
+        dict(final_iteration=3, checkpoint="CKPT/iter_0000003"),
+        JobOutcome(0, SIGINT),
+        True,
+        "stopped by SIGINT at iteration 3; checkpoint at CKPT/iter_0000003",
+    ),
     "second-signal-after-the-save": (
         dict(final_iteration=3, checkpoint="CKPT/iter_0000003"),
-        JobOutcome(-9, SIGINT, killed=True, kill_signal=SIGINT), True,
+        JobOutcome(-9, SIGINT, killed=True, kill_signal=SIGINT),
+        True,
         "stopped by SIGINT at iteration 3; checkpoint at CKPT/iter_0000003 (the second SIGINT came after the "
-        "ranks had saved and written summary.json, and killed them as they exited)"),
+        "ranks had saved and written summary.json, and killed them as they exited)",
+    ),
     "no-save-asked": (
-        dict(final_iteration=3, checkpoint=None), JobOutcome(0, SIGTERM), False,
-        "stopped by SIGTERM at iteration 3; no checkpoint (checkpoint.save is not set)"),
+        dict(final_iteration=3, checkpoint=None),
+        JobOutcome(0, SIGTERM),
+        False,
+        "stopped by SIGTERM at iteration 3; no checkpoint (checkpoint.save is not set)",
+    ),
     "killed-before-the-ranks-finished": (
-        None, JobOutcome(-9, SIGTERM, killed=True, kill_signal=SIGINT), True,
-        "killed by the second signal (SIGINT) before the ranks finished; latest checkpoint at CKPT/iter_0000002"),
+        None,
+        JobOutcome(-9, SIGTERM, killed=True, kill_signal=SIGINT),
+        True,
+        "killed by the second signal (SIGINT) before the ranks finished; latest checkpoint at CKPT/iter_0000002",
+    ),
     "stopped-before-training": (
-        None, JobOutcome(0, SIGTERM), False, "stopped by SIGTERM before training started; no checkpoint written"),
+        None,
+        JobOutcome(0, SIGTERM),
+        False,
+        "stopped by SIGTERM before training started; no checkpoint written",
+    ),
 }
 """case -> (summary.json or None, outcome, a checkpoint directory holding iteration 2, the line)."""
 
@@ -55,10 +70,18 @@ SAVED_STATES = {
     "no-save-asked": (None, None, (), "checkpoint.save is not set: nothing was to be saved"),
     "nothing-yet": (True, None, (), "no checkpoint is complete"),
     "complete": (True, 2, (), "the latest complete checkpoint is CKPT/iter_0000002"),
-    "save-under-way": (True, 2, (3,), "the save of iteration 3 under way is not kept; the latest complete checkpoint "
-                                     "is CKPT/iter_0000002"),
-    "first-save-under-way": (True, None, (1,), "the save of iteration 1 under way is not kept; no checkpoint is "
-                                              "complete"),
+    "save-under-way": (
+        True,
+        2,
+        (3,),
+        "the save of iteration 3 under way is not kept; the latest complete checkpoint is CKPT/iter_0000002",
+    ),
+    "first-save-under-way": (
+        True,
+        None,
+        (1,),
+        "the save of iteration 1 under way is not kept; no checkpoint is complete",
+    ),
     "older-leftover": (True, 2, (1,), "the latest complete checkpoint is CKPT/iter_0000002"),
 }
 """case -> (checkpoint.save given, its complete iteration, staged iterations, what is said)."""

@@ -16,10 +16,16 @@ def _points(emulated: bool, spread: float = 0.4) -> list[SweepPoint]:
     network = "h100_ib400" if emulated else None
     comm = (0.21, 0.20) if emulated else (None, None)
     return [
-        SweepPoint("false", "runs/a", SteadyState(3, 8, 2.0, 2.0 - spread, 2.0 + spread, 6, modeled_comm_s=comm[0],
-                                                  emulated_network=network)),
-        SweepPoint("true", "runs/b", SteadyState(3, 8, 1.9, 1.9 - spread, 1.9 + spread, 6, modeled_comm_s=comm[1],
-                                                 emulated_network=network)),
+        SweepPoint(
+            "false",
+            "runs/a",
+            SteadyState(3, 8, 2.0, 2.0 - spread, 2.0 + spread, 6, modeled_comm_s=comm[0], emulated_network=network),
+        ),
+        SweepPoint(
+            "true",
+            "runs/b",
+            SteadyState(3, 8, 1.9, 1.9 - spread, 1.9 + spread, 6, modeled_comm_s=comm[1], emulated_network=network),
+        ),
     ]
 
 

@@ -3,8 +3,16 @@
 
 def kernel(name, ts, dur, stream):
     """A GPU kernel on ``stream``."""
-    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": stream,
-            "args": {"stream": stream, "device": 0}}
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": name,
+        "ts": ts,
+        "dur": dur,
+        "pid": 0,
+        "tid": stream,
+        "args": {"stream": stream, "device": 0},
+    }
 
 
 def step(n, ts, dur):

@@ -84,8 +84,11 @@ def test_megatron_bridge_s_package_paths_give_the_same_function(name, gpu):
     """``perf_recipes`` is a package laid out as Megatron-Bridge's: family, GPU type, module."""
     import importlib
 
-    for path in ("megatron.bridge.perf_recipes.qwen", f"megatron.bridge.perf_recipes.qwen.{gpu}",
-                 f"megatron.bridge.perf_recipes.qwen.{gpu}.qwen3_moe"):
+    for path in (
+        "megatron.bridge.perf_recipes.qwen",
+        f"megatron.bridge.perf_recipes.qwen.{gpu}",
+        f"megatron.bridge.perf_recipes.qwen.{gpu}.qwen3_moe",
+    ):
         assert getattr(importlib.import_module(path), name) is getattr(qwen3_moe_perf, name), path
 
 

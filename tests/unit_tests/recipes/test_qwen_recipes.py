@@ -22,19 +22,43 @@ ALL_RECIPES = [
 
 # The Qwen3 model cards' shapes.
 SHAPES = {
-    "30b": dict(num_layers=48, hidden_size=2048, num_attention_heads=32, num_query_groups=4,
-                kv_channels=128, ffn_hidden_size=6144, moe_ffn_hidden_size=768,
-                num_moe_experts=128, moe_router_topk=8, vocab_size=151936),
-    "235b": dict(num_layers=94, hidden_size=4096, num_attention_heads=64, num_query_groups=4,
-                 kv_channels=128, ffn_hidden_size=12288, moe_ffn_hidden_size=1536,
-                 num_moe_experts=128, moe_router_topk=8, vocab_size=151936),
-    "tiny": dict(num_layers=2, hidden_size=128, num_moe_experts=8, moe_router_topk=2,
-                 vocab_size=1024, seq_length=128),
+    "30b": dict(
+        num_layers=48,
+        hidden_size=2048,
+        num_attention_heads=32,
+        num_query_groups=4,
+        kv_channels=128,
+        ffn_hidden_size=6144,
+        moe_ffn_hidden_size=768,
+        num_moe_experts=128,
+        moe_router_topk=8,
+        vocab_size=151936,
+    ),
+    "235b": dict(
+        num_layers=94,
+        hidden_size=4096,
+        num_attention_heads=64,
+        num_query_groups=4,
+        kv_channels=128,
+        ffn_hidden_size=12288,
+        moe_ffn_hidden_size=1536,
+        num_moe_experts=128,
+        moe_router_topk=8,
+        vocab_size=151936,
+    ),
+    "tiny": dict(num_layers=2, hidden_size=128, num_moe_experts=8, moe_router_topk=2, vocab_size=1024, seq_length=128),
 }
-COMMON_ARCH = dict(normalization="RMSNorm", gated_linear_unit=True, add_bias_linear=False,
-                   qk_layernorm=True, rotary_base=1_000_000.0, position_embedding_type="rope",
-                   share_embeddings_and_output_weights=False, moe_aux_loss_coeff=1e-3,
-                   moe_router_dtype="fp32")
+COMMON_ARCH = dict(
+    normalization="RMSNorm",
+    gated_linear_unit=True,
+    add_bias_linear=False,
+    qk_layernorm=True,
+    rotary_base=1_000_000.0,
+    position_embedding_type="rope",
+    share_embeddings_and_output_weights=False,
+    moe_aux_loss_coeff=1e-3,
+    moe_router_dtype="fp32",
+)
 
 # (recipe, shape key, TP, PP, CP, EP, GPUs of the reference layout, GBS, MBS, seq)
 LAYOUTS = [
@@ -51,8 +75,12 @@ def test_recipe_shape_layout_and_validation(recipe, shape, tp, pp, cp, ep, gpus,
     model = cfg.model
     for name, expected in {**SHAPES[shape], **COMMON_ARCH}.items():
         assert getattr(model, name) == expected, name
-    assert (model.tensor_model_parallel_size, model.pipeline_model_parallel_size,
-            model.context_parallel_size, model.expert_model_parallel_size) == (tp, pp, cp, ep)
+    assert (
+        model.tensor_model_parallel_size,
+        model.pipeline_model_parallel_size,
+        model.context_parallel_size,
+        model.expert_model_parallel_size,
+    ) == (tp, pp, cp, ep)
     assert (cfg.train.global_batch_size, cfg.train.micro_batch_size, model.seq_length) == (gbs, mbs, seq)
     resolved = cfg.validate(world_size=gpus)
     assert resolved.model.bf16 is True and resolved.optimizer.bf16 is True
@@ -105,13 +133,17 @@ def test_recipe_gives_the_dataset_the_model_s_sequence_length(recipe):
     assert cfg.dataset.seq_length == cfg.model.seq_length >= 1
 
 
-@pytest.mark.parametrize("change", [
-    lambda cfg: setattr(cfg.model, "seq_length", 64),
-    lambda cfg: apply_overrides(cfg, ["model.seq_length=64"]),
-    # another dataset field overridden rebuilds the dataset section: its copy is still the model's
-    lambda cfg: apply_overrides(cfg, ["dataset.num_workers=0", "model.seq_length=64"]),
-    lambda cfg: apply_overrides(apply_overrides(cfg, ["dataset.num_workers=0"]), ["model.seq_length=64"]),
-], ids=["python", "dotted-override", "with-a-dataset-override", "after-a-dataset-override"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda cfg: setattr(cfg.model, "seq_length", 64),
+        lambda cfg: apply_overrides(cfg, ["model.seq_length=64"]),
+        # another dataset field overridden rebuilds the dataset section: its copy is still the model's
+        lambda cfg: apply_overrides(cfg, ["dataset.num_workers=0", "model.seq_length=64"]),
+        lambda cfg: apply_overrides(apply_overrides(cfg, ["dataset.num_workers=0"]), ["model.seq_length=64"]),
+    ],
+    ids=["python", "dotted-override", "with-a-dataset-override", "after-a-dataset-override"],
+)
 def test_a_new_model_sequence_length_carries_over_to_the_dataset(change):
     cfg = qwen3_moe_tiny_pretrain_config()
     cfg = change(cfg) or cfg

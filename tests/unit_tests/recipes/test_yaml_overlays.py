@@ -13,12 +13,19 @@ OVERLAYS = Path(__file__).resolve().parents[3] / "recipes"
 @pytest.mark.parametrize(
     "overlay, recipe, world_size, expect",
     [
-        ("ep_overlap.yaml", qwen3_30b_a3b_pretrain_config, 16,
-         {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": False}),
-        ("ep_overlap_delay_wgrad.yaml", qwen3_30b_a3b_pretrain_config, 16,
-         {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True}),
-        ("tiny_cpu_smoke.yaml", qwen3_moe_tiny_pretrain_config, 2,
-         {"overlap_moe_expert_parallel_comm": True}),
+        (
+            "ep_overlap.yaml",
+            qwen3_30b_a3b_pretrain_config,
+            16,
+            {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": False},
+        ),
+        (
+            "ep_overlap_delay_wgrad.yaml",
+            qwen3_30b_a3b_pretrain_config,
+            16,
+            {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True},
+        ),
+        ("tiny_cpu_smoke.yaml", qwen3_moe_tiny_pretrain_config, 2, {"overlap_moe_expert_parallel_comm": True}),
     ],
 )
 def test_overlay_applies_and_validates(overlay, recipe, world_size, expect):

@@ -16,14 +16,17 @@ DECISIONS = {
     "other options only": ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, (True, True, "training loop")),
     "user turns it off": (
         {"PYTORCH_CUDA_ALLOC_CONF": f"expandable_segments:True,{OPTION}:False"},
-        (False, False, "PYTORCH_CUDA_ALLOC_CONF")),
+        (False, False, "PYTORCH_CUDA_ALLOC_CONF"),
+    ),
     "user turns it on": ({"PYTORCH_CUDA_ALLOC_CONF": f"{OPTION}:True"}, (True, False, "PYTORCH_CUDA_ALLOC_CONF")),
     "newer variable first": (
         {"PYTORCH_ALLOC_CONF": f"{OPTION}:False", "PYTORCH_CUDA_ALLOC_CONF": f"{OPTION}:True"},
-        (False, False, "PYTORCH_ALLOC_CONF")),
+        (False, False, "PYTORCH_ALLOC_CONF"),
+    ),
     "newer variable without it hides the older": (
         {"PYTORCH_ALLOC_CONF": "expandable_segments:True", "PYTORCH_CUDA_ALLOC_CONF": f"{OPTION}:False"},
-        (True, True, "training loop")),
+        (True, True, "training loop"),
+    ),
     "cudaMallocAsync": ({"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, (False, False, "cudaMallocAsync")),
 }
 

@@ -45,11 +45,12 @@ CASES = {
     "full-iteration-graph-needs-cuda": (_captured(**{"dist.device": "cpu"}), _captured()),
     "full-iteration-graph-sync-free-moe": (_captured(**{"model.expert_model_parallel_size": 2}), _captured()),
     "full-iteration-graph-needs-nccl": (
-        _captured(**{"dist.distributed_backend": "gloo"}), _captured(**{"dist.distributed_backend": "nccl"})),
+        _captured(**{"dist.distributed_backend": "gloo"}),
+        _captured(**{"dist.distributed_backend": "nccl"}),
+    ),
     "full-iteration-graph-no-pipeline": (_captured(**{"model.pipeline_model_parallel_size": 2}), _captured()),
     "full-iteration-graph-warmup-in-run": (_captured(**{"model.cuda_graph_warmup_steps": 0}), _captured()),
-    "full-iteration-capture-outside-steady-window": (
-        _captured(**{"model.cuda_graph_warmup_steps": 3}), _captured()),
+    "full-iteration-capture-outside-steady-window": (_captured(**{"model.cuda_graph_warmup_steps": 3}), _captured()),
 }
 
 
@@ -112,14 +113,18 @@ def test_only_sync_free_moe_steps_are_captured(changes, sync_free):
     assert ("full-iteration-graph-sync-free-moe" not in _violated_ids(cfg)) is sync_free
 
 
-EP2_NVSHMEM_OVERLAP = {**EP2_NVSHMEM, "comm_overlap.overlap_moe_expert_parallel_comm": True,
-                       "comm_overlap.delay_wgrad_compute": False}
+EP2_NVSHMEM_OVERLAP = {
+    **EP2_NVSHMEM,
+    "comm_overlap.overlap_moe_expert_parallel_comm": True,
+    "comm_overlap.delay_wgrad_compute": False,
+}
 EP2_NVSHMEM_OVERLAP_DELAYED_WGRAD = {**EP2_NVSHMEM_OVERLAP, "comm_overlap.delay_wgrad_compute": True}
 """Delayed expert weight gradients under the graph: checked bit for bit against eager on an H200."""
 
 
 @pytest.mark.parametrize(
-    "changes", [{}, EP2_NVSHMEM, EP2_NVSHMEM_OVERLAP, EP2_NVSHMEM_OVERLAP_DELAYED_WGRAD],
+    "changes",
+    [{}, EP2_NVSHMEM, EP2_NVSHMEM_OVERLAP, EP2_NVSHMEM_OVERLAP_DELAYED_WGRAD],
     ids=["ep1", "ep2_nvshmem", "ep2_overlap", "ep2_overlap_delayed_wgrad"],
 )
 def test_megatron_core_accepts_the_captured_config(changes):
@@ -128,8 +133,11 @@ def test_megatron_core_accepts_the_captured_config(changes):
     cfg.validate()
     assert cfg.model.cuda_graph_impl == "full_iteration"
     # delay_wgrad_compute reaches megatron's DDP as well as the model (its hooks differ with it)
-    assert cfg.ddp.delay_wgrad_compute is cfg.model.delay_wgrad_compute is changes.get(
-        "comm_overlap.delay_wgrad_compute", False)
+    assert (
+        cfg.ddp.delay_wgrad_compute
+        is cfg.model.delay_wgrad_compute
+        is changes.get("comm_overlap.delay_wgrad_compute", False)
+    )
 
 
 @pytest.mark.parametrize("nan_check", [True, False])
@@ -167,11 +175,21 @@ def megatron_graph_state():
     from megatron.core import full_cuda_graph
     from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
 
-    saved = (dict(FullCudaGraphWrapper.cuda_graph), dict(FullCudaGraphWrapper.curr_iteration),
-             dict(FullCudaGraphWrapper.result), StaticBufferLoader.static_buffers, full_cuda_graph._shared_graph_pool)
+    saved = (
+        dict(FullCudaGraphWrapper.cuda_graph),
+        dict(FullCudaGraphWrapper.curr_iteration),
+        dict(FullCudaGraphWrapper.result),
+        StaticBufferLoader.static_buffers,
+        full_cuda_graph._shared_graph_pool,
+    )
     yield full_cuda_graph
-    (FullCudaGraphWrapper.cuda_graph, FullCudaGraphWrapper.curr_iteration, FullCudaGraphWrapper.result,
-     StaticBufferLoader.static_buffers, full_cuda_graph._shared_graph_pool) = saved
+    (
+        FullCudaGraphWrapper.cuda_graph,
+        FullCudaGraphWrapper.curr_iteration,
+        FullCudaGraphWrapper.result,
+        StaticBufferLoader.static_buffers,
+        full_cuda_graph._shared_graph_pool,
+    ) = saved
 
 
 def _graph(impl="full_iteration", warmup=2, nan_check=False, world=None):
@@ -209,8 +227,12 @@ def test_without_a_graph_the_schedule_is_unchanged(megatron_graph_state):
         pass
     assert graph.describe().startswith("CUDA graph: none")
     assert graph.summary(final_iteration=12) == dict(
-        impl="none", warmup_steps=None, captured_iteration=None, grad_nan_check_after_backward=False,
-        capture_record_stream_reuse=None)
+        impl="none",
+        warmup_steps=None,
+        captured_iteration=None,
+        grad_nan_check_after_backward=False,
+        capture_record_stream_reuse=None,
+    )
 
 
 @pytest.fixture
@@ -308,8 +330,12 @@ def test_summary_says_when_the_graph_was_captured(first_iteration, final_iterati
     graph = _graph(warmup=2)
     graph.first_iteration = first_iteration
     assert graph.summary(final_iteration) == dict(
-        impl="full_iteration", warmup_steps=2, captured_iteration=captured, grad_nan_check_after_backward=False,
-        capture_record_stream_reuse=True)
+        impl="full_iteration",
+        warmup_steps=2,
+        captured_iteration=captured,
+        grad_nan_check_after_backward=False,
+        capture_record_stream_reuse=True,
+    )
     assert "after 2 eager warm-up step(s)" in graph.describe()
 
 

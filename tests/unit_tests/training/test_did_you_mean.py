@@ -12,8 +12,12 @@ from megatron.bridge.training.errors import did_you_mean
     "name, choices, prefix, expected",
     [
         ("weight_decy", ["weight_decay", "lr", "adam_beta1"], "", "did you mean weight_decay?"),
-        ("hiden_size", ["hidden_size", "ffn_hidden_size", "num_layers"], "model.",
-         "did you mean model.hidden_size or model.ffn_hidden_size?"),
+        (
+            "hiden_size",
+            ["hidden_size", "ffn_hidden_size", "num_layers"],
+            "model.",
+            "did you mean model.hidden_size or model.ffn_hidden_size?",
+        ),
         ("zzz", ["train_iters"], "", None),
     ],
 )

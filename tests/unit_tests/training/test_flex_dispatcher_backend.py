@@ -34,8 +34,11 @@ SUPPORT = {
     "gb200": {"deepep": False, "hybridep": True, "ncclep": True},
     "gb300": {"deepep": False, "hybridep": True, "ncclep": True},
 }
-PACKAGE_NOTE = {"deepep": "flex-deep-ep-not-checked-on-cpu-host", "hybridep": "flex-deep-ep-not-checked-on-cpu-host",
-                "ncclep": "ncclep-te-nccl-ep-not-checked-on-cpu-host"}
+PACKAGE_NOTE = {
+    "deepep": "flex-deep-ep-not-checked-on-cpu-host",
+    "hybridep": "flex-deep-ep-not-checked-on-cpu-host",
+    "ncclep": "ncclep-te-nccl-ep-not-checked-on-cpu-host",
+}
 """The note a CPU host gets for each backend: its package is checked where the job runs."""
 MATRIX = [(gpu, backend, ok) for gpu, row in SUPPORT.items() for backend, ok in row.items()]
 FLEX_RULE_IDS = {rule.id for rule in FLEX_RULES}
@@ -53,9 +56,13 @@ def _machine(simulate_host, gpu, deep_ep: bool = False, te_nccl_ep: bool = False
     """The described host has ``gpu`` (``(capability, name)`` or ``(None, None)``) and the flex
     packages as given (NCCL EP with Transformer Engine)."""
     capability, name = gpu
-    simulate_host(gpu_capability=capability, gpu_name=name, gpus=int(capability is not None),
-                  packages=(("deep_ep",) if deep_ep else ()) + ((TE_NCCL_EP,) if te_nccl_ep else ()),
-                  transformer_engine="2.20.2" if te_nccl_ep else None)
+    simulate_host(
+        gpu_capability=capability,
+        gpu_name=name,
+        gpus=int(capability is not None),
+        packages=(("deep_ep",) if deep_ep else ()) + ((TE_NCCL_EP,) if te_nccl_ep else ()),
+        transformer_engine="2.20.2" if te_nccl_ep else None,
+    )
 
 
 @pytest.fixture
@@ -301,6 +308,7 @@ def test_selection_and_validation_refuse_with_one_rule_and_one_message(gpu, mode
     with pytest.raises(CommOverlapConfigError) as validated:
         cfg.validate(world_size=2)
     (a,), (v,) = applied.value.violations, validated.value.violations
-    assert (a.rule, a.message, a.fix) == (v.rule, v.message, v.fix) == (
-        "flex-backend-supported-on-gpu", v.message, v.fix)
+    assert (
+        (a.rule, a.message, a.fix) == (v.rule, v.message, v.fix) == ("flex-backend-supported-on-gpu", v.message, v.fix)
+    )
     assert "fallback" not in v.fix and "--moe_flex_dispatcher_backend None" in v.fix

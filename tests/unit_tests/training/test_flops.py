@@ -13,10 +13,20 @@ from megatron.bridge.training.telemetry.metrics import throughput
 
 def toy(**kw) -> SimpleNamespace:
     base = dict(
-        hidden_size=8, seq_length=16, num_attention_heads=2, num_query_groups=1, kv_channels=4,
-        gated_linear_unit=True, num_layers=2, num_moe_experts=4, moe_layer_freq=1,
-        moe_router_topk=2, moe_ffn_hidden_size=6, ffn_hidden_size=10,
-        moe_shared_expert_intermediate_size=None, vocab_size=32,
+        hidden_size=8,
+        seq_length=16,
+        num_attention_heads=2,
+        num_query_groups=1,
+        kv_channels=4,
+        gated_linear_unit=True,
+        num_layers=2,
+        num_moe_experts=4,
+        moe_layer_freq=1,
+        moe_router_topk=2,
+        moe_ffn_hidden_size=6,
+        ffn_hidden_size=10,
+        moe_shared_expert_intermediate_size=None,
+        vocab_size=32,
     )
     base.update(kw)
     return SimpleNamespace(**base)
@@ -99,12 +109,16 @@ def test_tiny_recipe_has_positive_flops() -> None:
     assert flops_per_step(qwen3_moe_tiny_pretrain_config().model, 8) > 0
 
 
-@pytest.mark.parametrize("field, value, named", [
-    ("window_size", (128, 0), "sliding attention window"),
-    ("multi_latent_attention", True, "multi-latent attention"),
-    ("attention_output_gate", True, "gated attention output"),
-    ("experimental_attention_variant", "gated_delta_net", "experimental attention variant"),
-], ids=["window", "mla", "output-gate", "experimental"])
+@pytest.mark.parametrize(
+    "field, value, named",
+    [
+        ("window_size", (128, 0), "sliding attention window"),
+        ("multi_latent_attention", True, "multi-latent attention"),
+        ("attention_output_gate", True, "gated attention output"),
+        ("experimental_attention_variant", "gated_delta_net", "experimental attention variant"),
+    ],
+    ids=["window", "mla", "output-gate", "experimental"],
+)
 def test_an_attention_the_formula_does_not_count_gives_no_figure(field, value, named, caplog):
     """Never a silently wrong MFU: an attention outside the formula is not counted, and the run says so."""
     model = qwen3_30b_a3b_pretrain_config().model

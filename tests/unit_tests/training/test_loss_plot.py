@@ -13,8 +13,9 @@ STEPS = 12
 
 
 def _run(tmp_path) -> MetricsLogger:
-    log = MetricsLogger(train_iters=STEPS, tokens_per_step=100, flops_per_step=None, world_size=1, device="cpu",
-                        log_dir=str(tmp_path))
+    log = MetricsLogger(
+        train_iters=STEPS, tokens_per_step=100, flops_per_step=None, world_size=1, device="cpu", log_dir=str(tmp_path)
+    )
     for i in range(1, STEPS + 1):
         log.record(i, loss=8.0 / i, step_time_s=1.0 + 1.0 / i)
     return log

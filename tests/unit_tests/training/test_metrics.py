@@ -47,7 +47,11 @@ def test_throughput() -> None:
 
 def _logger(tmp_path, **kw) -> MetricsLogger:
     args = dict(
-        train_iters=10, tokens_per_step=1000, flops_per_step=1e12, world_size=4, device="cpu",
+        train_iters=10,
+        tokens_per_step=1000,
+        flops_per_step=1e12,
+        world_size=4,
+        device="cpu",
         log_dir=str(tmp_path),
     )
     args.update(kw)

@@ -14,8 +14,10 @@ from megatron.bridge.training.utils.omegaconf_utils import apply_overrides
 
 FP32_FLAGS = {"model.bf16": False, "model.fp16": False, "optimizer.bf16": False, "optimizer.fp16": False}
 BF16_FLAGS = {
-    "model.bf16": True, "optimizer.bf16": True,
-    "model.params_dtype": torch.bfloat16, "optimizer.params_dtype": torch.bfloat16,
+    "model.bf16": True,
+    "optimizer.bf16": True,
+    "model.params_dtype": torch.bfloat16,
+    "optimizer.params_dtype": torch.bfloat16,
 }
 
 
@@ -34,8 +36,9 @@ def test_none_keeps_the_models_own_dtype_flags(flags) -> None:
 
 @pytest.mark.parametrize("name", sorted(MIXED_PRECISION_RECIPES))
 def test_a_recipe_sets_every_flag_it_owns(name) -> None:
-    cfg = set_fields(ep_overlap_cfg(),
-                     {"mixed_precision": name, "comm_overlap.overlap_moe_expert_parallel_comm": False})
+    cfg = set_fields(
+        ep_overlap_cfg(), {"mixed_precision": name, "comm_overlap.overlap_moe_expert_parallel_comm": False}
+    )
     effective = resolve_config(cfg).effective
     recipe = MIXED_PRECISION_RECIPES[name]
     for target, attribute in PRECISION_TARGETS.items():
@@ -45,8 +48,16 @@ def test_a_recipe_sets_every_flag_it_owns(name) -> None:
 
 
 def test_null_is_accepted_by_overrides_and_then_the_flags_are_the_users() -> None:
-    cfg = apply_overrides(ep_overlap_cfg(), ["mixed_precision=null", "model.bf16=true", "optimizer.bf16=true",
-                                             "model.params_dtype=bf16", "optimizer.params_dtype=bf16"])
+    cfg = apply_overrides(
+        ep_overlap_cfg(),
+        [
+            "mixed_precision=null",
+            "model.bf16=true",
+            "optimizer.bf16=true",
+            "model.params_dtype=bf16",
+            "optimizer.params_dtype=bf16",
+        ],
+    )
     assert cfg.mixed_precision is None and cfg.model.bf16 is True
     assert cfg.validate(world_size=2).model.params_dtype is torch.bfloat16
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from types import SimpleNamespace
-from typing import Optional
 
 import pytest
 import torch
@@ -14,8 +13,13 @@ from megatron.bridge.training import gpt_step
 from megatron.bridge.training.devices.platform import CpuPlatform, CudaPlatform, select_platform
 
 
-def _cfg(device: str, backend: Optional[str] = None, distributed_optimizer: bool = True,
-         te_rng_tracker: bool = False, cuda_graph_impl: str = "none") -> SimpleNamespace:
+def _cfg(
+    device: str,
+    backend: str | None = None,
+    distributed_optimizer: bool = True,
+    te_rng_tracker: bool = False,
+    cuda_graph_impl: str = "none",
+) -> SimpleNamespace:
     effective = backend or ("gloo" if device == "cpu" else "nccl")
     return SimpleNamespace(
         dist=SimpleNamespace(device=device, effective_backend=effective),
@@ -29,19 +33,22 @@ def _cfg(device: str, backend: Optional[str] = None, distributed_optimizer: bool
     "te_rng_tracker,cuda_graph_impl,graph_safe",
     [(False, "none", False), (True, "none", False), (False, "full_iteration", True)],
 )
-def test_gpu_seeding_hands_megatron_the_rng_tracker_settings(monkeypatch, te_rng_tracker, cuda_graph_impl,
-                                                             graph_safe) -> None:
+def test_gpu_seeding_hands_megatron_the_rng_tracker_settings(
+    monkeypatch, te_rng_tracker, cuda_graph_impl, graph_safe
+) -> None:
     """The GPU path's seeding runs here against a stand-in for megatron's CUDA seeding; a captured
     graph needs megatron's graph-safe RNG tracker (a plain one fails the capture)."""
     from megatron.core import tensor_parallel
 
     calls = []
-    monkeypatch.setattr(tensor_parallel, "model_parallel_cuda_manual_seed",
-                        lambda seed, **kwargs: calls.append((seed, kwargs)))
+    monkeypatch.setattr(
+        tensor_parallel, "model_parallel_cuda_manual_seed", lambda seed, **kwargs: calls.append((seed, kwargs))
+    )
     cfg = _cfg("cuda", te_rng_tracker=te_rng_tracker, cuda_graph_impl=cuda_graph_impl)
     CudaPlatform(cfg).seed_model_parallel(1234)
-    assert calls == [(1234, {"te_rng_tracker": te_rng_tracker, "use_cudagraphable_rng": graph_safe,
-                             "force_reset_rng": True})]
+    assert calls == [
+        (1234, {"te_rng_tracker": te_rng_tracker, "use_cudagraphable_rng": graph_safe, "force_reset_rng": True})
+    ]
 
 
 @pytest.mark.parametrize("first_impl,second_impl", [("none", "full_iteration"), ("full_iteration", "none")])
@@ -53,8 +60,9 @@ def test_each_run_gets_the_rng_tracker_its_graph_setting_needs(monkeypatch, firs
     from megatron.core.tensor_parallel import random as megatron_random
 
     def seed_tracker_only(seed, te_rng_tracker=False, use_cudagraphable_rng=False, force_reset_rng=False, **_):
-        megatron_random.initialize_rng_tracker(te_rng_tracker, False, use_cudagraphable_rng,
-                                               force_reset=force_reset_rng)
+        megatron_random.initialize_rng_tracker(
+            te_rng_tracker, False, use_cudagraphable_rng, force_reset=force_reset_rng
+        )
 
     monkeypatch.setattr(tensor_parallel, "model_parallel_cuda_manual_seed", seed_tracker_only)
     for impl in (first_impl, second_impl):
@@ -133,13 +141,18 @@ def test_the_batch_goes_to_the_device_of_the_model() -> None:
     assert gpt_step.get_batch(None, torch.device("cpu"))["tokens"] is None  # a stage without data
 
 
-
-@pytest.mark.parametrize("offloading, counted, expected", [
-    (False, {"attn_norm": 3}, None),
-    (True, None, dict(bytes_per_step=0, by_module={})),  # before the manager's warm-up step
-    (True, {"attn_norm": 3 * 2**20, "mlp_norm": 2**20},
-     dict(bytes_per_step=4 * 2**20, by_module={"attn_norm": 3 * 2**20, "mlp_norm": 2**20})),
-])
+@pytest.mark.parametrize(
+    "offloading, counted, expected",
+    [
+        (False, {"attn_norm": 3}, None),
+        (True, None, dict(bytes_per_step=0, by_module={})),  # before the manager's warm-up step
+        (
+            True,
+            {"attn_norm": 3 * 2**20, "mlp_norm": 2**20},
+            dict(bytes_per_step=4 * 2**20, by_module={"attn_norm": 3 * 2**20, "mlp_norm": 2**20}),
+        ),
+    ],
+)
 def test_the_summary_keeps_what_megatrons_offload_manager_counted(monkeypatch, offloading, counted, expected):
     """The bytes come from megatron-core's offload manager itself (what it counted after warm-up), not
     from the table it prints."""

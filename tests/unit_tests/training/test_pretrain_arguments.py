@@ -72,15 +72,24 @@ class _Callback:
 
 # name -> (the call, the rule id and the argument named)
 REFUSED = {
-    "a callback": (lambda cfg: pretrain(config=cfg, forward_step_func=forward_step, callbacks=[_Callback()]),
-                   "pretrain-callbacks-not-supported", "callbacks"),
-    "a callback manager object": (lambda cfg: pretrain(cfg, forward_step, _Callback()),
-                                  "pretrain-callbacks-not-supported", "callbacks"),
+    "a callback": (
+        lambda cfg: pretrain(config=cfg, forward_step_func=forward_step, callbacks=[_Callback()]),
+        "pretrain-callbacks-not-supported",
+        "callbacks",
+    ),
+    "a callback manager object": (
+        lambda cfg: pretrain(cfg, forward_step, _Callback()),
+        "pretrain-callbacks-not-supported",
+        "callbacks",
+    ),
     "no config": (lambda cfg: pretrain(forward_step_func=forward_step), "pretrain-config-is-container", "config"),
     "a dict for a config": (lambda cfg: pretrain(config={"model": None}), "pretrain-config-is-container", "config"),
     "config and cfg both": (lambda cfg: pretrain(config=cfg, cfg=cfg), "pretrain-one-config", "config"),
-    "a forward step that is not callable": (lambda cfg: pretrain(config=cfg, forward_step_func="forward_step"),
-                                            "pretrain-forward-step-callable", "forward_step_func"),
+    "a forward step that is not callable": (
+        lambda cfg: pretrain(config=cfg, forward_step_func="forward_step"),
+        "pretrain-forward-step-callable",
+        "forward_step_func",
+    ),
 }
 
 
@@ -100,7 +109,10 @@ def test_every_unusable_argument_is_listed_at_once(stop_at_resolution) -> None:
     with pytest.raises(ArgumentError) as info:
         pretrain(config="cfg.yaml", forward_step_func=3, callbacks=[_Callback()])
     assert {v.rule for v in info.value.violations} == {
-        "pretrain-config-is-container", "pretrain-forward-step-callable", "pretrain-callbacks-not-supported"}
+        "pretrain-config-is-container",
+        "pretrain-forward-step-callable",
+        "pretrain-callbacks-not-supported",
+    }
 
 
 def test_signature_is_megatron_bridge_s() -> None:

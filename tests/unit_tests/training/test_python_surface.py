@@ -53,10 +53,12 @@ then raises the same notice from the user's own code."""
 
 
 def _import(**env: str) -> tuple[str, int]:
-    environ = {k: v for k, v in os.environ.items()
-               if k not in ("PYTHONWARNINGS", "MEGATRON_BRIDGE_SHOW_IMPORT_WARNINGS")}
-    proc = subprocess.run([sys.executable, "-c", IMPORT_RECIPE], env={**environ, **env}, capture_output=True,
-                          text=True, timeout=300)
+    environ = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS", "MEGATRON_BRIDGE_SHOW_IMPORT_WARNINGS")
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORT_RECIPE], env={**environ, **env}, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stderr, int(proc.stdout.split()[-1])
 

@@ -39,8 +39,9 @@ def live_holder(tmp_path):
 def _plant(save_dir, pid, host=None, age_s=0.0):
     save_dir.mkdir(parents=True, exist_ok=True)
     path = save_dir / LOCK_NAME
-    path.write_text(json.dumps(dict(host=host or socket.gethostname(), pid=pid, started=time.time() - age_s,
-                                    run_id="other")))
+    path.write_text(
+        json.dumps(dict(host=host or socket.gethostname(), pid=pid, started=time.time() - age_s, run_id="other"))
+    )
     os.utime(path, (time.time() - age_s, time.time() - age_s))
 
 
@@ -80,8 +81,23 @@ def test_a_lock_whose_holder_is_gone_is_taken_over_with_a_note(tmp_path, holder,
 
 def test_the_harness_refuses_a_save_directory_another_live_run_holds(tmp_path, live_holder):
     out = io.StringIO()
-    code = main(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "-l", str(tmp_path / "run"),
-                 f"checkpoint.save={tmp_path / 'ck'}", "--dryrun"], out=out)
+    code = main(
+        [
+            "-mr",
+            "qwen3_moe_tiny",
+            "-g",
+            "cpu",
+            "-ng",
+            "2",
+            "-ep",
+            "2",
+            "-l",
+            str(tmp_path / "run"),
+            f"checkpoint.save={tmp_path / 'ck'}",
+            "--dryrun",
+        ],
+        out=out,
+    )
     text = out.getvalue()
     assert code == 2 and "checkpoint-save-not-in-use" in text and f"pid {live_holder}" in text
     assert "nothing was launched" in text
@@ -117,6 +133,21 @@ def test_two_runs_starting_at_once_get_the_lock_once(tmp_path, left_behind):
 def test_a_run_lock_that_is_a_directory_is_refused_before_launch(tmp_path):
     (tmp_path / "ck" / LOCK_NAME).mkdir(parents=True)
     out = io.StringIO()
-    code = main(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "-l", str(tmp_path / "run"),
-                 f"checkpoint.save={tmp_path / 'ck'}", "--dryrun"], out=out)
+    code = main(
+        [
+            "-mr",
+            "qwen3_moe_tiny",
+            "-g",
+            "cpu",
+            "-ng",
+            "2",
+            "-ep",
+            "2",
+            "-l",
+            str(tmp_path / "run"),
+            f"checkpoint.save={tmp_path / 'ck'}",
+            "--dryrun",
+        ],
+        out=out,
+    )
     assert code == 2 and "checkpoint-save-lock-usable" in out.getvalue() and "not a regular file" in out.getvalue()

@@ -15,19 +15,39 @@ LABEL = "[default0]:"
 LIMIT = 160
 
 # everything a step of an emulated GPU run records (pretrain's _record), at large values
-SCALARS = dict(lr=0.000123456, grad_norm=12345.678, host_fwd_bwd_s=1.23456, gpu_fwd_bwd_s=1.23456,
-               gpu_optimizer_s=0.123456, load_balancing_loss=1.0123, z_loss=0.00123, modeled_comm_s=0.123456,
-               emulation_host_s=0.0123456)
+SCALARS = dict(
+    lr=0.000123456,
+    grad_norm=12345.678,
+    host_fwd_bwd_s=1.23456,
+    gpu_fwd_bwd_s=1.23456,
+    gpu_optimizer_s=0.123456,
+    load_balancing_loss=1.0123,
+    z_loss=0.00123,
+    modeled_comm_s=0.123456,
+    emulation_host_s=0.0123456,
+)
 
 
 def _logger(tmp_path, device: str) -> MetricsLogger:
-    return MetricsLogger(train_iters=100_000, tokens_per_step=1024 * 4096 * 64, flops_per_step=3.0e17,
-                         world_size=1024, device=device, log_dir=str(tmp_path))
+    return MetricsLogger(
+        train_iters=100_000,
+        tokens_per_step=1024 * 4096 * 64,
+        flops_per_step=3.0e17,
+        world_size=1024,
+        device=device,
+        log_dir=str(tmp_path),
+    )
 
 
-@pytest.mark.parametrize("device, scalars", [
-    ("cuda", SCALARS), ("cpu", SCALARS), ("cuda", dict(lr=1e-4, grad_norm=1.0)),
-], ids=["emulated-gpu", "emulated-cpu", "gpu"])
+@pytest.mark.parametrize(
+    "device, scalars",
+    [
+        ("cuda", SCALARS),
+        ("cpu", SCALARS),
+        ("cuda", dict(lr=1e-4, grad_norm=1.0)),
+    ],
+    ids=["emulated-gpu", "emulated-cpu", "gpu"],
+)
 def test_a_step_line_fits_160_columns_behind_the_launchers_label(tmp_path, capsys, monkeypatch, device, scalars):
     monkeypatch.delenv(MARK_ENV, raising=False)
     log = _logger(tmp_path, device)

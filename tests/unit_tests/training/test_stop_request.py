@@ -23,18 +23,19 @@ def request_installed():
 @pytest.mark.parametrize(
     "note, received, reported",
     [
-        ("SIGINT", signal.SIGTERM, "SIGINT"),   # Ctrl-C to the harness, relayed as SIGTERM
-        ("SIGHUP", signal.SIGTERM, "SIGHUP"),   # the harness's terminal closed
+        ("SIGINT", signal.SIGTERM, "SIGINT"),  # Ctrl-C to the harness, relayed as SIGTERM
+        ("SIGHUP", signal.SIGTERM, "SIGHUP"),  # the harness's terminal closed
         ("SIGTERM", signal.SIGTERM, "SIGTERM"),
-        (None, signal.SIGTERM, "SIGTERM"),       # no harness: SLURM, torchrun, a user's kill
+        (None, signal.SIGTERM, "SIGTERM"),  # no harness: SLURM, torchrun, a user's kill
         ("SIGKILL", signal.SIGTERM, "SIGTERM"),  # not a stop signal: the note is not believed
         ("nonsense", signal.SIGTERM, "SIGTERM"),
-        ("SIGHUP", signal.SIGINT, "SIGINT"),     # only a relayed SIGTERM reads the note
+        ("SIGHUP", signal.SIGINT, "SIGINT"),  # only a relayed SIGTERM reads the note
     ],
     ids=["ctrl-c", "hangup", "sigterm", "no-note", "not-a-stop-signal", "unreadable", "own-sigint"],
 )
-def test_a_stop_is_reported_under_the_signal_that_asked_for_it(request_installed, tmp_path, monkeypatch, note,
-                                                                received, reported):
+def test_a_stop_is_reported_under_the_signal_that_asked_for_it(
+    request_installed, tmp_path, monkeypatch, note, received, reported
+):
     path = tmp_path / "stop_signal"
     if note is not None:
         path.write_text(note)

@@ -174,13 +174,19 @@ def test_known_fields_properties_and_private_names_stay_settable():
     "dotted, value, check",
     [
         ("dataset.data_path", "/data/a", lambda c: c.dataset.data_paths == ["/data/a"]),
-        ("dataset.data_path", ["0.3", "/data/a", "0.7", "/data/b"],
-         lambda c: c.dataset.data_paths == ["0.3", "/data/a", "0.7", "/data/b"]),
+        (
+            "dataset.data_path",
+            ["0.3", "/data/a", "0.7", "/data/b"],
+            lambda c: c.dataset.data_paths == ["0.3", "/data/a", "0.7", "/data/b"],
+        ),
         ("dataset.seq_length", 4096, lambda c: c.dataset.seq_length == 4096),
         ("dataset.random_seed", 7, lambda c: c.dataset.random_seed == 7),
         ("logger.tensorboard_dir", "/tb", lambda c: c.logger.tensorboard_dir == "/tb"),
-        ("tokenizer.hf_tokenizer_kwargs", {"use_fast": True},
-         lambda c: c.tokenizer.hf_tokenizer_kwargs == {"use_fast": True}),
+        (
+            "tokenizer.hf_tokenizer_kwargs",
+            {"use_fast": True},
+            lambda c: c.tokenizer.hf_tokenizer_kwargs == {"use_fast": True},
+        ),
         ("rng.te_rng_tracker", True, lambda c: c.rng.te_rng_tracker is True),
         ("comm_overlap.data_parallel_size", 16, lambda c: c.comm_overlap.data_parallel_size == 16),
     ],
@@ -207,8 +213,16 @@ def test_tensorboard_dir_is_where_the_events_go(tmp_path, monkeypatch):
 
     opened = []
     monkeypatch.setattr(metrics, "open_tensorboard", lambda directory: opened.append(directory))
-    metrics.MetricsLogger(train_iters=1, tokens_per_step=1, flops_per_step=1.0, world_size=1, device="cpu",
-                          log_dir=str(tmp_path / "logs"), tensorboard=True, tensorboard_dir=str(tmp_path / "tb"))
+    metrics.MetricsLogger(
+        train_iters=1,
+        tokens_per_step=1,
+        flops_per_step=1.0,
+        world_size=1,
+        device="cpu",
+        log_dir=str(tmp_path / "logs"),
+        tensorboard=True,
+        tensorboard_dir=str(tmp_path / "tb"),
+    )
     assert opened == [str(tmp_path / "tb")]
 
 
@@ -216,8 +230,10 @@ def test_tensorboard_dir_is_where_the_events_go(tmp_path, monkeypatch):
     "setting, expected",
     [
         ("bf16_mixed", dict(bf16=True, params_dtype=torch.bfloat16, grad_reduce_in_fp32=True)),
-        (MixedPrecisionConfig(bf16=True, params_dtype=torch.bfloat16, grad_reduce_in_fp32=False),
-         dict(bf16=True, params_dtype=torch.bfloat16, grad_reduce_in_fp32=False)),
+        (
+            MixedPrecisionConfig(bf16=True, params_dtype=torch.bfloat16, grad_reduce_in_fp32=False),
+            dict(bf16=True, params_dtype=torch.bfloat16, grad_reduce_in_fp32=False),
+        ),
         (MixedPrecisionConfig(fp16=True), dict(fp16=True, params_dtype=torch.half, grad_reduce_in_fp32=True)),
     ],
     ids=["name", "object", "object-derived-dtype"],
@@ -227,15 +243,18 @@ def test_mixed_precision_as_a_name_or_an_object(setting, expected):
     cfg.mixed_precision = setting
     final = cfg.validate(world_size=2)
     assert final.model.bf16 is expected.get("bf16", False) and final.model.fp16 is expected.get("fp16", False)
-    assert (final.model.params_dtype is expected["params_dtype"]
-            and final.optimizer.params_dtype is expected["params_dtype"])
+    assert (
+        final.model.params_dtype is expected["params_dtype"]
+        and final.optimizer.params_dtype is expected["params_dtype"]
+    )
     assert final.ddp.grad_reduce_in_fp32 is expected["grad_reduce_in_fp32"]
 
 
 def test_mixed_precision_object_edited_by_override_and_saved(tmp_path):
     cfg = apply_overrides(qwen3_moe_tiny_pretrain_config(), ["mixed_precision.grad_reduce_in_fp32=false"])
-    assert cfg.mixed_precision == dataclasses.replace(get_mixed_precision_config("bf16_mixed"),
-                                                      grad_reduce_in_fp32=False)
+    assert cfg.mixed_precision == dataclasses.replace(
+        get_mixed_precision_config("bf16_mixed"), grad_reduce_in_fp32=False
+    )
     path = tmp_path / "cfg.yaml"
     cfg.to_yaml(path)
     assert ConfigContainer.from_yaml(path).mixed_precision == cfg.mixed_precision
@@ -290,8 +309,9 @@ def test_documented_hydra_workflow_and_excluded_fields():
     cfg.model.activation_func = activation
     merged, excluded = create_omegaconf_dict_config(cfg)
     assert excluded == {"model.activation_func": activation}
-    merged = parse_hydra_overrides(merged, ["model.num_layers=3", "+tokenizer.hf_tokenizer_kwargs.use_fast=true",
-                                            "++train.train_iters=5"])
+    merged = parse_hydra_overrides(
+        merged, ["model.num_layers=3", "+tokenizer.hf_tokenizer_kwargs.use_fast=true", "++train.train_iters=5"]
+    )
     apply_overrides(cfg, OmegaConf.to_container(merged, resolve=True), excluded)
     assert (cfg.model.num_layers, cfg.train.train_iters) == (3, 5)
     assert cfg.tokenizer.hf_tokenizer_kwargs == {"use_fast": True}
@@ -320,11 +340,15 @@ def test_in_place_form_refuses_bad_values_and_leaves_the_config_unchanged():
 @pytest.mark.parametrize(
     "overrides, check",
     [
-        (["+tokenizer.hf_tokenizer_kwargs.use_fast=true"],
-         lambda c: c.tokenizer.hf_tokenizer_kwargs == {"use_fast": True}),
+        (
+            ["+tokenizer.hf_tokenizer_kwargs.use_fast=true"],
+            lambda c: c.tokenizer.hf_tokenizer_kwargs == {"use_fast": True},
+        ),
         (["++train.train_iters=9"], lambda c: c.train.train_iters == 9),
-        (["++tokenizer.hf_tokenizer_kwargs={a: 1, b: 2}", "~tokenizer.hf_tokenizer_kwargs.a"],
-         lambda c: c.tokenizer.hf_tokenizer_kwargs == {"b": 2}),
+        (
+            ["++tokenizer.hf_tokenizer_kwargs={a: 1, b: 2}", "~tokenizer.hf_tokenizer_kwargs.a"],
+            lambda c: c.tokenizer.hf_tokenizer_kwargs == {"b": 2},
+        ),
     ],
 )
 def test_hydra_forms_in_dotted_overrides(overrides, check):

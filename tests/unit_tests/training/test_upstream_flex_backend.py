@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 from types import SimpleNamespace
-from typing import Optional
 
 import pytest
 import torch
@@ -61,7 +60,7 @@ def gpu(monkeypatch, simulate_host):
     Call it with ``((major, minor), name)``, or with an exception that the CUDA probe raises.
     """
 
-    def install(device: "tuple[tuple[int, int], str] | BaseException") -> None:
+    def install(device: tuple[tuple[int, int], str] | BaseException) -> None:
         def properties(index: int = 0):
             if isinstance(device, BaseException):
                 raise device
@@ -76,7 +75,7 @@ def gpu(monkeypatch, simulate_host):
 
 @pytest.mark.parametrize("experts", [None, 0])
 @pytest.mark.parametrize("backend", ["deepep", "hybridep", None])
-def test_dense_model_is_left_alone_with_a_warning(experts, backend: Optional[str], model, gpu, caplog) -> None:
+def test_dense_model_is_left_alone_with_a_warning(experts, backend: str | None, model, gpu, caplog) -> None:
     gpu(RuntimeError("a dense model needs no GPU probe"))
     model.num_moe_experts = experts
     before = dispatcher_state(model)
@@ -133,8 +132,16 @@ def test_unsupported_gpu_is_refused_in_upstream_words_with_field_value_and_fix(b
     assert dispatcher_state(model) == before
 
 
-SUPPORTED = [("deepep", H100), ("hybridep", H100), ("deepep", B200), ("hybridep", B200), ("hybridep", GB200),
-             ("ncclep", H100), ("ncclep", B200), ("ncclep", GB200)]
+SUPPORTED = [
+    ("deepep", H100),
+    ("hybridep", H100),
+    ("deepep", B200),
+    ("hybridep", B200),
+    ("hybridep", GB200),
+    ("ncclep", H100),
+    ("ncclep", B200),
+    ("ncclep", GB200),
+]
 
 
 @pytest.mark.parametrize("backend, device", SUPPORTED, ids=lambda x: x if isinstance(x, str) else x[1])
@@ -169,8 +176,9 @@ def test_a_failing_gpu_probe_is_also_a_runtime_error(backend, model, gpu) -> Non
 
 
 @pytest.mark.parametrize("major, backend, applied", [(9, "deepep", True), (8, "ncclep", False), (7, "hybridep", False)])
-def test_properties_without_a_name_are_checked_by_architecture(major, backend, applied, model, monkeypatch,
-                                                               gpu) -> None:
+def test_properties_without_a_name_are_checked_by_architecture(
+    major, backend, applied, model, monkeypatch, gpu
+) -> None:
     """A device whose properties give only the capability major (a driver or a stand-in that leaves the
     minor and the name out) is checked against its architecture, not refused as unreadable."""
     gpu(H100)

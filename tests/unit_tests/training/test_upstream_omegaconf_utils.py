@@ -24,8 +24,9 @@ def cfg() -> ConfigContainer:
     return qwen3_moe_tiny_pretrain_config()
 
 
-@pytest.mark.parametrize("fn, text", [(torch.nn.functional.silu, "silu"), (torch.nn.functional.gelu, "gelu"),
-                                      (squared_relu, "squared_relu")])
+@pytest.mark.parametrize(
+    "fn, text", [(torch.nn.functional.silu, "silu"), (torch.nn.functional.gelu, "gelu"), (squared_relu, "squared_relu")]
+)
 def test_activation_function_is_written_by_its_short_name(cfg, fn, text) -> None:
     cfg.model.activation_func = fn
     tree, excluded = create_omegaconf_dict_config(cfg)
@@ -34,8 +35,13 @@ def test_activation_function_is_written_by_its_short_name(cfg, fn, text) -> None
 
 @pytest.mark.parametrize(
     "text, fn",
-    [("silu", torch.nn.functional.silu), ("torch.nn.functional.silu", torch.nn.functional.silu),
-     ("gelu", torch.nn.functional.gelu), ("relu2", squared_relu), ("gelu_pytorch_tanh", fast_gelu)],
+    [
+        ("silu", torch.nn.functional.silu),
+        ("torch.nn.functional.silu", torch.nn.functional.silu),
+        ("gelu", torch.nn.functional.gelu),
+        ("relu2", squared_relu),
+        ("gelu_pytorch_tanh", fast_gelu),
+    ],
 )
 def test_both_spellings_of_an_activation_read_back(cfg, text, fn) -> None:
     tree, excluded = create_omegaconf_dict_config(cfg)
@@ -64,8 +70,7 @@ def test_excluded_fields_with_or_without_the_root_prefix_are_restored(cfg, key) 
 
 @pytest.mark.parametrize(
     "call",
-    [lambda p: process_config_with_overrides(qwen3_moe_tiny_pretrain_config(), p),
-     load_yaml, config_from_yaml],
+    [lambda p: process_config_with_overrides(qwen3_moe_tiny_pretrain_config(), p), load_yaml, config_from_yaml],
     ids=["process_config_with_overrides", "load_yaml", "config_from_yaml"],
 )
 def test_a_missing_config_file_is_a_file_not_found_error(tmp_path, call) -> None:
@@ -85,8 +90,11 @@ def _yaml(tmp_path, text: str):
 # case -> (YAML text or None, dotted overrides, {field: value after})
 IN_PLACE = {
     "overrides": (None, ["train.train_iters=7"], {"train_iters": 7, "global_batch_size": 8}),
-    "file then overrides": ("train:\n  global_batch_size: 16\n", ["train.train_iters=7"],
-                            {"train_iters": 7, "global_batch_size": 16}),
+    "file then overrides": (
+        "train:\n  global_batch_size: 16\n",
+        ["train.train_iters=7"],
+        {"train_iters": 7, "global_batch_size": 16},
+    ),
     "file only": ("train:\n  global_batch_size: 16\n", None, {"train_iters": 10, "global_batch_size": 16}),
 }
 
@@ -101,8 +109,9 @@ def test_process_config_with_overrides_updates_the_config_it_was_given(tmp_path,
     assert result is cfg
     assert {name: getattr(cfg.train, name) for name in expected} == expected
     with pytest.raises(OverrideError):
-        process_config_with_overrides(cfg, _yaml(tmp_path, "train:\n  global_batch_size: 32\n"),
-                                      ["train.train_itres=9"])
+        process_config_with_overrides(
+            cfg, _yaml(tmp_path, "train:\n  global_batch_size: 32\n"), ["train.train_itres=9"]
+        )
     assert {name: getattr(cfg.train, name) for name in expected} == expected
 
 

@@ -31,9 +31,15 @@ def test_the_run_builds_the_vocabulary_it_is_given(case) -> None:
 REFUSED = {
     "no vocabulary anywhere": (None, TokenizerConfig(tokenizer_type="NullTokenizer"), "vocab-size-set"),
     "a Hugging Face tokenizer without model.vocab_size": (
-        None, TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model="/tok"), "vocab-size-set"),
+        None,
+        TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model="/tok"),
+        "vocab-size-set",
+    ),
     "tokenizer larger than the model": (
-        1000, TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=1024), "tokenizer-vocab-fits-model"),
+        1000,
+        TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=1024),
+        "tokenizer-vocab-fits-model",
+    ),
 }
 
 

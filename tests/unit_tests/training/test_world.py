@@ -20,8 +20,14 @@ from megatron.bridge.training.loop.world import RealWorld, World, world_for
 from megatron.bridge.utils.error_types import MachineError
 
 TRAINING = Path(__file__).resolve().parents[3] / "src" / "megatron" / "bridge" / "training"
-RUN_MODULES = sorted([*(TRAINING / "loop").glob("*.py"), *(TRAINING / "devices").glob("*.py"),
-                      TRAINING / "pretrain.py", TRAINING / "entry.py"])
+RUN_MODULES = sorted(
+    [
+        *(TRAINING / "loop").glob("*.py"),
+        *(TRAINING / "devices").glob("*.py"),
+        TRAINING / "pretrain.py",
+        TRAINING / "entry.py",
+    ]
+)
 SEAM = TRAINING / "loop" / "world.py"
 
 
@@ -59,10 +65,14 @@ def test_an_emulated_world_runs_in_one_process(launched, refused):
         world.check_launch(launched)
 
 
-@pytest.mark.parametrize("cfg, launched, validated", [
-    (qwen3_moe_tiny_pretrain_config, 2, 2),
-    (_emulated_cfg, 1, 16),
-], ids=["real", "emulated"])
+@pytest.mark.parametrize(
+    "cfg, launched, validated",
+    [
+        (qwen3_moe_tiny_pretrain_config, 2, 2),
+        (_emulated_cfg, 1, 16),
+    ],
+    ids=["real", "emulated"],
+)
 def test_the_configuration_is_validated_for_the_world_it_trains_in(cfg, launched, validated):
     world = world_for(cfg())
     world.check_launch(launched)
@@ -80,7 +90,11 @@ def test_a_real_world_adds_nothing_to_the_run():
     world.graph_replayed()
     world.forget_graph()
     assert (world.gloo_process_groups, world.startup_lines(), world.end_step(1), world.summary()) == (
-        True, [], {}, None)
+        True,
+        [],
+        {},
+        None,
+    )
 
 
 def _run_imports_and_reads(path: Path) -> list[str]:
@@ -92,22 +106,30 @@ def _run_imports_and_reads(path: Path) -> list[str]:
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
             names = [node.module]
-        found += [f"imports {name}, line {node.lineno}" for name in names
-                  if name == "megatron.bridge.emulation" or name.startswith("megatron.bridge.emulation.")]
+        found += [
+            f"imports {name}, line {node.lineno}"
+            for name in names
+            if name == "megatron.bridge.emulation" or name.startswith("megatron.bridge.emulation.")
+        ]
         if isinstance(node, ast.Attribute) and node.attr in ("emulation", "emulated"):
             found.append(f"reads .{node.attr}, line {node.lineno}")
     return found
 
 
-@pytest.mark.parametrize("path", [p for p in RUN_MODULES if p != SEAM],
-                         ids=lambda p: p.relative_to(TRAINING).as_posix())
+@pytest.mark.parametrize(
+    "path", [p for p in RUN_MODULES if p != SEAM], ids=lambda p: p.relative_to(TRAINING).as_posix()
+)
 def test_the_run_asks_the_world_instead_of_the_emulation(path):
     assert _run_imports_and_reads(path) == [], f"{path.name}: ask the World (loop/world.py) instead"
 
 
 def test_the_seam_check_sees_a_branch_on_the_emulation(tmp_path):
     module = tmp_path / "branch.py"
-    module.write_text("from megatron.bridge.emulation.backend import stop_world\n"
-                      "def f(cfg):\n    if cfg.emulation.enabled:\n        stop_world()\n")
-    assert _run_imports_and_reads(module) == ["imports megatron.bridge.emulation.backend, line 1",
-                                              "reads .emulation, line 3"]
+    module.write_text(
+        "from megatron.bridge.emulation.backend import stop_world\n"
+        "def f(cfg):\n    if cfg.emulation.enabled:\n        stop_world()\n"
+    )
+    assert _run_imports_and_reads(module) == [
+        "imports megatron.bridge.emulation.backend, line 1",
+        "reads .emulation, line 3",
+    ]

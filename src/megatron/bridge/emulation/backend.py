@@ -35,10 +35,11 @@ supported (point-to-point, gather, scatter, a premultiplied sum): those raise
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -76,23 +77,24 @@ class EmulatedWorld:
             self.streams[key] = torch.cuda.Stream(device=device)
         return self.streams[key]
 
-    def charge(self, group: "EmulatedGroup", kind: str, cost: Charge, on_gpu: bool) -> None:
+    def charge(self, group: EmulatedGroup, kind: str, cost: Charge, on_gpu: bool) -> None:
         """Record a collective and, on a GPU, hold the current (the group's) stream for its modeled time,
         after the NIC is free where it crosses the NIC (issued inside a CUDA-graph capture, it is
         recorded at every replay instead)."""
         capturing = on_gpu and torch.cuda.is_current_stream_capturing()
         self.record.add(group.label, kind, cost.sent_bytes, cost.seconds, cost.inter_node_bytes, capturing=capturing)
         if cost.seconds > 0 and on_gpu:
-            self.hold(cost.seconds, self.network.comm_sms, all_to_all=kind == "all_to_all",
-                      nic_seconds=cost.nic_seconds)
+            self.hold(
+                cost.seconds, self.network.comm_sms, all_to_all=kind == "all_to_all", nic_seconds=cost.nic_seconds
+            )
 
-    def charge_rows(self, group: "EmulatedGroup", kind: str, bytes_to_peer: list[int], on_gpu: bool) -> None:
+    def charge_rows(self, group: EmulatedGroup, kind: str, bytes_to_peer: list[int], on_gpu: bool) -> None:
         """Charge, on the current stream, one call that sends ``bytes_to_peer[j]`` to peer ``j`` over
         NVLink and NIC at once (sizes known on the host)."""
         with HostTimer(self.record):
             self.charge(group, kind, group.costs.all_to_all(bytes_to_peer), on_gpu)
 
-    def charge_serial_exchange(self, group: "EmulatedGroup", splits: torch.Tensor, row_bytes: int) -> None:
+    def charge_serial_exchange(self, group: EmulatedGroup, splits: torch.Tensor, row_bytes: int) -> None:
         """Charge, on the current stream, an exchange of ``splits[j]`` rows of ``row_bytes`` to peer
         ``j``, one call per peer in turn (``GroupCosts.serial_all_to_all``). On a GPU the split sizes
         never reach the host: the hold kernel prices and tallies the exchange itself."""
@@ -100,8 +102,14 @@ class EmulatedWorld:
             costs = group.costs
             if splits.is_cuda:
                 tally = self.record.device_tally(group.label, "all_to_all", splits.device)
-                if self.hold.serial_exchange(splits, row_bytes, costs.device_tables(splits.device),
-                                             costs.barrier_seconds, tally, self.network.comm_sms):
+                if self.hold.serial_exchange(
+                    splits,
+                    row_bytes,
+                    costs.device_tables(splits.device),
+                    costs.barrier_seconds,
+                    tally,
+                    self.network.comm_sms,
+                ):
                     return
             cost = costs.serial_all_to_all([rows * row_bytes for rows in splits.tolist()])
             self.charge(group, "all_to_all", cost, splits.is_cuda)
@@ -110,7 +118,7 @@ class EmulatedWorld:
 class _Done(dist.Work):
     """A collective already enqueued: waiting makes the current stream wait for its last kernel."""
 
-    def __init__(self, event: Optional[torch.cuda.Event], result: Any = None) -> None:
+    def __init__(self, event: torch.cuda.Event | None, result: Any = None) -> None:
         super().__init__()
         self.event, self.result_value = event, result
 
@@ -137,8 +145,8 @@ class EmulatedGroup(dist.ProcessGroup):
         self.world, self.me, self.n = world, rank, size
         self.ranks = tuple(ranks) or tuple(range(size))
         self.name_ = name
-        self._label: Optional[str] = None
-        self._costs: Optional[GroupCosts] = None
+        self._label: str | None = None
+        self._costs: GroupCosts | None = None
 
     @property
     def label(self) -> str:
@@ -199,8 +207,9 @@ class EmulatedGroup(dist.ProcessGroup):
             _replicate(output, tensor, self.n, self.me)
             return self._done("all_gather", _nbytes(output), stream)
 
-    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                                    opts: Any = None) -> dist.Work:
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
         with self._collective(outputs, inputs) as stream:
             for output, tensor in zip(outputs, inputs):
                 _replicate(output, tensor, self.n, self.me)
@@ -214,8 +223,9 @@ class EmulatedGroup(dist.ProcessGroup):
             self._own_chunk(output, tensor, opts.reduceOp)
             return self._done("reduce_scatter", _nbytes(tensor), stream)
 
-    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                                        opts: Any = None) -> dist.Work:
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
         with self._collective(outputs, inputs) as stream:
             for output, tensor in zip(outputs, inputs):
                 self._own_chunk(output, tensor, opts.reduceOp)
@@ -224,16 +234,23 @@ class EmulatedGroup(dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
     _reduce_scatter_base = reduce_scatter_single  # the name torch 2.11's reduce_scatter_tensor calls
 
-    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
-                       opts: Any = None) -> dist.Work:
+    def reduce_scatter(
+        self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
+    ) -> dist.Work:
         with self._collective(outputs, input_lists) as stream:
             for output, chunks in zip(outputs, input_lists):
                 output.copy_(chunks[self.me])
                 _reduce_identical(output, opts.reduceOp, self.n)
             return self._done("reduce_scatter", sum(_nbytes(c) for chunks in input_lists for c in chunks), stream)
 
-    def all_to_all_single(self, output: torch.Tensor, tensor: torch.Tensor, output_split_sizes: list[int],
-                          input_split_sizes: list[int], opts: Any = None) -> dist.Work:
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> dist.Work:
         with self._collective(output, tensor) as stream:
             sent = _exchange_rows(output, tensor, output_split_sizes, input_split_sizes, self.me, self.n)
             row = _nbytes(tensor) // max(1, tensor.shape[0]) if tensor.dim() else _nbytes(tensor)
@@ -260,7 +277,8 @@ class EmulatedGroup(dist.ProcessGroup):
     def _refuse(self, what: str) -> None:
         raise EmulationUnsupported(
             f"{what} on {self.label}: the emulated world plays its peers by symmetry and cannot say what a "
-            "peer would send point to point (pipeline or context parallelism); run those layouts on real GPUs")
+            "peer would send point to point (pipeline or context parallelism); run those layouts on real GPUs"
+        )
 
     def send(self, *args: Any, **kwargs: Any) -> dist.Work:
         self._refuse("send")
@@ -288,7 +306,7 @@ class EmulatedGroup(dist.ProcessGroup):
             return self._done("all_reduce", sum(map(_nbytes, tensors)), stream)
 
     @contextmanager
-    def _collective(self, *tensors: Any) -> Iterator[Optional[torch.cuda.Stream]]:
+    def _collective(self, *tensors: Any) -> Iterator[torch.cuda.Stream | None]:
         """Time the host spends in the block; on a GPU, run it on the group's stream (yielded), after
         what the issuing stream has queued (the tensors are marked as used there, for the caching
         allocator). On the CPU it yields ``None``."""
@@ -308,15 +326,15 @@ class EmulatedGroup(dist.ProcessGroup):
         output.view(-1).copy_(tensor.reshape(self.n, -1)[self.me])
         _reduce_identical(output, op, self.n)
 
-    def _done(self, kind: str, nbytes: int, stream: Optional[torch.cuda.Stream]) -> dist.Work:
+    def _done(self, kind: str, nbytes: int, stream: torch.cuda.Stream | None) -> dist.Work:
         """Charge a ring collective on a tensor of ``nbytes`` (the record keeps the tensor's bytes)."""
         return self._charged(kind, self.costs.ring(kind, nbytes)._replace(sent_bytes=nbytes), stream)
 
-    def _all_to_all_charged(self, to_peer: list[int], stream: Optional[torch.cuda.Stream]) -> dist.Work:
+    def _all_to_all_charged(self, to_peer: list[int], stream: torch.cuda.Stream | None) -> dist.Work:
         """Charge an all-to-all sending ``to_peer[j]`` bytes to peer ``j``."""
         return self._charged("all_to_all", self.costs.all_to_all(to_peer), stream)
 
-    def _charged(self, kind: str, cost: Charge, stream: Optional[torch.cuda.Stream]) -> dist.Work:
+    def _charged(self, kind: str, cost: Charge, stream: torch.cuda.Stream | None) -> dist.Work:
         self.world.charge(self, kind, cost, stream is not None)
         return _Done(None if stream is None else stream.record_event())
 
@@ -343,7 +361,8 @@ def _reduce_identical(tensor: torch.Tensor, op: ReduceOp, n: int) -> None:
         tensor.pow_(n)
     elif not any(op == unchanged for unchanged in _UNCHANGED_OPS):
         raise EmulationUnsupported(
-            f"all-reduce with {op}: only SUM, PRODUCT, AVG, MAX, MIN and bitwise ops are emulated")
+            f"all-reduce with {op}: only SUM, PRODUCT, AVG, MAX, MIN and bitwise ops are emulated"
+        )
 
 
 def _replicate(output: torch.Tensor, tensor: torch.Tensor, n: int, me: int) -> None:
@@ -366,8 +385,9 @@ def _copy_rows(out: torch.Tensor, rows: torch.Tensor) -> None:
         out[k:].zero_()
 
 
-def _exchange_rows(output: torch.Tensor, tensor: torch.Tensor, out_splits: list[int], in_splits: list[int],
-                   me: int, n: int) -> list[int]:
+def _exchange_rows(
+    output: torch.Tensor, tensor: torch.Tensor, out_splits: list[int], in_splits: list[int], me: int, n: int
+) -> list[int]:
     """Fill ``output`` as a symmetric all-to-all does; returns the rows this rank sends to each peer."""
     in_splits, out_splits = _sizes(in_splits), _sizes(out_splits)
     if not in_splits:
@@ -427,7 +447,7 @@ def stop_world() -> None:
     _register(_refuse_group)
 
 
-def world_of_default_group() -> Optional[EmulatedWorld]:
+def world_of_default_group() -> EmulatedWorld | None:
     """The emulated world whose group is this process's default group (``None``: none, or a real one)."""
     group = dist.group.WORLD if dist.is_initialized() else None
     return group.world if isinstance(group, EmulatedGroup) else None

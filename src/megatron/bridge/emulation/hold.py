@@ -24,7 +24,6 @@ communication).
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
 import torch
 
@@ -41,8 +40,7 @@ if triton is not None:
 
     @triton.jit
     def _now():
-        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
-                                         pack=1)
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
     @triton.jit
     def _spin_to(end):
@@ -72,8 +70,9 @@ if triton is not None:
         _spin_to(_end_after_nic(_now(), nanoseconds, nic_ns, ledger_ptr))
 
     @triton.jit(do_not_specialize=["row_bytes", "barrier_ns"])
-    def emulated_nvshmem_all_to_all(splits_ptr, calls_ptr, own_ptr, tally_ptr, ledger_ptr, world, row_bytes,
-                                    barrier_ns, BLOCK: tl.constexpr):
+    def emulated_nvshmem_all_to_all(
+        splits_ptr, calls_ptr, own_ptr, tally_ptr, ledger_ptr, world, row_bytes, barrier_ns, BLOCK: tl.constexpr
+    ):
         """``calls``: ``[3, world, world]`` float32 (latency ns, ns per byte, crosses nodes) of the pair
         sending to rank ``j`` in call ``k``; ``own``: ``[2, world]`` (peer flag, NIC flag) of this rank's
         bytes to ``j``; ``tally``: int64 (calls, bytes to peers, bytes over the NIC, modeled ns). Each call
@@ -110,8 +109,8 @@ class Hold:
     free when the collective keeps it busy for ``nic_seconds`` (:func:`network.nic_queue_end`)."""
 
     def __init__(self) -> None:
-        self.kind: Optional[str] = None
-        self._cycles_per_ns: Optional[float] = None
+        self.kind: str | None = None
+        self._cycles_per_ns: float | None = None
         self._ledgers: dict[torch.device, torch.Tensor] = {}
 
     def nic_ledger(self, device: torch.device) -> torch.Tensor:
@@ -135,8 +134,15 @@ class Hold:
         else:
             torch.cuda._sleep(int(nanoseconds * self._clock_ghz()))
 
-    def serial_exchange(self, splits: torch.Tensor, row_bytes: int, tables: tuple[torch.Tensor, torch.Tensor],
-                        barrier_seconds: float, tally: torch.Tensor, sms: int) -> bool:
+    def serial_exchange(
+        self,
+        splits: torch.Tensor,
+        row_bytes: int,
+        tables: tuple[torch.Tensor, torch.Tensor],
+        barrier_seconds: float,
+        tally: torch.Tensor,
+        sms: int,
+    ) -> bool:
         """Hold the current stream for an exchange of ``splits[j]`` rows of ``row_bytes`` to each peer
         ``j``, one call per peer, each as long as its slowest pair over the links of ``tables``
         (``GroupCosts.device_tables``) after a barrier of ``barrier_seconds``, and add it to the device
@@ -149,8 +155,17 @@ class Hold:
         world = splits.numel()
         calls, own = tables
         emulated_nvshmem_all_to_all[(max(1, sms),)](
-            splits, calls, own, tally, self.nic_ledger(splits.device), world, row_bytes, barrier_seconds * 1e9,
-            BLOCK=triton.next_power_of_2(world), num_warps=16)
+            splits,
+            calls,
+            own,
+            tally,
+            self.nic_ledger(splits.device),
+            world,
+            row_bytes,
+            barrier_seconds * 1e9,
+            BLOCK=triton.next_power_of_2(world),
+            num_warps=16,
+        )
         return True
 
     def _choose(self) -> str:

@@ -22,8 +22,9 @@ come, first served). :func:`nic_queue_end` is that rule in plain Python.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple
 
 GB = 1e9
 
@@ -46,9 +47,9 @@ class NetworkModel:
     comm_sms: int = 16
     """SMs a collective keeps busy while it runs (NCCL runs one thread block per channel, on
     Hopper up to 32 channels; 16 is assumed: set what NCCL_DEBUG=INFO reports on your cluster)."""
-    intra_node_line_gbps: Optional[float] = None
+    intra_node_line_gbps: float | None = None
     """NVLink's line rate (reported beside the achievable rate; never used to price)."""
-    inter_node_line_gbps: Optional[float] = None
+    inter_node_line_gbps: float | None = None
     """The NIC's line rate (reported only)."""
     source: str = ""
 
@@ -56,7 +57,7 @@ class NetworkModel:
     def free(self) -> bool:
         return self.intra_node_gbps == float("inf") and self.inter_node_gbps == float("inf")
 
-    def with_overrides(self, **figures: Optional[float]) -> "NetworkModel":
+    def with_overrides(self, **figures: float | None) -> NetworkModel:
         """A copy with the given figures replaced (``None`` keeps the preset's)."""
         changes: dict[str, Any] = {k: v for k, v in figures.items() if v is not None}
         return dataclasses.replace(self, **changes)
@@ -139,28 +140,43 @@ FIGURE_SOURCES: Mapping[str, str] = {
 """Where each preset figure comes from."""
 
 _HOPPER: dict[str, Any] = dict(
-    gpus_per_node=8, intra_node_gbps=370.0, inter_node_gbps=47.0, intra_node_latency_us=5.0,
-    inter_node_latency_us=15.0, nics_per_gpu=1.0, intra_node_line_gbps=450.0, inter_node_line_gbps=50.0,
+    gpus_per_node=8,
+    intra_node_gbps=370.0,
+    inter_node_gbps=47.0,
+    intra_node_latency_us=5.0,
+    inter_node_latency_us=15.0,
+    nics_per_gpu=1.0,
+    intra_node_line_gbps=450.0,
+    inter_node_line_gbps=50.0,
     source="DGX H100/H200-class nodes: 8 GPUs on NVLink 4, 8 NDR 400 Gb/s NICs; achievable rates, "
-    "each figure's source in FIGURE_SOURCES")
+    "each figure's source in FIGURE_SOURCES",
+)
 
 PRESETS: Mapping[str, NetworkModel] = {
     "h100_ib400": NetworkModel("h100_ib400", **_HOPPER),
     "h200_ib400": NetworkModel("h200_ib400", **_HOPPER),
     "gb200_nvl72": NetworkModel(
-        "gb200_nvl72", 72, 740.0, 47.0, 5.0, 15.0, nics_per_gpu=1.0, intra_node_line_gbps=900.0,
+        "gb200_nvl72",
+        72,
+        740.0,
+        47.0,
+        5.0,
+        15.0,
+        nics_per_gpu=1.0,
+        intra_node_line_gbps=900.0,
         inter_node_line_gbps=50.0,
         source="NVLink 5: 1.8 TB/s per GPU, both directions, 72 GPUs in one NVLink domain (NVIDIA GB200 NVL72 "
         "specifications), taken at NVLink 4's achievable share (about 82 %); a 400 Gb/s NIC per GPU between racks "
         "at the achievable 47 GB/s; latencies assumed as for Hopper",
     ),
-    "free": NetworkModel("free", 8, float("inf"), float("inf"), 0.0, 0.0, comm_sms=0,
-                         source="no cost at all: the compute-only reference"),
+    "free": NetworkModel(
+        "free", 8, float("inf"), float("inf"), 0.0, 0.0, comm_sms=0, source="no cost at all: the compute-only reference"
+    ),
 }
 """Named clusters; every figure can be overridden (``emulation.*`` settings)."""
 
 
-def network_model(name: str, **overrides: Optional[float]) -> NetworkModel:
+def network_model(name: str, **overrides: float | None) -> NetworkModel:
     """The preset ``name`` with ``overrides`` (a ``KeyError`` names the presets)."""
     if name not in PRESETS:
         raise KeyError(f"unknown network {name!r}; presets: {', '.join(PRESETS)}")
@@ -259,8 +275,9 @@ class GroupCosts:
             return Charge(0.0, 0.0, sent, inter)
         nanoseconds = nic_ns = 0.0
         for call in self.serial_calls():
-            slowest, cross = max((latency + bytes_to_peer[j] * per_byte, crosses)
-                                 for j, (latency, per_byte, crosses) in enumerate(call))
+            slowest, cross = max(
+                (latency + bytes_to_peer[j] * per_byte, crosses) for j, (latency, per_byte, crosses) in enumerate(call)
+            )
             nanoseconds += self._latency * 1e9 + slowest
             nic_ns += slowest if cross else 0.0
         return Charge(nanoseconds * 1e-9, nic_ns * 1e-9, sent, inter)
@@ -283,7 +300,11 @@ class GroupCosts:
             if not self.model.free and n > 1:
                 for k, call in enumerate(self.serial_calls(), start=1):
                     calls[:, k] = torch.tensor(call, dtype=torch.float32).t()
-            own = torch.tensor([[float(j != self.me) for j in range(n)],
-                                [float(j != self.me and not self._peer_in_node[j]) for j in range(n)]])
+            own = torch.tensor(
+                [
+                    [float(j != self.me) for j in range(n)],
+                    [float(j != self.me and not self._peer_in_node[j]) for j in range(n)],
+                ]
+            )
             self._tables[device] = (calls.contiguous().to(device), own.contiguous().to(device))
         return self._tables[device]

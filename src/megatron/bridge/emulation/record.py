@@ -42,8 +42,13 @@ class Tally:
         self.inter_node_bytes += inter_node_bytes
 
     def as_dict(self) -> dict[str, Any]:
-        return {"calls": self.calls, "bytes": self.bytes, "inter_node_bytes": self.inter_node_bytes,
-                "modeled_s": self.modeled_s, "host_s": self.host_s}
+        return {
+            "calls": self.calls,
+            "bytes": self.bytes,
+            "inter_node_bytes": self.inter_node_bytes,
+            "modeled_s": self.modeled_s,
+            "host_s": self.host_s,
+        }
 
 
 @dataclass
@@ -86,8 +91,9 @@ class CommRecord:
                 self.tallies[key].add(calls, nbytes, nanoseconds * 1e-9, inter)
                 values.zero_()
 
-    def add(self, group: str, kind: str, nbytes: int, modeled_s: float, inter_node_bytes: int = 0,
-            capturing: bool = False) -> None:
+    def add(
+        self, group: str, kind: str, nbytes: int, modeled_s: float, inter_node_bytes: int = 0, capturing: bool = False
+    ) -> None:
         """One collective issued; while a CUDA graph captures it, it is kept for the graph's replays."""
         if capturing:
             self.captured.append((group, kind, nbytes, modeled_s, inter_node_bytes))
@@ -117,8 +123,11 @@ class CommRecord:
         groups: dict[str, dict[str, Any]] = {}
         for (group, kind), tally in sorted(self.tallies.items()):
             groups.setdefault(group, {})[kind] = tally.as_dict()
-        step: dict[str, Any] = {"groups": groups, "modeled_s": sum(t.modeled_s for t in self.tallies.values()),
-                "host_s": self.host_s}
+        step: dict[str, Any] = {
+            "groups": groups,
+            "modeled_s": sum(t.modeled_s for t in self.tallies.values()),
+            "host_s": self.host_s,
+        }
         if self.keep_order:
             step["order"] = list(self.order)
         self.tallies.clear()

@@ -16,8 +16,9 @@ differs between a real and an emulated run; this is the emulated answer to each 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.emulation.backend import EmulatedWorld, start_world, stop_world, world_of_default_group
 from megatron.bridge.emulation.describe import startup_line, summary_section
@@ -38,7 +39,7 @@ class EmulatedTrainingWorld:
 
     def __init__(self, rank: int, world_size: int, network: Callable[[], NetworkModel]) -> None:
         self.rank, self.world_size, self.network = rank, world_size, network
-        self.backend: Optional[EmulatedWorld] = None
+        self.backend: EmulatedWorld | None = None
         """The backend's world (its record, hold kernel and network), once started or joined."""
         self.steps: list[dict[str, Any]] = []
         """Every step's record, in order, for ``summary.json``."""
@@ -46,17 +47,18 @@ class EmulatedTrainingWorld:
     # ------------------------------------------------------------------ launch and process groups
     def check_launch(self, launched_processes: int) -> None:
         if launched_processes != 1:
-            raise MachineError(f"an emulated world runs in one process (it plays rank {self.rank} of "
-                               f"{self.world_size}), but {launched_processes} processes were launched: start one")
+            raise MachineError(
+                f"an emulated world runs in one process (it plays rank {self.rank} of "
+                f"{self.world_size}), but {launched_processes} processes were launched: start one"
+            )
 
     def size_to_validate(self, launched_world_size: int) -> int:
         return self.world_size
 
-    def create_process_group(self, env: "LaunchEnv", backend: str, timeout: timedelta) -> "LaunchEnv":
+    def create_process_group(self, env: LaunchEnv, backend: str, timeout: timedelta) -> LaunchEnv:
         """This process plays one rank; the backend plays the others (``backend`` is not used)."""
         self.backend = start_world(self.rank, self.world_size, self.network(), timeout)
-        return dataclasses.replace(env, rank=self.backend.rank, world_size=self.backend.world_size,
-                                   launcher="emulated")
+        return dataclasses.replace(env, rank=self.backend.rank, world_size=self.backend.world_size, launcher="emulated")
 
     def join_process_group(self) -> None:
         """A run in a process whose emulated world exists (several configs, one start-up): the same
@@ -64,8 +66,10 @@ class EmulatedTrainingWorld:
         world = world_of_default_group()
         if world is None or (world.world_size, world.rank) != (self.world_size, self.rank):
             have = "a real world" if world is None else f"rank {world.rank} of an emulated {world.world_size}"
-            raise RuntimeError(f"this process already holds {have}; the config asks for rank {self.rank} of an "
-                               f"emulated {self.world_size}: run it in a process of its own")
+            raise RuntimeError(
+                f"this process already holds {have}; the config asks for rank {self.rank} of an "
+                f"emulated {self.world_size}: run it in a process of its own"
+            )
         world.network = self.network()
         self.backend = world
 
@@ -93,7 +97,7 @@ class EmulatedTrainingWorld:
         self.steps.append(dict(iteration=iteration, **step))
         return dict(modeled_comm_s=step["modeled_s"], emulation_host_s=step["host_s"])
 
-    def summary(self) -> Optional[dict[str, Any]]:
+    def summary(self) -> dict[str, Any] | None:
         return summary_section(self._started(), self.steps)
 
     # ------------------------------------------------------------------ a captured CUDA graph

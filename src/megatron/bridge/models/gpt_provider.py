@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Optional, Union, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from megatron.core import parallel_state
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -54,7 +54,7 @@ class GPTModelProvider(StrictFields, TransformerConfig):
     """GPT model settings plus ``provide()``; ``finalize()`` runs megatron-core's deferred checks."""
 
     seq_length: int = 1024
-    vocab_size: Optional[int] = None
+    vocab_size: int | None = None
     make_vocab_size_divisible_by: int = 128
     share_embeddings_and_output_weights: bool = False
     position_embedding_type: Literal["learned_absolute", "rope", "none"] = "rope"
@@ -67,7 +67,7 @@ class GPTModelProvider(StrictFields, TransformerConfig):
     (SDPA attention, grouped-GEMM experts, compiled RMSNorm), or ``auto``: the run's resolution picks
     one (``layer_specs.choose_layer_spec``: torch-native unless a feature needs Transformer Engine)
     and the finalized config holds the choice."""
-    moe_flex_dispatcher_backend: Optional[FlexBackend] = None
+    moe_flex_dispatcher_backend: FlexBackend | None = None
     """Flex dispatcher backend; only meaningful with ``moe_token_dispatcher_type="flex"``.
     ``None`` (unlike megatron-core's ``"deepep"`` default) so that an unset backend is visible. The
     flex paths of the dispatch registry (``models/dispatch/``), each with its GPU-support table."""
@@ -84,7 +84,7 @@ class GPTModelProvider(StrictFields, TransformerConfig):
     the choice and the reason. ``node_aware``: two-stage EP dispatch that sends each token once per
     destination node over the inter-node link, then to its experts' GPUs inside the node (needs
     ``torch_native_gpus_per_node``; ``auto`` does not pick it: it is not measured yet)."""
-    torch_native_gpus_per_node: Optional[int] = None
+    torch_native_gpus_per_node: int | None = None
     """GPUs per node for ``torch_native_dispatcher=node_aware``: ranks with the same ``global_rank //
     torch_native_gpus_per_node`` share a node. The harness sets it from ``-gn`` when the
     node-aware dispatcher is asked for; it must divide the EP size (or the EP size divide it: EP
@@ -93,7 +93,7 @@ class GPTModelProvider(StrictFields, TransformerConfig):
     """With EP > 1, how the sorted dispatcher exchanges tokens: ``nvshmem`` (symmetric-memory
     all-to-all, split sizes stay on the GPU), ``nccl`` (``all_to_all_single``: the host waits for the
     split sizes), or ``auto`` (``nvshmem`` where NVSHMEM runs, else the dispatcher falls back)."""
-    torch_native_nvshmem_blocks: Optional[int] = None
+    torch_native_nvshmem_blocks: int | None = None
     """Thread blocks per NVSHMEM all-to-all (``None``: torch's choice, up to 64). Fewer blocks start
     sooner beside running GEMMs (the kernel needs all its blocks resident at once)."""
     torch_native_compile: bool = True
@@ -112,7 +112,7 @@ class GPTModelProvider(StrictFields, TransformerConfig):
     layer's cuBLAS GEMM, add their fp32 product into ``main_grad``: less memory traffic per
     micro-batch, no bf16 rounding of each micro-batch's gradient), ``unfused`` (a bf16 gradient that
     DDP's hook adds), ``auto`` (``fused`` where ``main_grad`` is fp32 on CUDA and the kernel runs)."""
-    cuda_graph_modules: Union[str, list[str]] = field(default_factory=list)
+    cuda_graph_modules: str | list[str] = field(default_factory=list)
     """CUDA-graph capture scopes; empty captures the whole layer (megatron-core's ``"full"``
     default means the same but is deprecated and warns)."""
 
@@ -137,9 +137,7 @@ class GPTModelProvider(StrictFields, TransformerConfig):
         """Vocabulary rows of the embedding and output layers."""
         if self.vocab_size is None:
             raise ValueError("model.vocab_size is None; set it (e.g. model.vocab_size=151936).")
-        return padded_vocab_size(
-            self.vocab_size, self.make_vocab_size_divisible_by, self.tensor_model_parallel_size
-        )
+        return padded_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, self.tensor_model_parallel_size)
 
     @property
     def uses_torch_native_loss(self) -> bool:
@@ -172,7 +170,7 @@ class GPTModelProvider(StrictFields, TransformerConfig):
             f"{k['grouped_gemm_backend']}, cross-entropy {k['cross_entropy_backend']}"
         )
 
-    def describe_gradient_accumulation_fusion(self, device_type: str) -> Optional[str]:
+    def describe_gradient_accumulation_fusion(self, device_type: str) -> str | None:
         """The start-up line on ``gradient_accumulation_fusion`` (``None`` when it is off)."""
         if not self.gradient_accumulation_fusion:
             return None
@@ -193,10 +191,10 @@ class GPTModelProvider(StrictFields, TransformerConfig):
 
     def provide(
         self,
-        pre_process: Optional[bool] = None,
-        post_process: Optional[bool] = None,
-        vp_stage: Optional[int] = None,
-    ) -> "GPTModel":
+        pre_process: bool | None = None,
+        post_process: bool | None = None,
+        vp_stage: int | None = None,
+    ) -> GPTModel:
         """Build this rank's ``GPTModel`` chunk (model-parallel state must be initialised).
 
         ``torch_native_compile`` applies to the whole process: the compiled functions are shared by

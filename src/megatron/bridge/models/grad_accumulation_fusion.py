@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
-from typing import Optional
 
 import torch
 from megatron.core.tensor_parallel import layers
@@ -69,7 +68,7 @@ def wgrad_gemm_accum_fp16(total_input: torch.Tensor, grad_output: torch.Tensor, 
     main_grad.addmm_(dy.t().to(main_grad.dtype), x.to(main_grad.dtype))
 
 
-def _apex_kernel() -> Optional[object]:
+def _apex_kernel() -> object | None:
     """Apex's extension when it imports (never this module standing in for it)."""
     module = sys.modules.get(KERNEL_MODULE)
     if module is sys.modules[__name__]:

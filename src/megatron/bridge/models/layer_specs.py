@@ -17,8 +17,9 @@ slower. The choice and its reason are on the start-up line and in ``summary.json
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from megatron.bridge.utils.host import current_host
 from megatron.bridge.utils.import_utils import have_transformer_engine
@@ -43,9 +44,7 @@ class LayerSpecChoice:
     reason: str
 
 
-def te_only_features(
-    model: Any, tp_comm_overlap: bool, fp8: Optional[str] = None, fp4: Optional[str] = None
-) -> list[str]:
+def te_only_features(model: Any, tp_comm_overlap: bool, fp8: str | None = None, fp4: str | None = None) -> list[str]:
     """What the run asks for that only Transformer Engine's layers provide (empty: nothing).
 
     ``tp_comm_overlap`` is the effective value of ``comm_overlap.tp_comm_overlap`` (its owner);
@@ -56,8 +55,10 @@ def te_only_features(
     wants = (
         (fp8 is not None, f"FP8 compute (fp8={fp8!r})"),
         (fp4 is not None, f"FP4 compute (fp4={fp4!r})"),
-        (getattr(model, "cuda_graph_impl", None) == "transformer_engine",
-         "Transformer Engine's per-layer CUDA graphs (model.cuda_graph_impl=transformer_engine)"),
+        (
+            getattr(model, "cuda_graph_impl", None) == "transformer_engine",
+            "Transformer Engine's per-layer CUDA graphs (model.cuda_graph_impl=transformer_engine)",
+        ),
         (bool(tp_comm_overlap), "tensor-parallel communication overlap (comm_overlap.tp_comm_overlap)"),
     )
     return [why for wanted, why in wants if wanted]
@@ -86,7 +87,7 @@ def choose_layer_spec(
     )
 
 
-def choose_for_model(model: Any, device: Optional[str] = None) -> LayerSpecChoice:
+def choose_for_model(model: Any, device: str | None = None) -> LayerSpecChoice:
     """:func:`choose_layer_spec` for a model config used on its own (no ``ConfigContainer``).
 
     A run's choice is made by its resolution, which knows ``dist.device`` and the owner of
@@ -103,9 +104,7 @@ def choose_for_model(model: Any, device: Optional[str] = None) -> LayerSpecChoic
     )
 
 
-def build_decoder_block_spec(
-    config: "GPTModelProvider", vp_stage: Optional[int] = None
-) -> "TransformerBlockSubmodules":
+def build_decoder_block_spec(config: GPTModelProvider, vp_stage: int | None = None) -> TransformerBlockSubmodules:
     """The decoder block spec for this pipeline stage with the resolved implementation."""
     # Deferred: the layer specs bring every layer implementation (Transformer Engine's when
     # installed); the configuration, which imports this module, is imported without them.
@@ -123,5 +122,5 @@ def build_decoder_block_spec(
         return get_torch_native_decoder_block_spec(config, vp_stage=vp_stage)
     raise ValueError(
         f"model.layer_spec={config.layer_spec!r} is not one of {LAYER_SPEC_CHOICES}; "
-        "pick one of them (\"auto\" chooses for this machine)."
+        'pick one of them ("auto" chooses for this machine).'
     )

@@ -50,11 +50,18 @@ class LoopbackRendezvous(RendezvousHandler):
     def next_rendezvous(self) -> RendezvousInfo:
         if self._store is None:
             self._listener = socket.create_server((LOOPBACK, 0), backlog=1024)
-            self._store = TCPStore(LOOPBACK, self._listener.getsockname()[1], is_master=True,
-                                   master_listen_fd=self._listener.fileno(), wait_for_workers=False,
-                                   multi_tenant=True, timeout=self._timeout)
-        return RendezvousInfo(PrefixStore(self._run_id, self._store), 0, 1,
-                              RendezvousStoreInfo(LOOPBACK, self._store.port))
+            self._store = TCPStore(
+                LOOPBACK,
+                self._listener.getsockname()[1],
+                is_master=True,
+                master_listen_fd=self._listener.fileno(),
+                wait_for_workers=False,
+                multi_tenant=True,
+                timeout=self._timeout,
+            )
+        return RendezvousInfo(
+            PrefixStore(self._run_id, self._store), 0, 1, RendezvousStoreInfo(LOOPBACK, self._store.port)
+        )
 
     def is_closed(self) -> bool:
         return False

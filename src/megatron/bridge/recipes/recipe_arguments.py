@@ -17,8 +17,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from megatron.bridge.training.config import ConfigContainer, data_paths_from_alias
 from megatron.bridge.training.config_stages.facts.ownership import write_following_copies
@@ -118,8 +119,10 @@ COMBINED: tuple[str, ...] = ("train_iters", "mock", "data_paths", "dir", "name",
 """Arguments applied together with others (run length with its schedule, data, run directory,
 tokenizer)."""
 
-_DATA_FIX = ("give data_paths (megatron's blend list: prefixes of .bin/.idx files, optionally "
-             "weighted: ['0.3', '/data/a', '0.7', '/data/b']); dataset.split divides it into train/valid/test")
+_DATA_FIX = (
+    "give data_paths (megatron's blend list: prefixes of .bin/.idx files, optionally "
+    "weighted: ['0.3', '/data/a', '0.7', '/data/b']); dataset.split divides it into train/valid/test"
+)
 
 REFUSED: dict[str, tuple[str, str]] = {
     "data_args_path": ("a data-arguments file is not read here", _DATA_FIX),
@@ -139,9 +142,17 @@ REFUSED: dict[str, tuple[str, str]] = {
 """Arguments that cannot work here: the reason and what to do instead (each is accepted at its "off"
 value, ``None`` or ``False``)."""
 
-_BOOLEAN = frozenset({"mock", "use_null_tokenizer", "sequence_parallel", "enable_recompute",
-                      "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
-                      "use_megatron_fsdp"})
+_BOOLEAN = frozenset(
+    {
+        "mock",
+        "use_null_tokenizer",
+        "sequence_parallel",
+        "enable_recompute",
+        "account_for_embedding_in_pipeline_split",
+        "account_for_loss_in_pipeline_split",
+        "use_megatron_fsdp",
+    }
+)
 """Arguments that must be ``True`` or ``False``: a string such as ``"false"`` would read as true."""
 
 ACCEPTED: tuple[str, ...] = tuple(APPLIED) + COMBINED + tuple(REFUSED)
@@ -153,17 +164,16 @@ class RecipeFacts:
     """What a recipe's arguments need to know about the recipe."""
 
     name: str
-    hf_path: Optional[str]
+    hf_path: str | None
     """The Hugging Face model whose architecture the recipe builds (its tokenizer for
     ``use_null_tokenizer=False``); ``None`` for a model that has none (the tiny recipe)."""
 
 
 def _argument(name: str, value: Any, message: str, fix: str) -> Violation:
-    return Violation(f"recipe-argument-{name.replace('_', '-')}", (name,), (value,), message, fix,
-                     value_label="given")
+    return Violation(f"recipe-argument-{name.replace('_', '-')}", (name,), (value,), message, fix, value_label="given")
 
 
-def _refusal(name: str, value: Any, facts: RecipeFacts, given: Mapping[str, Any]) -> Optional[Violation]:
+def _refusal(name: str, value: Any, facts: RecipeFacts, given: Mapping[str, Any]) -> Violation | None:
     """Why ``name=value`` cannot be used with this recipe (and the other arguments), or ``None``."""
     if name not in ACCEPTED:
         fix = did_you_mean(name, ACCEPTED) or f"the recipe takes {', '.join(sorted(ACCEPTED))}"
@@ -173,17 +183,29 @@ def _refusal(name: str, value: Any, facts: RecipeFacts, given: Mapping[str, Any]
     if name in REFUSED and value not in (None, False):
         return _argument(name, value, REFUSED[name][0], REFUSED[name][1])
     if name == "mock" and value and given.get("data_paths"):
-        return _argument(name, value, "mock=True trains on mock data, so data_paths would not be used",
-                         "pass one of them: mock=True, or data_paths=[...]")
+        return _argument(
+            name,
+            value,
+            "mock=True trains on mock data, so data_paths would not be used",
+            "pass one of them: mock=True, or data_paths=[...]",
+        )
     if name == "mock" and value is False and not given.get("data_paths"):
         return _argument(name, value, "mock=False needs data to train on", _DATA_FIX)
     if name == "hf_path" and value is not None and value != facts.hf_path:
-        return _argument(name, value, f"{facts.name} builds the architecture of {facts.hf_path or 'its own model'}; "
-                         "no Hugging Face config is read here",
-                         "use the recipe of that model, or build a ConfigContainer with its model provider")
+        return _argument(
+            name,
+            value,
+            f"{facts.name} builds the architecture of {facts.hf_path or 'its own model'}; "
+            "no Hugging Face config is read here",
+            "use the recipe of that model, or build a ConfigContainer with its model provider",
+        )
     if name == "use_null_tokenizer" and value is False and facts.hf_path is None:
-        return _argument(name, value, f"{facts.name} has no Hugging Face tokenizer",
-                         "leave use_null_tokenizer out (NullTokenizer, vocabulary model.vocab_size)")
+        return _argument(
+            name,
+            value,
+            f"{facts.name} has no Hugging Face tokenizer",
+            "leave use_null_tokenizer out (NullTokenizer, vocabulary model.vocab_size)",
+        )
     return None
 
 
@@ -235,8 +257,14 @@ def check_recipe_arguments(facts: RecipeFacts, args: tuple[Any, ...], given: Map
     """Refuse, in one :class:`ArgumentError`, every argument this recipe cannot take."""
     problems = [_refusal(name, value, facts, given) for name, value in given.items()]
     if args:
-        problems.append(_argument("positional", args, f"{facts.name}() takes keyword arguments only",
-                                  f"name each argument: {facts.name}(train_iters=..., mock=True)"))
+        problems.append(
+            _argument(
+                "positional",
+                args,
+                f"{facts.name}() takes keyword arguments only",
+                f"name each argument: {facts.name}(train_iters=..., mock=True)",
+            )
+        )
     problems = [p for p in problems if p is not None]
     if problems:
         raise ArgumentError(problems, _TITLE)
@@ -258,7 +286,8 @@ def apply_recipe_arguments(cfg: ConfigContainer, facts: RecipeFacts, given: Mapp
 
 
 def takes_upstream_arguments(
-        hf_path: Optional[str]) -> Callable[[Callable[[], ConfigContainer]], Callable[..., ConfigContainer]]:
+    hf_path: str | None,
+) -> Callable[[Callable[[], ConfigContainer]], Callable[..., ConfigContainer]]:
     """Give a recipe Megatron-Bridge's keyword arguments (see the module docstring); ``hf_path`` is the
     Hugging Face model the recipe builds, ``None`` for none."""
 

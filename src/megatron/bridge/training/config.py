@@ -18,8 +18,9 @@ one ``validate()`` is seen by the next one.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
@@ -59,10 +60,10 @@ class TrainingConfig(StrictFields):
     train_iters: int = 10
     global_batch_size: int = 8
     micro_batch_size: int = 1
-    eval_interval: Optional[int] = None
+    eval_interval: int | None = None
     """Run evaluation every N iterations; ``None`` disables evaluation."""
     eval_iters: int = 0
-    exit_duration_in_mins: Optional[float] = None
+    exit_duration_in_mins: float | None = None
     manual_gc: bool = False
     """Disable automatic Python GC and collect at fixed points (avoids random straggler steps)."""
     manual_gc_interval: int = 0
@@ -75,15 +76,15 @@ class SchedulerConfig(StrictFields):
     lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = "cosine"
     lr_warmup_iters: int = 0
     lr_warmup_init: float = 0.0
-    lr_decay_iters: Optional[int] = None
+    lr_decay_iters: int | None = None
     """``None`` decays over ``train.train_iters``."""
-    start_weight_decay: Optional[float] = None
+    start_weight_decay: float | None = None
     """``None`` uses ``optimizer.weight_decay``."""
-    end_weight_decay: Optional[float] = None
+    end_weight_decay: float | None = None
     weight_decay_incr_style: Literal["constant", "linear", "cosine"] = "constant"
 
 
-def data_paths_from_alias(value: Any) -> Optional[list[str]]:
+def data_paths_from_alias(value: Any) -> list[str] | None:
     """``dataset.data_path`` as ``data_paths``: a string is one prefix, a list is a blend list."""
     if value is None:
         return None
@@ -100,7 +101,7 @@ class DatasetConfig(StrictFields):
     owned by ``model.seq_length``; ``seq_length`` here is its copy.
     """
 
-    data_paths: Optional[list[str]] = None
+    data_paths: list[str] | None = None
     """Indexed GPT dataset prefixes (``.bin``/``.idx`` without suffix), optionally weighted
     as megatron's blend list: ``["0.3", "/data/a", "0.7", "/data/b"]``."""
     split: str = "969,30,1"
@@ -109,12 +110,12 @@ class DatasetConfig(StrictFields):
     reset_attention_mask: bool = False
     eod_mask_loss: bool = False
     mmap_bin_files: bool = True
-    path_to_cache: Optional[str] = None
-    seq_length: Optional[int] = None
+    path_to_cache: str | None = None
+    seq_length: int | None = None
     """A copy of ``model.seq_length`` (Megatron-Bridge scripts set both): the recipes and ``validate()``
     write the model's value here; a different value written directly is refused
     (``owned-field-set-directly``). ``None``: not written yet."""
-    random_seed: Optional[int] = None
+    random_seed: int | None = None
     """Seed of the dataset's sample shuffling; ``None`` uses ``rng.seed``."""
     dataloader_type: Literal["single", "cyclic", "external"] = "single"
     """Megatron-Bridge's sampler choice; batches here are always ``single`` (consecutive slices), so
@@ -130,12 +131,12 @@ class DatasetConfig(StrictFields):
     and YAML accept the alias as Python does (the ``data_path`` property)."""
 
     @property
-    def data_path(self) -> Optional[list[str]]:
+    def data_path(self) -> list[str] | None:
         """Alias of :attr:`data_paths`: one prefix (a string) or a blend list."""
         return self.data_paths
 
     @data_path.setter
-    def data_path(self, value: "Optional[str | list[str]]") -> None:
+    def data_path(self, value: str | list[str] | None) -> None:
         self.data_paths = data_paths_from_alias(value)
 
     @property
@@ -153,12 +154,12 @@ class LoggerConfig(StrictFields):
     """Console, summary and TensorBoard logging."""
 
     log_interval: int = 1
-    log_dir: Optional[str] = None
+    log_dir: str | None = None
     """Directory for ``summary.json`` and TensorBoard events; ``None`` writes under ``runs/``."""
     tensorboard: bool = False
-    tensorboard_dir: Optional[str] = None
+    tensorboard_dir: str | None = None
     """Directory for TensorBoard events; setting it turns TensorBoard on. ``None``: ``log_dir``."""
-    steady_state_window: Optional[list[int]] = None
+    steady_state_window: list[int] | None = None
     """First and last step of this run (1-based, inclusive) of the steady-state step-time window;
     ``None``: automatic, the run's steps after its first max(2, 10 %) (``telemetry/steady_window.py``)."""
     log_memory: bool = True
@@ -168,9 +169,9 @@ class LoggerConfig(StrictFields):
 class CheckpointConfig(StrictFields):
     """megatron-core ``dist_checkpointing`` save/resume."""
 
-    save: Optional[str] = None
-    load: Optional[str] = None
-    save_interval: Optional[int] = None
+    save: str | None = None
+    load: str | None = None
+    save_interval: int | None = None
     save_on_exit: bool = True
     """Save a final checkpoint at the end of training and on SIGTERM (needs ``save``)."""
     ckpt_format: Literal["torch_dist"] = "torch_dist"
@@ -182,10 +183,10 @@ class DistributedInitConfig(StrictFields):
 
     device: Literal["cuda", "cpu"] = "cuda"
     """``cpu`` is the CPU smoke mode: correctness only, never performance numbers."""
-    distributed_backend: Optional[Literal["nccl", "gloo"]] = None
+    distributed_backend: Literal["nccl", "gloo"] | None = None
     """``None``: NCCL on GPUs, gloo in CPU smoke mode."""
     distributed_timeout_minutes: int = 10
-    target_gpu: Optional[str] = None
+    target_gpu: str | None = None
     """GPU type the run is validated for (the harness's ``-g``: ``h100``, ``b200``, ``gb200``...).
     ``None`` uses the visible GPU; on a CPU host GPU-specific checks are reported as not checked."""
     use_gloo_process_groups: bool = True
@@ -249,35 +250,35 @@ class CommOverlapConfig(StrictFields):
     ``cfg.validate()`` raises ``CommOverlapConfigError`` naming the field and the fix.
     """
 
-    tp_comm_overlap: Optional[bool] = None
+    tp_comm_overlap: bool | None = None
     """Overlap tensor-parallel communication with GEMMs (TE userbuffers; TP>=2, sequence parallel)."""
-    tp_comm_overlap_cfg: Optional[dict[str, Any]] = None
+    tp_comm_overlap_cfg: dict[str, Any] | None = None
     """Per-GEMM userbuffer settings for TP overlap; ``None`` uses Transformer Engine's defaults."""
-    tp_comm_bootstrap_backend: Optional[str] = None
+    tp_comm_bootstrap_backend: str | None = None
     """Bootstrap backend of the TP-overlap userbuffers (``nccl``, ``mpi``, ``gloo``)."""
-    overlap_p2p_comm: Optional[bool] = None
+    overlap_p2p_comm: bool | None = None
     """Overlap pipeline send/recv with compute (interleaved pipeline schedule only)."""
-    batch_p2p_comm: Optional[bool] = None
+    batch_p2p_comm: bool | None = None
     """Batch pipeline send/recv into one call (excludes overlap_p2p_comm)."""
-    overlap_grad_reduce: Optional[bool] = None
+    overlap_grad_reduce: bool | None = None
     """Overlap data-parallel gradient reduce-scatter/all-reduce with the backward pass."""
-    overlap_param_gather: Optional[bool] = None
+    overlap_param_gather: bool | None = None
     """Overlap the distributed optimizer's parameter all-gather with the forward pass."""
-    overlap_param_gather_with_optimizer_step: Optional[bool] = None
+    overlap_param_gather_with_optimizer_step: bool | None = None
     """Start the parameter all-gather of the first chunk inside the optimizer step."""
-    align_param_gather: Optional[bool] = None
+    align_param_gather: bool | None = None
     """Launch the param all-gathers of all pipeline stages together (interleaved pipelines)."""
-    bucket_size: Optional[int] = None
+    bucket_size: int | None = None
     """Gradient/parameter bucket size in bytes for the overlapped collectives."""
-    defer_embedding_wgrad_compute: Optional[bool] = None
+    defer_embedding_wgrad_compute: bool | None = None
     """Defer the output-embedding weight-gradient GEMMs to the pipeline flush."""
-    wgrad_deferral_limit: Optional[int] = None
+    wgrad_deferral_limit: int | None = None
     """How many micro-batches of embedding wgrad may be deferred (0 = all)."""
-    overlap_moe_expert_parallel_comm: Optional[bool] = None
+    overlap_moe_expert_parallel_comm: bool | None = None
     """Overlap the MoE expert-parallel dispatch/combine all-to-all with compute of another micro-batch."""
-    delay_wgrad_compute: Optional[bool] = None
+    delay_wgrad_compute: bool | None = None
     """Delay expert weight-gradient GEMMs so they overlap the combine all-to-all (needs EP overlap)."""
-    data_parallel_size: Optional[int] = None
+    data_parallel_size: int | None = None
     """Data-parallel size the computed overlap defaults are decided for. ``None``: from the world
     size (``validate(world_size=...)`` or ``WORLD_SIZE``). Given without a world size it stands in
     for one; given with one it must agree with the parallel layout."""
@@ -296,8 +297,8 @@ class CommOverlapConfig(StrictFields):
         finalize_switches(self)
 
     def setup(
-        self, model_config: Any, optimizer_config: Any, ddp_config: Any, *, dist_config: Optional[Any] = None
-    ) -> "dict[str, EffectiveValue]":
+        self, model_config: Any, optimizer_config: Any, ddp_config: Any, *, dist_config: Any | None = None
+    ) -> dict[str, EffectiveValue]:
         """Write every switch's effective value onto the megatron-core configs that read it.
 
         The values come from the resolution's own per-switch functions, evaluated on these three
@@ -335,7 +336,7 @@ class ConfigContainer(StrictFields):
     other fields are accepted only at their defaults."""
     rerun_state_machine: RerunStateMachineConfig = field(default_factory=RerunStateMachineConfig)
     """Megatron-Bridge's rerun-state-machine section, accepted only at its defaults."""
-    mixed_precision: Union[MixedPrecisionName, MixedPrecisionConfig, None] = "bf16_mixed"
+    mixed_precision: MixedPrecisionName | MixedPrecisionConfig | None = "bf16_mixed"
     """Owner of the precision flags of model, optimizer and DDP (derived at finalize): a recipe name
     or a ``MixedPrecisionConfig``. ``None``: no precision recipe; the model's, optimizer's and
     DDP's own dtype flags stand as set."""
@@ -357,7 +358,7 @@ class ConfigContainer(StrictFields):
             value = value.attached_to(self)
         super().__setattr__(name, value)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> "ConfigContainer":
+    def __deepcopy__(self, memo: dict[int, Any]) -> ConfigContainer:
         """A deep copy whose sections keep the record of what resolution wrote into their copies."""
         copied = object.__new__(type(self))
         memo[id(self)] = copied
@@ -375,7 +376,7 @@ class ConfigContainer(StrictFields):
         except Exception:  # a half-built container still has a repr
             return f"<{type(self).__name__} (incomplete)>"
 
-    def resolve(self, world_size: Optional[int] = None) -> "Resolution":
+    def resolve(self, world_size: int | None = None) -> Resolution:
         """Resolve once: the effective config, each overlap value and its source, the start-up
         report and the finalized config; raise a typed error listing all problems.
 
@@ -391,15 +392,15 @@ class ConfigContainer(StrictFields):
 
         return resolve_container(self, world_size=world_size)
 
-    def finalize(self, world_size: Optional[int] = None) -> "ConfigContainer":
+    def finalize(self, world_size: int | None = None) -> ConfigContainer:
         """Return a resolved and validated deep copy; raise a typed error listing all problems."""
         return self.resolve(world_size=world_size).config
 
-    def validate(self, world_size: Optional[int] = None) -> "ConfigContainer":
+    def validate(self, world_size: int | None = None) -> ConfigContainer:
         """Finalize and validate without a GPU or a process group; returns the resolved copy."""
         return self.finalize(world_size=world_size)
 
-    def to_yaml(self, path: "Optional[str | Path]" = None) -> str:
+    def to_yaml(self, path: str | Path | None = None) -> str:
         """Serialize to YAML (and write it to ``path`` when given): the owners, not their copies."""
         # Deferred: YAML I/O reads the ownership table, which belongs to the resolution.
         from megatron.bridge.training.config_stages.reading.yaml_io import config_to_yaml
@@ -407,7 +408,7 @@ class ConfigContainer(StrictFields):
         return config_to_yaml(self, path)
 
     @classmethod
-    def from_yaml(cls, path: "str | Path", sha256: Optional[str] = None) -> "ConfigContainer":
+    def from_yaml(cls, path: str | Path, sha256: str | None = None) -> ConfigContainer:
         """Load a container written by :meth:`to_yaml` (with ``sha256``: only the file of that digest)."""
         # Deferred, as in to_yaml().
         from megatron.bridge.training.config_stages.reading.yaml_io import container_from_dict, load_yaml

@@ -25,8 +25,8 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
 
 from megatron.bridge.training.loop.failure_cause import describe_failure
 from megatron.bridge.training.loop.stop_request import STOP
@@ -40,20 +40,27 @@ def _rank() -> str:
     return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Run megatron-core training from a resolved config.")
     parser.add_argument(
-        "--config-file", required=True, action="append",
+        "--config-file",
+        required=True,
+        action="append",
         help="YAML written by ConfigContainer.to_yaml(); repeat it to train several configs one after "
         "another in the same processes (benchmarks: one start-up for many runs)",
     )
     parser.add_argument(
-        "--config-sha256", action="append", default=None,
+        "--config-sha256",
+        action="append",
+        default=None,
         help="the SHA-256 of each --config-file, in order: a file with other bytes is refused (the harness "
         "passes the digest of the config it wrote, so the ranks train exactly that)",
     )
-    parser.add_argument("--verbose", action="store_true",
-                        help="keep third-party warnings, megatron-core's INFO logs and the full start-up report")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="keep third-party warnings, megatron-core's INFO logs and the full start-up report",
+    )
     return parser.parse_args(argv)
 
 
@@ -82,7 +89,7 @@ def failure_record_path(log_dir: Path, rank: int) -> Path:
     return log_dir / FAILURE_DIR / f"rank_{rank:05d}.json"
 
 
-def write_failure_record(log_dir: Path, exc: BaseException, save_dir: Optional[str] = None) -> None:
+def write_failure_record(log_dir: Path, exc: BaseException, save_dir: str | None = None) -> None:
     """What the harness needs to tell the first failing rank from the ones that failed after it: the
     error with its causes (``failure_cause.describe_failure``)."""
     record = {
@@ -99,7 +106,7 @@ def write_failure_record(log_dir: Path, exc: BaseException, save_dir: Optional[s
         print(f"[rank {_rank()}] could not write {path}: {describe_os_error(err, path)}", file=sys.stderr)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Load the config, train, and return the process exit code."""
     STOP.install()
     try:
@@ -120,8 +127,9 @@ def _run(args: argparse.Namespace) -> int:
         from megatron.bridge.training.pretrain import pretrain
 
         digests = args.config_sha256 or [None] * len(args.config_file)
-        configs = [ConfigContainer.from_yaml(path, digest)
-                   for path, digest in zip(args.config_file, digests, strict=True)]
+        configs = [
+            ConfigContainer.from_yaml(path, digest) for path, digest in zip(args.config_file, digests, strict=True)
+        ]
         with _one_process_group(configs):
             for cfg in configs:
                 log_dir = Path(cfg.logger.log_dir) if cfg.logger.log_dir else log_dir

@@ -17,7 +17,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from typing import Any, Literal, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import torch
 
@@ -46,7 +47,7 @@ from megatron.bridge.utils.host import current_host
 
 logger = logging.getLogger(__name__)
 
-Fallback = Optional[Literal["alltoall"]]
+Fallback = Literal["alltoall"] | None
 
 
 class FlexDispatcherBackendError(CommOverlapConfigError):
@@ -75,8 +76,8 @@ def flex_dispatcher_violations(
     model_config: Any,
     target: GpuTarget,
     *,
-    packages: Optional[Mapping[str, bool]] = None,
-    gpu_host: Optional[bool] = None,
+    packages: Mapping[str, bool] | None = None,
+    gpu_host: bool | None = None,
 ) -> list[Violation]:
     """Every flex-dispatcher problem of ``model_config`` for ``target`` (errors and notes).
 
@@ -103,8 +104,8 @@ def flex_dispatcher_violations(
 def validate_flex_dispatcher_backend(
     model_config: Any,
     *,
-    device_capability: Optional[tuple[int, int]] = None,
-    device_name: Optional[str] = None,
+    device_capability: tuple[int, int] | None = None,
+    device_name: str | None = None,
 ) -> list[Violation]:
     """Raise ``FlexDispatcherBackendError`` listing every problem; return the notes (warnings).
 
@@ -123,8 +124,8 @@ def validate_flex_dispatcher_backend(
 
 
 def _validation_target(
-    model_config: Any, device_capability: Optional[tuple[int, int]], device_name: Optional[str]
-) -> tuple[GpuTarget, Optional[bool]]:
+    model_config: Any, device_capability: tuple[int, int] | None, device_name: str | None
+) -> tuple[GpuTarget, bool | None]:
     """The GPU ``validate_flex_dispatcher_backend`` checks and whether this process runs on a GPU
     machine: the arguments (the machine: the visible GPU), else, with a flex backend configured, the
     GPU this process runs on (a GPU machine when one was found), else none (nothing GPU-specific)."""
@@ -149,7 +150,7 @@ def _is_dense(model_config: Any) -> bool:
     return not getattr(model_config, "num_moe_experts", None)
 
 
-def probe_target_gpu(backend: Optional[str]) -> GpuTarget:
+def probe_target_gpu(backend: str | None) -> GpuTarget:
     """The GPU this process runs on (``current_host()``), for a selection or a check given no target GPU.
 
     The host's own probe answers first (``nvidia-smi`` unless CUDA is already initialised). When it
@@ -183,7 +184,7 @@ def _target_of_properties(props: Any) -> GpuTarget:
     return gpu_catalog.resolve_gpu_target((major, minor), name)
 
 
-def _probe_failure(backend: Optional[str], exc: Exception) -> Violation:
+def _probe_failure(backend: str | None, exc: Exception) -> Violation:
     return Violation(
         rule="flex-backend-gpu-probe-failed",
         fields=("model.moe_flex_dispatcher_backend", "torch.cuda.get_device_properties(0)"),
@@ -197,12 +198,12 @@ def _probe_failure(backend: Optional[str], exc: Exception) -> Violation:
 
 def apply_flex_dispatcher_backend(
     model_config: Any,
-    moe_flex_dispatcher_backend: Optional[str] = None,
+    moe_flex_dispatcher_backend: str | None = None,
     *,
-    device_capability: Optional[tuple[int, int]] = None,
-    device_name: Optional[str] = None,
+    device_capability: tuple[int, int] | None = None,
+    device_name: str | None = None,
     fallback: Fallback = None,
-) -> Optional[str]:
+) -> str | None:
     """Select a dispatcher on ``model_config``; return the backend in effect (``None`` = alltoall).
 
     Sets the fields of :func:`dispatcher_fields`. The choice is checked with the flex rules for
@@ -234,7 +235,9 @@ def apply_flex_dispatcher_backend(
     chosen = _with_choice(model_config, choice)
     configured = configured_path(chosen)
     found = flex_dispatcher_violations(  # the packages are checked by validate, where the job runs
-        chosen, target, packages={need.module: True for need in (configured.packages if configured else ())},
+        chosen,
+        target,
+        packages={need.module: True for need in (configured.packages if configured else ())},
         gpu_host=target.source == "visible GPU",
     )
     errors = [v for v in found if v.severity == "error"]

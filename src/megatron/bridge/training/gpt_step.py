@@ -9,8 +9,9 @@ and share the loss function, which is why the two schedules produce the same los
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import partial
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import torch
 
@@ -20,12 +21,12 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def get_batch(data_iterator: Optional[Iterator[dict]], device: torch.device) -> dict[str, Optional[torch.Tensor]]:
+def get_batch(data_iterator: Iterator[dict] | None, device: torch.device) -> dict[str, torch.Tensor | None]:
     """Next micro-batch on ``device``. Stages without data (middle PP stages) get Nones."""
     if data_iterator is None:
         return dict(tokens=None, labels=None, loss_mask=None, position_ids=None, attention_mask=None)
     batch = next(data_iterator)
-    out: dict[str, Optional[torch.Tensor]] = {}
+    out: dict[str, torch.Tensor | None] = {}
     for key in ("tokens", "labels", "loss_mask", "position_ids", "attention_mask"):
         value = batch.get(key)
         out[key] = value.to(device, non_blocking=True) if torch.is_tensor(value) else None
@@ -49,7 +50,7 @@ def loss_func(
 
 
 def forward_step(
-    data_iterator: Optional[Iterator[dict]], model: Any, return_schedule_plan: bool = False
+    data_iterator: Iterator[dict] | None, model: Any, return_schedule_plan: bool = False
 ) -> tuple[Any, Any]:
     """One micro-batch: the model's output (or its schedule plan) and the loss function."""
     batch = get_batch(data_iterator, model_device(model))

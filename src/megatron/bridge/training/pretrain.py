@@ -18,7 +18,8 @@ The names Megatron-Bridge users import from here (``pretrain``, ``PretrainResult
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from megatron.core import parallel_state
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["PretrainResult", "TrainState", "Trainer", "pretrain"]
 
 
-def refuse_gpu_run_without_gpu(resolved: "ConfigContainer") -> None:
+def refuse_gpu_run_without_gpu(resolved: ConfigContainer) -> None:
     """A GPU config (``dist.device="cuda"``, the default) on a machine without a visible GPU stops
     here, in the harness's words, instead of in the driver on every rank."""
     have = visible_gpu_count() if resolved.dist.device == "cuda" else 1
@@ -55,8 +56,12 @@ def refuse_gpu_run_without_gpu(resolved: "ConfigContainer") -> None:
 
 
 def pretrain(
-    config: Optional["ConfigContainer"] = None, forward_step_func: Optional[Callable[..., Any]] = None,
-    callbacks: Any = None, *, verbose: bool = False, cfg: Optional["ConfigContainer"] = None,
+    config: ConfigContainer | None = None,
+    forward_step_func: Callable[..., Any] | None = None,
+    callbacks: Any = None,
+    *,
+    verbose: bool = False,
+    cfg: ConfigContainer | None = None,
 ) -> PretrainResult:
     """Train ``config`` with megatron-core; returns the losses/step times (summary on rank 0).
 
@@ -94,4 +99,3 @@ def pretrain(
             torch.distributed.destroy_process_group()
             world.stop()
         free_memory()  # the trainer is gone: its model's memory is free when pretrain returns
-

@@ -18,13 +18,14 @@ overlap prerequisite. ``ConfigError`` catches all of the above.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Optional, Sequence
+from typing import Any, Literal
 
 Severity = Literal["error", "warning"]
 
 
-def did_you_mean(name: str, choices: Iterable[str], prefix: str = "") -> Optional[str]:
+def did_you_mean(name: str, choices: Iterable[str], prefix: str = "") -> str | None:
     """The fix for a misspelt ``name``: ``did you mean <prefix>a or <prefix>b?`` with up to three of
     ``choices`` spelt like it, or ``None`` when none is close (the caller then says what else to do).
     One wording for every unknown-name error: config attributes, dotted overrides, Hydra overrides."""
@@ -82,7 +83,7 @@ class OverrideError(ConfigError):
     Built from the violations found, or from one message (``OverridesError("why")``, Megatron-Bridge's
     form): the message is then the error's text and ``violations`` is empty."""
 
-    def __init__(self, violations: "Sequence[Violation] | str", title: str = "invalid configuration") -> None:
+    def __init__(self, violations: Sequence[Violation] | str, title: str = "invalid configuration") -> None:
         if isinstance(violations, str):
             self.violations = []
             ValueError.__init__(self, violations)

@@ -20,14 +20,15 @@ import importlib.util
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Iterator, Optional, Protocol
+from typing import Protocol
 
 from packaging.version import Version
 
-GpuIdentity = tuple[Optional[tuple[int, int]], Optional[str]]
+GpuIdentity = tuple[tuple[int, int] | None, str | None]
 """``(capability, name)`` of GPU 0, or ``(None, None)`` without a usable GPU."""
 
 
@@ -38,9 +39,9 @@ class Host(Protocol):
 
     def gpu_count(self) -> int: ...
 
-    def memory_bytes(self) -> Optional[int]: ...
+    def memory_bytes(self) -> int | None: ...
 
-    def te_version(self) -> Optional[Version]: ...
+    def te_version(self) -> Version | None: ...
 
     def has_package(self, module: str) -> bool: ...
 
@@ -49,12 +50,12 @@ class Host(Protocol):
 class HostFacts:
     """A machine described rather than probed (tests, and what a record of a run says it ran on)."""
 
-    gpu_capability: Optional[tuple[int, int]] = None
-    gpu_name: Optional[str] = None
+    gpu_capability: tuple[int, int] | None = None
+    gpu_name: str | None = None
     gpus: int = 0
-    memory: Optional[int] = None
+    memory: int | None = None
     """Bytes this process's group may use; ``None``: unknown."""
-    transformer_engine: Optional[str] = None
+    transformer_engine: str | None = None
     """Transformer Engine's version; ``None``: it does not import."""
     packages: tuple[str, ...] = ()
     """The optional modules that import (``("deep_ep", "transformer_engine.pytorch.ep")``)."""
@@ -65,10 +66,10 @@ class HostFacts:
     def gpu_count(self) -> int:
         return self.gpus
 
-    def memory_bytes(self) -> Optional[int]:
+    def memory_bytes(self) -> int | None:
         return self.memory
 
-    def te_version(self) -> Optional[Version]:
+    def te_version(self) -> Version | None:
         return None if self.transformer_engine is None else Version(self.transformer_engine)
 
     def has_package(self, module: str) -> bool:
@@ -84,10 +85,10 @@ class RealHost:
     def gpu_count(self) -> int:
         return _probe_gpu_count()
 
-    def memory_bytes(self) -> Optional[int]:
+    def memory_bytes(self) -> int | None:
         return _probe_memory()
 
-    def te_version(self) -> Optional[Version]:
+    def te_version(self) -> Version | None:
         return _probe_te_version()
 
     def has_package(self, module: str) -> bool:
@@ -95,7 +96,7 @@ class RealHost:
 
 
 _REAL: Host = RealHost()
-_active: Optional[Host] = None
+_active: Host | None = None
 
 
 def current_host() -> Host:
@@ -155,7 +156,10 @@ def nvidia_smi_gpu() -> GpuIdentity:
     try:
         out = subprocess.run(
             [exe, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=True,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
         ).stdout
         return parse_nvidia_smi(out)
     except (OSError, subprocess.SubprocessError):
@@ -174,20 +178,23 @@ def parse_nvidia_smi(text: str) -> GpuIdentity:
     return (int(major), int(minor)), name.strip()
 
 
-def _probe_memory() -> Optional[int]:
+def _probe_memory() -> int | None:
     """The physical memory, or the control group's limit when it is lower; ``None`` when neither
     can be read."""
     try:
-        physical: Optional[int] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        physical: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (OSError, ValueError, AttributeError):
         physical = None
-    limits = [_read_int(Path("/sys/fs/cgroup/memory.max")),
-              _read_int(Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")), physical]
+    limits = [
+        _read_int(Path("/sys/fs/cgroup/memory.max")),
+        _read_int(Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")),
+        physical,
+    ]
     known = [v for v in limits if v]
     return min(known) if known else None
 
 
-def _read_int(path: Path) -> Optional[int]:
+def _read_int(path: Path) -> int | None:
     try:
         text = path.read_text(errors="replace").strip()
     except OSError:
@@ -199,7 +206,7 @@ _TE_DISTRIBUTIONS = ("transformer-engine", "transformer_engine", "transformer-en
 
 
 @functools.cache
-def _probe_te_version() -> Optional[Version]:
+def _probe_te_version() -> Version | None:
     """Transformer Engine's version when it imports (its CUDA libraries load at import, so a
     distribution record alone is not enough), else ``None``."""
     try:

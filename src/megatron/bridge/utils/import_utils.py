@@ -4,14 +4,12 @@ dispatch path needs are probed through ``current_host().has_package`` (``models/
 
 from __future__ import annotations
 
-from typing import Optional
-
 from packaging.version import Version
 
 from megatron.bridge.utils.host import current_host
 
 
-def transformer_engine_version() -> Optional[Version]:
+def transformer_engine_version() -> Version | None:
     """Installed Transformer Engine version, or ``None`` when TE does not import."""
     return current_host().te_version()
 

@@ -26,11 +26,12 @@ import pwd
 import secrets
 import shutil
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Iterator, Optional, Union
+from typing import IO
 
-Data = Union[str, bytes]
-PathLike = Union[str, "os.PathLike[str]"]
+Data = str | bytes
+PathLike = str | os.PathLike[str]
 
 _NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_LISTED = 10
@@ -213,7 +214,7 @@ def _existing_reason(path: PathLike) -> str:
     return "already exists: the run writes a new file there and does not overwrite one it did not create"
 
 
-def _file_reason(info: os.stat_result) -> Optional[str]:
+def _file_reason(info: os.stat_result) -> str | None:
     if not stat.S_ISREG(info.st_mode):
         return "is not a regular file"
     if info.st_uid != os.geteuid():
@@ -223,7 +224,7 @@ def _file_reason(info: os.stat_result) -> Optional[str]:
     return None
 
 
-def _dir_reason(info: os.stat_result) -> Optional[str]:
+def _dir_reason(info: os.stat_result) -> str | None:
     if stat.S_ISLNK(info.st_mode):
         return "is a symbolic link: the run does not write through it"
     if not stat.S_ISDIR(info.st_mode):

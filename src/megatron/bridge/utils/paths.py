@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 
-def writable_directory_problem(path: Path) -> Optional[str]:
+def writable_directory_problem(path: Path) -> str | None:
     """Why ``path`` cannot be the directory a run writes into (``None``: it can).
 
     It must be a directory, or not exist yet under a directory this process can create it in and

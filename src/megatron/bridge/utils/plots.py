@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from megatron.bridge.utils.owned_files import replace_file
 
 MISSING = "matplotlib is not installed (uv sync --extra plots)"
 
 
-def pyplot() -> Optional[Any]:
+def pyplot() -> Any | None:
     """``matplotlib.pyplot`` drawing off-screen, or ``None`` when matplotlib is not installed."""
     try:
         # Deferred: matplotlib is optional and takes a second to import.
@@ -42,7 +42,7 @@ def fit_width(fig: Any, texts: list[Any], margin_in: float = 0.15) -> None:
         fig.tight_layout()
 
 
-def save_png(fig: Any, path: "str | Path") -> Path:
+def save_png(fig: Any, path: str | Path) -> Path:
     """Write ``fig`` as a PNG at ``path`` (replacing a file or link there, never writing through it)."""
     plt = pyplot()
     image = io.BytesIO()

@@ -21,7 +21,7 @@ import os
 import re
 import sys
 import warnings
-from typing import Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
 
 KNOWN_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     (UserWarning, r"Transformer Engine and Apex are not installed"),
@@ -189,8 +189,9 @@ def dropped_when_quiet(record: logging.LogRecord, main_rank: bool) -> bool:
     return not _KNOWN_RECORDS.filter(record)
 
 
-def known_warning(message: Warning | str, category: type[Warning],
-                  known: Iterable[tuple[type[Warning], str]] = KNOWN_WARNINGS) -> bool:
+def known_warning(
+    message: Warning | str, category: type[Warning], known: Iterable[tuple[type[Warning], str]] = KNOWN_WARNINGS
+) -> bool:
     """Whether a warning is one :func:`silence_known_warnings` ignores (its filters match the start
     of the message, case-insensitively)."""
     text = str(message)
@@ -200,7 +201,7 @@ def known_warning(message: Warning | str, category: type[Warning],
 class MarkingFormatter(logging.Formatter):
     """Formats as ``inner`` does; marks every line of the records ``quiet`` selects."""
 
-    def __init__(self, inner: Optional[logging.Formatter], quiet: Callable[[logging.LogRecord], bool]) -> None:
+    def __init__(self, inner: logging.Formatter | None, quiet: Callable[[logging.LogRecord], bool]) -> None:
         super().__init__()
         self.inner, self.quiet = inner or logging.Formatter(), quiet
 

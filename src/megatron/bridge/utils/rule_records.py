@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
 
@@ -29,13 +30,13 @@ if TYPE_CHECKING:
 class RuleContext:
     """Facts about the target machine and software that rules may read."""
 
-    te_version: Optional[Version] = None
+    te_version: Version | None = None
     """Installed Transformer Engine version; ``None`` means absent."""
-    torch_version: Optional[Version] = None
-    world_size: Optional[int] = None
-    device_capability: Optional[tuple[int, int]] = None
+    torch_version: Version | None = None
+    world_size: int | None = None
+    device_capability: tuple[int, int] | None = None
     """Compute capability of the *target* GPU (``-g`` type, else the visible GPU); ``None``: unknown."""
-    device_name: Optional[str] = None
+    device_name: str | None = None
     """Target GPU type or device name (``h100``, ``NVIDIA GB200``); tells B200 from GB200 NVL72."""
     cuda_available: bool = False
     """Whether this process runs on a GPU machine (``False`` on a CPU host: a dry run)."""
@@ -44,7 +45,7 @@ class RuleContext:
     the packages the dispatch paths need (``models/dispatch/``), probed on the host. A module not
     listed was not checked (:meth:`package`)."""
 
-    def package(self, module: str) -> Optional[bool]:
+    def package(self, module: str) -> bool | None:
         """Whether ``module`` imports here; ``None``: not checked."""
         return self.packages.get(module)
 
@@ -54,9 +55,7 @@ def te_version_text(ctx: RuleContext) -> str:
     return "absent" if ctx.te_version is None else str(ctx.te_version)
 
 
-TE_VERSION_VALUE: tuple[tuple[str, Callable[[RuleContext], Any]], ...] = (
-    ("transformer_engine", te_version_text),
-)
+TE_VERSION_VALUE: tuple[tuple[str, Callable[[RuleContext], Any]], ...] = (("transformer_engine", te_version_text),)
 """``Rule.extra_values`` entry showing the TE version beside a rule's fields."""
 
 
@@ -85,18 +84,18 @@ class Rule:
 
     id: str
     fields: tuple[str, ...]
-    holds: Callable[["ConfigContainer", RuleContext], bool]
+    holds: Callable[[ConfigContainer, RuleContext], bool]
     message: str
     fix: str
-    applies: Callable[["ConfigContainer", RuleContext], bool] = lambda cfg, ctx: True
+    applies: Callable[[ConfigContainer, RuleContext], bool] = lambda cfg, ctx: True
     severity: Severity = "error"
     group: str = "general"
     extra_values: tuple[tuple[str, Callable[[RuleContext], Any]], ...] = field(default=())
     """Non-config facts shown beside the field values (e.g. ``("transformer_engine", ...)``)."""
-    derived_values: tuple[tuple[str, Callable[["ConfigContainer", RuleContext], Any]], ...] = field(default=())
+    derived_values: tuple[tuple[str, Callable[[ConfigContainer, RuleContext], Any]], ...] = field(default=())
     """Values computed from the config and the facts (e.g. the micro-batch count, a saved layout)."""
 
-    def check(self, cfg: "ConfigContainer", ctx: RuleContext) -> Optional[Violation]:
+    def check(self, cfg: ConfigContainer, ctx: RuleContext) -> Violation | None:
         """The violation of this rule by ``cfg``, or ``None``."""
         if not self.applies(cfg, ctx) or self.holds(cfg, ctx):
             return None
@@ -114,9 +113,7 @@ RANGE_PREFIX = "range:"
 _BAD_VALUE_ERRORS = (TypeError, ValueError, ArithmeticError)
 
 
-def check_rules(
-    rules: Iterable[Rule], cfg: "ConfigContainer", ctx: RuleContext
-) -> list[Violation]:
+def check_rules(rules: Iterable[Rule], cfg: ConfigContainer, ctx: RuleContext) -> list[Violation]:
     """Every violation of ``rules`` by ``cfg`` (never stops at the first).
 
     A rule that cannot even be evaluated (it compares or divides a value that is text, zero or

@@ -26,7 +26,7 @@ _RUNTIME_OWNER_PREFIX = "megatron.core"
 """Modules whose code may attach attributes to a config at run time."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def known_attributes(cls: type) -> frozenset[str]:
     """Every name ``cls`` defines: dataclass fields, properties, methods, class attributes."""
     names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
@@ -82,7 +82,6 @@ def check_attribute(obj: Any, name: str, value: Any) -> None:
 
 class StrictFields:
     """Mixin for config dataclasses: assigning an attribute the class does not define is an error."""
-
 
     def __setattr__(self, name: str, value: Any) -> None:
         check_attribute(self, name, value)

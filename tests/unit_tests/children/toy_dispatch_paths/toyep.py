@@ -49,7 +49,10 @@ PATH = DispatchPath(
     token_dispatcher_type="flex",
     packages=(TOY_KERNELS,),
     gpus=BackendSupport(
-        "toyep", "ToyEP", (10,), nvl72=True,
+        "toyep",
+        "ToyEP",
+        (10,),
+        nvl72=True,
         applicable="ToyEP is only applicable to Blackwell GPUs",
         supported="ToyEP is supported for Blackwell GPUs",
     ),

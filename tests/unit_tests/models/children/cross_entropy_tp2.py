@@ -28,8 +28,11 @@ def loss_and_grad(logits, target, weight, **kwargs):
 
 def case(vocab, seed):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(4, 3, vocab, generator=g) * 4, torch.randint(0, vocab, (4, 3), generator=g),
-            torch.randn(4, 3, generator=g))
+    return (
+        torch.randn(4, 3, vocab, generator=g) * 4,
+        torch.randint(0, vocab, (4, 3), generator=g),
+        torch.randn(4, 3, generator=g),
+    )
 
 
 def triton_cases() -> dict:
@@ -62,12 +65,12 @@ report = {"tensor_parallel": {}, **(triton_cases() if TRITON else {})}
 vocab, shard = 1000, 500
 logits, target, weight = case(vocab, 0)
 ref_loss, ref_grad = loss_and_grad(logits, target, weight, backend="torch")
-mine = logits[..., rank * shard:(rank + 1) * shard]
+mine = logits[..., rank * shard : (rank + 1) * shard]
 for backend in ("torch", "triton") if TRITON else ("torch",):
     loss, grad = loss_and_grad(mine, target, weight, group=dist.group.WORLD, backend=backend)
     report["tensor_parallel"][backend] = {
         "loss_diff": float((loss - ref_loss).abs().max()),
-        "grad_diff": float((grad - ref_grad[..., rank * shard:(rank + 1) * shard]).abs().max()),
+        "grad_diff": float((grad - ref_grad[..., rank * shard : (rank + 1) * shard]).abs().max()),
     }
 report["targets_on_this_shard"] = int(((target >= rank * shard) & (target < (rank + 1) * shard)).sum())
 finish(report)

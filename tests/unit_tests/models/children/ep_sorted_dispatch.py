@@ -70,8 +70,9 @@ def nvshmem_exchange_emulated(enabled: bool):
         return computed(*args, **kwargs)
 
     exchange_module._EXCHANGES.clear()
-    exchange_module.make_exchange = (
-        lambda group, device, prefer_symmetric: symmetric_exchange.SymmetricMemoryExchange(group))
+    exchange_module.make_exchange = lambda group, device, prefer_symmetric: symmetric_exchange.SymmetricMemoryExchange(
+        group
+    )
     exchange_module.call_rows = counted
     try:
         yield
@@ -106,13 +107,28 @@ def run(dispatcher: str, overlap: bool, delay: bool, emulated: bool):
 def _run(dispatcher: str, overlap: bool, delay: bool, transport=None):
     ps.initialize_model_parallel(1, 1, expert_model_parallel_size=WORLD)
     provider = Qwen3MoEModelProvider(
-        num_layers=2, hidden_size=HIDDEN, num_attention_heads=4, num_query_groups=2, kv_channels=8,
-        ffn_hidden_size=64, moe_ffn_hidden_size=16 * (4 if ON_GPU else 1), num_moe_experts=8, moe_router_topk=3,
-        vocab_size=128, seq_length=SEQ, make_vocab_size_divisible_by=128, layer_spec="torch_native",
-        use_cpu_initialization=not ON_GPU, params_dtype=torch.bfloat16 if ON_GPU else torch.float32, bf16=True,
-        expert_model_parallel_size=WORLD, moe_token_dispatcher_type="alltoall",
-        torch_native_dispatcher=dispatcher, overlap_moe_expert_parallel_comm=overlap,
-        delay_wgrad_compute=delay, moe_aux_loss_coeff=0.0,
+        num_layers=2,
+        hidden_size=HIDDEN,
+        num_attention_heads=4,
+        num_query_groups=2,
+        kv_channels=8,
+        ffn_hidden_size=64,
+        moe_ffn_hidden_size=16 * (4 if ON_GPU else 1),
+        num_moe_experts=8,
+        moe_router_topk=3,
+        vocab_size=128,
+        seq_length=SEQ,
+        make_vocab_size_divisible_by=128,
+        layer_spec="torch_native",
+        use_cpu_initialization=not ON_GPU,
+        params_dtype=torch.bfloat16 if ON_GPU else torch.float32,
+        bf16=True,
+        expert_model_parallel_size=WORLD,
+        moe_token_dispatcher_type="alltoall",
+        torch_native_dispatcher=dispatcher,
+        overlap_moe_expert_parallel_comm=overlap,
+        delay_wgrad_compute=delay,
+        moe_aux_loss_coeff=0.0,
     )
     provider.finalize()
     if ON_GPU:
@@ -125,8 +141,9 @@ def _run(dispatcher: str, overlap: bool, delay: bool, transport=None):
     model = provider.provide()
     if ON_GPU:
         model.cuda()
-    sorted_layers = sum(isinstance(layer.mlp.token_dispatcher, ExpertParallelSortedDispatcher)
-                        for layer in model.decoder.layers)
+    sorted_layers = sum(
+        isinstance(layer.mlp.token_dispatcher, ExpertParallelSortedDispatcher) for layer in model.decoder.layers
+    )
     padded_layers = sum(layer.mlp.experts.padded_rows for layer in model.decoder.layers)
     if transport is not None:  # what the dispatcher precomputes for that transport (its per-call indices)
         for layer in model.decoder.layers:
@@ -134,8 +151,13 @@ def _run(dispatcher: str, overlap: bool, delay: bool, transport=None):
     g = torch.Generator().manual_seed(10 + RANK)
     data = [torch.randint(0, 128, (1, SEQ), generator=g).to("cuda" if ON_GPU else "cpu") for _ in range(MICRO_BATCHES)]
     out = get_forward_backward_func()(
-        forward_step_func=forward_step, data_iterator=iter(data), model=[model],
-        num_microbatches=MICRO_BATCHES, seq_length=SEQ, micro_batch_size=1, forward_only=False,
+        forward_step_func=forward_step,
+        data_iterator=iter(data),
+        model=[model],
+        num_microbatches=MICRO_BATCHES,
+        seq_length=SEQ,
+        micro_batch_size=1,
+        forward_only=False,
     )
     losses = [float(o["loss"]) for o in out]
     grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}

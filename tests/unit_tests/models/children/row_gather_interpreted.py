@@ -42,17 +42,20 @@ def case(src: torch.Tensor, num_out: int, count, strided_out: bool, indexed: boo
 
 CASES = {
     "word_column_of_packed_rows": lambda: case(packed(40, 13)[:, 2:10], 30, 17, strided_out=False),
-    "one_float_column_into_a_strided_column": lambda: case(packed(25, 16, torch.float32)[:, 5:6], 25, 25,
-                                                           strided_out=True),
+    "one_float_column_into_a_strided_column": lambda: case(
+        packed(25, 16, torch.float32)[:, 5:6], 25, 25, strided_out=True
+    ),
     "count_zero_writes_nothing": lambda: case(packed(10, 8), 10, 0, strided_out=False),
     "count_past_the_rows_is_clamped": lambda: case(packed(10, 8), 6, 50, strided_out=False),
     "rows_wider_than_one_column_block": lambda: case(packed(9, 1500, torch.float32), 9, 5, strided_out=True),
     "no_rows": lambda: case(packed(4, 8), 0, 3, strided_out=False),
     "every_row_without_a_count": lambda: case(packed(12, 8)[:, 1:7], 12, None, strided_out=True),
     "plain_copy_of_a_strided_column": lambda: case(packed(30, 12)[:, 4:12], 30, None, strided_out=True, indexed=False),
-    "plain_copy_stopping_at_the_count": lambda: case(packed(30, 12, torch.uint8)[:, 3:7], 30, 11, strided_out=False,
-                                                     indexed=False),
+    "plain_copy_stopping_at_the_count": lambda: case(
+        packed(30, 12, torch.uint8)[:, 3:7], 30, 11, strided_out=False, indexed=False
+    ),
 }
+
 
 def pair_case(count, indexed: bool) -> dict:
     """Two columns of different widths and dtypes (one into a strided column) in one launch."""
@@ -64,13 +67,15 @@ def pair_case(count, indexed: bool) -> dict:
         words, scalars = words[:num_out], scalars[:num_out]
     out_words = torch.full((num_out, 8), SENTINEL, dtype=torch.int64)
     out_scalars = torch.full((num_out, 3), SENTINEL, dtype=torch.int32)[:, :1]
-    gather_row_pairs([(words, out_words), (scalars, out_scalars)], index,
-                     None if count is None else torch.tensor([count]))
+    gather_row_pairs(
+        [(words, out_words), (scalars, out_scalars)], index, None if count is None else torch.tensor([count])
+    )
     live = num_out if count is None else min(count, num_out)
     pick = (lambda t: t[:live]) if index is None else (lambda t: t.index_select(0, index[:live]))
     return dict(
-        first_rows_equal=bool(torch.equal(out_words[:live], pick(words))
-                              and torch.equal(out_scalars[:live], pick(scalars))),
+        first_rows_equal=bool(
+            torch.equal(out_words[:live], pick(words)) and torch.equal(out_scalars[:live], pick(scalars))
+        ),
         rest_untouched=bool((out_words[live:] == SENTINEL).all() and (out_scalars[live:] == SENTINEL).all()),
     )
 
@@ -89,8 +94,10 @@ def sum_case(num_rows: int, width: int, num_tokens: int, topk: int, dtype: torch
     pos = torch.randint(0, num_rows, (num_tokens, topk), generator=g)
     got = gather_sum_rows(rows, pos)
     want = rows.float().index_select(0, pos.reshape(-1)).view(num_tokens, topk, width).sum(1).to(dtype)
-    return dict(shape_ok=tuple(got.shape) == (num_tokens, width),
-                max_abs_diff=float((got.float() - want.float()).abs().max()) if got.numel() else 0.0)
+    return dict(
+        shape_ok=tuple(got.shape) == (num_tokens, width),
+        max_abs_diff=float((got.float() - want.float()).abs().max()) if got.numel() else 0.0,
+    )
 
 
 SUM_CASES = {

@@ -48,16 +48,24 @@ def one_call(late_blocks: bool) -> bool:
     send = rows_of(RANK, 7)
     out = torch.zeros(WORLD * ROWS, WIDTH)
     EmulatedVdev(late_blocks)(send, out, splits[RANK].clone(), torch.zeros(2, WORLD, dtype=torch.long), "")
-    expected = torch.cat([rows_of(s, 7)[splits[s, :RANK].sum():][:splits[s, RANK]] for s in range(WORLD)])
-    return torch.equal(out[:expected.shape[0]], expected)
+    expected = torch.cat([rows_of(s, 7)[splits[s, :RANK].sum() :][: splits[s, RANK]] for s in range(WORLD)])
+    return torch.equal(out[: expected.shape[0]], expected)
 
 
 def exchange_all(exchange, splits: torch.Tensor, sources, order) -> torch.Tensor:
     route = Route(splits[RANK].clone(), splits[:, RANK].clone(), recv_rows=WORLD * ROWS, source_rows=ROWS)
     total = int(splits[:, RANK].sum())
     columns = [(WIDTH, torch.float32), (1, torch.float32)]  # the data, not the row's padding bytes
-    return torch.cat(exchange.exchange(sources, route, lambda recv: copy_columns(recv[:total], columns),
-                                       order=order, count=torch.tensor([ROWS]) if order is not None else None), 1)
+    return torch.cat(
+        exchange.exchange(
+            sources,
+            route,
+            lambda recv: copy_columns(recv[:total], columns),
+            order=order,
+            count=torch.tensor([ROWS]) if order is not None else None,
+        ),
+        1,
+    )
 
 
 report = {"one_call_late_right": one_call(True), "one_call_on_time_right": one_call(False), "exchanges": []}
@@ -71,6 +79,12 @@ for seed in range(1, 6):
     calls_before = vdev.calls
     got = exchange_all(symmetric, splits, sources, order)
     want = exchange_all(collective, splits, sources, order)
-    report["exchanges"].append({"equal": torch.equal(got, want), "rows": int(want.shape[0]),
-                                "calls": vdev.calls - calls_before, "ordered": order is not None})
+    report["exchanges"].append(
+        {
+            "equal": torch.equal(got, want),
+            "rows": int(want.shape[0]),
+            "calls": vdev.calls - calls_before,
+            "ordered": order is not None,
+        }
+    )
 finish(report)

@@ -21,13 +21,27 @@ from megatron.bridge.models.qwen import Qwen3MoEModelProvider
 
 ps.initialize_model_parallel(1, 1, expert_model_parallel_size=1)
 
+
 def build(spec):
     provider = Qwen3MoEModelProvider(
-        num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, kv_channels=16,
-        ffn_hidden_size=128, moe_ffn_hidden_size=32, num_moe_experts=8, moe_router_topk=2,
-        vocab_size=256, seq_length=32, make_vocab_size_divisible_by=128, layer_spec=spec,
-        use_cpu_initialization=True, params_dtype=torch.float32, bf16=False,
-        moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False,
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_query_groups=2,
+        kv_channels=16,
+        ffn_hidden_size=128,
+        moe_ffn_hidden_size=32,
+        num_moe_experts=8,
+        moe_router_topk=2,
+        vocab_size=256,
+        seq_length=32,
+        make_vocab_size_divisible_by=128,
+        layer_spec=spec,
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        bf16=False,
+        moe_token_dispatcher_type="alltoall",
+        moe_grouped_gemm=False,
         # plain: megatron-core's unfused loss; native: the torch-native streaming cross-entropy
         cross_entropy_loss_fusion=spec != "local",
     )
@@ -35,15 +49,17 @@ def build(spec):
     cpu_compat.seed_cpu_model_parallel(1234)
     return provider.provide()
 
+
 plain, native = build("local"), build("torch_native")
 missing = native.load_state_dict(plain.state_dict(), strict=True)
-report = {"experts_type": type(native.decoder.layers[0].mlp.experts).__name__,
-          "attn_type": type(native.decoder.layers[0].self_attention.core_attention).__name__,
-          "dispatcher_type": type(native.decoder.layers[0].mlp.token_dispatcher).__name__,
-          "model_types": [type(plain).__name__, type(native).__name__],
-          "linear_types": sorted({type(m).__name__ for m in native.modules() if "ParallelLinear" in type(m).__name__}),
-          "plain_linear_types": sorted({type(m).__name__ for m in plain.modules()
-                                        if "ParallelLinear" in type(m).__name__})}
+report = {
+    "experts_type": type(native.decoder.layers[0].mlp.experts).__name__,
+    "attn_type": type(native.decoder.layers[0].self_attention.core_attention).__name__,
+    "dispatcher_type": type(native.decoder.layers[0].mlp.token_dispatcher).__name__,
+    "model_types": [type(plain).__name__, type(native).__name__],
+    "linear_types": sorted({type(m).__name__ for m in native.modules() if "ParallelLinear" in type(m).__name__}),
+    "plain_linear_types": sorted({type(m).__name__ for m in plain.modules() if "ParallelLinear" in type(m).__name__}),
+}
 seq, b = 32, 2
 g = torch.Generator().manual_seed(0)
 batches = [torch.randint(0, 256, (b, seq), generator=g) for _ in range(6)]
@@ -51,8 +67,10 @@ batches = [torch.randint(0, 256, (b, seq), generator=g) for _ in range(6)]
 pos = torch.arange(seq).unsqueeze(0).expand(b, -1)
 mask = torch.triu(torch.ones(1, 1, seq, seq, dtype=torch.bool), diagonal=1)
 
+
 def loss_of(model, tokens):
     return model(tokens, pos, mask, labels=tokens).float().mean()
+
 
 def grads(model):
     out = {}
@@ -66,6 +84,7 @@ def grads(model):
         else:
             out[name] = p.grad
     return out
+
 
 # Forward and gradients on one batch.
 lp, ln = loss_of(plain, batches[0]), loss_of(native, batches[0])

@@ -8,7 +8,7 @@ that mode only if the two offsets agree for every peer that sends rows.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -22,8 +22,14 @@ class EmulatedVdev:
     def __init__(self, late_blocks: bool = True) -> None:
         self.late_blocks, self.calls = late_blocks, 0
 
-    def __call__(self, send: torch.Tensor, out: torch.Tensor, in_splits: torch.Tensor,
-                 out_splits_offsets: torch.Tensor, group_name: str) -> None:
+    def __call__(
+        self,
+        send: torch.Tensor,
+        out: torch.Tensor,
+        in_splits: torch.Tensor,
+        out_splits_offsets: torch.Tensor,
+        group_name: str,
+    ) -> None:
         self.calls += 1
         world, me = dist.get_world_size(), dist.get_rank()
         sends = [torch.empty_like(send) for _ in range(world)]
@@ -35,9 +41,9 @@ class EmulatedVdev:
         for q in range(world):
             rows, at = int(out_splits[q]), int(out_offsets[q])
             source = at if self.late_blocks else int(splits[q][:me].sum())
-            taken = sends[q][source:source + rows]  # past the end of the buffer: other memory, zeros here
-            out[at:at + taken.shape[0]] = taken
-            out[at + taken.shape[0]:at + rows] = 0
+            taken = sends[q][source : source + rows]  # past the end of the buffer: other memory, zeros here
+            out[at : at + taken.shape[0]] = taken
+            out[at + taken.shape[0] : at + rows] = 0
         out_splits_offsets[0].copy_(out_splits)
         out_splits_offsets[1].copy_(out_offsets)
 

@@ -71,7 +71,8 @@ report = {
     "kernel": {name: kernel_case(*case) for name, case in KERNEL_CASES.items()},
     "backward": {
         f"{accumulation}{'_deferred' if deferred else ''}": backward_case(accumulation, deferred)
-        for accumulation in ("fused", "unfused") for deferred in (False, True)
+        for accumulation in ("fused", "unfused")
+        for deferred in (False, True)
     },
 }
 print("REPORT " + json.dumps(report))

@@ -30,8 +30,9 @@ ranks: list = []
 signal.signal(signal.SIGTERM, on_term)
 (markers / "launcher.pid").write_text(str(os.getpid()))
 ranks += [
-    subprocess.Popen([sys.executable, str(here / "fake_rank.py"), str(rank), mode, str(markers)],
-                     start_new_session=True)
+    subprocess.Popen(
+        [sys.executable, str(here / "fake_rank.py"), str(rank), mode, str(markers)], start_new_session=True
+    )
     for rank in range(count)
 ]
 print("launcher: started", count, "ranks", flush=True)

@@ -41,7 +41,7 @@ time.sleep(0.2)  # "finish the step"; a second SIGTERM in the meantime is counte
 (markers / f"rank{rank}.reason").write_text(signal.Signals(terms[0]).name)
 if mode == "saved":
     if rank == 0:
-        (markers.parent / "log" / "summary.json").write_text('{"final_iteration": %d}' % iteration)
+        (markers.parent / "log" / "summary.json").write_text(f'{{"final_iteration": {iteration}}}')
     print(f"[default{rank}]:summary written", flush=True)
     time.sleep(60)  # a slow exit: the test's second signal kills it
 sys.exit(0)

@@ -20,5 +20,13 @@ with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):  
         code = 0
     except SystemExit as exc:
         code = exc.code
-print(json.dumps({"exit": code, "printed": printed.getvalue(),
-                  "torch": "torch" in sys.modules, "megatron.core": "megatron.core" in sys.modules}))
+print(
+    json.dumps(
+        {
+            "exit": code,
+            "printed": printed.getvalue(),
+            "torch": "torch" in sys.modules,
+            "megatron.core": "megatron.core" in sys.modules,
+        }
+    )
+)

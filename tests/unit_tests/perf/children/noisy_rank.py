@@ -19,7 +19,8 @@ configure_logging(verbose="--verbose" in sys.argv[1:], rank="0", main_rank=True)
 print("[megatron.bridge] launch: stand-in rank", flush=True)
 warnings.warn("Apex is not installed. Falling back to Torch Norm", UserWarning)
 logging.getLogger("megatron.core.distributed.param_and_grad_buffer").info(
-    "Number of buckets: 1\nParams for bucket 1 (2 elements):\n\tmodule.weight")
+    "Number of buckets: 1\nParams for bucket 1 (2 elements):\n\tmodule.weight"
+)
 logging.getLogger("megatron.core.models.gpt.gpt_model").warning("GPTModel IS DEPRECATED. Use the hybrid model.")
 logging.getLogger("torch.utils.cpp_extension").warning("No CUDA runtime is found, using CUDA_HOME='/usr/local'")
 warnings.warn("an unknown warning the user must see", UserWarning)

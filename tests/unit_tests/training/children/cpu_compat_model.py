@@ -33,9 +33,12 @@ mcore_optimizer.USING_PYTORCH_OPTIMIZER = False
 cpu_compat.enable_cpu_compat()
 cpu_compat.enable_cpu_compat()  # idempotent
 report["enabled_after"] = cpu_compat.cpu_compat_enabled()
-report["te_kernels_replaced"] = (moe_utils.te_general_gemm is None and mcore_optimizer.Adam is torch.optim.AdamW
-                                 and mcore_optimizer.USING_PYTORCH_OPTIMIZER
-                                 and clip_grads.l2_norm_impl is not cuda_only)
+report["te_kernels_replaced"] = (
+    moe_utils.te_general_gemm is None
+    and mcore_optimizer.Adam is torch.optim.AdamW
+    and mcore_optimizer.USING_PYTORCH_OPTIMIZER
+    and clip_grads.l2_norm_impl is not cuda_only
+)
 
 # Streams and events.
 s = torch.cuda.Stream(device="cuda", priority=-1)

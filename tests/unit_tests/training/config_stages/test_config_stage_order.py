@@ -20,8 +20,8 @@ iteration) is a fact, in ``facts/``, which the run reads too.
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 import pytest
 
@@ -86,11 +86,11 @@ def imported_names(node: ast.AST, module: str, is_package: bool) -> list[str]:
     return [origin] + [f"{origin}.{alias.name}" for alias in node.names]
 
 
-def stage_of(name: str, package: str = PACKAGE) -> Optional[int]:
+def stage_of(name: str, package: str = PACKAGE) -> int | None:
     """Index in :data:`STAGES` of the stage a dotted name lies in; ``None`` outside the stages."""
     if not name.startswith(package + "."):
         return None
-    stage = name[len(package) + 1:].split(".")[0]
+    stage = name[len(package) + 1 :].split(".")[0]
     return STAGES.index(stage) if stage in STAGES else None
 
 
@@ -139,8 +139,10 @@ def test_every_stage_imports_only_from_itself_or_an_earlier_stage() -> None:
 
 def test_no_stage_imports_the_training_loop_or_the_devices() -> None:
     found = run_imports()
-    assert not found, ("the configuration imports the run (" + ", ".join(RUN_PACKAGES) + "); move the fact it "
-                       "needs into facts/:\n" + "\n".join(found))
+    assert not found, (
+        "the configuration imports the run (" + ", ".join(RUN_PACKAGES) + "); move the fact it "
+        "needs into facts/:\n" + "\n".join(found)
+    )
 
 
 def test_the_stages_are_the_sub_packages() -> None:
@@ -185,8 +187,10 @@ def test_checker_accepts_imports_of_earlier_stages(tmp_path: Path) -> None:
 
 def test_checker_catches_an_absolute_backward_import(tmp_path: Path) -> None:
     found = _check(tmp_path, "from fake.stages.rules.later import Y\n")
-    assert found == ["fake.stages.facts.probe (facts) imports fake.stages.rules.later (rules), line 1",
-                     "fake.stages.facts.probe (facts) imports fake.stages.rules.later.Y (rules), line 1"]
+    assert found == [
+        "fake.stages.facts.probe (facts) imports fake.stages.rules.later (rules), line 1",
+        "fake.stages.facts.probe (facts) imports fake.stages.rules.later.Y (rules), line 1",
+    ]
 
 
 def test_checker_catches_a_relative_backward_import_inside_a_function(tmp_path: Path) -> None:
@@ -210,11 +214,14 @@ def test_checker_reports_a_module_outside_every_stage(tmp_path: Path) -> None:
     assert _check(tmp_path, "") == ["fake.stages.loose is in no stage (stages: " + ", ".join(STAGES) + ")"]
 
 
-@pytest.mark.parametrize("text, line", [
-    ("from fake.run.loop import steps\n", 1),
-    ("def f():\n    import fake.run.loop.steps\n", 2),
-    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from fake.run import devices\n", 3),
-])
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("from fake.run.loop import steps\n", 1),
+        ("def f():\n    import fake.run.loop.steps\n", 2),
+        ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from fake.run import devices\n", 3),
+    ],
+)
 def test_checker_catches_an_import_of_the_run(tmp_path: Path, text: str, line: int) -> None:
     src = _synthetic(tmp_path, text)
     found = run_imports(src, "fake.stages", ("fake.run.loop", "fake.run.devices"))

@@ -54,7 +54,10 @@ PATH = DispatchPath(
     token_dispatcher_type="flex",
     packages=(DEEP_EP,),
     gpus=BackendSupport(
-        "deepep", "DeepEP", (8, 9, 10), nvl72=False,
+        "deepep",
+        "DeepEP",
+        (8, 9, 10),
+        nvl72=False,
         applicable="DeepEP is only applicable to Ampere, Hopper, and Blackwell (B200/B300) GPUs",
         supported="DeepEP is supported for Ampere, Hopper, and Blackwell (B200/B300) GPUs",
         blackwell_boards=("b200", "b300"),

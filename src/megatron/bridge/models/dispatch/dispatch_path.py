@@ -15,8 +15,9 @@ when they are called, so the configuration stages may read the registry on a CPU
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from megatron.bridge.utils.rule_records import Rule, RuleContext
 
@@ -65,7 +66,7 @@ class BackendSupport:
     """Where it runs, in the words of Megatron-Bridge's selection warning (scripts may match on them)."""
     supported: str
     """Where it runs, in the words of Megatron-Bridge's validation error (scripts may match on them)."""
-    blackwell_boards: Optional[tuple[str, ...]] = None
+    blackwell_boards: tuple[str, ...] | None = None
     """The Blackwell GPU types (``-g`` names) it runs on when that is only some of them (DeepEP:
     ``b200``, ``b300``); ``None``: every Blackwell GPU its ``nvl72`` admits."""
 
@@ -77,7 +78,7 @@ class TargetGpu(Protocol):
     def known(self) -> bool: ...
 
     @property
-    def capability(self) -> Optional[tuple[int, int]]: ...
+    def capability(self) -> tuple[int, int] | None: ...
 
     def describe(self) -> str: ...
 
@@ -103,8 +104,8 @@ class DispatchRequest:
     config: Any
     ep_size: int
     tp_size: int
-    ep_group: Optional["dist.ProcessGroup"]
-    device: "torch.device"
+    ep_group: dist.ProcessGroup | None
+    device: torch.device
 
     @property
     def requested(self) -> str:
@@ -116,7 +117,7 @@ class DispatchRequest:
 class DispatchChoice:
     """Which path an MoE layer runs, over which transport, and why."""
 
-    path: "DispatchPath"
+    path: DispatchPath
     transport: str
     """What moves tokens between EP ranks (``none`` for one rank)."""
     sync_free: bool
@@ -137,8 +138,13 @@ class DispatchChoice:
         return self.path.describe_choice(self)
 
     def to_dict(self) -> dict:
-        return dict(dispatcher=self.dispatcher, transport=self.transport, sync_free=self.sync_free,
-                    index_graph=self.index_graph, reason=self.reason)
+        return dict(
+            dispatcher=self.dispatcher,
+            transport=self.transport,
+            sync_free=self.sync_free,
+            index_graph=self.index_graph,
+            reason=self.reason,
+        )
 
 
 @dataclass(frozen=True)
@@ -156,7 +162,7 @@ class LaunchFacts:
     """What the harness knows of the launch that a path's settings may follow: ``-gn`` as given
     (``None``: not given) and the GPUs per node the launch uses."""
 
-    gpus_per_node: Optional[int]
+    gpus_per_node: int | None
     launch_gpus_per_node: int
 
 
@@ -194,28 +200,28 @@ class DispatchPath:
     token_dispatcher_type: str
     """megatron-core's ``moe_token_dispatcher_type`` it runs under (the torch-native dispatchers
     replace megatron's ``alltoall`` one)."""
-    torch_native_value: Optional[str] = None
+    torch_native_value: str | None = None
     """The ``model.torch_native_dispatcher`` value that asks for it (paths of one value share it)."""
     decides_auto: bool = False
     """Its ``choose`` also answers ``model.torch_native_dispatcher=auto``."""
     fields: tuple[str, ...] = ()
     """The model fields that are its own settings."""
     packages: tuple[PackageNeed, ...] = ()
-    gpus: Optional[BackendSupport] = None
+    gpus: BackendSupport | None = None
     """The GPUs it runs on, where that is a table (the flex backends); ``None``: wherever the layers run."""
     rules: Callable[[RunFacts], tuple[Rule, ...]] = no_rules
-    describe: Optional[Callable[[Any], str]] = None
+    describe: Callable[[Any], str] | None = None
     """The start-up ``dispatcher:`` text for a model config that selects it (megatron and flex paths)."""
     transports: tuple[str, ...] = ()
     """The ``DispatchChoice.transport`` values its choices carry (how a choice finds its path)."""
-    choose: Optional[Callable[[DispatchRequest], DispatchChoice]] = None
+    choose: Callable[[DispatchRequest], DispatchChoice] | None = None
     """The torch-native layer's choice for a request that asks for :attr:`torch_native_value`."""
-    describe_choice: Optional[Callable[[DispatchChoice], str]] = None
-    build: Optional[Callable[[DispatcherBuild], Any]] = None
+    describe_choice: Callable[[DispatchChoice], str] | None = None
+    build: Callable[[DispatcherBuild], Any] | None = None
     """The layer's token dispatcher for a choice of this path; ``None``: megatron's stays."""
     emulated: bool = False
     """The emulated world can run it (it plays every peer by symmetry)."""
     benchmark: tuple[BenchmarkArm, ...] = ()
     """Its arms in the emulation benchmark (``perf/benchmarks/emulation_benchmark.py``)."""
-    launch_values: Optional[Callable[[Any, LaunchFacts], dict[str, Any]]] = None
+    launch_values: Callable[[Any, LaunchFacts], dict[str, Any]] | None = None
     """Settings the harness fills in from the launch where no layer set them (dotted name -> value)."""

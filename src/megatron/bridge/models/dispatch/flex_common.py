@@ -7,21 +7,26 @@ a backend alone does nothing (its rule is ``flex-backend-needs-flex-dispatcher``
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from megatron.bridge.utils.rule_records import RuleContext
 
 NUM_SMS_FIELDS: tuple[str, ...] = (
-    "model.moe_flex_dispatcher_num_sms", "model.moe_deepep_num_sms", "model.moe_hybridep_num_sms",
+    "model.moe_flex_dispatcher_num_sms",
+    "model.moe_deepep_num_sms",
+    "model.moe_hybridep_num_sms",
 )
 """megatron-core 0.19.2's SM count of the flex dispatch kernels, and its two deprecated names."""
 CAPACITY_FIELD = "model.moe_expert_rank_capacity_factor"
-OP_FUSER_FIX = ("model.layer_spec=transformer_engine with Transformer Engine installed, "
-                "model.use_transformer_engine_op_fuser=true and model.moe_grouped_gemm=true")
+OP_FUSER_FIX = (
+    "model.layer_spec=transformer_engine with Transformer Engine installed, "
+    "model.use_transformer_engine_op_fuser=true and model.moe_grouped_gemm=true"
+)
 """The fix of the rules that need Transformer Engine's fused grouped MLP (HybridEP's and NCCL EP's)."""
 
 
-def flex_backend(cfg: Any) -> Optional[str]:
+def flex_backend(cfg: Any) -> str | None:
     """The flex backend that runs: the backend when the dispatcher is ``flex``, else ``None``."""
     return cfg.model.moe_flex_dispatcher_backend if cfg.model.moe_token_dispatcher_type == "flex" else None
 

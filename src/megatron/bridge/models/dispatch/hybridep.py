@@ -25,8 +25,9 @@ def _rules(facts: RunFacts) -> tuple[Rule, ...]:
             id="rank-capacity-factor-hybridep-needs-op-fuser",
             group="flex-settings",
             fields=(CAPACITY_FIELD, "model.use_transformer_engine_op_fuser", "model.layer_spec"),
-            applies=lambda cfg, ctx: cfg.model.moe_expert_rank_capacity_factor is not None
-            and flex_backend(cfg) == "hybridep",
+            applies=lambda cfg, ctx: (
+                cfg.model.moe_expert_rank_capacity_factor is not None and flex_backend(cfg) == "hybridep"
+            ),
             holds=lambda cfg, ctx: bool(cfg.model.use_transformer_engine_op_fuser) and facts.layers_use_te(cfg, ctx),
             message="HybridEP with a per-rank budget hands the experts a fixed-size, padded buffer: megatron-core "
             "requires Transformer Engine's fused grouped MLP (the op fuser) to consume it, which the "
@@ -49,9 +50,11 @@ PATH = DispatchPath(
     fields=(CAPACITY_FIELD,),
     packages=(DEEP_EP,),
     gpus=BackendSupport(
-        "hybridep", "HybridEP", (8, 9, 10), nvl72=True,
-        applicable="HybridEP is only applicable for GB200, GB300 with NVL72 and for Ampere, Hopper, "
-        "B200 and B300 GPUs",
+        "hybridep",
+        "HybridEP",
+        (8, 9, 10),
+        nvl72=True,
+        applicable="HybridEP is only applicable for GB200, GB300 with NVL72 and for Ampere, Hopper, B200 and B300 GPUs",
         supported="HybridEP is supported for GB200, GB300 with NVL72 and for Ampere, Hopper, B200 and B300 GPUs",
     ),
     rules=_rules,

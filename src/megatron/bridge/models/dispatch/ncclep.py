@@ -7,7 +7,7 @@ TE built with ``NVTE_BUILD_WITH_NCCL_EP=1``). Its own settings: the per-rank tok
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from megatron.bridge.models.dispatch.dispatch_path import (
     PLAIN_ALLTOALL_TEXT,
@@ -25,8 +25,7 @@ from megatron.bridge.models.dispatch.flex_common import (
 )
 from megatron.bridge.utils.rule_records import Rule, RuleContext
 
-_TE_EP_INSTALL = ("install a Transformer Engine built with NCCL EP (NVTE_BUILD_WITH_NCCL_EP=1) on the GPU "
-                  "machines")
+_TE_EP_INSTALL = "install a Transformer Engine built with NCCL EP (NVTE_BUILD_WITH_NCCL_EP=1) on the GPU machines"
 TE_NCCL_EP = PackageNeed(
     module="transformer_engine.pytorch.ep",
     rule_id="ncclep-needs-te-nccl-ep",
@@ -43,7 +42,7 @@ TE_NCCL_EP = PackageNeed(
 _NCCLEP = on_backends(("ncclep",))
 
 
-def _capability_major(facts: RunFacts, ctx: RuleContext) -> Optional[int]:
+def _capability_major(facts: RunFacts, ctx: RuleContext) -> int | None:
     target = facts.target_gpu(ctx)
     return target.capability[0] if target.known and target.capability else None
 
@@ -84,11 +83,17 @@ def _rules(facts: RunFacts) -> tuple[Rule, ...]:
         Rule(
             id="ncclep-static-shape-needs-fused-grouped-experts",
             group="flex-settings",
-            fields=("model.moe_ncclep_static_shape", "model.use_transformer_engine_op_fuser",
-                    "model.moe_grouped_gemm", "model.layer_spec"),
+            fields=(
+                "model.moe_ncclep_static_shape",
+                "model.use_transformer_engine_op_fuser",
+                "model.moe_grouped_gemm",
+                "model.layer_spec",
+            ),
             applies=lambda cfg, ctx: _NCCLEP(cfg, ctx) and bool(cfg.model.moe_ncclep_static_shape),
-            holds=lambda cfg, ctx: bool(cfg.model.use_transformer_engine_op_fuser and cfg.model.moe_grouped_gemm)
-            and facts.layers_use_te(cfg, ctx),
+            holds=lambda cfg, ctx: (
+                bool(cfg.model.use_transformer_engine_op_fuser and cfg.model.moe_grouped_gemm)
+                and facts.layers_use_te(cfg, ctx)
+            ),
             message="with the static shape the experts get the whole fixed-size receive buffer and must read "
             "the per-expert counts on the GPU: only Transformer Engine's fused grouped MLP (the op fuser over "
             "grouped experts) does; megatron-core refuses the static shape without it",
@@ -98,8 +103,12 @@ def _rules(facts: RunFacts) -> tuple[Rule, ...]:
             id="ncclep-static-shape-low-precision-needs-blackwell",
             group="flex-settings",
             fields=("model.moe_ncclep_static_shape", "mixed_precision"),
-            applies=lambda cfg, ctx: _NCCLEP(cfg, ctx) and bool(cfg.model.moe_ncclep_static_shape)
-            and facts.low_precision(cfg) and _capability_major(facts, ctx) is not None,
+            applies=lambda cfg, ctx: (
+                _NCCLEP(cfg, ctx)
+                and bool(cfg.model.moe_ncclep_static_shape)
+                and facts.low_precision(cfg)
+                and _capability_major(facts, ctx) is not None
+            ),
             holds=lambda cfg, ctx: (_capability_major(facts, ctx) or 0) >= 10,
             message="NCCL EP's static shape with FP8/FP4 runs the experts through the CuTe DSL grouped GEMM, "
             "which needs a Blackwell GPU (sm100 or later) and NVTE_CUTEDSL_FUSED_GROUPED_MLP=1 in the job's "
@@ -125,8 +134,9 @@ def _rules(facts: RunFacts) -> tuple[Rule, ...]:
 
 def _describe(model: Any) -> str:
     shape = "static shape" if model.moe_ncclep_static_shape else "sized per step (host sync)"
-    return describe_flex(model, [shape, f"zero copy {'on' if model.moe_ncclep_zero_copy else 'off'}",
-                                 capacity_text(model)])
+    return describe_flex(
+        model, [shape, f"zero copy {'on' if model.moe_ncclep_zero_copy else 'off'}", capacity_text(model)]
+    )
 
 
 PATH = DispatchPath(
@@ -137,7 +147,10 @@ PATH = DispatchPath(
     fields=(CAPACITY_FIELD, "model.moe_ncclep_static_shape", "model.moe_ncclep_zero_copy"),
     packages=(TE_NCCL_EP,),
     gpus=BackendSupport(
-        "ncclep", "NCCL EP", (9, 10), nvl72=True,
+        "ncclep",
+        "NCCL EP",
+        (9, 10),
+        nvl72=True,
         applicable="NCCL EP is only applicable to Hopper and Blackwell GPUs",
         supported="NCCL EP is supported for Hopper and Blackwell GPUs",
     ),

@@ -10,7 +10,7 @@ overlap on.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from megatron.bridge.emulation.network import PRESETS
 from megatron.bridge.models.dispatch.dispatch_path import (
@@ -29,7 +29,7 @@ NODE_AWARE_TRANSPORT = "all_to_all_single in two stages (between nodes, then ins
 GPUS_PER_NODE_FIELD = "model.torch_native_gpus_per_node"
 
 
-def node_layout_problem(ep_size: int, gpus_per_node: Any) -> Optional[str]:
+def node_layout_problem(ep_size: int, gpus_per_node: Any) -> str | None:
     """Why the node-aware dispatcher cannot split an EP group of ``ep_size`` ranks into nodes of
     ``gpus_per_node`` (``None``: it can). EP groups are runs of consecutive ranks (expert TP 1), so
     they cover whole nodes where ``gpus_per_node`` divides the EP size, and lie inside one node
@@ -37,8 +37,9 @@ def node_layout_problem(ep_size: int, gpus_per_node: Any) -> Optional[str]:
     if not isinstance(gpus_per_node, int) or isinstance(gpus_per_node, bool) or gpus_per_node < 1:
         return f"torch_native_gpus_per_node={gpus_per_node!r} is not a GPU count"
     if ep_size % gpus_per_node and gpus_per_node % ep_size:
-        return (f"torch_native_gpus_per_node={gpus_per_node} neither divides the EP size {ep_size} nor is "
-                "a multiple of it")
+        return (
+            f"torch_native_gpus_per_node={gpus_per_node} neither divides the EP size {ep_size} nor is a multiple of it"
+        )
     return None
 
 
@@ -90,7 +91,7 @@ def _build(build: DispatcherBuild) -> Any:
     return NodeAwareDispatcher(**build.layer.dispatcher_arguments(), gpus_per_node=gpus_per_node)
 
 
-def emulated_gpus_per_node(cfg: Any) -> Optional[int]:
+def emulated_gpus_per_node(cfg: Any) -> int | None:
     """GPUs per node of the emulated network (``None``: not emulated, or an unknown preset, which
     the emulation rules report)."""
     e = cfg.emulation
@@ -139,13 +140,13 @@ NODE_AWARE_RULES: tuple[Rule, ...] = (
         id="gpus-per-node-divides-ep-size",
         fields=(GPUS_PER_NODE_FIELD, "model.expert_model_parallel_size"),
         applies=_node_aware_with_gpus_per_node,
-        holds=lambda cfg, ctx: node_layout_problem(
-            cfg.model.expert_model_parallel_size, cfg.model.torch_native_gpus_per_node) is None,
+        holds=lambda cfg, ctx: (
+            node_layout_problem(cfg.model.expert_model_parallel_size, cfg.model.torch_native_gpus_per_node) is None
+        ),
         message="the node-aware dispatcher splits each EP group into whole nodes: the GPUs per node must "
         "divide the EP size (EP over several nodes) or be a multiple of it (EP inside one node: one stage); "
         "otherwise an EP group would hold more GPUs of one node than of another",
-        fix="use an EP size that is a multiple of the GPUs per node (e.g. -ep 16 with -gn 8), or one that "
-        "divides it",
+        fix="use an EP size that is a multiple of the GPUs per node (e.g. -ep 16 with -gn 8), or one that divides it",
     ),
     Rule(
         id="node-aware-dispatch-needs-ep",
@@ -157,9 +158,14 @@ NODE_AWARE_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         id="node-aware-dispatch-must-be-exact",
-        fields=("model.torch_native_dispatcher", "model.moe_token_dispatcher_type",
-                "model.expert_tensor_parallel_size", "model.moe_expert_capacity_factor",
-                "model.pipeline_model_parallel_size", "model.cuda_graph_impl"),
+        fields=(
+            "model.torch_native_dispatcher",
+            "model.moe_token_dispatcher_type",
+            "model.expert_tensor_parallel_size",
+            "model.moe_expert_capacity_factor",
+            "model.pipeline_model_parallel_size",
+            "model.cuda_graph_impl",
+        ),
         applies=lambda cfg, ctx: _node_aware(cfg, ctx) and bool(cfg.model.num_moe_experts),
         holds=lambda cfg, ctx: not sorted_dispatch_blockers(cfg),
         message="the node-aware dispatcher reproduces megatron's dropless alltoall dispatcher with expert TP 1, "
@@ -169,11 +175,15 @@ NODE_AWARE_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         id="node-aware-dispatch-takes-no-sorted-transport",
-        fields=("model.torch_native_dispatcher", "model.torch_native_ep_transport",
-                "model.torch_native_nvshmem_blocks"),
+        fields=(
+            "model.torch_native_dispatcher",
+            "model.torch_native_ep_transport",
+            "model.torch_native_nvshmem_blocks",
+        ),
         applies=_node_aware,
-        holds=lambda cfg, ctx: (cfg.model.torch_native_ep_transport == "auto"
-                                and cfg.model.torch_native_nvshmem_blocks is None),
+        holds=lambda cfg, ctx: (
+            cfg.model.torch_native_ep_transport == "auto" and cfg.model.torch_native_nvshmem_blocks is None
+        ),
         message="the node-aware dispatcher always exchanges with all_to_all_single; the sorted dispatcher's "
         "transport and NVSHMEM block count would have no effect",
         fix="leave model.torch_native_ep_transport=auto and model.torch_native_nvshmem_blocks=null",
@@ -190,8 +200,7 @@ NODE_AWARE_RULES: tuple[Rule, ...] = (
     Rule(
         id="node-aware-gpus-per-node-matches-emulated-network",
         fields=(GPUS_PER_NODE_FIELD, "emulation.gpus_per_node", "emulation.network"),
-        applies=lambda cfg, ctx: (_node_aware_with_gpus_per_node(cfg, ctx)
-                                  and emulated_gpus_per_node(cfg) is not None),
+        applies=lambda cfg, ctx: _node_aware_with_gpus_per_node(cfg, ctx) and emulated_gpus_per_node(cfg) is not None,
         holds=lambda cfg, ctx: cfg.model.torch_native_gpus_per_node == emulated_gpus_per_node(cfg),
         message="in an emulated world the network model charges by its own nodes: the node-aware dispatcher "
         "must cut the EP group at the same boundaries, or the modeled inter-node bytes mean nothing",
@@ -215,7 +224,11 @@ PATH = DispatchPath(
     describe_choice=_describe_choice,
     build=_build,
     emulated=True,
-    benchmark=(BenchmarkArm("node_aware", ("model.torch_native_dispatcher=node_aware",
-                                           "model.torch_native_gpus_per_node={gpus_per_node}")),),
+    benchmark=(
+        BenchmarkArm(
+            "node_aware",
+            ("model.torch_native_dispatcher=node_aware", "model.torch_native_gpus_per_node={gpus_per_node}"),
+        ),
+    ),
     launch_values=launch_values,
 )

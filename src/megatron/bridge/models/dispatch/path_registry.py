@@ -12,7 +12,7 @@ package probes of the rule context (:func:`probe_packages`) and the emulation be
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.models.dispatch import (
     deepep,
@@ -62,7 +62,7 @@ def paths_of(kind: PathKind) -> tuple[DispatchPath, ...]:
     return tuple(p for p in DISPATCH_PATHS if p.kind == kind)
 
 
-def path_named(name: Optional[str]) -> Optional[DispatchPath]:
+def path_named(name: str | None) -> DispatchPath | None:
     """The path called ``name`` (``None``: no such path)."""
     return next((p for p in DISPATCH_PATHS if p.name == name), None)
 
@@ -90,14 +90,14 @@ def paths_needing(need: PackageNeed) -> tuple[DispatchPath, ...]:
     return tuple(p for p in DISPATCH_PATHS if need in p.packages)
 
 
-def probe_packages(host: "Host", paths: Optional[tuple[DispatchPath, ...]] = None) -> dict[str, bool]:
+def probe_packages(host: Host, paths: tuple[DispatchPath, ...] | None = None) -> dict[str, bool]:
     """Module -> whether it imports on ``host``, for the packages of ``paths`` (default: every path):
     what fills ``RuleContext.packages``."""
     needs = package_needs() if paths is None else tuple(dict.fromkeys(n for p in paths for n in p.packages))
     return {need.module: host.has_package(need.module) for need in needs}
 
 
-def configured_path(model: Any) -> Optional[DispatchPath]:
+def configured_path(model: Any) -> DispatchPath | None:
     """The megatron-core dispatcher a model config selects: its flex backend's path with
     ``moe_token_dispatcher_type=flex``, else the megatron path of its dispatcher type (``None``: a name
     no path has)."""
@@ -117,7 +117,7 @@ def describe_dispatcher(model: Any) -> str:
     return str(model.moe_token_dispatcher_type)
 
 
-def _deciding_path(requested: str) -> Optional[DispatchPath]:
+def _deciding_path(requested: str) -> DispatchPath | None:
     """The path whose ``choose`` answers ``requested`` (``auto``: the one that decides it)."""
     for path in DISPATCH_PATHS:
         asked = path.decides_auto if requested == AUTO else path.torch_native_value == requested
@@ -127,7 +127,7 @@ def _deciding_path(requested: str) -> Optional[DispatchPath]:
 
 
 def choose_dispatch(
-    config: Any, ep_size: int, tp_size: int, ep_group: Optional["dist.ProcessGroup"], device: "torch.device"
+    config: Any, ep_size: int, tp_size: int, ep_group: dist.ProcessGroup | None, device: torch.device
 ) -> DispatchChoice:
     """The path, transport and reason of one torch-native MoE layer on this machine: the choice of the
     path ``config.torch_native_dispatcher`` asks for (``auto``: see ``sorted_dispatch.py``)."""

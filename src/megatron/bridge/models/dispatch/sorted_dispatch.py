@@ -81,9 +81,14 @@ def _choose(request: DispatchRequest) -> DispatchChoice:
 SORTED_RULES: tuple[Rule, ...] = (
     Rule(
         id="sorted-dispatch-must-be-exact",
-        fields=("model.torch_native_dispatcher", "model.moe_token_dispatcher_type",
-                "model.expert_tensor_parallel_size", "model.moe_expert_capacity_factor",
-                "model.pipeline_model_parallel_size", "model.cuda_graph_impl"),
+        fields=(
+            "model.torch_native_dispatcher",
+            "model.moe_token_dispatcher_type",
+            "model.expert_tensor_parallel_size",
+            "model.moe_expert_capacity_factor",
+            "model.pipeline_model_parallel_size",
+            "model.cuda_graph_impl",
+        ),
         applies=lambda cfg, ctx: cfg.model.torch_native_dispatcher == "sorted" and bool(cfg.model.num_moe_experts),
         holds=lambda cfg, ctx: not sorted_dispatch_blockers(cfg),
         message="the sorted dispatcher is exact only for the dropless alltoall dispatcher with expert TP 1, "
@@ -94,8 +99,9 @@ SORTED_RULES: tuple[Rule, ...] = (
         id="ep-transport-needs-sorted-ep-dispatch",
         fields=("model.torch_native_ep_transport", "model.torch_native_dispatcher", "model.expert_model_parallel_size"),
         applies=lambda cfg, ctx: cfg.model.torch_native_ep_transport != "auto",
-        holds=lambda cfg, ctx: (cfg.model.torch_native_dispatcher != "megatron"
-                                and cfg.model.expert_model_parallel_size > 1),
+        holds=lambda cfg, ctx: (
+            cfg.model.torch_native_dispatcher != "megatron" and cfg.model.expert_model_parallel_size > 1
+        ),
         message="the EP token exchange only exists for the sorted dispatcher with EP > 1; here it would have no effect",
         fix="leave model.torch_native_ep_transport=auto, or use EP > 1 with torch_native_dispatcher auto/sorted",
     ),
@@ -105,8 +111,7 @@ SORTED_RULES: tuple[Rule, ...] = (
 PATH = DispatchPath(
     name="sorted",
     kind="torch_native",
-    summary="the sorted dispatcher: counts stay on the GPU; with EP > 1 over all_to_all_single with host "
-    "split sizes",
+    summary="the sorted dispatcher: counts stay on the GPU; with EP > 1 over all_to_all_single with host split sizes",
     token_dispatcher_type="alltoall",
     torch_native_value="sorted",
     decides_auto=True,
@@ -117,6 +122,7 @@ PATH = DispatchPath(
     describe_choice=describe_sorted,
     build=build_sorted,
     emulated=True,
-    benchmark=(BenchmarkArm("sorted", ("model.torch_native_dispatcher=sorted",
-                                       "model.torch_native_ep_transport=nccl")),),
+    benchmark=(
+        BenchmarkArm("sorted", ("model.torch_native_dispatcher=sorted", "model.torch_native_ep_transport=nccl")),
+    ),
 )

@@ -14,7 +14,7 @@ fewer blocks start sooner and overlap better, at some cost in bandwidth.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
 from megatron.bridge.models.dispatch.dispatch_path import (
     BenchmarkArm,
@@ -48,7 +48,7 @@ def nvshmem_choice(request: DispatchRequest, support: SymmetricMemorySupport) ->
     return DispatchChoice(PATH, "nvshmem", True, f"EP={request.ep_size}, {support.reason}")
 
 
-def apply_nvshmem_blocks(blocks: Optional[int]) -> None:
+def apply_nvshmem_blocks(blocks: int | None) -> None:
     """Set torch's NVSHMEM all-to-all block count before the first exchange of the process.
 
     torch reads the variable once; a different value already in the environment is an error
@@ -72,15 +72,22 @@ def _build(build: DispatcherBuild) -> Any:
 
 def _blocks_ok(cfg: Any, ctx: RuleContext) -> bool:
     blocks, ep = cfg.model.torch_native_nvshmem_blocks, cfg.model.expert_model_parallel_size
-    return (isinstance(blocks, int) and ep <= blocks <= MAX_NVSHMEM_BLOCKS and blocks % ep == 0
-            and blocks_split_rows_exactly(blocks, ep))
+    return (
+        isinstance(blocks, int)
+        and ep <= blocks <= MAX_NVSHMEM_BLOCKS
+        and blocks % ep == 0
+        and blocks_split_rows_exactly(blocks, ep)
+    )
 
 
 NVSHMEM_RULES: tuple[Rule, ...] = (
     Rule(
         id="nvshmem-blocks-in-range",
-        fields=("model.torch_native_nvshmem_blocks", "model.expert_model_parallel_size",
-                "model.torch_native_ep_transport"),
+        fields=(
+            "model.torch_native_nvshmem_blocks",
+            "model.expert_model_parallel_size",
+            "model.torch_native_ep_transport",
+        ),
         applies=lambda cfg, ctx: cfg.model.torch_native_nvshmem_blocks is not None,
         holds=lambda cfg, ctx: _blocks_ok(cfg, ctx) and cfg.model.torch_native_ep_transport != "nccl",
         message=f"NVSHMEM all-to-all blocks: the EP size times a power of two, at most {MAX_NVSHMEM_BLOCKS}, and "
@@ -105,6 +112,8 @@ PATH = DispatchPath(
     describe_choice=describe_sorted,
     build=_build,
     emulated=True,
-    benchmark=(BenchmarkArm("sorted_nvshmem", _SELECTED),
-               BenchmarkArm("sorted_nvshmem_graph", (*_SELECTED, *WHOLE_ITERATION_GRAPH))),
+    benchmark=(
+        BenchmarkArm("sorted_nvshmem", _SELECTED),
+        BenchmarkArm("sorted_nvshmem_graph", (*_SELECTED, *WHOLE_ITERATION_GRAPH)),
+    ),
 )

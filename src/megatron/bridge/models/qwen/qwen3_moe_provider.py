@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal, Optional
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -28,18 +29,18 @@ class Qwen3MoEModelProvider(GPTModelProvider):
     position_embedding_type: Literal["learned_absolute", "rope", "none"] = "rope"
     rotary_base: float = 1_000_000.0
     share_embeddings_and_output_weights: bool = False
-    vocab_size: Optional[int] = 151936
+    vocab_size: int | None = 151936
     seq_length: int = 4096
-    kv_channels: Optional[int] = 128
+    kv_channels: int | None = 128
     # Mixture of experts: every layer is an MoE layer, top-k softmax router in fp32, aux loss 1e-3.
-    num_moe_experts: Optional[int] = 128
+    num_moe_experts: int | None = 128
     moe_router_topk: int = 8
-    moe_ffn_hidden_size: Optional[int] = 768
+    moe_ffn_hidden_size: int | None = 768
     moe_layer_freq: int = 1
     moe_aux_loss_coeff: float = 1e-3
     moe_router_load_balancing_type: str = "aux_loss"
     moe_router_pre_softmax: bool = False
-    moe_router_dtype: Optional[Literal["fp32", "fp64"]] = "fp32"
+    moe_router_dtype: Literal["fp32", "fp64"] | None = "fp32"
     moe_grouped_gemm: bool = True
     moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] = "alltoall"
     moe_permute_fusion: bool = False
@@ -61,9 +62,9 @@ class Qwen3MoEModelProvider30B_A3B(Qwen3MoEModelProvider):
     num_layers: int = 48
     hidden_size: int = 2048
     num_attention_heads: int = 32
-    num_query_groups: Optional[int] = 4
-    ffn_hidden_size: Optional[int] = 6144
-    moe_ffn_hidden_size: Optional[int] = 768
+    num_query_groups: int | None = 4
+    ffn_hidden_size: int | None = 6144
+    moe_ffn_hidden_size: int | None = 768
 
 
 @dataclass
@@ -73,6 +74,6 @@ class Qwen3MoEModelProvider235B_A22B(Qwen3MoEModelProvider):
     num_layers: int = 94
     hidden_size: int = 4096
     num_attention_heads: int = 64
-    num_query_groups: Optional[int] = 4
-    ffn_hidden_size: Optional[int] = 12288
-    moe_ffn_hidden_size: Optional[int] = 1536
+    num_query_groups: int | None = 4
+    ffn_hidden_size: int | None = 12288
+    moe_ffn_hidden_size: int | None = 1536

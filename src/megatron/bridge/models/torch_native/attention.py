@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +44,7 @@ def sdpa_core_attention(
     causal: bool,
     scale: float,
     dropout_p: float = 0.0,
-    attn_mask: Optional[torch.Tensor] = None,
+    attn_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention core on megatron layouts.
 
@@ -96,10 +95,10 @@ class TorchSDPAttention(MegatronModule):
         layer_number: int,
         attn_mask_type: AttnMaskType,
         attention_type: str,
-        attention_dropout: Optional[float] = None,
-        softmax_scale: Optional[float] = None,
-        cp_comm_type: Optional[str] = None,
-        pg_collection: Optional[ProcessGroupCollection] = None,
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        cp_comm_type: str | None = None,
+        pg_collection: ProcessGroupCollection | None = None,
     ):
         super().__init__(config=config)
         if config.context_parallel_size != 1:
@@ -129,9 +128,9 @@ class TorchSDPAttention(MegatronModule):
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
-        attention_mask: Optional[torch.Tensor],
-        attn_mask_type: Optional[AttnMaskType] = None,
-        attention_bias: Optional[torch.Tensor] = None,
+        attention_mask: torch.Tensor | None,
+        attn_mask_type: AttnMaskType | None = None,
+        attention_bias: torch.Tensor | None = None,
         packed_seq_params=None,
     ) -> torch.Tensor:
         """``[s, b, h, d]`` query/key/value -> ``[s, b, h * d]`` context."""

@@ -7,7 +7,8 @@ them and the rules that check them all read these; the module imports nothing he
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Literal, get_args
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
     import torch
@@ -32,7 +33,7 @@ WGRAD_ACCUMULATIONS: tuple[str, ...] = get_args(WgradAccumulation)
 
 
 def fuses_wgrad_into_main_grad(
-    weight: "torch.Tensor", accumulation: str, can_fuse: "Callable[[torch.Tensor], bool]", needs: str
+    weight: torch.Tensor, accumulation: str, can_fuse: Callable[[torch.Tensor], bool], needs: str
 ) -> bool:
     """Whether ``weight``'s gradient goes straight into its ``main_grad`` under ``accumulation``.
 

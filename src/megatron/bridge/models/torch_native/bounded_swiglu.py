@@ -18,8 +18,6 @@ Rows at or past the count are padding: their outputs and their ``h`` gradients a
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 try:  # Triton is optional (CPU machines have none); callers ask available() first
@@ -54,8 +52,9 @@ if triton is not None:
         return at, rows[:, None] * ffn + cols[None, :], ok, gate, linear
 
     @triton.jit
-    def _forward_kernel(h_ptr, prob_ptr, out_ptr, count_ptr, n_rows, ffn,
-                        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    def _forward_kernel(
+        h_ptr, prob_ptr, out_ptr, count_ptr, n_rows, ffn, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr
+    ):
         valid = tl.minimum(tl.load(count_ptr).to(tl.int64), n_rows)
         for block in range(tl.program_id(0), tl.cdiv(valid, BLOCK_ROWS), tl.num_programs(0)):
             rows, row_ok, prob = _row_block(block, valid, prob_ptr, BLOCK_ROWS)
@@ -65,8 +64,18 @@ if triton is not None:
                 tl.store(out_ptr + out_at, out.to(out_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
-    def _backward_kernel(grad_ptr, h_ptr, prob_ptr, grad_h_ptr, grad_prob_ptr, count_ptr, n_rows, ffn,
-                         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    def _backward_kernel(
+        grad_ptr,
+        h_ptr,
+        prob_ptr,
+        grad_h_ptr,
+        grad_prob_ptr,
+        count_ptr,
+        n_rows,
+        ffn,
+        BLOCK_ROWS: tl.constexpr,
+        BLOCK_COLS: tl.constexpr,
+    ):
         valid = tl.minimum(tl.load(count_ptr).to(tl.int64), n_rows)
         for block in range(tl.program_id(0), tl.cdiv(valid, BLOCK_ROWS), tl.num_programs(0)):
             rows, row_ok, prob = _row_block(block, valid, prob_ptr, BLOCK_ROWS)
@@ -100,14 +109,16 @@ def _programs(rows: int, device: torch.device) -> int:
 
 class _BoundedSwiGLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h: torch.Tensor, probs: torch.Tensor, count: torch.Tensor,
-                out: Optional[torch.Tensor] = None) -> torch.Tensor:  # noqa: D102
+    def forward(
+        ctx, h: torch.Tensor, probs: torch.Tensor, count: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:  # noqa: D102
         h, probs, count = h.contiguous(), probs.contiguous(), count.reshape(1)
         rows, ffn = h.shape[0], h.shape[1] // 2
         if out is None:
             out = torch.empty(rows, ffn, dtype=h.dtype, device=h.device)
-        _forward_kernel[(_programs(rows, h.device),)](h, probs, out, count, rows, ffn,
-                                                      BLOCK_ROWS=_BLOCK_ROWS, BLOCK_COLS=_BLOCK_COLS)
+        _forward_kernel[(_programs(rows, h.device),)](
+            h, probs, out, count, rows, ffn, BLOCK_ROWS=_BLOCK_ROWS, BLOCK_COLS=_BLOCK_COLS
+        )
         ctx.save_for_backward(h, probs, count)
         return out
 
@@ -118,13 +129,15 @@ class _BoundedSwiGLU(torch.autograd.Function):
         grad_h = torch.empty_like(h)
         grad_probs = torch.zeros_like(probs)
         rows, ffn = h.shape[0], h.shape[1] // 2
-        _backward_kernel[(_programs(rows, h.device),)](grad, h, probs, grad_h, grad_probs, count, rows, ffn,
-                                                       BLOCK_ROWS=_BLOCK_ROWS, BLOCK_COLS=_BLOCK_COLS)
+        _backward_kernel[(_programs(rows, h.device),)](
+            grad, h, probs, grad_h, grad_probs, count, rows, ffn, BLOCK_ROWS=_BLOCK_ROWS, BLOCK_COLS=_BLOCK_COLS
+        )
         return grad_h, grad_probs, None, None
 
 
-def bounded_swiglu_probs(h: torch.Tensor, probs: torch.Tensor, count: torch.Tensor,
-                         out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def bounded_swiglu_probs(
+    h: torch.Tensor, probs: torch.Tensor, count: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """``silu(gate) * linear * probs`` for the first ``count`` rows of ``h`` (``[rows, 2 * ffn]``;
     ``count``: a one-element integer tensor on ``h``'s device). ``out`` (tests): the buffer to write."""
     return _BoundedSwiGLU.apply(h, probs, count, out)

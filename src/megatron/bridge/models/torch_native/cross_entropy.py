@@ -18,7 +18,6 @@ Backends: Triton kernels for CUDA tensors when Triton imports, a chunked PyTorch
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -52,8 +51,9 @@ if triton is not None:
     _FLOOR = tl.constexpr(-3.0e38)
 
     @triton.jit
-    def _row_stats_kernel(logits_ptr, target_ptr, max_ptr, sum_ptr, tgt_logit_ptr,
-                          row_stride, vocab, vocab_start, BLOCK: tl.constexpr):
+    def _row_stats_kernel(
+        logits_ptr, target_ptr, max_ptr, sum_ptr, tgt_logit_ptr, row_stride, vocab, vocab_start, BLOCK: tl.constexpr
+    ):
         """Per row: max logit, sum of exp(logit - max), and the target's logit (0 if off-shard)."""
         row = tl.program_id(0).to(tl.int64)
         base = logits_ptr + row * row_stride
@@ -76,8 +76,18 @@ if triton is not None:
         tl.store(tgt_logit_ptr + row, tgt)
 
     @triton.jit
-    def _grad_kernel(logits_ptr, grad_ptr, target_ptr, lse_ptr, grad_loss_ptr,
-                     row_stride, grad_row_stride, vocab, vocab_start, BLOCK: tl.constexpr):
+    def _grad_kernel(
+        logits_ptr,
+        grad_ptr,
+        target_ptr,
+        lse_ptr,
+        grad_loss_ptr,
+        row_stride,
+        grad_row_stride,
+        vocab,
+        vocab_start,
+        BLOCK: tl.constexpr,
+    ):
         """grad[row] = (softmax(row) - onehot(target)) * grad_loss[row], in the logits' dtype."""
         row = tl.program_id(0).to(tl.int64)
         lse = tl.load(lse_ptr + row)
@@ -89,8 +99,7 @@ if triton is not None:
             x = tl.load(logits_ptr + row * row_stride + cols, mask=live, other=0.0).to(tl.float32)
             p = tl.exp(x - lse)
             p = tl.where(cols == target, p - 1.0, p)
-            tl.store(grad_ptr + row * grad_row_stride + cols, (p * scale).to(grad_ptr.dtype.element_ty),
-                     mask=live)
+            tl.store(grad_ptr + row * grad_row_stride + cols, (p * scale).to(grad_ptr.dtype.element_ty), mask=live)
 
 
 _BLOCK = 4096
@@ -102,8 +111,9 @@ def _rows_per_chunk(vocab: int) -> int:
     return max(1, _TORCH_CHUNK_ELEMENTS // max(vocab, 1))
 
 
-def _row_stats(rows: torch.Tensor, target: torch.Tensor, vocab_start: int,
-               backend: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _row_stats(
+    rows: torch.Tensor, target: torch.Tensor, vocab_start: int, backend: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(max, sum of exp(x - max), target logit) per row of this rank's vocabulary shard, fp32."""
     n, vocab = rows.shape
     if backend == "triton":
@@ -111,14 +121,24 @@ def _row_stats(rows: torch.Tensor, target: torch.Tensor, vocab_start: int,
         row_sum = torch.empty_like(row_max)
         tgt = torch.empty_like(row_max)
         if n:
-            _row_stats_kernel[(n,)](rows, target, row_max, row_sum, tgt, rows.stride(0), vocab,
-                                    vocab_start, BLOCK=_BLOCK, num_warps=_NUM_WARPS)
+            _row_stats_kernel[(n,)](
+                rows,
+                target,
+                row_max,
+                row_sum,
+                tgt,
+                rows.stride(0),
+                vocab,
+                vocab_start,
+                BLOCK=_BLOCK,
+                num_warps=_NUM_WARPS,
+            )
         return row_max, row_sum, tgt
     maxes, sums, tgts = [], [], []
     step = _rows_per_chunk(vocab)
     for lo in range(0, n, step):
-        x = rows[lo:lo + step].float()
-        local = target[lo:lo + step] - vocab_start
+        x = rows[lo : lo + step].float()
+        local = target[lo : lo + step] - vocab_start
         on_shard = (local >= 0) & (local < vocab)
         m = x.max(dim=-1).values
         maxes.append(m)
@@ -131,28 +151,41 @@ def _row_stats(rows: torch.Tensor, target: torch.Tensor, vocab_start: int,
     return torch.cat(maxes), torch.cat(sums), torch.cat(tgts)
 
 
-def _logits_grad(rows: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, grad_loss: torch.Tensor,
-                 vocab_start: int, backend: str) -> torch.Tensor:
+def _logits_grad(
+    rows: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, grad_loss: torch.Tensor, vocab_start: int, backend: str
+) -> torch.Tensor:
     """(softmax - onehot) * grad_loss per row, in the logits' dtype."""
     n, vocab = rows.shape
     grad = torch.empty((n, vocab), dtype=rows.dtype, device=rows.device)
     if backend == "triton":
         if n:
-            _grad_kernel[(n,)](rows, grad, target, lse, grad_loss, rows.stride(0), grad.stride(0), vocab,
-                               vocab_start, BLOCK=_BLOCK, num_warps=_NUM_WARPS)
+            _grad_kernel[(n,)](
+                rows,
+                grad,
+                target,
+                lse,
+                grad_loss,
+                rows.stride(0),
+                grad.stride(0),
+                vocab,
+                vocab_start,
+                BLOCK=_BLOCK,
+                num_warps=_NUM_WARPS,
+            )
         return grad
     step = _rows_per_chunk(vocab)
     cols = torch.arange(vocab, device=rows.device)
     for lo in range(0, n, step):
-        p = torch.exp(rows[lo:lo + step].float() - lse[lo:lo + step].unsqueeze(-1))
-        onehot = cols.unsqueeze(0) == (target[lo:lo + step] - vocab_start).unsqueeze(-1)
+        p = torch.exp(rows[lo : lo + step].float() - lse[lo : lo + step].unsqueeze(-1))
+        onehot = cols.unsqueeze(0) == (target[lo : lo + step] - vocab_start).unsqueeze(-1)
         p = p - onehot.to(p.dtype)
-        grad[lo:lo + step] = (p * grad_loss[lo:lo + step].unsqueeze(-1)).to(rows.dtype)
+        grad[lo : lo + step] = (p * grad_loss[lo : lo + step].unsqueeze(-1)).to(rows.dtype)
     return grad
 
 
-def _combine_shards(row_max: torch.Tensor, row_sum: torch.Tensor, tgt: torch.Tensor,
-                    group: Optional[dist.ProcessGroup]) -> Tuple[torch.Tensor, torch.Tensor]:
+def _combine_shards(
+    row_max: torch.Tensor, row_sum: torch.Tensor, tgt: torch.Tensor, group: dist.ProcessGroup | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-sum-exp over the whole vocabulary and the target logit, across tensor-parallel shards."""
     if group is not None and dist.get_world_size(group) > 1:
         global_max = row_max.clone()
@@ -168,8 +201,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Loss per token; the backward rebuilds the softmax from the kept logits and log-sum-exp."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, group: Optional[dist.ProcessGroup],
-                backend: str) -> torch.Tensor:
+    def forward(
+        ctx, logits: torch.Tensor, target: torch.Tensor, group: dist.ProcessGroup | None, backend: str
+    ) -> torch.Tensor:
         vocab = logits.shape[-1]
         rows = logits.reshape(-1, vocab)
         if rows.stride(-1) != 1:
@@ -191,9 +225,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return grad.view(ctx.logits_shape), None, None, None
 
 
-def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
-                                 group: Optional[dist.ProcessGroup] = None,
-                                 backend: str = "auto") -> torch.Tensor:
+def vocab_parallel_cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, group: dist.ProcessGroup | None = None, backend: str = "auto"
+) -> torch.Tensor:
     """Cross-entropy per token of ``logits [..., vocab_shard]`` against global ``target [...]`` ids.
 
     Returns fp32 losses shaped like ``target``. ``group`` is the tensor-parallel group whose ranks

@@ -21,7 +21,7 @@ size:
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -37,8 +37,14 @@ from megatron.bridge.models.torch_native.token_exchange import (
 )
 
 
-def _stand_in_rows(send_splits: torch.Tensor, where: torch.Tensor, rank: int, source_rows: int, send_rows: int,
-                   order: Optional[torch.Tensor]) -> torch.Tensor:
+def _stand_in_rows(
+    send_splits: torch.Tensor,
+    where: torch.Tensor,
+    rank: int,
+    source_rows: int,
+    send_rows: int,
+    order: torch.Tensor | None,
+) -> torch.Tensor:
     own = send_splits[rank]
     start = send_splits[:rank].sum()
     mine = own > 0
@@ -51,7 +57,7 @@ def _stand_in_rows(send_splits: torch.Tensor, where: torch.Tensor, rank: int, so
 _COMPILED_STAND_IN = LazyCompiled(_stand_in_rows, "emulated exchange stand-in rows", dynamic=False)
 
 
-def stand_in_rows(route: Route, rank: int, send_rows: int, order: Optional[torch.Tensor]) -> torch.Tensor:
+def stand_in_rows(route: Route, rank: int, send_rows: int, order: torch.Tensor | None) -> torch.Tensor:
     """``[route.recv_rows]``: for each received row (rank 0's first), the send row (``order``
     applied) that stands in for it: row ``o`` of any peer's block is this rank's own row ``o``,
     cycled when the peer sends more (in a symmetric world it sends as many); a rank that sends
@@ -78,8 +84,12 @@ class EmulatedSymmetricExchange(RowExchange):
         return rows
 
     def _transfer(
-        self, sources: Sequence[torch.Tensor], route: Route, nbytes: int,
-        order: Optional[torch.Tensor], count: Optional[torch.Tensor],
+        self,
+        sources: Sequence[torch.Tensor],
+        route: Route,
+        nbytes: int,
+        order: torch.Tensor | None,
+        count: torch.Tensor | None,
     ) -> torch.Tensor:
         self._reserve(route.recv_rows, nbytes, sources[0].device)
         index = stand_in_rows(route, self.rank, rows_to_pack(sources, order), order)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from typing import Callable, Dict, Iterable, List, Optional
+from collections.abc import Callable, Iterable
 
 import torch
 from megatron.core import tensor_parallel
@@ -89,15 +89,18 @@ class _BoundedKernel:
     def usable(self, config: TransformerConfig) -> bool:
         return not self.failed and bounded_swiglu.available() and _plain_swiglu(config)
 
-    def __call__(self, h: torch.Tensor, probs: torch.Tensor, count: torch.Tensor) -> Optional[torch.Tensor]:
+    def __call__(self, h: torch.Tensor, probs: torch.Tensor, count: torch.Tensor) -> torch.Tensor | None:
         try:
             return bounded_swiglu.bounded_swiglu_probs(h, probs, count)
         except torch.OutOfMemoryError:
             raise  # the GPU is full: no other path would fit either
         except Exception as exc:  # a kernel that cannot build must not stop training
             self.failed = True
-            logger.warning("torch_native experts: the bounded SwiGLU kernel failed (%s); "
-                           "the activation runs over the whole padded buffer", exc)
+            logger.warning(
+                "torch_native experts: the bounded SwiGLU kernel failed (%s); "
+                "the activation runs over the whole padded buffer",
+                exc,
+            )
             return None
 
 
@@ -116,9 +119,9 @@ class TorchGroupedMLP(MegatronModule):
         self,
         num_local_experts: int,
         config: TransformerConfig,
-        submodules: Optional[MLPSubmodules] = None,
-        pg_collection: Optional[ProcessGroupCollection] = None,
-        name: Optional[str] = None,
+        submodules: MLPSubmodules | None = None,
+        pg_collection: ProcessGroupCollection | None = None,
+        name: str | None = None,
     ):
         super().__init__(config=config)
         if config.add_bias_linear:
@@ -162,7 +165,7 @@ class TorchGroupedMLP(MegatronModule):
         """Set by the MoE layer whose dispatcher hands over a worst-case buffer (rows past
         ``tokens_per_expert.sum()`` are padding): the activation then skips those rows."""
         self.stashes = {"weight1": WgradStash(), "weight2": WgradStash()}
-        self._wgrad_hooks: List[Callable[[], None]] = []
+        self._wgrad_hooks: list[Callable[[], None]] = []
         self.set_delay_wgrad_compute(bool(config.delay_wgrad_compute))
         self._register_load_state_dict_pre_hook(self._stack_plain_spec_keys, with_module=True)
 
@@ -186,7 +189,7 @@ class TorchGroupedMLP(MegatronModule):
         """Accept ``SequentialMLP``'s per-expert keys by stacking them into ``weight1``/``weight2``."""
         found = {}
         for key in [k for k in state_dict if k.startswith(prefix)]:
-            match = _PLAIN_KEY.match(key[len(prefix):])
+            match = _PLAIN_KEY.match(key[len(prefix) :])
             if match is None:
                 continue
             value = state_dict.pop(key)
@@ -195,12 +198,14 @@ class TorchGroupedMLP(MegatronModule):
         for fc, per_expert in found.items():
             name = f"weight{fc}"
             if sorted(per_expert) != list(range(module.num_local_experts)):
-                errors.append(f"{prefix}local_experts.*.linear_fc{fc}.weight: expected experts "
-                              f"0..{module.num_local_experts - 1}, got {sorted(per_expert)}")
+                errors.append(
+                    f"{prefix}local_experts.*.linear_fc{fc}.weight: expected experts "
+                    f"0..{module.num_local_experts - 1}, got {sorted(per_expert)}"
+                )
                 continue
             state_dict[f"{prefix}{name}"] = torch.stack([per_expert[e] for e in range(module.num_local_experts)])
 
-    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: Optional[dict] = None):
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
         """Same sharded keys/offsets/replica ids as ``SequentialMLP`` (see module docstring)."""
         metadata = ensure_metadata_has_dp_cp_group(metadata)
         singleton = (metadata or {}).get("singleton_local_shards", False)
@@ -309,7 +314,7 @@ class TorchGroupedMLP(MegatronModule):
                 hook()
 
 
-def expert_wgrad_accumulation(model_chunks: Iterable[torch.nn.Module]) -> Optional[Dict[str, str]]:
+def expert_wgrad_accumulation(model_chunks: Iterable[torch.nn.Module]) -> dict[str, str] | None:
     """Which weight-gradient accumulation the grouped experts of these (DDP-wrapped) chunks use.
 
     Read from the built parameters (their ``main_grad``), so the start-up line and ``summary.json``
@@ -326,7 +331,11 @@ def expert_wgrad_accumulation(model_chunks: Iterable[torch.nn.Module]) -> Option
     elif main_grad is None:
         how = "unfused: no DDP main_grad"
     else:
-        how = ("unfused: bf16 gradient added by DDP's hook into a "
-               f"{str(main_grad.dtype).replace('torch.', '')} main_grad")
-    return {"setting": setting, "path": "fused" if fused else "unfused",
-            "description": f"expert weight gradients {how} (torch_native_wgrad_accumulation={setting!r})"}
+        how = (
+            f"unfused: bf16 gradient added by DDP's hook into a {str(main_grad.dtype).replace('torch.', '')} main_grad"
+        )
+    return {
+        "setting": setting,
+        "path": "fused" if fused else "unfused",
+        "description": f"expert weight gradients {how} (torch_native_wgrad_accumulation={setting!r})",
+    }

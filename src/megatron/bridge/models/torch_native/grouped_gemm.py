@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from typing import Deque, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 
@@ -88,7 +88,7 @@ def _strides_aligned(weight: torch.Tensor) -> bool:
     return all((d * size) % 16 == 0 for d in weight.shape[-2:])
 
 
-def _split_sizes(counts: torch.Tensor, rows: int) -> List[int]:
+def _split_sizes(counts: torch.Tensor, rows: int) -> list[int]:
     """Per-expert row counts on the host, plus the padding rows past them (if any)."""
     sizes = counts.tolist()
     tail = rows - sum(sizes)
@@ -179,8 +179,8 @@ def grouped_wgrad(
             dw.masked_fill_(empty.view(-1, 1, 1), 0)
         return dw.to(out_dtype)
     sizes = _split_sizes(counts, dy.shape[0])[:num_experts]
-    dy_chunks = torch.split(dy[:sum(sizes)], sizes)
-    x_chunks = torch.split(x[:sum(sizes)], sizes)
+    dy_chunks = torch.split(dy[: sum(sizes)], sizes)
+    x_chunks = torch.split(x[: sum(sizes)], sizes)
     dw = torch.stack([d.t() @ c for d, c in zip(dy_chunks, x_chunks)]) if num_experts else None
     return dw.to(out_dtype)
 
@@ -216,7 +216,7 @@ class WgradStash:
 
     def __init__(self) -> None:
         self.enabled = False
-        self._pending: Deque[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, str, str]] = deque()
+        self._pending: deque[tuple[torch.Tensor, torch.Tensor, torch.Tensor, str, str]] = deque()
 
     def push(self, dy: torch.Tensor, x: torch.Tensor, counts: torch.Tensor, backend: str, accumulation: str) -> None:
         self._pending.append((dy, x, counts, backend, accumulation))
@@ -248,7 +248,7 @@ class GroupedLinearFunction(torch.autograd.Function):
     """Autograd for a grouped, bias-free linear layer with an optional deferred weight gradient."""
 
     @staticmethod
-    def forward(ctx, x, weight, counts, backend: str, stash: Optional[WgradStash], accumulation: str):  # noqa: D102
+    def forward(ctx, x, weight, counts, backend: str, stash: WgradStash | None, accumulation: str):  # noqa: D102
         ctx.save_for_backward(x, weight, counts)
         ctx.backend = backend
         ctx.stash = stash
@@ -275,7 +275,7 @@ def grouped_linear(
     weight: torch.Tensor,
     tokens_per_expert: torch.Tensor,
     backend: str = "auto",
-    stash: Optional[WgradStash] = None,
+    stash: WgradStash | None = None,
     wgrad_accumulation: str = "auto",
 ) -> torch.Tensor:
     """Grouped ``x @ weight[e].T`` over expert row blocks, differentiable in ``x`` and ``weight``.
@@ -286,9 +286,7 @@ def grouped_linear(
     if x.dim() != 2 or weight.dim() != 3:
         raise ValueError(f"expected x [T, in] and weight [E, out, in], got {tuple(x.shape)}, {tuple(weight.shape)}")
     if tokens_per_expert.numel() != weight.shape[0]:
-        raise ValueError(
-            f"tokens_per_expert has {tokens_per_expert.numel()} entries for {weight.shape[0]} experts"
-        )
+        raise ValueError(f"tokens_per_expert has {tokens_per_expert.numel()} entries for {weight.shape[0]} experts")
     backend = select_backend(x, backend)
     if backend.startswith("grouped_mm") and not _strides_aligned(weight):
         backend = "loop"

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Callable, Dict, Hashable, Tuple
 
 import torch
 
 logger = logging.getLogger(__name__)
 
-Outputs = Tuple[torch.Tensor, ...]
+Outputs = tuple[torch.Tensor, ...]
 
 #: Graphs one function keeps. Training has one token count per run (two streams at most); inputs of
 #: varying length (variable sequence lengths) would otherwise capture a graph, and keep its memory
@@ -48,11 +48,11 @@ class _Captured:
     """One captured graph: its static inputs, its flat output and how to cut that into outputs."""
 
     graph: torch.cuda.CUDAGraph
-    inputs: Tuple[torch.Tensor, ...]
+    inputs: tuple[torch.Tensor, ...]
     flat: torch.Tensor
-    shapes: Tuple[torch.Size, ...]
+    shapes: tuple[torch.Size, ...]
 
-    def replay(self, inputs: Tuple[torch.Tensor, ...]) -> Outputs:
+    def replay(self, inputs: tuple[torch.Tensor, ...]) -> Outputs:
         for static, value in zip(self.inputs, inputs):
             static.copy_(value)
         self.graph.replay()
@@ -72,7 +72,7 @@ class GraphedIndexFunction:
 
     def __init__(self, fn: Callable[..., Outputs], what: str, max_graphs: int = MAX_GRAPHS) -> None:
         self.fn, self.what, self.max_graphs = fn, what, max_graphs
-        self._graphs: Dict[Hashable, _Captured] = {}
+        self._graphs: dict[Hashable, _Captured] = {}
         self._failed = False
         self._full_logged = False
 
@@ -94,8 +94,11 @@ class GraphedIndexFunction:
         if captured is None and len(self._graphs) >= self.max_graphs:
             if not self._full_logged:
                 self._full_logged = True
-                logger.warning("torch_native %s: %d CUDA graphs already (one per input shape and stream); new "
-                               "shapes run eagerly", self.what, self.max_graphs)
+                logger.warning(
+                    "torch_native %s: %d CUDA graphs already (one per input shape and stream); new shapes run eagerly",
+                    self.what,
+                    self.max_graphs,
+                )
             return self.fn(*tensors, **constants)
         if captured is None:
             try:
@@ -106,7 +109,7 @@ class GraphedIndexFunction:
                 return self.fn(*tensors, **constants)
         return captured.replay(tensors)
 
-    def _replayable(self, tensors: Tuple[torch.Tensor, ...]) -> bool:
+    def _replayable(self, tensors: tuple[torch.Tensor, ...]) -> bool:
         return (
             not self._failed
             and bool(tensors)
@@ -115,7 +118,7 @@ class GraphedIndexFunction:
         )
 
     def _capture(
-        self, tensors: Tuple[torch.Tensor, ...], constants: Dict[str, Hashable], stream: torch.cuda.Stream
+        self, tensors: tuple[torch.Tensor, ...], constants: dict[str, Hashable], stream: torch.cuda.Stream
     ) -> _Captured:
         inputs = tuple(t.detach().clone() for t in tensors)
         side = torch.cuda.Stream(device=stream.device)

@@ -19,7 +19,8 @@ The forward and the input gradient are the same matmuls megatron-core runs.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
@@ -30,8 +31,12 @@ from megatron.bridge.models.torch_native.backends import fuses_wgrad_into_main_g
 
 def can_fuse(main_grad: torch.Tensor) -> bool:
     """Whether :func:`accumulate_dense_wgrad` runs for this ``main_grad`` (fp32, contiguous, CUDA)."""
-    return (main_grad.dtype == torch.float32 and main_grad.is_contiguous() and main_grad.is_cuda
-            and addmm_out_dtype_runs(main_grad.device.type))
+    return (
+        main_grad.dtype == torch.float32
+        and main_grad.is_contiguous()
+        and main_grad.is_cuda
+        and addmm_out_dtype_runs(main_grad.device.type)
+    )
 
 
 def accumulate_dense_wgrad(dy: torch.Tensor, x: torch.Tensor, main_grad: torch.Tensor) -> None:
@@ -45,8 +50,9 @@ def fuses_into_main_grad(weight: torch.Tensor, accumulation: str) -> bool:
     ``accumulation`` is ``model.torch_native_wgrad_accumulation``; an explicit ``fused`` that cannot
     run on this ``main_grad`` is an error, not a silent fallback.
     """
-    return fuses_wgrad_into_main_grad(weight, accumulation, can_fuse,
-                                      "an fp32 CUDA main_grad and a torch with addmm(out_dtype=)")
+    return fuses_wgrad_into_main_grad(
+        weight, accumulation, can_fuse, "an fp32 CUDA main_grad and a torch with addmm(out_dtype=)"
+    )
 
 
 class MainGradLinearFunction(torch.autograd.Function):
@@ -77,7 +83,7 @@ class MainGradLinearFunction(torch.autograd.Function):
         return dx, torch.empty_like(weight), db
 
 
-def _takes_over(weight: torch.Tensor, call: Dict[str, Any], accumulation: str) -> bool:
+def _takes_over(weight: torch.Tensor, call: dict[str, Any], accumulation: str) -> bool:
     """Whether this call of megatron's linear function is one this module computes exactly."""
     plain = (
         not call.get("sequence_parallel")
@@ -111,7 +117,7 @@ class MainGradRowParallelLinear(_MainGradForward, RowParallelLinear):
 _REROUTED = {ColumnParallelLinear: MainGradColumnParallelLinear, RowParallelLinear: MainGradRowParallelLinear}
 
 
-def reroute_blockers(config: Any) -> List[str]:
+def reroute_blockers(config: Any) -> list[str]:
     """Why a model of this config keeps megatron's dense layers (empty: it gets the rerouted ones).
 
     With tensor parallelism, deferred embedding wgrad or megatron's own (Apex) fusion every call would
@@ -147,7 +153,7 @@ def route_weight_gradients_into_main_grad(model: torch.nn.Module) -> int:
     return switched
 
 
-def dense_wgrad_accumulation(model_chunks: Iterable[torch.nn.Module]) -> Optional[Dict[str, Any]]:
+def dense_wgrad_accumulation(model_chunks: Iterable[torch.nn.Module]) -> dict[str, Any] | None:
     """Which accumulation the dense layers of these (DDP-wrapped) torch-native chunks use, read from
     the built layers; ``None`` for models of megatron's layer specs."""
     modules = [m for chunk in model_chunks for m in chunk.modules()]
@@ -156,14 +162,17 @@ def dense_wgrad_accumulation(model_chunks: Iterable[torch.nn.Module]) -> Optiona
         return _kept_with_megatron(modules)
     setting = getattr(layers[0].config, "torch_native_wgrad_accumulation", "auto")
     fused = [m for m in layers if m.weight is not None and fuses_into_main_grad(m.weight, setting)]
-    how = ("fused: cuBLAS adds into the fp32 main_grad" if fused
-           else "unfused: bf16 gradient added by DDP's hook")
-    return {"setting": setting, "path": "fused" if fused else "unfused", "layers": len(layers),
-            "description": f"dense weight gradients {how} ({len(fused)} of {len(layers)} linear layers; "
-                           f"torch_native_wgrad_accumulation={setting!r})"}
+    how = "fused: cuBLAS adds into the fp32 main_grad" if fused else "unfused: bf16 gradient added by DDP's hook"
+    return {
+        "setting": setting,
+        "path": "fused" if fused else "unfused",
+        "layers": len(layers),
+        "description": f"dense weight gradients {how} ({len(fused)} of {len(layers)} linear layers; "
+        f"torch_native_wgrad_accumulation={setting!r})",
+    }
 
 
-def _kept_with_megatron(modules: List[torch.nn.Module]) -> Optional[Dict[str, Any]]:
+def _kept_with_megatron(modules: list[torch.nn.Module]) -> dict[str, Any] | None:
     """The report for a torch-native model whose dense layers stayed megatron's (and why)."""
     plain = next((m for m in modules if type(m) in _REROUTED), None)
     config = getattr(plain, "config", None)
@@ -171,6 +180,10 @@ def _kept_with_megatron(modules: List[torch.nn.Module]) -> Optional[Dict[str, An
         return None
     setting = getattr(config, "torch_native_wgrad_accumulation", "auto")
     why = "; ".join(reroute_blockers(config)) or "not rerouted"
-    return {"setting": setting, "path": "megatron", "layers": 0,
-            "description": f"dense weight gradients: megatron-core's linear layers ({why}; "
-                           f"torch_native_wgrad_accumulation={setting!r} applies to the experts only)"}
+    return {
+        "setting": setting,
+        "path": "megatron",
+        "layers": 0,
+        "description": f"dense weight gradients: megatron-core's linear layers ({why}; "
+        f"torch_native_wgrad_accumulation={setting!r} applies to the experts only)",
+    }

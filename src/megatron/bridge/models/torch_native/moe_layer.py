@@ -11,7 +11,7 @@ dispatcher by name, so a new path is a module and a registry line, not a branch 
 from __future__ import annotations
 
 import logging
-from typing import Iterable, List
+from collections.abc import Iterable
 
 import torch
 from megatron.core.transformer.moe.moe_layer import MoELayer
@@ -24,7 +24,7 @@ from megatron.bridge.models.dispatch.path_registry import choose_dispatch
 logger = logging.getLogger(__name__)
 
 
-def dispatch_choices(model_chunks: Iterable[torch.nn.Module]) -> List[DispatchChoice]:
+def dispatch_choices(model_chunks: Iterable[torch.nn.Module]) -> list[DispatchChoice]:
     """The distinct dispatcher choices of the torch-native MoE layers in these model chunks."""
     layers = (m for chunk in model_chunks for m in chunk.modules() if isinstance(m, TorchNativeMoELayer))
     return list(dict.fromkeys(layer.dispatch_choice for layer in layers))
@@ -45,8 +45,12 @@ class TorchNativeMoELayer(MoELayer):
     def dispatcher_arguments(self) -> dict:
         """Keyword arguments of a dispatcher built in place of megatron's: the layer's experts and
         the process groups megatron's dispatcher was built with."""
-        return dict(num_local_experts=self.num_local_experts, local_expert_indices=self.local_expert_indices,
-                    config=self.config, pg_collection=_DispatcherGroups(self.token_dispatcher))
+        return dict(
+            num_local_experts=self.num_local_experts,
+            local_expert_indices=self.local_expert_indices,
+            config=self.config,
+            pg_collection=_DispatcherGroups(self.token_dispatcher),
+        )
 
 
 def _run_device() -> torch.device:

@@ -38,7 +38,6 @@ by a gather.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -56,10 +55,10 @@ from megatron.bridge.models.torch_native.token_exchange import exclusive_cumsum
 class Splits:
     """Host split sizes of both hops for one dispatch, and the rows hop (b) brings this rank."""
 
-    send_a: List[int]  # copies to each node (over the rail)
-    recv_a: List[int]  # copies from each node
-    send_b: List[int]  # expert rows to each GPU of the node
-    recv_b: List[int]  # expert rows from each GPU of the node
+    send_a: list[int]  # copies to each node (over the rail)
+    recv_a: list[int]  # copies from each node
+    send_b: list[int]  # expert rows to each GPU of the node
+    recv_b: list[int]  # expert rows from each GPU of the node
     arrivals: torch.Tensor  # [per_node, local experts, nodes]: rows by (source GPU, local expert, source node)
 
 
@@ -84,7 +83,7 @@ def stage_splits(all_counts: torch.Tensor, layout: NodeLayout, num_local_experts
 # ------------------------------------------------------------------------------ indices
 
 
-def node_copies(node_hit: torch.Tensor, total: int, width: int) -> Tuple[torch.Tensor, ...]:
+def node_copies(node_hit: torch.Tensor, total: int, width: int) -> tuple[torch.Tensor, ...]:
     """Hop (a)'s send rows from ``node_hit [tokens, nodes]`` (``total`` hits in all).
 
     Returns ``(token, node, pos)``: the token and destination node of each send row (node-major,
@@ -102,7 +101,7 @@ def node_copies(node_hit: torch.Tensor, total: int, width: int) -> Tuple[torch.T
 
 def copy_slots(
     routing_map: torch.Tensor, token: torch.Tensor, node: torch.Tensor, nodes: int, width: int
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each send row's experts on its node: ``(slots [rows, width], prob_index [rows * width])``.
 
     ``slots`` holds expert ids within the node (int32), ascending, -1 for an empty slot; ``prob_index``
@@ -120,7 +119,7 @@ def copy_slots(
     return torch.where(valid, key, -1).to(torch.int32), prob_index
 
 
-def fan_out(slots: torch.Tensor, per_node_experts: int, total: int) -> Tuple[torch.Tensor, ...]:
+def fan_out(slots: torch.Tensor, per_node_experts: int, total: int) -> tuple[torch.Tensor, ...]:
     """Hop (b)'s send rows from the arrived copies' ``slots [copies, width]`` (``total`` used slots).
 
     Returns ``(copy, slot, pos)``: the arrived copy and the flat slot of each expert row (by expert
@@ -204,7 +203,7 @@ class _Permute(torch.autograd.Function):
         return grad.contiguous().index_select(0, inverse_index), None, None
 
 
-def all_to_all_rows(x: torch.Tensor, group: dist.ProcessGroup, send: List[int], recv: List[int]) -> torch.Tensor:
+def all_to_all_rows(x: torch.Tensor, group: dist.ProcessGroup, send: list[int], recv: list[int]) -> torch.Tensor:
     """``send[d]`` consecutive rows of ``x`` to group rank ``d``; the rows from each rank, in rank order."""
     out = x.new_empty((sum(recv), *x.shape[1:]))
     dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
@@ -225,7 +224,7 @@ class _AllToAll(torch.autograd.Function):
         return all_to_all_rows(grad, group, recv, send), None, None, None
 
 
-def hop(x: torch.Tensor, group: Optional[dist.ProcessGroup], send: List[int], recv: List[int]) -> torch.Tensor:
+def hop(x: torch.Tensor, group: dist.ProcessGroup | None, send: list[int], recv: list[int]) -> torch.Tensor:
     """One hop's all-to-all (differentiable); nothing moves where the hop has one rank."""
     if group is None:
         return x
@@ -249,16 +248,22 @@ class NodePlan:
     to_received: torch.Tensor  # [rows for the experts] megatron-order row -> received row
     to_expert_major: torch.Tensor  # its inverse
     tokens_per_expert: torch.Tensor  # [local experts]
-    made_on: Optional[torch.cuda.Stream] = None  # where the tensors were made (EP overlap)
-    fan_copy: Optional[torch.Tensor] = None  # hop (b): arrived copy of each expert row
-    fan_pos: Optional[torch.Tensor] = None  # hop (b): each arrived copy's expert rows
+    made_on: torch.cuda.Stream | None = None  # where the tensors were made (EP overlap)
+    fan_copy: torch.Tensor | None = None  # hop (b): arrived copy of each expert row
+    fan_pos: torch.Tensor | None = None  # hop (b): each arrived copy's expert rows
 
     def used_on_current_stream(self) -> None:
         """Record the tensors with the caching allocator where the current stream did not make
         them (the EP-overlap schedule's communication stream; see ``streams.py``)."""
         record_if_read_elsewhere(
-            self.made_on, self.copy_token, self.copy_pos, self.slots, self.prob_index, self.to_received,
-            self.to_expert_major, self.tokens_per_expert,
+            self.made_on,
+            self.copy_token,
+            self.copy_pos,
+            self.slots,
+            self.prob_index,
+            self.to_received,
+            self.to_expert_major,
+            self.tokens_per_expert,
         )
 
 
@@ -273,7 +278,7 @@ class NodeAwareDispatcher(TorchNativeTokenDispatcher):
             raise ValueError(f"{self.num_experts} experts do not split over {layout.nodes} nodes")
         self.experts_per_node = self.num_experts // layout.nodes
         self.slot_width = min(self.config.moe_router_topk, self.experts_per_node)
-        self._plan: Optional[NodePlan] = None
+        self._plan: NodePlan | None = None
 
     def _gathered_counts(self, routing_map: torch.Tensor, node_hit: torch.Tensor) -> torch.Tensor:
         """``[EP, experts + nodes]`` on the host: every rank's tokens per expert and per node (the
@@ -283,7 +288,7 @@ class NodeAwareDispatcher(TorchNativeTokenDispatcher):
         dist.all_gather_into_tensor(gathered, counts, group=self.ep_group)
         return gathered.view(self.ep_size, -1).cpu()
 
-    def _make_plan(self, routing_map: torch.Tensor, made_on: Optional[torch.cuda.Stream]) -> NodePlan:
+    def _make_plan(self, routing_map: torch.Tensor, made_on: torch.cuda.Stream | None) -> NodePlan:
         layout, topk = self.groups.layout, self.config.moe_router_topk
         if not routing_map.is_cuda and bool(routing_map.sum(dim=1).gt(topk).any()):
             raise RuntimeError(f"routing map gives a token more than top-{topk} experts")
@@ -294,9 +299,15 @@ class NodeAwareDispatcher(TorchNativeTokenDispatcher):
         arrivals = splits.arrivals.to(routing_map.device)
         to_received = expert_order(arrivals, sum(splits.recv_b))
         return NodePlan(
-            splits=splits, copy_token=token, copy_pos=copy_pos, slots=slots, prob_index=prob_index,
-            to_received=to_received, to_expert_major=inverse(to_received),
-            tokens_per_expert=arrivals.sum(dim=(0, 2)), made_on=made_on,
+            splits=splits,
+            copy_token=token,
+            copy_pos=copy_pos,
+            slots=slots,
+            prob_index=prob_index,
+            to_received=to_received,
+            to_expert_major=inverse(to_received),
+            tokens_per_expert=arrivals.sum(dim=(0, 2)),
+            made_on=made_on,
         )
 
     def dispatch_preprocess(self, hidden_states: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor):
@@ -351,6 +362,12 @@ class NodeAwareDispatcher(TorchNativeTokenDispatcher):
 
 
 __all__ = [
-    "NodeAwareDispatcher", "NodePlan", "Splits", "copy_slots", "expert_order", "fan_out", "node_copies",
+    "NodeAwareDispatcher",
+    "NodePlan",
+    "Splits",
+    "copy_slots",
+    "expert_order",
+    "fan_out",
+    "node_copies",
     "stage_splits",
 ]

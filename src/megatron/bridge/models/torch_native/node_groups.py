@@ -20,8 +20,9 @@ rank builds the same MoE layers in the same order, so all ranks find or miss the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 import torch.distributed as dist
 
@@ -63,14 +64,14 @@ class NodeGroups:
     """This rank's groups for the two hops, and where it sits."""
 
     layout: NodeLayout
-    inter: Optional[dist.ProcessGroup]
+    inter: dist.ProcessGroup | None
     """The rail: the EP ranks with this rank's local index, one per node (``None`` with one node)."""
-    intra: Optional[dist.ProcessGroup]
+    intra: dist.ProcessGroup | None
     """This rank's node (``None`` with one EP rank per node)."""
 
 
-_GROUPS: Dict[Tuple[Tuple[int, ...], int], Optional[NodeGroups]] = {}
-_MADE_UNDER: List[Any] = [None]  # the default group the cached groups were made under
+_GROUPS: dict[tuple[tuple[int, ...], int], NodeGroups | None] = {}
+_MADE_UNDER: list[Any] = [None]  # the default group the cached groups were made under
 
 
 def node_groups(ep_group: dist.ProcessGroup, gpus_per_node: int) -> NodeGroups:
@@ -88,25 +89,25 @@ def node_groups(ep_group: dist.ProcessGroup, gpus_per_node: int) -> NodeGroups:
     return groups
 
 
-def rail_ranks(ep_ranks: Sequence[int], layout: NodeLayout) -> List[Tuple[int, ...]]:
+def rail_ranks(ep_ranks: Sequence[int], layout: NodeLayout) -> list[tuple[int, ...]]:
     """Global ranks of each rail of the EP group: local index ``l`` of every node, in node order."""
-    return [tuple(ep_ranks[local::layout.per_node]) for local in range(layout.per_node)]
+    return [tuple(ep_ranks[local :: layout.per_node]) for local in range(layout.per_node)]
 
 
-def node_ranks(ep_ranks: Sequence[int], layout: NodeLayout) -> List[Tuple[int, ...]]:
+def node_ranks(ep_ranks: Sequence[int], layout: NodeLayout) -> list[tuple[int, ...]]:
     """Global ranks of each node of the EP group, in node order."""
     size = layout.per_node
-    return [tuple(ep_ranks[node * size:(node + 1) * size]) for node in range(layout.nodes)]
+    return [tuple(ep_ranks[node * size : (node + 1) * size]) for node in range(layout.nodes)]
 
 
-def _every_ep_group(mine: Tuple[int, ...]) -> List[Tuple[int, ...]]:
+def _every_ep_group(mine: tuple[int, ...]) -> list[tuple[int, ...]]:
     """Every rank's EP group, gathered over the default group, each once, sorted."""
-    gathered: List[Any] = [None] * dist.get_world_size()
+    gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     return sorted({tuple(ranks) for ranks in gathered})
 
 
-def _make_every_group(mine: Tuple[int, ...], gpus_per_node: int) -> None:
+def _make_every_group(mine: tuple[int, ...], gpus_per_node: int) -> None:
     """Create the node and rail groups of every EP group of the job, in one order on every rank,
     and keep this rank's (a rank outside an EP group keeps ``None`` under its key)."""
     me = dist.get_rank()
@@ -118,7 +119,7 @@ def _make_every_group(mine: Tuple[int, ...], gpus_per_node: int) -> None:
         _GROUPS[(ranks, gpus_per_node)] = None if layout is None else NodeGroups(layout, inter, intra)
 
 
-def _new_groups(rank_lists: Sequence[Tuple[int, ...]], me: int, desc: str) -> Optional[dist.ProcessGroup]:
+def _new_groups(rank_lists: Sequence[tuple[int, ...]], me: int, desc: str) -> dist.ProcessGroup | None:
     """Create a group for every rank list (collective: every rank calls this with the same lists),
     described as ``desc`` (what NCCL's logs and an emulated world's record call it); returns the one
     ``me`` belongs to."""

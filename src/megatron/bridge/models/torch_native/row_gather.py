@@ -24,7 +24,7 @@ check it).
 from __future__ import annotations
 
 import functools
-from typing import Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 
@@ -48,11 +48,25 @@ def _kernel():
 
     @triton.jit
     def gather_rows_kernel(
-        src_ptr, out_ptr, width, src_row_stride, out_row_stride,
-        src2_ptr, out2_ptr, width2, src2_row_stride, out2_row_stride,
-        index_ptr, count_ptr, num_rows,
-        HAS_INDEX: tl.constexpr, HAS_COUNT: tl.constexpr, HAS_SECOND: tl.constexpr,
-        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, BLOCK_COLS2: tl.constexpr,
+        src_ptr,
+        out_ptr,
+        width,
+        src_row_stride,
+        out_row_stride,
+        src2_ptr,
+        out2_ptr,
+        width2,
+        src2_row_stride,
+        out2_row_stride,
+        index_ptr,
+        count_ptr,
+        num_rows,
+        HAS_INDEX: tl.constexpr,
+        HAS_COUNT: tl.constexpr,
+        HAS_SECOND: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr,
+        BLOCK_COLS: tl.constexpr,
+        BLOCK_COLS2: tl.constexpr,
     ):
         first = tl.program_id(0) * BLOCK_ROWS
         count = num_rows
@@ -98,7 +112,14 @@ def _sum_kernel():
 
     @triton.jit
     def gather_sum_kernel(
-        rows_ptr, pos_ptr, out_ptr, width, rows_stride, out_stride, K: tl.constexpr, BLOCK_COLS: tl.constexpr,
+        rows_ptr,
+        pos_ptr,
+        out_ptr,
+        width,
+        rows_stride,
+        out_stride,
+        K: tl.constexpr,
+        BLOCK_COLS: tl.constexpr,
     ):
         token = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
@@ -114,9 +135,9 @@ def _sum_kernel():
 
 def gather_rows(
     src: torch.Tensor,
-    index: Optional[torch.Tensor] = None,
-    count: Optional[torch.Tensor] = None,
-    out: Optional[torch.Tensor] = None,
+    index: torch.Tensor | None = None,
+    count: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``out[i] = src[index[i]]`` (``src[i]`` without ``index``) for ``i < count`` (every row without
     ``count``); rows from ``count`` on are not written.
@@ -149,9 +170,9 @@ def copy_counted_rows(src: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
 
 
 def gather_row_pairs(
-    pairs: Sequence[Tuple[torch.Tensor, torch.Tensor]],
-    index: Optional[torch.Tensor] = None,
-    count: Optional[torch.Tensor] = None,
+    pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    index: torch.Tensor | None = None,
+    count: torch.Tensor | None = None,
 ) -> None:
     """:func:`gather_rows` into each ``out`` of the ``(src, out)`` pairs, with one ``index`` and
     ``count`` for all of them: the columns of a packed row are copied by one kernel launch per two
@@ -163,8 +184,10 @@ def gather_row_pairs(
     num_rows = pairs[0][0].shape[0] if index is None else index.numel()
     for src, out in pairs:
         if src.dim() != 2 or out.shape != (num_rows, src.shape[1]) or out.dtype != src.dtype:
-            raise ValueError(f"gather_rows: src {tuple(src.shape)} {src.dtype} -> out {tuple(out.shape)} {out.dtype} "
-                             f"with {num_rows} rows to copy")
+            raise ValueError(
+                f"gather_rows: src {tuple(src.shape)} {src.dtype} -> out {tuple(out.shape)} {out.dtype} "
+                f"with {num_rows} rows to copy"
+            )
     if not uses_kernel(pairs[0][0]):
         for src, out in pairs:
             out.copy_(src) if index is None else torch.index_select(src, 0, index, out=out)
@@ -172,21 +195,36 @@ def gather_row_pairs(
     if any(t.stride(1) != 1 for pair in pairs for t in pair):
         raise ValueError("gather_rows: rows must be contiguous (stride 1 along the last dimension)")
     for first in range(0, len(pairs), 2):
-        _launch(pairs[first:first + 2], index, count, num_rows)
+        _launch(pairs[first : first + 2], index, count, num_rows)
 
 
-def _launch(pairs: Sequence[Tuple[torch.Tensor, torch.Tensor]], index, count, num_rows: int) -> None:
+def _launch(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], index, count, num_rows: int) -> None:
     """One kernel launch for one or two pairs; the grid's rows per program follow the first pair."""
     (src, out), (src2, out2) = pairs[0], pairs[-1]
     block_cols = _column_block(src.shape[1])
     block_rows = max(1, _ELEMENTS_PER_PROGRAM // block_cols)
     grid = (max(1, -(-num_rows // block_rows)),)
     _kernel()[grid](
-        src, out, src.shape[1], src.stride(0), out.stride(0),
-        src2, out2, src2.shape[1], src2.stride(0), out2.stride(0),
-        src if index is None else index, src if count is None else count, num_rows,
-        HAS_INDEX=index is not None, HAS_COUNT=count is not None, HAS_SECOND=len(pairs) == 2,
-        BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, BLOCK_COLS2=_column_block(src2.shape[1]), num_warps=4,
+        src,
+        out,
+        src.shape[1],
+        src.stride(0),
+        out.stride(0),
+        src2,
+        out2,
+        src2.shape[1],
+        src2.stride(0),
+        out2.stride(0),
+        src if index is None else index,
+        src if count is None else count,
+        num_rows,
+        HAS_INDEX=index is not None,
+        HAS_COUNT=count is not None,
+        HAS_SECOND=len(pairs) == 2,
+        BLOCK_ROWS=block_rows,
+        BLOCK_COLS=block_cols,
+        BLOCK_COLS2=_column_block(src2.shape[1]),
+        num_warps=4,
     )
 
 
@@ -208,8 +246,14 @@ def gather_sum_rows(rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     grid = (num_tokens, -(-width // block_cols))
     if num_tokens:
         _sum_kernel()[grid](
-            rows, pos.contiguous(), out, width, rows.stride(0), out.stride(0), K=topk, BLOCK_COLS=block_cols,
+            rows,
+            pos.contiguous(),
+            out,
+            width,
+            rows.stride(0),
+            out.stride(0),
+            K=topk,
+            BLOCK_COLS=block_cols,
             num_warps=4,
         )
     return out
-

@@ -30,8 +30,6 @@ backward. The dispatch paths that build them are ``models/dispatch/sorted_dispat
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from megatron.bridge.models.torch_native.dispatcher_base import TorchNativeTokenDispatcher
@@ -109,7 +107,7 @@ class ExpertParallelSortedDispatcher(TorchNativeTokenDispatcher):
     def __init__(self, *args, transport: str, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.transport = transport
-        self._plan: Optional[ExchangePlan] = None
+        self._plan: ExchangePlan | None = None
 
     def _exchange(self, device: torch.device) -> RowExchange:
         return shared_exchange(self.ep_group, self.transport, device)
@@ -128,15 +126,25 @@ class ExpertParallelSortedDispatcher(TorchNativeTokenDispatcher):
         num_tokens, topk = tokens.shape[0], self.config.moe_router_topk
         capacity = self._capacity(num_tokens)
         src_token, pos, prob_index, *plan = graphed_routing_and_plan(
-            routing_map, all_counts, topk=topk, rank=self.ep_rank, num_local_experts=self.num_local_experts,
-            capacity=capacity, with_calls=self.transport == "nvshmem",
+            routing_map,
+            all_counts,
+            topk=topk,
+            rank=self.ep_rank,
+            num_local_experts=self.num_local_experts,
+            capacity=capacity,
+            with_calls=self.transport == "nvshmem",
         )
         # Under EP overlap the exchanges and the unpermutation run on the communication stream.
         overlap = bool(self.config.overlap_moe_expert_parallel_comm)
         made_on = stream_of(tokens) if overlap else None
         self._plan = make_plan(tuple(plan), capacity, send_rows=num_tokens * topk, made_on=made_on)
         permuted, permuted_probs, self._perm_state = permute_with(
-            tokens, probs, src_token, pos, prob_index, unpermute_elsewhere=overlap,
+            tokens,
+            probs,
+            src_token,
+            pos,
+            prob_index,
+            unpermute_elsewhere=overlap,
         )
         return permuted, permuted_probs
 
@@ -174,4 +182,3 @@ class ExpertParallelSortedDispatcher(TorchNativeTokenDispatcher):
         output = unpermute_sorted(permutated_local_input_tokens, self._perm_state)
         self._perm_state, self._plan = None, None
         return output.view(self.hidden_shape)
-

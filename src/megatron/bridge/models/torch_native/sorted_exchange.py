@@ -14,7 +14,6 @@ dispatcher that uses them is ``ExpertParallelSortedDispatcher`` (``sorted_dispat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -52,25 +51,33 @@ class ExchangePlan:
     send_rows: int
     capacity: int
     # the stream that computed the tensors, where other streams read them (EP overlap); None otherwise
-    made_on: Optional[torch.cuda.Stream] = None
+    made_on: torch.cuda.Stream | None = None
     # the NVSHMEM exchange's per-call rows and region pack indices, both ways (see :func:`call_tensors`)
-    calls: Optional[Tuple[torch.Tensor, ...]] = None
+    calls: tuple[torch.Tensor, ...] | None = None
     # (send, recv) splits on the host, copied once when a transport first needs them
-    _host: Optional[Tuple[List[int], List[int]]] = field(default=None, repr=False)
+    _host: tuple[list[int], list[int]] | None = field(default=None, repr=False)
 
     def to_experts(self) -> Route:
         """The dispatch (and the combine's backward): token rows to the experts' ranks."""
         rows, pack = self.calls[:2] if self.calls is not None else (None, None)
-        return Route(self.send_splits, self.recv_splits, self.capacity, self._source_rows, rows, pack,
-                     on_host=self.host_splits)
+        return Route(
+            self.send_splits, self.recv_splits, self.capacity, self._source_rows, rows, pack, on_host=self.host_splits
+        )
 
     def to_tokens(self) -> Route:
         """The combine (and the dispatch's backward): expert rows back to their tokens' ranks."""
         rows, pack = self.calls[2:] if self.calls is not None else (None, None)
-        return Route(self.recv_splits, self.send_splits, self.send_rows, self._source_rows, rows, pack,
-                     on_host=lambda: self.host_splits()[::-1])
+        return Route(
+            self.recv_splits,
+            self.send_splits,
+            self.send_rows,
+            self._source_rows,
+            rows,
+            pack,
+            on_host=lambda: self.host_splits()[::-1],
+        )
 
-    def host_splits(self) -> Tuple[List[int], List[int]]:
+    def host_splits(self) -> tuple[list[int], list[int]]:
         """``(send_splits, recv_splits)`` on the host: one device-to-host copy for the plan's four
         exchanges (dispatch, combine and their backwards), made when the first one needs it."""
         if self._host is None:
@@ -88,15 +95,21 @@ class ExchangePlan:
         Called by the exchanges' forwards: their backwards run on the same stream, and one record
         per stream covers every read queued there before the memory is freed."""
         record_if_read_elsewhere(
-            self.made_on, self.send_splits, self.recv_splits, self.tokens_per_expert, self.recv_total,
-            self.to_source_major, self.to_expert_major, *(self.calls or ()),
+            self.made_on,
+            self.send_splits,
+            self.recv_splits,
+            self.tokens_per_expert,
+            self.recv_total,
+            self.to_source_major,
+            self.to_expert_major,
+            *(self.calls or ()),
         )
 
 
 def _plan_tensors(all_counts: torch.Tensor, rank: int, num_local_experts: int, capacity: int):
     """The device tensors of :class:`ExchangePlan` (one small fused computation on GPUs)."""
     ep = all_counts.shape[0]
-    mine = all_counts[:, rank * num_local_experts:(rank + 1) * num_local_experts]  # [src, local expert]
+    mine = all_counts[:, rank * num_local_experts : (rank + 1) * num_local_experts]  # [src, local expert]
     source_starts = exclusive_cumsum(mine.reshape(-1)).view(ep, num_local_experts)
     expert_major = mine.t().reshape(-1)  # segment (expert e, source s) at e * ep + s
     segment_ends = torch.cumsum(expert_major, 0)
@@ -117,8 +130,9 @@ def _plan_tensors(all_counts: torch.Tensor, rank: int, num_local_experts: int, c
 _COMPILED_PLAN = LazyCompiled(_plan_tensors, "EP exchange plan", dynamic=False)
 
 
-def plan_tensors(all_counts: torch.Tensor, rank: int, num_local_experts: int,
-                 capacity: int) -> Tuple[torch.Tensor, ...]:
+def plan_tensors(
+    all_counts: torch.Tensor, rank: int, num_local_experts: int, capacity: int
+) -> tuple[torch.Tensor, ...]:
     """:func:`_plan_tensors`, compiled on GPUs."""
     args = (all_counts, rank, num_local_experts, capacity)
     return _COMPILED_PLAN(_plan_tensors, *args) if all_counts.is_cuda else _plan_tensors(*args)
@@ -130,7 +144,7 @@ def rows_from_one_rank(capacity: int, ep_size: int) -> int:
     return capacity // ep_size
 
 
-def call_tensors(plan: Tuple[torch.Tensor, ...], rank: int, capacity: int, send_rows: int) -> Tuple[torch.Tensor, ...]:
+def call_tensors(plan: tuple[torch.Tensor, ...], rank: int, capacity: int, send_rows: int) -> tuple[torch.Tensor, ...]:
     """The NVSHMEM exchange's indices for both routes of :func:`plan_tensors`' plan: the rows sent in
     each call and the region pack index, to the experts then back to the tokens (see
     ``symmetric_exchange.call_rows``; computed here, inside the graphed index function, they cost
@@ -146,17 +160,26 @@ def call_tensors(plan: Tuple[torch.Tensor, ...], rank: int, capacity: int, send_
 
 
 def make_plan(
-    tensors: Tuple[torch.Tensor, ...], capacity: int, send_rows: int,
-    made_on: Optional[torch.cuda.Stream] = None,
+    tensors: tuple[torch.Tensor, ...],
+    capacity: int,
+    send_rows: int,
+    made_on: torch.cuda.Stream | None = None,
 ) -> ExchangePlan:
     """An :class:`ExchangePlan` from :func:`plan_tensors`' tensors, in their order, then optionally
     :func:`call_tensors`'; ``made_on``: the stream that computed them, where other streams will read
     them (the EP-overlap schedule)."""
     send_splits, recv_splits, tokens_per_expert, recv_total, to_source_major, to_expert_major = tensors[:6]
     return ExchangePlan(
-        send_splits=send_splits, recv_splits=recv_splits, tokens_per_expert=tokens_per_expert, recv_total=recv_total,
-        to_source_major=to_source_major, to_expert_major=to_expert_major,
-        send_rows=send_rows, capacity=capacity, made_on=made_on, calls=tuple(tensors[6:]) or None,
+        send_splits=send_splits,
+        recv_splits=recv_splits,
+        tokens_per_expert=tokens_per_expert,
+        recv_total=recv_total,
+        to_source_major=to_source_major,
+        to_expert_major=to_expert_major,
+        send_rows=send_rows,
+        capacity=capacity,
+        made_on=made_on,
+        calls=tuple(tensors[6:]) or None,
     )
 
 
@@ -168,9 +191,15 @@ def exchange_plan(
 
 
 def routing_and_plan(
-    routing_map: torch.Tensor, all_counts: torch.Tensor, *, topk: int, rank: int, num_local_experts: int,
-    capacity: int, with_calls: bool = False,
-) -> Tuple[torch.Tensor, ...]:
+    routing_map: torch.Tensor,
+    all_counts: torch.Tensor,
+    *,
+    topk: int,
+    rank: int,
+    num_local_experts: int,
+    capacity: int,
+    with_calls: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """:func:`permutation_indices`, then :func:`plan_tensors` (and, ``with_calls``, the NVSHMEM
     exchange's :func:`call_tensors`): everything the EP dispatcher computes before it moves a token,
     as one function (one graph on GPUs)."""
@@ -198,7 +227,8 @@ class DispatchExchange(torch.autograd.Function):
         ctx.send_rows, ctx.dtypes = tokens.shape[0], (tokens.dtype, probs.dtype)
         plan.used_on_current_stream()
         return exchange.exchange(
-            [tokens, probs.reshape(-1, 1)], plan.to_experts(),
+            [tokens, probs.reshape(-1, 1)],
+            plan.to_experts(),
             _tokens_and_probs_reader(hidden, tokens.dtype, probs.dtype, plan.to_source_major, plan.recv_total),
             nbytes,
         )
@@ -209,16 +239,22 @@ class DispatchExchange(torch.autograd.Function):
         if grad_probs is None:
             grad_probs = torch.zeros(plan.capacity, dtype=probs_dtype, device=grad_tokens.device)
         grad_x, grad_p = ctx.exchange.exchange(
-            [grad_tokens, grad_probs.reshape(-1, 1)], plan.to_tokens(),
-            _tokens_and_probs_reader(grad_tokens.shape[1], token_dtype, probs_dtype), ctx.nbytes,
-            order=plan.to_expert_major, count=plan.recv_total,
+            [grad_tokens, grad_probs.reshape(-1, 1)],
+            plan.to_tokens(),
+            _tokens_and_probs_reader(grad_tokens.shape[1], token_dtype, probs_dtype),
+            ctx.nbytes,
+            order=plan.to_expert_major,
+            count=plan.recv_total,
         )
         return grad_x, grad_p, None, None, None
 
 
 def _tokens_and_probs_reader(
-    hidden: int, token_dtype: torch.dtype, probs_dtype: torch.dtype,
-    order: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None,
+    hidden: int,
+    token_dtype: torch.dtype,
+    probs_dtype: torch.dtype,
+    order: torch.Tensor | None = None,
+    count: torch.Tensor | None = None,
 ):
     """Copies the token and prob columns (their rows ``order``, the first ``count`` of them, where
     given) out of a received byte buffer, both in one kernel launch."""
@@ -243,8 +279,12 @@ class CombineExchange(torch.autograd.Function):
         ctx.plan, ctx.exchange, ctx.nbytes = plan, exchange, nbytes
         plan.used_on_current_stream()
         return exchange.exchange(
-            [expert_out], plan.to_tokens(), _column_reader(expert_out), nbytes,
-            order=plan.to_expert_major, count=plan.recv_total,
+            [expert_out],
+            plan.to_tokens(),
+            _column_reader(expert_out),
+            nbytes,
+            order=plan.to_expert_major,
+            count=plan.recv_total,
         )
 
     @staticmethod
@@ -254,13 +294,13 @@ class CombineExchange(torch.autograd.Function):
         return ctx.exchange.exchange([grad], plan.to_experts(), read, ctx.nbytes), None, None, None
 
 
-def _column_reader(like: torch.Tensor, order: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None):
+def _column_reader(like: torch.Tensor, order: torch.Tensor | None = None, count: torch.Tensor | None = None):
     """Reads a ``like``-shaped (width and dtype) first column (its rows ``order``, the first ``count``
     of them, where given) out of a received byte buffer."""
     return lambda recv: copy_columns(recv, [(like.shape[1], like.dtype)], order, count)[0]
 
 
-_EXCHANGES: Dict[Tuple[Tuple[int, ...], str], RowExchange] = {}  # (EP ranks, transport) -> exchange
+_EXCHANGES: dict[tuple[tuple[int, ...], str], RowExchange] = {}  # (EP ranks, transport) -> exchange
 
 
 def shared_exchange(group: dist.ProcessGroup, transport: str, device: torch.device) -> RowExchange:

@@ -11,7 +11,7 @@ The indices are computed by one function of the routing map, replayed from a CUD
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 
@@ -20,7 +20,7 @@ from megatron.bridge.models.torch_native.row_gather import gather_sum_rows
 from megatron.bridge.models.torch_native.streams import record_if_read_elsewhere, stream_of
 
 
-def sorted_routing(routing_map: torch.Tensor, topk: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sorted_routing(routing_map: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(expert_idx [T, k] ascending per token, order [T*k], pos [T, k])`` without host syncs.
 
     ``order[i]`` is the flat ``token * k + slot`` index of permuted row ``i`` (megatron's order);
@@ -35,7 +35,7 @@ def sorted_routing(routing_map: torch.Tensor, topk: int) -> Tuple[torch.Tensor, 
     return expert_idx, order, pos.view(num_tokens, topk)
 
 
-PermState = Tuple[torch.Tensor, torch.Tensor, Optional["torch.cuda.Stream"]]
+PermState = tuple[torch.Tensor, torch.Tensor, Optional["torch.cuda.Stream"]]
 """What :func:`unpermute_sorted` needs: ``src_token``, ``pos`` and, where the unpermutation may run
 on another stream, the stream they were made on."""
 
@@ -71,7 +71,7 @@ class _UnpermuteTokens(torch.autograd.Function):
         return grad.contiguous().index_select(0, src_token), None, None, None
 
 
-def permutation_indices(routing_map: torch.Tensor, topk: int) -> Tuple[torch.Tensor, ...]:
+def permutation_indices(routing_map: torch.Tensor, topk: int) -> tuple[torch.Tensor, ...]:
     """The index tensors of a sorted permutation, computed on the device from the routing map alone.
 
     ``(src_token [T*k], pos [T, k], prob_index [T*k])``: permuted row ``i`` holds token
@@ -85,7 +85,7 @@ def permutation_indices(routing_map: torch.Tensor, topk: int) -> Tuple[torch.Ten
     return src_token, pos, prob_index
 
 
-def routing_indices(routing_map: torch.Tensor, topk: int) -> Tuple[torch.Tensor, ...]:
+def routing_indices(routing_map: torch.Tensor, topk: int) -> tuple[torch.Tensor, ...]:
     """:func:`permutation_indices` and ``tokens_per_expert [E]``: everything the EP=1 dispatcher
     computes before it moves a token."""
     return (*permutation_indices(routing_map, topk), routing_map.sum(dim=0).long())
@@ -95,8 +95,14 @@ def routing_indices(routing_map: torch.Tensor, topk: int) -> Tuple[torch.Tensor,
 graphed_routing_indices = GraphedIndexFunction(routing_indices, "sorted routing indices")
 
 
-def permute_with(x: torch.Tensor, probs: torch.Tensor, src_token: torch.Tensor, pos: torch.Tensor,
-                 prob_index: torch.Tensor, unpermute_elsewhere: bool = False):
+def permute_with(
+    x: torch.Tensor,
+    probs: torch.Tensor,
+    src_token: torch.Tensor,
+    pos: torch.Tensor,
+    prob_index: torch.Tensor,
+    unpermute_elsewhere: bool = False,
+):
     """Tokens and probs in permuted order from :func:`permutation_indices`' tensors, plus what
     :func:`unpermute_sorted` needs. ``unpermute_elsewhere``: the unpermutation may run on another
     stream (the EP-overlap schedule), so the indices remember the stream that made them."""

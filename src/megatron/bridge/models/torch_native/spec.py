@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Dict, Optional
+from typing import Any
 
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from megatron.core.transformer.dot_product_attention import DotProductAttention
@@ -38,8 +38,11 @@ def _swap_norms(submodules: Any) -> Any:
     """Every field of a submodules dataclass that is megatron's ``WrappedTorchNorm``."""
     if not dataclasses.is_dataclass(submodules):
         return submodules
-    swaps = {f.name: TorchNativeNorm for f in dataclasses.fields(submodules)
-             if getattr(submodules, f.name) is WrappedTorchNorm}
+    swaps = {
+        f.name: TorchNativeNorm
+        for f in dataclasses.fields(submodules)
+        if getattr(submodules, f.name) is WrappedTorchNorm
+    }
     return dataclasses.replace(submodules, **swaps) if swaps else submodules
 
 
@@ -70,18 +73,16 @@ def _swap_experts(mlp: Any) -> Any:
 def torch_native_layer_spec(layer_spec: ModuleSpec) -> ModuleSpec:
     """One ``TransformerLayer`` spec with SDPA core attention, grouped-GEMM experts, fused norms."""
     sub = _swap_norms(layer_spec.submodules)
-    new_sub = dataclasses.replace(
-        sub, self_attention=_swap_attention(sub.self_attention), mlp=_swap_experts(sub.mlp)
-    )
+    new_sub = dataclasses.replace(sub, self_attention=_swap_attention(sub.self_attention), mlp=_swap_experts(sub.mlp))
     return dataclasses.replace(layer_spec, submodules=new_sub)
 
 
 def get_torch_native_decoder_block_spec(
-    config: TransformerConfig, vp_stage: Optional[int] = None
+    config: TransformerConfig, vp_stage: int | None = None
 ) -> TransformerBlockSubmodules:
     """Decoder block spec of this pipeline stage for the torch-native implementation."""
     local = get_gpt_decoder_block_spec(config, use_transformer_engine=False, vp_stage=vp_stage)
-    memo: Dict[int, ModuleSpec] = {}  # layers share spec objects; keep the sharing
+    memo: dict[int, ModuleSpec] = {}  # layers share spec objects; keep the sharing
     layers = []
     for spec in local.layer_specs:
         if id(spec) not in memo:

@@ -14,17 +14,15 @@ and the host pays nothing (no stream lookup, no allocator call).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 
-def stream_of(t: torch.Tensor) -> Optional[torch.cuda.Stream]:
+def stream_of(t: torch.Tensor) -> torch.cuda.Stream | None:
     """The current stream of ``t``'s device, for a CUDA tensor made now (``None`` on CPU)."""
     return torch.cuda.current_stream(t.device) if t.is_cuda else None
 
 
-def record_if_read_elsewhere(made_on: Optional[torch.cuda.Stream], *tensors: torch.Tensor) -> None:
+def record_if_read_elsewhere(made_on: torch.cuda.Stream | None, *tensors: torch.Tensor) -> None:
     """``record_stream`` of the current stream on ``tensors`` (made on ``made_on``), where that is
     another stream: the allocator then keeps their memory until that stream's queued work is done."""
     if made_on is None:

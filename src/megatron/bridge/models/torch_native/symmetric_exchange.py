@@ -36,8 +36,8 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -77,7 +77,7 @@ def blocks_split_rows_exactly(blocks: int, world: int) -> bool:
     return ROW_ALIGN_BYTES % max(blocks // world, 1) == 0
 
 
-def blocks_override_problem(world: int, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+def blocks_override_problem(world: int, environ: Mapping[str, str] | None = None) -> str | None:
     """Why the ``TORCH_SYMMMEM_NBLOCKS`` in the environment would make torch's kernel assert for
     some row count; ``None`` if it is unset or fine. (``model.torch_native_nvshmem_blocks`` is
     checked by a validation rule before it is written there.)"""
@@ -97,8 +97,9 @@ def blocks_override_problem(world: int, environ: Optional[Mapping[str, str]] = N
     )
 
 
-def call_rows(send_splits: torch.Tensor, rank: int, source_rows: int, rows: int,
-              order: Optional[torch.Tensor] = None) -> torch.Tensor:
+def call_rows(
+    send_splits: torch.Tensor, rank: int, source_rows: int, rows: int, order: torch.Tensor | None = None
+) -> torch.Tensor:
     """``[world, source_rows]``: row ``k`` holds the source rows sent in call ``k`` (to rank
     ``rank + k``; ``k = 0`` is this rank's own rows), ``order`` applied; past each count, some valid
     row (not sent)."""
@@ -119,8 +120,9 @@ def _symmetric_empty(shape: Sequence[int], dtype: torch.dtype, device: torch.dev
     return t
 
 
-def _all_to_all_vdev(send: torch.Tensor, out: torch.Tensor, in_splits: torch.Tensor,
-                     out_splits_offsets: torch.Tensor, group_name: str) -> None:
+def _all_to_all_vdev(
+    send: torch.Tensor, out: torch.Tensor, in_splits: torch.Tensor, out_splits_offsets: torch.Tensor, group_name: str
+) -> None:
     """torch's NVSHMEM ``all_to_all_vdev`` (the CPU tests put an emulation of it here)."""
     torch.ops.symm_mem.all_to_all_vdev(send, out, in_splits, out_splits_offsets, group_name)
 
@@ -129,8 +131,9 @@ class _SymmetricBuffers:
     """One row layout's NVSHMEM buffers: two send slots, the receive buffer, and per slot the split
     buffers the peers write into (see "Buffer reuse" in ``token_exchange.py``)."""
 
-    def __init__(self, send_rows: int, recv_rows: int, nbytes: int, world: int, group_name: str,
-                 device: torch.device) -> None:
+    def __init__(
+        self, send_rows: int, recv_rows: int, nbytes: int, world: int, group_name: str, device: torch.device
+    ) -> None:
         def alloc(*shape: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
             return _symmetric_empty(shape, dtype, device, group_name)
 
@@ -169,15 +172,15 @@ class SymmetricMemoryExchange(RowExchange):
         super().__init__(group)
         self._group_name = group.group_name
         self.rank = dist.get_rank(group)
-        self._rows: Optional[_SymmetricBuffers] = None
-        self._packed: Optional[torch.Tensor] = None
-        self._gather: Optional[_SymmetricBuffers] = None
+        self._rows: _SymmetricBuffers | None = None
+        self._packed: torch.Tensor | None = None
+        self._gather: _SymmetricBuffers | None = None
         self._gather_slot = 0
-        self._one_hot: Optional[torch.Tensor] = None
+        self._one_hot: torch.Tensor | None = None
         # Replaced buffers stay referenced: an NVSHMEM free is collective, so it must not happen
         # whenever the garbage collector gets to it. Growth happens only when a later run in the
         # same process uses more tokens per micro-batch (or gathers a different size).
-        self._retired: List[_SymmetricBuffers] = []
+        self._retired: list[_SymmetricBuffers] = []
 
     def _buffers(self, send_rows: int, recv_rows: int, nbytes: int, device: torch.device) -> _SymmetricBuffers:
         # New buffers register with the live group (after a rebind, the old one may be gone).
@@ -208,8 +211,12 @@ class SymmetricMemoryExchange(RowExchange):
         return rows
 
     def _transfer(
-        self, sources: Sequence[torch.Tensor], route: Route, nbytes: int,
-        order: Optional[torch.Tensor], count: Optional[torch.Tensor],
+        self,
+        sources: Sequence[torch.Tensor],
+        route: Route,
+        nbytes: int,
+        order: torch.Tensor | None,
+        count: torch.Tensor | None,
     ) -> torch.Tensor:
         bufs = self._reserve_regions(route, nbytes, sources[0].device)
         region_rows = route.source_rows
@@ -218,7 +225,7 @@ class SymmetricMemoryExchange(RowExchange):
             picks = call_rows(route.send_splits, self.rank, region_rows, rows_to_pack(sources, order), order)
         for k in range(self.world):
             dest, source = (self.rank + k) % self.world, (self.rank - k) % self.world
-            dest_count = route.send_splits[dest:dest + 1]
+            dest_count = route.send_splits[dest : dest + 1]
             if k == 0:  # its own rows: straight into its region
                 write_columns(_region(bufs.recv, self.rank, region_rows), sources, picks[k], dest_count)
                 continue
@@ -234,7 +241,7 @@ class SymmetricMemoryExchange(RowExchange):
         if where is None:
             where = region_pack_index(route.recv_splits, route.source_rows, route.recv_rows)
         total = route.recv_splits.sum().reshape(1)
-        copy_byte_rows(regions, self._packed[:route.recv_rows], where, total)
+        copy_byte_rows(regions, self._packed[: route.recv_rows], where, total)
         return self._packed
 
     def all_gather(self, values: torch.Tensor) -> torch.Tensor:
@@ -255,13 +262,13 @@ class SymmetricMemoryExchange(RowExchange):
         self._gather_slot ^= 1
         write_columns(self._gather.send[slot], [values.view(1, -1).expand(self.world, -1)])
         self._gather.all_to_all(slot, self._gather.recv)
-        (gathered,) = copy_columns(self._gather.recv[:self.world], columns)
+        (gathered,) = copy_columns(self._gather.recv[: self.world], columns)
         self._record_done(stream_ready)
         return gathered
 
 
 def _region(recv: torch.Tensor, source: int, region_rows: int) -> torch.Tensor:
-    return recv[source * region_rows:(source + 1) * region_rows]
+    return recv[source * region_rows : (source + 1) * region_rows]
 
 
 # ------------------------------------------------------------------------------ availability
@@ -275,7 +282,7 @@ class SymmetricMemorySupport:
     reason: str
 
 
-def symmetric_memory_support(group: Optional[dist.ProcessGroup], device: torch.device) -> SymmetricMemorySupport:
+def symmetric_memory_support(group: dist.ProcessGroup | None, device: torch.device) -> SymmetricMemorySupport:
     """NVSHMEM present, CUDA tensors, torch's op registered, and the group spanning the whole job
     (in an emulated world, on a GPU or the CPU, only the layout's conditions).
 
@@ -298,7 +305,7 @@ def symmetric_memory_support(group: Optional[dist.ProcessGroup], device: torch.d
     return _layout_support(group) or SymmetricMemorySupport(True, "NVSHMEM available")
 
 
-def _layout_support(group: Optional[dist.ProcessGroup]) -> Optional[SymmetricMemorySupport]:
+def _layout_support(group: dist.ProcessGroup | None) -> SymmetricMemorySupport | None:
     """Why the group's layout rules the exchange out (``None``: it does not)."""
     if group is None or dist.get_world_size(group) != dist.get_world_size():
         return SymmetricMemorySupport(False, "the expert-parallel group does not span the whole job")
@@ -311,7 +318,7 @@ def _layout_support(group: Optional[dist.ProcessGroup]) -> Optional[SymmetricMem
     return None
 
 
-def _emulated(group: Optional[dist.ProcessGroup]) -> bool:
+def _emulated(group: dist.ProcessGroup | None) -> bool:
     return isinstance(group, EmulatedGroup)
 
 
@@ -319,7 +326,8 @@ def _emulated_support(group: dist.ProcessGroup) -> SymmetricMemorySupport:
     """In an emulated world the layout's own conditions decide (a cluster of the target GPUs has
     NVSHMEM); the exchange is played by ``emulated_exchange.py`` (on a CPU, from host split sizes)."""
     return _layout_support(group) or SymmetricMemorySupport(
-        True, "NVSHMEM EMULATED: split sizes and modeled time stay on the device")
+        True, "NVSHMEM EMULATED: split sizes and modeled time stay on the device"
+    )
 
 
 _BACKEND_SET = False
@@ -367,7 +375,7 @@ def make_exchange(group: dist.ProcessGroup, device: torch.device, prefer_symmetr
     return CollectiveExchange(group)
 
 
-__all__: List[str] = [
+__all__: list[str] = [
     "NVSHMEM_BLOCKS_ENV",
     "SymmetricMemoryExchange",
     "SymmetricMemorySupport",

@@ -32,8 +32,9 @@ the previous one); every rank issues them in the same order, as collectives requ
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -44,7 +45,7 @@ ROW_ALIGN_BYTES = 64
 T = TypeVar("T")
 
 
-def row_bytes(columns: Sequence[Tuple[int, torch.dtype]]) -> int:
+def row_bytes(columns: Sequence[tuple[int, torch.dtype]]) -> int:
     """Bytes of one packed row holding ``columns`` (``(width, dtype)`` each), padded to 64 bytes."""
     raw = sum(width * dtype.itemsize for width, dtype in columns)
     return max(ROW_ALIGN_BYTES, math.ceil(raw / ROW_ALIGN_BYTES) * ROW_ALIGN_BYTES)
@@ -52,24 +53,25 @@ def row_bytes(columns: Sequence[Tuple[int, torch.dtype]]) -> int:
 
 def column(buffer: torch.Tensor, start_byte: int, width: int, dtype: torch.dtype) -> torch.Tensor:
     """``[rows, width]`` view of ``dtype`` elements at byte ``start_byte`` of each packed row."""
-    return buffer[:, start_byte:start_byte + width * dtype.itemsize].view(dtype)
+    return buffer[:, start_byte : start_byte + width * dtype.itemsize].view(dtype)
 
 
 _WORDS = (torch.int64, torch.int32, torch.int16)
 
 
-def _word_views(*byte_columns: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+def _word_views(*byte_columns: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``[rows, nbytes]`` uint8 views as the widest words (8, 4 or 2 bytes) that all of them allow:
     a copy then moves that many bytes per element instead of one."""
     for word in _WORDS:
         size = word.itemsize
-        if all(b.shape[1] % size == 0 and b.storage_offset() % size == 0 and b.stride(0) % size == 0
-               for b in byte_columns):
+        if all(
+            b.shape[1] % size == 0 and b.storage_offset() % size == 0 and b.stride(0) % size == 0 for b in byte_columns
+        ):
             return tuple(b.view(word) for b in byte_columns)
     return byte_columns
 
 
-def _byte_columns(columns: Sequence[Tuple[int, torch.dtype]]) -> List[Tuple[int, int]]:
+def _byte_columns(columns: Sequence[tuple[int, torch.dtype]]) -> list[tuple[int, int]]:
     """``(start byte, byte width)`` of each column, side by side from byte 0."""
     spans, start = [], 0
     for width, dtype in columns:
@@ -79,9 +81,11 @@ def _byte_columns(columns: Sequence[Tuple[int, torch.dtype]]) -> List[Tuple[int,
 
 
 def copy_columns(
-    buffer: torch.Tensor, columns: Sequence[Tuple[int, torch.dtype]],
-    order: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None,
-) -> List[torch.Tensor]:
+    buffer: torch.Tensor,
+    columns: Sequence[tuple[int, torch.dtype]],
+    order: torch.Tensor | None = None,
+    count: torch.Tensor | None = None,
+) -> list[torch.Tensor]:
     """Contiguous copies of the packed ``columns`` (``(width, dtype)`` each, side by side from byte
     0); with ``order``, of their rows ``order`` (the gather is the copy: one pass over memory instead
     of two); with ``count`` as well, only the first ``count`` rows are copied (the rest of each
@@ -90,28 +94,33 @@ def copy_columns(
     results, pairs = [], []
     for (width, dtype), (start, nbytes) in zip(columns, _byte_columns(columns)):
         out = torch.empty(rows, width, dtype=dtype, device=buffer.device)
-        pairs.append(_word_views(buffer[:, start:start + nbytes], out.view(torch.uint8)))
+        pairs.append(_word_views(buffer[:, start : start + nbytes], out.view(torch.uint8)))
         results.append(out)
     gather_row_pairs(pairs, order, count)
     return results
 
 
 def copy_byte_rows(
-    src: torch.Tensor, out: torch.Tensor, index: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None,
+    src: torch.Tensor,
+    out: torch.Tensor,
+    index: torch.Tensor | None = None,
+    count: torch.Tensor | None = None,
 ) -> None:
     """``out[i] = src[index[i]]`` for ``i < count`` over ``[rows, nbytes]`` byte buffers, moved as the
     widest words both allow."""
     gather_row_pairs([_word_views(src, out)], index, count)
 
 
-def rows_to_pack(sources: Sequence[torch.Tensor], order: Optional[torch.Tensor] = None) -> int:
+def rows_to_pack(sources: Sequence[torch.Tensor], order: torch.Tensor | None = None) -> int:
     """How many rows packing ``sources`` makes: all of theirs, or one per entry of ``order``."""
     return sources[0].shape[0] if order is None else order.numel()
 
 
 def write_columns(
-    buffer: torch.Tensor, sources: Sequence[torch.Tensor],
-    order: Optional[torch.Tensor] = None, count: Optional[torch.Tensor] = None,
+    buffer: torch.Tensor,
+    sources: Sequence[torch.Tensor],
+    order: torch.Tensor | None = None,
+    count: torch.Tensor | None = None,
 ) -> None:
     """Copy the 2-D ``sources`` (their rows ``order``, where given, gathered as they are copied; only
     the first ``count`` of those, where given) side by side into the packed rows from byte 0. Two
@@ -119,7 +128,7 @@ def write_columns(
     rows = rows_to_pack(sources, order)
     spans = _byte_columns([(src.shape[1], src.dtype) for src in sources])
     pairs = [
-        _word_views(src.contiguous().view(torch.uint8), buffer[:rows, start:start + nbytes])
+        _word_views(src.contiguous().view(torch.uint8), buffer[:rows, start : start + nbytes])
         for src, (start, nbytes) in zip(sources, spans)
     ]
     gather_row_pairs(pairs, order, count)
@@ -161,11 +170,11 @@ class Route:
     recv_splits: torch.Tensor
     recv_rows: int
     source_rows: int
-    call_rows: Optional[torch.Tensor] = None
-    pack_index: Optional[torch.Tensor] = None
-    on_host: Optional[Callable[[], Tuple[List[int], List[int]]]] = None
+    call_rows: torch.Tensor | None = None
+    pack_index: torch.Tensor | None = None
+    on_host: Callable[[], tuple[list[int], list[int]]] | None = None
 
-    def host_splits(self) -> Tuple[List[int], List[int]]:
+    def host_splits(self) -> tuple[list[int], list[int]]:
         """``(send_splits, recv_splits)`` as host lists (a device synchronisation unless cached)."""
         if self.on_host is not None:
             return self.on_host()
@@ -190,7 +199,7 @@ class RowExchange:
     #: Name shown in the start-up line and ``summary.json``.
     name: str = ""
 
-    def __init__(self, group: Optional[dist.ProcessGroup], world: Optional[int] = None) -> None:
+    def __init__(self, group: dist.ProcessGroup | None, world: int | None = None) -> None:
         """``world``: the group's size, read from ``group`` unless given (an exchange that sends
         nothing, as the local-cost benchmark's, has no group)."""
         self.group = group
@@ -199,7 +208,7 @@ class RowExchange:
         self._row_bytes = 0
         self._slot = 0
         # the previous exchange's end: (event, its stream, whether recorded inside a CUDA-graph capture)
-        self._last_done: Optional[Tuple[torch.cuda.Event, torch.cuda.Stream, bool]] = None
+        self._last_done: tuple[torch.cuda.Event, torch.cuda.Stream, bool] | None = None
 
     def rebind(self, group: dist.ProcessGroup) -> None:
         """Use a new group of the same ranks (the old one was destroyed), keeping the buffers."""
@@ -219,8 +228,12 @@ class RowExchange:
         raise NotImplementedError
 
     def _transfer(
-        self, sources: Sequence[torch.Tensor], route: Route, nbytes: int,
-        order: Optional[torch.Tensor], count: Optional[torch.Tensor],
+        self,
+        sources: Sequence[torch.Tensor],
+        route: Route,
+        nbytes: int,
+        order: torch.Tensor | None,
+        count: torch.Tensor | None,
     ) -> torch.Tensor:
         """Pack and send; returns the receive buffer (rows from rank 0 first). Here: every row into
         one send slot, then one collective (:meth:`_run`)."""
@@ -241,9 +254,9 @@ class RowExchange:
         sources: Sequence[torch.Tensor],
         route: Route,
         read: Callable[[torch.Tensor], T],
-        nbytes: Optional[int] = None,
-        order: Optional[torch.Tensor] = None,
-        count: Optional[torch.Tensor] = None,
+        nbytes: int | None = None,
+        order: torch.Tensor | None = None,
+        count: torch.Tensor | None = None,
     ) -> T:
         """Send rows of ``sources`` (in ``order``, where given) along ``route``; ``read(received rows)``."""
         source_rows = sources[0].shape[0]
@@ -253,7 +266,7 @@ class RowExchange:
             nbytes = row_bytes([(s.shape[1], s.dtype) for s in sources])
         stream_ready = self._wait_previous(sources[0])
         recv = self._transfer(sources, route, nbytes, order, count)
-        result = read(recv[:route.recv_rows])
+        result = read(recv[: route.recv_rows])
         self._record_done(stream_ready)
         return result
 
@@ -275,7 +288,7 @@ class RowExchange:
             return
         self._capacity_rows, self._row_bytes = self._allocate(rows, nbytes, device), nbytes
 
-    def _wait_previous(self, like: torch.Tensor) -> Optional[Tuple[torch.cuda.Stream, bool]]:
+    def _wait_previous(self, like: torch.Tensor) -> tuple[torch.cuda.Stream, bool] | None:
         """Order this exchange after the previous one when that ran on another stream (on the same
         stream, stream order does it); returns the current stream and whether it is capturing
         (``None`` off CUDA).
@@ -294,7 +307,7 @@ class RowExchange:
             stream.wait_event(last[0])
         return stream, capturing
 
-    def _record_done(self, stream_state: Optional[Tuple[torch.cuda.Stream, bool]]) -> None:
+    def _record_done(self, stream_state: tuple[torch.cuda.Stream, bool] | None) -> None:
         if stream_state is not None:
             stream, capturing = stream_state
             self._last_done = (stream.record_event(), stream, capturing)
@@ -316,7 +329,7 @@ class CollectiveExchange(RowExchange):
     def _run(self, slot: int, route: Route) -> torch.Tensor:
         send_list, recv_list = route.host_splits()
         dist.all_to_all_single(
-            self._recv[:sum(recv_list)], self._send[slot][:sum(send_list)], recv_list, send_list, group=self.group
+            self._recv[: sum(recv_list)], self._send[slot][: sum(send_list)], recv_list, send_list, group=self.group
         )
         return self._recv
 
@@ -326,7 +339,7 @@ class CollectiveExchange(RowExchange):
         return out.view(self.world, -1)
 
 
-__all__: List[str] = [
+__all__: list[str] = [
     "CollectiveExchange",
     "ROW_ALIGN_BYTES",
     "Route",

@@ -64,9 +64,18 @@ def _kernel():
 
     @triton.jit
     def grouped_wgrad_accumulate_kernel(
-        dy_ptr, x_ptr, offsets_ptr, main_grad_ptr,
-        n_out, n_in, stride_dy, stride_x,
-        BLOCK_OUT: tl.constexpr, BLOCK_IN: tl.constexpr, BLOCK_ROWS: tl.constexpr, EXACT_FP32: tl.constexpr,
+        dy_ptr,
+        x_ptr,
+        offsets_ptr,
+        main_grad_ptr,
+        n_out,
+        n_in,
+        stride_dy,
+        stride_x,
+        BLOCK_OUT: tl.constexpr,
+        BLOCK_IN: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr,
+        EXACT_FP32: tl.constexpr,
     ):
         # Axis 0 walks the tiles of one expert so that neighbouring programs share its rows in L2.
         tile = tl.program_id(0)
@@ -81,16 +90,26 @@ def _kernel():
             for first in range(row_start, row_end, BLOCK_ROWS):
                 rows = first + tl.arange(0, BLOCK_ROWS).to(tl.int64)
                 live = rows < row_end
-                dy = tl.load(dy_ptr + rows[:, None] * stride_dy + out_idx[None, :],
-                             mask=live[:, None] & (out_idx[None, :] < n_out), other=0.0)
-                x = tl.load(x_ptr + rows[:, None] * stride_x + in_idx[None, :],
-                            mask=live[:, None] & (in_idx[None, :] < n_in), other=0.0)
+                dy = tl.load(
+                    dy_ptr + rows[:, None] * stride_dy + out_idx[None, :],
+                    mask=live[:, None] & (out_idx[None, :] < n_out),
+                    other=0.0,
+                )
+                x = tl.load(
+                    x_ptr + rows[:, None] * stride_x + in_idx[None, :],
+                    mask=live[:, None] & (in_idx[None, :] < n_in),
+                    other=0.0,
+                )
                 if EXACT_FP32:  # fp32 inputs: no TF32 rounding (torch's matmuls do not use it by default)
                     acc = tl.dot(tl.trans(dy), x, acc, input_precision="ieee")
                 else:
                     acc = tl.dot(tl.trans(dy), x, acc)
-            target = (main_grad_ptr + expert.to(tl.int64) * n_out * n_in
-                      + out_idx[:, None].to(tl.int64) * n_in + in_idx[None, :])
+            target = (
+                main_grad_ptr
+                + expert.to(tl.int64) * n_out * n_in
+                + out_idx[:, None].to(tl.int64) * n_in
+                + in_idx[None, :]
+            )
             inside = (out_idx[:, None] < n_out) & (in_idx[None, :] < n_in)
             tl.store(target, tl.load(target, mask=inside, other=0.0) + acc, mask=inside)
 
@@ -104,9 +123,7 @@ def expert_offsets(counts: torch.Tensor, device: torch.device) -> torch.Tensor:
     return offsets
 
 
-def accumulate_grouped_wgrad(
-    dy: torch.Tensor, x: torch.Tensor, counts: torch.Tensor, main_grad: torch.Tensor
-) -> None:
+def accumulate_grouped_wgrad(dy: torch.Tensor, x: torch.Tensor, counts: torch.Tensor, main_grad: torch.Tensor) -> None:
     """``main_grad[e] += dy[rows of e].T @ x[rows of e]`` in place, products summed in fp32.
 
     ``dy`` is ``[T, out]``, ``x`` ``[T, in]`` (rows sorted by expert, padding rows at the end),
@@ -126,9 +143,20 @@ def accumulate_grouped_wgrad(
     offsets = expert_offsets(counts, dy.device)
     tiles = _cdiv(n_out, _BLOCK_OUT) * _cdiv(n_in, _BLOCK_IN)
     _kernel()[(tiles, num_experts)](
-        dy, x, offsets, main_grad, n_out, n_in, dy.stride(0), x.stride(0),
-        BLOCK_OUT=_BLOCK_OUT, BLOCK_IN=_BLOCK_IN, BLOCK_ROWS=_BLOCK_ROWS, EXACT_FP32=dy.dtype == torch.float32,
-        num_warps=_NUM_WARPS, num_stages=_NUM_STAGES,
+        dy,
+        x,
+        offsets,
+        main_grad,
+        n_out,
+        n_in,
+        dy.stride(0),
+        x.stride(0),
+        BLOCK_OUT=_BLOCK_OUT,
+        BLOCK_IN=_BLOCK_IN,
+        BLOCK_ROWS=_BLOCK_ROWS,
+        EXACT_FP32=dy.dtype == torch.float32,
+        num_warps=_NUM_WARPS,
+        num_stages=_NUM_STAGES,
     )
 
 
@@ -141,5 +169,5 @@ def accumulate_reference(dy: torch.Tensor, x: torch.Tensor, counts: torch.Tensor
     start = 0
     for e, n in enumerate(int(c) for c in counts.tolist()):
         if n:
-            main_grad[e] += dy[start:start + n].float().t() @ x[start:start + n].float()
+            main_grad[e] += dy[start : start + n].float().t() @ x[start : start + n].float()
         start += n

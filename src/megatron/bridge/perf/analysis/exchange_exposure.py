@@ -61,10 +61,10 @@ def exchange_exposure(trace: dict[str, Any] | str | Path, layers: int, micro_bat
             raise ExchangeCountMismatch(
                 f"a profiled step holds {len(exchanges)} dispatch/combine kernels, not 4 x {layers} layers x "
                 f"{micro_batches} micro-batches = {expected}: the dispatcher issues more than one kernel per "
-                "exchange, or the run's layers and micro-batches differ")
+                "exchange, or the run's layers and micro-batches differ"
+            )
         for index, exchange in enumerate(exchanges):
-            place = ("first_forward" if index < unpaired else "last_backward" if index >= expected - unpaired
-                     else None)
+            place = "first_forward" if index < unpaired else "last_backward" if index >= expected - unpaired else None
             target = split[place] if place else split["paired"][PAIRED_ORDER[(index - unpaired) % 4]]
             _add(target, exchange.end - exchange.start, _exposed(exchange, beside))
     return _per_step(split, max(1, len(spans)))
@@ -74,8 +74,11 @@ def _per_step(split: dict[str, Any], count: int) -> dict[str, Any]:
     def scaled(tally: dict[str, float]) -> dict[str, float]:
         return {key: round(value / count, 3) for key, value in tally.items()}
 
-    return {"first_forward": scaled(split["first_forward"]), "last_backward": scaled(split["last_backward"]),
-            "paired": {name: scaled(tally) for name, tally in split["paired"].items()}}
+    return {
+        "first_forward": scaled(split["first_forward"]),
+        "last_backward": scaled(split["last_backward"]),
+        "paired": {name: scaled(tally) for name, tally in split["paired"].items()},
+    }
 
 
 __all__ = ["PAIRED_ORDER", "ExchangeCountMismatch", "exchange_exposure"]

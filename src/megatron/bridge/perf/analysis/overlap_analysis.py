@@ -166,8 +166,9 @@ def gpu_kernel_count(trace: dict[str, Any]) -> int:
     return sum(1 for ev in _trace_events(trace) if ev.get("cat") in _KERNEL_CATS)
 
 
-def _events(trace: dict[str, Any], *, include_sendrecv: bool,
-            include_cpu_ops: bool | None) -> tuple[list[Event], list[tuple[int, float, float]]]:
+def _events(
+    trace: dict[str, Any], *, include_sendrecv: bool, include_cpu_ops: bool | None
+) -> tuple[list[Event], list[tuple[int, float, float]]]:
     """Classified events and ProfilerStep spans ``(step number, start, end)``. CPU all-to-all ops count as
     dispatch/combine when ``include_cpu_ops`` is true, or (``None``) when the trace has no dispatch/combine kernels."""
     events: list[Event] = []
@@ -190,8 +191,10 @@ def _events(trace: dict[str, Any], *, include_sendrecv: bool,
         kind = classify(name, cat, args, include_sendrecv=include_sendrecv)
         if kind == "ignore":
             continue
-        stream = f"gpu:{args['stream']}" if "stream" in args else (
-            f"cpu:{ev.get('tid')}" if cat in _CPU_CATS else f"tid:{ev.get('tid')}"
+        stream = (
+            f"gpu:{args['stream']}"
+            if "stream" in args
+            else (f"cpu:{ev.get('tid')}" if cat in _CPU_CATS else f"tid:{ev.get('tid')}")
         )
         events.append(Event(name, kind, start, end, stream))
     if include_cpu_ops is None:
@@ -251,25 +254,35 @@ class OverlapAnalysis:
         if self.gpu_kernels == 0:
             return CPU_TRACE_DECISION
         if self.comm_kernels == 0:
-            return ("no dispatch/combine found in the trace (gloo collectives show only as CPU ops; "
-                    "profile a GPU run with NCCL/DeepEP/HybridEP or keep CPU ops in the analysis).")
+            return (
+                "no dispatch/combine found in the trace (gloo collectives show only as CPU ops; "
+                "profile a GPU run with NCCL/DeepEP/HybridEP or keep CPU ops in the analysis)."
+            )
         share = f"{self.exposed_share:.1%}"
         ep_text = f"EP={ep}" if ep else "EP>1 (assumed; pass --ep)"
         if self.ep_overlap_active:
             hidden = f"{self.hidden_fraction:.0%}"
             if self.exposed_share > self.threshold:
-                return (f"{ep_text}, EP overlap is already on and hides {hidden} of dispatch/combine, but "
-                        f"{share} of the step is still exposed (> {self.threshold:.0%}): try more "
-                        "micro-batches or a faster dispatcher (flex: DeepEP/HybridEP), and compare "
-                        "against overlap off with --sweep.")
-            return (f"{ep_text}, EP overlap is on and hides {hidden} of dispatch/combine; only {share} of "
-                    "the step stays exposed: keep it on (confirm the gain against overlap off with --sweep).")
+                return (
+                    f"{ep_text}, EP overlap is already on and hides {hidden} of dispatch/combine, but "
+                    f"{share} of the step is still exposed (> {self.threshold:.0%}): try more "
+                    "micro-batches or a faster dispatcher (flex: DeepEP/HybridEP), and compare "
+                    "against overlap off with --sweep."
+                )
+            return (
+                f"{ep_text}, EP overlap is on and hides {hidden} of dispatch/combine; only {share} of "
+                "the step stays exposed: keep it on (confirm the gain against overlap off with --sweep)."
+            )
         if self.exposed_share > self.threshold:
-            return (f"{ep_text} and exposed dispatch/combine is {share} of the step (> {self.threshold:.0%}): "
-                    "turn EP overlap on (comm_overlap.overlap_moe_expert_parallel_comm=true, "
-                    "model.moe_shared_expert_overlap=false), then A/B it with --sweep.")
-        return (f"{ep_text}, exposed dispatch/combine is only {share} of the step (<= {self.threshold:.0%}): "
-                "EP overlap can gain little here; look elsewhere first.")
+            return (
+                f"{ep_text} and exposed dispatch/combine is {share} of the step (> {self.threshold:.0%}): "
+                "turn EP overlap on (comm_overlap.overlap_moe_expert_parallel_comm=true, "
+                "model.moe_shared_expert_overlap=false), then A/B it with --sweep."
+            )
+        return (
+            f"{ep_text}, exposed dispatch/combine is only {share} of the step (<= {self.threshold:.0%}): "
+            "EP overlap can gain little here; look elsewhere first."
+        )
 
     def format(self) -> str:
         """A short human report."""
@@ -298,8 +311,10 @@ def compute_beside(events: Sequence[Event]) -> dict[str, list[Interval]]:
     """For each stream that runs dispatch/combine: the union of compute kernels on the *other* streams
     (work on the same stream cannot run concurrently with it), which is what can hide it."""
     compute = [e for e in events if e.kind == "compute"]
-    return {stream: union((e.start, e.end) for e in compute if e.stream != stream)
-            for stream in {e.stream for e in events if e.kind == "a2a"}}
+    return {
+        stream: union((e.start, e.end) for e in compute if e.stream != stream)
+        for stream in {e.stream for e in events if e.kind == "a2a"}
+    }
 
 
 def hidden_intervals(events: Sequence[Event]) -> list[Interval]:
@@ -326,9 +341,7 @@ def analyze_events(
     step_union = union([(start, end) for _, start, end in steps])
     if step_union:
         events = [
-            Event(e.name, e.kind, s, t, e.stream)
-            for e in events
-            for s, t in intersect([(e.start, e.end)], step_union)
+            Event(e.name, e.kind, s, t, e.stream) for e in events for s, t in intersect([(e.start, e.end)], step_union)
         ]
         step_time, num_steps = total(step_union), len({number for number, _, _ in steps})
     else:

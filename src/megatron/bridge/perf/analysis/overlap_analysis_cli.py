@@ -39,15 +39,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="analyze_overlap.py", description=__doc__)
     p.add_argument("traces", nargs="+", type=Path, help="Chrome trace files (.json or .json.gz)")
     p.add_argument("--ep", type=int, default=None, help="expert-parallel size (default: from summary.json nearby)")
-    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
-                   help="exposed share of the step above which EP overlap is recommended")
-    p.add_argument("--no-sendrecv", dest="sendrecv", action="store_false",
-                   help="do not count NCCL SendRecv kernels as all-to-all (use with PP>1)")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=DEFAULT_THRESHOLD,
+        help="exposed share of the step above which EP overlap is recommended",
+    )
+    p.add_argument(
+        "--no-sendrecv",
+        dest="sendrecv",
+        action="store_false",
+        help="do not count NCCL SendRecv kernels as all-to-all (use with PP>1)",
+    )
     cpu = p.add_mutually_exclusive_group()
-    cpu.add_argument("--cpu-ops", dest="cpu_ops", action="store_const", const=True, default=None,
-                     help="always count CPU-side all-to-all ops (gloo) as communication")
-    cpu.add_argument("--no-cpu-ops", dest="cpu_ops", action="store_const", const=False,
-                     help="never count CPU-side all-to-all ops")
+    cpu.add_argument(
+        "--cpu-ops",
+        dest="cpu_ops",
+        action="store_const",
+        const=True,
+        default=None,
+        help="always count CPU-side all-to-all ops (gloo) as communication",
+    )
+    cpu.add_argument(
+        "--no-cpu-ops", dest="cpu_ops", action="store_const", const=False, help="never count CPU-side all-to-all ops"
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the numbers as JSON")
     args = p.parse_args(argv)
 
@@ -74,8 +89,13 @@ def _analyze(trace: Path, args: Any) -> OverlapAnalysis:
     if not trace.is_file():
         raise TraceError("no such file" if not trace.exists() else "not a file")
     summary_ep, overlap_on = _run_facts_near(trace)
-    analysis = analyze_trace(trace, expert_parallel_size=args.ep or summary_ep, threshold=args.threshold,
-                             include_sendrecv=args.sendrecv, include_cpu_ops=args.cpu_ops)
+    analysis = analyze_trace(
+        trace,
+        expert_parallel_size=args.ep or summary_ep,
+        threshold=args.threshold,
+        include_sendrecv=args.sendrecv,
+        include_cpu_ops=args.cpu_ops,
+    )
     return dataclasses.replace(analysis, ep_overlap_active=overlap_on)
 
 

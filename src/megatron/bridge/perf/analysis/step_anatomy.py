@@ -29,8 +29,13 @@ from megatron.bridge.perf.analysis.overlap_analysis import (
     union,
 )
 
-_WAITING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-                  "cudaMemcpyAsync")
+_WAITING_CALLS = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "cudaMemcpyAsync",
+)
 
 
 @dataclass(frozen=True)

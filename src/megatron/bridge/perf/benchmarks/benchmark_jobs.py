@@ -112,8 +112,9 @@ def git_commit(repo: Path) -> str:
     """``HEAD`` of ``repo`` (``+dirty`` with uncommitted changes to tracked files), or ``unknown``."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                               capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True, text=True
+        ).stdout.strip()
         return (sha + ("+dirty" if dirty else "")) or "unknown"
     except OSError:
         return "unknown"

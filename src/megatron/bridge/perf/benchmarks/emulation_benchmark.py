@@ -70,10 +70,31 @@ def qwen3_argv(gpu: str, steps: int, layers: int, log_dir: Path) -> list[str]:
     forced balanced (megatron-core's benchmarking switch: random router logits). Without it the
     symmetric world's stand-in values steer the routing as training goes, and every peer routes as
     this rank does, so the rows its experts get, and the step, drift from run to run."""
-    return ["-m", "qwen", "-mr", "qwen3_30b_a3b", "--task", "pretrain", "-g", gpu, "-c", "bf16",
-            "--max_steps", str(steps), "--cuda_graph_impl", "none", "--moe_flex_dispatcher_backend", "None",
-            "--tokenizer_type", "NullTokenizer", "model.moe_shared_expert_overlap=false",
-            "model.moe_router_force_load_balancing=true", f"model.num_layers={layers}", "-l", str(log_dir)]
+    return [
+        "-m",
+        "qwen",
+        "-mr",
+        "qwen3_30b_a3b",
+        "--task",
+        "pretrain",
+        "-g",
+        gpu,
+        "-c",
+        "bf16",
+        "--max_steps",
+        str(steps),
+        "--cuda_graph_impl",
+        "none",
+        "--moe_flex_dispatcher_backend",
+        "None",
+        "--tokenizer_type",
+        "NullTokenizer",
+        "model.moe_shared_expert_overlap=false",
+        "model.moe_router_force_load_balancing=true",
+        f"model.num_layers={layers}",
+        "-l",
+        str(log_dir),
+    ]
 
 
 @dataclass(frozen=True)
@@ -117,20 +138,48 @@ class Case:
         if self.profile:
             base += ["--profile", "--profile_step_start", str(PROFILED_STEP), "--profile_step_end", str(PROFILED_STEP)]
         if self.arm == "ep1":
-            return [*base, "-ng", "1", "-ep", "1", f"model.num_moe_experts={EXPERTS // self.ep}",
-                    f"model.moe_router_topk={TOPK}", *(GRAPH if self.dispatcher == "graph" else []),
-                    f"train.global_batch_size={self.micro_batches}",
-                    "comm_overlap.overlap_moe_expert_parallel_comm=false"]
+            return [
+                *base,
+                "-ng",
+                "1",
+                "-ep",
+                "1",
+                f"model.num_moe_experts={EXPERTS // self.ep}",
+                f"model.moe_router_topk={TOPK}",
+                *(GRAPH if self.dispatcher == "graph" else []),
+                f"train.global_batch_size={self.micro_batches}",
+                "comm_overlap.overlap_moe_expert_parallel_comm=false",
+            ]
         network = "free" if self.arm == "free" else self.network
-        return [*base, "-ng", str(self.world), "-gn", str(GPUS_PER_NODE), "-ep", str(self.world), "--emulate",
-                "--network", network,
-                f"train.global_batch_size={self.micro_batches * self.world}", *OVERLAP[self.arm],
-                *DISPATCHERS[self.dispatcher]]
+        return [
+            *base,
+            "-ng",
+            str(self.world),
+            "-gn",
+            str(GPUS_PER_NODE),
+            "-ep",
+            str(self.world),
+            "--emulate",
+            "--network",
+            network,
+            f"train.global_batch_size={self.micro_batches * self.world}",
+            *OVERLAP[self.arm],
+            *DISPATCHERS[self.dispatcher],
+        ]
 
 
-def plan(networks: Sequence[str], dispatchers: Sequence[str], repeats: int, layers: int, nodes: int, steps: int,
-         gpu: str, arms: Sequence[str] = ARMS, profile_arms: Sequence[str] = (),
-         micro_batches: int = MICRO_BATCHES) -> dict[str, list[Case]]:
+def plan(
+    networks: Sequence[str],
+    dispatchers: Sequence[str],
+    repeats: int,
+    layers: int,
+    nodes: int,
+    steps: int,
+    gpu: str,
+    arms: Sequence[str] = ARMS,
+    profile_arms: Sequence[str] = (),
+    micro_batches: int = MICRO_BATCHES,
+) -> dict[str, list[Case]]:
     """The cases of each job (``ep1`` and ``emulated``), interleaved repeat by repeat, then the
     profiled ones. ``free`` does not depend on the network: it runs once per dispatcher and repeat."""
     if EXPERTS // (GPUS_PER_NODE * nodes) < TOPK:  # EP=1 cannot do the same per-GPU work
@@ -146,19 +195,21 @@ def plan(networks: Sequence[str], dispatchers: Sequence[str], repeats: int, laye
             if "free" in chosen:
                 jobs["emulated"].append(Case("free", "free", dispatcher, repeat, *shape, profile, micro_batches))
             for network in networks:
-                jobs["emulated"] += [Case(arm, network, dispatcher, repeat, *shape, profile, micro_batches)
-                                     for arm in ("off", "on", "on_delay_wgrad") if arm in chosen]
+                jobs["emulated"] += [
+                    Case(arm, network, dispatcher, repeat, *shape, profile, micro_batches)
+                    for arm in ("off", "on", "on_delay_wgrad")
+                    if arm in chosen
+                ]
     return {name: cases for name, cases in jobs.items() if cases}
 
 
 # --------------------------------------------------------------------------------------------- results
 def steady(values: Sequence[float], start: int) -> list[float]:
     """Values of iterations ``start`` and later (1-based)."""
-    return list(values[start - 1:])
+    return list(values[start - 1 :])
 
 
-def case_result(case: Case, summary: dict[str, Any], window_start: int, run_dir: Path | None = None
-                ) -> dict[str, Any]:
+def case_result(case: Case, summary: dict[str, Any], window_start: int, run_dir: Path | None = None) -> dict[str, Any]:
     """What one finished case measured: its steady step times, modeled communication by group, the
     emulation's own host cost, model TFLOP/s per GPU; for a profiled case, the step's anatomy."""
     if case.profile:
@@ -167,8 +218,11 @@ def case_result(case: Case, summary: dict[str, Any], window_start: int, run_dir:
         trace = run_dir / "profile" / f"trace_rank0_steps{PROFILED_STEP}-{PROFILED_STEP}.json"
         return {"profile": _profile(case, trace)} if trace.is_file() else {}
     steps = steady(summary["step_times_s"], window_start)
-    result: dict[str, Any] = {"step_s": statistics.fmean(steps), "step_s_all": summary["step_times_s"],
-                              "tflops_per_gpu": _tflops(summary, steps)}
+    result: dict[str, Any] = {
+        "step_s": statistics.fmean(steps),
+        "step_s_all": summary["step_times_s"],
+        "tflops_per_gpu": _tflops(summary, steps),
+    }
     emulation = summary.get("emulation")
     if emulation:
         window = [s for s in emulation["steps"] if s["iteration"] >= window_start]
@@ -229,11 +283,21 @@ def rows(cases: Sequence[Case], results: dict[str, dict[str, Any]], commit: str,
     out = []
     for key, runs in sorted(grouped.items()):
         ep, layers, micro_batches, network, dispatcher, arm = key
-        row = {"layout": f"EP=1 on one GPU ({EXPERTS // ep} experts, top-{TOPK})" if arm == "ep1"
-               else f"EP={ep} over {ep // GPUS_PER_NODE} x {GPUS_PER_NODE} (emulated)", "ep": ep, "layers": layers,
-               "network": network, "dispatcher": dispatcher, "arm": arm, "mbs": 1, "micro_batches": micro_batches,
-               "step_s": [r["step_s"] for r in runs], "tflops_per_gpu": _mean(r["tflops_per_gpu"] for r in runs),
-               "commit": commit}
+        row = {
+            "layout": f"EP=1 on one GPU ({EXPERTS // ep} experts, top-{TOPK})"
+            if arm == "ep1"
+            else f"EP={ep} over {ep // GPUS_PER_NODE} x {GPUS_PER_NODE} (emulated)",
+            "ep": ep,
+            "layers": layers,
+            "network": network,
+            "dispatcher": dispatcher,
+            "arm": arm,
+            "mbs": 1,
+            "micro_batches": micro_batches,
+            "step_s": [r["step_s"] for r in runs],
+            "tflops_per_gpu": _mean(r["tflops_per_gpu"] for r in runs),
+            "commit": commit,
+        }
         if "modeled_comm_s" in runs[0]:
             row["modeled_comm_s"] = _mean(r["modeled_comm_s"] for r in runs)
             row["modeled_comm_s_by_group"] = runs[0]["modeled_comm_s_by_group"]
@@ -255,8 +319,14 @@ def _mean(values: Any) -> float | None:
 
 def row_key(row: dict[str, Any]) -> RowKey:
     """Rows written before they carried their EP size and depth were EP=16, 4 layers deep."""
-    return (row.get("ep", 16), row.get("layers", 4), row.get("micro_batches", MICRO_BATCHES), row["network"],
-            row["dispatcher"], row["arm"])
+    return (
+        row.get("ep", 16),
+        row.get("layers", 4),
+        row.get("micro_batches", MICRO_BATCHES),
+        row["network"],
+        row["dispatcher"],
+        row["arm"],
+    )
 
 
 def _add_hidden_shares(table: list[dict[str, Any]]) -> None:
@@ -268,8 +338,9 @@ def _add_hidden_shares(table: list[dict[str, Any]]) -> None:
         off = by_key.get((*shape, row["network"], row["dispatcher"], "off"))
         free = by_key.get((*shape, "free", row["dispatcher"], "free"))
         if off and free:
-            row["hidden_share"] = hidden_share(statistics.fmean(off["step_s"]), statistics.fmean(row["step_s"]),
-                                               statistics.fmean(free["step_s"]))
+            row["hidden_share"] = hidden_share(
+                statistics.fmean(off["step_s"]), statistics.fmean(row["step_s"]), statistics.fmean(free["step_s"])
+            )
 
 
 def merge_rows(tables: Sequence[list[dict[str, Any]]], ran_at: str | None) -> list[dict[str, Any]]:

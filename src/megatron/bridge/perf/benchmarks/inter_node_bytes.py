@@ -32,8 +32,14 @@ from megatron.bridge.perf.benchmarks.emulation_benchmark import EXPERTS, GPUS_PE
 
 HIDDEN, SEQ = 2048, 4096
 DISPATCHERS = {name: bench.DISPATCHERS[name] for name in ("alltoall", "node_aware")}
-SHRUNK = ["model.vocab_size=1024", "model.moe_ffn_hidden_size=64", "model.ffn_hidden_size=256",
-          "model.kv_channels=16", "model.num_attention_heads=4", "model.num_query_groups=4"]
+SHRUNK = [
+    "model.vocab_size=1024",
+    "model.moe_ffn_hidden_size=64",
+    "model.ffn_hidden_size=256",
+    "model.kv_channels=16",
+    "model.num_attention_heads=4",
+    "model.num_query_groups=4",
+]
 """Sizes that do not change which tokens go where, made small (the full vocabulary alone would be
 ~7.6 TFLOP a step on the CPU)."""
 EXCHANGES_PER_LAYER = 4
@@ -44,27 +50,46 @@ def case_argv(dispatcher: str, nodes: int, root: Path, device: str, node: int = 
     """The harness command line of one count: one layer, one micro-batch per rank, overlap off,
     emulated as the first rank of ``node``."""
     ep = GPUS_PER_NODE * nodes
-    return [*bench.qwen3_argv(device, steps, 1, root / f"{dispatcher}_ep{ep}_node{node}"),
-            "-ng", str(ep), "-gn", str(GPUS_PER_NODE), "-ep", str(ep), "--emulate", "--network", "h100_ib400",
-            f"train.global_batch_size={ep}", "dataset.num_workers=0",
-            "comm_overlap.overlap_moe_expert_parallel_comm=false", *SHRUNK, *DISPATCHERS[dispatcher],
-            "--emulate_rank", str(node * GPUS_PER_NODE)]
+    return [
+        *bench.qwen3_argv(device, steps, 1, root / f"{dispatcher}_ep{ep}_node{node}"),
+        "-ng",
+        str(ep),
+        "-gn",
+        str(GPUS_PER_NODE),
+        "-ep",
+        str(ep),
+        "--emulate",
+        "--network",
+        "h100_ib400",
+        f"train.global_batch_size={ep}",
+        "dataset.num_workers=0",
+        "comm_overlap.overlap_moe_expert_parallel_comm=false",
+        *SHRUNK,
+        *DISPATCHERS[dispatcher],
+        "--emulate_rank",
+        str(node * GPUS_PER_NODE),
+    ]
 
 
 def counted(summary: dict[str, Any]) -> dict[str, Any]:
     """Inter-node bytes of the last step's all-to-alls, per layer and micro-batch, by group."""
     last = summary["emulation"]["steps"][-1]
-    by_group = {group: kinds["all_to_all"]["inter_node_bytes"] for group, kinds in last["groups"].items()
-                if "all_to_all" in kinds}
-    return {"inter_node_bytes_per_layer": sum(by_group.values()), "by_group": by_group,
-            "iteration": last["iteration"]}
+    by_group = {
+        group: kinds["all_to_all"]["inter_node_bytes"]
+        for group, kinds in last["groups"].items()
+        if "all_to_all" in kinds
+    }
+    return {"inter_node_bytes_per_layer": sum(by_group.values()), "by_group": by_group, "iteration": last["iteration"]}
 
 
 def averaged(per_node: list[dict[str, Any]]) -> dict[str, Any]:
     """The counts of one layout made as the first rank of each node, averaged over the nodes."""
     mean = sum(c["inter_node_bytes_per_layer"] for c in per_node) / len(per_node)
-    return {"inter_node_bytes_per_layer": round(mean), "by_node": [c["inter_node_bytes_per_layer"] for c in per_node],
-            "by_group": per_node[0]["by_group"]}
+    return {
+        "inter_node_bytes_per_layer": round(mean),
+        "by_node": [c["inter_node_bytes_per_layer"] for c in per_node],
+        "by_group": per_node[0]["by_group"],
+    }
 
 
 def expected_uniform(dispatcher: str, nodes: int) -> float:
@@ -82,15 +107,21 @@ def rows(counts: dict[tuple[str, int], dict[str, Any]]) -> list[dict[str, Any]]:
         base = counts.get(("alltoall", nodes))
         per_layer = count["inter_node_bytes_per_layer"]
         token_bytes = SEQ * HIDDEN * 2 * EXCHANGES_PER_LAYER
-        out.append({
-            "layout": f"EP={GPUS_PER_NODE * nodes} over {nodes} x {GPUS_PER_NODE} (emulated)",
-            "dispatcher": dispatcher, "inter_node_bytes_per_layer": per_layer,
-            "inter_node_mb_per_layer": round(per_layer / 1e6, 1),
-            "token_copies_per_token": round(per_layer / token_bytes, 3),
-            "uniform_routing_copies_per_token": round(expected_uniform(dispatcher, nodes), 3),
-            "below_alltoall": round(base["inter_node_bytes_per_layer"] / per_layer, 2) if base and per_layer else None,
-            "by_node": count.get("by_node"), "by_group": count["by_group"],
-        })
+        out.append(
+            {
+                "layout": f"EP={GPUS_PER_NODE * nodes} over {nodes} x {GPUS_PER_NODE} (emulated)",
+                "dispatcher": dispatcher,
+                "inter_node_bytes_per_layer": per_layer,
+                "inter_node_mb_per_layer": round(per_layer / 1e6, 1),
+                "token_copies_per_token": round(per_layer / token_bytes, 3),
+                "uniform_routing_copies_per_token": round(expected_uniform(dispatcher, nodes), 3),
+                "below_alltoall": round(base["inter_node_bytes_per_layer"] / per_layer, 2)
+                if base and per_layer
+                else None,
+                "by_node": count.get("by_node"),
+                "by_group": count["by_group"],
+            }
+        )
     return out
 
 

@@ -27,11 +27,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 README_DRYRUN = (
-    "-m", "qwen", "-mr", "qwen3_30b_a3b", "--task", "pretrain", "-g", "h100", "-c", "bf16", "-ng", "16", "-gn", "8",
-    "--max_steps", "8", "--cuda_graph_impl", "none", "--moe_flex_dispatcher_backend", "None",
-    "--moe_a2a_overlap", "false", "--tokenizer_type", "NullTokenizer",
-    "comm_overlap.overlap_moe_expert_parallel_comm=true", "comm_overlap.delay_wgrad_compute=false",
-    "model.moe_shared_expert_overlap=false", "--dryrun",
+    "-m",
+    "qwen",
+    "-mr",
+    "qwen3_30b_a3b",
+    "--task",
+    "pretrain",
+    "-g",
+    "h100",
+    "-c",
+    "bf16",
+    "-ng",
+    "16",
+    "-gn",
+    "8",
+    "--max_steps",
+    "8",
+    "--cuda_graph_impl",
+    "none",
+    "--moe_flex_dispatcher_backend",
+    "None",
+    "--moe_a2a_overlap",
+    "false",
+    "--tokenizer_type",
+    "NullTokenizer",
+    "comm_overlap.overlap_moe_expert_parallel_comm=true",
+    "comm_overlap.delay_wgrad_compute=false",
+    "model.moe_shared_expert_overlap=false",
+    "--dryrun",
 )
 """The README's Qwen3-30B-A3B command with ``--dryrun``."""
 
@@ -61,8 +84,12 @@ class Samples:
     cpu_s: list[float] = field(default_factory=list)
 
     def row(self) -> dict[str, float]:
-        return {"median_wall_s": statistics.median(self.wall_s), "min_wall_s": min(self.wall_s),
-                "median_cpu_s": statistics.median(self.cpu_s), "runs": len(self.wall_s)}
+        return {
+            "median_wall_s": statistics.median(self.wall_s),
+            "min_wall_s": min(self.wall_s),
+            "median_cpu_s": statistics.median(self.cpu_s),
+            "runs": len(self.wall_s),
+        }
 
 
 def timed(argv: Sequence[str], env: dict[str, str], cwd: Path) -> tuple[float, float, int, str]:
@@ -85,8 +112,9 @@ def harness_argv(tree: Path, arguments: Sequence[str]) -> list[str]:
     return [sys.executable, str(tree / "scripts" / "performance" / "run_script.py"), *arguments]
 
 
-def measure(trees: dict[str, Path], repeats: int, commands: Sequence[str] = tuple(COMMANDS),
-            references: bool = True) -> dict[str, dict[str, Samples]]:
+def measure(
+    trees: dict[str, Path], repeats: int, commands: Sequence[str] = tuple(COMMANDS), references: bool = True
+) -> dict[str, dict[str, Samples]]:
     """``{command: {tree label: Samples}}`` over ``repeats`` interleaved rounds of ``commands`` (names
     of :data:`COMMANDS`); a command that ends with another exit code than its own raises
     ``RuntimeError`` with its output."""
@@ -98,8 +126,9 @@ def measure(trees: dict[str, Path], repeats: int, commands: Sequence[str] = tupl
             for name in commands:
                 arguments, expected = COMMANDS[name]
                 for label in order:
-                    wall, cpu, code, text = timed(harness_argv(trees[label], arguments), tree_env(trees[label]),
-                                                  Path(scratch))
+                    wall, cpu, code, text = timed(
+                        harness_argv(trees[label], arguments), tree_env(trees[label]), Path(scratch)
+                    )
                     if code != expected:
                         raise RuntimeError(f"{name} on {label} ended with {code}, not {expected}:\n{text[-2000:]}")
                     sample = results.setdefault(name, {}).setdefault(label, Samples())
@@ -107,8 +136,9 @@ def measure(trees: dict[str, Path], repeats: int, commands: Sequence[str] = tupl
                     sample.cpu_s.append(cpu)
             if references:
                 for name, code_text in REFERENCES.items():
-                    wall, cpu, _, _ = timed([sys.executable, "-W", "ignore", "-c", code_text], dict(os.environ),
-                                            Path(scratch))
+                    wall, cpu, _, _ = timed(
+                        [sys.executable, "-W", "ignore", "-c", code_text], dict(os.environ), Path(scratch)
+                    )
                     sample = results.setdefault(name, {}).setdefault("reference", Samples())
                     sample.wall_s.append(wall)
                     sample.cpu_s.append(cpu)
@@ -122,8 +152,13 @@ IMPORT_GROUPS = ("megatron.core", "megatron.bridge", "torch")
 def import_breakdown(tree: Path) -> dict[str, float]:
     """Seconds the README's dry run spends importing, by package (``-X importtime``'s own times)."""
     with tempfile.TemporaryDirectory() as scratch:
-        proc = subprocess.run([sys.executable, "-X", "importtime", *harness_argv(tree, README_DRYRUN)[1:]],
-                              env=tree_env(tree), cwd=scratch, capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-X", "importtime", *harness_argv(tree, README_DRYRUN)[1:]],
+            env=tree_env(tree),
+            cwd=scratch,
+            capture_output=True,
+            text=True,
+        )
     totals: dict[str, float] = {}
     for line in proc.stderr.splitlines():
         if not line.startswith("import time:") or "self [us]" in line:
@@ -141,12 +176,17 @@ def markdown(results: dict[str, dict[str, Samples]], breakdown: dict[str, dict[s
     for name, by_tree in results.items():
         for label, samples in by_tree.items():
             r = samples.row()
-            lines.append(f"| `{name}` | {label} | {r['median_wall_s']:.2f} | {r['min_wall_s']:.2f} | "
-                         f"{r['median_cpu_s']:.2f} | {r['runs']} |")
+            lines.append(
+                f"| `{name}` | {label} | {r['median_wall_s']:.2f} | {r['min_wall_s']:.2f} | "
+                f"{r['median_cpu_s']:.2f} | {r['runs']} |"
+            )
     if breakdown:
         groups = sorted({g for totals in breakdown.values() for g in totals})
-        lines += ["", "| imports of the dry run (s, -X importtime) | " + " | ".join(groups) + " |",
-                  "|---|" + "---|" * len(groups)]
+        lines += [
+            "",
+            "| imports of the dry run (s, -X importtime) | " + " | ".join(groups) + " |",
+            "|---|" + "---|" * len(groups),
+        ]
         for label, totals in breakdown.items():
             lines.append(f"| {label} | " + " | ".join(f"{totals.get(g, 0.0):.2f}" for g in groups) + " |")
     return "\n".join(lines) + "\n"

@@ -57,8 +57,11 @@ def _path_record(module: str) -> tuple[str, str] | None:
     call = _assigned(tree, "PATH") if tree is not None else None
     if not isinstance(call, ast.Call):
         return None
-    words = {k.arg: k.value.value for k in call.keywords
-             if k.arg in ("name", "kind") and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)}
+    words = {
+        k.arg: k.value.value
+        for k in call.keywords
+        if k.arg in ("name", "kind") and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)
+    }
     return (words["name"], words["kind"]) if len(words) == 2 else None
 
 
@@ -71,8 +74,12 @@ def paths_from_source() -> list[tuple[str, str]] | None:
     modules = _imported_modules(tree)
     records = []
     for entry in listed.elts:
-        if not (isinstance(entry, ast.Attribute) and entry.attr == "PATH" and isinstance(entry.value, ast.Name)
-                and entry.value.id in modules):
+        if not (
+            isinstance(entry, ast.Attribute)
+            and entry.attr == "PATH"
+            and isinstance(entry.value, ast.Name)
+            and entry.value.id in modules
+        ):
             return None
         record = _path_record(modules[entry.value.id])
         if record is None:

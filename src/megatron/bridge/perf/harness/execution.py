@@ -38,44 +38,56 @@ def prepare(job: Job) -> None:
         raise HarnessError(f"cannot write the run directory {log_dir}: {describe_os_error(exc, log_dir)}") from None
 
 
-def execute(job: Job, out: TextIO, window: Sequence[int] | None, verbose: bool = False,
-            ended: list[Path] | None = None) -> tuple[int, bool]:
+def execute(
+    job: Job, out: TextIO, window: Sequence[int] | None, verbose: bool = False, ended: list[Path] | None = None
+) -> tuple[int, bool]:
     """Launch; print the results table (or how it stopped, or which rank failed first). The job's
     directory is added to ``ended`` once the job and its ranks are gone (``stop_report.interrupted_message``).
 
     Returns the exit code for the harness and whether a signal stopped the job."""
-    print(f"== starting {job.plan.nprocs} rank(s): importing torch and megatron-core takes about a "
-          "minute on a small machine; Ctrl-C stops the job after the current step, with a checkpoint "
-          "when checkpoint.save is set", file=out, flush=True)
+    print(
+        f"== starting {job.plan.nprocs} rank(s): importing torch and megatron-core takes about a "
+        "minute on a small machine; Ctrl-C stops the job after the current step, with a checkpoint "
+        "when checkpoint.save is set",
+        file=out,
+        flush=True,
+    )
     outcome = run_plan(job.plan, stream=out, verbose=verbose)
     if ended is not None:
         ended.append(job.built.log_dir)
     summary_path = job.built.log_dir / SUMMARY_NAME
     if outcome.stop_signal is not None:  # a signal stopped the job
         if outcome.exit_code != 0 and not outcome.killed:
-            print(console_text(failure_report(job.built.log_dir, outcome.exit_code, outcome.launcher_lines), verbose),
-                  file=out)
+            print(
+                console_text(failure_report(job.built.log_dir, outcome.exit_code, outcome.launcher_lines), verbose),
+                file=out,
+            )
         if summary_path.is_file() and load_summary(summary_path).get("step_times_s"):
             print(format_results(load_summary(summary_path), summary_path, window), file=out)
         print(stop_message(summary_path, outcome, job.resolved.checkpoint.save), file=out)
         return 128 + outcome.stop_signal, True
     if outcome.exit_code != 0:
-        print(console_text(failure_report(job.built.log_dir, outcome.exit_code, outcome.launcher_lines), verbose),
-              file=out)
+        print(
+            console_text(failure_report(job.built.log_dir, outcome.exit_code, outcome.launcher_lines), verbose),
+            file=out,
+        )
     elif summary_path.is_file():
         print(format_results(load_summary(summary_path), summary_path, window), file=out)
     else:
         print(f"warning: the run ended without writing {summary_path}", file=out)
     if job.claim is not None and not job.claim.still_there():
-        print(f"note: the run directory {job.built.log_dir} was removed or replaced during the run (not by this "
-              "harness): the ranks' logs and results in it are gone, so what is reported above may be incomplete",
-              file=out)
+        print(
+            f"note: the run directory {job.built.log_dir} was removed or replaced during the run (not by this "
+            "harness): the ranks' logs and results in it are gone, so what is reported above may be incomplete",
+            file=out,
+        )
     if outcome.leftovers_killed:
         print(f"note: killed {outcome.leftovers_killed} rank process(es) that outlived the launcher", file=out)
     traces = sorted(p for p in job.built.log_dir.rglob("*.json*") if "trace" in p.name)
     for trace in traces:
-        print(f"profile trace: {trace}\n  analyse: uv run python scripts/performance/analyze_overlap.py {trace}",
-              file=out)
+        print(
+            f"profile trace: {trace}\n  analyse: uv run python scripts/performance/analyze_overlap.py {trace}", file=out
+        )
     return outcome.exit_code, False
 
 

@@ -145,10 +145,16 @@ def failed_ranks(log_dir: Path, launcher_lines: Sequence[str]) -> list[RankFailu
     for rank in ranks:
         record = records.get(rank, {})
         code, pid = torchrun.get(rank, (srun.get(rank, 1 if record else None), record.get("pid")))
-        failures.append(RankFailure(
-            rank=rank, exit_code=code, pid=pid, error=record.get("error"), time=record.get("time"),
-            stopped_by_launcher=pid in closed,
-        ))
+        failures.append(
+            RankFailure(
+                rank=rank,
+                exit_code=code,
+                pid=pid,
+                error=record.get("error"),
+                time=record.get("time"),
+                stopped_by_launcher=pid in closed,
+            )
+        )
     return sorted(failures, key=lambda f: (f.group, f.time if f.time is not None else math.inf, f.rank))
 
 
@@ -156,8 +162,9 @@ def rank_log(log_dir: Path, rank: int) -> Path | None:
     """The newest per-rank log ``torchrun --redirects`` wrote for ``rank`` (stderr, else stdout)."""
     root = log_dir / "torchrun"
     for name in ("stderr.log", "stdout.log"):
-        candidates = ([p for p in root.glob(f"*/attempt_*/{rank}/{name}") if p.stat().st_size > 0]
-                      if root.is_dir() else [])
+        candidates = (
+            [p for p in root.glob(f"*/attempt_*/{rank}/{name}") if p.stat().st_size > 0] if root.is_dir() else []
+        )
         if candidates:
             return max(candidates, key=lambda p: p.stat().st_mtime)
     return None
@@ -201,8 +208,11 @@ def failure_report(log_dir: Path, exit_code: int, launcher_lines: Sequence[str] 
         text,
     ]
     for other in rest:
-        reason = "then lost its peer" if other.lost_a_peer else (
-            "then stopped by the launcher" if other.stopped_by_launcher else "then failed")
+        reason = (
+            "then lost its peer"
+            if other.lost_a_peer
+            else ("then stopped by the launcher" if other.stopped_by_launcher else "then failed")
+        )
         out.append(f"rank {other.rank}: {reason} ({other.how()})")
     out.append(f"full launcher output: {log_dir / LAUNCH_LOG}")
     return "\n".join(out)

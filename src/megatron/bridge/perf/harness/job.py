@@ -104,10 +104,12 @@ def _finished(resolved, found: CheckpointDir) -> str | None:
     total = resolved.train.train_iters
     if not isinstance(total, int) or not found.resumable or found.iteration is None or found.iteration < total:
         return None
-    return (f"nothing to train: {resolved.checkpoint.load} holds iteration {found.iteration} "
-            f"and train.train_iters={total} "
-            f"(to train on, raise --max_steps / train.train_iters above {found.iteration}; to start over, "
-            "point checkpoint.load at another directory)")
+    return (
+        f"nothing to train: {resolved.checkpoint.load} holds iteration {found.iteration} "
+        f"and train.train_iters={total} "
+        f"(to train on, raise --max_steps / train.train_iters above {found.iteration}; to start over, "
+        "point checkpoint.load at another directory)"
+    )
 
 
 def data_notes(resolved) -> list[str]:
@@ -131,16 +133,26 @@ def digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def plan_job(built: BuiltConfig, resolution: Resolution, args: HarnessArgs, max_connections: int | None = None,
-             config_sha256: str | None = None) -> LaunchPlan:
+def plan_job(
+    built: BuiltConfig,
+    resolution: Resolution,
+    args: HarnessArgs,
+    max_connections: int | None = None,
+    config_sha256: str | None = None,
+) -> LaunchPlan:
     """The launch of a resolved job. ``max_connections`` replaces the report's
     ``CUDA_DEVICE_MAX_CONNECTIONS`` (sweeps keep the environment identical across values)."""
     needed = resolution.report.cuda_device_max_connections
     launched_gpus, gpus_per_node = (1, 1) if built.emulated else (built.num_gpus, built.gpus_per_node)
     problems = launch_problems(
-        account=args.account, partition=args.partition, time_limit=args.time_limit, log_dir=built.log_dir,
-        written_to_batch_script=choose_mode(cpu=built.cpu, num_gpus=launched_gpus, gpus_per_node=gpus_per_node,
-                                            environ=os.environ) == "sbatch",
+        account=args.account,
+        partition=args.partition,
+        time_limit=args.time_limit,
+        log_dir=built.log_dir,
+        written_to_batch_script=choose_mode(
+            cpu=built.cpu, num_gpus=launched_gpus, gpus_per_node=gpus_per_node, environ=os.environ
+        )
+        == "sbatch",
     )
     if problems:
         raise HarnessError("the launch cannot be written:\n" + "\n".join(f"  - {p}" for p in problems), EXIT_CONFIG)

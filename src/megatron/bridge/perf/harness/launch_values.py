@@ -33,18 +33,26 @@ class ValueRule:
         """Why ``value`` cannot be written (``None``: it can, or it is not set)."""
         if value is None or re.fullmatch(self.pattern, value):
             return None
-        return (f"{self.flag} {value!r}: {self.allowed} (it is written into the batch script); "
-                f"fix: give e.g. {self.example}")
+        return (
+            f"{self.flag} {value!r}: {self.allowed} (it is written into the batch script); "
+            f"fix: give e.g. {self.example}"
+        )
 
 
 VALUE_RULES: dict[str, ValueRule] = {
     "account": ValueRule("--account", _NAME, "a SLURM account is letters, digits and . _ + -", "--account my_project"),
-    "partition": ValueRule("--partition", rf"{_NAME}(,{_NAME})*",
-                           "a SLURM partition (or a comma-separated list) is letters, digits and . _ + -",
-                           "--partition batch"),
-    "time_limit": ValueRule("--time", r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}",
-                            "a SLURM time limit is MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS",
-                            "--time 02:00:00"),
+    "partition": ValueRule(
+        "--partition",
+        rf"{_NAME}(,{_NAME})*",
+        "a SLURM partition (or a comma-separated list) is letters, digits and . _ + -",
+        "--partition batch",
+    ),
+    "time_limit": ValueRule(
+        "--time",
+        r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}",
+        "a SLURM time limit is MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS",
+        "--time 02:00:00",
+    ),
 }
 
 
@@ -54,17 +62,27 @@ def log_dir_problems(log_dir: Path, written_to_batch_script: bool) -> list[str]:
     place, another tool's or user's directory, links in it, another harness using it)."""
     text = str(log_dir)
     if _CONTROL.search(text):
-        return [f"-l/logger.log_dir {text!r}: a run directory with a newline or other control character "
-                "cannot be written into a launch command; fix: choose a plain path"]
+        return [
+            f"-l/logger.log_dir {text!r}: a run directory with a newline or other control character "
+            "cannot be written into a launch command; fix: choose a plain path"
+        ]
     if written_to_batch_script and re.search(r'[%"\\]', text):
-        return [f"-l/logger.log_dir {text!r}: sbatch reads % as a file-name pattern and the path is quoted in "
-                '"#SBATCH --output"; fix: choose a run directory without %, " or \\']
-    return [f"{problem}; fix: give a new directory, or one this harness made (it is created if missing)"
-            for problem in run_dir_problems(log_dir)]
+        return [
+            f"-l/logger.log_dir {text!r}: sbatch reads % as a file-name pattern and the path is quoted in "
+            '"#SBATCH --output"; fix: choose a run directory without %, " or \\'
+        ]
+    return [
+        f"{problem}; fix: give a new directory, or one this harness made (it is created if missing)"
+        for problem in run_dir_problems(log_dir)
+    ]
 
 
 def launch_problems(
-    *, account: str | None, partition: str | None, time_limit: str | None, log_dir: Path,
+    *,
+    account: str | None,
+    partition: str | None,
+    time_limit: str | None,
+    log_dir: Path,
     written_to_batch_script: bool,
 ) -> list[str]:
     """Every problem of the launch values at once (empty: all can be written)."""

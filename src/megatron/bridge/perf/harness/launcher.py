@@ -76,8 +76,7 @@ class LaunchPlan:
         return (env + " " if env and self.mode != "sbatch" else "") + shlex.join(self.argv)
 
 
-def worker_argv(config_path: Path, python: str, verbose: bool = False,
-                config_sha256: str | None = None) -> list[str]:
+def worker_argv(config_path: Path, python: str, verbose: bool = False, config_sha256: str | None = None) -> list[str]:
     """The per-rank command (the training entry point on the resolved YAML; with its digest, the
     ranks load only the file the harness wrote)."""
     digest = ["--config-sha256", config_sha256] if config_sha256 else []
@@ -95,8 +94,9 @@ def choose_mode(*, cpu: bool, num_gpus: int, gpus_per_node: int, environ: Mappin
     return "torchrun"
 
 
-def worker_env(*, cpu: bool, cuda_device_max_connections: int | None,
-               extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def worker_env(
+    *, cpu: bool, cuda_device_max_connections: int | None, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """Environment the workers need before CUDA starts."""
     env = {"PYTHONUNBUFFERED": "1"}
     if cpu:
@@ -115,10 +115,17 @@ def torchrun_argv(nprocs: int, log_dir: Path, worker: Sequence[str], python: str
     """Single-node ``torchrun`` with per-rank logs and no restarts (a failure ends the job), its
     rendezvous served on loopback only (``loopback_torchrun``)."""
     return [
-        python, "-m", LOOPBACK_TORCHRUN_MODULE,
-        "--nnodes=1", f"--nproc-per-node={nprocs}", f"--rdzv-backend={LOOPBACK_BACKEND}",
-        f"--rdzv-endpoint={LOOPBACK}:0", "--max-restarts=0",
-        f"--log-dir={log_dir / TORCHRUN_DIR}", "--redirects=3", "--tee=3",
+        python,
+        "-m",
+        LOOPBACK_TORCHRUN_MODULE,
+        "--nnodes=1",
+        f"--nproc-per-node={nprocs}",
+        f"--rdzv-backend={LOOPBACK_BACKEND}",
+        f"--rdzv-endpoint={LOOPBACK}:0",
+        "--max-restarts=0",
+        f"--log-dir={log_dir / TORCHRUN_DIR}",
+        "--redirects=3",
+        "--tee=3",
         *worker[1:],  # torchrun runs "-m module args" with its own interpreter
     ]
 
@@ -126,15 +133,30 @@ def torchrun_argv(nprocs: int, log_dir: Path, worker: Sequence[str], python: str
 def srun_argv(nprocs: int, nodes: int, tasks_per_node: int, worker: Sequence[str]) -> list[str]:
     """``srun`` inside an allocation: one task per rank, the job dies with its first failing task."""
     return [
-        "srun", f"--nodes={nodes}", f"--ntasks={nprocs}", f"--ntasks-per-node={tasks_per_node}",
-        "--kill-on-bad-exit=1", "--label", "--export=ALL", *worker,
+        "srun",
+        f"--nodes={nodes}",
+        f"--ntasks={nprocs}",
+        f"--ntasks-per-node={tasks_per_node}",
+        "--kill-on-bad-exit=1",
+        "--label",
+        "--export=ALL",
+        *worker,
     ]
 
 
 def sbatch_script(
-    *, nodes: int, gpus_per_node: int, tasks_per_node: int, log_dir: Path, worker: Sequence[str],
-    env: Mapping[str, str], job_name: str, account: str | None, partition: str | None,
-    time_limit: str | None, workdir: Path,
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    tasks_per_node: int,
+    log_dir: Path,
+    worker: Sequence[str],
+    env: Mapping[str, str],
+    job_name: str,
+    account: str | None,
+    partition: str | None,
+    time_limit: str | None,
+    workdir: Path,
 ) -> str:
     """A self-contained batch script: one task per rank, MASTER_ADDR from the allocation."""
     lines = [
@@ -221,9 +243,17 @@ def plan_launch(
     else:
         plan.script_path = log_dir / SBATCH_NAME
         plan.script_text = sbatch_script(
-            nodes=nodes, gpus_per_node=per_node_gpus, tasks_per_node=tasks_per_node, log_dir=log_dir,
-            worker=worker, env=env, job_name=job_name, account=account, partition=partition,
-            time_limit=time_limit, workdir=workdir or Path.cwd(),
+            nodes=nodes,
+            gpus_per_node=per_node_gpus,
+            tasks_per_node=tasks_per_node,
+            log_dir=log_dir,
+            worker=worker,
+            env=env,
+            job_name=job_name,
+            account=account,
+            partition=partition,
+            time_limit=time_limit,
+            workdir=workdir or Path.cwd(),
         )
         plan.argv = ["sbatch", str(plan.script_path)]
         if not account or not partition:
@@ -243,5 +273,12 @@ def run_plan(plan: LaunchPlan, *, stream: TextIO | None = None, verbose: bool = 
     if plan.mode == "sbatch":
         raise ValueError("an sbatch plan is submitted by the user, not run by the harness")
     env = {**os.environ, **plan.env, **plan.supervised_env}
-    return supervise(plan.argv, env, plan.log_dir, stop_target(plan), out=stream or sys.stdout, verbose=verbose,
-                     save_dir=plan.save_dir)
+    return supervise(
+        plan.argv,
+        env,
+        plan.log_dir,
+        stop_target(plan),
+        out=stream or sys.stdout,
+        verbose=verbose,
+        save_dir=plan.save_dir,
+    )

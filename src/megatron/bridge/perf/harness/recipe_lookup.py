@@ -206,8 +206,9 @@ def replica_gpus(cfg: ConfigContainer) -> int:
     after its range rules passed; ``model_parallel_size`` is ``None`` for any other)."""
     span = model_parallel_size(cfg)
     if span is None:
-        raise ValueError("a parallel size is not a positive integer: its range rule reports it before the "
-                         "layout is sized")
+        raise ValueError(
+            "a parallel size is not a positive integer: its range rule reports it before the layout is sized"
+        )
     return span
 
 

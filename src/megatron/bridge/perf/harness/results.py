@@ -23,8 +23,15 @@ from megatron.bridge.training.harness_surface import (
 
 SUMMARY_NAME = "summary.json"
 
-__all__ = ["SUMMARY_NAME", "SteadyState", "argv_without", "format_results", "load_summary", "steady_state",
-           "summary_steady_state"]
+__all__ = [
+    "SUMMARY_NAME",
+    "SteadyState",
+    "argv_without",
+    "format_results",
+    "load_summary",
+    "steady_state",
+    "summary_steady_state",
+]
 
 
 def load_summary(path: str | Path) -> dict[str, Any]:

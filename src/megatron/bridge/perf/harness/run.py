@@ -50,9 +50,10 @@ def run_single(args: HarnessArgs, out: TextIO, ended: list[Path]) -> int:
         return 0
     prepare(job)
     if job.plan.mode == "sbatch":
-        print(f"== wrote {job.plan.script_path}\n"
-              f"   submit it with: {shlex.join(['sbatch', str(job.plan.script_path)])}",
-              file=out)
+        print(
+            f"== wrote {job.plan.script_path}\n   submit it with: {shlex.join(['sbatch', str(job.plan.script_path)])}",
+            file=out,
+        )
         return 0
     return execute(job, out, args.steady_state_window, args.verbose, ended)[0]
 

@@ -74,8 +74,10 @@ def path_length_problem(field: str, text: str) -> str | None:
         return f"{field}: the path is {len(raw)} bytes long; file systems take at most {MAX_PATH_BYTES}"
     long = next((part for part in raw.split(b"/") if len(part) > MAX_NAME_BYTES), None)
     if long is not None:
-        return (f"{field}: the name {os.fsdecode(long[:40])}... is {len(long)} bytes long; a file name "
-                f"holds at most {MAX_NAME_BYTES}")
+        return (
+            f"{field}: the name {os.fsdecode(long[:40])}... is {len(long)} bytes long; a file name "
+            f"holds at most {MAX_NAME_BYTES}"
+        )
     return None
 
 
@@ -131,18 +133,24 @@ def _existing_dir_problems(path: Path, info: os.stat_result) -> list[str]:
     except OSError as exc:
         return [f"{where} cannot be listed: {exc.strerror}"]
     if names and MARKER not in names:
-        return [f"{where} already exists and is not a run directory of this harness (no {MARKER} in it): "
-                "a run there would replace config.yaml and delete summary.json, launch.log and failures/; "
-                "choose a new or empty directory (or leave out -l: every run gets its own)"]
+        return [
+            f"{where} already exists and is not a run directory of this harness (no {MARKER} in it): "
+            "a run there would replace config.yaml and delete summary.json, launch.log and failures/; "
+            "choose a new or empty directory (or leave out -l: every run gets its own)"
+        ]
     problems = []
     found = unsafe_entries(path)
     if found:
-        problems.append(f"{where} holds entries a run must not write through (links, or another user's):\n"
-                        f"{describe_unsafe(found)}\n    remove them, or choose another run directory")
+        problems.append(
+            f"{where} holds entries a run must not write through (links, or another user's):\n"
+            f"{describe_unsafe(found)}\n    remove them, or choose another run directory"
+        )
     holder = _holder(path) if MARKER in names else None
     if holder:
-        problems.append(f"{where} is in use by another harness ({holder}): two runs in one directory would "
-                        "overwrite each other's config and results; wait for it or choose another directory")
+        problems.append(
+            f"{where} is in use by another harness ({holder}): two runs in one directory would "
+            "overwrite each other's config and results; wait for it or choose another directory"
+        )
     return problems
 
 
@@ -151,9 +159,11 @@ def _space_problems(path: Path) -> list[str]:
     free = shutil.disk_usage(existing).free if existing is not None else MIN_FREE_BYTES
     if free >= MIN_FREE_BYTES:
         return []
-    return [f"-l/logger.log_dir {str(path)!r}: its file system has {free / 2**20:.1f} MiB free (No space left "
-            f"for a run: it needs {MIN_FREE_BYTES // 2**20} MiB for its config, logs and results); free some space "
-            "or choose a directory on another file system"]
+    return [
+        f"-l/logger.log_dir {str(path)!r}: its file system has {free / 2**20:.1f} MiB free (No space left "
+        f"for a run: it needs {MIN_FREE_BYTES // 2**20} MiB for its config, logs and results); free some space "
+        "or choose a directory on another file system"
+    ]
 
 
 def _make(path: Path) -> bool:
@@ -180,8 +190,9 @@ def _lock_marker(path: Path) -> RunDirClaim:
     except BlockingIOError:
         holder = _read(fd)
         os.close(fd)
-        raise RunDirError(f"{path} is in use by another harness ({holder or 'starting'}); wait for it or "
-                          "choose another run directory") from None
+        raise RunDirError(
+            f"{path} is in use by another harness ({holder or 'starting'}); wait for it or choose another run directory"
+        ) from None
     except OSError as exc:
         if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
             raise

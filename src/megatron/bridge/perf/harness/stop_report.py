@@ -17,8 +17,11 @@ def stop_message(summary_path: Path, outcome: JobOutcome, save_dir: str | None) 
     what the ranks did, from what they wrote (``summary.json`` is written after their save)."""
     name = _name(outcome.stop_signal)
     if not summary_path.is_file():
-        head = (f"killed by the second signal ({_name(outcome.kill_signal)}) before the ranks finished"
-                if outcome.killed else f"stopped by {name} before training started")
+        head = (
+            f"killed by the second signal ({_name(outcome.kill_signal)}) before the ranks finished"
+            if outcome.killed
+            else f"stopped by {name} before training started"
+        )
         on_disk = inspect_checkpoint_dir(save_dir) if save_dir else None
         if save_dir and on_disk is not None and on_disk.resumable and on_disk.iteration is not None:
             return f"{head}; latest checkpoint at {iteration_dir(save_dir, on_disk.iteration)}"
@@ -31,8 +34,12 @@ def stop_message(summary_path: Path, outcome: JobOutcome, save_dir: str | None) 
         saved = "no checkpoint written (no step ran)"
     else:
         saved = "no checkpoint (checkpoint.save is not set)"
-    late = (f" (the second {_name(outcome.kill_signal)} came after the ranks had saved and written {SUMMARY_NAME}, "
-            "and killed them as they exited)" if outcome.killed else "")
+    late = (
+        f" (the second {_name(outcome.kill_signal)} came after the ranks had saved and written {SUMMARY_NAME}, "
+        "and killed them as they exited)"
+        if outcome.killed
+        else ""
+    )
     return f"stopped by {name} at iteration {summary.get('final_iteration')}; {saved}{late}"
 
 
@@ -47,8 +54,10 @@ def interrupted_message(ended: Sequence[Path]) -> str:
     if not ended:
         return "interrupted before launch: nothing was launched"
     last = ended[-1]
-    return (f"interrupted after {len(ended)} launched job(s) had ended, before the harness finished reporting; "
-            f"nothing more was launched. The last job, in {last}: {job_record(last)}")
+    return (
+        f"interrupted after {len(ended)} launched job(s) had ended, before the harness finished reporting; "
+        f"nothing more was launched. The last job, in {last}: {job_record(last)}"
+    )
 
 
 def job_record(log_dir: Path) -> str:

@@ -170,8 +170,13 @@ class StopForwarder:
     arrives before :meth:`attach` means nothing is launched at all.
     """
 
-    def __init__(self, target: StopTarget, announce: Callable[[str], None], log_dir: Path | None = None,
-                 save_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        target: StopTarget,
+        announce: Callable[[str], None],
+        log_dir: Path | None = None,
+        save_dir: str | None = None,
+    ) -> None:
         self.proc: subprocess.Popen | None = None
         self.target, self.announce = target, announce
         self.log_dir = log_dir
@@ -286,8 +291,11 @@ def saved_state(save_dir: str | None) -> str:
         return "checkpoint.save is not set: nothing was to be saved"
     found = inspect_checkpoint_dir(save_dir)
     latest = found.iteration if found.resumable else None
-    done = (f"the latest complete checkpoint is {iteration_dir(save_dir, latest)}" if latest is not None
-            else "no checkpoint is complete")
+    done = (
+        f"the latest complete checkpoint is {iteration_dir(save_dir, latest)}"
+        if latest is not None
+        else "no checkpoint is complete"
+    )
     under_way = [n for n in staged_iterations(save_dir) if latest is None or n > latest]
     return f"the save of iteration {under_way[-1]} under way is not kept; {done}" if under_way else done
 
@@ -321,8 +329,10 @@ class OutputPump:
             self.log.write(text + "\n")
             self.log.flush()
         except OSError as exc:
-            self._emit(f"warning: cannot write {self.log_path}: {describe_os_error(exc, self.log_path)}; the "
-                       "console keeps showing the run, the log stops here")
+            self._emit(
+                f"warning: cannot write {self.log_path}: {describe_os_error(exc, self.log_path)}; the "
+                "console keeps showing the run, the log stops here"
+            )
             self._close_log()
 
     def _close_log(self) -> None:
@@ -403,8 +413,13 @@ def _pump(proc: subprocess.Popen, pump: OutputPump, on_tick: Callable[[], None])
 
 
 def supervise(
-    argv: list[str], env: dict[str, str], log_dir: Path, target: StopTarget, out: TextIO | None = None,
-    verbose: bool = False, save_dir: str | None = None,
+    argv: list[str],
+    env: dict[str, str],
+    log_dir: Path,
+    target: StopTarget,
+    out: TextIO | None = None,
+    verbose: bool = False,
+    save_dir: str | None = None,
 ) -> JobOutcome:
     """Start ``argv``, stream its output, forward stop signals; returns when it and its ranks are gone.
     ``save_dir``: the job's ``checkpoint.save``, for what a second signal says."""
@@ -416,9 +431,13 @@ def supervise(
         if forwarder.signum is not None:  # stopped while the config was being written
             return JobOutcome(exit_code=0, stop_signal=forwarder.signum)
         proc = subprocess.Popen(
-            argv, env={**env, STOP_NOTE_ENV: str(log_dir / STOP_NOTE_NAME)}, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, preexec_fn=_die_with_parent,
+            argv,
+            env={**env, STOP_NOTE_ENV: str(log_dir / STOP_NOTE_NAME)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         forwarder.attach(proc)
         pump = OutputPump(out, log_dir / LAUNCH_LOG, verbose)

@@ -101,18 +101,26 @@ class SweepPoint:
         return [r.mean_s for r in self.rounds if r is not None]
 
 
-def combine_rounds(value: str, log_dirs: Sequence[str], rounds: Sequence[SteadyState | None],
-                   exit_codes: Sequence[int]) -> SweepPoint:
+def combine_rounds(
+    value: str, log_dirs: Sequence[str], rounds: Sequence[SteadyState | None], exit_codes: Sequence[int]
+) -> SweepPoint:
     """One value's point from its rounds (a failed round keeps its exit code in the point)."""
     done = [r for r in rounds if r is not None]
     stats = None
     if done:
         comm = [r.modeled_comm_s for r in done if r.modeled_comm_s is not None]
         stats = SteadyState(
-            first=done[0].first, last=done[0].last, mean_s=sum(r.mean_s for r in done) / len(done),
-            min_s=min(r.min_s for r in done), max_s=max(r.max_s for r in done), count=sum(r.count for r in done),
-            first_iteration=done[0].first_iteration, last_iteration=done[0].last_iteration, rule=done[0].rule,
-            modeled_comm_s=sum(comm) / len(comm) if comm else None, emulated_network=done[0].emulated_network,
+            first=done[0].first,
+            last=done[0].last,
+            mean_s=sum(r.mean_s for r in done) / len(done),
+            min_s=min(r.min_s for r in done),
+            max_s=max(r.max_s for r in done),
+            count=sum(r.count for r in done),
+            first_iteration=done[0].first_iteration,
+            last_iteration=done[0].last_iteration,
+            rule=done[0].rule,
+            modeled_comm_s=sum(comm) / len(comm) if comm else None,
+            emulated_network=done[0].emulated_network,
         )
     code = next((c for c in exit_codes if c != 0), 0)
     log_dir = log_dirs[0] if len(log_dirs) == 1 else ", ".join(log_dirs)
@@ -149,9 +157,11 @@ def emulated_network(points: Sequence[SweepPoint]) -> str | None:
 
 
 def emulated_note(network: str) -> str:
-    return (f"EMULATED world on network '{network}': each job was one process playing one rank; its step times are "
-            "that process's compute plus the time the network model gave each collective (modeled, not measured). "
-            "modeled comm (s): the modeled part of a step, mean over the same steps.")
+    return (
+        f"EMULATED world on network '{network}': each job was one process playing one rank; its step times are "
+        "that process's compute plus the time the network model gave each collective (modeled, not measured). "
+        "modeled comm (s): the modeled part of a step, mean over the same steps."
+    )
 
 
 def _notes(points: Sequence[SweepPoint], rounds: int, cpu: bool) -> list[str]:
@@ -172,27 +182,50 @@ def sweep_markdown(spec: SweepSpec, points: Sequence[SweepPoint], command: str =
     rounds = max((len(p.rounds) for p in points), default=0)
     how = f"Steady-state step time over iterations {window}"
     if rounds > 1:
-        how += (f", {rounds} rounds run interleaved; mean = mean of the round means, min/max over all steps, "
-                "spread = largest minus smallest round mean")
+        how += (
+            f", {rounds} rounds run interleaved; mean = mean of the round means, min/max over all steps, "
+            "spread = largest minus smallest round mean"
+        )
     network = emulated_network(points)
-    columns = [spec.key, "mean (s)", "min (s)", "max (s)", *(["modeled comm (s)"] if network else []),
-               f"speedup vs `{spec.values[0]}`"]
+    columns = [
+        spec.key,
+        "mean (s)",
+        "min (s)",
+        "max (s)",
+        *(["modeled comm (s)"] if network else []),
+        f"speedup vs `{spec.values[0]}`",
+    ]
     columns += ["round means (s)", "spread (s)", "runs"] if rounds > 1 else ["run"]
     heading = f"# Sweep of `{spec.key}`" + (f" (EMULATED, network '{network}')" if network else "")
-    lines = [heading, "", f"{how}; speedup = first value's mean / this mean.", "",
-             *_notes(points, rounds, cpu), _table_row(columns), "|" + "---|" * len(columns)]
+    lines = [
+        heading,
+        "",
+        f"{how}; speedup = first value's mean / this mean.",
+        "",
+        *_notes(points, rounds, cpu),
+        _table_row(columns),
+        "|" + "---|" * len(columns),
+    ]
     for p in points:
         if p.stats is None:
             cells = [f"`{p.value}`", f"failed (exit {p.exit_code})"] + [""] * (len(columns) - 3)
         else:
             speed = "n/a (CPU)" if cpu else f"{base / p.stats.mean_s:.3f}x" if base and p.stats.mean_s else "n/a"
             comm = [_seconds(p.stats.modeled_comm_s)] if network else []
-            cells = [f"`{p.value}`", f"{p.stats.mean_s:.4f}", f"{p.stats.min_s:.4f}", f"{p.stats.max_s:.4f}", *comm,
-                     speed]
+            cells = [
+                f"`{p.value}`",
+                f"{p.stats.mean_s:.4f}",
+                f"{p.stats.min_s:.4f}",
+                f"{p.stats.max_s:.4f}",
+                *comm,
+                speed,
+            ]
             if rounds > 1:
                 means = p.round_means()
-                cells += [" / ".join(f"{r.mean_s:.4f}" if r is not None else "failed" for r in p.rounds),
-                          f"{max(means) - min(means):.4f}"]
+                cells += [
+                    " / ".join(f"{r.mean_s:.4f}" if r is not None else "failed" for r in p.rounds),
+                    f"{max(means) - min(means):.4f}",
+                ]
         lines.append(_table_row(cells + [f"`{p.log_dir}`"]))
     if command:
         lines += ["", "Command:", "", "```bash", command, "```"]
@@ -233,8 +266,15 @@ def sweep_figure(spec: SweepSpec, points: Sequence[SweepPoint], cpu: bool = Fals
             ax.legend(fontsize=8, loc="lower right")
         tops = [m + u for m, u in zip(means, upper)]
         for x, (mean, top) in enumerate(zip(means, tops)):
-            ax.annotate(f"{mean:.3f}s", (x, top), ha="center", va="bottom", fontsize=8,
-                        xytext=(0, 4), textcoords="offset points")
+            ax.annotate(
+                f"{mean:.3f}s",
+                (x, top),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                xytext=(0, 4),
+                textcoords="offset points",
+            )
         ax.set_ylim(0, max(tops) * 1.22 or 1.0)  # room above the highest whisker for its label
     ax.set_xlabel(spec.key)
     ax.set_ylabel("step time (s), mean with min-max")
@@ -249,8 +289,9 @@ def sweep_plot(spec: SweepSpec, points: Sequence[SweepPoint], path: str | Path, 
     return None if fig is None else save_png(fig, path)
 
 
-def write_sweep_outputs(spec: SweepSpec, points: Sequence[SweepPoint], log_dir: str | Path, command: str = "",
-                        cpu: bool = False) -> tuple[Path, Path | None]:
+def write_sweep_outputs(
+    spec: SweepSpec, points: Sequence[SweepPoint], log_dir: str | Path, command: str = "", cpu: bool = False
+) -> tuple[Path, Path | None]:
     """Write ``sweep.md`` and ``sweep.png`` into ``log_dir`` (the sweep's own directory, claimed
     by the harness; each replaces a link at its name instead of writing through it); ``cpu``: a CPU
     smoke-mode sweep (no speedup, see :data:`CPU_TIMINGS_NOTE`)."""

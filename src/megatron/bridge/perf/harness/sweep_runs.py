@@ -51,7 +51,8 @@ def same_environment(jobs: list[Job], args: HarnessArgs, out: TextIO) -> list[Jo
         return jobs
     value = int(needs.pop())
     return [
-        job if job.plan.env.get(key) == str(value)
+        job
+        if job.plan.env.get(key) == str(value)
         else replace(job, plan=plan_job(job.built, job.resolution, args, value, digest(job.config_text)))
         for job in jobs
     ]
@@ -86,16 +87,23 @@ def run_sweep(args: HarnessArgs, out: TextIO, ended: list[Path]) -> int:
     root = sweep_root(args)
     problems = run_dir_problems(root)
     if problems:
-        raise HarnessError("[run-dir-usable] the sweep's directory cannot be used:\n"
-                           + "\n".join(f"  - {p}" for p in problems))
+        raise HarnessError(
+            "[run-dir-usable] the sweep's directory cannot be used:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
     shadowed = [o for o in args.overrides if override_key(o) == spec.key] + flags_setting(args, spec.key)
     if shadowed:
         print(f"   note: the swept values replace {', '.join(shadowed)} given on the command line", file=out)
     rounds = args.sweep_repeats
     plan = [(r, i, v) for r in range(1, rounds + 1) for i, v in enumerate(spec.values)]  # interleaved
     jobs = [
-        make_job(build_config(args, extra_overrides=[spec.override(v)],
-                              log_dir=root / job_dirname(spec, i, v, r if rounds > 1 else None)), args)
+        make_job(
+            build_config(
+                args,
+                extra_overrides=[spec.override(v)],
+                log_dir=root / job_dirname(spec, i, v, r if rounds > 1 else None),
+            ),
+            args,
+        )
         for r, i, v in plan
     ]
     jobs = same_environment(jobs, args, out)
@@ -116,8 +124,10 @@ def run_sweep(args: HarnessArgs, out: TextIO, ended: list[Path]) -> int:
     if jobs[0].plan.mode == "sbatch":
         for job in jobs:
             prepare(job)
-            print(f"== wrote {job.plan.script_path} (submit with: {shlex.join(['sbatch', str(job.plan.script_path)])})",
-                  file=out)
+            print(
+                f"== wrote {job.plan.script_path} (submit with: {shlex.join(['sbatch', str(job.plan.script_path)])})",
+                file=out,
+            )
         print("   after the jobs finish, each directory holds its summary.json", file=out)
         return 0
     outcomes: dict[int, list] = {i: [] for i in range(len(spec.values))}

@@ -19,7 +19,8 @@ the fields they stand for or refused with the reason (``recipes/recipe_arguments
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
@@ -215,8 +216,6 @@ def qwen3_moe_tiny_pretrain_config() -> ConfigContainer:
         make_vocab_size_divisible_by=128,
     )
     model = _alltoall(_layout(model, tp=1, pp=1, ep=1))
-    cfg = _pretrain_config(
-        model, global_batch_size=8, micro_batch_size=1, train_iters=10, lr=1e-3, min_lr=1e-4
-    )
+    cfg = _pretrain_config(model, global_batch_size=8, micro_batch_size=1, train_iters=10, lr=1e-3, min_lr=1e-4)
     cfg.dataset.num_workers = 0
     return cfg

@@ -18,8 +18,8 @@ addresses the capture hands out, not which kernels a replay runs (the measuremen
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Optional
 
 import torch
 
@@ -47,7 +47,7 @@ class CaptureMemoryReuse:
         return f"blocks freed across streams during the capture {state} ({OPTION}, {self.source})"
 
 
-def allocator_conf(environ: Mapping[str, str]) -> tuple[Optional[str], dict[str, str]]:
+def allocator_conf(environ: Mapping[str, str]) -> tuple[str | None, dict[str, str]]:
     """The variable torch reads its allocator options from, and those options (``key:value,...``)."""
     for name in ENV_VARS:
         if environ.get(name) is not None:
@@ -80,8 +80,12 @@ def apply(decision: CaptureMemoryReuse) -> CaptureMemoryReuse:
     try:
         _setter()(f"{OPTION}:True")
     except (RuntimeError, ValueError) as exc:
-        logger.warning("torch %s cannot set %s (%s); the capture keeps freed blocks reserved until it ends.",
-                       torch.__version__, OPTION, exc)
+        logger.warning(
+            "torch %s cannot set %s (%s); the capture keeps freed blocks reserved until it ends.",
+            torch.__version__,
+            OPTION,
+            exc,
+        )
         return replace(decision, enabled=False, source=f"not in torch {torch.__version__}", set_here=False)
     return replace(decision, applied=True)
 

@@ -34,7 +34,8 @@ import contextlib
 import functools
 import logging
 import os
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -93,10 +94,10 @@ class CpuEvent:
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
         self.enable_timing = enable_timing
 
-    def record(self, stream: Optional["CpuStream"] = None) -> None:
+    def record(self, stream: CpuStream | None = None) -> None:
         """Nothing to record: all prior CPU work has already finished."""
 
-    def wait(self, stream: Optional["CpuStream"] = None) -> None:
+    def wait(self, stream: CpuStream | None = None) -> None:
         """Nothing to wait for."""
 
     def query(self) -> bool:
@@ -105,7 +106,7 @@ class CpuEvent:
     def synchronize(self) -> None:
         """Already complete."""
 
-    def elapsed_time(self, end_event: "CpuEvent") -> float:
+    def elapsed_time(self, end_event: CpuEvent) -> float:
         return 0.0
 
 
@@ -120,13 +121,13 @@ class CpuStream:
     def priority_range() -> tuple[int, int]:
         return (0, -1)
 
-    def wait_stream(self, stream: "CpuStream") -> None:
+    def wait_stream(self, stream: CpuStream) -> None:
         """Streams are serial on CPU."""
 
     def wait_event(self, event: CpuEvent) -> None:
         """Events are always complete on CPU."""
 
-    def record_event(self, event: Optional[CpuEvent] = None) -> CpuEvent:
+    def record_event(self, event: CpuEvent | None = None) -> CpuEvent:
         return event if event is not None else CpuEvent()
 
     def query(self) -> bool:
@@ -135,7 +136,7 @@ class CpuStream:
     def synchronize(self) -> None:
         """Nothing is ever pending."""
 
-    def __enter__(self) -> "CpuStream":
+    def __enter__(self) -> CpuStream:
         _STREAM_STACK.append(self)
         return self
 
@@ -156,7 +157,7 @@ def _default_stream(device: Any = None) -> CpuStream:
 
 
 @contextlib.contextmanager
-def _stream_ctx(stream: Optional[CpuStream]) -> Iterator[Optional[CpuStream]]:
+def _stream_ctx(stream: CpuStream | None) -> Iterator[CpuStream | None]:
     """``torch.cuda.stream(s)``: makes ``s`` the current stream, as on GPU."""
     if stream is None:
         yield None
@@ -251,9 +252,7 @@ def _patch_tensor_methods() -> None:
     torch.nn.Module.to = module_to_cpu  # type: ignore[method-assign]
 
 
-def _cpu_maybe_move_tensor_to_cpu(
-    tensor: Any, as_numpy: bool = False, record_stream: bool = False
-) -> Any:
+def _cpu_maybe_move_tensor_to_cpu(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
     """megatron's ``maybe_move_tensor_to_cpu`` for CPU tensors: gloo's all-to-all wants plain sizes."""
     if torch.is_tensor(tensor) and as_numpy:
         return tensor.detach().cpu().numpy()
@@ -315,6 +314,4 @@ def seed_cpu_model_parallel(seed: int) -> None:
     from megatron.core import tensor_parallel
 
     torch.manual_seed(seed)
-    tensor_parallel.model_parallel_cuda_manual_seed(
-        seed, inference_rng_tracker=True, force_reset_rng=True
-    )
+    tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True, force_reset_rng=True)

@@ -37,8 +37,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Optional
+from typing import Any
 
 import torch
 from megatron.core import full_cuda_graph
@@ -60,15 +62,16 @@ class IterationGraph:
     """The run's ``ddp.check_for_nan_in_grad``."""
     first_iteration: int = 1
     """The first iteration this process trains (after a resume, not 1)."""
-    memory_reuse: Optional[CaptureMemoryReuse] = None
+    memory_reuse: CaptureMemoryReuse | None = None
     """Whether the capture reuses blocks freed across streams (``capture_memory.py``); None without a graph."""
     world: CapturedCollectives = field(default_factory=RealWorld)
     """The world the run trains in: told when the graph replays, and when a new one will be captured."""
-    _wrapper: Optional[Any] = None
+    _wrapper: Any | None = None
 
     @classmethod
-    def from_model_config(cls, model_cfg: Any, check_for_nan_in_grad: bool = False,
-                          world: Optional[CapturedCollectives] = None) -> "IterationGraph":
+    def from_model_config(
+        cls, model_cfg: Any, check_for_nan_in_grad: bool = False, world: CapturedCollectives | None = None
+    ) -> IterationGraph:
         enabled = graph_capture.captures_full_iteration(model_cfg)
         return cls(
             enabled=enabled,
@@ -94,11 +97,11 @@ class IterationGraph:
         return moved
 
     @property
-    def capture_iteration(self) -> Optional[int]:
+    def capture_iteration(self) -> int | None:
         """The iteration whose step captures the graph (``None`` without a graph)."""
         return graph_capture.capture_iteration(self.first_iteration, self.warmup_steps) if self.enabled else None
 
-    def model_build_stream(self) -> ContextManager:
+    def model_build_stream(self) -> AbstractContextManager:
         """Where the DDP wrapper is built: the capture stream when capturing, else as usual."""
         if not self.enabled:
             return contextlib.nullcontext()
@@ -131,8 +134,11 @@ class IterationGraph:
         """The start-up line."""
         if not self.enabled:
             return "CUDA graph: none (every kernel launched from Python)"
-        nan_check = ("; gradient NaN/Inf check after each backward, outside the graph"
-                     if self.checks_grads_after_backward else "")
+        nan_check = (
+            "; gradient NaN/Inf check after each backward, outside the graph"
+            if self.checks_grads_after_backward
+            else ""
+        )
         return (
             f"CUDA graph: whole iteration (megatron-core FullCudaGraphWrapper): forward+backward captured in "
             f"the step after {self.warmup_steps} eager warm-up step(s), replayed after; optimizer eager{nan_check}; "
@@ -173,4 +179,3 @@ def _on_capture_stream():
     with torch.cuda.stream(stream):
         yield
     torch.cuda.current_stream().wait_stream(stream)
-

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +52,7 @@ def enable_gloo_cuda_compat() -> None:
 
     param_and_grad_buffer._coalescing_manager = sequential_coalescing_manager
     _ENABLED = True
-    logger.warning(
-        "gloo on CUDA tensors: megatron-core's coalesced DP collectives run one by one, synchronously"
-    )
+    logger.warning("gloo on CUDA tensors: megatron-core's coalesced DP collectives run one by one, synchronously")
     print("[megatron.bridge] gloo on CUDA tensors: DP collectives run one by one (no coalescing)", flush=True)
 
 

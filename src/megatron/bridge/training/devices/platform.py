@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import torch
 from megatron.core import tensor_parallel
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def set_cuda_device_max_connections(report: "OverlapReport") -> Optional[str]:
+def set_cuda_device_max_connections(report: OverlapReport) -> str | None:
     """Export ``CUDA_DEVICE_MAX_CONNECTIONS`` as the report asks; must run before CUDA initialises."""
     need = report.cuda_device_max_connections
     if need is None:
@@ -52,7 +52,7 @@ class Platform:
     explicit_causal_mask: bool = False
     """Whether the data must carry a causal mask (megatron builds its default one on CUDA only)."""
 
-    def __init__(self, resolved: "ConfigContainer") -> None:
+    def __init__(self, resolved: ConfigContainer) -> None:
         self.backend = resolved.dist.effective_backend
         # Seen on CPU over gloo (megatron-core 0.19.2, torch 2.15): right after the distributed
         # optimizer's step, data-parallel replicas of a parameter can still differ (the param
@@ -63,7 +63,7 @@ class Platform:
         self.graph_safe_rng = resolved.model.cuda_graph_impl not in (None, "none")
         self.activation_offload = bool(getattr(resolved.model, "fine_grained_activation_offloading", False))
 
-    def prepare_process(self, report: "OverlapReport") -> None:
+    def prepare_process(self, report: OverlapReport) -> None:
         """Process-wide set-up before any process group or CUDA context exists."""
         raise NotImplementedError
 
@@ -93,7 +93,7 @@ class Platform:
         """Switch the optimizer to the fastest kernels available here; the start-up line saying which."""
         raise NotImplementedError
 
-    def activation_offload_record(self) -> Optional[dict[str, Any]]:
+    def activation_offload_record(self) -> dict[str, Any] | None:
         """What fine-grained activation offloading moved to host memory (``None`` when it is off)."""
         return offloaded_bytes() if self.activation_offload else None
 
@@ -110,7 +110,7 @@ class CudaPlatform(Platform):
     device_type = "cuda"
     uses_cuda = True
 
-    def prepare_process(self, report: "OverlapReport") -> None:
+    def prepare_process(self, report: OverlapReport) -> None:
         set_cuda_device_max_connections(report)
         if self.backend == "gloo":
             gloo_cuda_compat.enable_gloo_cuda_compat()
@@ -131,7 +131,9 @@ class CudaPlatform(Platform):
         # the graph after an eager run in one process would get the plain tracker and fail its
         # capture (seen on an H200: "expected a Generator, but got Tensor").
         tensor_parallel.model_parallel_cuda_manual_seed(
-            seed, te_rng_tracker=self.te_rng_tracker, use_cudagraphable_rng=self.graph_safe_rng,
+            seed,
+            te_rng_tracker=self.te_rng_tracker,
+            use_cudagraphable_rng=self.graph_safe_rng,
             force_reset_rng=True,
         )
 
@@ -154,7 +156,7 @@ class CpuPlatform(Platform):
     device_type = "cpu"
     explicit_causal_mask = True
 
-    def prepare_process(self, report: "OverlapReport") -> None:
+    def prepare_process(self, report: OverlapReport) -> None:
         # Deferred: the CPU compatibility layer is never imported on GPU (see its docstring).
         from megatron.bridge.training.devices.cpu_compat import enable_cpu_compat
 
@@ -174,6 +176,6 @@ class CpuPlatform(Platform):
         return "optimizer kernels: megatron-core's (CPU)"
 
 
-def select_platform(resolved: "ConfigContainer") -> Platform:
+def select_platform(resolved: ConfigContainer) -> Platform:
     """The platform ``resolved.dist.device`` names (``cuda`` or ``cpu``)."""
     return CpuPlatform(resolved) if resolved.dist.device == "cpu" else CudaPlatform(resolved)

@@ -13,7 +13,8 @@ scaling (no host waits). It changes nothing where Transformer Engine or Apex pro
 
 from __future__ import annotations
 
-from typing import Any, Iterator, List
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -66,8 +67,9 @@ def _step_counters_on_device(inner: torch.optim.Optimizer, args: Any, kwargs: An
                 state["step"] = torch.as_tensor(step, dtype=torch.float32, device=p.device)
 
 
-def _foreach_l2_norm(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: List[List[torch.Tensor]], per_tensor: bool,
-                     *args: Any):
+def _foreach_l2_norm(
+    chunk_size: int, noop_flag: torch.Tensor, tensor_lists: list[list[torch.Tensor]], per_tensor: bool, *args: Any
+):
     """Drop-in for Apex's ``multi_tensor_l2norm`` through megatron's local applier (no host waits)."""
     tensors = tensor_lists[0]
     if not tensors:
@@ -77,8 +79,9 @@ def _foreach_l2_norm(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lis
     return total, (torch.stack(norms) if per_tensor else None)
 
 
-def _foreach_scale(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: List[List[torch.Tensor]],
-                   scale: Any) -> None:
+def _foreach_scale(
+    chunk_size: int, noop_flag: torch.Tensor, tensor_lists: list[list[torch.Tensor]], scale: Any
+) -> None:
     """Drop-in for Apex's ``multi_tensor_scale``: ``dst = src * scale`` for every pair."""
     src, dst = tensor_lists
     if not src:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from megatron.bridge.training.loop.world import World
 
 
-def build_model(resolved: "ConfigContainer", platform: "Platform", ddp_config: Any = None) -> list[Any]:
+def build_model(resolved: ConfigContainer, platform: Platform, ddp_config: Any = None) -> list[Any]:
     """One DDP-wrapped chunk per virtual pipeline stage of this rank; DDP gets ``ddp_config``
     (default ``resolved.ddp``; a captured run moves the NaN check out of it)."""
     m = resolved.model
@@ -52,13 +52,13 @@ def build_model(resolved: "ConfigContainer", platform: "Platform", ddp_config: A
     return wrapped
 
 
-def build_optimizer(resolved: "ConfigContainer", model: list[Any], world: "World") -> Any:
+def build_optimizer(resolved: ConfigContainer, model: list[Any], world: World) -> Any:
     """megatron-core's optimizer (distributed optimizer when ``optimizer.use_distributed_optimizer``),
     with gloo groups where ``world`` has real peers for them."""
     return get_megatron_optimizer(resolved.optimizer, model, use_gloo_process_groups=world.gloo_process_groups)
 
 
-def build_scheduler(resolved: "ConfigContainer", optimizer: Any) -> Any:
+def build_scheduler(resolved: ConfigContainer, optimizer: Any) -> Any:
     """``OptimizerParamScheduler`` stepped in samples (as megatron does), from ``cfg.scheduler``."""
     s, o, t = resolved.scheduler, resolved.optimizer, resolved.train
     gbs = t.global_batch_size
@@ -80,7 +80,7 @@ def build_scheduler(resolved: "ConfigContainer", optimizer: Any) -> Any:
     )
 
 
-def unwire_model_config(resolved: "ConfigContainer") -> None:
+def unwire_model_config(resolved: ConfigContainer) -> None:
     """Undo :func:`wire_model_config`: its hooks are bound methods of the optimizer and the DDP
     chunks, and would keep them alive as long as the config lives (it outlives the run)."""
     config = resolved.model
@@ -92,7 +92,7 @@ def _one_or_list(hooks: list[Any]) -> Any:
     return hooks[0] if len(hooks) == 1 else hooks
 
 
-def wire_model_config(resolved: "ConfigContainer", model: list[Any], optimizer: Any) -> None:
+def wire_model_config(resolved: ConfigContainer, model: list[Any], optimizer: Any) -> None:
     """The hooks megatron's schedules call: grad scaling, no_sync/grad_sync, finalize_model_grads."""
     config = resolved.model
     config.grad_scale_func = optimizer.scale_loss

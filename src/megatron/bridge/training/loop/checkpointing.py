@@ -32,7 +32,7 @@ import resource
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -112,9 +112,7 @@ def _sharded_state_dict(model: list[Any], optimizer: Any, is_loading: bool) -> d
         for i, chunk in enumerate(bare):
             state[f"model{i}"] = chunk.sharded_state_dict()
             model_state.update(state[f"model{i}"])
-    state["optimizer"] = optimizer.sharded_state_dict(
-        model_state, is_loading=is_loading, metadata=OPTIMIZER_METADATA
-    )
+    state["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=is_loading, metadata=OPTIMIZER_METADATA)
     return state
 
 
@@ -130,8 +128,13 @@ def _rng_state() -> dict[str, Any]:
     kind, np_words, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
         "random": {"version": version, "words": torch.tensor(mt_words, dtype=torch.int64), "gauss": gauss},
-        "numpy": {"kind": kind, "words": torch.from_numpy(np_words.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached": float(cached)},
+        "numpy": {
+            "kind": kind,
+            "words": torch.from_numpy(np_words.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -145,8 +148,9 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     py = state["random"]
     random.setstate((py["version"], tuple(int(w) for w in py["words"].tolist()), py["gauss"]))
     npy = state["numpy"]
-    np.random.set_state((npy["kind"], npy["words"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
-                         npy["cached"]))
+    np.random.set_state(
+        (npy["kind"], npy["words"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached"])
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -190,7 +194,6 @@ def _in_process_results_queue() -> None:
     this process, so a plain in-process queue carries the same results.
     """
 
-
     if getattr(filesystem_async, "_results_queue", None) is None:
         filesystem_async._results_queue = queue.Queue()
 
@@ -228,7 +231,11 @@ def _umask() -> int:
 
 
 def save_checkpoint(
-    cfg: "ConfigContainer", model: list[Any], optimizer: Any, scheduler: Any, state: "TrainState",
+    cfg: ConfigContainer,
+    model: list[Any],
+    optimizer: Any,
+    scheduler: Any,
+    state: TrainState,
     run_id: str = "run",
 ) -> Path:
     """Save model, optimizer, scheduler, iteration, data position and RNG at ``state.iteration``.
@@ -316,8 +323,8 @@ def _restore_adam_steps(optimizer: Any) -> None:
 
 
 def load_checkpoint(
-    cfg: "ConfigContainer", model: list[Any], optimizer: Any, scheduler: Any
-) -> Optional[tuple["TrainState", Path]]:
+    cfg: ConfigContainer, model: list[Any], optimizer: Any, scheduler: Any
+) -> tuple[TrainState, Path] | None:
     """Restore the latest checkpoint in ``cfg.checkpoint.load``: the train state and the directory
     it came from, or ``None`` when the directory holds no checkpoint yet."""
 
@@ -349,7 +356,7 @@ def load_checkpoint(
     return state, path
 
 
-def hold_save_dir(resolved: "ConfigContainer", device: torch.device) -> tuple[Optional[SaveDirLock], str]:
+def hold_save_dir(resolved: ConfigContainer, device: torch.device) -> tuple[SaveDirLock | None, str]:
     """Rank 0 takes ``checkpoint.save``'s lock for this run; every rank gets the run's id (its staging
     directories' name) or the same :class:`SaveDirInUseError`, so no rank waits for a peer that stopped."""
     if not resolved.checkpoint.save:
@@ -382,12 +389,13 @@ class CheckpointSaver:
     without training writes nothing; a stop on a save-interval iteration saves that iteration once.
     """
 
-    def __init__(self, resolved: "ConfigContainer", model: list[Any], optimizer: Any, scheduler: Any,
-                 run_id: str = "run") -> None:
+    def __init__(
+        self, resolved: ConfigContainer, model: list[Any], optimizer: Any, scheduler: Any, run_id: str = "run"
+    ) -> None:
         self.resolved, self.model, self.optimizer, self.scheduler = resolved, model, optimizer, scheduler
         self.run_id = run_id
         self.persisted_iteration = 0
-        self.path: Optional[Any] = None
+        self.path: Any | None = None
 
     def resume(self, announce: bool) -> TrainState:
         """Load ``checkpoint.load`` when it holds a checkpoint; say what the run starts from."""
@@ -416,6 +424,7 @@ class CheckpointSaver:
         """Save ``state`` unless it is already on disk (or no save directory is set)."""
         if not self.resolved.checkpoint.save or state.iteration == self.persisted_iteration:
             return
-        self.path = save_checkpoint(self.resolved, self.model, self.optimizer, self.scheduler, state,
-                                    run_id=self.run_id)
+        self.path = save_checkpoint(
+            self.resolved, self.model, self.optimizer, self.scheduler, state, run_id=self.run_id
+        )
         self.persisted_iteration = state.iteration

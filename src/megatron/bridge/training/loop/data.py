@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import signal
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from megatron.core import parallel_state
@@ -37,28 +38,27 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def build_tokenizer(cfg: "ConfigContainer") -> Any:
+def build_tokenizer(cfg: ConfigContainer) -> Any:
     """megatron-core tokenizer for the dataset (``NullTokenizer``: vocab from ``cfg.model``)."""
     tok = cfg.tokenizer
     if tok.tokenizer_type == "NullTokenizer":
         vocab = tok.vocab_size or cfg.model.vocab_size
-        return MegatronTokenizer.from_pretrained(
-            metadata_path={"library": "null-text"}, vocab_size=int(vocab)
-        )
+        return MegatronTokenizer.from_pretrained(metadata_path={"library": "null-text"}, vocab_size=int(vocab))
     if tok.tokenizer_type == "HuggingFaceTokenizer":
         return MegatronTokenizer.from_pretrained(
-            tokenizer_path=tok.tokenizer_model, metadata_path={"library": "huggingface"},
+            tokenizer_path=tok.tokenizer_model,
+            metadata_path={"library": "huggingface"},
             **(tok.hf_tokenizer_kwargs or {}),
         )
     raise ValueError(f"tokenizer.tokenizer_type={tok.tokenizer_type!r} is not supported")
 
 
-def dataset_seed(cfg: "ConfigContainer") -> int:
+def dataset_seed(cfg: ConfigContainer) -> int:
     """``dataset.random_seed`` when set, else ``rng.seed``."""
     return cfg.dataset.random_seed if cfg.dataset.random_seed is not None else cfg.rng.seed
 
 
-def gpt_dataset_config(cfg: "ConfigContainer", tokenizer: Any, platform: Optional[Platform] = None) -> Any:
+def gpt_dataset_config(cfg: ConfigContainer, tokenizer: Any, platform: Platform | None = None) -> Any:
     """The ``GPTDatasetConfig`` for this run (mock when no data paths are given)."""
     ds = cfg.dataset
     return GPTDatasetConfig(
@@ -76,7 +76,7 @@ def gpt_dataset_config(cfg: "ConfigContainer", tokenizer: Any, platform: Optiona
     )
 
 
-def build_train_dataset(cfg: "ConfigContainer", platform: Optional[Platform] = None) -> Any:
+def build_train_dataset(cfg: ConfigContainer, platform: Platform | None = None) -> Any:
     """The training split, sized for ``train_iters * global_batch_size`` samples."""
     tokenizer = build_tokenizer(cfg)
     ds_cfg = gpt_dataset_config(cfg, tokenizer, platform)
@@ -129,7 +129,7 @@ def _ignore_stop_signals(worker_id: int) -> None:
 
 
 def build_train_iterator(
-    cfg: "ConfigContainer", consumed_samples: int = 0, platform: Optional[Platform] = None
+    cfg: ConfigContainer, consumed_samples: int = 0, platform: Platform | None = None
 ) -> Iterator[dict]:
     """An endless-enough iterator of this rank's micro-batches (dicts of CPU tensors)."""
     platform = platform or select_platform(cfg)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import errno
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 MAX_CHAIN = 6
 FULL_DISK_BYTES = 64 * 2**20
@@ -41,14 +41,17 @@ def causes(exc: BaseException) -> Iterator[BaseException]:
         yield current
         failures = getattr(current, "failures", None)
         if isinstance(failures, dict):
-            stack += [pair[0] for pair in failures.values() if isinstance(pair, tuple) and pair
-                      and isinstance(pair[0], BaseException)]
+            stack += [
+                pair[0]
+                for pair in failures.values()
+                if isinstance(pair, tuple) and pair and isinstance(pair[0], BaseException)
+            ]
         for linked in (current.__cause__, current.__context__):
             if linked is not None:
                 stack.append(linked)
 
 
-def disk_full(exc: BaseException, save_dir: Optional[str]) -> Optional[str]:
+def disk_full(exc: BaseException, save_dir: str | None) -> str | None:
     """``No space left on device on PATH (...)`` when the failure was a full disk, else ``None``."""
     chain = list(causes(exc))
     by_errno = any(getattr(e, "errno", None) == errno.ENOSPC for e in chain)
@@ -60,8 +63,13 @@ def disk_full(exc: BaseException, save_dir: Optional[str]) -> Optional[str]:
             free = shutil.disk_usage(existing).free
     # megatron's writer keeps only the class of a worker's failed write: an I/O failure with the save
     # directory (nearly) full is taken for what it most likely was
-    io_failure = any(isinstance(e, OSError) or type(e).__name__ == "CheckpointException"
-                     or "unexpected pos" in str(e) or "Worker failure" in str(e) for e in chain)
+    io_failure = any(
+        isinstance(e, OSError)
+        or type(e).__name__ == "CheckpointException"
+        or "unexpected pos" in str(e)
+        or "Worker failure" in str(e)
+        for e in chain
+    )
     if by_errno or by_text or (io_failure and free is not None and free < FULL_DISK_BYTES):
         where = f" on {save_dir}" if save_dir else ""
         left = f" ({free / 2**20:.0f} MiB free)" if free is not None else ""
@@ -69,7 +77,7 @@ def disk_full(exc: BaseException, save_dir: Optional[str]) -> Optional[str]:
     return None
 
 
-def describe_failure(exc: BaseException, save_dir: Optional[str] = None) -> str:
+def describe_failure(exc: BaseException, save_dir: str | None = None) -> str:
     """The error and its causes (``A <- caused by B``), a full disk first when it was one."""
     chain = [_one_line(e) for e in causes(exc)]
     text = " <- caused by ".join(dict.fromkeys(chain))

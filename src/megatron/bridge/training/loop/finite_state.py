@@ -19,7 +19,8 @@ stays the latest; the loop writes ``summary.json`` with the reason before the er
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -29,11 +30,13 @@ class NonFiniteStateError(RuntimeError):
 
     what = "state"
 
-    def __init__(self, iteration: int, detail: str, latest_checkpoint: Optional[Any]) -> None:
+    def __init__(self, iteration: int, detail: str, latest_checkpoint: Any | None) -> None:
         self.iteration, self.detail = iteration, detail
         latest = f"latest checkpoint stays {latest_checkpoint}" if latest_checkpoint else "no checkpoint saved"
-        super().__init__(f"non-finite {self.what} at iteration {iteration} ({detail}): "
-                         f"run stopped, iteration {iteration} not saved, {latest}")
+        super().__init__(
+            f"non-finite {self.what} at iteration {iteration} ({detail}): "
+            f"run stopped, iteration {iteration} not saved, {latest}"
+        )
 
     def record(self) -> dict[str, Any]:
         """What ``summary.json`` says about the stop (``stopped_on_nonfinite``)."""
@@ -52,7 +55,7 @@ class NonFiniteParametersError(NonFiniteStateError):
     what = "parameters"
 
 
-def raise_for_nonfinite_loss(loss: float, iteration: int, latest_checkpoint: Optional[Any]) -> None:
+def raise_for_nonfinite_loss(loss: float, iteration: int, latest_checkpoint: Any | None) -> None:
     """Raise :class:`NonFiniteLossError` when ``loss`` (the logged, all-reduced loss) is NaN or Inf."""
     if not math.isfinite(loss):
         raise NonFiniteLossError(iteration, f"loss {loss}", latest_checkpoint)
@@ -64,8 +67,12 @@ def parameters_finite(model_chunks: Iterable[torch.nn.Module], device: torch.dev
     ``aminmax`` propagates NaN and keeps an Inf as the minimum or maximum, allocates nothing the
     size of a parameter and, unlike a norm, does not overflow on large finite values.
     """
-    extremes = [torch.stack(torch.aminmax(p.detach())).float()
-                for chunk in model_chunks for p in chunk.parameters() if p.numel()]
+    extremes = [
+        torch.stack(torch.aminmax(p.detach())).float()
+        for chunk in model_chunks
+        for p in chunk.parameters()
+        if p.numel()
+    ]
     ok = torch.isfinite(torch.cat(extremes)).all() if extremes else torch.tensor(True)
     flag = ok.to(device=device, dtype=torch.int32).reshape(1)
     if torch.distributed.is_initialized():
@@ -73,8 +80,13 @@ def parameters_finite(model_chunks: Iterable[torch.nn.Module], device: torch.dev
     return bool(flag.item())
 
 
-def raise_for_nonfinite_parameters(model_chunks: Iterable[torch.nn.Module], iteration: int, device: torch.device,
-                                   latest_checkpoint: Optional[Any], grad_norm: Optional[float] = None) -> None:
+def raise_for_nonfinite_parameters(
+    model_chunks: Iterable[torch.nn.Module],
+    iteration: int,
+    device: torch.device,
+    latest_checkpoint: Any | None,
+    grad_norm: float | None = None,
+) -> None:
     """Raise :class:`NonFiniteParametersError` when any rank holds a NaN or Inf parameter.
 
     A collective: every rank calls it at the same save."""

@@ -10,9 +10,10 @@ recognised by its first parameter (named ``state``, or annotated ``GlobalState``
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.training.errors import ConfigError, Violation
 
@@ -28,8 +29,8 @@ _STATE_ANNOTATION = "GlobalState"
 class StepState:
     """What a state-first forward step receives: the run's resolved config and its progress."""
 
-    cfg: "ConfigContainer"
-    train_state: "TrainState"
+    cfg: ConfigContainer
+    train_state: TrainState
     """``iteration`` and ``consumed_samples`` of the run, updated as it trains."""
 
 

@@ -11,7 +11,7 @@ from), and like megatron's check it stops the run before the optimizer applies t
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 

@@ -13,7 +13,7 @@ import logging
 import os
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -38,13 +38,11 @@ class LaunchEnv:
     launcher: str
 
 
-def launch_env(environ: Optional[dict] = None) -> LaunchEnv:
+def launch_env(environ: dict | None = None) -> LaunchEnv:
     """Read the launcher's environment: torchrun (``RANK``...) first, then SLURM (``SLURM_PROCID``...)."""
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
-        return LaunchEnv(
-            int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0")), "torchrun"
-        )
+        return LaunchEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0")), "torchrun")
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         return LaunchEnv(
             int(env["SLURM_PROCID"]),
@@ -56,7 +54,7 @@ def launch_env(environ: Optional[dict] = None) -> LaunchEnv:
 
 
 def initialize_distributed(
-    cfg: "ConfigContainer", world: "World", env: Optional[LaunchEnv] = None, platform: Optional[Platform] = None
+    cfg: ConfigContainer, world: World, env: LaunchEnv | None = None, platform: Platform | None = None
 ) -> LaunchEnv:
     """Create the default process group (or join an existing one) with ``cfg.dist``'s backend/timeout,
     as ``world`` makes it.
@@ -68,14 +66,12 @@ def initialize_distributed(
     (platform or select_platform(cfg)).bind_device(env.local_rank)
     if torch.distributed.is_initialized():
         world.join_process_group()
-        return LaunchEnv(
-            torch.distributed.get_rank(), torch.distributed.get_world_size(), env.local_rank, "existing"
-        )
+        return LaunchEnv(torch.distributed.get_rank(), torch.distributed.get_world_size(), env.local_rank, "existing")
     timeout = datetime.timedelta(minutes=cfg.dist.distributed_timeout_minutes)
     return world.create_process_group(env, cfg.dist.effective_backend, timeout)
 
 
-def initialize_model_parallel(cfg: "ConfigContainer", world: "World") -> None:
+def initialize_model_parallel(cfg: ConfigContainer, world: World) -> None:
     """megatron-core's parallel groups, sized from ``cfg.model`` (the single owner)."""
     m = cfg.model
     parallel_state.initialize_model_parallel(
@@ -92,12 +88,11 @@ def initialize_model_parallel(cfg: "ConfigContainer", world: "World") -> None:
     got = parallel_state.get_expert_model_parallel_world_size()
     if got != m.expert_model_parallel_size:  # defensive: the two owners must never disagree
         raise RuntimeError(
-            f"expert-parallel group has {got} ranks but model.expert_model_parallel_size="
-            f"{m.expert_model_parallel_size}"
+            f"expert-parallel group has {got} ranks but model.expert_model_parallel_size={m.expert_model_parallel_size}"
         )
 
 
-def set_seeds(cfg: "ConfigContainer", platform: Optional[Platform] = None) -> None:
+def set_seeds(cfg: ConfigContainer, platform: Platform | None = None) -> None:
     """Seed Python, numpy, torch and megatron's model-parallel RNG tracker.
 
     The pipeline rank offsets the seed (different layers per stage); data-parallel ranks share it
@@ -111,7 +106,7 @@ def set_seeds(cfg: "ConfigContainer", platform: Optional[Platform] = None) -> No
     (platform or select_platform(cfg)).seed_model_parallel(seed)
 
 
-def teardown(world: "World") -> None:
+def teardown(world: World) -> None:
     """Destroy megatron's parallel groups and the default process group, and end ``world``."""
     parallel_state.destroy_model_parallel()
     if torch.distributed.is_initialized():

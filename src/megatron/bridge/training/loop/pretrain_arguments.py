@@ -13,7 +13,8 @@ naming the argument and what to do instead, before any process group, CUDA call 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.utils.error_types import ArgumentError, Violation
 
@@ -29,43 +30,51 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else f"<{type(value).__name__}>"
 
 
-def _config_problem(config: Any, cfg: Any) -> Optional[Violation]:
+def _config_problem(config: Any, cfg: Any) -> Violation | None:
     """Why the config arguments cannot be used, or ``None``."""
     from megatron.bridge.training.config import ConfigContainer
 
     if config is not None and cfg is not None:
         return Violation(
-            "pretrain-one-config", ("config", "cfg"), (_shown(config), _shown(cfg)),
+            "pretrain-one-config",
+            ("config", "cfg"),
+            (_shown(config), _shown(cfg)),
             "pretrain() was given the configuration twice (cfg is this package's older name of config)",
             "pass it once: pretrain(config=cfg, forward_step_func=...)",
         )
     given = config if config is not None else cfg
     if not isinstance(given, ConfigContainer):
         return Violation(
-            "pretrain-config-is-container", ("config",), (_shown(given),),
+            "pretrain-config-is-container",
+            ("config",),
+            (_shown(given),),
             "pretrain() trains a ConfigContainer (from a recipe or built by hand)",
             "pass one: cfg = qwen3_moe_tiny_pretrain_config(); pretrain(config=cfg, forward_step_func=...)",
         )
     return None
 
 
-def _forward_step_problem(forward_step_func: Any) -> Optional[Violation]:
+def _forward_step_problem(forward_step_func: Any) -> Violation | None:
     """Why ``forward_step_func`` cannot be used, or ``None`` (``None`` means the GPT forward step)."""
     if forward_step_func is None or callable(forward_step_func):
         return None
     return Violation(
-        "pretrain-forward-step-callable", ("forward_step_func",), (_shown(forward_step_func),),
+        "pretrain-forward-step-callable",
+        ("forward_step_func",),
+        (_shown(forward_step_func),),
         "the forward step must be a function (or an object with __call__) the schedule can call",
         "pass a function such as megatron.bridge.training.gpt_step.forward_step, or leave it out for that one",
     )
 
 
-def _callbacks_problem(callbacks: Any) -> Optional[Violation]:
+def _callbacks_problem(callbacks: Any) -> Violation | None:
     """Why ``callbacks`` cannot be used, or ``None`` for no callbacks (``None`` or an empty list)."""
     if callbacks is None or (isinstance(callbacks, (list, tuple)) and not callbacks):
         return None
     return Violation(
-        "pretrain-callbacks-not-supported", ("callbacks",), (_shown(callbacks),),
+        "pretrain-callbacks-not-supported",
+        ("callbacks",),
+        (_shown(callbacks),),
         "Megatron-Bridge's training callbacks are not called by this training loop, so they would never run",
         "leave callbacks out; do per-step work in the forward step (a forward step taking state first "
         "gets state.cfg and state.train_state), and read the run's summary.json (losses, step times) "
@@ -75,7 +84,7 @@ def _callbacks_problem(callbacks: Any) -> Optional[Violation]:
 
 def checked_pretrain_arguments(
     config: Any, cfg: Any, forward_step_func: Any, callbacks: Any
-) -> tuple["ConfigContainer", Optional[Callable[..., Any]]]:
+) -> tuple[ConfigContainer, Callable[..., Any] | None]:
     """The configuration and forward step ``pretrain`` was given; every unusable argument is listed
     in one :class:`ArgumentError`."""
     problems = [

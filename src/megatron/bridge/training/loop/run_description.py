@@ -4,7 +4,7 @@ facts that ``summary.json`` records (read from the built model and the resolved 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import torch
 from megatron.core import parallel_state as ps
@@ -19,12 +19,16 @@ if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
 
-def log_dir_of(resolved: "ConfigContainer") -> str:
+def log_dir_of(resolved: ConfigContainer) -> str:
     return resolved.logger.log_dir or default_log_dir()
 
 
 def startup_lines(
-    resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, num_microbatches: int, verbose: bool,
+    resolved: ConfigContainer,
+    report: Any,
+    env: initialize.LaunchEnv,
+    num_microbatches: int,
+    verbose: bool,
     cuda_graph: str,
 ) -> list[str]:
     m = resolved.model
@@ -50,7 +54,7 @@ def startup_lines(
     ]
 
 
-def parallel_layout(resolved: "ConfigContainer") -> dict[str, Any]:
+def parallel_layout(resolved: ConfigContainer) -> dict[str, Any]:
     """The layout and batch shape for ``summary.json`` (the sizes are those a checkpoint records)."""
     return dict(
         checkpoint_layout(resolved, ps.get_data_parallel_world_size()),
@@ -60,7 +64,7 @@ def parallel_layout(resolved: "ConfigContainer") -> dict[str, Any]:
     )
 
 
-def moe_token_dispatch(resolved: "ConfigContainer", model: list) -> list[dict[str, Any]]:
+def moe_token_dispatch(resolved: ConfigContainer, model: list) -> list[dict[str, Any]]:
     """The token dispatchers the torch-native MoE layers of ``model`` chose, and why."""
     if resolved.model.resolved_layer_spec != "torch_native":
         return []
@@ -71,18 +75,20 @@ def moe_token_dispatch(resolved: "ConfigContainer", model: list) -> list[dict[st
     return [dict(c.to_dict(), description=c.describe()) for c in dispatch_choices(model)]
 
 
-def wgrad_accumulation(resolved: "ConfigContainer", model: list) -> dict[str, Optional[dict[str, Any]]]:
+def wgrad_accumulation(resolved: ConfigContainer, model: list) -> dict[str, dict[str, Any] | None]:
     """How the torch-native layers' weight gradients reach DDP's main_grad, per kind of layer (read
     from the built parameters; ``None`` for a model of megatron's layer specs)."""
     if resolved.model.resolved_layer_spec != "torch_native":
         return {"expert_wgrad_accumulation": None, "dense_wgrad_accumulation": None}
     from megatron.bridge.models.torch_native.experts import expert_wgrad_accumulation  # as in moe_token_dispatch
 
-    return {"expert_wgrad_accumulation": expert_wgrad_accumulation(model),
-            "dense_wgrad_accumulation": dense_wgrad_accumulation(model)}
+    return {
+        "expert_wgrad_accumulation": expert_wgrad_accumulation(model),
+        "dense_wgrad_accumulation": dense_wgrad_accumulation(model),
+    }
 
 
-def resolved_config_text(effective: "ConfigContainer") -> str:
+def resolved_config_text(effective: ConfigContainer) -> str:
     """The effective config as YAML (the finalized one holds megatron's callables and cannot be written)."""
     try:
         return effective.to_yaml()

@@ -22,7 +22,6 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Optional
 
 from megatron.bridge.training.config_stages.facts.lock_holder import (
     LOCK_NAME,
@@ -42,14 +41,14 @@ class SaveDirInUseError(RuntimeError):
 class SaveDirLock:
     """The lock of one run (taken by rank 0 only)."""
 
-    def __init__(self, save_dir: "str | os.PathLike") -> None:
+    def __init__(self, save_dir: str | os.PathLike) -> None:
         self.path = Path(save_dir) / LOCK_NAME
         self.run_id = uuid.uuid4().hex[:12]
         self.held = False
-        self.note: Optional[str] = None
-        self._fd: Optional[int] = None
+        self.note: str | None = None
+        self._fd: int | None = None
 
-    def acquire(self) -> "SaveDirLock":
+    def acquire(self) -> SaveDirLock:
         """Take the lock; a gone holder's lock is taken over (``note`` says so); a live one raises."""
         make_dir(self.path.parent, parents=True)
         problem = lock_problem(self.path.parent)

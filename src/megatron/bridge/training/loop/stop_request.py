@@ -21,7 +21,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
 RELAYED_SIGNALS: tuple[signal.Signals, ...] = (*STOP_SIGNALS, signal.SIGHUP)
@@ -52,7 +53,7 @@ class StopRequest:
     """Records the first stop signal this process receives; reused by every ``pretrain`` call."""
 
     def __init__(self) -> None:
-        self.signum: Optional[int] = None
+        self.signum: int | None = None
         self._previous: dict[int, Any] = {}
 
     @property
@@ -88,7 +89,7 @@ class StopRequest:
         self._previous.clear()
 
     @contextlib.contextmanager
-    def listening(self) -> Iterator["StopRequest"]:
+    def listening(self) -> Iterator[StopRequest]:
         """Catch stop signals inside the block; leaves handlers installed by someone else alone."""
         owned = not self._previous and self.install()
         try:

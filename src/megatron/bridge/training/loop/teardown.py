@@ -24,7 +24,7 @@ garbage collection.
 from __future__ import annotations
 
 import gc
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

@@ -15,8 +15,9 @@ import gc
 import os
 import signal
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any
 
 import torch
 from megatron.core import parallel_state
@@ -75,7 +76,7 @@ class PretrainResult:
     state: TrainState
     losses: list[float] = field(default_factory=list)
     step_times_s: list[float] = field(default_factory=list)
-    summary_path: Optional[str] = None
+    summary_path: str | None = None
     stopped_by_signal: bool = False
 
 
@@ -87,7 +88,7 @@ def _say(line: str) -> None:
     print(f"[megatron.bridge] {line}", flush=True)
 
 
-def _stop_reason(limit_min: Optional[float], start: float, device: torch.device) -> Optional[str]:
+def _stop_reason(limit_min: float | None, start: float, device: torch.device) -> str | None:
     """Why all ranks must stop now (a stop signal or ``train.exit_duration_in_mins`` on any rank),
     else ``None``. One small all-reduce per step, so every rank stops at the same iteration."""
 
@@ -139,8 +140,15 @@ class Trainer:
     """
 
     def __init__(
-        self, resolved: "ConfigContainer", report: Any, env: initialize.LaunchEnv, platform: Platform,
-        world: "World", forward_step_func: Callable[..., Any], verbose: bool, config_text: str,
+        self,
+        resolved: ConfigContainer,
+        report: Any,
+        env: initialize.LaunchEnv,
+        platform: Platform,
+        world: World,
+        forward_step_func: Callable[..., Any],
+        verbose: bool,
+        config_text: str,
     ) -> None:
 
         self.resolved, self.report, self.env, self.platform, self.world = resolved, report, env, platform, world
@@ -157,7 +165,7 @@ class Trainer:
         self.parked_steps: list[dict[str, float]] = []  # profiling.gpu_park_steps, as measured
         self.graph = IterationGraph.from_model_config(resolved.model, resolved.ddp.check_for_nan_in_grad, world)
         self.save_lock, self.run_id = None, "run"  # hold_save_dir()
-        self.grad_norm: Optional[float] = None  # the last step's gradient norm, as logged
+        self.grad_norm: float | None = None  # the last step's gradient norm, as logged
 
     def run(self) -> PretrainResult:
         """Every step of the run, in order; the result this rank returns."""
@@ -200,8 +208,14 @@ class Trainer:
         if self.is_logging_rank:
             for line in self.world.startup_lines():
                 _say(line)
-            for line in startup_lines(self.resolved, self.report, self.env, self.num_microbatches, self.verbose,
-                                       cuda_graph=self.graph.describe()):
+            for line in startup_lines(
+                self.resolved,
+                self.report,
+                self.env,
+                self.num_microbatches,
+                self.verbose,
+                cuda_graph=self.graph.describe(),
+            ):
                 _say(line)
 
     def build(self) -> None:
@@ -229,7 +243,6 @@ class Trainer:
 
     def resume(self) -> None:
         """The checkpoint's state (if any), then data, metrics, profiler and timer from there."""
-
 
         self.state = self.saver.resume(self.is_logging_rank)
         self.data_iterator = self._data_iterator()
@@ -266,12 +279,13 @@ class Trainer:
             is_logging_rank=self.is_logging_rank,
             tensorboard=self.resolved.logger.tensorboard or self.resolved.logger.tensorboard_dir is not None,
             tensorboard_dir=self.resolved.logger.tensorboard_dir,
-            start_iteration=self.state.iteration, verbose=self.verbose,
+            start_iteration=self.state.iteration,
+            verbose=self.verbose,
         )
 
     # ---------------------------------------------------------------- train
 
-    def train(self) -> Optional[str]:
+    def train(self) -> str | None:
         """Steps until ``train.train_iters`` or a stop; the stop's reason (``None``: ran to the end)."""
 
         t = self.resolved.train
@@ -368,8 +382,9 @@ class Trainer:
         """Save the current state, unless it is on disk already; a state with a NaN or Inf parameter
         is never saved: the run stops instead (``finite_state.py``), the previous checkpoint stays."""
         if self.resolved.checkpoint.save and self.state.iteration != self.saver.persisted_iteration:
-            raise_for_nonfinite_parameters(self.model, self.state.iteration, self.device, self.saver.path,
-                                           self.grad_norm)
+            raise_for_nonfinite_parameters(
+                self.model, self.state.iteration, self.device, self.saver.path, self.grad_norm
+            )
         self.saver.save(self.state)
 
     def save_on_exit(self) -> None:
@@ -377,7 +392,7 @@ class Trainer:
         if self.saver.exit_due(self.state.iteration):
             self.save()
 
-    def finish(self, reason: Optional[str], nonfinite: Optional[NonFiniteStateError] = None) -> PretrainResult:
+    def finish(self, reason: str | None, nonfinite: NonFiniteStateError | None = None) -> PretrainResult:
         """``summary.json`` (logging rank), a barrier, and what ``pretrain`` returns; ``nonfinite``:
         the NaN or Inf that stopped the run, recorded as ``stopped_on_nonfinite``."""
 

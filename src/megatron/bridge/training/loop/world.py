@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -45,7 +45,7 @@ class World(CapturedCollectives, Protocol):
     def size_to_validate(self, launched_world_size: int) -> int:
         """The world size the configuration is validated for."""
 
-    def create_process_group(self, env: "LaunchEnv", backend: str, timeout: timedelta) -> "LaunchEnv":
+    def create_process_group(self, env: LaunchEnv, backend: str, timeout: timedelta) -> LaunchEnv:
         """Make the default process group; the rank and size this process has in it."""
 
     def join_process_group(self) -> None:
@@ -69,7 +69,7 @@ class World(CapturedCollectives, Protocol):
     def end_step(self, iteration: int) -> dict[str, float]:
         """A step ended: scalars it adds to the step's line."""
 
-    def summary(self) -> Optional[dict[str, Any]]:
+    def summary(self) -> dict[str, Any] | None:
         """``summary.json``'s ``emulation`` section (``None`` for a real world)."""
 
 
@@ -84,11 +84,10 @@ class RealWorld:
     def size_to_validate(self, launched_world_size: int) -> int:
         return launched_world_size
 
-    def create_process_group(self, env: "LaunchEnv", backend: str, timeout: timedelta) -> "LaunchEnv":
+    def create_process_group(self, env: LaunchEnv, backend: str, timeout: timedelta) -> LaunchEnv:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29500")
-        torch.distributed.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size,
-                                             timeout=timeout)
+        torch.distributed.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size, timeout=timeout)
         return env
 
     def join_process_group(self) -> None:
@@ -112,7 +111,7 @@ class RealWorld:
     def end_step(self, iteration: int) -> dict[str, float]:
         return {}
 
-    def summary(self) -> Optional[dict[str, Any]]:
+    def summary(self) -> dict[str, Any] | None:
         return None
 
     def graph_replayed(self) -> None:
@@ -122,7 +121,7 @@ class RealWorld:
         return None
 
 
-def world_for(cfg: "ConfigContainer") -> World:
+def world_for(cfg: ConfigContainer) -> World:
     """The world ``cfg`` trains in: emulated when ``emulation.world_size`` is set, else real."""
     e = cfg.emulation
     if e.world_size is None:  # emulation.enabled is False

@@ -25,8 +25,9 @@ rather than a figure that would be silently wrong.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class FlopsPerToken:
         return {**asdict(self), "forward": self.forward, "forward_backward": self.forward_backward}
 
 
-def moe_layer_pattern(num_layers: int, num_experts: Any, moe_layer_freq: Union[int, Sequence[int]]) -> list[bool]:
+def moe_layer_pattern(num_layers: int, num_experts: Any, moe_layer_freq: int | Sequence[int]) -> list[bool]:
     """Which layers are MoE layers (megatron's ``moe_layer_freq``: every k-th layer, or a 0/1 list)."""
     if not num_experts:
         return [False] * num_layers
@@ -108,13 +109,13 @@ def flops_per_token(model: Any, seq_length: int | None = None, causal: bool = Tr
     )
 
 
-def uncounted_attention(model: Any) -> Optional[str]:
+def uncounted_attention(model: Any) -> str | None:
     """What in ``model``'s attention the formula does not count (``None``: everything is counted)."""
     found = [what for field, what in UNCOUNTED_ATTENTION if getattr(model, field, None)]
     return ", ".join(found) or None
 
 
-def flops_per_step(model: Any, global_batch_size: int, seq_length: int | None = None) -> Optional[float]:
+def flops_per_step(model: Any, global_batch_size: int, seq_length: int | None = None) -> float | None:
     """Model FLOPs (forward + backward) of one optimizer step over the whole global batch; ``None``
     (said once in the log) for an attention the formula does not count."""
     why = uncounted_attention(model)

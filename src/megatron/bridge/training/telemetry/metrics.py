@@ -16,9 +16,10 @@ import secrets
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import torch
 from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
@@ -32,7 +33,7 @@ from megatron.bridge.utils.plots import MISSING as PLOTS_MISSING
 from megatron.bridge.utils.quiet import MARK_ENV, mark_lines
 
 
-def steady_state_stats(step_times_s: Sequence[float], window: Optional[Sequence[int]]) -> dict[str, Any]:
+def steady_state_stats(step_times_s: Sequence[float], window: Sequence[int] | None) -> dict[str, Any]:
     """Mean/min/max/stdev step time over iterations ``window[0]..window[1]`` (1-based, inclusive).
 
     When the run is shorter than the window, the window is clipped to the iterations that exist;
@@ -42,8 +43,11 @@ def steady_state_stats(step_times_s: Sequence[float], window: Optional[Sequence[
     n = len(step_times_s)
     if n == 0 or window is None:
         return dict(
-            steady_state_window=list(window) if window is not None else None, steady_state_mean_s=None,
-            steady_state_min_s=None, steady_state_max_s=None, steady_state_stdev_s=None,
+            steady_state_window=list(window) if window is not None else None,
+            steady_state_mean_s=None,
+            steady_state_min_s=None,
+            steady_state_max_s=None,
+            steady_state_stdev_s=None,
         )
     first, last = int(window[0]), int(window[1])
     if first < 1 or last < first:
@@ -61,8 +65,9 @@ def steady_state_stats(step_times_s: Sequence[float], window: Optional[Sequence[
     )
 
 
-def throughput(step_time_s: Optional[float], tokens_per_step: int, flops_per_step: Optional[float],
-               world_size: int) -> dict[str, Optional[float]]:
+def throughput(
+    step_time_s: float | None, tokens_per_step: int, flops_per_step: float | None, world_size: int
+) -> dict[str, float | None]:
     """Tokens/s for the whole job and model TFLOP/s per GPU at ``step_time_s`` (``None`` where the
     model's FLOPs are not counted, ``telemetry.flops``)."""
     if not step_time_s or step_time_s <= 0:
@@ -126,16 +131,16 @@ class MetricsLogger:
 
     train_iters: int
     tokens_per_step: int
-    flops_per_step: Optional[float]
+    flops_per_step: float | None
     world_size: int
     device: str
     log_dir: str
-    steady_state_window: Optional[SteadyWindow] = None
+    steady_state_window: SteadyWindow | None = None
     """How the steady-state window is chosen (``None``: automatically, ``steady_window.py``)."""
     log_interval: int = 1
     is_logging_rank: bool = True
     tensorboard: bool = False
-    tensorboard_dir: Optional[str] = None
+    tensorboard_dir: str | None = None
     """Where TensorBoard events go; ``None``: ``log_dir``."""
     start_iteration: int = 0
     verbose: bool = False
@@ -179,8 +184,13 @@ class MetricsLogger:
         if iteration % self.log_interval and iteration != self.train_iters:
             return
         step = StepNumbers(
-            iteration=iteration, train_iters=self.train_iters, loss=loss, step_time_s=step_time_s,
-            tokens_per_s=tp["tokens_per_s"], tflops_per_gpu=tp["tflops_per_gpu"], peak_memory_gib=mem,
+            iteration=iteration,
+            train_iters=self.train_iters,
+            loss=loss,
+            step_time_s=step_time_s,
+            tokens_per_s=tp["tokens_per_s"],
+            tflops_per_gpu=tp["tflops_per_gpu"],
+            peak_memory_gib=mem,
             eta_s=statistics.fmean(self.step_times_s[-5:]) * (self.train_iters - iteration),
             on_gpu=self.device != "cpu",
         )
@@ -217,7 +227,7 @@ class MetricsLogger:
             **context,
         }
 
-    def write_summary(self, **context: Any) -> Optional[Path]:
+    def write_summary(self, **context: Any) -> Path | None:
         """Write ``summary.json`` and the loss curve in ``log_dir`` (logging rank only); returns the
         summary's path, or ``None`` when it could not be written (said in one line: the run's result
         is not lost for that). Ends with the Results table unless the harness prints it."""
@@ -240,12 +250,19 @@ class MetricsLogger:
             print(format_results(summary, path), file=sys.stdout, flush=True)
         return path
 
-    def _loss_plot(self, summary: dict[str, Any]) -> Optional[str]:
+    def _loss_plot(self, summary: dict[str, Any]) -> str | None:
         """Draw ``loss.png`` and say where, or say in one line why there is none."""
         title = f"{Path(self.log_dir).name} ({run_kind(summary)})"
         try:
-            plot = write_loss_plot(self.log_dir, self.iterations, self.losses, self.step_times_s,
-                                   summary.get("steady_state_window"), title, self.extra.get("modeled_comm_s", ()))
+            plot = write_loss_plot(
+                self.log_dir,
+                self.iterations,
+                self.losses,
+                self.step_times_s,
+                summary.get("steady_state_window"),
+                title,
+                self.extra.get("modeled_comm_s", ()),
+            )
         except OSError as exc:
             print(f"no loss curve: {describe_os_error(exc, Path(self.log_dir))}", flush=True)
             return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,14 +23,14 @@ if TYPE_CHECKING:
 class StepProfiler:
     """Starts before step ``profile_step_start`` and stops after ``profile_step_end`` (1-based)."""
 
-    def __init__(self, cfg: "ProfilingConfig", rank: int, log_dir: str, use_cuda: bool) -> None:
+    def __init__(self, cfg: ProfilingConfig, rank: int, log_dir: str, use_cuda: bool) -> None:
         self.cfg = cfg
         self.rank = rank
         self.active = cfg.use_pytorch_profiler and rank in cfg.profile_ranks
-        self.trace_path = Path(log_dir) / "profile" / (
-            f"trace_rank{rank}_steps{cfg.profile_step_start}-{cfg.profile_step_end}.json"
+        self.trace_path = (
+            Path(log_dir) / "profile" / (f"trace_rank{rank}_steps{cfg.profile_step_start}-{cfg.profile_step_end}.json")
         )
-        self._profiler: Optional[torch.profiler.profile] = None
+        self._profiler: torch.profiler.profile | None = None
         activities = [torch.profiler.ProfilerActivity.CPU]
         if use_cuda:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -48,7 +48,7 @@ class StepProfiler:
             )
             self._profiler.start()
 
-    def after_step(self, iteration: int) -> Optional[Path]:
+    def after_step(self, iteration: int) -> Path | None:
         """Call with the 1-based number of the step that just ended; returns the trace when written."""
         if self._profiler is None:
             return None
@@ -57,7 +57,7 @@ class StepProfiler:
             return self.close()
         return None
 
-    def close(self) -> Optional[Path]:
+    def close(self) -> Path | None:
         """Stop a running capture (also when training ends early) and write the trace."""
         if self._profiler is None:
             return None

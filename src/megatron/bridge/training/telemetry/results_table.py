@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from megatron.bridge.training.telemetry.steady_window import SteadyWindow
 
@@ -43,12 +44,12 @@ class SteadyState:
     min_s: float
     max_s: float
     count: int
-    first_iteration: Optional[int] = None
-    last_iteration: Optional[int] = None
-    rule: Optional[str] = None
+    first_iteration: int | None = None
+    last_iteration: int | None = None
+    rule: str | None = None
     """How the window was chosen (``summary.json``'s ``steady_state_rule``)."""
-    modeled_comm_s: Optional[float] = None
-    emulated_network: Optional[str] = None
+    modeled_comm_s: float | None = None
+    emulated_network: str | None = None
 
     def label(self) -> str:
         """``iterations 8-13 (steps 3-8 of this run)`` after a resume, ``iterations 3-8`` otherwise."""
@@ -62,7 +63,7 @@ class SteadyState:
 
 def steady_state(
     step_times_s: Sequence[float], window: Sequence[int], iterations: Sequence[int] = ()
-) -> Optional[SteadyState]:
+) -> SteadyState | None:
     """Statistics over the window, clipped to the steps that ran; ``None`` when none did.
 
     ``iterations`` (the summary's iteration numbers, one per step) labels the window.
@@ -73,18 +74,23 @@ def steady_state(
         return None
     last = first + len(chosen) - 1
     return SteadyState(
-        first, last, statistics.fmean(chosen), min(chosen), max(chosen), len(chosen),
+        first,
+        last,
+        statistics.fmean(chosen),
+        min(chosen),
+        max(chosen),
+        len(chosen),
         *_iteration_numbers(iterations, first, last),
     )
 
 
-def _iteration_numbers(iterations: Sequence[int], first: int, last: int) -> tuple[Optional[int], Optional[int]]:
+def _iteration_numbers(iterations: Sequence[int], first: int, last: int) -> tuple[int | None, int | None]:
     if len(iterations) < last:
         return None, None
     return int(iterations[first - 1]), int(iterations[last - 1])
 
 
-def summary_steady_state(summary: dict[str, Any], window: Optional[Sequence[int]] = None) -> Optional[SteadyState]:
+def summary_steady_state(summary: dict[str, Any], window: Sequence[int] | None = None) -> SteadyState | None:
     """The summary's own steady-state numbers for its window, or recomputed for ``window`` (the
     harness's ``--steady_state_window``); with the emulated run's modeled communication."""
     written = summary.get("steady_state_window")
@@ -101,10 +107,13 @@ def summary_steady_state(summary: dict[str, Any], window: Optional[Sequence[int]
         count = len(times[window[0] - 1 : window[1]]) or (window[1] - window[0] + 1)
         last = window[0] + count - 1
         stats = SteadyState(
-            window[0], last, float(summary["steady_state_mean_s"]),
+            window[0],
+            last,
+            float(summary["steady_state_mean_s"]),
             float(summary.get("steady_state_min_s", summary["steady_state_mean_s"])),
             float(summary.get("steady_state_max_s", summary["steady_state_mean_s"])),
-            count, *_iteration_numbers(iterations, window[0], last),
+            count,
+            *_iteration_numbers(iterations, window[0], last),
         )
     else:
         stats = steady_state(times, window, iterations)
@@ -120,7 +129,7 @@ def _modeled(summary: dict[str, Any], first: int, last: int) -> dict[str, Any]:
     return dict(emulated_network=network, modeled_comm_s=statistics.fmean(comm) if network and comm else None)
 
 
-def emulated_network(summary: dict[str, Any]) -> Optional[str]:
+def emulated_network(summary: dict[str, Any]) -> str | None:
     """The network preset an emulated run's communication was modeled by; ``None`` for a real run."""
     emulation = summary.get("emulation") or {}
     return (emulation.get("network") or {}).get("name") if emulation.get("emulated") else None
@@ -130,7 +139,7 @@ def _fmt(value: Any, pattern: str) -> str:
     return "n/a" if value is None else pattern.format(value)
 
 
-def _tflops(value: Optional[float]) -> str:
+def _tflops(value: float | None) -> str:
     """One decimal for real rates, two significant digits below one (a tiny model's 0.0021)."""
     return "n/a" if value is None else f"{value:.1f}" if value >= 1 else f"{value:.2g}"
 
@@ -152,8 +161,10 @@ def _run_row(summary: dict[str, Any]) -> str:
     if network is not None:
         rank = (summary.get("emulation") or {}).get("rank", 0)
         where = "on the CPU" if cpu else "on one GPU"
-        return (f"EMULATED world of {world} GPUs on network '{network}': one process {where} ran rank {rank}'s "
-                "work; communication times MODELED, not measured" + ("; CPU compute: never quote" if cpu else ""))
+        return (
+            f"EMULATED world of {world} GPUs on network '{network}': one process {where} ran rank {rank}'s "
+            "work; communication times MODELED, not measured" + ("; CPU compute: never quote" if cpu else "")
+        )
     if cpu:
         return f"CPU smoke mode, {world} process(es) over gloo: correctness only, never quote these times"
     return f"measured on {world} GPU(s)"
@@ -166,8 +177,10 @@ def _rate_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     cpu_tflops = f"n/a: CPU smoke mode ({_tflops(tflops)} per process, on the CPU)"
     if emulated_network(summary) is not None:
         return [
-            ("tokens/s (whole world)", _fmt(tokens, "{:,.0f}") + f": the emulated world of {world}, from one "
-             "process's step time (modeled)"),
+            (
+                "tokens/s (whole world)",
+                _fmt(tokens, "{:,.0f}") + f": the emulated world of {world}, from one process's step time (modeled)",
+            ),
             ("TFLOP/s/GPU", cpu_tflops if cpu else f"{_tflops(tflops)} (modeled: at the emulated step time)"),
         ]
     if cpu:
@@ -175,7 +188,7 @@ def _rate_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     return [("tokens/s", _fmt(tokens, "{:,.0f}")), ("TFLOP/s/GPU", _tflops(tflops))]
 
 
-def _comm_rows(summary: dict[str, Any], ss: Optional[SteadyState]) -> list[tuple[str, str]]:
+def _comm_rows(summary: dict[str, Any], ss: SteadyState | None) -> list[tuple[str, str]]:
     """An emulated run's modeled communication: per step over the window, and the run's total."""
     comm = (summary.get("extra") or {}).get("modeled_comm_s") or []
     if emulated_network(summary) is None or not comm:
@@ -184,7 +197,7 @@ def _comm_rows(summary: dict[str, Any], ss: Optional[SteadyState]) -> list[tuple
     return [("modeled communication", f"{per_step} ({sum(comm):.4f} s over the run's {len(comm)} steps)")]
 
 
-def format_results(summary: dict[str, Any], summary_path: "str | Path", window: Optional[Sequence[int]] = None) -> str:
+def format_results(summary: dict[str, Any], summary_path: str | Path, window: Sequence[int] | None = None) -> str:
     """The small table printed at the end of a run."""
     ss = summary_steady_state(summary, window)
     if ss is None:
@@ -203,8 +216,10 @@ def format_results(summary: dict[str, Any], summary_path: "str | Path", window: 
         *_comm_rows(summary, ss),
         *_rate_rows(summary),
         ("peak memory", _fmt(summary.get("peak_memory_gib"), "{:.2f} GiB") + (" (process RSS)" if cpu else "")),
-        ("world size", _fmt(summary.get("world_size"), "{}")
-         + (" (emulated: 1 process)" if emulated_network(summary) else "")),
+        (
+            "world size",
+            _fmt(summary.get("world_size"), "{}") + (" (emulated: 1 process)" if emulated_network(summary) else ""),
+        ),
         ("final loss", _fmt((summary.get("losses") or [None])[-1], "{:.4f}")),
         ("summary", str(summary_path)),
     ]

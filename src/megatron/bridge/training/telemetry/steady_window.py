@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 WARMUP_MIN_STEPS = 2
 WARMUP_FRACTION = 0.10
@@ -27,8 +27,9 @@ def warmup_steps(steps: int) -> int:
     return max(WARMUP_MIN_STEPS, math.ceil(WARMUP_FRACTION * steps))
 
 
-def automatic_window(steps: int, *, capture_step: Optional[int] = None,
-                     first_parked_step: Optional[int] = None) -> Optional[tuple[int, int]]:
+def automatic_window(
+    steps: int, *, capture_step: int | None = None, first_parked_step: int | None = None
+) -> tuple[int, int] | None:
     """``(first, last)`` of a run of ``steps`` steps; ``None`` when no step is left to time."""
     first = max(warmup_steps(steps), capture_step or 0) + 1
     last = steps if first_parked_step is None else min(steps, first_parked_step - 1)
@@ -40,13 +41,13 @@ class SteadyWindow:
     """How a run chooses its window: ``set_to`` (``logger.steady_state_window``), else automatically
     around the steps known to be slow (both in steps of this run)."""
 
-    set_to: Optional[tuple[int, int]] = None
-    capture_step: Optional[int] = None
+    set_to: tuple[int, int] | None = None
+    capture_step: int | None = None
     """The step that captures the whole-iteration CUDA graph."""
-    first_parked_step: Optional[int] = None
+    first_parked_step: int | None = None
 
     @classmethod
-    def of_run(cls, cfg: Any, start_iteration: int = 0) -> "SteadyWindow":
+    def of_run(cls, cfg: Any, start_iteration: int = 0) -> SteadyWindow:
         """The window of a run of ``cfg`` that starts after ``start_iteration`` (a resume)."""
         window = cfg.logger.steady_state_window
         graphed = cfg.model.cuda_graph_impl == "full_iteration"
@@ -57,7 +58,7 @@ class SteadyWindow:
             first_parked_step=min(parked) if parked else None,
         )
 
-    def choose(self, steps: int) -> tuple[Optional[tuple[int, int]], str]:
+    def choose(self, steps: int) -> tuple[tuple[int, int] | None, str]:
         """The window for a run that took ``steps`` steps (``None`` before any step) and how it was
         chosen, in words for ``summary.json`` and the Results table."""
         if self.set_to is not None:
@@ -72,5 +73,7 @@ class SteadyWindow:
             also.append(f"the CUDA-graph capture (step {self.capture_step})")
         if self.first_parked_step is not None and self.first_parked_step <= steps:
             also.append(f"the parked steps (from step {self.first_parked_step})")
-        return window, (f"automatic: the first {warmup_steps(steps)} of {steps} steps left out as warm-up "
-                        f"({RULE_TEXT})" + (f"; also {' and '.join(also)}" if also else ""))
+        return window, (
+            f"automatic: the first {warmup_steps(steps)} of {steps} steps left out as warm-up "
+            f"({RULE_TEXT})" + (f"; also {' and '.join(also)}" if also else "")
+        )

@@ -11,7 +11,6 @@ console leaves out and ``launch.log`` keeps. ``summary.json`` holds every value 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 MODELED_COMM = "modeled_comm_s"
 """The scalar of an emulated run's modeled communication in a step (seconds)."""
@@ -25,8 +24,8 @@ class StepNumbers:
     train_iters: int
     loss: float
     step_time_s: float
-    tokens_per_s: Optional[float]
-    tflops_per_gpu: Optional[float]
+    tokens_per_s: float | None
+    tflops_per_gpu: float | None
     peak_memory_gib: float
     eta_s: float
     on_gpu: bool
@@ -37,7 +36,7 @@ def _seconds(value: float) -> str:
     return f"{value * 1e3:.1f} ms" if value < 10 else f"{value:.1f} s"
 
 
-def _count(value: Optional[float]) -> str:
+def _count(value: float | None) -> str:
     if value is None:
         return "n/a"
     return f"{value / 1e6:.1f}M" if value >= 1e7 else f"{value:,.0f}"
@@ -53,7 +52,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def _tflops(value: Optional[float]) -> str:
+def _tflops(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}" if value >= 1 else f"{value:.3f}"
 
 

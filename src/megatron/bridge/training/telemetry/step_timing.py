@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
@@ -66,9 +66,9 @@ class StepTimer:
     def __init__(self, use_cuda: bool) -> None:
         self.use_cuda = use_cuda and torch.cuda.is_available()
         self._events: list = []
-        self._park_events: Optional[tuple] = None
-        self._host_start: Optional[float] = None
-        self._host_fwd_bwd: Optional[float] = None
+        self._park_events: tuple | None = None
+        self._host_start: float | None = None
+        self._host_fwd_bwd: float | None = None
 
     def _mark(self) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)

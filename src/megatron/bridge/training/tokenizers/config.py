@@ -7,7 +7,7 @@ Defined here, under the module path Megatron-Bridge scripts import it from; it i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from megatron.bridge.utils.strict_fields import StrictFields
 
@@ -17,13 +17,13 @@ class TokenizerConfig(StrictFields):
     """Tokenizer. ``NullTokenizer`` needs no files: token ids are used as they are."""
 
     tokenizer_type: Literal["NullTokenizer", "HuggingFaceTokenizer"] = "NullTokenizer"
-    tokenizer_model: Optional[str] = None
+    tokenizer_model: str | None = None
     """Path or name of a Hugging Face tokenizer (only for ``HuggingFaceTokenizer``)."""
-    vocab_size: Optional[int] = None
+    vocab_size: int | None = None
     """Vocabulary of the ``NullTokenizer``; ``None`` uses ``model.vocab_size``. With
     ``model.vocab_size`` unset it is the model's vocabulary too (as in Megatron-Bridge); with both set
     it must not exceed the model's (rule ``tokenizer-vocab-fits-model``)."""
-    hf_tokenizer_kwargs: Optional[dict[str, Any]] = None
+    hf_tokenizer_kwargs: dict[str, Any] | None = None
     """Extra keyword arguments for the Hugging Face tokenizer (only for ``HuggingFaceTokenizer``)."""
 
 
@@ -31,7 +31,7 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def vocab_size_from_tokenizer(cfg: Any) -> Optional[int]:
+def vocab_size_from_tokenizer(cfg: Any) -> int | None:
     """The model's vocabulary when ``model.vocab_size`` is unset: the NullTokenizer's
     ``tokenizer.vocab_size`` (Megatron-Bridge takes the model's vocabulary from the tokenizer), else
     ``None``. A Hugging Face tokenizer's vocabulary is known only once it is loaded, too late for the

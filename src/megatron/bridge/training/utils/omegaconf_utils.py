@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 from megatron.bridge.training.config import ConfigContainer
 from megatron.bridge.training.config_stages.reading.hydra_overrides import (
@@ -40,8 +40,8 @@ from megatron.bridge.training.errors import ConfigFileNotFoundError, OverrideErr
 
 def process_config_with_overrides(
     cfg: ConfigContainer,
-    config_filepath: Optional[Union[str, Path]] = None,
-    cli_overrides: Optional[Sequence[str]] = None,
+    config_filepath: str | Path | None = None,
+    cli_overrides: Sequence[str] | None = None,
 ) -> ConfigContainer:
     """Apply a YAML file first, then dotted CLI overrides, to ``cfg`` itself, and return ``cfg``
     (Megatron-Bridge's behaviour). All or nothing: both layers are applied to a copy first, so when
@@ -66,7 +66,7 @@ def _take_fields(cfg: Any, updated: Any) -> None:
             setattr(cfg, f.name, value)
 
 
-def config_from_yaml(path: Union[str, Path]) -> ConfigContainer:
+def config_from_yaml(path: str | Path) -> ConfigContainer:
     """Rebuild a ``ConfigContainer`` from a YAML file written by :func:`config_to_yaml`
     (:class:`ConfigFileNotFoundError` when it is missing)."""
     return ConfigContainer.from_yaml(path)

@@ -68,8 +68,9 @@ def test_a_container_is_resolved_once_until_it_changes(ep_cfg, resolution_counte
     "rebuild",
     [
         lambda cfg: apply_overrides(cfg, ["comm_overlap.delay_wgrad_compute=false"]),
-        lambda cfg: dataclasses.replace(cfg, comm_overlap=dataclasses.replace(cfg.comm_overlap,
-                                                                              delay_wgrad_compute=False)),
+        lambda cfg: dataclasses.replace(
+            cfg, comm_overlap=dataclasses.replace(cfg.comm_overlap, delay_wgrad_compute=False)
+        ),
         lambda cfg: _owner_changed(copy.deepcopy(cfg)),
     ],
     ids=["override", "dataclasses-replace", "deepcopy"],

@@ -35,8 +35,12 @@ def _error_for(cfg, *overrides) -> OverrideError:
 
 @pytest.mark.parametrize(
     "recipe",
-    [qwen3_30b_a3b_pretrain_config, qwen3_30b_a3b_pretrain_8gpu_config,
-     qwen3_235b_a22b_pretrain_config, qwen3_moe_tiny_pretrain_config],
+    [
+        qwen3_30b_a3b_pretrain_config,
+        qwen3_30b_a3b_pretrain_8gpu_config,
+        qwen3_235b_a22b_pretrain_config,
+        qwen3_moe_tiny_pretrain_config,
+    ],
 )
 def test_yaml_round_trip_gives_an_equal_config(recipe, tmp_path):
     """Every setting loads back as written; the copies load as their owners give them."""
@@ -61,8 +65,12 @@ def test_saved_config_holds_owners_only(cfg, tmp_path, validated_first):
     data = yaml.safe_load(cfg.to_yaml())
     assert data["comm_overlap"]["overlap_moe_expert_parallel_comm"] is True
     assert data["mixed_precision"] == "bf16_mixed"
-    for section, name in (("model", "overlap_moe_expert_parallel_comm"), ("model", "bf16"),
-                          ("optimizer", "params_dtype"), ("ddp", "overlap_grad_reduce")):
+    for section, name in (
+        ("model", "overlap_moe_expert_parallel_comm"),
+        ("model", "bf16"),
+        ("optimizer", "params_dtype"),
+        ("ddp", "overlap_grad_reduce"),
+    ):
         assert name not in data[section], f"{section}.{name}"
     path = tmp_path / "cfg.yaml"
     path.write_text(cfg.to_yaml())
@@ -80,8 +88,10 @@ def test_copies_left_to_the_user_are_saved(cfg):
 
 
 def test_dtype_and_callable_survive_the_round_trip(cfg, tmp_path):
-    cfg = apply_overrides(cfg, ["model.activation_func=torch.nn.functional.gelu", "mixed_precision=null",
-                                "model.params_dtype=torch.bfloat16"])
+    cfg = apply_overrides(
+        cfg,
+        ["model.activation_func=torch.nn.functional.gelu", "mixed_precision=null", "model.params_dtype=torch.bfloat16"],
+    )
     path = tmp_path / "cfg.yaml"
     cfg.to_yaml(path)
     loaded = ConfigContainer.from_yaml(path)
@@ -166,8 +176,7 @@ def test_override_under_a_none_subconfig_builds_it(cfg):
 
 def test_all_errors_are_reported_at_once_and_input_is_unchanged(cfg):
     before = dataclasses.replace(cfg)
-    err = _error_for(cfg, "model.num_layers=abc", "train.micro_batch_size=1.5", "model.bogus=1",
-                     "train.train_iters=7")
+    err = _error_for(cfg, "model.num_layers=abc", "train.micro_batch_size=1.5", "model.bogus=1", "train.train_iters=7")
     assert len(err.violations) == 3
     assert isinstance(err, ValueError)
     assert cfg == before and cfg.train.train_iters == before.train.train_iters
@@ -190,8 +199,9 @@ def test_yaml_first_then_cli(cfg, tmp_path):
 
 def test_yaml_interpolation_is_resolved(cfg, tmp_path):
     path = tmp_path / "over.yaml"
-    path.write_text("train:\n  global_batch_size: 64\n  micro_batch_size: 2\n"
-                    "  train_iters: ${train.global_batch_size}\n")
+    path.write_text(
+        "train:\n  global_batch_size: 64\n  micro_batch_size: 2\n  train_iters: ${train.global_batch_size}\n"
+    )
     out = process_config_with_overrides(cfg, config_filepath=path)
     assert out.train.train_iters == 64
 

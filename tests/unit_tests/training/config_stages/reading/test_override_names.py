@@ -17,32 +17,85 @@ from megatron.bridge.training.errors import OverrideError
 from megatron.bridge.training.utils.omegaconf_utils import apply_overrides
 
 REFUSED_EARLY = {
-    "field-of-a-section": (["train.trian_iters=3"], [
-        ("train.trian_iters", 3, "'train.trian_iters' is not a field of TrainingConfig",
-         "did you mean train.train_iters or train.eval_iters?")]),
-    "section": (["modle.num_layers=2", "modle.hidden_size=64"], [
-        ("modle", {"num_layers": 2, "hidden_size": 64}, "'modle' is not a field of ConfigContainer",
-         "did you mean model?")]),
-    "model-field": (["model.num_layerz=2"], [
-        ("model.num_layerz", 2, "'model.num_layerz' is not a field of GPTModelProvider",
-         "did you mean model.num_layers")]),
-    "megatron-core-section": (["optimizer.lrr=0.1"], [
-        ("optimizer.lrr", 0.1, "'optimizer.lrr' is not a field of OptimizerConfig", "did you mean optimizer.lr")]),
-    "sub-config-of-a-name": (["mixed_precision.grad_reduce_in_fp33=true"], [
-        ("mixed_precision.grad_reduce_in_fp33", True,
-         "'mixed_precision.grad_reduce_in_fp33' is not a field of MixedPrecisionConfig",
-         "did you mean mixed_precision.grad_reduce_in_fp32")]),
-    "hydra-add": (["+train.trian_iters=3"], [
-        ("train.trian_iters", 3, "'train.trian_iters' is not a field of TrainingConfig", "did you mean")]),
-    "hydra-force": (["++modle.num_layers=2"], [
-        ("modle", {"num_layers": 2}, "'modle' is not a field of ConfigContainer", "did you mean model?")]),
-    "hydra-delete": (["~train.trian_iters"], [
-        ("train.trian_iters", "~train.trian_iters", "'train.trian_iters' is not a field of TrainingConfig",
-         "did you mean train.train_iters")]),
-    "every-one-at-once": (["train.trian_iters=3", "model.num_layers=2", "logger.log_intervall=5"], [
-        ("train.trian_iters", 3, "'train.trian_iters' is not a field of TrainingConfig", "did you mean"),
-        ("logger.log_intervall", 5, "'logger.log_intervall' is not a field of LoggerConfig",
-         "did you mean logger.log_interval")]),
+    "field-of-a-section": (
+        ["train.trian_iters=3"],
+        [
+            (
+                "train.trian_iters",
+                3,
+                "'train.trian_iters' is not a field of TrainingConfig",
+                "did you mean train.train_iters or train.eval_iters?",
+            )
+        ],
+    ),
+    "section": (
+        ["modle.num_layers=2", "modle.hidden_size=64"],
+        [
+            (
+                "modle",
+                {"num_layers": 2, "hidden_size": 64},
+                "'modle' is not a field of ConfigContainer",
+                "did you mean model?",
+            )
+        ],
+    ),
+    "model-field": (
+        ["model.num_layerz=2"],
+        [
+            (
+                "model.num_layerz",
+                2,
+                "'model.num_layerz' is not a field of GPTModelProvider",
+                "did you mean model.num_layers",
+            )
+        ],
+    ),
+    "megatron-core-section": (
+        ["optimizer.lrr=0.1"],
+        [("optimizer.lrr", 0.1, "'optimizer.lrr' is not a field of OptimizerConfig", "did you mean optimizer.lr")],
+    ),
+    "sub-config-of-a-name": (
+        ["mixed_precision.grad_reduce_in_fp33=true"],
+        [
+            (
+                "mixed_precision.grad_reduce_in_fp33",
+                True,
+                "'mixed_precision.grad_reduce_in_fp33' is not a field of MixedPrecisionConfig",
+                "did you mean mixed_precision.grad_reduce_in_fp32",
+            )
+        ],
+    ),
+    "hydra-add": (
+        ["+train.trian_iters=3"],
+        [("train.trian_iters", 3, "'train.trian_iters' is not a field of TrainingConfig", "did you mean")],
+    ),
+    "hydra-force": (
+        ["++modle.num_layers=2"],
+        [("modle", {"num_layers": 2}, "'modle' is not a field of ConfigContainer", "did you mean model?")],
+    ),
+    "hydra-delete": (
+        ["~train.trian_iters"],
+        [
+            (
+                "train.trian_iters",
+                "~train.trian_iters",
+                "'train.trian_iters' is not a field of TrainingConfig",
+                "did you mean train.train_iters",
+            )
+        ],
+    ),
+    "every-one-at-once": (
+        ["train.trian_iters=3", "model.num_layers=2", "logger.log_intervall=5"],
+        [
+            ("train.trian_iters", 3, "'train.trian_iters' is not a field of TrainingConfig", "did you mean"),
+            (
+                "logger.log_intervall",
+                5,
+                "'logger.log_intervall' is not a field of LoggerConfig",
+                "did you mean logger.log_interval",
+            ),
+        ],
+    ),
 }
 """case -> (overrides, [(field, given value, message, start of the fix)])."""
 
@@ -51,8 +104,7 @@ LEFT_TO_THE_FULL_CHECK = {
     "key-of-an-open-dict": ["+tokenizer.hf_tokenizer_kwargs.use_fast=true", "comm_overlap.tp_comm_overlap_cfg.x=1"],
     "alias-of-a-field": ["dataset.data_path=/data/x"],
     "key-under-a-plain-field": ["train.train_iters.x=3"],
-    "model-class-named": ["model._target_=megatron.bridge.models.gpt_provider.GPTModelProvider",
-                          "model.num_layerz=2"],
+    "model-class-named": ["model._target_=megatron.bridge.models.gpt_provider.GPTModelProvider", "model.num_layerz=2"],
     "hydra-delete-of-a-field": ["~train.train_iters"],
     "hydra-add-of-a-field": ["+train.train_iters=3"],
     "malformed-value": ["train.train_iters=[1"],
@@ -71,7 +123,8 @@ def test_a_misspelt_name_is_refused_early_with_the_full_checks_words(case):
     overrides, expected = REFUSED_EARLY[case]
     found = _violations(overrides)
     assert [(v.rule, v.fields, v.values, v.message) for v in found] == [
-        ("override-unknown-key", (name,), (value,), message) for name, value, message, _ in expected]
+        ("override-unknown-key", (name,), (value,), message) for name, value, message, _ in expected
+    ]
     assert [v.fix.startswith(fix) for v, (*_, fix) in zip(found, expected)] == [True] * len(expected), found
 
 
@@ -99,4 +152,5 @@ def test_the_stored_names_are_the_config_classes_fields():
     stored = json.loads(override_names.SNAPSHOT_PATH.read_text())
     assert stored == override_names.field_names_snapshot(ConfigContainer), (
         "the config classes changed: run uv run python -m megatron.bridge.training.utils.omegaconf_utils "
-        "--write-field-names")
+        "--write-field-names"
+    )

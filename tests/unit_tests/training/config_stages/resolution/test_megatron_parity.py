@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 from megatron.core.transformer import transformer_config as mcore_tc
@@ -25,7 +25,7 @@ from megatron.bridge.training.config_stages.resolution.finalize import resolve_c
 
 
 @contextlib.contextmanager
-def emulated_versions(te: Optional[str] = None, torch: Optional[str] = None):
+def emulated_versions(te: str | None = None, torch: str | None = None):
     """Make megatron-core's transformer_config see these TE / torch versions (None: leave as is)."""
     saved = mcore_tc.is_te_min_version, mcore_tc.is_torch_min_version
     if te is not None:
@@ -38,7 +38,7 @@ def emulated_versions(te: Optional[str] = None, torch: Optional[str] = None):
         mcore_tc.is_te_min_version, mcore_tc.is_torch_min_version = saved
 
 
-def megatron_error(cfg, context, te: Optional[str] = None, torch: Optional[str] = None) -> Optional[str]:
+def megatron_error(cfg, context, te: str | None = None, torch: str | None = None) -> str | None:
     """megatron-core's verdict on the model config our resolution produces (``None``: accepted)."""
     work = resolve_config(cfg, ctx=context).effective
     with emulated_versions(te=te, torch=torch):
@@ -56,62 +56,108 @@ class ParityCase:
     megatron_says: str
     """A fragment of megatron-core's own message for this violation."""
     ctx: dict[str, Any] = field(default_factory=dict)
-    te: Optional[str] = None
-    torch: Optional[str] = None
+    te: str | None = None
+    torch: str | None = None
 
 
 DW = {"comm_overlap.delay_wgrad_compute": True}
 TE_GRAPH = {"model.cuda_graph_impl": "transformer_engine"}
 
 SHARED = [
-    ParityCase("ep-overlap-needs-expert-parallel", {"model.expert_model_parallel_size": 1},
-               "only supported with expert model parallelism"),
-    ParityCase("ep-overlap-needs-moe-experts", {"model.num_moe_experts": None, "model.moe_ffn_hidden_size": None},
-               "num_moe_experts must be non None"),
-    ParityCase("ep-overlap-needs-alltoall-or-flex", {"model.moe_token_dispatcher_type": "allgather"},
-               "alltoall/flex token dispatcher"),
+    ParityCase(
+        "ep-overlap-needs-expert-parallel",
+        {"model.expert_model_parallel_size": 1},
+        "only supported with expert model parallelism",
+    ),
+    ParityCase(
+        "ep-overlap-needs-moe-experts",
+        {"model.num_moe_experts": None, "model.moe_ffn_hidden_size": None},
+        "num_moe_experts must be non None",
+    ),
+    ParityCase(
+        "ep-overlap-needs-alltoall-or-flex",
+        {"model.moe_token_dispatcher_type": "allgather"},
+        "alltoall/flex token dispatcher",
+    ),
     ParityCase("ep-overlap-needs-bf16-or-fp16", {"mixed_precision": "fp32"}, "bf16 or fp16"),
-    ParityCase("ep-overlap-pp-needs-vpp", {"model.pipeline_model_parallel_size": 2},
-               "virtual_pipeline_model_parallel_size must be specified"),
-    ParityCase("ep-overlap-no-full-recompute",
-               {"model.recompute_granularity": "full", "model.recompute_method": "uniform",
-                "model.recompute_num_layers": 1},
-               "disable full recomputation"),
-    ParityCase("ep-overlap-no-recompute-method",
-               {"model.recompute_granularity": "selective", "model.recompute_method": "uniform"},
-               "disable recomputation method"),
-    ParityCase("ep-overlap-no-recompute-num-layers",
-               {"model.recompute_granularity": "selective", "model.recompute_num_layers": 1},
-               "recompute_num_layers must be None"),
-    ParityCase("ep-overlap-no-moe-recompute",
-               {"model.recompute_granularity": "selective", "model.recompute_modules": ["moe"]},
-               "disable moe in recompute_modules"),
-    ParityCase("ep-overlap-no-shared-expert-overlap", {"model.moe_shared_expert_overlap": True},
-               "disable moe_shared_expert_overlap"),
+    ParityCase(
+        "ep-overlap-pp-needs-vpp",
+        {"model.pipeline_model_parallel_size": 2},
+        "virtual_pipeline_model_parallel_size must be specified",
+    ),
+    ParityCase(
+        "ep-overlap-no-full-recompute",
+        {"model.recompute_granularity": "full", "model.recompute_method": "uniform", "model.recompute_num_layers": 1},
+        "disable full recomputation",
+    ),
+    ParityCase(
+        "ep-overlap-no-recompute-method",
+        {"model.recompute_granularity": "selective", "model.recompute_method": "uniform"},
+        "disable recomputation method",
+    ),
+    ParityCase(
+        "ep-overlap-no-recompute-num-layers",
+        {"model.recompute_granularity": "selective", "model.recompute_num_layers": 1},
+        "recompute_num_layers must be None",
+    ),
+    ParityCase(
+        "ep-overlap-no-moe-recompute",
+        {"model.recompute_granularity": "selective", "model.recompute_modules": ["moe"]},
+        "disable moe in recompute_modules",
+    ),
+    ParityCase(
+        "ep-overlap-no-shared-expert-overlap",
+        {"model.moe_shared_expert_overlap": True},
+        "disable moe_shared_expert_overlap",
+    ),
     ParityCase("ep-overlap-max-one-mtp-layer", {"model.mtp_num_layers": 2}, "MTP supports at most one layer"),
-    ParityCase("ep-overlap-needs-torch-2.6", {}, "torch version < 2.6.0", ctx={"torch_version": "2.5.1"},
-               torch="2.5.1"),
-    ParityCase("ep-overlap-te-cuda-graph-scope",
-               {**TE_GRAPH, "model.cuda_graph_modules": ["moe"], "model.moe_expert_capacity_factor": 1.0,
-                "model.moe_pad_expert_input_to_capacity": True},
-               "CUDA graph scope on moe and mlp", ctx={"te_version": "2.12"}, te="2.12"),
-    ParityCase("ep-overlap-te-cuda-graph-scope",
-               {**TE_GRAPH, "model.cuda_graph_modules": ["mlp"], "model.moe_layer_freq": [1, 0, 1, 0]},
-               "CUDA graph scope on moe and mlp", ctx={"te_version": "2.12"}, te="2.12"),
-    ParityCase("ep-overlap-excludes-dispatch-wgrad-overlap",
-               {"model.overlap_dispatch_backward_with_experts_wgrad": True},
-               "must be disabled when enabling overlap_dispatch_backward_with_experts_wgrad"),
-    ParityCase("delay-wgrad-needs-ep-overlap", {**DW, "comm_overlap.overlap_moe_expert_parallel_comm": False},
-               "must be enabled when enabling delay_wgrad_compute"),
-    ParityCase("delay-wgrad-te-cuda-graph-te-2.10", {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["moe_router"]},
-               "TE version >= 2.10.0", ctx={"te_version": "2.9"}, te="2.9"),
+    ParityCase(
+        "ep-overlap-needs-torch-2.6", {}, "torch version < 2.6.0", ctx={"torch_version": "2.5.1"}, torch="2.5.1"
+    ),
+    ParityCase(
+        "ep-overlap-te-cuda-graph-scope",
+        {
+            **TE_GRAPH,
+            "model.cuda_graph_modules": ["moe"],
+            "model.moe_expert_capacity_factor": 1.0,
+            "model.moe_pad_expert_input_to_capacity": True,
+        },
+        "CUDA graph scope on moe and mlp",
+        ctx={"te_version": "2.12"},
+        te="2.12",
+    ),
+    ParityCase(
+        "ep-overlap-te-cuda-graph-scope",
+        {**TE_GRAPH, "model.cuda_graph_modules": ["mlp"], "model.moe_layer_freq": [1, 0, 1, 0]},
+        "CUDA graph scope on moe and mlp",
+        ctx={"te_version": "2.12"},
+        te="2.12",
+    ),
+    ParityCase(
+        "ep-overlap-excludes-dispatch-wgrad-overlap",
+        {"model.overlap_dispatch_backward_with_experts_wgrad": True},
+        "must be disabled when enabling overlap_dispatch_backward_with_experts_wgrad",
+    ),
+    ParityCase(
+        "delay-wgrad-needs-ep-overlap",
+        {**DW, "comm_overlap.overlap_moe_expert_parallel_comm": False},
+        "must be enabled when enabling delay_wgrad_compute",
+    ),
+    ParityCase(
+        "delay-wgrad-te-cuda-graph-te-2.10",
+        {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["moe_router"]},
+        "TE version >= 2.10.0",
+        ctx={"te_version": "2.9"},
+        te="2.9",
+    ),
 ]
 
 OURS_ONLY: dict[str, tuple[str, ParityCase]] = {
     "ep-overlap-needs-moe-experts": (
         "megatron-core only requires num_moe_experts to be set for EP; one expert passes its overlap checks",
-        ParityCase("ep-overlap-needs-moe-experts", {"model.num_moe_experts": 1, "model.expert_model_parallel_size": 2},
-                   ""),
+        ParityCase(
+            "ep-overlap-needs-moe-experts", {"model.num_moe_experts": 1, "model.expert_model_parallel_size": 2}, ""
+        ),
     ),
     "ep-overlap-needs-two-micro-batches": (
         "a warning about the batch shape; megatron-core's model config does not know the batch",
@@ -123,26 +169,49 @@ OURS_ONLY: dict[str, tuple[str, ParityCase]] = {
     ),
     "delay-wgrad-te-2.7": (
         "TE >= 2.7 with overlapped grad reduce / grad-accumulation fusion: not checked by megatron-core 0.19.2",
-        ParityCase("delay-wgrad-te-2.7", {**DW, "comm_overlap.overlap_grad_reduce": True}, "",
-                   ctx={"te_version": "2.6"}, te="2.6"),
+        ParityCase(
+            "delay-wgrad-te-2.7",
+            {**DW, "comm_overlap.overlap_grad_reduce": True},
+            "",
+            ctx={"te_version": "2.6"},
+            te="2.6",
+        ),
     ),
     "delay-wgrad-graph-scope-te-2.12": (
         "megatron-core 0.19.2 asks only TE >= 2.10 for delayed wgrad with TE graphs",
-        ParityCase("delay-wgrad-graph-scope-te-2.12",
-                   {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["attn"], "model.gradient_accumulation_fusion": True},
-                   "", ctx={"te_version": "2.11"}, te="2.11"),
+        ParityCase(
+            "delay-wgrad-graph-scope-te-2.12",
+            {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["attn"], "model.gradient_accumulation_fusion": True},
+            "",
+            ctx={"te_version": "2.11"},
+            te="2.11",
+        ),
     ),
     "delay-wgrad-graph-scope-needs-grad-accum-fusion": (
         "part of the documented TE >= 2.12 graph-scope rule; not in megatron-core 0.19.2",
-        ParityCase("delay-wgrad-graph-scope-needs-grad-accum-fusion",
-                   {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["attn"]}, "", ctx={"te_version": "2.12"}, te="2.12"),
+        ParityCase(
+            "delay-wgrad-graph-scope-needs-grad-accum-fusion",
+            {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["attn"]},
+            "",
+            ctx={"te_version": "2.12"},
+            te="2.12",
+        ),
     ),
     "delay-wgrad-graph-scope-no-attention-bias": (
         "part of the documented TE >= 2.12 graph-scope rule; not in megatron-core 0.19.2",
-        ParityCase("delay-wgrad-graph-scope-no-attention-bias",
-                   {**DW, **TE_GRAPH, "model.cuda_graph_modules": ["attn"], "model.add_qkv_bias": True,
-                    "model.gradient_accumulation_fusion": True},
-                   "", ctx={"te_version": "2.12"}, te="2.12"),
+        ParityCase(
+            "delay-wgrad-graph-scope-no-attention-bias",
+            {
+                **DW,
+                **TE_GRAPH,
+                "model.cuda_graph_modules": ["attn"],
+                "model.add_qkv_bias": True,
+                "model.gradient_accumulation_fusion": True,
+            },
+            "",
+            ctx={"te_version": "2.12"},
+            te="2.12",
+        ),
     ),
 }
 
@@ -180,15 +249,21 @@ def test_ours_only_rules_are_not_in_megatron_core(rule: str) -> None:
 
 ACCEPTED = [
     ({}, {}, None),
-    ({"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 2}, {"world_size": 4},
-     None),
+    (
+        {"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 2},
+        {"world_size": 4},
+        None,
+    ),
     ({"model.recompute_granularity": "selective", "model.recompute_modules": ["moe_act"]}, {}, None),
     ({"mixed_precision": "fp16_mixed"}, {}, None),
     ({"model.mtp_num_layers": 1}, {}, None),
     ({**DW}, {"te_version": "2.12"}, "2.12"),
     ({**DW, **TE_GRAPH, "model.cuda_graph_modules": ["moe_router"]}, {"te_version": "2.12"}, "2.12"),
-    ({"model.moe_token_dispatcher_type": "flex", "model.moe_flex_dispatcher_backend": "hybridep"},
-     {"device_capability": (10, 0), "device_name": "gb200"}, None),
+    (
+        {"model.moe_token_dispatcher_type": "flex", "model.moe_flex_dispatcher_backend": "hybridep"},
+        {"device_capability": (10, 0), "device_name": "gb200"},
+        None,
+    ),
 ]
 
 
@@ -203,8 +278,11 @@ def test_megatron_core_accepts_what_we_accept(change, context, te) -> None:
 
     cfg = set_fields(ep_overlap_cfg(), change)
     rule_ctx = ctx(**context)
-    errors = [v for v in violated_ids(cfg, rule_ctx)
-              if not v.startswith(("delay-wgrad-no-op-with-local-layers", "flex-deep-ep"))]
+    errors = [
+        v
+        for v in violated_ids(cfg, rule_ctx)
+        if not v.startswith(("delay-wgrad-no-op-with-local-layers", "flex-deep-ep"))
+    ]
     assert errors == []
     assert megatron_error(cfg, rule_ctx, te=te) is None
     refused = {rule for key, rule in PACKAGE_REFUSALS.items() if key in change}

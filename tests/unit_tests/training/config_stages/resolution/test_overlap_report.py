@@ -16,6 +16,7 @@ def build_overlap_report(cfg, context=None):
     """The report of one resolution of ``cfg`` (default context: this machine, ``dist.target_gpu``)."""
     return resolve_config(cfg, ctx=context).report
 
+
 H100 = {"device_capability": (9, 0), "device_name": "h100"}
 B200 = {"device_capability": (10, 0), "device_name": "b200"}
 

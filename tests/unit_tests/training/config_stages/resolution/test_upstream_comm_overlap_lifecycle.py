@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -46,8 +47,9 @@ class Case:
 
     def data_parallel_size(self, cfg: ConfigContainer) -> int:
         m = cfg.model
-        return self.world_size // (m.tensor_model_parallel_size * m.pipeline_model_parallel_size
-                                   * m.context_parallel_size)
+        return self.world_size // (
+            m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+        )
 
 
 NO_DIST_OPT = {"ddp.use_distributed_optimizer": False, "optimizer.use_distributed_optimizer": False}
@@ -59,8 +61,11 @@ CASES = [
         "tiny, EP 2 with EP overlap",
         qwen3_moe_tiny_pretrain_config,
         2,
-        {"model.num_layers": 4, "model.expert_model_parallel_size": 2,
-         "comm_overlap.overlap_moe_expert_parallel_comm": True},
+        {
+            "model.num_layers": 4,
+            "model.expert_model_parallel_size": 2,
+            "comm_overlap.overlap_moe_expert_parallel_comm": True,
+        },
     ),
     Case("30B-A3B on 32 GPUs", qwen3_30b_a3b_pretrain_config, 32),
     Case("30B-A3B 8-GPU layout (PP 2, no VPP)", qwen3_30b_a3b_pretrain_8gpu_config, 8),

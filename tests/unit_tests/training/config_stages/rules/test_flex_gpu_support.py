@@ -17,8 +17,12 @@ from megatron.bridge.training.config_stages.rules.flex_rules import backend_supp
 UPSTREAM_DEEPEP_SENTENCE = "DeepEP is supported for Ampere, Hopper, and Blackwell"
 """The start of Megatron-Bridge's validation error for DeepEP on a GPU it does not support."""
 
-DEEPEP = {"model.moe_token_dispatcher_type": "flex", "model.moe_flex_dispatcher_backend": "deepep",
-          "model.moe_shared_expert_overlap": False, "comm_overlap.overlap_moe_expert_parallel_comm": False}
+DEEPEP = {
+    "model.moe_token_dispatcher_type": "flex",
+    "model.moe_flex_dispatcher_backend": "deepep",
+    "model.moe_shared_expert_overlap": False,
+    "comm_overlap.overlap_moe_expert_parallel_comm": False,
+}
 
 # device name as reported, capability -> DeepEP runs there (None: cannot tell)
 DEEPEP_GPUS = [
@@ -56,8 +60,11 @@ def _machine(name, capability, deep_ep: bool = True):
     return ctx(device_capability=capability, device_name=name, cuda_available=True, packages={"deep_ep": deep_ep})
 
 
-@pytest.mark.parametrize("name, capability, runs", [c for c in DEEPEP_GPUS if c[2] is not None],
-                         ids=[_gpu_id(c) for c in DEEPEP_GPUS if c[2] is not None])
+@pytest.mark.parametrize(
+    "name, capability, runs",
+    [c for c in DEEPEP_GPUS if c[2] is not None],
+    ids=[_gpu_id(c) for c in DEEPEP_GPUS if c[2] is not None],
+)
 def test_validate_checks_deepep_against_the_gpu_in_megatron_bridge_s_words(name, capability, runs) -> None:
     """An MoE model on EP=2: valid where DeepEP runs (``deep_ep`` installed), refused elsewhere with
     Megatron-Bridge's sentence among the problems."""
@@ -73,8 +80,7 @@ def test_validate_checks_deepep_against_the_gpu_in_megatron_bridge_s_words(name,
 def test_a_dense_model_with_the_flex_dispatcher_is_refused_for_what_it_lacks() -> None:
     """No MoE layers: no dispatcher is built, so the setting would do nothing; megatron-core's TP x EP
     assertion (made when it builds one) is not the reason given."""
-    cfg = set_fields(ep_overlap_cfg(), {**DEEPEP, "model.num_moe_experts": None,
-                                        "model.expert_model_parallel_size": 1})
+    cfg = set_fields(ep_overlap_cfg(), {**DEEPEP, "model.num_moe_experts": None, "model.expert_model_parallel_size": 1})
     rules = {v.rule for v in resolve_config(cfg, ctx=_machine("NVIDIA H100 80GB HBM3", (9, 0))).errors}
     assert "flex-dispatcher-needs-moe-layers" in rules and "flex-backend-needs-tp-x-ep" not in rules
 

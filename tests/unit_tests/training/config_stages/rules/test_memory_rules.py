@@ -95,8 +95,11 @@ def _recipes():
     for module_name in ("megatron.bridge.recipes.qwen.qwen3_moe", "megatron.bridge.recipes.qwen.qwen3_moe_perf"):
         module = importlib.import_module(module_name)
         for name, factory in inspect.getmembers(module, inspect.isfunction):
-            if (name.endswith("_config") and factory.__module__ == module_name
-                    and not inspect.signature(factory).parameters):
+            if (
+                name.endswith("_config")
+                and factory.__module__ == module_name
+                and not inspect.signature(factory).parameters
+            ):
                 count = re.search(r"_(\d+)gpu", name)
                 yield pytest.param(factory, int(count.group(1)) if count else None, id=name)
 
@@ -119,8 +122,10 @@ def test_an_emulated_world_on_the_cpu_holds_one_ranks_state_not_every_ranks(emul
     if emulated:
         cfg.emulation.world_size = 16
     resolution = resolve_config(cfg, ctx=default_rule_context(16, target_gpu="h100"))
-    assert bool({v.rule for v in resolution.errors} & {"model-state-fits-host-memory",
-                                                        "emulated-rank-fits-host-memory"}) is refused
+    assert (
+        bool({v.rule for v in resolution.errors} & {"model-state-fits-host-memory", "emulated-rank-fits-host-memory"})
+        is refused
+    )
 
 
 def test_an_emulated_world_too_large_for_the_host_is_told_what_helps_one_process():

@@ -27,16 +27,36 @@ NA8 = {**NA, "torch_native_gpus_per_node": 8}
     "changes,rule,field,value",
     [
         (NA, "node-aware-dispatch-needs-gpus-per-node", "model.torch_native_gpus_per_node", None),
-        ({**NA, "torch_native_gpus_per_node": 6}, "gpus-per-node-divides-ep-size",
-         "model.torch_native_gpus_per_node", 6),
-        ({**NA8, "expert_model_parallel_size": 1}, "node-aware-dispatch-needs-ep",
-         "model.expert_model_parallel_size", 1),
-        ({**NA8, "moe_expert_capacity_factor": 1.0}, "node-aware-dispatch-must-be-exact",
-         "model.moe_expert_capacity_factor", 1.0),
-        ({**NA8, "torch_native_nvshmem_blocks": 16}, "node-aware-dispatch-takes-no-sorted-transport",
-         "model.torch_native_nvshmem_blocks", 16),
-        ({"torch_native_gpus_per_node": 8}, "gpus-per-node-needs-node-aware-dispatch",
-         "model.torch_native_gpus_per_node", 8),
+        (
+            {**NA, "torch_native_gpus_per_node": 6},
+            "gpus-per-node-divides-ep-size",
+            "model.torch_native_gpus_per_node",
+            6,
+        ),
+        (
+            {**NA8, "expert_model_parallel_size": 1},
+            "node-aware-dispatch-needs-ep",
+            "model.expert_model_parallel_size",
+            1,
+        ),
+        (
+            {**NA8, "moe_expert_capacity_factor": 1.0},
+            "node-aware-dispatch-must-be-exact",
+            "model.moe_expert_capacity_factor",
+            1.0,
+        ),
+        (
+            {**NA8, "torch_native_nvshmem_blocks": 16},
+            "node-aware-dispatch-takes-no-sorted-transport",
+            "model.torch_native_nvshmem_blocks",
+            16,
+        ),
+        (
+            {"torch_native_gpus_per_node": 8},
+            "gpus-per-node-needs-node-aware-dispatch",
+            "model.torch_native_gpus_per_node",
+            8,
+        ),
     ],
 )
 def test_validate_refuses_what_the_node_aware_dispatcher_cannot_do(changes, rule, field, value) -> None:
@@ -72,11 +92,15 @@ def _dryrun(argv: list[str], tmp_path) -> tuple[int, str]:
         ([*TINY_CPU_EP4, "-gn", "3", *NODE_AWARE], "gpus-per-node-divides-ep-size"),
         ([*H100_EP16, "-gn", "6", *NODE_AWARE], "gpus-per-node-divides-ep-size"),
         (["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "4", "-ep", "1", *NODE_AWARE], "node-aware-dispatch-needs-ep"),
-        ([*TINY_CPU_EP4, *NODE_AWARE, "model.torch_native_ep_transport=nccl"],
-         "node-aware-dispatch-takes-no-sorted-transport"),
+        (
+            [*TINY_CPU_EP4, *NODE_AWARE, "model.torch_native_ep_transport=nccl"],
+            "node-aware-dispatch-takes-no-sorted-transport",
+        ),
         ([*TINY_CPU_EP4, "model.torch_native_gpus_per_node=2"], "gpus-per-node-needs-node-aware-dispatch"),
-        ([*H100_EP16, "-gn", "8", *NODE_AWARE, "--cuda_graph_impl", "full_iteration"],
-         "full-iteration-graph-sync-free-moe"),
+        (
+            [*H100_EP16, "-gn", "8", *NODE_AWARE, "--cuda_graph_impl", "full_iteration"],
+            "full-iteration-graph-sync-free-moe",
+        ),
     ],
 )
 def test_the_harness_refuses_before_launch(argv, rule, tmp_path) -> None:
@@ -95,8 +119,9 @@ def test_the_harness_refuses_before_launch(argv, rule, tmp_path) -> None:
         ([*TINY_CPU_EP4], None, None),  # another dispatcher: left unset
     ],
 )
-def test_the_harness_sets_gpus_per_node_from_gn_for_the_node_aware_dispatcher(argv, gpus_per_node, source,
-                                                                              tmp_path) -> None:
+def test_the_harness_sets_gpus_per_node_from_gn_for_the_node_aware_dispatcher(
+    argv, gpus_per_node, source, tmp_path
+) -> None:
     built = build_config(parse_args([*argv, "-l", str(tmp_path / "run")]))
     assert built.cfg.model.torch_native_gpus_per_node == gpus_per_node
     assert built.cfg.provenance.get("model.torch_native_gpus_per_node") == source

@@ -72,13 +72,29 @@ def test_evaluation_batches_count_too():
 
 def test_the_harness_refuses_absurd_steps_before_launch(monkeypatch, tmp_path):
     """The issue's command: refused with the rule, exit 2, nothing launched (it launched and hung)."""
+
     def launched(*args, **kwargs):
         raise AssertionError("launched a run whose dataset build cannot finish")
 
     monkeypatch.setattr(execution_module, "run_plan", launched)
     out = io.StringIO()
-    code = run_module.main(["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "2", "-ep", "2", "--max_steps",
-                            str(ABSURD_STEPS), "-l", str(tmp_path / "run")], out=out)
+    code = run_module.main(
+        [
+            "-mr",
+            "qwen3_moe_tiny",
+            "-g",
+            "cpu",
+            "-ng",
+            "2",
+            "-ep",
+            "2",
+            "--max_steps",
+            str(ABSURD_STEPS),
+            "-l",
+            str(tmp_path / "run"),
+        ],
+        out=out,
+    )
     text = out.getvalue()
     assert code == 2, text
     assert "[dataset-tokens-bounded]" in text and f"train.train_iters={ABSURD_STEPS}" in text, text

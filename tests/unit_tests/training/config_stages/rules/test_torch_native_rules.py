@@ -23,64 +23,115 @@ def _set(**changes):
 
 
 M = "model."
-GG, CE, COMPILE = (M + "torch_native_grouped_gemm_backend", M + "torch_native_cross_entropy_backend",
-                   M + "torch_native_compile")
+GG, CE, COMPILE = (
+    M + "torch_native_grouped_gemm_backend",
+    M + "torch_native_cross_entropy_backend",
+    M + "torch_native_compile",
+)
 WA = M + "torch_native_wgrad_accumulation"
 NA, GPN, EP = M + "torch_native_dispatcher", M + "torch_native_gpus_per_node", M + "expert_model_parallel_size"
 BF16 = {M + "bf16": True}
 # rule id -> (context facts, mutation that breaks the rule, mutation that satisfies it)
 CASES = {
     "torch-native-dispatcher-known": (
-        TE_ABSENT, _set(**{M + "torch_native_dispatcher": "fast"}),
-        _set(**{M + "torch_native_dispatcher": "megatron"})),
+        TE_ABSENT,
+        _set(**{M + "torch_native_dispatcher": "fast"}),
+        _set(**{M + "torch_native_dispatcher": "megatron"}),
+    ),
     "torch-native-ep-transport-known": (
-        TE_ABSENT, _set(**{M + "torch_native_ep_transport": "ib"}), _set(**{M + "torch_native_ep_transport": "nccl"})),
+        TE_ABSENT,
+        _set(**{M + "torch_native_ep_transport": "ib"}),
+        _set(**{M + "torch_native_ep_transport": "nccl"}),
+    ),
     "torch-native-dispatch-needs-torch-native-layers": (
-        TE_PRESENT, _set(**{M + "torch_native_dispatcher": "sorted", M + "layer_spec": "transformer_engine"}),
-        _set(**{M + "torch_native_dispatcher": "sorted", M + "layer_spec": "torch_native"})),
+        TE_PRESENT,
+        _set(**{M + "torch_native_dispatcher": "sorted", M + "layer_spec": "transformer_engine"}),
+        _set(**{M + "torch_native_dispatcher": "sorted", M + "layer_spec": "torch_native"}),
+    ),
     "sorted-dispatch-must-be-exact": (
-        TE_ABSENT, _set(**{M + "torch_native_dispatcher": "sorted", M + "moe_expert_capacity_factor": 1.25}),
-        _set(**{M + "torch_native_dispatcher": "sorted"})),
+        TE_ABSENT,
+        _set(**{M + "torch_native_dispatcher": "sorted", M + "moe_expert_capacity_factor": 1.25}),
+        _set(**{M + "torch_native_dispatcher": "sorted"}),
+    ),
     "ep-transport-needs-sorted-ep-dispatch": (
-        TE_ABSENT, _set(**{M + "torch_native_ep_transport": "nvshmem", M + "torch_native_dispatcher": "megatron"}),
-        _set(**{M + "torch_native_ep_transport": "nvshmem"})),
+        TE_ABSENT,
+        _set(**{M + "torch_native_ep_transport": "nvshmem", M + "torch_native_dispatcher": "megatron"}),
+        _set(**{M + "torch_native_ep_transport": "nvshmem"}),
+    ),
     "nvshmem-blocks-in-range": (
-        TE_ABSENT, _set(**{M + "torch_native_nvshmem_blocks": 12}), _set(**{M + "torch_native_nvshmem_blocks": 16})),
+        TE_ABSENT,
+        _set(**{M + "torch_native_nvshmem_blocks": 12}),
+        _set(**{M + "torch_native_nvshmem_blocks": 16}),
+    ),
     "node-aware-dispatch-needs-gpus-per-node": (
-        TE_ABSENT, _set(**{NA: "node_aware"}), _set(**{NA: "node_aware", GPN: 8})),
+        TE_ABSENT,
+        _set(**{NA: "node_aware"}),
+        _set(**{NA: "node_aware", GPN: 8}),
+    ),
     "gpus-per-node-divides-ep-size": (
-        TE_ABSENT, _set(**{NA: "node_aware", GPN: 6}), _set(**{NA: "node_aware", GPN: 8})),
+        TE_ABSENT,
+        _set(**{NA: "node_aware", GPN: 6}),
+        _set(**{NA: "node_aware", GPN: 8}),
+    ),
     "node-aware-dispatch-needs-ep": (
-        TE_ABSENT, _set(**{NA: "node_aware", GPN: 8, EP: 1}), _set(**{NA: "node_aware", GPN: 8, EP: 2})),
+        TE_ABSENT,
+        _set(**{NA: "node_aware", GPN: 8, EP: 1}),
+        _set(**{NA: "node_aware", GPN: 8, EP: 2}),
+    ),
     "node-aware-dispatch-must-be-exact": (
-        TE_ABSENT, _set(**{NA: "node_aware", GPN: 8, M + "moe_expert_capacity_factor": 1.25}),
-        _set(**{NA: "node_aware", GPN: 8})),
+        TE_ABSENT,
+        _set(**{NA: "node_aware", GPN: 8, M + "moe_expert_capacity_factor": 1.25}),
+        _set(**{NA: "node_aware", GPN: 8}),
+    ),
     "node-aware-dispatch-takes-no-sorted-transport": (
-        TE_ABSENT, _set(**{NA: "node_aware", GPN: 8, M + "torch_native_ep_transport": "nccl"}),
-        _set(**{NA: "node_aware", GPN: 8})),
+        TE_ABSENT,
+        _set(**{NA: "node_aware", GPN: 8, M + "torch_native_ep_transport": "nccl"}),
+        _set(**{NA: "node_aware", GPN: 8}),
+    ),
     "gpus-per-node-needs-node-aware-dispatch": (
-        TE_ABSENT, _set(**{NA: "sorted", GPN: 8}), _set(**{NA: "node_aware", GPN: 8})),
+        TE_ABSENT,
+        _set(**{NA: "sorted", GPN: 8}),
+        _set(**{NA: "node_aware", GPN: 8}),
+    ),
     "node-aware-gpus-per-node-matches-emulated-network": (
-        TE_ABSENT, _set(**{NA: "node_aware", GPN: 4, "emulation.world_size": 16}),  # h100_ib400: 8 per node
-        _set(**{NA: "node_aware", GPN: 4, "emulation.world_size": 16, "emulation.gpus_per_node": 4})),
+        TE_ABSENT,
+        _set(**{NA: "node_aware", GPN: 4, "emulation.world_size": 16}),  # h100_ib400: 8 per node
+        _set(**{NA: "node_aware", GPN: 4, "emulation.world_size": 16, "emulation.gpus_per_node": 4}),
+    ),
     "torch-native-grouped-gemm-backend-known": (TE_ABSENT, _set(**{GG: "cutlass"}), _set(**{GG: "loop"})),
     "torch-native-cross-entropy-backend-known": (TE_ABSENT, _set(**{CE: "cudnn"}), _set(**{CE: "torch"})),
     "torch-native-kernel-settings-need-torch-native-layers": (
-        TE_PRESENT, _set(**{COMPILE: False, M + "layer_spec": "transformer_engine"}),
-        _set(**{COMPILE: False, M + "layer_spec": "auto"})),
+        TE_PRESENT,
+        _set(**{COMPILE: False, M + "layer_spec": "transformer_engine"}),
+        _set(**{COMPILE: False, M + "layer_spec": "auto"}),
+    ),
     "torch-native-compile-off-needs-cuda": (
-        TE_ABSENT, _set(**{COMPILE: False, "dist.device": "cpu"}), _set(**{COMPILE: False})),
+        TE_ABSENT,
+        _set(**{COMPILE: False, "dist.device": "cpu"}),
+        _set(**{COMPILE: False}),
+    ),
     "grouped-mm-needs-hopper-bf16": (AMPERE, _set(**{GG: "grouped_mm", **BF16}), _set(**{GG: "loop", **BF16})),
     "cross-entropy-backend-needs-torch-native-loss": (
-        TE_ABSENT, _set(**{CE: "torch", M + "cross_entropy_fusion_impl": "native"}), _set(**{CE: "torch"})),
+        TE_ABSENT,
+        _set(**{CE: "torch", M + "cross_entropy_fusion_impl": "native"}),
+        _set(**{CE: "torch"}),
+    ),
     "triton-cross-entropy-needs-cuda": (
-        TE_ABSENT, _set(**{CE: "triton", "dist.device": "cpu"}), _set(**{CE: "triton"})),
+        TE_ABSENT,
+        _set(**{CE: "triton", "dist.device": "cpu"}),
+        _set(**{CE: "triton"}),
+    ),
     "torch-native-wgrad-accumulation-known": (TE_ABSENT, _set(**{WA: "apex"}), _set(**{WA: "unfused"})),
     "fused-wgrad-accumulation-needs-cuda": (
-        TE_ABSENT, _set(**{WA: "fused", "dist.device": "cpu"}), _set(**{WA: "fused"})),
+        TE_ABSENT,
+        _set(**{WA: "fused", "dist.device": "cpu"}),
+        _set(**{WA: "fused"}),
+    ),
     "fused-wgrad-accumulation-needs-fp32-main-grad": (
-        TE_ABSENT, _set(**{WA: "fused", "ddp.grad_reduce_in_fp32": False}),
-        _set(**{WA: "fused", "ddp.grad_reduce_in_fp32": True})),
+        TE_ABSENT,
+        _set(**{WA: "fused", "ddp.grad_reduce_in_fp32": False}),
+        _set(**{WA: "fused", "ddp.grad_reduce_in_fp32": True}),
+    ),
 }
 
 
@@ -107,15 +158,24 @@ def test_rule_positive_case_passes(rule_id):
 @pytest.mark.parametrize(
     "ep,blocks,refused",
     [
-        (2, 2, False), (2, 32, False), (2, 64, False), (8, 8, False), (8, 16, False), (8, 64, False),
+        (2, 2, False),
+        (2, 32, False),
+        (2, 64, False),
+        (8, 8, False),
+        (8, 16, False),
+        (8, 64, False),
         (2, 6, True),  # a multiple of EP, but three blocks per peer do not divide a 64-byte row
-        (8, 24, True), (8, 40, True), (4, 48, True),
-        (8, 4, True), (2, 128, True),  # fewer blocks than ranks; more than torch launches
+        (8, 24, True),
+        (8, 40, True),
+        (4, 48, True),
+        (8, 4, True),
+        (2, 128, True),  # fewer blocks than ranks; more than torch launches
     ],
 )
 def test_nvshmem_blocks_must_split_every_peers_rows_exactly(ep, blocks, refused):
     cfg = _set(**{M + "expert_model_parallel_size": ep, M + "torch_native_nvshmem_blocks": blocks})(
-        qwen3_30b_a3b_pretrain_config())
+        qwen3_30b_a3b_pretrain_config()
+    )
     assert ("nvshmem-blocks-in-range" in _violated_ids(cfg, TE_ABSENT)) is refused
 
 

@@ -39,121 +39,222 @@ def _set(**changes):
     return mutate
 
 
-INTERLEAVED = {"model.pipeline_model_parallel_size": 2, "model.virtual_pipeline_model_parallel_size": 2,
-               "model.expert_model_parallel_size": 8}
+INTERLEAVED = {
+    "model.pipeline_model_parallel_size": 2,
+    "model.virtual_pipeline_model_parallel_size": 2,
+    "model.expert_model_parallel_size": 8,
+}
 
 # rule id -> (context facts, mutation that breaks the rule, mutation that satisfies it)
 CASES = {
     "mixed-precision-known": ({}, _set(mixed_precision="bf17"), _set(mixed_precision=None)),
     "fp8-needs-transformer-engine": (
-        TE_ABSENT, _set(mixed_precision="bf16_with_fp8_delayed_scaling_mixed"), _set(mixed_precision="bf16_mixed")),
+        TE_ABSENT,
+        _set(mixed_precision="bf16_with_fp8_delayed_scaling_mixed"),
+        _set(mixed_precision="bf16_mixed"),
+    ),
     "fp8-needs-te-layers": (
         TE_PRESENT,
         _set(**{"mixed_precision": "bf16_with_fp8_current_scaling_mixed", "model.layer_spec": "torch_native"}),
-        _set(**{"mixed_precision": "bf16_with_fp8_current_scaling_mixed", "model.layer_spec": "auto"})),
+        _set(**{"mixed_precision": "bf16_with_fp8_current_scaling_mixed", "model.layer_spec": "auto"}),
+    ),
     "mxfp8-needs-blackwell": (
-        dict(TE_PRESENT, device_capability=(9, 0)), _set(mixed_precision="bf16_with_mxfp8_mixed"),
-        _set(mixed_precision="bf16_with_fp8_delayed_scaling_mixed")),
+        dict(TE_PRESENT, device_capability=(9, 0)),
+        _set(mixed_precision="bf16_with_mxfp8_mixed"),
+        _set(mixed_precision="bf16_with_fp8_delayed_scaling_mixed"),
+    ),
     "fp4-needs-transformer-engine": (
-        TE_ABSENT, _set(mixed_precision="bf16_with_nvfp4_mixed"), _set(mixed_precision="bf16_mixed")),
+        TE_ABSENT,
+        _set(mixed_precision="bf16_with_nvfp4_mixed"),
+        _set(mixed_precision="bf16_mixed"),
+    ),
     "fp4-needs-te-layers": (
         dict(TE_PRESENT, device_capability=(10, 0)),
         _set(**{"mixed_precision": "bf16_with_nvfp4_mixed", "model.layer_spec": "torch_native"}),
-        _set(**{"mixed_precision": "bf16_with_nvfp4_mixed", "model.layer_spec": "auto"})),
+        _set(**{"mixed_precision": "bf16_with_nvfp4_mixed", "model.layer_spec": "auto"}),
+    ),
     "fp4-needs-blackwell": (
-        dict(TE_PRESENT, device_capability=(9, 0)), _set(mixed_precision="bf16_with_nvfp4_mixed"),
-        _set(mixed_precision="bf16_with_fp8_current_scaling_mixed")),
+        dict(TE_PRESENT, device_capability=(9, 0)),
+        _set(mixed_precision="bf16_with_nvfp4_mixed"),
+        _set(mixed_precision="bf16_with_fp8_current_scaling_mixed"),
+    ),
     "autocast-not-offered": (
-        {}, _set(mixed_precision=MixedPrecisionConfig(bf16=True, autocast_enabled=True)),
-        _set(mixed_precision=MixedPrecisionConfig(bf16=True, autocast_enabled=False))),
+        {},
+        _set(mixed_precision=MixedPrecisionConfig(bf16=True, autocast_enabled=True)),
+        _set(mixed_precision=MixedPrecisionConfig(bf16=True, autocast_enabled=False)),
+    ),
     "fp8-param-not-offered": (
-        {}, _set(mixed_precision=MixedPrecisionConfig(bf16=True, fp8_param_gather=True)),
-        _set(mixed_precision=MixedPrecisionConfig(bf16=True, fp8_param=False, fp8_param_gather=False))),
+        {},
+        _set(mixed_precision=MixedPrecisionConfig(bf16=True, fp8_param_gather=True)),
+        _set(mixed_precision=MixedPrecisionConfig(bf16=True, fp8_param=False, fp8_param_gather=False)),
+    ),
     "own-precision-flags-agree": (
-        {}, _set(**{"mixed_precision": None, "model.bf16": True}),
-        _set(**{"mixed_precision": None, "model.bf16": True, "optimizer.bf16": True})),
+        {},
+        _set(**{"mixed_precision": None, "model.bf16": True}),
+        _set(**{"mixed_precision": None, "model.bf16": True, "optimizer.bf16": True}),
+    ),
     "dataset-files-exist": (
-        {}, _set(**{"dataset.data_path": "/nonexistent/corpus_text_document"}), _set(**{"dataset.data_path": None})),
+        {},
+        _set(**{"dataset.data_path": "/nonexistent/corpus_text_document"}),
+        _set(**{"dataset.data_path": None}),
+    ),
     "hf-tokenizer-kwargs-need-hf-tokenizer": (
-        {}, _set(**{"tokenizer.hf_tokenizer_kwargs": {"use_fast": True}}),
-        _set(**{"tokenizer.hf_tokenizer_kwargs": {"use_fast": True}, "tokenizer.tokenizer_type": "HuggingFaceTokenizer",
-                "tokenizer.tokenizer_model": "Qwen/Qwen3-30B-A3B"})),
+        {},
+        _set(**{"tokenizer.hf_tokenizer_kwargs": {"use_fast": True}}),
+        _set(
+            **{
+                "tokenizer.hf_tokenizer_kwargs": {"use_fast": True},
+                "tokenizer.tokenizer_type": "HuggingFaceTokenizer",
+                "tokenizer.tokenizer_model": "Qwen/Qwen3-30B-A3B",
+            }
+        ),
+    ),
     "te-rng-tracker-needs-transformer-engine": (
-        TE_ABSENT, _set(**{"rng.te_rng_tracker": True}), _set(**{"rng.te_rng_tracker": False})),
+        TE_ABSENT,
+        _set(**{"rng.te_rng_tracker": True}),
+        _set(**{"rng.te_rng_tracker": False}),
+    ),
     "layer-spec-known": ({}, _set(**{"model.layer_spec": "triton"}), _set(**{"model.layer_spec": "local"})),
     "te-layer-spec-needs-transformer-engine": (
-        TE_ABSENT, _set(**{"model.layer_spec": "transformer_engine"}), _set(**{"model.layer_spec": "auto"})),
+        TE_ABSENT,
+        _set(**{"model.layer_spec": "transformer_engine"}),
+        _set(**{"model.layer_spec": "auto"}),
+    ),
     "cross-entropy-impl-known": (
-        {}, _set(**{"model.cross_entropy_fusion_impl": "apex"}),
-        _set(**{"model.cross_entropy_fusion_impl": "native"})),
+        {},
+        _set(**{"model.cross_entropy_fusion_impl": "apex"}),
+        _set(**{"model.cross_entropy_fusion_impl": "native"}),
+    ),
     "te-cross-entropy-needs-transformer-engine": (
-        TE_ABSENT, _set(**{"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": "te"}),
-        _set(**{"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": "torch_native"})),
+        TE_ABSENT,
+        _set(**{"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": "te"}),
+        _set(**{"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": "torch_native"}),
+    ),
     "te-cross-entropy-stability": (
-        TE_PRESENT, _set(**{"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": "te"}),
-        _set(**{"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": "torch_native"})),
+        TE_PRESENT,
+        _set(**{"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": "te"}),
+        _set(**{"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": "torch_native"}),
+    ),
     "lr-warmup-shorter-than-decay": (
-        {}, _set(**{"scheduler.lr_warmup_iters": 500, "scheduler.lr_decay_iters": None, "train.train_iters": 8}),
-        _set(**{"scheduler.lr_warmup_iters": 500, "scheduler.lr_decay_iters": 300_000, "train.train_iters": 8})),
+        {},
+        _set(**{"scheduler.lr_warmup_iters": 500, "scheduler.lr_decay_iters": None, "train.train_iters": 8}),
+        _set(**{"scheduler.lr_warmup_iters": 500, "scheduler.lr_decay_iters": 300_000, "train.train_iters": 8}),
+    ),
     "micro-batch-divides-global-batch": (
-        {}, _set(**{"train.global_batch_size": 10, "train.micro_batch_size": 4}),
-        _set(**{"train.global_batch_size": 12, "train.micro_batch_size": 4})),
+        {},
+        _set(**{"train.global_batch_size": 10, "train.micro_batch_size": 4}),
+        _set(**{"train.global_batch_size": 12, "train.micro_batch_size": 4}),
+    ),
     "layout-divides-world-size": (
-        dict(world_size=12), _set(**{"model.expert_model_parallel_size": 1, "model.tensor_model_parallel_size": 8}),
-        _set(**{"model.expert_model_parallel_size": 1, "model.tensor_model_parallel_size": 4})),
+        dict(world_size=12),
+        _set(**{"model.expert_model_parallel_size": 1, "model.tensor_model_parallel_size": 8}),
+        _set(**{"model.expert_model_parallel_size": 1, "model.tensor_model_parallel_size": 4}),
+    ),
     "expert-layout-divides-world-size": (
-        dict(world_size=24), _set(**{"model.expert_model_parallel_size": 16}),
-        _set(**{"model.expert_model_parallel_size": 8})),
+        dict(world_size=24),
+        _set(**{"model.expert_model_parallel_size": 16}),
+        _set(**{"model.expert_model_parallel_size": 8}),
+    ),
     "data-parallel-divides-global-batch": (
-        dict(world_size=16), _set(**{"train.global_batch_size": 24}), _set(**{"train.global_batch_size": 32})),
+        dict(world_size=16),
+        _set(**{"train.global_batch_size": 24}),
+        _set(**{"train.global_batch_size": 32}),
+    ),
     "experts-divisible-by-ep": (
-        {}, _set(**{"model.expert_model_parallel_size": 3}), _set(**{"model.expert_model_parallel_size": 4})),
-    "ep-needs-moe": (
-        {}, _set(**{"model.num_moe_experts": None}), _set(**{"model.expert_model_parallel_size": 1})),
+        {},
+        _set(**{"model.expert_model_parallel_size": 3}),
+        _set(**{"model.expert_model_parallel_size": 4}),
+    ),
+    "ep-needs-moe": ({}, _set(**{"model.num_moe_experts": None}), _set(**{"model.expert_model_parallel_size": 1})),
     "sequence-parallel-needs-tp": (
-        {}, _set(**{"model.sequence_parallel": True}),
-        _set(**{"model.sequence_parallel": True, "model.tensor_model_parallel_size": 2})),
+        {},
+        _set(**{"model.sequence_parallel": True}),
+        _set(**{"model.sequence_parallel": True, "model.tensor_model_parallel_size": 2}),
+    ),
     "layers-divisible-by-pipeline": (
-        {}, _set(**{"model.pipeline_model_parallel_size": 5}),
-        _set(**{"model.pipeline_model_parallel_size": 4})),
+        {},
+        _set(**{"model.pipeline_model_parallel_size": 5}),
+        _set(**{"model.pipeline_model_parallel_size": 4}),
+    ),
     "vocab-size-set": ({}, _set(**{"model.vocab_size": None}), _set(**{"model.vocab_size": 32000})),
     "tokenizer-vocab-fits-model": (
-        {}, _set(**{"tokenizer.vocab_size": 151937}), _set(**{"tokenizer.vocab_size": 151936})),
+        {},
+        _set(**{"tokenizer.vocab_size": 151937}),
+        _set(**{"tokenizer.vocab_size": 151936}),
+    ),
     "hf-tokenizer-needs-model": (
-        {}, _set(**{"tokenizer.tokenizer_type": "HuggingFaceTokenizer"}),
-        _set(**{"tokenizer.tokenizer_type": "HuggingFaceTokenizer", "tokenizer.tokenizer_model": "/tok"})),
+        {},
+        _set(**{"tokenizer.tokenizer_type": "HuggingFaceTokenizer"}),
+        _set(**{"tokenizer.tokenizer_type": "HuggingFaceTokenizer", "tokenizer.tokenizer_model": "/tok"}),
+    ),
     "steady-state-window": (
-        {}, _set(**{"logger.steady_state_window": [8, 3]}), _set(**{"logger.steady_state_window": [2, 4]})),
+        {},
+        _set(**{"logger.steady_state_window": [8, 3]}),
+        _set(**{"logger.steady_state_window": [2, 4]}),
+    ),
     "cpu-mode-needs-gloo": (
-        {}, _set(**{"dist.device": "cpu", "dist.distributed_backend": "nccl"}),
-        _set(**{"dist.device": "cpu", "dist.distributed_backend": None})),
+        {},
+        _set(**{"dist.device": "cpu", "dist.distributed_backend": "nccl"}),
+        _set(**{"dist.device": "cpu", "dist.distributed_backend": None}),
+    ),
     "save-interval-needs-save-dir": (
-        {}, _set(**{"checkpoint.save_interval": 5}),
-        _set(**{"checkpoint.save_interval": 5, "checkpoint.save": "/tmp/ckpt"})),
+        {},
+        _set(**{"checkpoint.save_interval": 5}),
+        _set(**{"checkpoint.save_interval": 5, "checkpoint.save": "/tmp/ckpt"}),
+    ),
     "profile-steps-ordered": (
-        {}, _set(**{"profiling.use_pytorch_profiler": True, "profiling.profile_step_start": 6,
-                    "profiling.profile_step_end": 5}),
-        _set(**{"profiling.use_pytorch_profiler": True})),
+        {},
+        _set(
+            **{
+                "profiling.use_pytorch_profiler": True,
+                "profiling.profile_step_start": 6,
+                "profiling.profile_step_end": 5,
+            }
+        ),
+        _set(**{"profiling.use_pytorch_profiler": True}),
+    ),
     "gpu-park-steps-after-window": (
-        {}, _set(**{"train.train_iters": 14, "logger.steady_state_window": [4, 12], "profiling.gpu_park_steps": [12]}),
-        _set(**{"train.train_iters": 14, "logger.steady_state_window": [4, 12], "profiling.gpu_park_steps": [13, 14]})),
+        {},
+        _set(**{"train.train_iters": 14, "logger.steady_state_window": [4, 12], "profiling.gpu_park_steps": [12]}),
+        _set(**{"train.train_iters": 14, "logger.steady_state_window": [4, 12], "profiling.gpu_park_steps": [13, 14]}),
+    ),
     "gpu-park-needs-cuda": (
-        {}, _set(**{"train.train_iters": 14, "logger.steady_state_window": [4, 12], "profiling.gpu_park_steps": [13],
-                    "dist.device": "cpu", "dist.distributed_backend": None}),
-        _set(**{"train.train_iters": 14, "logger.steady_state_window": [4, 12], "profiling.gpu_park_steps": [13]})),
+        {},
+        _set(
+            **{
+                "train.train_iters": 14,
+                "logger.steady_state_window": [4, 12],
+                "profiling.gpu_park_steps": [13],
+                "dist.device": "cpu",
+                "dist.distributed_backend": None,
+            }
+        ),
+        _set(**{"train.train_iters": 14, "logger.steady_state_window": [4, 12], "profiling.gpu_park_steps": [13]}),
+    ),
     "min-lr-not-above-lr": (
-        {}, _set(**{"optimizer.lr": 1e-4, "optimizer.min_lr": 1e-3}), _set(**{"optimizer.min_lr": 1e-5})),
-    "router-topk-within-experts": (
-        {}, _set(**{"model.moe_router_topk": 129}), _set(**{"model.moe_router_topk": 128})),
+        {},
+        _set(**{"optimizer.lr": 1e-4, "optimizer.min_lr": 1e-3}),
+        _set(**{"optimizer.min_lr": 1e-5}),
+    ),
+    "router-topk-within-experts": ({}, _set(**{"model.moe_router_topk": 129}), _set(**{"model.moe_router_topk": 128})),
     # PP2 x VPP2 on 16 GPUs with EP8: DP 8, micro-batch 1 -> M = global / 8 micro-batches per step.
     "interleaved-pipeline-micro-batches": (
-        dict(world_size=16), _set(**INTERLEAVED, **{"train.global_batch_size": 24}),
-        _set(**INTERLEAVED, **{"train.global_batch_size": 32})),
+        dict(world_size=16),
+        _set(**INTERLEAVED, **{"train.global_batch_size": 24}),
+        _set(**INTERLEAVED, **{"train.global_batch_size": 32}),
+    ),
     "mtp-not-built": ({}, _set(**{"model.mtp_num_layers": 1}), _set(**{"model.mtp_num_layers": None})),
     "cpu-mode-no-flex-dispatcher": (
-        {}, _set(**{"dist.device": "cpu", "model.moe_token_dispatcher_type": "flex",
-                    "model.moe_flex_dispatcher_backend": "deepep"}),
-        _set(**{"dist.device": "cpu"})),
+        {},
+        _set(
+            **{
+                "dist.device": "cpu",
+                "model.moe_token_dispatcher_type": "flex",
+                "model.moe_flex_dispatcher_backend": "deepep",
+            }
+        ),
+        _set(**{"dist.device": "cpu"}),
+    ),
 }
 
 CHECKPOINT_RULE_IDS = {rule.id for rule in CHECKPOINT_RULES}
@@ -216,8 +317,9 @@ def test_world_size_checks_are_skipped_without_a_world_size(monkeypatch):
 @pytest.mark.parametrize("field_range", RANGES, ids=lambda r: r.field)
 def test_value_outside_its_range_is_refused_with_the_range(field_range):
     cfg = _set(**{field_range.field: field_range.example_outside()})(qwen3_30b_a3b_pretrain_config())
-    violations = [v for v in check_rules(GENERAL_RULES, cfg, default_rule_context(world_size=16))
-                  if v.rule == field_range.rule_id]
+    violations = [
+        v for v in check_rules(GENERAL_RULES, cfg, default_rule_context(world_size=16)) if v.rule == field_range.rule_id
+    ]
     assert len(violations) == 1
     assert field_range.describe() in violations[0].message and field_range.field in violations[0].fix
 
@@ -280,6 +382,7 @@ def _tracker_dir(root, iteration=4, layout=SAVED_EP8, drop=()):
     """A checkpoint directory with what a resume reads of its latest iteration (``drop``: files left out)."""
     return saved_checkpoint(root, iteration, layout, drop)
 
+
 def _dir_with(tmp, name, *files):
     path = tmp / name
     path.mkdir()
@@ -298,46 +401,70 @@ def _missing_iteration(tmp):
 CHECKPOINT_CASES = {
     "checkpoint-load-exists": (lambda tmp: tmp / "typo", lambda tmp: (_tracker_dir(tmp / "ck"), None)),
     "checkpoint-load-empty-needs-save-there": (
-        lambda tmp: _dir_with(tmp, "empty"), lambda tmp: (_dir_with(tmp, "empty"),) * 2),
+        lambda tmp: _dir_with(tmp, "empty"),
+        lambda tmp: (_dir_with(tmp, "empty"),) * 2,
+    ),
     "checkpoint-load-is-iteration-dir": (
-        lambda tmp: _tracker_dir(tmp / "ck") / "iter_0000004", lambda tmp: (_tracker_dir(tmp / "ck"), None)),
+        lambda tmp: _tracker_dir(tmp / "ck") / "iter_0000004",
+        lambda tmp: (_tracker_dir(tmp / "ck"), None),
+    ),
     "checkpoint-load-has-tracker": (
-        lambda tmp: _dir_with(tmp, "other", "notes.txt"), lambda tmp: (_tracker_dir(tmp / "ck"), None)),
+        lambda tmp: _dir_with(tmp, "other", "notes.txt"),
+        lambda tmp: (_tracker_dir(tmp / "ck"), None),
+    ),
     "checkpoint-load-tracker-names-saved-iteration": (
-        _missing_iteration, lambda tmp: (_tracker_dir(tmp / "ck", 4), None)),
+        _missing_iteration,
+        lambda tmp: (_tracker_dir(tmp / "ck", 4), None),
+    ),
     "resume-same-parallel-layout": (
         lambda tmp: _tracker_dir(tmp / "ck", layout={**SAVED_EP8, "ep": 16}),
-        lambda tmp: (_tracker_dir(tmp / "ck", layout=SAVED_EP8), None)),
+        lambda tmp: (_tracker_dir(tmp / "ck", layout=SAVED_EP8), None),
+    ),
     "checkpoint-load-complete": (
         lambda tmp: _tracker_dir(tmp / "ck", drop=("rng/rank_00001.pt",)),
-        lambda tmp: (_tracker_dir(tmp / "ck"), None)),
+        lambda tmp: (_tracker_dir(tmp / "ck"), None),
+    ),
     "checkpoint-save-not-in-use": (
         lambda tmp: (_tracker_dir(tmp / "ck"), _held_by_another_run(tmp / "save")),
-        lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "save")),
+        lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "save"),
+    ),
     "checkpoint-save-writable": (
         lambda tmp: (_tracker_dir(tmp / "ck"), _a_file(tmp)),
-        lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "new" / "dir")),
+        lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "new" / "dir"),
+    ),
     "checkpoint-save-not-another-runs": (
         lambda tmp: (_tracker_dir(tmp / "ck"), _tracker_dir(tmp / "other_run", iteration=50)),
-        lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "ck")),
+        lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "ck"),
+    ),
     "checkpoint-load-path-not-empty": (lambda tmp: "", lambda tmp: (_tracker_dir(tmp / "ck"), None)),
     "checkpoint-save-path-not-empty": (
-        lambda tmp: (_tracker_dir(tmp / "ck"), " "), lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "new")),
+        lambda tmp: (_tracker_dir(tmp / "ck"), " "),
+        lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "new"),
+    ),
     "checkpoint-save-lock-usable": (
         lambda tmp: (_tracker_dir(tmp / "ck"), _with_lock_dir(tmp / "save")),
-        lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "save")),
+        lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "save"),
+    ),
     "checkpoint-save-entries-yours": (
         lambda tmp: (_tracker_dir(tmp / "ck"), _with_link(tmp / "save")),
-        lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "save")),
+        lambda tmp: (_tracker_dir(tmp / "ck"), tmp / "save"),
+    ),
     "checkpoint-load-entries-yours": (
-        lambda tmp: _with_link(_tracker_dir(tmp / "ck"), "notes"), lambda tmp: (_tracker_dir(tmp / "ck"), None)),
+        lambda tmp: _with_link(_tracker_dir(tmp / "ck"), "notes"),
+        lambda tmp: (_tracker_dir(tmp / "ck"), None),
+    ),
     "checkpoint-layout-record-valid": (
-        lambda tmp: _tracker_dir(tmp / "ck", layout={}), lambda tmp: (_tracker_dir(tmp / "ck"), None)),
+        lambda tmp: _tracker_dir(tmp / "ck", layout={}),
+        lambda tmp: (_tracker_dir(tmp / "ck"), None),
+    ),
     "resume-same-model-shape": (
         lambda tmp: _tracker_dir(tmp / "ck", layout={**SAVED_EP8, "model": {**SAVED_EP8["model"], "num_layers": 4}}),
-        lambda tmp: (_tracker_dir(tmp / "ck"), None)),
+        lambda tmp: (_tracker_dir(tmp / "ck"), None),
+    ),
     "checkpoint-records-model-shape": (
-        lambda tmp: _tracker_dir(tmp / "ck", layout=WITHOUT_MODEL), lambda tmp: (_tracker_dir(tmp / "ck"), None)),
+        lambda tmp: _tracker_dir(tmp / "ck", layout=WITHOUT_MODEL),
+        lambda tmp: (_tracker_dir(tmp / "ck"), None),
+    ),
 }
 
 
@@ -410,7 +537,8 @@ def test_reliability_page_lists_every_range():
 
     page = (Path(__file__).resolve().parents[5] / DOCS_PATH).read_text()
     assert page == render_docs(page), (
-        "run: uv run python -m megatron.bridge.training.config_stages.schema.field_ranges --write-docs")
+        "run: uv run python -m megatron.bridge.training.config_stages.schema.field_ranges --write-docs"
+    )
 
 
 def _layout_text(ck: Path, text: str) -> None:
@@ -433,8 +561,10 @@ def _record(ck: Path, keep=tuple(SAVED_EP8), **changes) -> None:
 @pytest.mark.parametrize(
     "damage, words",
     [
-        (lambda ck: (ck / "latest_checkpointed_iteration.txt").write_bytes(b"\xff\xfe\x00garbage"),
-         "checkpoint-load-has-tracker"),
+        (
+            lambda ck: (ck / "latest_checkpointed_iteration.txt").write_bytes(b"\xff\xfe\x00garbage"),
+            "checkpoint-load-has-tracker",
+        ),
         (lambda ck: (ck / "latest_checkpointed_iteration.txt").write_text("²"), "checkpoint-load-has-tracker"),
         (lambda ck: (ck / "iter_0000004" / "rng" / "rank_00001.pt").unlink(), "rng/rank_00001.pt"),
         (lambda ck: (ck / "iter_0000004" / "parallel_layout.json").unlink(), "parallel_layout.json"),
@@ -452,8 +582,10 @@ def _record(ck: Path, keep=tuple(SAVED_EP8), **changes) -> None:
         (lambda ck: _layout_text(ck, "[" * 50_000), "parallel_layout.json is not JSON"),
         (lambda ck: _layout_text(ck, " " * 70_000), "larger than 64 KiB"),
         (lambda ck: _fifo(ck / "iter_0000004" / "parallel_layout.json"), "parallel_layout.json cannot be read (not a"),
-        (lambda ck: [(ck / "iter_0000004" / "rng" / f"rank_{r:05d}.pt").unlink() for r in range(1, 16)],
-         "'rng/rank_00008.pt', \"... and 7 more of 16 ranks' RNG files\"]"),
+        (
+            lambda ck: [(ck / "iter_0000004" / "rng" / f"rank_{r:05d}.pt").unlink() for r in range(1, 16)],
+            "'rng/rank_00008.pt', \"... and 7 more of 16 ranks' RNG files\"]",
+        ),
     ],
 )
 def test_a_damaged_checkpoint_is_refused_naming_what_is_wrong(tmp_path, damage, words):
@@ -490,8 +622,9 @@ def _bad_values(r):
     return values + ([1e30, 2.5] if r.integer else [])
 
 
-@pytest.mark.parametrize("field, value", [(r.field, v) for r in RANGES for v in _bad_values(r)],
-                         ids=lambda x: repr(x)[:24])
+@pytest.mark.parametrize(
+    "field, value", [(r.field, v) for r in RANGES for v in _bad_values(r)], ids=lambda x: repr(x)[:24]
+)
 def test_validate_lists_a_value_of_the_wrong_kind_instead_of_crashing(field, value):
     """``cfg.model.expert_model_parallel_size = "2"`` was a ``TypeError`` from inside validate()."""
     cfg = _set(**{field: value})(qwen3_moe_tiny_pretrain_config())

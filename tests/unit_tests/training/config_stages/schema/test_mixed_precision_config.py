@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 from operator import attrgetter
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from overlap_helpers import ep_overlap_cfg, set_fields

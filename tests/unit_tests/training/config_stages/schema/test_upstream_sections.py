@@ -35,12 +35,20 @@ def upstream_style_container(**model: Any) -> ConfigContainer:
     """Every section given explicitly, with the constructors and values upstream tests use."""
     return ConfigContainer(
         train=TrainingConfig(global_batch_size=32, micro_batch_size=1, train_iters=1000),
-        model=GPTModelProvider(num_layers=1, hidden_size=128, num_attention_heads=4, seq_length=SEQ,
-                               apply_rope_fusion=False, vocab_size=1000, **model),
+        model=GPTModelProvider(
+            num_layers=1,
+            hidden_size=128,
+            num_attention_heads=4,
+            seq_length=SEQ,
+            apply_rope_fusion=False,
+            vocab_size=1000,
+            **model,
+        ),
         optimizer=OptimizerConfig(lr=0.0001, use_distributed_optimizer=False),
         scheduler=SchedulerConfig(lr_decay_style="linear", lr_warmup_iters=0),
-        dataset=GPTDatasetConfig(random_seed=1234, seq_length=SEQ, reset_position_ids=False,
-                                 reset_attention_mask=False, eod_mask_loss=False),
+        dataset=GPTDatasetConfig(
+            random_seed=1234, seq_length=SEQ, reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False
+        ),
         logger=LoggerConfig(),
         tokenizer=TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=1000),
         checkpoint=CheckpointConfig(ckpt_format="torch_dist"),
@@ -53,8 +61,7 @@ def upstream_style_container(**model: Any) -> ConfigContainer:
     )
 
 
-MOE = dict(num_moe_experts=2, expert_model_parallel_size=2, moe_token_dispatcher_type="alltoall",
-           add_bias_linear=False)
+MOE = dict(num_moe_experts=2, expert_model_parallel_size=2, moe_token_dispatcher_type="alltoall", add_bias_linear=False)
 
 
 @pytest.fixture
@@ -71,12 +78,27 @@ def test_upstream_style_container_validates(cpu_host) -> None:
 @pytest.mark.parametrize(
     "case, overlap, dist, rule, error",
     [
-        ("ep overlap with delayed wgrad", dict(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True),
-         {}, None, None),
-        ("delayed wgrad without ep overlap", dict(overlap_moe_expert_parallel_comm=False, delay_wgrad_compute=True),
-         {}, "delay-wgrad-needs-ep-overlap", CommOverlapConfigError),
-        ("deepep on gb200", dict(overlap_moe_expert_parallel_comm=True), dict(target_gpu="gb200"),
-         "flex-backend-supported-on-gpu", CommOverlapConfigError),
+        (
+            "ep overlap with delayed wgrad",
+            dict(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True),
+            {},
+            None,
+            None,
+        ),
+        (
+            "delayed wgrad without ep overlap",
+            dict(overlap_moe_expert_parallel_comm=False, delay_wgrad_compute=True),
+            {},
+            "delay-wgrad-needs-ep-overlap",
+            CommOverlapConfigError,
+        ),
+        (
+            "deepep on gb200",
+            dict(overlap_moe_expert_parallel_comm=True),
+            dict(target_gpu="gb200"),
+            "flex-backend-supported-on-gpu",
+            CommOverlapConfigError,
+        ),
     ],
 )
 def test_upstream_style_container_reaches_the_overlap_rules(case, overlap, dist, rule, error, cpu_host) -> None:

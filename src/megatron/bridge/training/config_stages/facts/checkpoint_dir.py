@@ -21,7 +21,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal
 
 from megatron.bridge.training.config_stages.facts.lock_holder import LOCK_NAME
 from megatron.bridge.training.config_stages.facts.parallel_layout import MAX_WORLD_SIZE
@@ -66,7 +66,7 @@ def read_bounded(path: Path, limit: int) -> bytes:
         return handle.read(limit + 1)
 
 
-def read_tracker(root: str | os.PathLike) -> tuple[Optional[int], Optional[str]]:
+def read_tracker(root: str | os.PathLike) -> tuple[int | None, str | None]:
     """``(iteration, None)`` from ``root``'s tracker, or ``(None, what is wrong with it)``.
 
     At most a few bytes are read (a tracker of any size is a problem, never a memory or ``int()``
@@ -79,23 +79,34 @@ def read_tracker(root: str | os.PathLike) -> tuple[Optional[int], Optional[str]]
         return None, f"{TRACKER} cannot be read ({exc.strerror or exc})"
     text = head.strip()
     if len(head) > limit or len(text) > MAX_TRACKER_DIGITS:
-        return None, (f"{TRACKER} holds more than {MAX_TRACKER_DIGITS} characters: not an iteration number "
-                      f"(at most {MAX_TRACKER_DIGITS} digits)")
+        return None, (
+            f"{TRACKER} holds more than {MAX_TRACKER_DIGITS} characters: not an iteration number "
+            f"(at most {MAX_TRACKER_DIGITS} digits)"
+        )
     if not re.fullmatch(rb"[0-9]+", text):
         return None, f"{TRACKER} holds {_short(text)}: not an iteration number (ASCII digits only)"
     return int(text), None
 
 
-def latest_iteration(root: Optional[str | os.PathLike]) -> Optional[int]:
+def latest_iteration(root: str | os.PathLike | None) -> int | None:
     """The last completely saved iteration under ``root``, or ``None`` (no tracker, or a damaged one)."""
     if not root or not (Path(root) / TRACKER).is_file():
         return None
     return read_tracker(root)[0]
 
 
-CheckpointDirKind = Literal["missing", "not_a_directory", "empty", "checkpoint", "bad_tracker",
-                            "tracker_without_iteration", "iteration_dir", "no_tracker", "incomplete",
-                            "bad_layout"]
+CheckpointDirKind = Literal[
+    "missing",
+    "not_a_directory",
+    "empty",
+    "checkpoint",
+    "bad_tracker",
+    "tracker_without_iteration",
+    "iteration_dir",
+    "no_tracker",
+    "incomplete",
+    "bad_layout",
+]
 
 
 @dataclass(frozen=True)
@@ -104,8 +115,8 @@ class CheckpointDir:
 
     path: Path
     kind: CheckpointDirKind
-    iteration: Optional[int] = None
-    layout: Optional[dict[str, Any]] = None
+    iteration: int | None = None
+    layout: dict[str, Any] | None = None
     """The parallel layout recorded with the latest checkpoint (``None`` when not recorded)."""
     missing: tuple[str, ...] = ()
     """Files of the latest checkpoint a resume needs that are absent or unreadable (``incomplete``;
@@ -118,7 +129,7 @@ class CheckpointDir:
         return self.kind == "checkpoint"
 
     @property
-    def model(self) -> Optional[dict[str, Any]]:
+    def model(self) -> dict[str, Any] | None:
         """The model shape the latest checkpoint recorded (``None``: written before it was recorded)."""
         model = (self.layout or {}).get(MODEL_KEY)
         return model if isinstance(model, dict) else None
@@ -148,12 +159,14 @@ def staging_dir(final: Path, run_id: str) -> Path:
 
 def staged_iterations(root: str | os.PathLike) -> list[int]:
     """Iterations whose save is staged in ``root`` and not published: being written, or killed."""
-    found = (re.fullmatch(rf"iter_(\d+){re.escape(STAGING_SUFFIX)}\..*", child.name) for child in Path(root).glob(
-        f"iter_*{STAGING_SUFFIX}*"))
+    found = (
+        re.fullmatch(rf"iter_(\d+){re.escape(STAGING_SUFFIX)}\..*", child.name)
+        for child in Path(root).glob(f"iter_*{STAGING_SUFFIX}*")
+    )
     return sorted(int(match.group(1)) for match in found if match)
 
 
-def _read_record(path: Path) -> tuple[Any, Optional[str]]:
+def _read_record(path: Path) -> tuple[Any, str | None]:
     """``(parsed JSON, None)`` of ``path``'s layout record, or ``(None, why it is not one)``; reads at
     most :data:`MAX_RECORD_BYTES`."""
     try:
@@ -185,8 +198,11 @@ def _positive_int(value: Any) -> bool:
 def _size_problems(layout: dict[str, Any]) -> list[str]:
     """Keys of the record that are missing or not sizes."""
     problems = [f"{key} is missing" for key in (*LAYOUT_SIZES, "vpp") if key not in layout]
-    problems += [f"{key}={_short(layout[key])} is not a positive integer"
-                 for key in LAYOUT_SIZES if key in layout and not _positive_int(layout[key])]
+    problems += [
+        f"{key}={_short(layout[key])} is not a positive integer"
+        for key in LAYOUT_SIZES
+        if key in layout and not _positive_int(layout[key])
+    ]
     if "vpp" in layout and layout["vpp"] is not None and not _positive_int(layout["vpp"]):
         problems.append(f"vpp={_short(layout['vpp'])} is neither null nor a positive integer")
     if MODEL_KEY in layout and not isinstance(layout[MODEL_KEY], dict):
@@ -241,12 +257,18 @@ def _rng_problems(iteration: Path, world: int) -> tuple[list[str], list[str]]:
     if len(absent) > SHOWN_NAMES:
         absent = absent[:SHOWN_NAMES] + [f"... and {len(absent) - SHOWN_NAMES} more of {world} ranks' RNG files"]
     extra = sorted(rank for rank in present if rank >= world)
-    mismatch = [f"it names {world} ranks (tp*pp*cp*dp) but rng/ holds {present[extra[0]]}: the record does not "
-                f"match the files saved with it"] if extra else []
+    mismatch = (
+        [
+            f"it names {world} ranks (tp*pp*cp*dp) but rng/ holds {present[extra[0]]}: the record does not "
+            f"match the files saved with it"
+        ]
+        if extra
+        else []
+    )
     return absent, mismatch
 
 
-def _check_iteration(iteration: Path) -> tuple[Optional[dict[str, Any]], list[str], list[str]]:
+def _check_iteration(iteration: Path) -> tuple[dict[str, Any] | None, list[str], list[str]]:
     """``(layout record, missing files, layout problems)`` of one saved iteration: the common files,
     the layout record (without it the layout check could not run) and every rank's RNG state."""
     missing = [name for name in COMMON_FILES if not (iteration / name).is_file()]
@@ -295,11 +317,28 @@ def inspect_checkpoint_dir(root: str | os.PathLike) -> CheckpointDir:
 
 
 SHAPE_FIELDS: tuple[str, ...] = (
-    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
-    "num_moe_experts", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
-    "moe_layer_freq", "moe_router_enable_expert_bias", "vocab_size", "make_vocab_size_divisible_by",
-    "gated_linear_unit", "add_bias_linear", "add_qkv_bias", "qk_layernorm", "normalization",
-    "share_embeddings_and_output_weights", "position_embedding_type", "mtp_num_layers",
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "kv_channels",
+    "num_moe_experts",
+    "moe_ffn_hidden_size",
+    "moe_shared_expert_intermediate_size",
+    "moe_shared_expert_gate",
+    "moe_layer_freq",
+    "moe_router_enable_expert_bias",
+    "vocab_size",
+    "make_vocab_size_divisible_by",
+    "gated_linear_unit",
+    "add_bias_linear",
+    "add_qkv_bias",
+    "qk_layernorm",
+    "normalization",
+    "share_embeddings_and_output_weights",
+    "position_embedding_type",
+    "mtp_num_layers",
 )
 """``model.*`` fields that decide which weights the model has and their shapes (with the parallel
 sizes, which the layout record holds beside them)."""
@@ -314,7 +353,7 @@ def _json_value(value: Any) -> Any:
     return str(value)
 
 
-def model_shape(cfg: "ConfigContainer") -> dict[str, Any]:
+def model_shape(cfg: ConfigContainer) -> dict[str, Any]:
     """The model's shape-deciding fields, with megatron-core's defaults for those left unset (so the
     shape of a config before megatron-core's ``__post_init__`` equals the shape after it).
 
@@ -334,7 +373,7 @@ def model_shape(cfg: "ConfigContainer") -> dict[str, Any]:
     return shape
 
 
-def parallel_sizes(cfg: "ConfigContainer", data_parallel_size: Optional[int]) -> dict[str, Optional[int]]:
+def parallel_sizes(cfg: ConfigContainer, data_parallel_size: int | None) -> dict[str, int | None]:
     """The parallel sizes that decide how model and optimizer state are sharded on disk.
 
     Compared on resume: this package's optimizer format is only loaded back under the layout that
@@ -352,7 +391,7 @@ def parallel_sizes(cfg: "ConfigContainer", data_parallel_size: Optional[int]) ->
     )
 
 
-def checkpoint_layout(cfg: "ConfigContainer", data_parallel_size: Optional[int]) -> dict[str, Any]:
+def checkpoint_layout(cfg: ConfigContainer, data_parallel_size: int | None) -> dict[str, Any]:
     """The layout record saved with every checkpoint (``parallel_layout.json``): the parallel sizes
     (:func:`parallel_sizes`) and, under ``model``, the model's shape (:func:`model_shape`). Both are
     compared before a resume is launched."""

@@ -8,13 +8,13 @@ so both count the same files and samples.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
 
-def blend(data_paths: Optional[list[str]]) -> Optional[tuple[list[str], Optional[list[float]]]]:
+def blend(data_paths: list[str] | None) -> tuple[list[str], list[float] | None] | None:
     """megatron's blend tuple from ``["w1", "p1", "w2", "p2"]`` or ``["p1", "p2"]``."""
     if not data_paths:
         return None
@@ -25,19 +25,23 @@ def blend(data_paths: Optional[list[str]]) -> Optional[tuple[list[str], Optional
         return (list(data_paths), None)
 
 
-def data_prefixes(data_paths: Optional[list[str]]) -> list[str]:
+def data_prefixes(data_paths: list[str] | None) -> list[str]:
     """The dataset prefixes of ``data_paths`` (a blend list's weights left out)."""
     found = blend(data_paths)
     return list(found[0]) if found else []
 
 
-def missing_data_files(data_paths: Optional[list[str]]) -> list[str]:
+def missing_data_files(data_paths: list[str] | None) -> list[str]:
     """The ``.bin``/``.idx`` files of ``data_paths`` that do not exist."""
-    return [f"{p}{suffix}" for p in data_prefixes(data_paths) for suffix in (".bin", ".idx")
-            if not Path(f"{p}{suffix}").is_file()]
+    return [
+        f"{p}{suffix}"
+        for p in data_prefixes(data_paths)
+        for suffix in (".bin", ".idx")
+        if not Path(f"{p}{suffix}").is_file()
+    ]
 
 
-def dataset_sample_counts(cfg: "ConfigContainer") -> tuple[int, int]:
+def dataset_sample_counts(cfg: ConfigContainer) -> tuple[int, int]:
     """Samples the dataset build indexes (training, evaluation) before the first step; the size rules
     (``training/config_stages/rules/size_rules.py``) bound them."""
     train_samples = cfg.train.train_iters * cfg.train.global_batch_size

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from megatron.bridge.utils.host import current_host
 
@@ -30,7 +30,7 @@ class GpuType:
     architecture: str
     nvl72: bool = False
     """Part of a GB200/GB300 NVL72 rack-scale system (multi-node NVLink domain)."""
-    memory_gib: Optional[float] = None
+    memory_gib: float | None = None
     """Memory of one GPU, GiB: the largest variant sold under the name (H100 NVL's 94 rather than
     SXM's 80), so that a memory check against it refuses only what fits no variant."""
 
@@ -48,11 +48,12 @@ GPU_TYPES: dict[str, GpuType] = {
 """``-g`` GPU types. B300/GB300 are listed as (10, 3): that is what the chips report."""
 
 
-def gpu_memory_bytes(name: Optional[str]) -> Optional[int]:
+def gpu_memory_bytes(name: str | None) -> int | None:
     """Memory of one GPU of the type ``name`` (a ``-g`` type or a device name), ``None`` when the
     type is not in the table (nothing is then checked against it)."""
     entry = gpu_type(name) if name else None
     return None if entry is None or entry.memory_gib is None else int(entry.memory_gib * 2**30)
+
 
 ARCHITECTURES: dict[int, str] = {8: "Ampere", 9: "Hopper", 10: "Blackwell", 12: "Blackwell (consumer)"}
 """Compute-capability major -> architecture name."""
@@ -67,9 +68,9 @@ def architecture_name(major: int, minor: int = 0) -> str:
 class GpuTarget:
     """The GPU a run is validated for, and where that knowledge came from."""
 
-    capability: Optional[tuple[int, int]] = None
-    name: Optional[str] = None
-    nvl72: Optional[bool] = None
+    capability: tuple[int, int] | None = None
+    name: str | None = None
+    nvl72: bool | None = None
     """``None``: unknown (a Blackwell capability without a system name)."""
     source: str = "unknown"
     """``argument``, ``visible GPU`` or ``unknown``."""
@@ -80,7 +81,7 @@ class GpuTarget:
         return self.capability is not None
 
     @property
-    def architecture(self) -> Optional[str]:
+    def architecture(self) -> str | None:
         """Ampere/Hopper/Blackwell/... from the capability major."""
         if self.capability is None:
             return None
@@ -104,7 +105,7 @@ def target_of(entry: GpuType) -> GpuTarget:
 _NVL72_NAME = re.compile(r"\bgb[23]00\b")
 
 
-def gpu_type(name: str) -> Optional[GpuType]:
+def gpu_type(name: str) -> GpuType | None:
     """The table entry for a ``-g`` value or a device name (``"NVIDIA GB200"`` -> ``gb200``)."""
     key = name.strip().lower()
     if key in GPU_TYPES:
@@ -115,7 +116,7 @@ def gpu_type(name: str) -> Optional[GpuType]:
     return None
 
 
-def _nvl72_from_name(name: Optional[str], capability: tuple[int, int]) -> Optional[bool]:
+def _nvl72_from_name(name: str | None, capability: tuple[int, int]) -> bool | None:
     if capability[0] != 10:
         return False
     if not name:
@@ -126,15 +127,15 @@ def _nvl72_from_name(name: Optional[str], capability: tuple[int, int]) -> Option
     return bool(_NVL72_NAME.search(name.lower())) or None
 
 
-def visible_gpu() -> tuple[Optional[tuple[int, int]], Optional[str]]:
+def visible_gpu() -> tuple[tuple[int, int] | None, str | None]:
     """Capability and name of GPU 0 of the machine decisions are made for (``current_host()``), or
     ``(None, None)`` on a machine without a usable GPU."""
     return current_host().gpu()
 
 
 def resolve_gpu_target(
-    device_capability: Optional[tuple[int, int]] = None,
-    device_name: Optional[str] = None,
+    device_capability: tuple[int, int] | None = None,
+    device_name: str | None = None,
     *,
     detect: bool = True,
 ) -> GpuTarget:
@@ -148,7 +149,7 @@ def resolve_gpu_target(
         device_capability, device_name = visible_gpu()
         source = "visible GPU"
     entry = gpu_type(device_name) if device_name else None
-    capability: Optional[tuple[int, int]]
+    capability: tuple[int, int] | None
     if device_capability is not None:
         capability = (device_capability[0], device_capability[1])  # a list from a record reads as the pair
     else:
@@ -159,12 +160,12 @@ def resolve_gpu_target(
     return GpuTarget(capability, label, _nvl72_from_name(device_name, capability), source)
 
 
-def capability_at_least(capability: Optional[tuple[int, int]], minimum: tuple[int, int]) -> bool:
+def capability_at_least(capability: tuple[int, int] | None, minimum: tuple[int, int]) -> bool:
     """``capability >= minimum``; an unknown GPU refuses nothing (the rules about a GPU apply only
     where it is known)."""
     return capability is None or tuple(capability) >= minimum
 
 
-def gpu_target_from_context(ctx: "RuleContext") -> GpuTarget:
+def gpu_target_from_context(ctx: RuleContext) -> GpuTarget:
     """The target described by a ``RuleContext`` (``finalize`` already chose argument vs visible)."""
     return resolve_gpu_target(ctx.device_capability, ctx.device_name, detect=False)

@@ -8,7 +8,7 @@ run too. Both compute it here.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 FULL_ITERATION = "full_iteration"
 """The ``model.cuda_graph_impl`` value that captures each step's forward+backward."""
@@ -24,7 +24,7 @@ def capture_iteration(first_iteration: int, warmup_steps: int) -> int:
     return first_iteration + warmup_steps
 
 
-def fresh_capture_iteration(model_cfg: Any) -> Optional[int]:
+def fresh_capture_iteration(model_cfg: Any) -> int | None:
     """The capturing iteration of a run that starts at iteration 1 (``None`` without a graph)."""
     if not captures_full_iteration(model_cfg):
         return None

@@ -18,7 +18,6 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 LOCK_NAME = "run.lock"
 STALE_AFTER_S = 30 * 60
@@ -50,7 +49,7 @@ class LockHolder:
 STARTING = LockHolder("?", -1, 0.0, "?")
 
 
-def lock_problem(save_dir: "str | os.PathLike") -> Optional[str]:
+def lock_problem(save_dir: str | os.PathLike) -> str | None:
     """Why ``<save_dir>/run.lock`` cannot be a lock (a directory, a link, another user's file);
     ``None`` when it is missing or a plain file of this user."""
     path = Path(save_dir) / LOCK_NAME
@@ -67,7 +66,7 @@ def lock_problem(save_dir: "str | os.PathLike") -> Optional[str]:
     return None
 
 
-def read_holder(save_dir: "str | os.PathLike") -> Optional[LockHolder]:
+def read_holder(save_dir: str | os.PathLike) -> LockHolder | None:
     """Who the lock file says holds ``save_dir`` (``None``: no lock file, or an empty one)."""
     path = Path(save_dir) / LOCK_NAME
     try:
@@ -80,7 +79,7 @@ def read_holder(save_dir: "str | os.PathLike") -> Optional[LockHolder]:
         os.close(fd)
 
 
-def held_by_another_live_run(save_dir: "str | os.PathLike") -> Optional[LockHolder]:
+def held_by_another_live_run(save_dir: str | os.PathLike) -> LockHolder | None:
     """The holder of ``save_dir`` when it is another run that is (or may be) alive: one that holds the
     file's lock, or a recent holder on another host."""
     path = Path(save_dir) / LOCK_NAME
@@ -114,7 +113,7 @@ def try_lock(fd: int, kind: int) -> bool:
     return True
 
 
-def holder_record(fd: int) -> Optional[LockHolder]:
+def holder_record(fd: int) -> LockHolder | None:
     """The holder record in the open lock file; ``None`` for an empty file; an unreadable record is
     a holder of unknown identity."""
     try:
@@ -125,7 +124,8 @@ def holder_record(fd: int) -> Optional[LockHolder]:
         return None
     try:
         data = json.loads(raw.decode())
-        return LockHolder(str(data["host"]), int(data["pid"]), float(data["started"]), str(data["run_id"]),
-                          os.fstat(fd).st_mtime)
+        return LockHolder(
+            str(data["host"]), int(data["pid"]), float(data["started"]), str(data["run_id"]), os.fstat(fd).st_mtime
+        )
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
         return LockHolder("unknown", 0, 0.0, "unreadable lock file")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.training.config_stages.facts.parallel_layout import all_within, layout_within
 from megatron.bridge.training.config_stages.schema.rule_base import RuleContext
@@ -24,8 +24,14 @@ if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
 SHAPE_SIZE_FIELDS: tuple[str, ...] = (
-    "model.num_layers", "model.hidden_size", "model.num_attention_heads", "model.num_query_groups",
-    "model.kv_channels", "model.ffn_hidden_size", "model.num_moe_experts", "model.moe_ffn_hidden_size",
+    "model.num_layers",
+    "model.hidden_size",
+    "model.num_attention_heads",
+    "model.num_query_groups",
+    "model.kv_channels",
+    "model.ffn_hidden_size",
+    "model.num_moe_experts",
+    "model.moe_ffn_hidden_size",
     "model.make_vocab_size_divisible_by",
 )
 """Sizes the estimate multiplies; each has a range rule (out of range: no estimate, the range says it)."""
@@ -57,9 +63,11 @@ class MemoryEstimate:
     def describe(self) -> str:
         """``at least 412.3 GiB per rank: 2.46e+10 parameters; weights 45.8 GiB, ...``"""
         base = f", processes {gib(self.base_bytes)}" if self.base_bytes else ""
-        return (f"at least {gib(self.total_bytes)} {self.scope}: {self.params:.3g} parameters; weights "
-                f"{gib(self.weight_bytes)}, gradients {gib(self.grad_bytes)}, optimizer state "
-                f"{gib(self.optimizer_bytes)}{base}")
+        return (
+            f"at least {gib(self.total_bytes)} {self.scope}: {self.params:.3g} parameters; weights "
+            f"{gib(self.weight_bytes)}, gradients {gib(self.grad_bytes)}, optimizer state "
+            f"{gib(self.optimizer_bytes)}{base}"
+        )
 
 
 def gib(nbytes: float) -> str:
@@ -71,12 +79,12 @@ def _positive(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def estimable(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def estimable(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     """Whether every size the estimate reads is inside its range (else the range rules speak)."""
     return layout_within(cfg, ctx) and all_within(cfg, ctx, *SHAPE_SIZE_FIELDS)
 
 
-def _moe_layers(cfg: "ConfigContainer", mlp_cheaper: bool) -> int:
+def _moe_layers(cfg: ConfigContainer, mlp_cheaper: bool) -> int:
     """How many of the layers are MoE layers; for a pattern this module does not read (a string),
     the count that gives the smaller estimate."""
     m = cfg.model
@@ -90,7 +98,7 @@ def _moe_layers(cfg: "ConfigContainer", mlp_cheaper: bool) -> int:
     return 0 if mlp_cheaper else m.num_layers
 
 
-def _param_counts(cfg: "ConfigContainer") -> tuple[int, int]:
+def _param_counts(cfg: ConfigContainer) -> tuple[int, int]:
     """``(dense, expert)`` parameters of the whole model (norms and biases left out)."""
     m = cfg.model
     hidden, heads = m.hidden_size, m.num_attention_heads
@@ -106,12 +114,11 @@ def _param_counts(cfg: "ConfigContainer") -> tuple[int, int]:
     padding = m.make_vocab_size_divisible_by * m.tensor_model_parallel_size
     vocab = -(-_positive(m.vocab_size) // padding) * padding
     embeddings = vocab * hidden * (1 if m.share_embeddings_and_output_weights else 2)
-    dense = (m.num_layers * attention + (m.num_layers - moe_layers) * dense_mlp + moe_layers * moe_dense
-             + embeddings)
+    dense = m.num_layers * attention + (m.num_layers - moe_layers) * dense_mlp + moe_layers * moe_dense + embeddings
     return dense, moe_layers * expert_mlps
 
 
-def _weight_bytes(cfg: "ConfigContainer") -> int:
+def _weight_bytes(cfg: ConfigContainer) -> int:
     m = cfg.model
     return 1 if getattr(m, "fp8_param", False) else 2 if (m.bf16 or m.fp16) else 4
 
@@ -120,7 +127,7 @@ def _dtype_bytes(dtype: Any, default: int) -> int:
     return getattr(dtype, "itemsize", default)
 
 
-def _optimizer_bytes_per_param(cfg: "ConfigContainer", weight: int) -> int:
+def _optimizer_bytes_per_param(cfg: ConfigContainer, weight: int) -> int:
     """Bytes of optimizer state per parameter before sharding: the fp32 main copy under mixed
     precision (2 when bf16 keeps only the remainders) and Adam's two moments; other optimizers
     count only the main copy, and offloaded state counts nothing."""
@@ -137,12 +144,12 @@ def _optimizer_bytes_per_param(cfg: "ConfigContainer", weight: int) -> int:
     return main + moments
 
 
-def _shard(count: int, shards: Optional[int]) -> int:
+def _shard(count: int, shards: int | None) -> int:
     """``count`` split over ``shards`` ranks; nothing when the shard count is unknown (no world size)."""
     return count // shards if shards else 0
 
 
-def estimate_per_rank(cfg: "ConfigContainer", world_size: Optional[int]) -> MemoryEstimate:
+def estimate_per_rank(cfg: ConfigContainer, world_size: int | None) -> MemoryEstimate:
     """The lower bound of one rank's model state (see the module docstring); call it only where
     :func:`estimable` holds."""
     m = cfg.model
@@ -167,27 +174,32 @@ def estimate_per_rank(cfg: "ConfigContainer", world_size: Optional[int]) -> Memo
     return MemoryEstimate(params, params * weight, params * grad, optimizer_bytes)
 
 
-def within_limit(needed: float, limit: Optional[int]) -> bool:
+def within_limit(needed: float, limit: int | None) -> bool:
     """``needed <= limit``; an unknown limit refuses nothing (the memory rules apply only where it is known)."""
     return limit is None or needed <= limit
 
 
-def limit_text(limit: Optional[int], where: str) -> str:
+def limit_text(limit: int | None, where: str) -> str:
     """``80.0 GiB on this host`` (``where`` after the size), or that the limit is unknown."""
     return f"{gib(limit)} {where}" if limit is not None else f"unknown {where}"
 
 
-def host_memory_bytes() -> Optional[int]:
+def host_memory_bytes() -> int | None:
     """Memory the machine decisions are made for lets this process's group use (``current_host()``);
     ``None`` when it cannot be read."""
     return current_host().memory_bytes()
 
 
-def cpu_job_estimate(cfg: "ConfigContainer", world_size: Optional[int]) -> MemoryEstimate:
+def cpu_job_estimate(cfg: ConfigContainer, world_size: int | None) -> MemoryEstimate:
     """What the ranks of a CPU smoke-mode job hold together: all run on this host (in an emulated
     world, one process plays one rank: its share of the layout of ``world_size``)."""
     ranks = 1 if cfg.emulation.enabled else world_size or 1
     one = estimate_per_rank(cfg, world_size)
-    return MemoryEstimate(one.params * ranks, one.weight_bytes * ranks, one.grad_bytes * ranks,
-                          one.optimizer_bytes * ranks, CPU_RANK_BASE_BYTES * ranks,
-                          f"for the {ranks} rank(s) on this host")
+    return MemoryEstimate(
+        one.params * ranks,
+        one.weight_bytes * ranks,
+        one.grad_bytes * ranks,
+        one.optimizer_bytes * ranks,
+        CPU_RANK_BASE_BYTES * ranks,
+        f"for the {ranks} rank(s) on this host",
+    )

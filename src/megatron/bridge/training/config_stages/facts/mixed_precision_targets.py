@@ -7,7 +7,7 @@ ownership table (``facts.ownership``), the rules and the resolution that writes 
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from megatron.bridge.training.config_stages.schema.mixed_precision_config import (
     MIXED_PRECISION_RECIPES,
@@ -42,7 +42,7 @@ LEFT_TO_USER = object()
 """What :func:`precision_value` returns for a field the recipe does not set."""
 
 
-def mixed_precision_recipe(setting: MixedPrecisionSetting) -> Optional[MixedPrecisionConfig]:
+def mixed_precision_recipe(setting: MixedPrecisionSetting) -> MixedPrecisionConfig | None:
     """The recipe ``setting`` (a name or an object) stands for, its dtypes decided (the table's
     read-only record for a name); ``None`` for no recipe or an unknown name (a rule reports that)."""
     if isinstance(setting, MixedPrecisionConfig):

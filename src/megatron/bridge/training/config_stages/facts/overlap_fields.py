@@ -9,8 +9,9 @@ switch's ``compute`` function, from fields that are not copies.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.training.config_stages.facts.parallel_layout import data_parallel_size, positive_size
 from megatron.bridge.training.config_stages.schema.rule_base import RuleContext, field_default
@@ -67,13 +68,13 @@ def _value(partial: Partial, name: str) -> Any:
     return partial[name].value if name in partial else None
 
 
-def _pipeline(cfg: "ConfigContainer") -> tuple[int, Optional[int]]:
+def _pipeline(cfg: ConfigContainer) -> tuple[int, int | None]:
     """PP and VPP; a PP that is not a positive integer counts as 1 here (its range rule reports it)."""
     m = cfg.model
     return positive_size(m.pipeline_model_parallel_size) or 1, positive_size(m.virtual_pipeline_model_parallel_size)
 
 
-def data_parallel(cfg: "ConfigContainer", ctx: RuleContext) -> Optional[int]:
+def data_parallel(cfg: ConfigContainer, ctx: RuleContext) -> int | None:
     """Data-parallel size for the context's world size, else ``comm_overlap.data_parallel_size``
     (``None`` when neither is known)."""
     if ctx.world_size is None:
@@ -81,7 +82,7 @@ def data_parallel(cfg: "ConfigContainer", ctx: RuleContext) -> Optional[int]:
     return data_parallel_size(cfg, ctx.world_size)
 
 
-def gloo_on_cuda(cfg: "ConfigContainer") -> bool:
+def gloo_on_cuda(cfg: ConfigContainer) -> bool:
     """Ranks on GPUs talking over gloo (e.g. two ranks sharing one GPU, where NCCL refuses)."""
     return cfg.dist.device == "cuda" and cfg.dist.effective_backend == "gloo"
 
@@ -102,7 +103,7 @@ def _compute_batch_p2p(cfg, partial, ctx):
     return False, "PP=1 or p2p overlapped"
 
 
-def _distributed_dp(cfg, ctx) -> tuple[Optional[bool], str]:
+def _distributed_dp(cfg, ctx) -> tuple[bool | None, str]:
     """Whether the distributed optimizer runs with DP>1 (``None`` when DP is unknown)."""
     if not cfg.ddp.use_distributed_optimizer:
         return False, "no distributed optimizer"
@@ -140,7 +141,7 @@ def _off(reason: str) -> ComputeFn:
     return lambda cfg, partial, ctx: (False, reason)
 
 
-def _megatron_default(target: Optional[str]) -> ComputeFn:
+def _megatron_default(target: str | None) -> ComputeFn:
     """The default of ``target``'s own class (``None`` without a target)."""
     return lambda cfg, partial, ctx: (
         field_default(cfg, target) if target else None,
@@ -150,7 +151,10 @@ def _megatron_default(target: Optional[str]) -> ComputeFn:
 
 def _kept(name: str, targets: tuple[str, ...], is_bool: bool = False) -> OverlapField:
     return OverlapField(
-        name, targets, _megatron_default(targets[0] if targets else None), "keeps the megatron-core default",
+        name,
+        targets,
+        _megatron_default(targets[0] if targets else None),
+        "keeps the megatron-core default",
         is_bool=is_bool,
     )
 
@@ -161,12 +165,8 @@ OVERLAP_FIELDS: tuple[OverlapField, ...] = (
     OverlapField("tp_comm_overlap", ("model.tp_comm_overlap",), _off(OFF_UNLESS_REQUESTED), OFF_UNLESS_REQUESTED),
     _kept("tp_comm_overlap_cfg", ()),
     _kept("tp_comm_bootstrap_backend", ("model.tp_comm_bootstrap_backend",)),
-    OverlapField(
-        "overlap_p2p_comm", ("model.overlap_p2p_comm",), _compute_overlap_p2p, "on when PP>1 with VPP"
-    ),
-    OverlapField(
-        "batch_p2p_comm", ("model.batch_p2p_comm",), _compute_batch_p2p, "on when PP>1 without VPP"
-    ),
+    OverlapField("overlap_p2p_comm", ("model.overlap_p2p_comm",), _compute_overlap_p2p, "on when PP>1 with VPP"),
+    OverlapField("batch_p2p_comm", ("model.batch_p2p_comm",), _compute_batch_p2p, "on when PP>1 without VPP"),
     OverlapField(
         "overlap_grad_reduce",
         ("ddp.overlap_grad_reduce",),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -133,7 +133,7 @@ def parse_override(text: str) -> HydraOverride:
     form, rest = "set", item
     for prefix, name in (("++", "force"), ("+", "add"), ("~", "delete")):
         if item.startswith(prefix):
-            form, rest = name, item[len(prefix):]
+            form, rest = name, item[len(prefix) :]
             break
     key, sep, raw = rest.partition("=")
     key = key.strip()
@@ -148,8 +148,9 @@ def parse_override(text: str) -> HydraOverride:
         raise OverrideValueError(text, key, raw, rule, f"{shown(item)!r}: {message}", fix) from None
     problem = check_reference_syntax(value)
     if problem is not None:
-        raise OverrideValueError(text, key, raw, "override-reference", f"{shown(item)!r}: {problem.message}",
-                                 problem.fix)
+        raise OverrideValueError(
+            text, key, raw, "override-reference", f"{shown(item)!r}: {problem.message}", problem.fix
+        )
     return HydraOverride(item, form, key, value)
 
 
@@ -170,14 +171,15 @@ def _spelling_fix(tree: DictConfig, key: str) -> str:
     return did_you_mean(leaf, choices, prefix) or f"check the spelling, or add a new key with +{key}=..."
 
 
-def _apply_one(tree: DictConfig, item: HydraOverride) -> Optional[Violation]:
+def _apply_one(tree: DictConfig, item: HydraOverride) -> Violation | None:
     """Apply one override to ``tree``; the problem, if any, instead."""
     current = _lookup(tree, item.key)
     if item.form == "set" and current is _ABSENT:
         return _violation(item, f"{item.key!r} is not in the config", _spelling_fix(tree, item.key))
     if item.form == "add" and current is not _ABSENT:
-        return _violation(item, f"{item.key!r} is already in the config",
-                          f"change it with {item.key}=... (or ++{item.key}=...)")
+        return _violation(
+            item, f"{item.key!r} is already in the config", f"change it with {item.key}=... (or ++{item.key}=...)"
+        )
     if item.form == "delete":
         if current is _ABSENT:
             return _violation(item, f"{item.key!r} is not in the config: nothing to remove", "check the spelling")
@@ -207,9 +209,16 @@ def parse_hydra_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConf
             errors.append(Violation(bad.rule, (bad.key,), (shown(bad.raw),), bad.message, bad.fix, value_label="given"))
             continue
         except ValueError:
-            errors.append(Violation("override-syntax", (str(text),), (shown(text),),
-                                    f"{shown(text)!r} is not an override",
-                                    "write key=value, +key=value, ++key=value or ~key", value_label="given"))
+            errors.append(
+                Violation(
+                    "override-syntax",
+                    (str(text),),
+                    (shown(text),),
+                    f"{shown(text)!r} is not an override",
+                    "write key=value, +key=value, ++key=value or ~key",
+                    value_label="given",
+                )
+            )
             continue
         problem = _apply_one(cfg, item)
         if problem is not None:
@@ -263,8 +272,13 @@ def _deleted_fields(cfg: Any, items: Sequence[HydraOverride]) -> list[Violation]
         for part in holder_path.split(".") if holder_path else ():
             holder = getattr(holder, part, None)
         if dataclasses.is_dataclass(holder) and name in field_annotations(type(holder)):
-            errors.append(_violation(item, f"{item.key!r} is a field of {type(holder).__name__}: it cannot be removed",
-                                     f"set it instead ({item.key}=null or a value)"))
+            errors.append(
+                _violation(
+                    item,
+                    f"{item.key!r} is a field of {type(holder).__name__}: it cannot be removed",
+                    f"set it instead ({item.key}=null or a value)",
+                )
+            )
     return errors
 
 
@@ -345,8 +359,8 @@ def has_hydra_prefix(overrides: Sequence[str]) -> bool:
 
 def apply_overrides(
     cfg: Any,
-    overrides: Union[Mapping[str, Any], Sequence[str]],
-    excluded_fields: Optional[Mapping[str, Any]] = None,
+    overrides: Mapping[str, Any] | Sequence[str],
+    excluded_fields: Mapping[str, Any] | None = None,
     *,
     source: str = "cli",
 ) -> Any:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from megatron.bridge.training.config_stages.reading.shown import short_text, shown
 from megatron.bridge.training.errors import OverrideError, Violation, did_you_mean
@@ -45,13 +45,20 @@ def unknown_field(dotted: str, given: Any, class_name: str, choices: Sequence[st
     """``dotted`` is not a field of ``class_name``: the closest of ``choices`` (did-you-mean), else the
     first of them. The one wording of an unknown override key, early or in the full check."""
     fix = did_you_mean(dotted.rpartition(".")[2], choices, prefix) or (
-        f"check the spelling; valid keys here: {', '.join(sorted(choices)[:12])}, ...")
-    return Violation(UNKNOWN_KEY_RULE, (short_text(dotted),), (shown(given),),
-                     f"{short_text(dotted)!r} is not a field of {class_name}", fix, value_label="given")
+        f"check the spelling; valid keys here: {', '.join(sorted(choices)[:12])}, ..."
+    )
+    return Violation(
+        UNKNOWN_KEY_RULE,
+        (short_text(dotted),),
+        (shown(given),),
+        f"{short_text(dotted)!r} is not a field of {class_name}",
+        fix,
+        value_label="given",
+    )
 
 
 # --------------------------------------------------------------------------------------------- the check
-def installed_megatron_core_version() -> Optional[str]:
+def installed_megatron_core_version() -> str | None:
     """The installed megatron-core's version, from its distribution's metadata (nothing is imported)."""
     try:
         return metadata.version(MEGATRON_CORE)
@@ -70,7 +77,7 @@ class _Item:
 
     text: str
     parts: list[str]
-    raw: Optional[str]
+    raw: str | None
 
     def given(self) -> Any:
         """What a message shows as given: the value as the full check reads it (plain YAML), else its
@@ -78,7 +85,7 @@ class _Item:
         return self.text.strip() if self.raw is None else _read_value(self.raw)
 
 
-def _item(text: str) -> Optional[_Item]:
+def _item(text: str) -> _Item | None:
     """``[+|++|~]a.b.c[=value]`` -> its key parts and value; ``None`` when it has no key to judge."""
     body = text.strip().lstrip("+~")
     key, sep, raw = body.partition("=")
@@ -116,19 +123,22 @@ def unknown_override_names(overrides: Sequence[str]) -> list[Violation]:
             continue
         depth, class_name, choices = found
         dotted = ".".join(item.parts[: depth + 1])
-        value = _nested(item.parts[depth + 1:], item.given())
+        value = _nested(item.parts[depth + 1 :], item.given())
         if dotted in unknown:
             value = _merged(unknown[dotted][3], value)
         unknown[dotted] = (class_name, choices, ".".join(item.parts[:depth]), value)
-    return [unknown_field(dotted, value, class_name, choices, f"{prefix}." if prefix else "")
-            for dotted, (class_name, choices, prefix, value) in unknown.items()]
+    return [
+        unknown_field(dotted, value, class_name, choices, f"{prefix}." if prefix else "")
+        for dotted, (class_name, choices, prefix, value) in unknown.items()
+    ]
 
 
-def _first_unknown(names: Mapping[str, Any], parts: list[str],
-                   targeted: set[tuple[str, ...]]) -> Optional[tuple[int, str, list[str]]]:
+def _first_unknown(
+    names: Mapping[str, Any], parts: list[str], targeted: set[tuple[str, ...]]
+) -> tuple[int, str, list[str]] | None:
     """Where ``parts`` first names no field: ``(index, class name, its fields)``; ``None`` when every
     part is a field, or the rest is not the schema's to judge."""
-    class_name: Optional[str] = names["root"]
+    class_name: str | None = names["root"]
     for depth, part in enumerate(parts):
         if class_name is None or part == TARGET_KEY or tuple(parts[:depth]) in targeted:
             return None
@@ -187,8 +197,10 @@ def _add_class(cls: type, classes: dict[str, Any], seen: dict[str, type]) -> str
 
     name = cls.__name__
     if seen.setdefault(name, cls) is not cls:
-        raise ValueError(f"two config classes are named {name}: {seen[name]} and {cls}; a message names a class "
-                         "by its name, so rename one")
+        raise ValueError(
+            f"two config classes are named {name}: {seen[name]} and {cls}; a message names a class "
+            "by its name, so rename one"
+        )
     if name in classes:
         return name
     entry: dict[str, Any] = {"fields": {}, "aliases": []}

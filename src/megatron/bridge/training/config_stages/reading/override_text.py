@@ -94,18 +94,27 @@ def read_dotlist(overrides: Sequence[str]) -> tuple[dict[str, Any], list[Violati
             )
             continue
         if not raw.strip():
-            errors.append(Violation(
-                "override-empty-value", (short_text(key),), (raw,),
-                f"{short_text(key)}= gives no value (an unset shell variable, as in {short_text(key)}=\"$UNSET\"?): "
-                "it would quietly mean null",
-                f"give the value, or write {short_text(key)}=null to unset it on purpose", value_label="given"))
+            errors.append(
+                Violation(
+                    "override-empty-value",
+                    (short_text(key),),
+                    (raw,),
+                    f'{short_text(key)}= gives no value (an unset shell variable, as in {short_text(key)}="$UNSET"?): '
+                    "it would quietly mean null",
+                    f"give the value, or write {short_text(key)}=null to unset it on purpose",
+                    value_label="given",
+                )
+            )
             continue
         try:
             value = parse_value(raw)
         except (yaml.YAMLError, OmegaConfBaseException) as exc:
             rule, message, fix = value_problem(raw, exc)
-            errors.append(Violation(rule, (short_text(key),), (shown(raw),), f"{shown(item)!r}: {message}", fix,
-                                    value_label="given"))
+            errors.append(
+                Violation(
+                    rule, (short_text(key),), (shown(raw),), f"{shown(item)!r}: {message}", fix, value_label="given"
+                )
+            )
             continue
         _set_nested(tree, key, value)
     return tree, errors

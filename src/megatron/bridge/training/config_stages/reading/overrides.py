@@ -16,7 +16,7 @@ import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any
 
 from megatron.bridge.models.gpt_provider import GPTModelProvider
 from megatron.bridge.training.config_stages.facts import ownership
@@ -66,7 +66,7 @@ def allowed_targets(base: type) -> dict[str, type]:
     return found
 
 
-def class_from_target(target: Any, base: type, path: str, errors: list[Violation]) -> Optional[type]:
+def class_from_target(target: Any, base: type, path: str, errors: list[Violation]) -> type | None:
     """The class a ``_target_`` names, when it is one of :func:`allowed_targets`; else a violation.
 
     A name outside the project's package is refused from its text: nothing is imported for it.
@@ -144,7 +144,8 @@ def _apply_tree(obj: Any, changes: Mapping[str, Any], path: str, layer: _Layer) 
                     (shown(raw),),
                     f"{dotted} may name only {refused.expected}, not {shown(raw)!r} (a config cannot make the "
                     "run import anything else)",
-                    f"use one of: {refused.allowed}" if refused.allowed != "none"
+                    f"use one of: {refused.allowed}"
+                    if refused.allowed != "none"
                     else f"leave {dotted} out of the config file and set it in Python",
                     value_label="given",
                 )
@@ -222,7 +223,7 @@ def _rebuild(obj: Any, updates: dict[str, Any]) -> Any:
     return obj
 
 
-def with_overrides(cfg: Any, overrides: Union[Mapping[str, Any], Sequence[str]], source: str = "cli") -> Any:
+def with_overrides(cfg: Any, overrides: Mapping[str, Any] | Sequence[str], source: str = "cli") -> Any:
     """A copy of ``cfg`` (a ``ConfigContainer`` or any config dataclass) with ``overrides`` (nested
     mapping or dotted strings) applied, typed; ``cfg`` itself is never modified.
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal
 
 import yaml
 
@@ -66,7 +66,7 @@ class NotPlainYaml(yaml.YAMLError):
         self.problems = problems
 
 
-def plain_yaml_root(text: str) -> Optional[yaml.Node]:
+def plain_yaml_root(text: str) -> yaml.Node | None:
     """The composed document of ``text`` (``None`` when it is empty) once it is known to be plain data.
 
     Raises ``yaml.YAMLError`` for malformed YAML and :class:`NotPlainYaml` listing every problem.
@@ -85,7 +85,7 @@ def _problem(kind: ProblemKind, node: yaml.Node, message: str) -> YamlProblem:
 
 
 def _shown_tag(tag: str) -> str:
-    return short_text("!!" + tag[len(_YAML_TAG):] if tag.startswith(_YAML_TAG) else tag, 80)
+    return short_text("!!" + tag[len(_YAML_TAG) :] if tag.startswith(_YAML_TAG) else tag, 80)
 
 
 def _children(node: yaml.Node, path: str) -> Iterator[tuple[yaml.Node, str]]:
@@ -123,9 +123,14 @@ class _Walk:
                 on_path.discard(id(node))
                 self._count(node)
             elif id(child) in on_path:
-                self.problems.append(_problem("recursive-alias", child,
-                                              f"the alias at {short_text(path, 80) or 'the top'} is "
-                                              "inside the node it names, so its value never ends"))
+                self.problems.append(
+                    _problem(
+                        "recursive-alias",
+                        child,
+                        f"the alias at {short_text(path, 80) or 'the top'} is "
+                        "inside the node it names, so its value never ends",
+                    )
+                )
             elif id(child) not in self.expanded and self._deep_enough(child, path, len(stack)):
                 on_path.add(id(child))
                 self._check(child, path)
@@ -138,8 +143,11 @@ class _Walk:
         self.expanded[id(node)] = 1
         if not self.too_deep:
             self.too_deep = True
-            self.problems.append(_problem("too-large", node, f"values nest deeper than {MAX_YAML_DEPTH} levels "
-                                          f"(at {short_text(path, 80)})"))
+            self.problems.append(
+                _problem(
+                    "too-large", node, f"values nest deeper than {MAX_YAML_DEPTH} levels (at {short_text(path, 80)})"
+                )
+            )
         return False
 
     def _count(self, node: yaml.Node) -> None:
@@ -150,15 +158,26 @@ class _Walk:
         """The problems of one node written in the text: its tag, its keys, its digits."""
         where = f" at {short_text(path, 80)}" if path else ""
         if node.tag not in PLAIN_TAGS:
-            self.problems.append(_problem("tag", node, f"YAML tags are not read ({_shown_tag(node.tag)}{where}): "
-                                          "values are plain data, nothing is built from a tag"))
+            self.problems.append(
+                _problem(
+                    "tag",
+                    node,
+                    f"YAML tags are not read ({_shown_tag(node.tag)}{where}): "
+                    "values are plain data, nothing is built from a tag",
+                )
+            )
         if isinstance(node, yaml.MappingNode):
             self._check_keys(node, path)
         elif isinstance(node, yaml.ScalarNode) and not node.style:  # plain (unquoted): None, or '' from libyaml
             digits = node.value.lstrip("+-").replace("_", "")
             if digits.isascii() and digits.isdigit() and len(digits) > MAX_NUMBER_DIGITS:
-                self.problems.append(_problem("number", node, f"a number of {len(digits):,} digits{where}; "
-                                              f"a config number has at most {MAX_NUMBER_DIGITS}"))
+                self.problems.append(
+                    _problem(
+                        "number",
+                        node,
+                        f"a number of {len(digits):,} digits{where}; a config number has at most {MAX_NUMBER_DIGITS}",
+                    )
+                )
 
     def _check_keys(self, node: yaml.MappingNode, path: str) -> None:
         first_line: dict[str, int] = {}
@@ -171,17 +190,24 @@ class _Walk:
                 continue
             dotted = short_text(f"{path}.{key.value}" if path else key.value, 80)
             lines = f" (lines {first_line[key.value]} and {line})" if first_line[key.value] != line else ""
-            self.problems.append(_problem("duplicate-key", key, f"the key {dotted} is given twice{lines}: which "
-                                          "value is meant is unclear"))
+            self.problems.append(
+                _problem(
+                    "duplicate-key", key, f"the key {dotted} is given twice{lines}: which value is meant is unclear"
+                )
+            )
 
     def _check_size(self, root: yaml.Node) -> None:
         total, written = self.expanded.get(id(root), 1), len(self.expanded)
         if total > MAX_YAML_NODES:
-            message = (f"the document holds more than {MAX_YAML_NODES:,} YAML nodes once its aliases are expanded "
-                       f"({written:,} written)")
+            message = (
+                f"the document holds more than {MAX_YAML_NODES:,} YAML nodes once its aliases are expanded "
+                f"({written:,} written)"
+            )
         elif total > ALIAS_GROWTH_FROM and total > MAX_ALIAS_GROWTH * written:
-            message = (f"aliases repeat the document's {written:,} YAML nodes to {total:,}, more than "
-                       f"{MAX_ALIAS_GROWTH} times over")
+            message = (
+                f"aliases repeat the document's {written:,} YAML nodes to {total:,}, more than "
+                f"{MAX_ALIAS_GROWTH} times over"
+            )
         else:
             return
         self.problems.append(_problem("too-large", root, message))

@@ -14,7 +14,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any
 
 from megatron.bridge.training.config_stages.reading.shown import short_text, shown
 from megatron.bridge.training.config_stages.reading.typed_values import encode_plain, field_annotations
@@ -48,13 +48,13 @@ class _Reference:
     key: str
 
 
-def split_references(text: str) -> list[Union[str, _Reference]]:
+def split_references(text: str) -> list[str | _Reference]:
     """``'a${x.y}b'`` -> ``['a', _Reference('x.y'), 'b']``; ``\\${`` is a literal ``${``.
 
     Only references to a dotted key are read: a resolver (``${oc.env:HOME}``), a relative or nested
     reference, or an unclosed ``${`` raise :class:`_ReferenceProblem`.
     """
-    parts: list[Union[str, _Reference]] = []
+    parts: list[str | _Reference] = []
     literal: list[str] = []
     i = 0
     while i < len(text):
@@ -69,7 +69,7 @@ def split_references(text: str) -> list[Union[str, _Reference]]:
         end = text.find("}", i + 2)
         if end < 0:
             raise _ReferenceProblem("an unclosed ${ (a reference is ${section.field})")
-        inner = text[i + 2:end].strip()
+        inner = text[i + 2 : end].strip()
         shown_inner = short_text(inner, 80)
         if "${" in inner or "{" in inner:
             raise _ReferenceProblem("nested references (${a.${b}}) are not read")
@@ -78,7 +78,7 @@ def split_references(text: str) -> list[Union[str, _Reference]]:
             raise _ReferenceProblem(
                 f"${{{shown_inner}}} calls the resolver {short_text(resolver, 40)!r}: resolvers (oc.env, oc.decode, "
                 "...) are not evaluated, so a config never depends on the environment of the process that reads it",
-                "write the value itself (a shell can put a variable in: key=\"$VAR\")",
+                'write the value itself (a shell can put a variable in: key="$VAR")',
             )
         if not _DOTTED_KEY.fullmatch(inner):
             raise _ReferenceProblem(
@@ -104,7 +104,7 @@ def has_reference_syntax(value: Any) -> bool:
     return False
 
 
-def check_reference_syntax(value: Any) -> Optional[_ReferenceProblem]:
+def check_reference_syntax(value: Any) -> _ReferenceProblem | None:
     """The first problem of the ``${...}`` in ``value`` (resolvers, nesting...), without resolving."""
     if isinstance(value, str) and "${" in value:
         try:
@@ -134,8 +134,11 @@ class _References:
     def fail(self, key: str, raw: Any, problem: _ReferenceProblem) -> None:
         """List ``problem`` for ``key`` (given as ``raw``); references to ``key`` fail with it."""
         self.failed.add(key)
-        self.errors.append(Violation(problem.rule, (short_text(key),), (shown(raw),), problem.message, problem.fix,
-                                     value_label="given"))
+        self.errors.append(
+            Violation(
+                problem.rule, (short_text(key),), (shown(raw),), problem.message, problem.fix, value_label="given"
+            )
+        )
 
     def _in_layer(self, key: str) -> Any:
         node: Any = self.changes
@@ -180,11 +183,13 @@ class _References:
         if raw is _ABSENT:
             return self._in_config(key)
         if isinstance(raw, Mapping):
-            raise _ReferenceProblem(f"${{{short_text(key)}}} names a whole section, not a value",
-                                    "name one field of it")
+            raise _ReferenceProblem(
+                f"${{{short_text(key)}}} names a whole section, not a value", "name one field of it"
+            )
         if len(stack) > MAX_REFERENCE_CHAIN:  # never reached: longer chains are refused before resolving
-            raise _ReferenceProblem(f"more than {MAX_REFERENCE_CHAIN} references in a row", _CHAIN_FIX,
-                                    "override-reference-depth")
+            raise _ReferenceProblem(
+                f"more than {MAX_REFERENCE_CHAIN} references in a row", _CHAIN_FIX, "override-reference-depth"
+            )
         return copy.deepcopy(self.resolved(key, raw, stack))  # each use its own copy, as a written value is
 
     def resolved(self, key: str, raw: Any, stack: tuple[str, ...] = ()) -> Any:
@@ -236,10 +241,16 @@ class _References:
         for key, length in lengths.items():
             if length == MAX_REFERENCE_CHAIN + 1:
                 chain = " -> ".join(short_text(k, 60) for k in self._longest_chain(key, lengths))
-                self.fail(key, raws.get(key, self._in_layer(key)), _ReferenceProblem(
-                    f"its value goes through {length} references in a row ({chain}); at most "
-                    f"{MAX_REFERENCE_CHAIN} are followed (keys that refer to it are left out with it)",
-                    _CHAIN_FIX, "override-reference-depth"))
+                self.fail(
+                    key,
+                    raws.get(key, self._in_layer(key)),
+                    _ReferenceProblem(
+                        f"its value goes through {length} references in a row ({chain}); at most "
+                        f"{MAX_REFERENCE_CHAIN} are followed (keys that refer to it are left out with it)",
+                        _CHAIN_FIX,
+                        "override-reference-depth",
+                    ),
+                )
         self.failed.update(key for key, length in lengths.items() if length > MAX_REFERENCE_CHAIN)
 
     def _layer_leaf(self, key: str) -> Any:
@@ -294,7 +305,9 @@ def _too_long() -> _ReferenceProblem:
     return _ReferenceProblem(
         f"its references make it longer than {MAX_EXPANDED_CHARS:,} characters (the most a value made of "
         "references may be, so that a config cannot grow without bound)",
-        "write the value itself, or refer to fewer or shorter fields", "override-reference-size")
+        "write the value itself, or refer to fewer or shorter fields",
+        "override-reference-size",
+    )
 
 
 def _referenced_keys(raw: Any) -> list[str]:

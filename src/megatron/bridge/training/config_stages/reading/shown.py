@@ -15,8 +15,16 @@ SHOWN_CHARS = 160
 SHOWN_VALUE_CHARS = 400
 """The most characters of one value (a list or mapping of such texts) a message repeats."""
 
-_BOUNDED = reprlib.Repr(maxlevel=3, maxdict=6, maxlist=6, maxtuple=6, maxset=6, maxstring=SHOWN_CHARS,
-                        maxlong=SHOWN_CHARS, maxother=SHOWN_CHARS)
+_BOUNDED = reprlib.Repr(
+    maxlevel=3,
+    maxdict=6,
+    maxlist=6,
+    maxtuple=6,
+    maxset=6,
+    maxstring=SHOWN_CHARS,
+    maxlong=SHOWN_CHARS,
+    maxother=SHOWN_CHARS,
+)
 
 
 class _Shown:

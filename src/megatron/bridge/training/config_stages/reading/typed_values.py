@@ -16,10 +16,10 @@ import inspect
 import sys
 import types
 import typing
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Callable as AbcCallable
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import torch
 
@@ -131,7 +131,7 @@ def _defined_in(obj: Any, module: str) -> bool:
     return origin == module or origin.startswith("torch._C")
 
 
-def resolve_config_callable(text: str, name: Optional[str] = None) -> Callable:
+def resolve_config_callable(text: str, name: str | None = None) -> Callable:
     """The function ``text`` names for the callable field ``name``, if that field's list allows it.
 
     ``text`` is an import path (``torch.nn.functional.silu``) or a bare name looked up in the
@@ -139,9 +139,7 @@ def resolve_config_callable(text: str, name: Optional[str] = None) -> Callable:
     """
     kind = CONFIG_CALLABLES.get(name) if name is not None else ANY_CONFIG_CALLABLE
     if kind is None:
-        raise CallableNotAllowed(
-            f"nothing from a config file ({name} is a run-time hook: set it in Python)", "none"
-        )
+        raise CallableNotAllowed(f"nothing from a config file ({name} is a run-time hook: set it in Python)", "none")
     for path in kind.candidates(text.strip()):
         if not kind.allows(path):
             continue
@@ -155,7 +153,7 @@ def resolve_config_callable(text: str, name: Optional[str] = None) -> Callable:
     raise CallableNotAllowed(f"{kind.label} from the allowed list", kind.describe())
 
 
-def config_text_of_callable(fn: Callable) -> Optional[str]:
+def config_text_of_callable(fn: Callable) -> str | None:
     """The import path a config file writes for ``fn`` when it is on an allowed list (the public
     path, e.g. ``torch.nn.functional.gelu`` for a function torch defines in its C core)."""
     name = getattr(fn, "__name__", None)
@@ -214,7 +212,7 @@ def callable_path(fn: Callable) -> str:
     )
 
 
-def convert_value(value: Any, annotation: Any, name: Optional[str] = None) -> Any:
+def convert_value(value: Any, annotation: Any, name: str | None = None) -> Any:
     """Convert ``value`` (as parsed from YAML/CLI) to ``annotation``; raise ``Mismatch`` if it can't.
 
     ``name`` is the field's name: text for a callable field must name a function on that field's
@@ -342,13 +340,13 @@ def field_annotations(cls: type) -> dict[str, Any]:
             annotation = Any
         elif f.default is None and not _allows_none(annotation) and annotation is not Any:
             # Some third-party fields default to None without saying Optional; None stays legal.
-            annotation = Optional[annotation]
+            annotation = Optional[annotation]  # noqa: UP045 (Optional takes any type form at run time)
         result[f.name] = annotation
     return result
 
 
-def dataclass_in(annotation: Any) -> Optional[type]:
-    """The dataclass type inside ``annotation`` (``X`` or ``Optional[X]``), if any."""
+def dataclass_in(annotation: Any) -> type | None:
+    """The dataclass type inside ``annotation`` (``X`` or ``X | None``), if any."""
     if dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
         return annotation
     if typing.get_origin(annotation) in (Union, types.UnionType):
@@ -358,8 +356,4 @@ def dataclass_in(annotation: Any) -> Optional[type]:
 
 
 def _allows_none(annotation: Any) -> bool:
-    return typing.get_origin(annotation) in (Union, types.UnionType) and type(None) in typing.get_args(
-        annotation
-    )
-
-
+    return typing.get_origin(annotation) in (Union, types.UnionType) and type(None) in typing.get_args(annotation)

@@ -22,7 +22,7 @@ import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from omegaconf import OmegaConf
@@ -72,8 +72,12 @@ def _cannot_load(violations: list[Violation]) -> OverrideError:
 def _plain_yaml_violation(path: Path, problem: YamlProblem) -> Violation:
     """One problem of a file that is YAML but not plain data, with its own rule and fix."""
     where = f"line {problem.line}, column {problem.column}"
-    return _file_violation(path, _YAML_RULES.get(problem.kind, "yaml-syntax"), f"at {where}: {problem.message}",
-                           PROBLEM_FIXES[problem.kind])
+    return _file_violation(
+        path,
+        _YAML_RULES.get(problem.kind, "yaml-syntax"),
+        f"at {where}: {problem.message}",
+        PROBLEM_FIXES[problem.kind],
+    )
 
 
 def _yaml_violation(path: Path, exc: Exception) -> Violation:
@@ -86,26 +90,37 @@ def _yaml_violation(path: Path, exc: Exception) -> Violation:
         "yaml-syntax",
         f"not valid YAML{where}: {short_text(problem)}",
         "fix the file there (indentation, a missing ':' after a key, an unclosed quote or bracket); "
-        "check it with: uv run python -c \"import yaml,sys; yaml.safe_load(open(sys.argv[1]))\" FILE",
+        'check it with: uv run python -c "import yaml,sys; yaml.safe_load(open(sys.argv[1]))" FILE',
     )
 
 
-def _path_too_long(path: Path) -> Optional[Violation]:
+def _path_too_long(path: Path) -> Violation | None:
     """A path no file system opens (a name over 255 bytes, the whole over 4,095), said before it is tried."""
     longest = max((len(os.fsencode(part)) for part in path.parts), default=0)
     total = len(os.fsencode(str(path)))
     if longest <= _NAME_MAX and total < _PATH_MAX:
         return None
-    what = (f"a name in it is {longest:,} bytes long (at most {_NAME_MAX})" if longest > _NAME_MAX
-            else f"it is {total:,} bytes long (at most {_PATH_MAX - 1})")
-    return _file_violation(path, "yaml-path-too-long", f"the config file path cannot be opened: {what}",
-                           "check the path (an unquoted variable or a pasted text may have run into it)")
+    what = (
+        f"a name in it is {longest:,} bytes long (at most {_NAME_MAX})"
+        if longest > _NAME_MAX
+        else f"it is {total:,} bytes long (at most {_PATH_MAX - 1})"
+    )
+    return _file_violation(
+        path,
+        "yaml-path-too-long",
+        f"the config file path cannot be opened: {what}",
+        "check the path (an unquoted variable or a pasted text may have run into it)",
+    )
 
 
-def _not_utf8(data: bytes) -> Optional[str]:
+def _not_utf8(data: bytes) -> str | None:
     """Why ``data`` is not UTF-8 text (a UTF-16/32 byte-order mark, NUL bytes, an invalid byte), or ``None``."""
-    for name, bom in (("UTF-32", codecs.BOM_UTF32_LE), ("UTF-32", codecs.BOM_UTF32_BE),
-                      ("UTF-16", codecs.BOM_UTF16_LE), ("UTF-16", codecs.BOM_UTF16_BE)):
+    for name, bom in (
+        ("UTF-32", codecs.BOM_UTF32_LE),
+        ("UTF-32", codecs.BOM_UTF32_BE),
+        ("UTF-16", codecs.BOM_UTF16_LE),
+        ("UTF-16", codecs.BOM_UTF16_BE),
+    ):
         if data.startswith(bom):
             return f"it is {name} text"
     nul = data.find(b"\0")
@@ -119,8 +134,16 @@ def _not_utf8(data: bytes) -> Optional[str]:
 
 
 def _unreadable(path: Path, exc: OSError) -> OverrideError:
-    return _cannot_load([_file_violation(path, "yaml-unreadable", f"cannot read the config file: {exc.strerror}",
-                                         "check the path and its permissions")])
+    return _cannot_load(
+        [
+            _file_violation(
+                path,
+                "yaml-unreadable",
+                f"cannot read the config file: {exc.strerror}",
+                "check the path and its permissions",
+            )
+        ]
+    )
 
 
 def _check_regular_file(path: Path) -> None:
@@ -134,8 +157,11 @@ def _check_regular_file(path: Path) -> None:
     if info is None or not stat.S_ISREG(info.st_mode):
         what = "Config file not found" if info is None else "the config file path is not a regular file"
         raise ConfigFileNotFoundError(
-            [_file_violation(path, "yaml-missing", what,
-                             "check the path (relative paths start at the working directory)")],
+            [
+                _file_violation(
+                    path, "yaml-missing", what, "check the path (relative paths start at the working directory)"
+                )
+            ],
             "cannot load YAML",
         )
 
@@ -148,13 +174,20 @@ def _bounded_bytes(path: Path) -> bytes:
     except OSError as exc:
         raise _unreadable(path, exc) from None
     if len(data) > MAX_CONFIG_FILE_BYTES:
-        raise _cannot_load([_file_violation(path, "yaml-too-large", f"the config file is over "
-                                            f"{MAX_CONFIG_FILE_BYTES // 1024:,} KiB",
-                                            "a config file sets fields: check that this is the file meant")])
+        raise _cannot_load(
+            [
+                _file_violation(
+                    path,
+                    "yaml-too-large",
+                    f"the config file is over {MAX_CONFIG_FILE_BYTES // 1024:,} KiB",
+                    "a config file sets fields: check that this is the file meant",
+                )
+            ]
+        )
     return data
 
 
-def _config_text(path: Path, sha256: Optional[str] = None) -> str:
+def _config_text(path: Path, sha256: str | None = None) -> str:
     """The text of a config file: a regular file of at most 1 MiB of UTF-8 (with ``sha256``, exactly
     the file of that digest), else a listed problem."""
     problem = _path_too_long(path)
@@ -163,21 +196,34 @@ def _config_text(path: Path, sha256: Optional[str] = None) -> str:
     _check_regular_file(path)
     data = _bounded_bytes(path)
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
-        raise _cannot_load([_file_violation(
-            path, "config-file-is-the-one-written",
-            "the config file is not the one the harness wrote for this run (its SHA-256 differs): something "
-            "replaced or changed it after the launch, so these ranks would train another configuration",
-            "launch again; keep the run directory to this run (another harness, or a user with write access "
-            "to it, changed the file)")])
+        raise _cannot_load(
+            [
+                _file_violation(
+                    path,
+                    "config-file-is-the-one-written",
+                    "the config file is not the one the harness wrote for this run (its SHA-256 differs): something "
+                    "replaced or changed it after the launch, so these ranks would train another configuration",
+                    "launch again; keep the run directory to this run (another harness, or a user with write access "
+                    "to it, changed the file)",
+                )
+            ]
+        )
     why = _not_utf8(data)
     if why is not None:
-        raise _cannot_load([_file_violation(
-            path, "yaml-not-utf8", f"the config file is not UTF-8 text: {why}",
-            "save it as UTF-8 (e.g. iconv -f UTF-16 -t UTF-8 FILE > NEW.yaml); a config file is text")])
+        raise _cannot_load(
+            [
+                _file_violation(
+                    path,
+                    "yaml-not-utf8",
+                    f"the config file is not UTF-8 text: {why}",
+                    "save it as UTF-8 (e.g. iconv -f UTF-16 -t UTF-8 FILE > NEW.yaml); a config file is text",
+                )
+            ]
+        )
     return data.decode("utf-8-sig")
 
 
-def load_yaml(path: Union[str, Path], sha256: Optional[str] = None) -> dict[str, Any]:
+def load_yaml(path: str | Path, sha256: str | None = None) -> dict[str, Any]:
     """A YAML file as a plain dict (plain data only; ``${...}`` kept as written, for the config it is
     applied to to resolve). Every problem is a listed one: a path no file system opens, a file that
     is missing, too large, not UTF-8, not YAML, not plain data, or not a mapping; with ``sha256``,
@@ -191,8 +237,16 @@ def load_yaml(path: Union[str, Path], sha256: Optional[str] = None) -> dict[str,
     except yaml.YAMLError as exc:
         raise _cannot_load([_yaml_violation(path, exc)]) from None
     if root is not None and not isinstance(root, yaml.MappingNode):
-        raise _cannot_load([_file_violation(path, "yaml-not-mapping", "the YAML file must hold a mapping of config "
-                                            "sections", "write e.g. 'model:\\n  num_layers: 4'")])
+        raise _cannot_load(
+            [
+                _file_violation(
+                    path,
+                    "yaml-not-mapping",
+                    "the YAML file must hold a mapping of config sections",
+                    "write e.g. 'model:\\n  num_layers: 4'",
+                )
+            ]
+        )
     try:
         data = plain(OmegaConf.load(io.StringIO(text))) if root is not None else {}
     except (yaml.YAMLError, OmegaConfBaseException, OSError) as exc:
@@ -235,7 +289,7 @@ def _leave_out_copies(cfg: Any, data: dict[str, Any]) -> None:
             node.pop(name, None)
 
 
-def config_to_yaml(cfg: "ConfigContainer", path: Optional[Union[str, Path]] = None) -> str:
+def config_to_yaml(cfg: ConfigContainer, path: str | Path | None = None) -> str:
     """YAML text of ``cfg`` (written to ``path`` when given); loads back equal via ``config_from_yaml``."""
     text = OmegaConf.to_yaml(OmegaConf.create(_literal_dollars(config_to_dict(cfg))))
     if path is not None:
@@ -256,7 +310,7 @@ def _literal_dollars(node: Any) -> Any:
     return node
 
 
-def container_from_dict(container_cls: type, data: Mapping[str, Any]) -> "ConfigContainer":
+def container_from_dict(container_cls: type, data: Mapping[str, Any]) -> ConfigContainer:
     """Rebuild a ``container_cls`` (a ``ConfigContainer``) from :func:`config_to_dict` output.
 
     Typed, every error at once; the saved provenance is restored as it was written.

@@ -15,7 +15,7 @@ import logging
 import os
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import torch
 from packaging.version import Version
@@ -43,27 +43,29 @@ logger = logging.getLogger(__name__)
 _OVERLAP_RULE_IDS = frozenset(r.id for r in OVERLAP_RULES)
 
 
-def world_size_or_environment(world_size: Optional[int]) -> Optional[int]:
+def world_size_or_environment(world_size: int | None) -> int | None:
     """``world_size``, else ``$WORLD_SIZE`` when set, else ``None`` (checks needing it are skipped)."""
     if world_size is None and os.environ.get("WORLD_SIZE"):
         return int(os.environ["WORLD_SIZE"])
     return world_size
 
 
-def world_size_violation(world_size: object) -> Optional[Violation]:
+def world_size_violation(world_size: object) -> Violation | None:
     """``world_size`` (the ranks the run will have) must be a whole number >= 1, or ``None``
     (unknown: the checks that need it are skipped)."""
     if world_size is None or (isinstance(world_size, int) and not isinstance(world_size, bool) and world_size >= 1):
         return None
-    return Violation("world-size-positive", ("world_size",), (world_size,),
-                     "world_size counts the ranks of the run: a whole number of at least 1",
-                     "pass e.g. cfg.validate(world_size=16) (an int), or leave it out to check what does not "
-                     "depend on it", value_label="given")
+    return Violation(
+        "world-size-positive",
+        ("world_size",),
+        (world_size,),
+        "world_size counts the ranks of the run: a whole number of at least 1",
+        "pass e.g. cfg.validate(world_size=16) (an int), or leave it out to check what does not depend on it",
+        value_label="given",
+    )
 
 
-def default_rule_context(
-    world_size: Optional[int] = None, target_gpu: Optional[str] = None, **overrides
-) -> RuleContext:
+def default_rule_context(world_size: int | None = None, target_gpu: str | None = None, **overrides) -> RuleContext:
     """Facts about the machine (``current_host()``: its GPU, Transformer Engine, the packages the dispatch
     paths need); ``world_size`` falls back to ``$WORLD_SIZE`` when set.
 
@@ -91,7 +93,7 @@ def default_rule_context(
 class Resolution:
     """One resolution of a user's config: what every consumer of the run reads."""
 
-    effective: "ConfigContainer"
+    effective: ConfigContainer
     """The user's config with every derived value decided and written (precision flags, overlap
     switches on their owners and copies), provenance recorded; serialisable (the saved YAML)."""
     values: dict[str, EffectiveValue]
@@ -102,12 +104,12 @@ class Resolution:
     context: RuleContext
     layer_spec: LayerSpecChoice
     """The layer implementation the run builds (``model.layer_spec=auto`` decided) and why."""
-    config: Optional["ConfigContainer"]
+    config: ConfigContainer | None
     """``effective`` after megatron-core's own deferred checks, with ``model.layer_spec`` holding the
     choice: what trains (``None`` with errors)."""
 
     @property
-    def trained(self) -> "ConfigContainer":
+    def trained(self) -> ConfigContainer:
         """:attr:`config` of a resolution without errors; one with errors has nothing to train."""
         if self.config is None:
             raise ValueError("a resolution with errors has no config to train: raise_for_errors() says which")
@@ -119,14 +121,14 @@ class Resolution:
         overlap = any(v.rule in _OVERLAP_RULE_IDS or ownership.concerns_overlap(v) for v in self.errors)
         return CommOverlapConfigError if overlap else ConfigValidationError
 
-    def raise_for_errors(self) -> "Resolution":
+    def raise_for_errors(self) -> Resolution:
         """Raise the typed error listing every problem; return ``self`` when there is none."""
         if self.errors:
             raise self.error_type(list(self.errors))
         return self
 
 
-def _effective_config(cfg: "ConfigContainer", ctx: RuleContext) -> tuple["ConfigContainer", dict, list[Violation]]:
+def _effective_config(cfg: ConfigContainer, ctx: RuleContext) -> tuple[ConfigContainer, dict, list[Violation]]:
     """A private copy with every derived value written, the overlap values, and the copies a user
     wrote directly that disagree with them."""
     written = ownership.directly_written(cfg)
@@ -142,9 +144,7 @@ def _effective_config(cfg: "ConfigContainer", ctx: RuleContext) -> tuple["Config
     return work, values, ownership.direct_write_violations(written, work)
 
 
-def resolve_config(
-    cfg: "ConfigContainer", world_size: Optional[int] = None, ctx: Optional[RuleContext] = None
-) -> Resolution:
+def resolve_config(cfg: ConfigContainer, world_size: int | None = None, ctx: RuleContext | None = None) -> Resolution:
     """Resolve ``cfg`` (not changed) for the machine ``ctx`` describes; never raises for a rule.
 
     Order: precision flags and overlap switches, then every rule at once, then megatron-core's own
@@ -186,13 +186,13 @@ class _LastResolution:
     """The last resolution of one user container, and the container as it stood afterwards."""
 
     container: weakref.ref
-    world_size: Optional[int]
-    as_left: "ConfigContainer"
+    world_size: int | None
+    as_left: ConfigContainer
     resolution: Resolution
-    trains: "ConfigContainer"
+    trains: ConfigContainer
     """A pristine copy of ``resolution.config`` (a run changes the config it is handed)."""
 
-    def answers(self, cfg: "ConfigContainer", world_size: Optional[int]) -> bool:
+    def answers(self, cfg: ConfigContainer, world_size: int | None) -> bool:
         if self.container() is not cfg or self.world_size != world_size:
             return False
         try:
@@ -204,7 +204,7 @@ class _LastResolution:
 _LAST_RESOLUTION: dict[int, _LastResolution] = {}
 
 
-def resolve_container(cfg: "ConfigContainer", world_size: Optional[int] = None) -> Resolution:
+def resolve_container(cfg: ConfigContainer, world_size: int | None = None) -> Resolution:
     """``cfg.resolve()``: resolve the user's ``cfg``, raise the typed error listing every problem, and
     write the effective values into its copies (owners untouched).
 
@@ -229,7 +229,7 @@ def resolve_container(cfg: "ConfigContainer", world_size: Optional[int] = None) 
     return resolution
 
 
-def run_megatron_post_init(cfg: "ConfigContainer") -> Optional[Violation]:
+def run_megatron_post_init(cfg: ConfigContainer) -> Violation | None:
     """Run megatron-core's deferred checks on ``cfg``; its bare ``assert``s become a violation."""
     try:
         cfg.model.finalize()

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
 
-def apply_mixed_precision(cfg: "ConfigContainer") -> None:
+def apply_mixed_precision(cfg: ConfigContainer) -> None:
     """Derive the precision flags of ``cfg.model``, ``cfg.optimizer`` and ``cfg.ddp`` from the name."""
     for target in PRECISION_TARGETS:
         value = precision_value(cfg.mixed_precision, target)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from megatron.bridge.training.config_stages.facts import ownership
 from megatron.bridge.training.config_stages.resolution.overlap_resolution import (
@@ -21,9 +21,7 @@ if TYPE_CHECKING:
     from megatron.bridge.training.config import CommOverlapConfig, ConfigContainer
 
 _SELF_CONTAINED_RULE_IDS = frozenset({"tp-comm-bootstrap-backend-known", "data-parallel-size-matches-layout"})
-_SELF_CONTAINED_RULES = tuple(
-    r for r in OVERLAP_RULES if r.group == "types" or r.id in _SELF_CONTAINED_RULE_IDS
-)
+_SELF_CONTAINED_RULES = tuple(r for r in OVERLAP_RULES if r.group == "types" or r.id in _SELF_CONTAINED_RULE_IDS)
 """Rules that read nothing but ``comm_overlap`` itself: what ``finalize()`` can check alone."""
 
 
@@ -49,29 +47,34 @@ class _SetupView:
     provenance: dict[str, str] = field(default_factory=dict)
 
 
-def _as_container(view: _SetupView) -> "ConfigContainer":
+def _as_container(view: _SetupView) -> ConfigContainer:
     """``view`` where the rules and the overlap resolution take a container: it has the sections they
     read (duck-typed on purpose: ``finalize``/``setup`` are given sections, not a container), and the
     ownership records skip the ones it lacks."""
     return cast("ConfigContainer", view)
 
 
-def finalize_switches(overlap: "CommOverlapConfig") -> None:
+def finalize_switches(overlap: CommOverlapConfig) -> None:
     """``CommOverlapConfig.finalize()``: the self-contained rules, every error raised at once."""
-    problems = check_rules(_SELF_CONTAINED_RULES, _as_container(_SetupView(None, None, None, overlap, None)),
-                           RuleContext())
+    problems = check_rules(
+        _SELF_CONTAINED_RULES, _as_container(_SetupView(None, None, None, overlap, None)), RuleContext()
+    )
     errors = [v for v in problems if v.severity == "error"]
     if errors:
         raise CommOverlapConfigError(errors, title="comm_overlap cannot be finalized")
 
 
 def setup_switches(
-    overlap: "CommOverlapConfig", model_config: Any, optimizer_config: Any, ddp_config: Any,
-    dist_config: Optional[Any],
+    overlap: CommOverlapConfig,
+    model_config: Any,
+    optimizer_config: Any,
+    ddp_config: Any,
+    dist_config: Any | None,
 ) -> dict[str, EffectiveValue]:
     """``CommOverlapConfig.setup(...)``: the effective values written onto the three configs."""
-    view = _as_container(_SetupView(model_config, optimizer_config, ddp_config, copy.copy(overlap),
-                                    dist_config or _NcclOnGpus()))
+    view = _as_container(
+        _SetupView(model_config, optimizer_config, ddp_config, copy.copy(overlap), dist_config or _NcclOnGpus())
+    )
     written = ownership.directly_written(view)
     values = resolve_overlap_values(view, RuleContext())
     trial = copy.deepcopy(view)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.models.dispatch.path_registry import describe_dispatcher
 from megatron.bridge.training.config_stages.facts.gpu_catalog import gpu_target_from_context
@@ -42,7 +42,7 @@ class FeatureSpec:
     name: str
     switch: str
     groups: tuple[str, ...]
-    depends_on: Optional[str] = None
+    depends_on: str | None = None
 
 
 FEATURES: tuple[FeatureSpec, ...] = (
@@ -55,8 +55,9 @@ FEATURES: tuple[FeatureSpec, ...] = (
     FeatureSpec("param_gather_overlap", "comm_overlap.overlap_param_gather", ("data-parallel",)),
     FeatureSpec("shared_expert_overlap", "model.moe_shared_expert_overlap", ("shared-expert",)),
     FeatureSpec("flex_dispatcher", "model.moe_token_dispatcher_type", ("flex-dispatcher", "flex-settings")),
-    FeatureSpec("ep_early_attn_release", "model.ep_overlap_early_attn_memory_release", ("ep-early-release",),
-                "moe_ep_overlap"),
+    FeatureSpec(
+        "ep_early_attn_release", "model.ep_overlap_early_attn_memory_release", ("ep-early-release",), "moe_ep_overlap"
+    ),
     FeatureSpec("dispatch_wgrad_overlap", "model.overlap_dispatch_backward_with_experts_wgrad", ("dispatch-wgrad",)),
     FeatureSpec("activation_offload", "model.fine_grained_activation_offloading", ("activation-offload",)),
     FeatureSpec("paged_stash", "model.moe_paged_stash", ("paged-stash",)),
@@ -90,18 +91,18 @@ class OverlapReport:
 
     features: tuple[FeatureState, ...]
     dispatcher: str
-    flex_backend: Optional[str]
+    flex_backend: str | None
     target_gpu: str
     layer_spec: str
     """The layer implementation the run builds (``auto`` decided)."""
     layer_spec_reason: str
     """Why: ``requested``, or the ``auto`` rule that chose it."""
     transformer_engine: str
-    cuda_device_max_connections: Optional[int]
+    cuda_device_max_connections: int | None
     """Value the run needs; ``None``: no requirement (CUDA's default applies)."""
     cuda_device_max_connections_reason: str
-    cuda_device_max_connections_conflict: Optional[str]
-    cuda_device_max_connections_env: Optional[str]
+    cuda_device_max_connections_conflict: str | None
+    cuda_device_max_connections_env: str | None
     effective: dict[str, EffectiveValue] = field(default_factory=dict)
     errors: tuple[Violation, ...] = ()
     notes: tuple[Violation, ...] = ()
@@ -228,7 +229,7 @@ def _jsonable(value: Any) -> Any:
     return value if isinstance(value, (bool, int, float, str, type(None))) else repr(value)
 
 
-def _requested(cfg: "ConfigContainer", spec: FeatureSpec) -> bool:
+def _requested(cfg: ConfigContainer, spec: FeatureSpec) -> bool:
     if spec.name == "flex_dispatcher":  # a backend without the flex dispatcher is a (refused) request too
         return cfg.model.moe_token_dispatcher_type == "flex" or cfg.model.moe_flex_dispatcher_backend is not None
     return bool(read_field(cfg, spec.switch))
@@ -241,7 +242,7 @@ def _belongs(v: Violation, spec: FeatureSpec) -> bool:
 
 
 def _feature_states(
-    cfg: "ConfigContainer", effective: dict[str, EffectiveValue], violations: list[Violation]
+    cfg: ConfigContainer, effective: dict[str, EffectiveValue], violations: list[Violation]
 ) -> tuple[FeatureState, ...]:
     states: dict[str, FeatureState] = {}
     for spec in FEATURES:
@@ -257,23 +258,30 @@ def _feature_states(
         notes = [f"{v.message}" for v in warnings if v.rule not in NO_EFFECT_RULE_IDS]
         no_effect = requested and not reasons and bool(idle)
         key = spec.switch.removeprefix("comm_overlap.")
-        source = (effective[key].source if key in effective
-                  else getattr(cfg, "provenance", {}).get(spec.switch, "recipe"))
+        source = (
+            effective[key].source if key in effective else getattr(cfg, "provenance", {}).get(spec.switch, "recipe")
+        )
         states[spec.name] = FeatureState(
-            spec.name, spec.switch, requested, requested and not reasons and not idle, source,
-            tuple(reasons + idle + notes), no_effect,
+            spec.name,
+            spec.switch,
+            requested,
+            requested and not reasons and not idle,
+            source,
+            tuple(reasons + idle + notes),
+            no_effect,
         )
     return tuple(states.values())
 
 
 def _max_connections(
-    cfg: "ConfigContainer", ctx: RuleContext, ep_active: bool, tp_overlap_active: bool
-) -> tuple[Optional[int], str, Optional[str]]:
+    cfg: ConfigContainer, ctx: RuleContext, ep_active: bool, tp_overlap_active: bool
+) -> tuple[int | None, str, str | None]:
     """Value the run needs, why, and the conflict between EP overlap and TP/CP comm ordering."""
     target = gpu_target_from_context(ctx)
     m = cfg.model
-    tp_cp_comm = tp_overlap_active or any((positive_size(size) or 1) > 1 for size in (m.tensor_model_parallel_size,
-                                                                                        m.context_parallel_size))
+    tp_cp_comm = tp_overlap_active or any(
+        (positive_size(size) or 1) > 1 for size in (m.tensor_model_parallel_size, m.context_parallel_size)
+    )
     pre_blackwell = target.capability is None or target.capability[0] < 10
     arch = "unknown GPU, assumed pre-Blackwell" if target.capability is None else target.architecture
     wants_one = tp_cp_comm and pre_blackwell
@@ -295,7 +303,7 @@ def _max_connections(
     return None, "no overlap feature constrains it", None
 
 
-def _target_text(cfg: "ConfigContainer", ctx: RuleContext) -> str:
+def _target_text(cfg: ConfigContainer, ctx: RuleContext) -> str:
     """The target line: the GPU the run is validated for, or CPU smoke mode (``-g cpu``)."""
     target = gpu_target_from_context(ctx)
     if getattr(cfg.dist, "device", "cuda") != "cpu":
@@ -306,7 +314,10 @@ def _target_text(cfg: "ConfigContainer", ctx: RuleContext) -> str:
 
 
 def report_from(
-    cfg: "ConfigContainer", effective: dict[str, EffectiveValue], violations: list[Violation], ctx: RuleContext,
+    cfg: ConfigContainer,
+    effective: dict[str, EffectiveValue],
+    violations: list[Violation],
+    ctx: RuleContext,
     layer_spec: LayerSpecChoice,
 ) -> OverlapReport:
     """The report on a resolved ``cfg`` (``finalize.resolve_config`` builds it once per resolution):
@@ -315,9 +326,7 @@ def report_from(
     violations = [v for v in violations if v.rule in _GROUP_OF or concerns_overlap(v)]
     features = _feature_states(cfg, effective, violations)
     states = {f.name: f for f in features}
-    need, why, conflict = _max_connections(
-        cfg, ctx, states["moe_ep_overlap"].active, states["tp_comm_overlap"].active
-    )
+    need, why, conflict = _max_connections(cfg, ctx, states["moe_ep_overlap"].active, states["tp_comm_overlap"].active)
     dispatcher = cfg.model.moe_token_dispatcher_type
     return OverlapReport(
         features=features,

@@ -21,16 +21,22 @@ from megatron.bridge.training.config_stages.schema.rule_base import RuleContext,
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
-__all__ = ["COMPUTED", "EffectiveValue", "apply_overlap_values", "format_effective_values", "resolve_overlap_values",
-           "switch_value"]
+__all__ = [
+    "COMPUTED",
+    "EffectiveValue",
+    "apply_overlap_values",
+    "format_effective_values",
+    "resolve_overlap_values",
+    "switch_value",
+]
 
 
-def switch_value(cfg: "ConfigContainer", name: str) -> Any:
+def switch_value(cfg: ConfigContainer, name: str) -> Any:
     """``comm_overlap.<name>``; ``None`` also when ``comm_overlap`` itself is ``None`` (all unset)."""
     return None if cfg.comm_overlap is None else getattr(cfg.comm_overlap, name)
 
 
-def _explicit(cfg: "ConfigContainer", name: str) -> "EffectiveValue | None":
+def _explicit(cfg: ConfigContainer, name: str) -> EffectiveValue | None:
     value = switch_value(cfg, name)
     if value is None:
         return None
@@ -38,7 +44,7 @@ def _explicit(cfg: "ConfigContainer", name: str) -> "EffectiveValue | None":
     return EffectiveValue(name, value, source, "as resolved by finalize" if source == COMPUTED else "")
 
 
-def resolve_overlap_values(cfg: "ConfigContainer", ctx: RuleContext) -> dict[str, EffectiveValue]:
+def resolve_overlap_values(cfg: ConfigContainer, ctx: RuleContext) -> dict[str, EffectiveValue]:
     """Every switch's effective value for the machine ``ctx`` describes; ``cfg`` is not changed."""
     effective = {name: found for name in OVERLAP_FIELD_NAMES if (found := _explicit(cfg, name)) is not None}
     for spec in OVERLAP_FIELDS:
@@ -48,7 +54,7 @@ def resolve_overlap_values(cfg: "ConfigContainer", ctx: RuleContext) -> dict[str
     return {name: effective[name] for name in OVERLAP_FIELD_NAMES}
 
 
-def apply_overlap_values(cfg: "ConfigContainer", effective: dict[str, EffectiveValue]) -> None:
+def apply_overlap_values(cfg: ConfigContainer, effective: dict[str, EffectiveValue]) -> None:
     """Write the effective values to the owners and their megatron-facing copies of ``cfg``.
 
     The owners then describe the resolved run; values the framework chose are recorded as

@@ -8,7 +8,7 @@ It records the data-parallel size on ``cfg.comm_overlap`` and resolves the confi
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,7 +27,7 @@ def runtime_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def runtime_config_update(cfg: "ConfigContainer", world_size: Optional[int] = None) -> "Resolution":
+def runtime_config_update(cfg: ConfigContainer, world_size: int | None = None) -> Resolution:
     """Write ``cfg.comm_overlap.data_parallel_size`` for ``world_size`` and resolve ``cfg`` once.
 
     ``world_size`` defaults to :func:`runtime_world_size`. A layout that does not divide it (or a

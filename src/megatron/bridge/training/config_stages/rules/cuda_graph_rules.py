@@ -26,11 +26,11 @@ CAPTURED_IMPLS: tuple[str, ...] = ("none", FULL_ITERATION)
 """The ``model.cuda_graph_impl`` values this loop acts on (``none``: no graph)."""
 
 
-def captures_full_iteration(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def captures_full_iteration(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     return cfg.model.cuda_graph_impl == FULL_ITERATION
 
 
-def moe_step_is_sync_free(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def moe_step_is_sync_free(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     """Whether each MoE layer routes its tokens without the host reading a GPU value.
 
     True for dense models; for MoE, only the torch-native sorted dispatcher, exact for this layout:
@@ -51,12 +51,12 @@ def moe_step_is_sync_free(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     return m.torch_native_dispatcher == "sorted" and m.torch_native_ep_transport == "nvshmem"
 
 
-def _warmup_in_range(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _warmup_in_range(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     warmup = cfg.model.cuda_graph_warmup_steps
     return isinstance(warmup, int) and 1 <= warmup < cfg.train.train_iters
 
 
-def _capture_outside_window(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _capture_outside_window(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     """The capturing step (of a fresh run, as the run will count it) is not in the steady window."""
     window, capture = cfg.logger.steady_state_window, fresh_capture_iteration(cfg.model)
     if window is None or capture is None:  # the automatic window starts after the capture; no capture
@@ -98,9 +98,14 @@ CUDA_GRAPH_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         id="full-iteration-graph-sync-free-moe",
-        fields=("model.cuda_graph_impl", "model.expert_model_parallel_size", "model.layer_spec",
-                "model.torch_native_dispatcher", "model.torch_native_ep_transport",
-                "model.moe_expert_capacity_factor"),
+        fields=(
+            "model.cuda_graph_impl",
+            "model.expert_model_parallel_size",
+            "model.layer_spec",
+            "model.torch_native_dispatcher",
+            "model.torch_native_ep_transport",
+            "model.moe_expert_capacity_factor",
+        ),
         applies=captures_full_iteration,
         holds=moe_step_is_sync_free,
         message="the captured step must route tokens without the host touching GPU values: megatron-core's "
@@ -115,8 +120,9 @@ CUDA_GRAPH_RULES: tuple[Rule, ...] = (
     Rule(
         id="full-iteration-graph-needs-nccl",
         fields=("model.cuda_graph_impl", "dist.distributed_backend"),
-        applies=lambda cfg, ctx: captures_full_iteration(cfg, ctx) and ctx.world_size is not None
-        and ctx.world_size > 1,
+        applies=lambda cfg, ctx: (
+            captures_full_iteration(cfg, ctx) and ctx.world_size is not None and ctx.world_size > 1
+        ),
         holds=lambda cfg, ctx: cfg.dist.effective_backend == "nccl",
         message="with several ranks the captured step contains collectives: megatron's schedule reduces the "
         "gradients across data-parallel ranks (finalize_model_grads) inside the forward+backward it captures. "
@@ -152,8 +158,11 @@ CUDA_GRAPH_RULES: tuple[Rule, ...] = (
         id="full-iteration-capture-outside-steady-window",
         fields=("model.cuda_graph_impl", "model.cuda_graph_warmup_steps", "logger.steady_state_window"),
         # a warm-up that is no step count is the rule above's to report; the automatic window starts after the capture
-        applies=lambda cfg, ctx: (captures_full_iteration(cfg, ctx) and _warmup_in_range(cfg, ctx)
-                                  and cfg.logger.steady_state_window is not None),
+        applies=lambda cfg, ctx: (
+            captures_full_iteration(cfg, ctx)
+            and _warmup_in_range(cfg, ctx)
+            and cfg.logger.steady_state_window is not None
+        ),
         holds=_capture_outside_window,
         message="the step that captures the graph (iteration warm-up + 1) is slower than the others and "
         "falls inside the steady-state window, so the reported step time includes the capture",

@@ -13,7 +13,8 @@ the host answered (``path_registry.probe_packages``).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from megatron.bridge.models.dispatch.dispatch_path import DispatchPath, PackageNeed, PathKind
 from megatron.bridge.models.dispatch.path_registry import DISPATCH_PATHS, configured_path, package_needs, paths_needing
@@ -38,13 +39,14 @@ class ConfigFacts:
 CONFIG_FACTS = ConfigFacts()
 
 
-def rules_of(kinds: tuple[PathKind, ...], paths: Optional[tuple[DispatchPath, ...]] = None) -> tuple[Rule, ...]:
+def rules_of(kinds: tuple[PathKind, ...], paths: tuple[DispatchPath, ...] | None = None) -> tuple[Rule, ...]:
     """The rules of the paths of ``kinds`` (default: the registry's paths), in registry order."""
-    return tuple(rule for p in (DISPATCH_PATHS if paths is None else paths) if p.kind in kinds
-                 for rule in p.rules(CONFIG_FACTS))
+    return tuple(
+        rule for p in (DISPATCH_PATHS if paths is None else paths) if p.kind in kinds for rule in p.rules(CONFIG_FACTS)
+    )
 
 
-def available_text(available: Optional[bool]) -> str:
+def available_text(available: bool | None) -> str:
     return {True: "importable", False: "not importable", None: "unknown"}[available]
 
 
@@ -57,8 +59,10 @@ def _configured_needs(need: PackageNeed) -> Callable[[Any, RuleContext], bool]:
     ``model.torch_native_dispatcher`` value)."""
     needing = paths_needing(need)
     asked = {p.torch_native_value for p in needing if p.torch_native_value}
-    return lambda cfg, ctx: configured_path(cfg.model) in needing or (
-        bool(asked) and getattr(cfg.model, "torch_native_dispatcher", None) in asked)
+    return lambda cfg, ctx: (
+        configured_path(cfg.model) in needing
+        or (bool(asked) and getattr(cfg.model, "torch_native_dispatcher", None) in asked)
+    )
 
 
 def _for_flex(need: PackageNeed) -> bool:
@@ -73,17 +77,33 @@ def package_rules(need: PackageNeed) -> tuple[Rule, Rule]:
     shown = ((need.module, lambda ctx: available_text(ctx.package(need.module))), ("host", host_text))
     flex = _for_flex(need)
     group = "flex-dispatcher" if flex else "torch-native-dispatch"
-    fields = ("model.moe_token_dispatcher_type", "model.moe_flex_dispatcher_backend") if flex else (
-        "model.torch_native_dispatcher",)
+    fields = (
+        ("model.moe_token_dispatcher_type", "model.moe_flex_dispatcher_backend")
+        if flex
+        else ("model.torch_native_dispatcher",)
+    )
     return (
-        Rule(id=need.rule_id, group=group, fields=fields,
-             applies=lambda cfg, ctx: configured(cfg, ctx) and bool(ctx.cuda_available),
-             holds=lambda cfg, ctx: ctx.package(need.module) is not False,
-             message=need.message, fix=need.fix, extra_values=shown),
-        Rule(id=need.note_id, group=group, severity="warning", fields=fields,
-             applies=lambda cfg, ctx: configured(cfg, ctx) and not ctx.cuda_available,
-             holds=lambda cfg, ctx: ctx.package(need.module) is not False,
-             message=need.note_message, fix=need.note_fix, extra_values=shown),
+        Rule(
+            id=need.rule_id,
+            group=group,
+            fields=fields,
+            applies=lambda cfg, ctx: configured(cfg, ctx) and bool(ctx.cuda_available),
+            holds=lambda cfg, ctx: ctx.package(need.module) is not False,
+            message=need.message,
+            fix=need.fix,
+            extra_values=shown,
+        ),
+        Rule(
+            id=need.note_id,
+            group=group,
+            severity="warning",
+            fields=fields,
+            applies=lambda cfg, ctx: configured(cfg, ctx) and not ctx.cuda_available,
+            holds=lambda cfg, ctx: ctx.package(need.module) is not False,
+            message=need.note_message,
+            fix=need.note_fix,
+            extra_values=shown,
+        ),
     )
 
 

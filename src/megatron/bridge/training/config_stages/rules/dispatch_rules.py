@@ -23,15 +23,19 @@ if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
 
-def uses_torch_native_layers(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def uses_torch_native_layers(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     """Whether the run builds the torch-native layers (``auto`` decided for the target machine)."""
     return resolved_layer_spec(cfg, ctx) == "torch_native"
 
 
-def _dispatch_fields_set(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _dispatch_fields_set(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     m = cfg.model
-    return (m.torch_native_dispatcher != "auto" or m.torch_native_ep_transport != "auto"
-            or m.torch_native_nvshmem_blocks is not None or m.torch_native_gpus_per_node is not None)
+    return (
+        m.torch_native_dispatcher != "auto"
+        or m.torch_native_ep_transport != "auto"
+        or m.torch_native_nvshmem_blocks is not None
+        or m.torch_native_gpus_per_node is not None
+    )
 
 
 def _dispatchers_text() -> str:
@@ -62,8 +66,13 @@ TORCH_NATIVE_DISPATCH_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         id="torch-native-dispatch-needs-torch-native-layers",
-        fields=("model.layer_spec", "model.torch_native_dispatcher", "model.torch_native_ep_transport",
-                "model.torch_native_nvshmem_blocks", "model.torch_native_gpus_per_node"),
+        fields=(
+            "model.layer_spec",
+            "model.torch_native_dispatcher",
+            "model.torch_native_ep_transport",
+            "model.torch_native_nvshmem_blocks",
+            "model.torch_native_gpus_per_node",
+        ),
         applies=_dispatch_fields_set,
         holds=uses_torch_native_layers,
         message="the torch_native_* dispatch settings only act on the torch-native layers; with this "

@@ -11,8 +11,6 @@ Megatron-Bridge's own check names).
 
 from __future__ import annotations
 
-from typing import Optional
-
 from megatron.bridge.models.dispatch.dispatch_path import BackendSupport
 from megatron.bridge.models.dispatch.path_registry import paths_of
 from megatron.bridge.training.config_stages.facts.gpu_catalog import (
@@ -34,7 +32,7 @@ def describe_support(entry: BackendSupport) -> str:
     return f"{entry.label}: {archs} {systems}"
 
 
-def support_on(entry: BackendSupport, target: GpuTarget) -> tuple[Optional[bool], str]:
+def support_on(entry: BackendSupport, target: GpuTarget) -> tuple[bool | None, str]:
     """``True``/``False``, or ``None`` when the target cannot tell (Blackwell of unknown system)."""
     if target.capability is None:  # not target.known
         return None, "target GPU unknown: support not checked"
@@ -50,11 +48,15 @@ def support_on(entry: BackendSupport, target: GpuTarget) -> tuple[Optional[bool]
     return None, f"{describe_support(entry)}; whether the target is an NVL72 system is unknown"
 
 
-def _board_support(entry: BackendSupport, target: GpuTarget) -> Optional[tuple[bool, str]]:
+def _board_support(entry: BackendSupport, target: GpuTarget) -> tuple[bool, str] | None:
     """The verdict of ``entry.blackwell_boards`` on a named Blackwell target; ``None`` where they do
     not decide (no such list, another architecture, or a capability without a name)."""
-    if (entry.blackwell_boards is None or target.capability is None or target.capability[0] != BLACKWELL_MAJOR
-            or not target.name):
+    if (
+        entry.blackwell_boards is None
+        or target.capability is None
+        or target.capability[0] != BLACKWELL_MAJOR
+        or not target.name
+    ):
         return None
     found = gpu_type(target.name)
     if found is None or found.name not in entry.blackwell_boards:
@@ -82,7 +84,7 @@ FLEX_BACKEND_SUPPORT: dict[str, BackendSupport] = flex_backend_support()
 """The support table as the registry lists it at import (:func:`flex_backend_support`)."""
 
 
-def backend_support(backend: Optional[str], target: GpuTarget) -> tuple[Optional[bool], str]:
+def backend_support(backend: str | None, target: GpuTarget) -> tuple[bool | None, str]:
     """Whether ``backend`` runs on ``target``: ``True``, ``False``, or ``None`` when unknown."""
     table = flex_backend_support()
     if backend not in table:

@@ -11,7 +11,7 @@ dispatcher sets.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from megatron.bridge.models.dispatch.dispatch_path import PLAIN_ALLTOALL_TEXT
 from megatron.bridge.models.dispatch.flex_common import (
@@ -35,15 +35,18 @@ from megatron.bridge.training.config_stages.rules.flex_gpu_support import (
 from megatron.bridge.training.config_stages.schema.rule_base import Rule, RuleContext
 
 
-def dispatcher_fields(backend: Optional[str]) -> dict[str, Any]:
+def dispatcher_fields(backend: str | None) -> dict[str, Any]:
     """Model fields of a dispatcher choice: a flex backend, or ``None`` for plain ``alltoall``.
 
     A flex backend also turns shared-expert overlap off, as the upstream selection does.
     """
     if backend is None:
         return {"moe_token_dispatcher_type": "alltoall", "moe_flex_dispatcher_backend": None}
-    return {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": backend,
-            "moe_shared_expert_overlap": False}
+    return {
+        "moe_token_dispatcher_type": "flex",
+        "moe_flex_dispatcher_backend": backend,
+        "moe_shared_expert_overlap": False,
+    }
 
 
 def _flex(cfg: Any) -> bool:
@@ -59,7 +62,7 @@ def _backend_known(cfg: Any) -> bool:
     return _flex(cfg) and cfg.model.moe_flex_dispatcher_backend in flex_backend_support()
 
 
-def _support(cfg: Any, ctx: RuleContext) -> tuple[Optional[bool], str]:
+def _support(cfg: Any, ctx: RuleContext) -> tuple[bool | None, str]:
     return backend_support(cfg.model.moe_flex_dispatcher_backend, gpu_target_from_context(ctx))
 
 
@@ -198,8 +201,11 @@ FLEX_SETTING_RULES: tuple[Rule, ...] = (
     Rule(
         id="flex-backend-needs-tp-x-ep",
         group="flex-settings",
-        fields=("model.moe_flex_dispatcher_backend", "model.tensor_model_parallel_size",
-                "model.expert_model_parallel_size"),
+        fields=(
+            "model.moe_flex_dispatcher_backend",
+            "model.tensor_model_parallel_size",
+            "model.expert_model_parallel_size",
+        ),
         applies=lambda cfg, ctx: _TP_X_EP(cfg, ctx) and _has_moe_layers(cfg),
         holds=lambda cfg, ctx: cfg.model.tensor_model_parallel_size * cfg.model.expert_model_parallel_size > 1,
         message="the DeepEP and NCCL EP dispatchers exchange tokens within the TP x EP group; megatron-core "
@@ -210,8 +216,11 @@ FLEX_SETTING_RULES: tuple[Rule, ...] = (
     Rule(
         id="rank-capacity-factor-needs-hybridep-or-ncclep",
         group="flex-settings",
-        fields=("model.moe_expert_rank_capacity_factor", "model.moe_token_dispatcher_type",
-                "model.moe_flex_dispatcher_backend"),
+        fields=(
+            "model.moe_expert_rank_capacity_factor",
+            "model.moe_token_dispatcher_type",
+            "model.moe_flex_dispatcher_backend",
+        ),
         applies=lambda cfg, ctx: _capacity(cfg) is not None,
         holds=_WITH_RANK_CAPACITY,
         message="the per-rank token budget sizes HybridEP's and NCCL EP's receive buffers and nothing else: "

@@ -26,13 +26,16 @@ if TYPE_CHECKING:
 GROUPED_MM_MIN_CAPABILITY = (9, 0)
 
 
-def _layer_kernel_fields_set(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _layer_kernel_fields_set(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     m = cfg.model
-    return (not m.torch_native_compile or m.torch_native_grouped_gemm_backend != "auto"
-            or m.torch_native_wgrad_accumulation != "auto")
+    return (
+        not m.torch_native_compile
+        or m.torch_native_grouped_gemm_backend != "auto"
+        or m.torch_native_wgrad_accumulation != "auto"
+    )
 
 
-def _grouped_mm_runs(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _grouped_mm_runs(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     """bf16 on a CUDA GPU of compute capability 9.0+ (an unknown target GPU is not held against it)."""
     capable = ctx.device_capability is None or tuple(ctx.device_capability) >= GROUPED_MM_MIN_CAPABILITY
     return cfg.dist.device == "cuda" and bool(cfg.model.bf16) and capable
@@ -55,8 +58,12 @@ TORCH_NATIVE_KERNEL_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         id="torch-native-kernel-settings-need-torch-native-layers",
-        fields=("model.layer_spec", "model.torch_native_compile", "model.torch_native_grouped_gemm_backend",
-                "model.torch_native_wgrad_accumulation"),
+        fields=(
+            "model.layer_spec",
+            "model.torch_native_compile",
+            "model.torch_native_grouped_gemm_backend",
+            "model.torch_native_wgrad_accumulation",
+        ),
         applies=_layer_kernel_fields_set,
         holds=uses_torch_native_layers,
         message="torch_native_compile, torch_native_grouped_gemm_backend and torch_native_wgrad_accumulation "
@@ -83,12 +90,14 @@ TORCH_NATIVE_KERNEL_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         id="cross-entropy-backend-needs-torch-native-loss",
-        fields=("model.torch_native_cross_entropy_backend", "model.cross_entropy_loss_fusion",
-                "model.cross_entropy_fusion_impl"),
+        fields=(
+            "model.torch_native_cross_entropy_backend",
+            "model.cross_entropy_loss_fusion",
+            "model.cross_entropy_fusion_impl",
+        ),
         applies=lambda cfg, ctx: cfg.model.torch_native_cross_entropy_backend != "auto",
         holds=lambda cfg, ctx: cfg.model.uses_torch_native_loss,
-        message="the cross-entropy backend only acts on the torch-native loss; with this loss it would "
-        "have no effect",
+        message="the cross-entropy backend only acts on the torch-native loss; with this loss it would have no effect",
         fix="set model.cross_entropy_loss_fusion=true and model.cross_entropy_fusion_impl=torch_native, "
         "or leave model.torch_native_cross_entropy_backend=auto",
     ),

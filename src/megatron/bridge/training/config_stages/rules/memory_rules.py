@@ -8,7 +8,7 @@ what cannot fit is refused; the message shows the estimate, its parts and the li
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from megatron.bridge.training.config_stages.facts.gpu_catalog import gpu_memory_bytes
 from megatron.bridge.training.config_stages.facts.memory_estimate import (
@@ -25,37 +25,45 @@ if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
 MEMORY_FIELDS: tuple[str, ...] = (
-    "model.num_layers", "model.hidden_size", "model.ffn_hidden_size", "model.num_moe_experts",
-    "model.moe_ffn_hidden_size", "model.vocab_size", "model.tensor_model_parallel_size",
-    "model.pipeline_model_parallel_size", "model.expert_model_parallel_size",
+    "model.num_layers",
+    "model.hidden_size",
+    "model.ffn_hidden_size",
+    "model.num_moe_experts",
+    "model.moe_ffn_hidden_size",
+    "model.vocab_size",
+    "model.tensor_model_parallel_size",
+    "model.pipeline_model_parallel_size",
+    "model.expert_model_parallel_size",
 )
 """The sizes shown beside a memory refusal (the estimate reads a few more)."""
 
-_FIX = ("spread the model over more GPUs (-tp/-pp/-ep, with -ng to match), use the distributed optimizer "
-        "(ddp.use_distributed_optimizer=true) and more data-parallel ranks, or make the model smaller")
+_FIX = (
+    "spread the model over more GPUs (-tp/-pp/-ep, with -ng to match), use the distributed optimizer "
+    "(ddp.use_distributed_optimizer=true) and more data-parallel ranks, or make the model smaller"
+)
 
 
-def _gpu_limit(cfg: "ConfigContainer", ctx: RuleContext) -> Optional[int]:
+def _gpu_limit(cfg: ConfigContainer, ctx: RuleContext) -> int | None:
     return None if cfg.dist.device == "cpu" else gpu_memory_bytes(ctx.device_name)
 
 
-def _gpu_applies(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _gpu_applies(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     return _gpu_limit(cfg, ctx) is not None and estimable(cfg, ctx)
 
 
-def _host_applies(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _host_applies(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     return cfg.dist.device == "cpu" and host_memory_bytes() is not None and estimable(cfg, ctx)
 
 
-def _ranks_on_host(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _ranks_on_host(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     return _host_applies(cfg, ctx) and not cfg.emulation.enabled
 
 
-def _emulated_on_host(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _emulated_on_host(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     return _host_applies(cfg, ctx) and cfg.emulation.enabled
 
 
-def _fits_host(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _fits_host(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     return within_limit(cpu_job_estimate(cfg, ctx.world_size).total_bytes, host_memory_bytes())
 
 

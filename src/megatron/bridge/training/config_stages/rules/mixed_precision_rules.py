@@ -23,22 +23,22 @@ FP4_MIN_CAPABILITY = (10, 0)
 """NVFP4 GEMMs run on Blackwell (compute capability 10.0+)."""
 
 
-def _precision_object(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _precision_object(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     """``mixed_precision`` is a ``MixedPrecisionConfig`` (a recipe name has these fields at their defaults)."""
     return isinstance(cfg.mixed_precision, MixedPrecisionConfig)
 
 
-def _no_autocast(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _no_autocast(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     mp = cfg.mixed_precision
     return not isinstance(mp, MixedPrecisionConfig) or (mp.autocast_enabled is False and mp.autocast_dtype is None)
 
 
-def _no_fp8_params(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _no_fp8_params(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     mp = cfg.mixed_precision
     return not isinstance(mp, MixedPrecisionConfig) or (mp.fp8_param is False and mp.fp8_param_gather is False)
 
 
-def _uses_fp4(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _uses_fp4(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     return precision_fp4(cfg) is not None
 
 
@@ -55,8 +55,9 @@ PRECISION_RULES: tuple[Rule, ...] = (
     Rule(
         id="fp4-needs-te-layers",
         fields=("mixed_precision", "model.fp4", "model.layer_spec"),
-        applies=lambda cfg, ctx: _uses_fp4(cfg, ctx)
-        and (ctx.te_version is not None or cfg.model.layer_spec in ("local", "torch_native")),
+        applies=lambda cfg, ctx: (
+            _uses_fp4(cfg, ctx) and (ctx.te_version is not None or cfg.model.layer_spec in ("local", "torch_native"))
+        ),
         holds=lambda cfg, ctx: resolved_layer_spec(cfg, ctx) == "transformer_engine",
         message="FP4 compute happens inside Transformer Engine's layers; megatron-core's local and the "
         "torch-native layers would compute in bf16 and the FP4 setting would have no effect",

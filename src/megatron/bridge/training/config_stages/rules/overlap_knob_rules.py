@@ -51,7 +51,7 @@ EP_OVERLAP_SCHEDULE_RULES: tuple[Rule, ...] = (
         "sooner and exposing the dispatch backward and combine forward); without EP overlap there is no "
         "such schedule and megatron-core asserts",
         fix="set comm_overlap.overlap_moe_expert_parallel_comm=true, "
-            "or model.ep_overlap_early_attn_memory_release=false",
+        "or model.ep_overlap_early_attn_memory_release=false",
     ),
     Rule(
         id="dispatch-wgrad-overlap-not-built",
@@ -73,16 +73,16 @@ EP_OVERLAP_SCHEDULE_RULES: tuple[Rule, ...] = (
 """The EP-overlap schedule's variants."""
 
 
-def _offloading(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _offloading(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     return bool(cfg.model.fine_grained_activation_offloading)
 
 
-def _modules(cfg: "ConfigContainer") -> set:
+def _modules(cfg: ConfigContainer) -> set:
     """The offload module names, as a set (an unset list counts as empty)."""
     return set(cfg.model.offload_modules or ())
 
 
-def _sizes_changed(cfg: "ConfigContainer") -> list[str]:
+def _sizes_changed(cfg: ConfigContainer) -> list[str]:
     """The paged-stash sizes set away from their defaults."""
     return [f for f in PAGED_STASH_SIZES if getattr(cfg.model, f.split(".")[1]) != field_default(cfg, f)]
 
@@ -124,8 +124,10 @@ ACTIVATION_MEMORY_RULES: tuple[Rule, ...] = (
         group="activation-offload",
         fields=("model.offload_modules", "model.layer_spec", "model.use_transformer_engine_op_fuser"),
         applies=lambda cfg, ctx: _offloading(cfg, ctx) and bool(_modules(cfg) & EXPERT_OFFLOAD_MODULES),
-        holds=lambda cfg, ctx: layers_use_te(cfg, ctx)
-        and ("fused_group_mlp" not in _modules(cfg) or bool(cfg.model.use_transformer_engine_op_fuser)),
+        holds=lambda cfg, ctx: (
+            layers_use_te(cfg, ctx)
+            and ("fused_group_mlp" not in _modules(cfg) or bool(cfg.model.use_transformer_engine_op_fuser))
+        ),
         message="expert_fc1, moe_act and fused_group_mlp are offloaded by Transformer Engine's grouped "
         "experts (fused_group_mlp by its op-fuser path) only; the torch-native and local experts have no "
         "such hooks, so these names would do nothing",
@@ -154,17 +156,23 @@ ACTIVATION_MEMORY_RULES: tuple[Rule, ...] = (
         fields=("model.offload_modules", "model.fine_grained_activation_offloading"),
         applies=lambda cfg, ctx: bool(_modules(cfg)),
         holds=_offloading,
-        message="offload_modules is read only with fine-grained activation offloading on; alone it would do "
-        "nothing",
+        message="offload_modules is read only with fine-grained activation offloading on; alone it would do nothing",
         fix="set model.fine_grained_activation_offloading=true, or model.offload_modules=[]",
     ),
     Rule(
         id="ncclep-ep-overlap-no-expert-fc1-offload",
         group="activation-offload",
-        fields=("model.offload_modules", "model.moe_flex_dispatcher_backend",
-                "comm_overlap.overlap_moe_expert_parallel_comm"),
-        applies=lambda cfg, ctx: _offloading(cfg, ctx) and "expert_fc1" in _modules(cfg)
-        and cfg.model.moe_token_dispatcher_type == "flex" and cfg.model.moe_flex_dispatcher_backend == "ncclep",
+        fields=(
+            "model.offload_modules",
+            "model.moe_flex_dispatcher_backend",
+            "comm_overlap.overlap_moe_expert_parallel_comm",
+        ),
+        applies=lambda cfg, ctx: (
+            _offloading(cfg, ctx)
+            and "expert_fc1" in _modules(cfg)
+            and cfg.model.moe_token_dispatcher_type == "flex"
+            and cfg.model.moe_flex_dispatcher_backend == "ncclep"
+        ),
         holds=lambda cfg, ctx: not cfg.comm_overlap.overlap_moe_expert_parallel_comm,
         message="with NCCL EP under EP overlap, offloading expert_fc1 makes FC1 keep its raw input, which the "
         "overlap schedule frees early (megatron-core asserts)",

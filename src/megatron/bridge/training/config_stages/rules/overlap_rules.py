@@ -222,8 +222,9 @@ DELAY_WGRAD_RULES: tuple[Rule, ...] = (
         id="delay-wgrad-te-2.7",
         group="delay-wgrad",
         fields=("comm_overlap.overlap_grad_reduce", "model.gradient_accumulation_fusion"),
-        applies=lambda cfg, ctx: dw_te(cfg, ctx)
-        and (cfg.comm_overlap.overlap_grad_reduce or cfg.model.gradient_accumulation_fusion),
+        applies=lambda cfg, ctx: (
+            dw_te(cfg, ctx) and (cfg.comm_overlap.overlap_grad_reduce or cfg.model.gradient_accumulation_fusion)
+        ),
         holds=lambda cfg, ctx: te_at_least(ctx, "2.7"),
         message="delayed wgrad with overlapped grad reduce or gradient-accumulation fusion needs TE >= 2.7",
         fix="upgrade Transformer Engine to >= 2.7, set comm_overlap.overlap_grad_reduce=false and "
@@ -267,8 +268,7 @@ DELAY_WGRAD_RULES: tuple[Rule, ...] = (
         applies=dw_graph,
         holds=lambda cfg, ctx: not cfg.model.add_bias_linear and not cfg.model.add_qkv_bias,
         message="delayed wgrad inside a CUDA-graph scope does not support attention bias",
-        fix="set model.add_bias_linear=false and model.add_qkv_bias=false, or keep attention out of "
-        "the graph scope",
+        fix="set model.add_bias_linear=false and model.add_qkv_bias=false, or keep attention out of the graph scope",
     ),
 )
 
@@ -389,9 +389,11 @@ PIPELINE_DP_RULES: tuple[Rule, ...] = (
         group="data-parallel",
         fields=("comm_overlap.data_parallel_size",),
         applies=lambda cfg, ctx: cfg.comm_overlap.data_parallel_size is not None,
-        holds=lambda cfg, ctx: isinstance(cfg.comm_overlap.data_parallel_size, int)
-        and cfg.comm_overlap.data_parallel_size >= 1
-        and (ctx.world_size is None or cfg.comm_overlap.data_parallel_size == _layout_dp(cfg, ctx)),
+        holds=lambda cfg, ctx: (
+            isinstance(cfg.comm_overlap.data_parallel_size, int)
+            and cfg.comm_overlap.data_parallel_size >= 1
+            and (ctx.world_size is None or cfg.comm_overlap.data_parallel_size == _layout_dp(cfg, ctx))
+        ),
         message="comm_overlap.data_parallel_size must be a positive integer and, with a world size, the "
         "data-parallel size of the layout (world size / (TP x PP x CP)): the overlap defaults are "
         "decided for it",
@@ -408,8 +410,9 @@ PIPELINE_DP_RULES: tuple[Rule, ...] = (
             "model.virtual_pipeline_model_parallel_size",
         ),
         applies=_P2P_ON,
-        holds=lambda cfg, ctx: cfg.model.pipeline_model_parallel_size > 1
-        and cfg.model.virtual_pipeline_model_parallel_size is not None,
+        holds=lambda cfg, ctx: (
+            cfg.model.pipeline_model_parallel_size > 1 and cfg.model.virtual_pipeline_model_parallel_size is not None
+        ),
         message="p2p overlap exists only in the interleaved pipeline schedule (PP>1 with VPP)",
         fix="set model.virtual_pipeline_model_parallel_size, or leave comm_overlap.overlap_p2p_comm unset",
     ),
@@ -483,8 +486,9 @@ def _switch_type_rule(name: str) -> Rule:
         id=f"overlap-switch-is-bool:{name}",
         group="types",
         fields=(key,),
-        holds=lambda cfg, ctx: getattr(cfg.comm_overlap, name) is None
-        or isinstance(getattr(cfg.comm_overlap, name), bool),
+        holds=lambda cfg, ctx: (
+            getattr(cfg.comm_overlap, name) is None or isinstance(getattr(cfg.comm_overlap, name), bool)
+        ),
         message="overlap switches take true/false/null (a 1 or 'yes' would skip the checks)",
         fix=f"set {key}=true, false or null",
     )
@@ -493,8 +497,16 @@ def _switch_type_rule(name: str) -> Rule:
 TYPE_RULES: tuple[Rule, ...] = tuple(_switch_type_rule(name) for name in BOOL_SWITCHES)
 
 OVERLAP_RULES: tuple[Rule, ...] = (
-    TYPE_RULES + EP_OVERLAP_RULES + EP_OVERLAP_SCHEDULE_RULES + DELAY_WGRAD_RULES + TE_CUDA_GRAPH_OVERLAP_RULES
-    + SHARED_EXPERT_RULES + TP_OVERLAP_RULES + PIPELINE_DP_RULES + FLEX_RULES + FLEX_SETTING_RULES
+    TYPE_RULES
+    + EP_OVERLAP_RULES
+    + EP_OVERLAP_SCHEDULE_RULES
+    + DELAY_WGRAD_RULES
+    + TE_CUDA_GRAPH_OVERLAP_RULES
+    + SHARED_EXPERT_RULES
+    + TP_OVERLAP_RULES
+    + PIPELINE_DP_RULES
+    + FLEX_RULES
+    + FLEX_SETTING_RULES
     + ACTIVATION_MEMORY_RULES
 )
 """Every overlap prerequisite, in the order they are reported and documented."""

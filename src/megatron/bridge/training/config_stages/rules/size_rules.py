@@ -40,22 +40,24 @@ INDEX_ENTRY_BYTES = 4
 """The smallest entry megatron-core's dataset indices use (int32 and uint32)."""
 
 
-def _sizes_known(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _sizes_known(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     return all_within(cfg, ctx, *SIZE_FIELDS)
 
 
-def dataset_tokens(cfg: "ConfigContainer") -> int:
+def dataset_tokens(cfg: ConfigContainer) -> int:
     """Tokens of every sample the dataset build indexes (training and evaluation)."""
     return sum(dataset_sample_counts(cfg)) * cfg.model.seq_length
 
 
-def _describe_tokens(cfg: "ConfigContainer", ctx: RuleContext) -> str:
+def _describe_tokens(cfg: ConfigContainer, ctx: RuleContext) -> str:
     train, evaluation = dataset_sample_counts(cfg)
-    return (f"{dataset_tokens(cfg):.3g} ({train:.3g} training and {evaluation:.3g} evaluation samples of "
-            f"{cfg.model.seq_length} tokens)")
+    return (
+        f"{dataset_tokens(cfg):.3g} ({train:.3g} training and {evaluation:.3g} evaluation samples of "
+        f"{cfg.model.seq_length} tokens)"
+    )
 
 
-def index_bytes_per_rank(cfg: "ConfigContainer") -> int:
+def index_bytes_per_rank(cfg: ConfigContainer) -> int:
     """A lower bound of the dataset indices one rank builds in memory: per split, its sample index
     (two entries per sample, one more row) and shuffle index (one entry per sample) and, for mock
     data, its document index (at least one entry per ``max_sequence_length`` tokens: no mock
@@ -74,20 +76,28 @@ def _ranks(ctx: RuleContext) -> int:
     return ctx.world_size if isinstance(ctx.world_size, int) and ctx.world_size > 0 else 1
 
 
-def _index_applies(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
-    return (cfg.dist.device == "cpu" and host_memory_bytes() is not None and _sizes_known(cfg, ctx)
-            and dataset_tokens(cfg) <= MAX_DATASET_TOKENS)
+def _index_applies(cfg: ConfigContainer, ctx: RuleContext) -> bool:
+    return (
+        cfg.dist.device == "cpu"
+        and host_memory_bytes() is not None
+        and _sizes_known(cfg, ctx)
+        and dataset_tokens(cfg) <= MAX_DATASET_TOKENS
+    )
 
 
-def _describe_index(cfg: "ConfigContainer", ctx: RuleContext) -> str:
+def _describe_index(cfg: ConfigContainer, ctx: RuleContext) -> str:
     ranks = _ranks(ctx)
-    return (f"at least {gib(index_bytes_per_rank(cfg) * ranks)} for the {ranks} rank(s) on this host "
-            f"({gib(index_bytes_per_rank(cfg))} each)")
+    return (
+        f"at least {gib(index_bytes_per_rank(cfg) * ranks)} for the {ranks} rank(s) on this host "
+        f"({gib(index_bytes_per_rank(cfg))} each)"
+    )
 
 
-_STEPS_FIX = ("give --max_steps (train.train_iters) the number of steps you mean to run, each reading "
-              "train.global_batch_size samples of model.seq_length tokens; keep train.eval_iters to the batches "
-              "an evaluation needs")
+_STEPS_FIX = (
+    "give --max_steps (train.train_iters) the number of steps you mean to run, each reading "
+    "train.global_batch_size samples of model.seq_length tokens; keep train.eval_iters to the batches "
+    "an evaluation needs"
+)
 
 SIZE_RULES: tuple[Rule, ...] = (
     Rule(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from megatron.bridge.models.gpt_provider import CROSS_ENTROPY_IMPLS
 from megatron.bridge.models.layer_specs import LAYER_SPEC_CHOICES
@@ -35,20 +36,20 @@ if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
 
-def _world(ctx: RuleContext) -> Optional[int]:
+def _world(ctx: RuleContext) -> int | None:
     return ctx.world_size
 
 
-def _has_world(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _has_world(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     return ctx.world_size is not None
 
 
-def _uses_fp8(cfg: "ConfigContainer") -> bool:
+def _uses_fp8(cfg: ConfigContainer) -> bool:
     """FP8 from the precision recipe, or with ``mixed_precision=null`` from ``model.fp8``."""
     return precision_fp8(cfg) is not None
 
 
-def _fp8_recipe(cfg: "ConfigContainer") -> Optional[str]:
+def _fp8_recipe(cfg: ConfigContainer) -> str | None:
     """The FP8 scaling recipe the run computes with (``None`` without FP8)."""
     if not _uses_fp8(cfg):
         return None
@@ -62,16 +63,16 @@ MXFP8_MIN_CAPABILITY = (10, 0)
 """MXFP8 (block-scaled FP8) runs on Blackwell's tensor cores; Hopper has no such mode."""
 
 
-def _window_ok(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _window_ok(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     w = cfg.logger.steady_state_window
     return w is not None and len(w) == 2 and all(isinstance(i, int) for i in w) and 1 <= w[0] <= w[1]
 
 
-def _parks_after_window(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _parks_after_window(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     """Every parked step lies within the run and after the window: a set window's last step, or
     the automatic window's warm-up with at least one steady step before the first park."""
     parks, iters = cfg.profiling.gpu_park_steps, cfg.train.train_iters
-    window: Optional[Sequence[int]] = cfg.logger.steady_state_window
+    window: Sequence[int] | None = cfg.logger.steady_state_window
     if window is None:
         window = automatic_window(iters, first_parked_step=min(parks))
         if window is None:
@@ -79,17 +80,17 @@ def _parks_after_window(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     return all(window[-1] < s <= iters for s in parks)
 
 
-def _divides(part: Optional[int], whole: Optional[int]) -> bool:
+def _divides(part: int | None, whole: int | None) -> bool:
     """``part`` divides ``whole``; unknown sizes refuse nothing (the rules apply only where both are known)."""
     return part is None or whole is None or whole % part == 0
 
 
-def _batch_divides_over_data_parallel(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _batch_divides_over_data_parallel(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     dp = known_data_parallel_size(cfg, ctx)
     return dp is None or cfg.train.global_batch_size % (cfg.train.micro_batch_size * dp) == 0
 
 
-def _tokenizer_vocab_fits(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _tokenizer_vocab_fits(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     tokens, rows = cfg.tokenizer.vocab_size, cfg.model.vocab_size
     return tokens is None or rows is None or tokens <= rows
 
@@ -99,7 +100,7 @@ def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_moe(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _is_moe(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     return bool(cfg.model.num_moe_experts)
 
 
@@ -125,8 +126,9 @@ CONFIG_RULES: tuple[Rule, ...] = (
         id="fp8-needs-te-layers",
         fields=("mixed_precision", "model.fp8", "model.layer_spec"),
         # without TE, fp8-needs-transformer-engine says it all unless the layers were chosen by name
-        applies=lambda cfg, ctx: _uses_fp8(cfg)
-        and (ctx.te_version is not None or cfg.model.layer_spec in ("local", "torch_native")),
+        applies=lambda cfg, ctx: (
+            _uses_fp8(cfg) and (ctx.te_version is not None or cfg.model.layer_spec in ("local", "torch_native"))
+        ),
         holds=lambda cfg, ctx: resolved_layer_spec(cfg, ctx) == "transformer_engine",
         message="FP8 compute happens inside Transformer Engine's layers; megatron-core's local and the "
         "torch-native layers would compute in bf16 and the FP8 setting would have no effect",
@@ -146,8 +148,14 @@ CONFIG_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         id="own-precision-flags-agree",
-        fields=("model.bf16", "model.fp16", "model.params_dtype", "optimizer.bf16", "optimizer.fp16",
-                "optimizer.params_dtype"),
+        fields=(
+            "model.bf16",
+            "model.fp16",
+            "model.params_dtype",
+            "optimizer.bf16",
+            "optimizer.fp16",
+            "optimizer.params_dtype",
+        ),
         applies=lambda cfg, ctx: cfg.mixed_precision is None,
         holds=lambda cfg, ctx: all(
             read_field(cfg, f"model.{name}") == read_field(cfg, f"optimizer.{name}")
@@ -213,8 +221,7 @@ CONFIG_RULES: tuple[Rule, ...] = (
     Rule(
         id="te-cross-entropy-needs-transformer-engine",
         fields=("model.cross_entropy_loss_fusion", "model.cross_entropy_fusion_impl"),
-        applies=lambda cfg, ctx: cfg.model.cross_entropy_loss_fusion
-        and cfg.model.cross_entropy_fusion_impl == "te",
+        applies=lambda cfg, ctx: cfg.model.cross_entropy_loss_fusion and cfg.model.cross_entropy_fusion_impl == "te",
         holds=lambda cfg, ctx: ctx.te_version is not None,
         message="Transformer Engine's fused cross-entropy was requested but TE does not import",
         fix="set model.cross_entropy_fusion_impl=torch_native (streaming Triton/PyTorch loss, any "
@@ -234,8 +241,9 @@ CONFIG_RULES: tuple[Rule, ...] = (
     Rule(
         id="lr-warmup-shorter-than-decay",
         fields=("scheduler.lr_warmup_iters", "scheduler.lr_decay_iters", "train.train_iters"),
-        applies=lambda cfg, ctx: all_within(cfg, ctx, "scheduler.lr_warmup_iters", "scheduler.lr_decay_iters",
-                                             "train.train_iters"),
+        applies=lambda cfg, ctx: all_within(
+            cfg, ctx, "scheduler.lr_warmup_iters", "scheduler.lr_decay_iters", "train.train_iters"
+        ),
         holds=lambda cfg, ctx: 0 <= cfg.scheduler.lr_warmup_iters < lr_decay_iters(cfg),
         message="the learning-rate warm-up must end before the decay does (megatron-core's "
         "scheduler asserts it); lr_decay_iters=null decays over train.train_iters",
@@ -245,8 +253,10 @@ CONFIG_RULES: tuple[Rule, ...] = (
         id="micro-batch-divides-global-batch",
         fields=("train.global_batch_size", "train.micro_batch_size"),
         applies=lambda cfg, ctx: all_within(cfg, ctx, "train.global_batch_size", "train.micro_batch_size"),
-        holds=lambda cfg, ctx: cfg.train.global_batch_size >= cfg.train.micro_batch_size
-        and cfg.train.global_batch_size % cfg.train.micro_batch_size == 0,
+        holds=lambda cfg, ctx: (
+            cfg.train.global_batch_size >= cfg.train.micro_batch_size
+            and cfg.train.global_batch_size % cfg.train.micro_batch_size == 0
+        ),
         message="the global batch must be a positive multiple of the micro batch",
         fix="choose train.global_batch_size as a multiple of train.micro_batch_size",
     ),
@@ -279,8 +289,9 @@ CONFIG_RULES: tuple[Rule, ...] = (
     Rule(
         id="data-parallel-divides-global-batch",
         fields=("train.global_batch_size", "train.micro_batch_size"),
-        applies=lambda cfg, ctx: dp_known(cfg, ctx)
-        and all_within(cfg, ctx, "train.global_batch_size", "train.micro_batch_size"),
+        applies=lambda cfg, ctx: (
+            dp_known(cfg, ctx) and all_within(cfg, ctx, "train.global_batch_size", "train.micro_batch_size")
+        ),
         holds=_batch_divides_over_data_parallel,
         message="the global batch must be a multiple of micro batch x data-parallel size",
         fix="scale train.global_batch_size to a multiple of micro_batch_size * DP",
@@ -289,8 +300,9 @@ CONFIG_RULES: tuple[Rule, ...] = (
     Rule(
         id="experts-divisible-by-ep",
         fields=("model.num_moe_experts", "model.expert_model_parallel_size"),
-        applies=lambda cfg, ctx: _is_moe(cfg, ctx)
-        and all_within(cfg, ctx, "model.num_moe_experts", "model.expert_model_parallel_size"),
+        applies=lambda cfg, ctx: (
+            _is_moe(cfg, ctx) and all_within(cfg, ctx, "model.num_moe_experts", "model.expert_model_parallel_size")
+        ),
         holds=lambda cfg, ctx: cfg.model.num_moe_experts % cfg.model.expert_model_parallel_size == 0,
         message="each expert-parallel rank must hold the same number of experts",
         fix="choose expert_model_parallel_size as a divisor of num_moe_experts",
@@ -318,17 +330,21 @@ CONFIG_RULES: tuple[Rule, ...] = (
             "model.pipeline_model_parallel_size",
             "model.virtual_pipeline_model_parallel_size",
         ),
-        applies=lambda cfg, ctx: layout_within(cfg, ctx) and all_within(cfg, ctx, "model.num_layers")
-        and cfg.model.pipeline_model_parallel_size > 1
-        and cfg.model.pipeline_model_parallel_layout is None
-        and cfg.model.num_layers_in_first_pipeline_stage is None
-        and cfg.model.num_layers_in_last_pipeline_stage is None,
-        holds=lambda cfg, ctx: pipeline_split_layers(cfg)
-        % (cfg.model.pipeline_model_parallel_size * (cfg.model.virtual_pipeline_model_parallel_size or 1))
-        == 0,
+        applies=lambda cfg, ctx: (
+            layout_within(cfg, ctx)
+            and all_within(cfg, ctx, "model.num_layers")
+            and cfg.model.pipeline_model_parallel_size > 1
+            and cfg.model.pipeline_model_parallel_layout is None
+            and cfg.model.num_layers_in_first_pipeline_stage is None
+            and cfg.model.num_layers_in_last_pipeline_stage is None
+        ),
+        holds=lambda cfg, ctx: (
+            pipeline_split_layers(cfg)
+            % (cfg.model.pipeline_model_parallel_size * (cfg.model.virtual_pipeline_model_parallel_size or 1))
+            == 0
+        ),
         message="layers must split evenly over pipeline (and virtual pipeline) stages",
-        fix="choose num_layers (plus one per account_for_{embedding,loss}_in_pipeline_split) as a "
-        "multiple of PP * VPP",
+        fix="choose num_layers (plus one per account_for_{embedding,loss}_in_pipeline_split) as a multiple of PP * VPP",
     ),
     Rule(
         id="vocab-size-set",
@@ -343,8 +359,11 @@ CONFIG_RULES: tuple[Rule, ...] = (
     Rule(
         id="tokenizer-vocab-fits-model",
         fields=("tokenizer.vocab_size", "model.vocab_size"),
-        applies=lambda cfg, ctx: cfg.tokenizer.tokenizer_type == "NullTokenizer"
-        and _whole(cfg.tokenizer.vocab_size) and _whole(cfg.model.vocab_size),
+        applies=lambda cfg, ctx: (
+            cfg.tokenizer.tokenizer_type == "NullTokenizer"
+            and _whole(cfg.tokenizer.vocab_size)
+            and _whole(cfg.model.vocab_size)
+        ),
         holds=_tokenizer_vocab_fits,
         message="Model vocab_size cannot be smaller than tokenizer's vocab_size: the token ids past "
         "model.vocab_size (the end-of-document id among them) would have no embedding",
@@ -415,12 +434,12 @@ CONFIG_RULES: tuple[Rule, ...] = (
 # Settings that would be accepted and then fail (or do nothing) inside the ranks
 
 
-def _microbatch_group(cfg: "ConfigContainer") -> int:
+def _microbatch_group(cfg: ConfigContainer) -> int:
     """megatron-core's ``microbatch_group_size_per_vp_stage`` (its default: the pipeline size)."""
     return cfg.model.microbatch_group_size_per_vp_stage or cfg.model.pipeline_model_parallel_size
 
 
-def interleaved_schedule_accepts(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def interleaved_schedule_accepts(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     """megatron-core 0.19.2's interleaved 1F1B check (``forward_backward_pipelining_with_interleaving``):
     with M micro-batches, group size N and pipeline size P it raises unless P <= N <= M, and
     unless M % N is 0 or at least P. With the default N = P: M must be a multiple of P."""
@@ -430,7 +449,7 @@ def interleaved_schedule_accepts(cfg: "ConfigContainer", ctx: RuleContext) -> bo
     return p <= n <= m and (m % n == 0 or m % n >= p)
 
 
-def _interleaved(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _interleaved(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     m = cfg.model
     return (
         layout_within(cfg, ctx)
@@ -440,23 +459,30 @@ def _interleaved(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
     )
 
 
-def _flex_on_cpu(cfg: "ConfigContainer", ctx: RuleContext) -> bool:
+def _flex_on_cpu(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     return cfg.dist.device == "cpu"
 
 
 def _not_implemented(rule_id: str, field: str, accepted: tuple, message: str, fix: str) -> Rule:
     """``field`` outside ``accepted`` asks for something this package does not do: refused, so that
     no accepted setting goes without its effect."""
-    return Rule(id=rule_id, fields=(field,), applies=lambda cfg, ctx: read_field(cfg, field) not in accepted,
-                holds=lambda cfg, ctx: False, message=message, fix=fix)
+    return Rule(
+        id=rule_id,
+        fields=(field,),
+        applies=lambda cfg, ctx: read_field(cfg, field) not in accepted,
+        holds=lambda cfg, ctx: False,
+        message=message,
+        fix=fix,
+    )
 
 
 RUN_RULES: tuple[Rule, ...] = (
     Rule(
         id="min-lr-not-above-lr",
         fields=("optimizer.min_lr", "optimizer.lr"),
-        applies=lambda cfg, ctx: cfg.optimizer.min_lr is not None
-        and all_within(cfg, ctx, "optimizer.min_lr", "optimizer.lr"),
+        applies=lambda cfg, ctx: (
+            cfg.optimizer.min_lr is not None and all_within(cfg, ctx, "optimizer.min_lr", "optimizer.lr")
+        ),
         holds=lambda cfg, ctx: cfg.optimizer.min_lr <= cfg.optimizer.lr,
         message="the schedule decays from optimizer.lr down to optimizer.min_lr (megatron-core's "
         "scheduler asserts min_lr <= lr)",
@@ -465,8 +491,9 @@ RUN_RULES: tuple[Rule, ...] = (
     Rule(
         id="router-topk-within-experts",
         fields=("model.moe_router_topk", "model.num_moe_experts"),
-        applies=lambda cfg, ctx: _is_moe(cfg, ctx)
-        and all_within(cfg, ctx, "model.moe_router_topk", "model.num_moe_experts"),
+        applies=lambda cfg, ctx: (
+            _is_moe(cfg, ctx) and all_within(cfg, ctx, "model.moe_router_topk", "model.num_moe_experts")
+        ),
         holds=lambda cfg, ctx: cfg.model.moe_router_topk <= cfg.model.num_moe_experts,
         message="each token is routed to top-k distinct experts; k cannot exceed the expert count",
         fix="lower model.moe_router_topk to at most model.num_moe_experts",
@@ -492,7 +519,9 @@ RUN_RULES: tuple[Rule, ...] = (
         derived_values=(("micro_batches_per_step", micro_batches_per_step),),
     ),
     _not_implemented(
-        "mtp-not-built", "model.mtp_num_layers", (None, 0),
+        "mtp-not-built",
+        "model.mtp_num_layers",
+        (None, 0),
         "multi-token prediction is not built here: the GPT provider gives megatron-core no MTP block, "
         "so training with MTP layers fails in the first step",
         "set model.mtp_num_layers=null",

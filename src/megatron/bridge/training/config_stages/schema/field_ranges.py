@@ -12,7 +12,7 @@ import argparse
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.training.config_stages.schema.rule_base import RANGE_PREFIX, Rule, RuleContext, read_field
 
@@ -25,8 +25,8 @@ class FieldRange:
     """``low <= value <= high`` (``<`` where the bound is exclusive); ``None`` allowed if optional."""
 
     field: str
-    low: Optional[float] = None
-    high: Optional[float] = None
+    low: float | None = None
+    high: float | None = None
     low_inclusive: bool = True
     high_inclusive: bool = True
     optional: bool = False
@@ -81,8 +81,9 @@ class FieldRange:
             id=self.rule_id,
             fields=(self.field,),
             holds=lambda cfg, ctx: self.allows(read_field(cfg, self.field)),
-            message=(f"{self.field} must be {self.kind} {self.describe()}{unset}"
-                     + (f": {self.why}" if self.why else "")),
+            message=(
+                f"{self.field} must be {self.kind} {self.describe()}{unset}" + (f": {self.why}" if self.why else "")
+            ),
             fix=f"set {self.field} to a value {self.describe()}",
             group="ranges",
         )
@@ -123,8 +124,13 @@ RANGES: tuple[FieldRange, ...] = (
     _positive_int("train.micro_batch_size", "samples per forward pass"),
     _positive_int("train.eval_interval", "iterations between evaluations (null: none)", optional=True),
     FieldRange("train.eval_iters", low=0, why="a count of batches"),
-    FieldRange("train.exit_duration_in_mins", low=0, low_inclusive=False, optional=True,
-               why="the run stops and saves after that many minutes (null: no limit)"),
+    FieldRange(
+        "train.exit_duration_in_mins",
+        low=0,
+        low_inclusive=False,
+        optional=True,
+        why="the run stops and saves after that many minutes (null: no limit)",
+    ),
     FieldRange("train.manual_gc_interval", low=0, why="iterations between collections (0: never)"),
     FieldRange("optimizer.lr", low=0, why="a negative learning rate climbs the loss"),
     FieldRange("optimizer.min_lr", low=0, optional=True, why="the floor of the learning-rate schedule"),
@@ -135,8 +141,9 @@ RANGES: tuple[FieldRange, ...] = (
     FieldRange("optimizer.adam_eps", low=0, low_inclusive=False, why="it keeps Adam's division finite"),
     FieldRange("scheduler.lr_warmup_iters", low=0, why="a count of iterations"),
     FieldRange("scheduler.lr_warmup_init", low=0, why="the learning rate warm-up starts from"),
-    _positive_int("scheduler.lr_decay_iters", "iterations the learning rate decays over (null: train_iters)",
-                  optional=True),
+    _positive_int(
+        "scheduler.lr_decay_iters", "iterations the learning rate decays over (null: train_iters)", optional=True
+    ),
     FieldRange("scheduler.start_weight_decay", low=0, optional=True, why="negative decay grows the weights"),
     FieldRange("scheduler.end_weight_decay", low=0, optional=True, why="negative decay grows the weights"),
     _positive_int("checkpoint.save_interval", "iterations between checkpoints (null: none)", optional=True),
@@ -147,16 +154,37 @@ RANGES: tuple[FieldRange, ...] = (
     FieldRange("rng.seed", low=0, high=2**32 - 1, why="numpy accepts seeds in [0, 2^32 - 1]"),
     _positive_int("emulation.world_size", "GPUs of the emulated layout (null: a real world)", optional=True),
     FieldRange("emulation.rank", low=0, integer=True, why="the rank this process plays"),
-    _positive_int("emulation.gpus_per_node", "GPUs per node of the emulated cluster (null: the preset's)",
-                  optional=True),
-    FieldRange("emulation.comm_sms", low=0, integer=True, optional=True,
-               why="SMs a modeled collective keeps busy (null: the preset's)"),
-    FieldRange("emulation.intra_node_gbps", low=0, low_inclusive=False, optional=True,
-               why="NVLink GB/s a GPU achieves per direction (null: the preset's)"),
-    FieldRange("emulation.inter_node_gbps", low=0, low_inclusive=False, optional=True,
-               why="GB/s one NIC achieves per direction (null: the preset's)"),
-    FieldRange("emulation.nics_per_gpu", low=0, low_inclusive=False, optional=True,
-               why="NICs per GPU of a node (null: the preset's)"),
+    _positive_int(
+        "emulation.gpus_per_node", "GPUs per node of the emulated cluster (null: the preset's)", optional=True
+    ),
+    FieldRange(
+        "emulation.comm_sms",
+        low=0,
+        integer=True,
+        optional=True,
+        why="SMs a modeled collective keeps busy (null: the preset's)",
+    ),
+    FieldRange(
+        "emulation.intra_node_gbps",
+        low=0,
+        low_inclusive=False,
+        optional=True,
+        why="NVLink GB/s a GPU achieves per direction (null: the preset's)",
+    ),
+    FieldRange(
+        "emulation.inter_node_gbps",
+        low=0,
+        low_inclusive=False,
+        optional=True,
+        why="GB/s one NIC achieves per direction (null: the preset's)",
+    ),
+    FieldRange(
+        "emulation.nics_per_gpu",
+        low=0,
+        low_inclusive=False,
+        optional=True,
+        why="NICs per GPU of a node (null: the preset's)",
+    ),
     FieldRange("emulation.intra_node_latency_us", low=0, optional=True, why="microseconds (null: the preset's)"),
     FieldRange("emulation.inter_node_latency_us", low=0, optional=True, why="microseconds (null: the preset's)"),
 )
@@ -167,19 +195,23 @@ RANGE_RULES: tuple[Rule, ...] = tuple(r.rule() for r in RANGES)
 
 def ranges_markdown() -> str:
     """The docs table of :data:`RANGES`."""
-    rows = [f"| `{r.field}` | {'whole, ' if r.integer else ''}{r.describe()}{' or null' if r.optional else ''} "
-            f"| {r.why} |" for r in RANGES]
+    rows = [
+        f"| `{r.field}` | {'whole, ' if r.integer else ''}{r.describe()}{' or null' if r.optional else ''} | {r.why} |"
+        for r in RANGES
+    ]
     return "| field | allowed | why |\n|---|---|---|\n" + "\n".join(rows) + "\n"
 
 
-def within(cfg: "ConfigContainer", ctx: RuleContext, field: str) -> bool:
+def within(cfg: ConfigContainer, ctx: RuleContext, field: str) -> bool:
     """Whether ``field`` satisfies its own range (other rules skip values the range rule reports)."""
     return next(r for r in RANGES if r.field == field).allows(read_field(cfg, field))
 
 
 DOCS_PATH = "docs/performance/reliability.md"
-DOCS_BEGIN = ("<!-- ranges: generated by `uv run python -m megatron.bridge.training.config_stages.schema.field_ranges "
-              "--write-docs` -->")
+DOCS_BEGIN = (
+    "<!-- ranges: generated by `uv run python -m megatron.bridge.training.config_stages.schema.field_ranges "
+    "--write-docs` -->"
+)
 DOCS_END = "<!-- end of ranges -->"
 
 
@@ -190,7 +222,7 @@ def render_docs(page: str) -> str:
     return f"{head}{DOCS_BEGIN}\n{ranges_markdown()}{DOCS_END}{tail}"
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The numeric ranges table of the reliability page.")
     parser.add_argument("--write-docs", action="store_true", help=f"regenerate the table in {DOCS_PATH}")
     parser.add_argument("--root", default=".", help="repository root")

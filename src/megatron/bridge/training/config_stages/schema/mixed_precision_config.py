@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 
@@ -38,12 +38,12 @@ class MixedPrecisionConfig(StrictFields):
 
     bf16: bool = False
     fp16: bool = False
-    params_dtype: Optional[torch.dtype] = None
+    params_dtype: torch.dtype | None = None
     """``None``: ``torch.bfloat16`` with ``bf16``, ``torch.half`` with ``fp16``, else ``torch.float32``."""
     grad_reduce_in_fp32: bool = True
-    fp8: Optional[str] = None
+    fp8: str | None = None
     """FP8 compute format (``hybrid``, ``e4m3``); needs Transformer Engine."""
-    fp8_recipe: Optional[str] = None
+    fp8_recipe: str | None = None
     first_last_layers_bf16: bool = False
     """Keep the first/last transformer layers out of FP8/FP4 (counts below)."""
     num_layers_at_start_in_bf16: int = 0
@@ -52,16 +52,16 @@ class MixedPrecisionConfig(StrictFields):
     fp8_amax_history_len: int = 1
     """Delayed scaling only: how many steps of amax history the scale is taken from."""
     fp8_amax_compute_algo: str = "most_recent"
-    fp4: Optional[str] = None
+    fp4: str | None = None
     """FP4 compute format (``e2m1``); needs Transformer Engine on a Blackwell GPU."""
     fp4_recipe: str = "nvfp4"
-    pipeline_dtype: Optional[torch.dtype] = None
+    pipeline_dtype: torch.dtype | None = None
     """dtype of the activations sent between pipeline stages (``model.pipeline_dtype``); every recipe
     of the table sets it; ``None`` (a hand-made object's default): ``params_dtype``."""
     autocast_enabled: bool = False
     """Megatron-Bridge's autocast switch, accepted at ``False`` only (rule ``autocast-not-offered``):
     the forward step is not wrapped in ``torch.autocast``; weights and compute use ``params_dtype``."""
-    autocast_dtype: Optional[torch.dtype] = None
+    autocast_dtype: torch.dtype | None = None
     """The autocast's dtype, accepted at ``None`` only (rule ``autocast-not-offered``)."""
     fp8_param: bool = False
     """FP8 primary weights, accepted at ``False`` only (rule ``fp8-param-not-offered``): parameters stay
@@ -85,7 +85,7 @@ class MixedPrecisionConfig(StrictFields):
         return self.fp8 is not None or self.fp4 is not None
 
     @classmethod
-    def from_name(cls, name: str) -> "MixedPrecisionConfig":
+    def from_name(cls, name: str) -> MixedPrecisionConfig:
         """A new object form of the named recipe (``UnknownMixedPrecisionError``, a ``ValueError``
         and a ``KeyError``, for an unknown name)."""
         record = MIXED_PRECISION_RECIPES.get(canonical_name(name))
@@ -93,7 +93,7 @@ class MixedPrecisionConfig(StrictFields):
             raise UnknownMixedPrecisionError(name)
         return cls(**{field.name: getattr(record, field.name) for field in dataclasses.fields(record)})
 
-    def as_recipe(self) -> "MixedPrecisionConfig":
+    def as_recipe(self) -> MixedPrecisionConfig:
         """What this object means for the configs it drives: a copy with ``params_dtype`` and
         ``pipeline_dtype`` decided where they are ``None``."""
         params_dtype = self.params_dtype
@@ -107,22 +107,31 @@ MixedPrecisionRecipe = MixedPrecisionConfig
 """The name the recipe table's records had while they were a class of their own (the same fields
 less the four accepted at their defaults only); one class now."""
 
-MixedPrecisionSetting = Union[str, MixedPrecisionConfig, None]
+MixedPrecisionSetting = str | MixedPrecisionConfig | None
 """What ``cfg.mixed_precision`` holds: a recipe name, an object, or ``None`` (no recipe)."""
 
 
 # The recipes' field groups (keyword arguments of MixedPrecisionConfig, of several types).
-_BF16: dict[str, Any] = dict(bf16=True, fp16=False, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
-                             grad_reduce_in_fp32=True)
-_FP16: dict[str, Any] = dict(bf16=False, fp16=True, params_dtype=torch.half, pipeline_dtype=torch.half,
-                             grad_reduce_in_fp32=False)
-_FP32: dict[str, Any] = dict(bf16=False, fp16=False, params_dtype=torch.float32, pipeline_dtype=torch.float32,
-                             grad_reduce_in_fp32=False)
-_DELAYED: dict[str, Any] = dict(fp8="hybrid", fp8_recipe="delayed", fp8_amax_history_len=1024,
-                                fp8_amax_compute_algo="max")
+_BF16: dict[str, Any] = dict(
+    bf16=True, fp16=False, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, grad_reduce_in_fp32=True
+)
+_FP16: dict[str, Any] = dict(
+    bf16=False, fp16=True, params_dtype=torch.half, pipeline_dtype=torch.half, grad_reduce_in_fp32=False
+)
+_FP32: dict[str, Any] = dict(
+    bf16=False, fp16=False, params_dtype=torch.float32, pipeline_dtype=torch.float32, grad_reduce_in_fp32=False
+)
+_DELAYED: dict[str, Any] = dict(
+    fp8="hybrid", fp8_recipe="delayed", fp8_amax_history_len=1024, fp8_amax_compute_algo="max"
+)
 _MXFP8: dict[str, Any] = dict(fp8="e4m3", fp8_recipe="mxfp8")
-_CURRENT: dict[str, Any] = dict(fp8="hybrid", fp8_recipe="tensorwise", first_last_layers_bf16=True,
-                                num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=1)
+_CURRENT: dict[str, Any] = dict(
+    fp8="hybrid",
+    fp8_recipe="tensorwise",
+    first_last_layers_bf16=True,
+    num_layers_at_start_in_bf16=1,
+    num_layers_at_end_in_bf16=1,
+)
 _SUBCHANNEL: dict[str, Any] = dict(fp8="hybrid", fp8_recipe="blockwise")
 _NVFP4: dict[str, Any] = dict(fp4="e2m1", fp4_recipe="nvfp4")
 _EDGE_2: dict[str, Any] = dict(first_last_layers_bf16=True, num_layers_at_start_in_bf16=2, num_layers_at_end_in_bf16=2)
@@ -145,27 +154,29 @@ class RecipeTable(dict[str, MixedPrecisionConfig]):
         return self[name] if name in self else default
 
 
-MIXED_PRECISION_RECIPES: RecipeTable = RecipeTable({
-    "bf16_mixed": MixedPrecisionConfig(**_BF16),
-    "fp16_mixed": MixedPrecisionConfig(**_FP16),
-    "fp32": MixedPrecisionConfig(**_FP32),
-    "bf16_with_fp8_delayed_scaling_mixed": MixedPrecisionConfig(**_BF16, **_DELAYED),
-    "fp16_with_fp8_delayed_scaling_mixed": MixedPrecisionConfig(**_FP16, **_DELAYED),
-    "bf16_with_fp8_current_scaling_mixed": MixedPrecisionConfig(**_BF16, **_CURRENT),
-    "fp16_with_fp8_current_scaling_mixed": MixedPrecisionConfig(**_FP16, **_CURRENT),
-    "nemotron_h_bf16_with_fp8_current_scaling_mixed": MixedPrecisionConfig(**_BF16, **{**_CURRENT, **_EDGE_2}),
-    "nanov2_bf16_with_fp8_current_scaling_mixed": MixedPrecisionConfig(
-        **_BF16, **{**_CURRENT, **_EDGE_2, "fp8_recipe": "blockwise"}
-    ),
-    "bf16_with_mxfp8_mixed": MixedPrecisionConfig(**_BF16, **_MXFP8),
-    "fp16_with_mxfp8_mixed": MixedPrecisionConfig(**_FP16, **_MXFP8),
-    "bf16_with_fp8_subchannel_scaling_mixed": MixedPrecisionConfig(**_BF16, **_SUBCHANNEL),
-    "fp16_with_fp8_subchannel_scaling_mixed": MixedPrecisionConfig(**_FP16, **_SUBCHANNEL),
-    "bf16_with_nvfp4_mixed": MixedPrecisionConfig(**_BF16, **_NVFP4),
-    "nemotron_3_super_bf16_with_nvfp4_mixed": MixedPrecisionConfig(
-        **_BF16, **_NVFP4, first_last_layers_bf16=True, num_layers_at_end_in_bf16=14
-    ),
-})
+MIXED_PRECISION_RECIPES: RecipeTable = RecipeTable(
+    {
+        "bf16_mixed": MixedPrecisionConfig(**_BF16),
+        "fp16_mixed": MixedPrecisionConfig(**_FP16),
+        "fp32": MixedPrecisionConfig(**_FP32),
+        "bf16_with_fp8_delayed_scaling_mixed": MixedPrecisionConfig(**_BF16, **_DELAYED),
+        "fp16_with_fp8_delayed_scaling_mixed": MixedPrecisionConfig(**_FP16, **_DELAYED),
+        "bf16_with_fp8_current_scaling_mixed": MixedPrecisionConfig(**_BF16, **_CURRENT),
+        "fp16_with_fp8_current_scaling_mixed": MixedPrecisionConfig(**_FP16, **_CURRENT),
+        "nemotron_h_bf16_with_fp8_current_scaling_mixed": MixedPrecisionConfig(**_BF16, **{**_CURRENT, **_EDGE_2}),
+        "nanov2_bf16_with_fp8_current_scaling_mixed": MixedPrecisionConfig(
+            **_BF16, **{**_CURRENT, **_EDGE_2, "fp8_recipe": "blockwise"}
+        ),
+        "bf16_with_mxfp8_mixed": MixedPrecisionConfig(**_BF16, **_MXFP8),
+        "fp16_with_mxfp8_mixed": MixedPrecisionConfig(**_FP16, **_MXFP8),
+        "bf16_with_fp8_subchannel_scaling_mixed": MixedPrecisionConfig(**_BF16, **_SUBCHANNEL),
+        "fp16_with_fp8_subchannel_scaling_mixed": MixedPrecisionConfig(**_FP16, **_SUBCHANNEL),
+        "bf16_with_nvfp4_mixed": MixedPrecisionConfig(**_BF16, **_NVFP4),
+        "nemotron_3_super_bf16_with_nvfp4_mixed": MixedPrecisionConfig(
+            **_BF16, **_NVFP4, first_last_layers_bf16=True, num_layers_at_end_in_bf16=14
+        ),
+    }
+)
 """Every precision recipe by name; the recipe functions below and ``cfg.mixed_precision="<name>"``
 read this one table (hyphens may stand for underscores: ``bf16-mixed``). Its records are shared by
 every lookup, so they are read-only."""
@@ -183,8 +194,11 @@ class UnknownMixedPrecisionError(ConfigError, KeyError):
         close = did_you_mean(canonical_name(name), known) if isinstance(name, str) else None
         fix = close or "use one of the recipes listed, or pass a MixedPrecisionConfig"
         violation = Violation(
-            "mixed-precision-known", ("mixed_precision",), (name,),
-            f"Unknown mixed-precision recipe {name!r}. Available recipes: {', '.join(known)}.", fix,
+            "mixed-precision-known",
+            ("mixed_precision",),
+            (name,),
+            f"Unknown mixed-precision recipe {name!r}. Available recipes: {', '.join(known)}.",
+            fix,
         )
         super().__init__([violation], "Unknown mixed-precision recipe")
         self.name = name
@@ -193,7 +207,7 @@ class UnknownMixedPrecisionError(ConfigError, KeyError):
         return str(self.args[0])
 
 
-def get_mixed_precision_config(name: Union[str, MixedPrecisionConfig]) -> MixedPrecisionConfig:
+def get_mixed_precision_config(name: str | MixedPrecisionConfig) -> MixedPrecisionConfig:
     """A new object form of the recipe called ``name`` (to edit before assigning it); an object
     given is returned as it is. ``ValueError`` for an unknown name."""
     if isinstance(name, MixedPrecisionConfig):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal
 
 from megatron.bridge.training.config_stages.schema.rule_base import Rule, field_default, read_field
 from megatron.bridge.training.errors import ConfigValidationError, Violation
@@ -33,14 +33,14 @@ EVAL_ALIASES: tuple[str, ...] = ("eval_iters", "eval_interval")
 class _ValidationFields(StrictFields):
     """The fields of Megatron-Bridge's ``ValidationConfig`` that have no effect here."""
 
-    start_eval_at_iter: Optional[int] = None
-    eval_global_batch_size: Optional[int] = None
-    eval_micro_batch_size: Optional[int] = None
+    start_eval_at_iter: int | None = None
+    eval_global_batch_size: int | None = None
+    eval_micro_batch_size: int | None = None
     skip_train: bool = False
     test_mode: bool = False
     full_validation: bool = False
     multiple_validation_sets: bool = False
-    validation_set_names: Optional[list[str]] = None
+    validation_set_names: list[str] | None = None
 
 
 class ValidationConfig(_ValidationFields):
@@ -54,7 +54,7 @@ class ValidationConfig(_ValidationFields):
 
     _given: dict[str, Any]
     """The aliases given to this section before it had a container (written into it on receipt)."""
-    _owner: Optional["ConfigContainer"]
+    _owner: ConfigContainer | None
     """The container whose ``train`` the aliases read and write (``None``: not in one yet)."""
 
     def __init__(self, *, eval_iters: Any = _NOT_GIVEN, eval_interval: Any = _NOT_GIVEN, **fields: Any) -> None:
@@ -64,21 +64,21 @@ class ValidationConfig(_ValidationFields):
         super().__init__(**fields)
 
     @property
-    def eval_iters(self) -> Optional[int]:
+    def eval_iters(self) -> int | None:
         """Alias of ``train.eval_iters``."""
         return self._read("eval_iters")
 
     @eval_iters.setter
-    def eval_iters(self, value: Optional[int]) -> None:
+    def eval_iters(self, value: int | None) -> None:
         self._write("eval_iters", value)
 
     @property
-    def eval_interval(self) -> Optional[int]:
+    def eval_interval(self) -> int | None:
         """Alias of ``train.eval_interval``."""
         return self._read("eval_interval")
 
     @eval_interval.setter
-    def eval_interval(self, value: Optional[int]) -> None:
+    def eval_interval(self, value: int | None) -> None:
         self._write("eval_interval", value)
 
     def _read(self, name: str) -> Any:
@@ -92,7 +92,7 @@ class ValidationConfig(_ValidationFields):
         else:
             self._given[name] = value
 
-    def attached_to(self, owner: "ConfigContainer") -> "ValidationConfig":
+    def attached_to(self, owner: ConfigContainer) -> ValidationConfig:
         """This section as ``owner`` holds it: the given eval settings written into ``owner.train``.
 
         A section already held by another container is copied, so that each container's aliases
@@ -110,7 +110,7 @@ class ValidationConfig(_ValidationFields):
         return section
 
 
-def _conflict(owner: "ConfigContainer", name: str, value: Any) -> Optional[Violation]:
+def _conflict(owner: ConfigContainer, name: str, value: Any) -> Violation | None:
     """The violation when ``train.<name>`` holds a value other than its default and ``value``."""
     current = getattr(owner.train, name)
     if current == value or current == field_default(owner, f"train.{name}"):
@@ -178,25 +178,36 @@ NO_EFFECT_FIELDS: tuple[NoEffectField, ...] = (
     NoEffectField("validation.skip_train", "a run always trains", "set train.train_iters to the steps to train"),
     NoEffectField("validation.test_mode", "there are no real-time tests to run alongside", "remove it"),
     NoEffectField("validation.full_validation", _EVAL, "use train.eval_iters"),
-    NoEffectField("validation.multiple_validation_sets", "one validation split is built from dataset.split",
-                  "give one blend in dataset.data_paths"),
-    NoEffectField("validation.validation_set_names", "one validation split is built from dataset.split",
-                  "remove it"),
+    NoEffectField(
+        "validation.multiple_validation_sets",
+        "one validation split is built from dataset.split",
+        "give one blend in dataset.data_paths",
+    ),
+    NoEffectField("validation.validation_set_names", "one validation split is built from dataset.split", "remove it"),
     NoEffectField("rerun_state_machine.rerun_mode", _RERUN, "use rerun_mode='disabled'"),
-    NoEffectField("rerun_state_machine.check_for_nan_in_loss", "the loss is not checked for NaN here",
-                  "use ddp.check_for_nan_in_grad=true, which stops the run at the first NaN or Inf gradient"),
+    NoEffectField(
+        "rerun_state_machine.check_for_nan_in_loss",
+        "the loss is not checked for NaN here",
+        "use ddp.check_for_nan_in_grad=true, which stops the run at the first NaN or Inf gradient",
+    ),
     NoEffectField("rerun_state_machine.check_for_spiky_loss", _RERUN, "remove it"),
     NoEffectField("rerun_state_machine.spiky_loss_factor", _RERUN, "remove it"),
     NoEffectField("rerun_state_machine.error_injection_rate", _RERUN, "remove it"),
     NoEffectField("rerun_state_machine.error_injection_type", _RERUN, "remove it"),
-    NoEffectField("dist.use_gloo_process_groups", "megatron-core's gloo groups are always created here "
-                  "(the parallel state and the optimizer use them)", "remove it"),
-    NoEffectField("dist.lazy_mpu_init", "the parallel groups are always initialised before the model "
-                  "is built", "remove it"),
-    NoEffectField("dataset.dataloader_type", "batches are always consecutive slices from "
-                  "train.consumed_samples (megatron's 'single' sampler)", "use dataloader_type='single'"),
-    NoEffectField("dataset.num_dataset_builder_threads", "the dataset indices are built on one thread",
-                  "remove it"),
+    NoEffectField(
+        "dist.use_gloo_process_groups",
+        "megatron-core's gloo groups are always created here (the parallel state and the optimizer use them)",
+        "remove it",
+    ),
+    NoEffectField(
+        "dist.lazy_mpu_init", "the parallel groups are always initialised before the model is built", "remove it"
+    ),
+    NoEffectField(
+        "dataset.dataloader_type",
+        "batches are always consecutive slices from train.consumed_samples (megatron's 'single' sampler)",
+        "use dataloader_type='single'",
+    ),
+    NoEffectField("dataset.num_dataset_builder_threads", "the dataset indices are built on one thread", "remove it"),
 )
 """Every upstream field accepted only at its default, in the order they are reported."""
 
