@@ -4,7 +4,7 @@ import pytest
 
 from megatron.bridge.perf.harness.argument_parser import PLAIN_ALLTOALL, build_parser, parse_args, str_to_bool
 from megatron.bridge.perf.harness.config_builder import flag_values
-from megatron.bridge.perf.harness.flag_fields import FLAG_FIELDS
+from megatron.bridge.perf.harness.harness_args import FLAG_FIELDS
 
 BASE = ["-mr", "qwen3_30b_a3b"]
 
@@ -50,8 +50,11 @@ BASE = ["-mr", "qwen3_30b_a3b"]
         (["-l", "runs/x"], "log_dir", "runs/x"),
         (["--log_dir", "runs/y"], "log_dir", "runs/y"),
         (["--steady_state_window", "2,5"], "steady_state_window", [2, 5]),
-        (["--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true"], "sweep",
-         "comm_overlap.overlap_moe_expert_parallel_comm=false,true"),
+        (
+            ["--sweep", "comm_overlap.overlap_moe_expert_parallel_comm=false,true"],
+            "sweep",
+            "comm_overlap.overlap_moe_expert_parallel_comm=false,true",
+        ),
         (["--profile"], "profile", True),
         (["--profile_step_start", "4"], "profile_step_start", 4),
         (["--profile_step_end", "5"], "profile_step_end", 5),
@@ -67,15 +70,30 @@ def test_each_flag(flags, dest, expected):
 
 def test_not_given_is_none():
     args = parse_args(BASE)
-    for dest in ("gpu", "compute_dtype", "num_gpus", "max_steps", "moe_flex_dispatcher_backend",
-                 "moe_a2a_overlap", "tokenizer_type", "expert_model_parallel_size", "global_batch_size",
-                 "config_file", "log_dir", "sweep", "profile_ranks"):
+    for dest in (
+        "gpu",
+        "compute_dtype",
+        "num_gpus",
+        "max_steps",
+        "moe_flex_dispatcher_backend",
+        "moe_a2a_overlap",
+        "tokenizer_type",
+        "expert_model_parallel_size",
+        "global_batch_size",
+        "config_file",
+        "log_dir",
+        "sweep",
+        "profile_ranks",
+    ):
         assert getattr(args, dest) is None, dest
     assert args.overrides == [] and args.dryrun is False
 
 
-@pytest.mark.parametrize("text, value", [(t, True) for t in ("true", "True", "1", "yes", "YES")]
-                         + [(f, False) for f in ("false", "FALSE", "0", "no", "No")])
+@pytest.mark.parametrize(
+    "text, value",
+    [(t, True) for t in ("true", "True", "1", "yes", "YES")]
+    + [(f, False) for f in ("false", "FALSE", "0", "no", "No")],
+)
 def test_bool_words(text, value):
     assert str_to_bool(text) is value
 
@@ -129,15 +147,25 @@ def test_overrides_anywhere_and_in_order():
 
 def test_readme_command_parses(readme_argv):
     args = parse_args(readme_argv)
-    assert ((args.model_family_name, args.model_recipe_name, args.task, args.gpu)
-            == ("qwen", "qwen3_30b_a3b", "pretrain", "h100"))
+    assert (args.model_family_name, args.model_recipe_name, args.task, args.gpu) == (
+        "qwen",
+        "qwen3_30b_a3b",
+        "pretrain",
+        "h100",
+    )
     assert (args.num_gpus, args.gpus_per_node, args.max_steps) == (16, 8, 8)
     assert args.moe_a2a_overlap is False and args.moe_flex_dispatcher_backend == PLAIN_ALLTOALL
     assert len(args.overrides) == 3
 
 
-@pytest.mark.parametrize("override", ["+tokenizer.hf_tokenizer_kwargs.use_fast=true", "++logger.log_interval=2",
-                                      "~tokenizer.hf_tokenizer_kwargs.use_fast"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "+tokenizer.hf_tokenizer_kwargs.use_fast=true",
+        "++logger.log_interval=2",
+        "~tokenizer.hf_tokenizer_kwargs.use_fast",
+    ],
+)
 def test_hydra_override_forms_are_accepted(override):
     assert parse_args(["-mr", "qwen3_moe_tiny", override]).overrides == [override]
 
@@ -147,7 +175,12 @@ def test_every_flag_of_the_one_table_sets_its_field(dest, field):
     """The flag-to-field table is written once: the parser offers each flag and the config builder
     puts what it was given into that field."""
     flag = next(a for a in build_parser()._actions if a.dest == dest)
-    raw = {"moe_a2a_overlap": "true", "cuda_graph_impl": "none", "tokenizer_type": "NullTokenizer",
-           "steady_state_window": "3,5", "profile_ranks": "0"}.get(dest, "2")
+    raw = {
+        "moe_a2a_overlap": "true",
+        "cuda_graph_impl": "none",
+        "tokenizer_type": "NullTokenizer",
+        "steady_state_window": "3,5",
+        "profile_ranks": "0",
+    }.get(dest, "2")
     args = parse_args(["-m", "qwen", "-mr", "qwen3_30b_a3b", flag.option_strings[-1], raw])
     assert flag_values(args)[field] == getattr(args, dest)

@@ -22,8 +22,7 @@ from typing import NoReturn
 
 from megatron.bridge.emulation.network import PRESETS as NETWORK_PRESETS
 from megatron.bridge.perf.harness.dispatch_names import flex_backend_names
-from megatron.bridge.perf.harness.flag_fields import FLAG_FIELDS
-from megatron.bridge.perf.harness.harness_args import HarnessArgs
+from megatron.bridge.perf.harness.harness_args import FLAG_FIELDS, HarnessArgs
 from megatron.bridge.perf.harness.recipe_lookup import recipe_tasks
 from megatron.bridge.training.harness_surface import GPU_TYPES, MAX_WORLD_SIZE, did_you_mean
 
@@ -80,9 +79,7 @@ def flex_backend(text: str) -> str:
     names = flex_backend_names()
     if value in names:
         return value
-    raise argparse.ArgumentTypeError(
-        f"expected one of {', '.join(names)} or None (plain alltoall), got {text!r}"
-    )
+    raise argparse.ArgumentTypeError(f"expected one of {', '.join(names)} or None (plain alltoall), got {text!r}")
 
 
 def positive_int(text: str) -> int:
@@ -102,7 +99,8 @@ def gpu_count(text: str) -> int:
     value = positive_int(text)
     if value > MAX_WORLD_SIZE:
         raise argparse.ArgumentTypeError(
-            f"at most {MAX_WORLD_SIZE} GPUs (more than any training job has: a typo?), got {text!r}")
+            f"at most {MAX_WORLD_SIZE} GPUs (more than any training job has: a typo?), got {text!r}"
+        )
     return value
 
 
@@ -255,41 +253,81 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=HELP_EPILOG,
     )
     run = p.add_argument_group("recipe and machine")
-    run.add_argument("-m", "--model_family_name", default="qwen",
-                     help="recipe family (package under megatron.bridge.recipes)")
+    run.add_argument(
+        "-m", "--model_family_name", default="qwen", help="recipe family (package under megatron.bridge.recipes)"
+    )
     run.add_argument("-mr", "--model_recipe_name", required=True, help="recipe name, e.g. qwen3_30b_a3b")
     tasks = recipe_tasks()
-    run.add_argument("--task", type=task_choice(tasks), default="pretrain",
-                     help=f"{'|'.join(tasks)}: what the recipe is written for (no recipe here fine-tunes)")
-    run.add_argument("-g", "--gpu", type=_choice(GPU_CHOICES), default=None,
-                     help="target GPU type for validation (and flex backend support); cpu = CPU smoke mode")
-    run.add_argument("-c", "--compute_dtype", type=_choice(tuple(COMPUTE_DTYPES)), default=None,
-                     help="compute precision; fp8 variants need Transformer Engine")
-    run.add_argument("-ng", "--num_gpus", type=gpu_count, default=None,
-                     help="total GPUs (processes in CPU mode) (default: the recipe's reference GPU count)")
-    run.add_argument("-gn", "--gpus_per_node", type=positive_int, default=None,
-                     help="GPUs per node (default: -ng, at most 8)")
-    run.add_argument("--procs_per_gpu", type=positive_int, default=1,
-                     help="ranks sharing one GPU (>1 needs the gloo backend; NCCL refuses it)")
+    run.add_argument(
+        "--task",
+        type=task_choice(tasks),
+        default="pretrain",
+        help=f"{'|'.join(tasks)}: what the recipe is written for (no recipe here fine-tunes)",
+    )
+    run.add_argument(
+        "-g",
+        "--gpu",
+        type=_choice(GPU_CHOICES),
+        default=None,
+        help="target GPU type for validation (and flex backend support); cpu = CPU smoke mode",
+    )
+    run.add_argument(
+        "-c",
+        "--compute_dtype",
+        type=_choice(tuple(COMPUTE_DTYPES)),
+        default=None,
+        help="compute precision; fp8 variants need Transformer Engine",
+    )
+    run.add_argument(
+        "-ng",
+        "--num_gpus",
+        type=gpu_count,
+        default=None,
+        help="total GPUs (processes in CPU mode) (default: the recipe's reference GPU count)",
+    )
+    run.add_argument(
+        "-gn", "--gpus_per_node", type=positive_int, default=None, help="GPUs per node (default: -ng, at most 8)"
+    )
+    run.add_argument(
+        "--procs_per_gpu",
+        type=positive_int,
+        default=1,
+        help="ranks sharing one GPU (>1 needs the gloo backend; NCCL refuses it)",
+    )
 
     model = p.add_argument_group("training and model (each maps to one config field)")
     model.add_argument("--max_steps", type=positive_int, default=None, help=FLAG_FIELDS["max_steps"])
-    model.add_argument("--cuda_graph_impl", type=_choice(CUDA_GRAPH_IMPLS), default=None,
-                       help=FLAG_FIELDS["cuda_graph_impl"])
-    model.add_argument("--moe_flex_dispatcher_backend", type=flex_backend, default=None,
-                       help=f"{'|'.join(flex_backend_names())}: model.moe_token_dispatcher_type=flex with that "
-                       "model.moe_flex_dispatcher_backend (and model.moe_shared_expert_overlap=false); "
-                       "None: model.moe_token_dispatcher_type=alltoall, no backend")
-    model.add_argument("--moe_a2a_overlap", type=str_to_bool, default=None,
-                       help="comm_overlap.overlap_moe_expert_parallel_comm (EP overlap on/off); delayed "
-                       "wgrad stays comm_overlap.delay_wgrad_compute, and on without EP overlap is refused")
-    model.add_argument("--tokenizer_type", type=_choice(TOKENIZER_TYPES, lower=False), default=None,
-                       help=FLAG_FIELDS["tokenizer_type"])
+    model.add_argument(
+        "--cuda_graph_impl", type=_choice(CUDA_GRAPH_IMPLS), default=None, help=FLAG_FIELDS["cuda_graph_impl"]
+    )
+    model.add_argument(
+        "--moe_flex_dispatcher_backend",
+        type=flex_backend,
+        default=None,
+        help=f"{'|'.join(flex_backend_names())}: model.moe_token_dispatcher_type=flex with that "
+        "model.moe_flex_dispatcher_backend (and model.moe_shared_expert_overlap=false); "
+        "None: model.moe_token_dispatcher_type=alltoall, no backend",
+    )
+    model.add_argument(
+        "--moe_a2a_overlap",
+        type=str_to_bool,
+        default=None,
+        help="comm_overlap.overlap_moe_expert_parallel_comm (EP overlap on/off); delayed "
+        "wgrad stays comm_overlap.delay_wgrad_compute, and on without EP overlap is refused",
+    )
+    model.add_argument(
+        "--tokenizer_type", type=_choice(TOKENIZER_TYPES, lower=False), default=None, help=FLAG_FIELDS["tokenizer_type"]
+    )
     for short, dest in (
-        ("-tp", "tensor_model_parallel_size"), ("-pp", "pipeline_model_parallel_size"),
-        ("-vp", "virtual_pipeline_model_parallel_size"), ("-cp", "context_parallel_size"),
-        ("-ep", "expert_model_parallel_size"), ("-et", "expert_tensor_parallel_size"),
-        ("-gb", "global_batch_size"), ("-mb", "micro_batch_size"), ("-sl", "seq_length"),
+        ("-tp", "tensor_model_parallel_size"),
+        ("-pp", "pipeline_model_parallel_size"),
+        ("-vp", "virtual_pipeline_model_parallel_size"),
+        ("-cp", "context_parallel_size"),
+        ("-ep", "expert_model_parallel_size"),
+        ("-et", "expert_tensor_parallel_size"),
+        ("-gb", "global_batch_size"),
+        ("-mb", "micro_batch_size"),
+        ("-sl", "seq_length"),
     ):
         model.add_argument(short, f"--{dest}", type=positive_int, default=None, help=FLAG_FIELDS[dest])
 
@@ -297,30 +335,59 @@ def build_parser() -> argparse.ArgumentParser:
     io.add_argument("--config_file", default=None, help="YAML applied over the recipe")
     io.add_argument("--dryrun", action="store_true", help="resolve, validate, report; launch nothing")
     io.add_argument("--save_config_filepath", type=path_text, default=None, help="write the resolved config YAML here")
-    io.add_argument("-l", "--log_dir", type=path_text, default=None,
-                    help=f"run directory (default: {LOG_DIR_DEFAULT}; a sweep: {SWEEP_DIR_DEFAULT})")
-    io.add_argument("--steady_state_window", type=window, default=None,
-                    help="FIRST,LAST steps of the steady-state mean (default: automatic, the steps after the "
-                    "first max(2, 10 %%))")
-    io.add_argument("--sweep", default=None, metavar="KEY=V1,V2,...",
-                    help="one-knob A/B sweep: each value of one dotted key runs as its own job")
-    io.add_argument("--sweep_repeats", type=positive_int, default=1, metavar="N",
-                    help="run the sweep's values in N interleaved rounds (v1, v2, v1, v2, ...); sweep.md shows "
-                    "each round's mean and their spread")
-    io.add_argument("-v", "--verbose", action="store_true",
-                    help="before launching, print the full overlap report and every overlap-related value "
-                    "with its source (--dryrun always does); on the console, also the ranks' third-party "
-                    "warnings and megatron-core's INFO logs (<log_dir>/launch.log holds all of the launcher's "
-                    "and the ranks' output either way)")
+    io.add_argument(
+        "-l",
+        "--log_dir",
+        type=path_text,
+        default=None,
+        help=f"run directory (default: {LOG_DIR_DEFAULT}; a sweep: {SWEEP_DIR_DEFAULT})",
+    )
+    io.add_argument(
+        "--steady_state_window",
+        type=window,
+        default=None,
+        help="FIRST,LAST steps of the steady-state mean (default: automatic, the steps after the first max(2, 10 %%))",
+    )
+    io.add_argument(
+        "--sweep",
+        default=None,
+        metavar="KEY=V1,V2,...",
+        help="one-knob A/B sweep: each value of one dotted key runs as its own job",
+    )
+    io.add_argument(
+        "--sweep_repeats",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="run the sweep's values in N interleaved rounds (v1, v2, v1, v2, ...); sweep.md shows "
+        "each round's mean and their spread",
+    )
+    io.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="before launching, print the full overlap report and every overlap-related value "
+        "with its source (--dryrun always does); on the console, also the ranks' third-party "
+        "warnings and megatron-core's INFO logs (<log_dir>/launch.log holds all of the launcher's "
+        "and the ranks' output either way)",
+    )
 
-    emu = p.add_argument_group("emulated world (one process trains one rank of the -ng layout; communication "
-                               "times are modeled, not measured)")
-    emu.add_argument("--emulate", action="store_true",
-                     help="validate the -ng/-gn layout as for a real run, then train its rank --emulate_rank in one "
-                     "process; every collective takes the time --network gives it")
-    emu.add_argument("--network", type=_choice(tuple(NETWORK_PRESETS)), default=None,
-                     help=f"network model of the emulated world: {'|'.join(NETWORK_PRESETS)} (default: h100_ib400); "
-                     "figures can be overridden with emulation.* overrides")
+    emu = p.add_argument_group(
+        "emulated world (one process trains one rank of the -ng layout; communication times are modeled, not measured)"
+    )
+    emu.add_argument(
+        "--emulate",
+        action="store_true",
+        help="validate the -ng/-gn layout as for a real run, then train its rank --emulate_rank in one "
+        "process; every collective takes the time --network gives it",
+    )
+    emu.add_argument(
+        "--network",
+        type=_choice(tuple(NETWORK_PRESETS)),
+        default=None,
+        help=f"network model of the emulated world: {'|'.join(NETWORK_PRESETS)} (default: h100_ib400); "
+        "figures can be overridden with emulation.* overrides",
+    )
     emu.add_argument("--emulate_rank", type=int, default=None, help="the rank the process plays (default: 0)")
 
     prof = p.add_argument_group("profiling")
@@ -359,10 +426,15 @@ def parse_args(argv: Sequence[str] | None = None) -> HarnessArgs:
         parser.error("--profile_step_start must be <= --profile_step_end")
     if args.gpu == "cpu" and args.procs_per_gpu != 1:
         parser.error("--procs_per_gpu applies to GPUs; in CPU mode -ng is the process count")
-    emulation_only = [flag for flag, dest in (("--network", "network"), ("--emulate_rank", "emulate_rank"))
-                      if getattr(args, dest) is not None]
+    emulation_only = [
+        flag
+        for flag, dest in (("--network", "network"), ("--emulate_rank", "emulate_rank"))
+        if getattr(args, dest) is not None
+    ]
     if emulation_only and not args.emulate:  # a real run has no network model and plays no rank
-        parser.error(f"{', '.join(emulation_only)} without --emulate would have no effect: a run without --emulate "
-                     "is a real one; add --emulate to play the -ng layout in one process, or leave "
-                     f"{' and '.join(emulation_only)} out")
+        parser.error(
+            f"{', '.join(emulation_only)} without --emulate would have no effect: a run without --emulate "
+            "is a real one; add --emulate to play the -ng layout in one process, or leave "
+            f"{' and '.join(emulation_only)} out"
+        )
     return HarnessArgs.from_namespace(args, sys.argv[1:] if argv is None else argv)

@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.perf.harness.argument_parser import COMPUTE_DTYPES, PLAIN_ALLTOALL
-from megatron.bridge.perf.harness.flag_fields import FLAG_FIELDS
-from megatron.bridge.perf.harness.harness_args import HarnessArgs
+from megatron.bridge.perf.harness.harness_args import FLAG_FIELDS, HarnessArgs
 from megatron.bridge.perf.harness.recipe_lookup import (
     RecipeChoice,
     layout_problem,
@@ -220,8 +219,9 @@ def world_size_problem(built: BuiltConfig, args: HarnessArgs) -> str:
     )
 
 
-def computed_values(cfg: ConfigContainer, recipe: RecipeChoice, recipe_cfg: ConfigContainer,
-                    world_size: int, procs_per_gpu: int) -> dict[str, Any]:
+def computed_values(
+    cfg: ConfigContainer, recipe: RecipeChoice, recipe_cfg: ConfigContainer, world_size: int, procs_per_gpu: int
+) -> dict[str, Any]:
     """Values for keys no user layer set (global batch scaling, log dir, gloo for shared GPUs)."""
     values: dict[str, Any] = {}
     given = cfg.provenance
@@ -299,8 +299,9 @@ def _gpus_per_node(args: HarnessArgs, num_gpus: int, cpu: bool) -> int:
     return args.gpus_per_node or min(num_gpus, DEFAULT_GPUS_PER_NODE)
 
 
-def default_num_gpus(args: HarnessArgs, recipe: RecipeChoice, cfg: ConfigContainer, sizes_ok: bool,
-                     cpu: bool) -> tuple[int, str | None]:
+def default_num_gpus(
+    args: HarnessArgs, recipe: RecipeChoice, cfg: ConfigContainer, sizes_ok: bool, cpu: bool
+) -> tuple[int, str | None]:
     """``-ng``, else its default and the note that says which: in CPU smoke mode the smallest process
     count the layout fits (a recipe's GPU count says nothing about CPU processes), else the recipe's
     reference GPU count (or the layout's smallest)."""
@@ -350,12 +351,17 @@ def build_config(
     num_gpus, count_note = default_num_gpus(args, recipe, cfg, sizes_ok, cpu)
     cfg = apply_layer(cfg, emulation_values(args, num_gpus), "flag")
     if args.emulate and args.procs_per_gpu > 1:
-        raise HarnessError("[emulate-one-process] --emulate trains one rank in one process; --procs_per_gpu "
-                           f"{args.procs_per_gpu} asks for several\n    fix: leave --procs_per_gpu out")
+        raise HarnessError(
+            "[emulate-one-process] --emulate trains one rank in one process; --procs_per_gpu "
+            f"{args.procs_per_gpu} asks for several\n    fix: leave --procs_per_gpu out"
+        )
     procs_per_gpu = 1 if cpu else args.procs_per_gpu
     gpus_per_node = _gpus_per_node(args, num_gpus, cpu)
-    cfg = apply_layer(cfg, dispatch_launch_values(cfg, args.gpus_per_node, gpus_per_node),
-                      "flag" if args.gpus_per_node else "computed")
+    cfg = apply_layer(
+        cfg,
+        dispatch_launch_values(cfg, args.gpus_per_node, gpus_per_node),
+        "flag" if args.gpus_per_node else "computed",
+    )
     built = BuiltConfig(
         cfg=cfg,
         recipe=recipe,
@@ -448,9 +454,11 @@ def environment_summary(built: BuiltConfig) -> str:
     share = f", {built.procs_per_gpu} ranks per GPU" if built.procs_per_gpu > 1 else ""
     if built.emulated:
         e = built.cfg.emulation
-        return (f"recipe {built.recipe.qualified_name}; EMULATED world of {built.num_gpus} GPUs: one process "
-                f"{'on the CPU' if built.cpu else 'on one GPU'} plays rank {e.rank}, the others are played by "
-                f"symmetry; communication times are MODELED by network {e.network!r}, not measured; {mode}")
+        return (
+            f"recipe {built.recipe.qualified_name}; EMULATED world of {built.num_gpus} GPUs: one process "
+            f"{'on the CPU' if built.cpu else 'on one GPU'} plays rank {e.rank}, the others are played by "
+            f"symmetry; communication times are MODELED by network {e.network!r}, not measured; {mode}"
+        )
     return (
         f"recipe {built.recipe.qualified_name}; {built.num_gpus} {'processes' if built.cpu else 'GPUs'} on "
         f"{built.num_nodes} node(s){share}; world size {built.world_size}; {mode}"

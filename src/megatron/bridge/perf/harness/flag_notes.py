@@ -1,6 +1,6 @@
 """A flag and a dotted override that set the same field, said in one note: both, as given, and which
 value the run gets from which (dotted overrides come after flags). The flags' fields are the tables of
-``flag_fields``; which of them a command writes, ``config_builder`` says."""
+``harness_args``; which of them a command writes, ``config_builder`` says."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from typing import Any
 
 from megatron.bridge.perf.harness.argument_parser import build_parser
 from megatron.bridge.perf.harness.config_builder import BuiltConfig, emulation_values, flag_values
-from megatron.bridge.perf.harness.flag_fields import PRECEDENCE, flag_of_field
-from megatron.bridge.perf.harness.harness_args import HarnessArgs
+from megatron.bridge.perf.harness.harness_args import PRECEDENCE, HarnessArgs, flag_of_field
 from megatron.bridge.training.harness_surface import read_field
 
 
@@ -49,8 +48,13 @@ def flags_setting(args: HarnessArgs, key: str) -> list[str]:
     return [flag_text(args, dest)] if dest else []
 
 
-def flag_override_notes(args: HarnessArgs, overrides: Sequence[str], flag_keys: Iterable[str],
-                        provenance: Mapping[str, str], value_of: Callable[[str], Any]) -> list[str]:
+def flag_override_notes(
+    args: HarnessArgs,
+    overrides: Sequence[str],
+    flag_keys: Iterable[str],
+    provenance: Mapping[str, str],
+    value_of: Callable[[str], Any],
+) -> list[str]:
     """One note for each dotted override that sets a field a flag of ``args`` also set (``flag_keys``):
     both, and which one the run gets (``provenance`` names the layer that won, ``value_of(key)`` the
     value it gave)."""
@@ -61,13 +65,17 @@ def flag_override_notes(args: HarnessArgs, overrides: Sequence[str], flag_keys: 
         if dest is None:
             continue
         flag = flag_text(args, dest)
-        source = (f"the dotted override (precedence: {PRECEDENCE})" if provenance.get(key) == "cli"
-                  else f"{flag}, which is applied after the dotted overrides")  # --emulate: the -ng layout
+        source = (
+            f"the dotted override (precedence: {PRECEDENCE})"
+            if provenance.get(key) == "cli"
+            else f"{flag}, which is applied after the dotted overrides"
+        )  # --emulate: the -ng layout
         notes.append(f"{flag} and {text} both set {key}: the run gets {shown_value(value_of(key))}, from {source}")
     return notes
 
 
 def built_config_notes(args: HarnessArgs, built: BuiltConfig) -> list[str]:
     """:func:`flag_override_notes` for a built job and the dotted overrides of its command line."""
-    return flag_override_notes(args, args.overrides, keys_set_by_flags(args),
-                               built.cfg.provenance, lambda key: read_field(built.cfg, key))
+    return flag_override_notes(
+        args, args.overrides, keys_set_by_flags(args), built.cfg.provenance, lambda key: read_field(built.cfg, key)
+    )
