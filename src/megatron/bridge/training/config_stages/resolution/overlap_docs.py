@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Optional
 
 from megatron.bridge.models.dispatch.path_registry import FLEX_BACKENDS
 from megatron.bridge.training.config_stages.facts.overlap_fields import OVERLAP_FIELDS
@@ -75,16 +74,18 @@ The walk of `comm_overlap.overlap_moe_expert_parallel_comm=true`, each module on
 the value meets it (paths under `src/megatron/bridge/` but the first; `config_stages/` is filed by stage, and a
 stage imports only from earlier ones). In the harness process:
 
-1. `scripts/performance/run_script.py`, then `perf/harness/run.py`: the command line, one job.
+1. `scripts/performance/run_script.py`, then `perf/harness/run.py`: the command line, then the flow
+   of one job, planned and resolved once by `perf/harness/job.py`.
 2. `perf/harness/argument_parser.py`: `--moe_a2a_overlap` (when given) read as a real bool.
-3. `perf/harness/flag_fields.py`: the flag names its one field, `comm_overlap.overlap_moe_expert_parallel_comm`.
+3. `perf/harness/harness_args.py`: the typed record of the command line, whose field for the flag
+   names the one config field it sets, `comm_overlap.overlap_moe_expert_parallel_comm`.
 4. `perf/harness/config_builder.py`: the layers in order (recipe, `--config_file`, flags, dotted overrides),
    each applied through the public `training/utils/omegaconf_utils.py` `apply_overrides`.
 5. `config_stages/reading/hydra_overrides.py`: no `+`/`++`/`~` form, so the list goes on as it is.
 6. `config_stages/reading/overrides.py`: the layer applied to a copy, `cli` recorded as its source,
    using the three modules below.
 7. `config_stages/reading/override_text.py`: `true` read as plain YAML (no tag, no code).
-8. `config_stages/reading/typed_values.py`: typed against the field's `Optional[bool]`.
+8. `config_stages/reading/typed_values.py`: typed against the field's `bool | None`.
 9. `config_stages/facts/ownership.py`: an owner, so accepted (the copy
    `model.overlap_moe_expert_parallel_comm` may be written only with the owner's value).
 10. `config_stages/resolution/finalize.py`: the one resolution of the job, using the modules below.
@@ -188,7 +189,7 @@ value the run needs and reports the conflict when both apply.
 ## Flex dispatcher backends
 
 Setting `model.moe_flex_dispatcher_backend` alone does not activate flex dispatch; use
-`--moe_flex_dispatcher_backend {'|'.join(FLEX_BACKENDS)}|None` (or `apply_flex_dispatcher_backend`), which
+`--moe_flex_dispatcher_backend {"|".join(FLEX_BACKENDS)}|None` (or `apply_flex_dispatcher_backend`), which
 sets `model.moe_token_dispatcher_type=flex`, the backend and `model.moe_shared_expert_overlap=false`
 (`None`: `alltoall` and no backend). Whether the backend runs on the target GPU is the rule
 `flex-backend-supported-on-gpu`, the same for `validate()`, the flag and
@@ -253,13 +254,10 @@ def _rules_table() -> str:
 
 def render_docs() -> str:
     """The docs page, from the tables."""
-    return (
-        _DOC_HEADER + _fields_table() + _precision_table() + _rules_table() + _DOC_FOOTER
-        + render_support_table()
-    )
+    return _DOC_HEADER + _fields_table() + _precision_table() + _rules_table() + _DOC_FOOTER + render_support_table()
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """``--write-docs`` rewrites the page under ``--root``; without it the page is printed."""
     parser = argparse.ArgumentParser(description="Generate the communication-overlap docs page.")
     parser.add_argument("--write-docs", action="store_true", help=f"regenerate {DOCS_PATH}")
