@@ -6,7 +6,10 @@
 
 Runs ``pytest tests/unit_tests tests/gpu -m "not functional"`` with the interpreter that runs this
 script, so the machine's own torch, Triton and (where installed) Transformer Engine are the ones
-tested; ``src/`` is put first on ``PYTHONPATH``. Writes ``<out>/pytest.log``, ``<out>/junit.xml`` and
+tested; ``src/`` is put first on ``PYTHONPATH``. It runs in two passes: every test but those marked
+``gpu_timing`` with ``--workers`` processes sharing the GPU, then the ``gpu_timing`` tests (they assert
+how long GPU work takes) in one process, alone on the GPU, so that no other test's kernels are
+time-sliced in beside the kernels they time. Writes ``<out>/pytest.log``, ``<out>/junit.xml`` and
 ``<out>/summary.json``: the counts, the versions (torch, Triton, NumPy, megatron-core, Transformer
 Engine), the GPU, the commit, every failure and each skip reason with its count. ``--publish NAME``
 copies the summary to ``docs/testing/gpu_lane_NAME.json``. The exit status is pytest's.
@@ -38,7 +41,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PUBLISHED = REPO / "docs" / "testing"
 TEST_PATHS = ("tests/unit_tests", "tests/gpu")
-MARKERS = "not functional"
+PASSES = {
+    "shared": "not functional and not gpu_timing",
+    "alone": "not functional and gpu_timing",
+}
+"""The lane's passes and the tests each selects: ``shared`` with ``--workers`` processes, ``alone`` in one."""
+NO_TESTS_COLLECTED = 5
+"""pytest's exit status when a selection is empty (a shard without ``gpu_timing`` tests): not a failure."""
 
 
 def version(distribution: str) -> str | None:
@@ -104,21 +113,26 @@ def shard_files(files: list[str], shard: tuple[int, int], seconds: dict[str, flo
     return sorted(mine)
 
 
-def pytest_argv(out: Path, workers: int, files: list[str] | None = None) -> list[str]:
+def junit_path(out: Path, lane_pass: str) -> Path:
+    return out / ("junit.xml" if lane_pass == "shared" else f"junit_{lane_pass}.xml")
+
+
+def pytest_argv(out: Path, workers: int, files: list[str] | None = None, lane_pass: str = "shared") -> list[str]:
+    """The pytest command of one pass; the ``alone`` pass always runs in one process."""
     argv = [
         sys.executable,
         "-m",
         "pytest",
         *(files or TEST_PATHS),
         "-m",
-        MARKERS,
+        PASSES[lane_pass],
         "-q",
         "-rfEs",
         "-p",
         "no:cacheprovider",
-        f"--junitxml={out / 'junit.xml'}",
+        f"--junitxml={junit_path(out, lane_pass)}",
     ]
-    if workers > 1:
+    if workers > 1 and lane_pass == "shared":
         argv += ["-n", str(workers), "--dist", "loadfile"]
     return argv
 
@@ -132,12 +146,13 @@ def scrub(text: str) -> str:
     return _SITE.sub("site-packages/", text.replace(str(REPO) + "/", ""))
 
 
-def outcomes(junit: Path) -> dict:
-    """Counts, failures and skip reasons from pytest's JUnit XML."""
+def outcomes(*junits: Path) -> dict:
+    """Counts, failures and skip reasons from pytest's JUnit XML files (one per pass), added up."""
     counts = collections.Counter()
     failures, skips = [], collections.Counter()
     seconds: collections.Counter = collections.Counter()
-    for case in ElementTree.parse(junit).getroot().iter("testcase"):
+    cases = [case for junit in junits if junit.exists() for case in ElementTree.parse(junit).getroot().iter("testcase")]
+    for case in cases:
         name = f"{case.get('classname')}::{case.get('name')}"
         seconds[test_file_of(case.get("classname") or "")] += float(case.get("time") or 0)
         kinds = {child.tag: child for child in case}
@@ -184,6 +199,14 @@ def merge(summaries: list[dict]) -> dict:
     merged["shards"] = [dict(shard=list(s["shard"]), wall_s=s["wall_s"], gpu=s["gpu"]) for s in summaries]
     merged["wall_s"] = max(s["wall_s"] for s in summaries)
     return merged
+
+
+def shown_command(command: list[str], files: list[str] | None, args: argparse.Namespace) -> str:
+    """One pass's command as the summary records it: ``python`` for the interpreter, ``OUT`` for the
+    output folder and ``--shard K/N`` for a shard's list of files."""
+    if files is not None:
+        command = [*command[:3], f"--shard {args.shard[0]}/{args.shard[1]}", *command[3 + len(files) :]]
+    return " ".join(["python", *command[1:]]).replace(str(args.out), "OUT")
 
 
 def git_commit() -> str:
@@ -237,29 +260,31 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])))
     files = shard_files(test_files(), args.shard, published_file_seconds()) if args.shard else None
-    command = pytest_argv(args.out, args.workers, files)
     start = time.time()
+    codes, shown = [], []
     with open(args.out / "pytest.log", "w") as log:
-        code = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-    shown = (
-        command
-        if files is None
-        else [*command[:3], f"--shard {args.shard[0]}/{args.shard[1]}", *command[3 + len(files) :]]
-    )
+        for lane_pass in PASSES:
+            junit_path(args.out, lane_pass).unlink(missing_ok=True)  # an earlier run's record is not this one's
+            command = pytest_argv(args.out, args.workers, files, lane_pass)
+            log.write(f"== pass {lane_pass}: -m {PASSES[lane_pass]!r}\n")
+            log.flush()
+            code = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+            codes.append(0 if code == NO_TESTS_COLLECTED else code)
+            shown.append(shown_command(command, files, args))
     summary = dict(
         date=time.strftime("%Y-%m-%d"),
         commit=args.commit or git_commit(),
-        exit_status=code,
+        exit_status=max(codes),
         wall_s=round(time.time() - start, 1),
-        command=" ".join(["python", *shown[1:]]).replace(str(args.out), "OUT"),
+        command=" && ".join(shown),
         shard=list(args.shard) if args.shard else None,
         **environment(),
-        **outcomes(args.out / "junit.xml"),
+        **outcomes(*(junit_path(args.out, lane_pass) for lane_pass in PASSES)),
     )
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     publish(summary, args.publish)
     report(summary)
-    return code
+    return summary["exit_status"]
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ from megatron.bridge.emulation.backend import start_world, stop_world
 from megatron.bridge.emulation.hold import Hold
 from megatron.bridge.emulation.network import network_model
 
+pytestmark = pytest.mark.gpu_timing  # every test here times the GPU or the host behind queued GPU work
+
 WORLD, ME = 8, 2
 BUSY_S = 0.2
 

@@ -138,6 +138,7 @@ def test_bounded_swiglu_matches_the_compiled_one_on_the_counted_rows(count, gene
         assert rel(gp[:count], rgp[:count]) < 1e-3
 
 
+@pytest.mark.gpu_timing
 def test_bounded_swiglu_costs_the_counted_rows_not_the_buffer(generator):
     """At EP=16 the sorted dispatcher's buffer has 16 times the rows routed to this rank."""
     from megatron.bridge.models.torch_native.bounded_swiglu import bounded_swiglu_probs

@@ -62,6 +62,76 @@ def test_the_summary_counts_outcomes_and_seconds_per_file(lane, tmp_path):
     assert found["failures"] == [dict(test="tests.unit_tests.test_3::test_c", message="boom")]
 
 
+PASSED = """<testsuites><testsuite>
+<testcase classname="tests.unit_tests.test_3" name="test_c" time="0.5"/>
+</testsuite></testsuites>"""
+TIMED_FAILURE = """<testsuites><testsuite>
+<testcase classname="tests.gpu.test_timing" name="test_t" time="1.0"><failure message="slow"/></testcase>
+</testsuite></testsuites>"""
+
+
+def test_the_timing_tests_run_alone_after_the_others(lane, tmp_path):
+    shared = lane.pytest_argv(tmp_path, 14, lane_pass="shared")
+    alone = lane.pytest_argv(tmp_path, 14, lane_pass="alone")
+    assert list(lane.PASSES) == ["shared", "alone"]
+    assert shared[shared.index("-m", 3) + 1] == "not functional and not gpu_timing" and "-n" in shared
+    assert alone[alone.index("-m", 3) + 1] == "not functional and gpu_timing" and "-n" not in alone
+
+
+@pytest.mark.parametrize(
+    "alone_result, exit_status, counts",
+    [
+        ((5, None), 0, dict(passed=1, failed=0, errors=0, skipped=0)),  # a shard with no timing test
+        ((1, TIMED_FAILURE), 1, dict(passed=1, failed=1, errors=0, skipped=0)),
+    ],
+    ids=["no-timing-tests-selected", "a-timing-test-failed"],
+)
+def test_the_summary_adds_up_both_passes(lane, tmp_path, monkeypatch, alone_result, exit_status, counts):
+    results = {"shared": (0, PASSED), "alone": alone_result}
+    ran = []
+
+    def fake_run(command, **_):
+        lane_pass = next(p for p, m in lane.PASSES.items() if command[command.index("-m", 3) + 1] == m)
+        ran.append(lane_pass)
+        code, junit = results[lane_pass]
+        if junit:
+            lane.junit_path(tmp_path, lane_pass).write_text(junit)
+        return argparse.Namespace(returncode=code)
+
+    monkeypatch.setattr(lane.subprocess, "run", fake_run)
+    assert lane.main(["--out", str(tmp_path), "--workers", "14", "--commit", "c"]) == exit_status
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert ran == ["shared", "alone"] and summary["counts"] == counts and summary["exit_status"] == exit_status
+    assert " && " in summary["command"] and str(tmp_path) not in summary["command"]
+
+
+def test_the_alone_pass_selects_the_tests_that_time_the_gpu():
+    import subprocess
+    import sys
+
+    root = SCRIPT.parents[1]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/gpu",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "gpu_timing",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    selected = {line.split("::")[0] for line in proc.stdout.splitlines() if "::" in line}
+    assert selected == {"tests/gpu/test_emulated_backend_cuda.py", "tests/gpu/test_kernels_cuda.py"}, proc.stdout
+
+
 def _shard_summary(k: int, n: int, passed: int, failed: int = 0) -> dict:
     return dict(
         commit="c",
