@@ -41,9 +41,10 @@ def test_the_harness_runs_it_once_for_a_job(post_init_calls: list, tmp_path: Pat
     assert len(post_init_calls) == 1
 
 
+@pytest.mark.host("h100")  # a GPU rank: the CPU compatibility layer, process-wide, is not switched on
 def test_a_rank_runs_it_once_before_the_process_group(post_init_calls: list, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)  # the resolution sets what the run needs
     cfg = qwen3_moe_tiny_pretrain_config()
-    cfg.dist.device = "cpu"
     saved = tmp_path / "resolved.yaml"
     cfg.to_yaml(str(saved))
     assert post_init_calls == []  # building and saving a recipe defers it
