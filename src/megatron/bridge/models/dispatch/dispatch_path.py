@@ -219,10 +219,6 @@ class DispatchPath:
     describe_choice: Callable[[DispatchChoice], str] | None = None
     build: Callable[[DispatcherBuild], Any] | None = None
     """The layer's token dispatcher for a choice of this path; ``None``: megatron's stays."""
-    prepare: Callable[[Any], str | None] | None = None
-    """Called with the model config once the model is built, where a layer runs this path: a change
-    the path makes to megatron-core's code for the process (``megatron_alltoall``: its chunk sort);
-    returns the start-up line that says so (``None``: nothing changed)."""
     emulated: bool = False
     """The emulated world can run it (it plays every peer by symmetry)."""
     benchmark: tuple[BenchmarkArm, ...] = ()

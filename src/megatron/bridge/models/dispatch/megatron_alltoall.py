@@ -32,19 +32,6 @@ def _describe(model: Any) -> str:
     return "alltoall"
 
 
-def _prepare(model: Any) -> str | None:
-    """Where the dispatcher reorders chunks unfused (more than one local expert,
-    ``moe_permute_fusion=false``), it does so by one row gather
-    (``models/torch_native/chunk_sort.py``): the same rows, a few host calls instead of two per chunk."""
-    local_experts = model.num_moe_experts // max(1, model.expert_model_parallel_size)
-    if local_experts <= 1 or model.moe_permute_fusion:
-        return None
-    # Deferred: the chunk sort patches megatron-core's dispatcher module, loaded with the model.
-    from megatron.bridge.models.torch_native.chunk_sort import use_gather_chunk_sort
-
-    return use_gather_chunk_sort()
-
-
 PATH = DispatchPath(
     name="alltoall",
     kind="megatron",
@@ -55,7 +42,6 @@ PATH = DispatchPath(
     transports=(MEGATRON_TRANSPORT,),
     choose=_choose,
     describe_choice=_describe_choice,
-    prepare=_prepare,
     emulated=True,
     benchmark=(BenchmarkArm("alltoall"),),
 )

@@ -12,7 +12,6 @@ package probes of the rule context (:func:`probe_packages`) and the emulation be
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.models.dispatch import (
@@ -116,18 +115,6 @@ def describe_dispatcher(model: Any) -> str:
     if model.moe_token_dispatcher_type == "flex" and model.moe_flex_dispatcher_backend is not None:
         return describe_flex(model)  # a backend no path has (its rule refuses it)
     return str(model.moe_token_dispatcher_type)
-
-
-def prepare_dispatch(model: Any, torch_native_dispatchers: Sequence[str]) -> str | None:
-    """The configured megatron-core path's change for the process (:attr:`DispatchPath.prepare`) and its
-    start-up line, where a layer runs that path: every MoE layer of megatron's layer specs (no
-    torch-native choices), else a torch-native layer that kept megatron's dispatcher."""
-    path = configured_path(model)
-    if path is None or path.prepare is None or not model.num_moe_experts:
-        return None
-    if torch_native_dispatchers and path.torch_native_value not in torch_native_dispatchers:
-        return None
-    return path.prepare(model)
 
 
 def _deciding_path(requested: str) -> DispatchPath | None:
