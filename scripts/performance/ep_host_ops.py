@@ -34,23 +34,25 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--code-root",
         type=Path,
         default=REPO,
-        help="run the harness of this checkout (its src/ and scripts/), to count before a change",
+        help="run the harness of this checkout (its src/ and scripts/), to count another commit",
     )
     p.add_argument("--commit", default=None, help="the commit of --code-root where it is an export, not a checkout")
     p.add_argument(
-        "--before",
+        "--compare",
         type=Path,
         default=None,
         metavar="RESULTS_JSON",
-        help="a results.json made with --code-root at an earlier commit: kept beside these rows",
+        help="a results.json made with --code-root at another commit (a change tried, or before one): kept "
+        "beside these rows",
     )
+    p.add_argument("--compare-note", default="", help="what --compare's commit changed, in a line")
     return p.parse_args(argv)
 
 
 def _portable(argv: list[str]) -> str:
     """The command as run, with this machine's folders written as the repository's defaults."""
     words = ["uv", "run", "python", "scripts/performance/ep_host_ops.py", *argv]
-    for flag, default in (("--out", "runs/ep_host_ops"), ("--before", "runs/ep_host_ops_before/results.json")):
+    for flag, default in (("--out", "runs/ep_host_ops"), ("--compare", "runs/ep_host_ops_compared/results.json")):
         if flag in words:
             words[words.index(flag) + 1] = default
     if "--code-root" in words:
@@ -92,9 +94,9 @@ def main(argv: list[str]) -> int:
         cases={case.arm: case.argv(Path("runs/ep_host_ops/cases")) for case in host_ops.arms_of(names)},
         rows=host_ops.compare(counts),
     )
-    if args.before is not None:
-        before = json.loads(args.before.read_text())
-        results["before"] = {key: before[key] for key in ("commit", "rows")}
+    if args.compare is not None:
+        other = json.loads(args.compare.read_text())
+        results["compared"] = {"note": args.compare_note} | {key: other[key] for key in ("commit", "rows")}
     text = json.dumps(results, indent=1) + "\n"
     (args.out / "results.json").write_text(text)
     if args.publish:
