@@ -9,6 +9,7 @@ Writes ``docs/benchmarks/ep_host_ops_results.json`` with ``--publish`` (see
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import shlex
@@ -46,7 +47,21 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "beside these rows",
     )
     p.add_argument("--compare-note", default="", help="what --compare's commit changed, in a line")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    known = ", ".join(host_ops.ARMS)
+    problems = [f"--arms: {arm!r} is not one of {known}" for arm in _arms(args) if arm not in host_ops.ARMS]
+    if not (args.code_root / HARNESS.relative_to(REPO)).is_file():
+        problems.append(f"--code-root: {args.code_root} holds no {HARNESS.relative_to(REPO)}; give a checkout's root")
+    if args.compare is not None and not args.compare.is_file():
+        problems.append(f"--compare: {args.compare} is not a file; give an earlier run's results.json")
+    if problems:
+        p.error("; ".join(problems))
+    return args
+
+
+def _arms(args: argparse.Namespace) -> list[str]:
+    """``ep1`` first (the reference), then the other arms asked for."""
+    return ["ep1", *(a for a in args.arms.split(",") if a and a != "ep1")]
 
 
 def _portable(argv: list[str]) -> str:
@@ -60,9 +75,7 @@ def _portable(argv: list[str]) -> str:
     return shlex.join(words)
 
 
-def run_case(
-    case: host_ops.HostOpsCase, out: Path, timeout: float, code_root: Path
-) -> host_ops.collections.Counter[str]:
+def run_case(case: host_ops.HostOpsCase, out: Path, timeout: float, code_root: Path) -> collections.Counter[str]:
     """Train ``case`` through the harness of ``code_root`` and count its profiled step's operator calls."""
     log = out / f"{case.arm}.log"
     harness = code_root / HARNESS.relative_to(REPO)
@@ -83,7 +96,7 @@ def run_case(
 def main(argv: list[str]) -> int:
     args = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    names = ["ep1", *(a for a in args.arms.split(",") if a and a != "ep1")]
+    names = _arms(args)
     counts = {case.arm: run_case(case, args.out, args.job_timeout, args.code_root) for case in host_ops.arms_of(names)}
     results = dict(
         question="how many more operator calls does the host make a layer and micro-batch at EP=16 than at EP=1?",

@@ -6,6 +6,7 @@ import collections
 from pathlib import Path
 
 import pytest
+from perf_scripts import load_script
 
 from megatron.bridge.perf.benchmarks import host_ops
 from megatron.bridge.perf.harness.argument_parser import parse_args
@@ -54,3 +55,18 @@ def test_the_comparison_gives_calls_per_layer_and_micro_batch_and_what_grew():
         ("aten::narrow", 100),
         ("_AllToAll", 4),
     ]
+
+
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["--arms", "off,graph"], "--arms: 'graph' is not one of ep1, off, on"),
+        (["--code-root", "no/such/tree"], "--code-root: no/such/tree holds no scripts/performance/run_script.py"),
+        (["--compare", "no/such/results.json"], "--compare: no/such/results.json is not a file"),
+    ],
+)
+def test_the_script_refuses_bad_arguments_before_training_anything(argv, says, capsys):
+    script = load_script("ep_host_ops.py")
+    with pytest.raises(SystemExit) as stop:
+        script.parse(argv)
+    assert stop.value.code == 2 and says in capsys.readouterr().err
