@@ -27,6 +27,7 @@ from megatron.bridge.perf.benchmarks.benchmark_jobs import (
     git_commit,
     job_argv,
     matmul_ceiling_tflops,
+    portable_command,
     run_logged,
     write_configs,
 )
@@ -82,14 +83,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _portable(command: str) -> str:
-    """``command`` with the machine's output folder written as the default ``runs/ep_emulation``."""
-    words = shlex.split(command)
-    if "--out" in words:
-        words[words.index("--out") + 1] = "runs/ep_emulation"
-    return shlex.join(words)
-
-
 def merge(args: argparse.Namespace) -> int:
     """Runs of the same benchmark made in separate calls, as one table: every repeat of every row."""
     runs = [json.loads(path.read_text()) for path in args.merge]
@@ -102,7 +95,7 @@ def merge(args: argparse.Namespace) -> int:
     meta = {key: runs[0][key] for key in ("question", "modeled", "steps", "window_start")}
     meta["networks"] = {name: figures for run in runs for name, figures in run["networks"].items()}
     meta.update(
-        commands=[_portable(run["command"]) for run in runs],
+        commands=[portable_command(shlex.split(run["command"]), {"--out": "runs/ep_emulation"}) for run in runs],
         devices=sorted({run["device"] for run in runs}),
         matmul_ceiling_tflops=[run["matmul_ceiling_tflops"] for run in runs],
         nominal_peak_tflops=NOMINAL_PEAK_TFLOPS,

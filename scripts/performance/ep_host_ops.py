@@ -12,13 +12,12 @@ import argparse
 import collections
 import json
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 from megatron.bridge.perf.benchmarks import host_ops
-from megatron.bridge.perf.benchmarks.benchmark_jobs import git_commit
+from megatron.bridge.perf.benchmarks.benchmark_jobs import git_commit, portable_command
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS_JSON = REPO / "docs" / "benchmarks" / "ep_host_ops_results.json"
@@ -64,15 +63,12 @@ def _arms(args: argparse.Namespace) -> list[str]:
     return ["ep1", *(a for a in args.arms.split(",") if a and a != "ep1")]
 
 
-def _portable(argv: list[str]) -> str:
-    """The command as run, with this machine's folders written as the repository's defaults."""
-    words = ["uv", "run", "python", "scripts/performance/ep_host_ops.py", *argv]
-    for flag, default in (("--out", "runs/ep_host_ops"), ("--compare", "runs/ep_host_ops_compared/results.json")):
-        if flag in words:
-            words[words.index(flag) + 1] = default
-    if "--code-root" in words:
-        words[words.index("--code-root") + 1] = "<checkout of --commit>"
-    return shlex.join(words)
+PORTABLE = {
+    "--out": "runs/ep_host_ops",
+    "--compare": "runs/ep_host_ops_compared/results.json",
+    "--code-root": "<checkout of --commit>",
+}
+"""What a committed result writes for this machine's folders."""
 
 
 def run_case(case: host_ops.HostOpsCase, out: Path, timeout: float, code_root: Path) -> collections.Counter[str]:
@@ -96,15 +92,15 @@ def run_case(case: host_ops.HostOpsCase, out: Path, timeout: float, code_root: P
 def main(argv: list[str]) -> int:
     args = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    names = _arms(args)
-    counts = {case.arm: run_case(case, args.out, args.job_timeout, args.code_root) for case in host_ops.arms_of(names)}
+    cases = host_ops.arms_of(_arms(args))
+    counts = {case.arm: run_case(case, args.out, args.job_timeout, args.code_root) for case in cases}
     results = dict(
         question="how many more operator calls does the host make a layer and micro-batch at EP=16 than at EP=1?",
-        command=_portable(argv),
+        command=portable_command(["uv", "run", "python", "scripts/performance/ep_host_ops.py", *argv], PORTABLE),
         commit=args.commit or git_commit(args.code_root),
         device="CPU (operator counts do not depend on the machine; no time is reported)",
         shape=host_ops.shape(),
-        cases={case.arm: case.argv(Path("runs/ep_host_ops/cases")) for case in host_ops.arms_of(names)},
+        cases={case.arm: case.argv(Path("runs/ep_host_ops/cases")) for case in cases},
         rows=host_ops.compare(counts),
     )
     if args.compare is not None:

@@ -9,6 +9,7 @@ import pytest
 from perf_scripts import load_script
 
 from megatron.bridge.perf.benchmarks import host_ops
+from megatron.bridge.perf.benchmarks.benchmark_jobs import portable_command
 from megatron.bridge.perf.harness.argument_parser import parse_args
 
 
@@ -70,3 +71,20 @@ def test_the_script_refuses_bad_arguments_before_training_anything(argv, says, c
     with pytest.raises(SystemExit) as stop:
         script.parse(argv)
     assert stop.value.code == 2 and says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv,command",
+    [
+        (["--out", "/machine/out", "--publish"], "ep_host_ops.py --out runs/ep_host_ops --publish"),
+        (
+            ["--code-root", "/machine/tree", "--commit", "abc", "--compare", "/machine/r.json"],
+            "--code-root '<checkout of --commit>' --commit abc --compare runs/ep_host_ops_compared/results.json",
+        ),
+    ],
+)
+def test_the_recorded_command_names_the_repositorys_folders_not_this_machines(argv, command):
+    script = load_script("ep_host_ops.py")
+    words = ["uv", "run", "python", "scripts/performance/ep_host_ops.py", *argv]
+    recorded = portable_command(words, script.PORTABLE)
+    assert command in recorded and "/machine" not in recorded

@@ -10,11 +10,12 @@ stops the benchmark before anything runs) and writes the YAML the ranks load.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import statistics
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -106,6 +107,16 @@ def matmul_ceiling_tflops() -> float | None:
     except Exception as exc:  # a missing GPU only loses this column
         print(f"matmul ceiling not measured: {exc}", flush=True)
         return None
+
+
+def portable_command(words: Sequence[str], defaults: Mapping[str, str]) -> str:
+    """``words`` as one shell command, the value after each flag of ``defaults`` written as that default:
+    a committed result names the repository's folders, not this machine's."""
+    words = list(words)
+    for flag, default in defaults.items():
+        if flag in words:
+            words[words.index(flag) + 1] = default
+    return shlex.join(words)
 
 
 def git_commit(repo: Path) -> str:
