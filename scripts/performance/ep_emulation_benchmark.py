@@ -25,6 +25,7 @@ from megatron.bridge.perf.benchmarks.benchmark_jobs import (
     SAFE_ENV,
     device_name,
     git_commit,
+    host_facts,
     job_argv,
     matmul_ceiling_tflops,
     portable_command,
@@ -113,6 +114,9 @@ def merge(args: argparse.Namespace) -> int:
             ]
         ),
     )
+    hosts = [run["host"] for run in runs if "host" in run]
+    if hosts:
+        meta["hosts"] = hosts
     meta["layers"] = sorted({bench.row_key(row)[1] for row in table})
     args.out.mkdir(parents=True, exist_ok=True)
     bench.write_results(args.out / "results.json", table, meta)
@@ -154,6 +158,7 @@ def main(argv: list[str]) -> int:
         args.micro_batches,
     )
     ceiling = matmul_ceiling_tflops()
+    host = host_facts()
     results: dict[str, dict] = {}
     started = time.time()
     for name, cases in jobs.items():
@@ -171,6 +176,7 @@ def main(argv: list[str]) -> int:
         "question": "how much of the modeled EP communication does EP overlap hide at EP=8 x nodes?",
         "command": shlex.join(["uv", "run", "python", "scripts/performance/ep_emulation_benchmark.py", *argv]),
         "device": device_name(),
+        "host": host,
         "matmul_ceiling_tflops": ceiling,
         "nominal_peak_tflops": NOMINAL_PEAK_TFLOPS,
         "modeled": "emulated rows: communication times are modeled by the named network, not measured",

@@ -43,7 +43,7 @@ MACHINE_READS = re.compile(
 )
 
 ALLOWED: dict[str, str] = {
-    "perf/benchmarks/benchmark_jobs.py": "names the GPUs a benchmark measured on, where it ran",
+    "perf/benchmarks/benchmark_jobs.py": "names the GPUs and the host a benchmark measured on, where it ran",
     "training/flex_dispatcher_backend.py": "upstream's helper asks torch for the GPU's properties once, after the "
     "host counted a GPU it could not identify, to raise FlexGpuProbeError instead of guessing",
 }

@@ -12,6 +12,7 @@ import pytest
 from perf_scripts import load_script
 
 from megatron.bridge.perf.benchmarks import emulation_benchmark as bench
+from megatron.bridge.perf.benchmarks.benchmark_jobs import cpu_model, host_facts
 from megatron.bridge.perf.harness.run import main
 
 
@@ -139,6 +140,48 @@ def test_depths_stay_apart_in_a_merge_and_a_row_without_a_depth_is_four_layers_d
     assert merged[(4, "on")]["hidden_share"] == pytest.approx(0.8) and "hidden_share" not in merged[(48, "on")]
 
 
+def test_a_row_keeps_the_highest_peak_memory_of_its_repeats():
+    cases = [bench.Case("off", "h100_ib400", "alltoall", repeat, 4, 2, 8, "h100") for repeat in (1, 2)]
+    summaries = [{"step_times_s": [9.0, 1.0, 1.0, 1.0], "peak_memory_gib": gib} for gib in (61.5, 63.25)]
+    results = {case.name: bench.case_result(case, summary, 2) for case, summary in zip(cases, summaries)}
+    (row,) = bench.rows(cases, results, "abc", 2)
+    assert row["step_s"] == [1.0, 1.0] and row["peak_memory_gib"] == 63.25
+
+
+def test_a_merge_keeps_the_highest_peak_memory_and_adds_none_where_no_run_had_one():
+    measured = [{**_row("off", "h100_ib400", [1.5]), "peak_memory_gib": 70.0}]
+    again = [{**_row("off", "h100_ib400", [1.6]), "peak_memory_gib": 71.0}]
+    (row,) = bench.merge_rows([measured, again], "abc")
+    assert row["peak_memory_gib"] == 71.0
+    (old,) = bench.merge_rows([[_row("off", "h100_ib400", [1.5])]], "abc")
+    assert "peak_memory_gib" not in old
+
+
+@pytest.mark.parametrize(
+    "cpuinfo, expected",
+    [
+        ("processor\t: 0\nmodel name\t: Example CPU 9000 @ 3.0GHz\nflags\t: sse\n", "Example CPU 9000 @ 3.0GHz"),
+        ("processor\t: 0\nmodel name\t: First\nprocessor\t: 1\nmodel name\t: Second\n", "First"),
+        ("processor\t: 0\nmodel name\t:\n", None),
+        (None, None),
+    ],
+    ids=["one-model-name", "first-of-several", "empty-name", "no-cpuinfo"],
+)
+def test_the_host_is_named_by_its_cpu_model(cpuinfo, expected, tmp_path, monkeypatch):
+    monkeypatch.setattr("platform.processor", lambda: "")
+    path = tmp_path / "cpuinfo"
+    if cpuinfo is not None:
+        path.write_text(cpuinfo)
+    assert cpu_model(path) == (expected or "unknown")
+
+
+def test_the_host_facts_time_one_small_eager_call(tmp_path):
+    (tmp_path / "cpuinfo").write_text("model name\t: Example CPU\n")
+    facts = host_facts(tmp_path / "cpuinfo", probe_calls=50)
+    assert set(facts) == {"cpu", "logical_cpus", "torch_op_us"}
+    assert facts["cpu"] == "Example CPU" and facts["torch_op_us"] > 0
+
+
 def _results(path, network: str, rows: list[dict], layers: int = 4) -> Path:
     meta = {
         "question": "q",
@@ -176,6 +219,21 @@ def test_the_merge_script_keeps_every_network_depth_and_note_of_its_calls(tmp_pa
     assert set(merged["networks"]) == {"h100_ib400", "h200_ib400"} and merged["layers"] == [4, 48]
     assert merged["notes"] == ["the first call ran under a sampler"] and merged["ran_at"] == "abc"
     assert all("/machine/dir" not in command for command in merged["commands"])
+    assert "hosts" not in merged  # runs made before results named their host
+
+
+def test_the_merge_script_keeps_the_host_of_each_call(tmp_path):
+    script = load_script("ep_emulation_benchmark.py")
+    paths = []
+    for name, cpu in (("a.json", "Fast CPU"), ("b.json", "Slow CPU")):
+        path = _results(tmp_path / name, "h100_ib400", [_row("off", "h100_ib400", [1.5])])
+        run = json.loads(path.read_text())
+        path.write_text(json.dumps({**run, "host": {"cpu": cpu, "logical_cpus": 16, "torch_op_us": 1.0}}))
+        paths.append(str(path))
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert script.main(["--merge", *paths, "--out", str(tmp_path / "out")]) == 0
+    merged = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [host["cpu"] for host in merged["hosts"]] == ["Fast CPU", "Slow CPU"]
 
 
 def test_the_merge_leaves_out_one_runs_rows_of_a_dispatcher_and_says_so(tmp_path):

@@ -2,6 +2,9 @@
 trained one after another in one ``torchrun`` job, a job time limit that keeps what finished, and the
 facts a result records (commit, the measured matmul ceiling beside the nominal peak).
 
+The host is a fact too (:func:`host_facts`): an eager EP > 1 step is bound by the host, so two
+machines with the same GPU give different steps, and a result names the CPU it ran on.
+
 A case is a ``run_script.py`` command line; :func:`write_configs` resolves and validates each one
 through the harness (so a benchmark measures configurations the product builds, and a refused one
 stops the benchmark before anything runs) and writes the YAML the ranks load.
@@ -10,13 +13,16 @@ stops the benchmark before anything runs) and writes the YAML the ranks load.
 from __future__ import annotations
 
 import os
+import platform
 import shlex
 import signal
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -129,6 +135,41 @@ def git_commit(repo: Path) -> str:
         return (sha + ("+dirty" if dirty else "")) or "unknown"
     except OSError:
         return "unknown"
+
+
+def host_facts(cpuinfo: Path = Path("/proc/cpuinfo"), probe_calls: int = 2000) -> dict[str, Any]:
+    """The host a benchmark ran on: its CPU model, logical CPUs, and the host time of one small eager
+    torch call (microseconds, median of 5 rounds of ``probe_calls``), the unit a host-bound step is
+    made of."""
+    return {
+        "cpu": cpu_model(cpuinfo),
+        "logical_cpus": os.cpu_count(),
+        "torch_op_us": round(torch_op_us(probe_calls), 3),
+    }
+
+
+def cpu_model(cpuinfo: Path) -> str:
+    """The first ``model name`` of ``cpuinfo`` (Linux), else what ``platform`` says, else ``unknown``."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def torch_op_us(calls: int) -> float:
+    """Host microseconds per call of an in-place add on a one-element CPU tensor (median of 5 rounds)."""
+    x = torch.zeros(1)
+    rounds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            x.add_(1)
+        rounds.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(rounds)
 
 
 def device_name() -> str:

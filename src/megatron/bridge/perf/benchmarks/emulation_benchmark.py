@@ -211,7 +211,8 @@ def steady(values: Sequence[float], start: int) -> list[float]:
 
 def case_result(case: Case, summary: dict[str, Any], window_start: int, run_dir: Path | None = None) -> dict[str, Any]:
     """What one finished case measured: its steady step times, modeled communication by group, the
-    emulation's own host cost, model TFLOP/s per GPU; for a profiled case, the step's anatomy."""
+    emulation's own host cost, model TFLOP/s per GPU, its peak allocated GPU memory; for a profiled
+    case, the step's anatomy."""
     if case.profile:
         if run_dir is None:
             raise ValueError(f"case {case.name}: a profiled case's result is read from its trace, so run_dir is needed")
@@ -222,6 +223,7 @@ def case_result(case: Case, summary: dict[str, Any], window_start: int, run_dir:
         "step_s": statistics.fmean(steps),
         "step_s_all": summary["step_times_s"],
         "tflops_per_gpu": _tflops(summary, steps),
+        "peak_memory_gib": summary.get("peak_memory_gib"),
     }
     emulation = summary.get("emulation")
     if emulation:
@@ -271,8 +273,9 @@ def hidden_share(off: float, on: float, free: float) -> float | None:
 
 
 def rows(cases: Sequence[Case], results: dict[str, dict[str, Any]], commit: str, nodes: int) -> list[dict[str, Any]]:
-    """One row per (EP, layers, network, dispatcher, arm): every repeat's step time, the means, the hidden
-    share, and the anatomy of its profiled step where one ran."""
+    """One row per (EP, layers, network, dispatcher, arm): every repeat's step time, the means, the
+    highest peak of allocated GPU memory, the hidden share, and the anatomy of its profiled step where
+    one ran."""
     grouped: dict[RowKey, list[dict[str, Any]]] = {}
     profiles: dict[RowKey, dict[str, Any]] = {}
     for case in cases:
@@ -296,6 +299,7 @@ def rows(cases: Sequence[Case], results: dict[str, dict[str, Any]], commit: str,
             "micro_batches": micro_batches,
             "step_s": [r["step_s"] for r in runs],
             "tflops_per_gpu": _mean(r["tflops_per_gpu"] for r in runs),
+            "peak_memory_gib": _max(r.get("peak_memory_gib") for r in runs),
             "commit": commit,
         }
         if "modeled_comm_s" in runs[0]:
@@ -315,6 +319,11 @@ def rows(cases: Sequence[Case], results: dict[str, dict[str, Any]], commit: str,
 def _mean(values: Any) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.fmean(present) if present else None
+
+
+def _max(values: Any) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
 
 
 def row_key(row: dict[str, Any]) -> RowKey:
@@ -361,6 +370,9 @@ def merge_rows(tables: Sequence[list[dict[str, Any]]], ran_at: str | None) -> li
                 if row.get(field) is not None:
                     pooled = ((target.get(field) or 0.0) * runs + row[field]) / (runs + 1)
                     target[field] = pooled if runs else row[field]
+            peak = _max([target.get("peak_memory_gib"), row.get("peak_memory_gib")])
+            if peak is not None:
+                target["peak_memory_gib"] = peak
             target["runs"] = runs + 1
             target["commit"] = ran_at or row["commit"]
             if row.get("profile"):
