@@ -3,7 +3,7 @@
 Runs ``scripts/performance/ep_emulation_benchmark.py`` from checkout A (``--root``, this one by
 default) and checkout B (``--other-root``: another checkout, or an export of a commit's ``src/`` and
 ``scripts/``), one repeat each at a time, A B then B A, with the benchmark arguments after ``--``;
-writes every run's ``results.json`` and ``ab.json`` (the ratios, repeat by repeat) under ``--out``
+writes every run's ``results.json`` and log, and ``ab.json`` (the ratios, repeat by repeat) under ``--out``
 (see ``megatron.bridge.perf.benchmarks.code_ab``):
 
     uv run python scripts/performance/ep_code_ab.py --other-root ../gather --other-label gather \\
@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 from megatron.bridge.perf.benchmarks import code_ab
-from megatron.bridge.perf.benchmarks.benchmark_jobs import git_commit, portable_command
+from megatron.bridge.perf.benchmarks.benchmark_jobs import git_commit, portable_command, run_logged
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,13 +46,11 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def run_one(root: Path, bench_args: list[str], out: Path, timeout: float) -> int:
-    """One repeat of ``root``'s benchmark, with ``root/src`` first on the path; its exit status."""
+    """One repeat of ``root``'s benchmark, with ``root/src`` first on the path, its output in
+    ``<out>.log``; its exit status (at the time limit its whole process group is stopped)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root / "src"), os.environ.get("PYTHONPATH")]))}
     argv = [sys.executable, str(root / code_ab.BENCHMARK), *bench_args, "--repeats", "1", "--out", str(out)]
-    try:
-        return subprocess.run(argv, env=env, timeout=timeout).returncode
-    except subprocess.TimeoutExpired:
-        return 124
+    return run_logged(argv, env, out.with_suffix(".log"), timeout)
 
 
 def main(argv: list[str]) -> int:
@@ -64,12 +61,14 @@ def main(argv: list[str]) -> int:
         args.label: args.commit or git_commit(args.root),
         args.other_label: args.other_commit or git_commit(args.other_root),
     }
+    order = code_ab.interleaved_order(labels, args.repeats)
     runs: dict[tuple[int, str], list[dict]] = {}
     meta: dict = {}
     exits = {}
-    for repeat, label in code_ab.interleaved_order(labels, args.repeats):
+    args.out.mkdir(parents=True, exist_ok=True)
+    for repeat, label in order:
         name = code_ab.run_name(label, repeat)
-        print(f"run {name} ({roots[label]})", flush=True)
+        print(f"run {name} ({roots[label]}), log {args.out / name}.log", flush=True)
         exits[name] = run_one(roots[label], bench_args, args.out / name, args.run_timeout)
         results = args.out / name / "results.json"
         if results.is_file():
@@ -84,12 +83,11 @@ def main(argv: list[str]) -> int:
             {"--out": "runs/code_ab", "--root": "CHECKOUT_A", "--other-root": "CHECKOUT_B"},
         ),
         "codes": {label: {"commit": commits[label]} for label in labels},
-        "order": [code_ab.run_name(label, repeat) for repeat, label in code_ab.interleaved_order(labels, args.repeats)],
+        "order": [code_ab.run_name(label, repeat) for repeat, label in order],
         "exit_status": exits,
         **meta,
         "rows": rows,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ab.json").write_text(json.dumps(record, indent=1) + "\n")
     print(code_ab.table(rows, labels))
     return 0 if rows and all(code == 0 for code in exits.values()) else 1
