@@ -5,13 +5,16 @@ record): this prints what one call of each kind costs the host, through ``torch.
 functions, so a change to the backend can be timed on its own. Shapes are one micro-batch of the
 Qwen3-30B-A3B layer at seq 4096 (a dispatch of 32768 token rows of hidden 2048, uneven split sizes).
 
-    uv run python scripts/performance/emulation_host_cost.py --calls 2000 [--network free] [--json FILE]
+    uv run python scripts/performance/emulation_host_cost.py --calls 2000 [--network free] [--json FILE] [--profile 25]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -71,22 +74,54 @@ def time_calls(call: Callable[[], object], calls: int, device: torch.device) -> 
     return host
 
 
+def profile_calls(call: Callable[[], object], calls: int, device: torch.device, top: int) -> str:
+    """Where the host time of ``calls`` calls goes: the ``top`` functions by own time (cProfile, C
+    functions included; its own overhead inflates the Python share)."""
+    for _ in range(20):
+        call()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    profiler = cProfile.Profile(builtins=True)
+    profiler.enable()
+    for _ in range(calls):
+        call()
+    profiler.disable()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--network", default="h100_ib400", choices=list(PRESETS))
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    p.add_argument(
+        "--profile", type=int, default=0, metavar="TOP", help="also print each kind's TOP functions by own time"
+    )
     args = p.parse_args()
+    if args.calls < 1 or args.profile < 0:
+        p.error(f"--calls {args.calls} must be at least 1 and --profile {args.profile} not negative")
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     world = start_world(0, EP, network_model(args.network), timedelta(minutes=5))
     try:
-        rows = {name: time_calls(call, args.calls, device) * 1e6 for name, call in cases(device).items()}
+        calls = cases(device)
+        rows = {name: time_calls(call, args.calls, device) * 1e6 for name, call in calls.items()}
+        profiles = (
+            {name: profile_calls(call, args.calls, device, args.profile) for name, call in calls.items()}
+            if args.profile
+            else {}
+        )
     finally:
         dist.destroy_process_group()
         stop_world()
     print(f"emulated EP={EP} world, network {args.network}, {device.type}, hold kernel {world.hold.kind}")
     for name, us in rows.items():
         print(f"  {name:42s} {us:8.1f} us per call (host)")
+    for name, text in profiles.items():
+        print(f"\n--- {name}: {args.calls} calls, by own time ---\n{text}")
     if args.json:
         args.json.write_text(
             json.dumps(

@@ -219,6 +219,9 @@ class ProfilingConfig(StrictFields):
     """torch profiler capture of a few steps on a few ranks."""
 
     use_pytorch_profiler: bool = False
+    use_host_profiler: bool = False
+    """Count every host call of the window with Python's deterministic profiler (cProfile, C
+    functions included): where a host-bound step's time goes (``telemetry/host_profile.py``)."""
     profile_step_start: int = 5
     profile_step_end: int = 6
     profile_ranks: list[int] = field(default_factory=lambda: [0])

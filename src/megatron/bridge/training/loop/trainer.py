@@ -17,6 +17,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -301,8 +302,13 @@ class Trainer:
                 if reason is not None and self.is_logging_rank:
                     _say(f"{reason}: stopping at iteration {self.state.iteration}")
                 STOP.clear()
-            self.profiler.close()
+            self._say_written(self.profiler.close(self.state.iteration))
         return reason
+
+    def _say_written(self, profiles: list[Path]) -> None:
+        for path in profiles:
+            what = "host profile" if path.name.startswith("host_") else "profiler trace"
+            print(f"[megatron.bridge] rank {self.rank}: {what} written to {path}", flush=True)
 
     def train_step(self) -> None:
         """One optimizer step over ``num_microbatches`` micro-batches, timed and recorded."""
@@ -318,9 +324,7 @@ class Trainer:
         step_time = time.perf_counter() - start
         phases = self.timer.stop()
         self.state.iteration += 1
-        trace = self.profiler.after_step(self.state.iteration)
-        if trace is not None:
-            print(f"[megatron.bridge] rank {self.rank}: profiler trace written to {trace}", flush=True)
+        self._say_written(self.profiler.after_step(self.state.iteration))
         self.state.consumed_samples += self.resolved.train.global_batch_size
         loss = _reduce_loss(losses_reduced, self.device)  # the same value on every rank
         self._record(loss, step_time, grad_norm, phases)

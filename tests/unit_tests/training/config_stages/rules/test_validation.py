@@ -641,3 +641,11 @@ def test_validate_lists_a_world_size_that_is_not_a_positive_whole_number(world_s
     with pytest.raises(ConfigValidationError) as info:
         cfg.validate(world_size=world_size)
     assert {"world-size-positive", "range:model.expert_model_parallel_size"} <= {v.rule for v in info.value.violations}
+
+
+@pytest.mark.parametrize("profiler", ["use_pytorch_profiler", "use_host_profiler"])
+def test_either_profiler_needs_an_ordered_window(profiler):
+    window = {"profiling.profile_step_start": 6, "profiling.profile_step_end": 5}
+    cfg = _set(**{f"profiling.{profiler}": True, **window})(qwen3_30b_a3b_pretrain_config())
+    assert "profile-steps-ordered" in _violated_ids(cfg, {})
+    assert "profile-steps-ordered" not in _violated_ids(_set(**window)(qwen3_30b_a3b_pretrain_config()), {})

@@ -405,7 +405,7 @@ CONFIG_RULES: tuple[Rule, ...] = (
     Rule(
         id="profile-steps-ordered",
         fields=("profiling.profile_step_start", "profiling.profile_step_end"),
-        applies=lambda cfg, ctx: cfg.profiling.use_pytorch_profiler,
+        applies=lambda cfg, ctx: cfg.profiling.use_pytorch_profiler or cfg.profiling.use_host_profiler,
         holds=lambda cfg, ctx: 1 <= cfg.profiling.profile_step_start <= cfg.profiling.profile_step_end,
         message="profiling captures steps start..end (1-based), start <= end",
         fix="e.g. profiling.profile_step_start=5 profiling.profile_step_end=6",
