@@ -11,12 +11,14 @@ Qwen3-30B-A3B layer at seq 4096 (a dispatch of 32768 token rows of hidden 2048, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
 import pstats
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from pathlib import Path
 
@@ -59,41 +61,63 @@ def cases(device: torch.device) -> dict[str, Callable[[], object]]:
     }
 
 
+BURST = 50
+"""Calls issued between two synchronisations: few enough kernels that the GPU's launch queue never
+fills, so the host is never held back by the GPU and only its own time is counted."""
+
+
+def _bursts(
+    call: Callable[[], object], calls: int, device: torch.device, timed: Callable[[], AbstractContextManager[None]]
+) -> None:
+    """``calls`` calls in bursts of :data:`BURST`, each burst inside ``timed`` (a context), the GPU
+    synchronised between bursts, outside it."""
+    done = 0
+    while done < calls:
+        count = min(BURST, calls - done)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        with timed():
+            for _ in range(count):
+                call()
+        done += count
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def time_calls(call: Callable[[], object], calls: int, device: torch.device) -> float:
-    """Host seconds per call (the GPU is synchronised before and after, not in between)."""
-    for _ in range(20):
-        call()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        call()
-    host = (time.perf_counter() - start) / calls
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return host
+    """Host seconds per call, the GPU never behind by more than a burst."""
+    _bursts(call, 20, device, contextlib.nullcontext)
+    spent = [0.0]
+
+    @contextlib.contextmanager
+    def timed() -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        spent[0] += time.perf_counter() - start
+
+    _bursts(call, calls, device, timed)
+    return spent[0] / calls
 
 
 def profile_calls(call: Callable[[], object], calls: int, device: torch.device, top: int) -> str:
     """Where the host time of ``calls`` calls goes: the ``top`` functions by own time (cProfile, C
     functions included; its own overhead inflates the Python share)."""
-    for _ in range(20):
-        call()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    _bursts(call, 20, device, contextlib.nullcontext)
     profiler = cProfile.Profile(builtins=True)
-    profiler.enable()
-    for _ in range(calls):
-        call()
-    profiler.disable()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+
+    @contextlib.contextmanager
+    def timed() -> Iterator[None]:
+        profiler.enable()
+        yield
+        profiler.disable()
+
+    _bursts(call, calls, device, timed)
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
     return out.getvalue()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--network", default="h100_ib400", choices=list(PRESETS))
@@ -101,7 +125,7 @@ def main() -> None:
     p.add_argument(
         "--profile", type=int, default=0, metavar="TOP", help="also print each kind's TOP functions by own time"
     )
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.calls < 1 or args.profile < 0:
         p.error(f"--calls {args.calls} must be at least 1 and --profile {args.profile} not negative")
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")

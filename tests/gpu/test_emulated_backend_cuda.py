@@ -1,6 +1,8 @@
 """The emulated backend on a GPU: collectives are enqueued, never waited for by the host; a hold takes
-the GPU for the modeled time, on the group's own stream, so an asynchronous collective runs beside the
-compute queued after it and a synchronous one is waited for."""
+the GPU for the modeled time. A synchronous collective runs on the issuing stream (as ProcessGroupNCCL
+runs one with ``asyncOp`` false) and the compute queued after it waits; an asynchronous one runs on
+its group's own stream, beside the compute queued after it, and a later synchronous one of the same
+group queues behind it."""
 
 from __future__ import annotations
 
@@ -81,7 +83,7 @@ def _gpu_seconds(call) -> float:
 
 
 @pytest.mark.parametrize("async_op", [True, False], ids=["async-beside-compute", "sync-waited-for"])
-def test_a_collective_runs_on_its_groups_stream(world, async_op):
+def test_an_async_collective_runs_beside_the_compute_after_it_and_a_sync_one_before_it(world, async_op):
     grads = torch.zeros(8 * 2**20, device="cuda")  # 32 MiB: a ring all-reduce over the NIC, about 1.1 ms
     dist.all_reduce(grads)
     modeled = world.record.take()["modeled_s"]
@@ -99,6 +101,34 @@ def test_a_collective_runs_on_its_groups_stream(world, async_op):
         assert elapsed < 1.5 * modeled, f"{elapsed * 1e3:.2f} ms: the all-reduce did not run beside the compute"
     else:
         assert elapsed > 1.8 * modeled, f"{elapsed * 1e3:.2f} ms: the compute did not wait for the all-reduce"
+
+
+def test_a_sync_collective_runs_on_the_issuing_stream_and_leaves_nothing_to_wait_for(world):
+    tokens = torch.ones(WORLD * 64, 2048, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(tokens)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        work = dist.all_to_all_single(out, tokens, async_op=False)
+        dist.all_reduce(tokens[:1])
+    assert work is None or work.is_completed()
+    assert world.streams == {}, "a synchronous collective used a stream of its own"
+    dist.all_reduce(tokens[:1], async_op=True).wait()
+    assert len(world.streams) == 1
+
+
+def test_a_sync_collective_queues_behind_an_async_one_of_its_group(world):
+    group = dist.new_group(list(range(4)))  # one node: no NIC, so only the order can serialise them
+    grads = torch.zeros(16 * 2**20, device="cuda")
+    dist.all_reduce(grads, group=group)
+    one = world.record.take()["modeled_s"]
+
+    def both():
+        dist.all_reduce(grads, group=group, async_op=True)
+        dist.all_reduce(grads, group=group)
+
+    both()
+    elapsed = _gpu_seconds(both)
+    assert elapsed > 1.8 * one, f"{elapsed * 1e3:.2f} ms against {one * 1e3:.2f} ms each: they ran at once"
 
 
 def _nvshmem_exchange_args(world_size: int, rows_per_peer: int):

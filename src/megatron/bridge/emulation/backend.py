@@ -21,14 +21,17 @@ the experts it owns differ:
   Output rows past the received ones are not written (NCCL writes none there either: a receive
   buffer of worst-case size keeps its padding).
 
-Each collective runs where ProcessGroupNCCL runs one: on its group's own stream, which first waits
-for the work the issuing stream has queued. There it enqueues its copies, then holds ``comm_sms``
-SMs of the GPU for the modeled time (:mod:`hold`); the returned work makes a waiting stream wait
-for it. A synchronous call waits at once (torch.distributed does); an asynchronous one (the
-distributed optimizer's gradient reduce-scatter and parameter all-gather) runs beside the compute
-queued after it, as on a cluster. Inside a CUDA-graph capture the same calls are captured (stream
-waits, copies, the hold kernel) and the record charges them at each replay. Nothing else is
-supported (point-to-point, gather, scatter, a premultiplied sum): those raise
+Each collective runs where ProcessGroupNCCL runs one. A synchronous one (``async_op=False``, the
+default: ``opts.asyncOp`` is false) goes on the issuing stream, as NCCL's does with ``asyncOp``
+false (its current stream is its NCCL stream), and nothing is left to wait for. An asynchronous one
+(the distributed optimizer's gradient reduce-scatter and parameter all-gather) goes on its group's
+own stream, which first waits for the work the issuing stream has queued, and runs beside the
+compute queued after it, as on a cluster; its work makes a waiting stream wait for it. Either way
+the collective enqueues its copies, then holds ``comm_sms`` SMs of the GPU for the modeled time
+(:mod:`hold`). A synchronous call thus costs the host no stream switch, event or cross-stream wait,
+only its copies, its price and the hold's launch. Inside a CUDA-graph capture the same calls are
+captured (stream waits, copies, the hold kernel) and the record charges them at each replay. Nothing
+else is supported (point-to-point, gather, scatter, a premultiplied sum): those raise
 :class:`EmulationUnsupported`.
 """
 
@@ -137,6 +140,22 @@ class _Done(dist.Work):
         return self.result_value
 
 
+_COMPLETED = _Done(None)
+"""The work of every synchronous or CPU collective: enqueued where its caller's later work follows it,
+so there is nothing to wait for (one object: the host makes none per call)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Issued:
+    """Where a collective's GPU work went: ``stream``, the group's own stream (an asynchronous call), or
+    ``None``, the issuing stream (a synchronous one)."""
+
+    stream: torch.cuda.Stream | None
+
+
+_ON_ISSUING_STREAM = _Issued(None)
+
+
 class EmulatedGroup(dist.ProcessGroup):
     """One process group of the emulated world (this rank's view of it)."""
 
@@ -147,6 +166,10 @@ class EmulatedGroup(dist.ProcessGroup):
         self.name_ = name
         self._label: str | None = None
         self._costs: GroupCosts | None = None
+        self._last_async: torch.cuda.Event | None = None
+        """The end of this group's latest asynchronous collective (outside a graph capture): a synchronous
+        one queues behind it, as NCCL runs a communicator's calls in the order they were issued,
+        whatever their streams."""
 
     @property
     def label(self) -> str:
@@ -189,47 +212,47 @@ class EmulatedGroup(dist.ProcessGroup):
 
     # ------------------------------------------------------------------------------- collectives
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        return self._all_reduce(tensors, opts.reduceOp)
+        return self._all_reduce(tensors, opts)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        return self._all_reduce(tensors, opts.reduceOp)
+        return self._all_reduce(tensors, opts)
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        with self._collective(outputs, inputs) as stream:
+        with self._collective(opts, outputs, inputs) as issued:
             for outs, tensor in zip(outputs, inputs):
                 for out in outs:
                     if out.data_ptr() != tensor.data_ptr():
                         out.copy_(tensor)
-            return self._done("all_gather", sum(_nbytes(t) * self.n for t in inputs), stream)
+            return self._done("all_gather", sum(_nbytes(t) * self.n for t in inputs), issued)
 
     def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> dist.Work:
-        with self._collective(output, tensor) as stream:
+        with self._collective(opts, output, tensor) as issued:
             _replicate(output, tensor, self.n, self.me)
-            return self._done("all_gather", _nbytes(output), stream)
+            return self._done("all_gather", _nbytes(output), issued)
 
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> dist.Work:
-        with self._collective(outputs, inputs) as stream:
+        with self._collective(opts, outputs, inputs) as issued:
             for output, tensor in zip(outputs, inputs):
                 _replicate(output, tensor, self.n, self.me)
-            return self._done("all_gather", sum(map(_nbytes, outputs)), stream)
+            return self._done("all_gather", sum(map(_nbytes, outputs)), issued)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
     _allgather_base = all_gather_single  # the name torch 2.11's all_gather_into_tensor calls
 
     def reduce_scatter_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> dist.Work:
-        with self._collective(output, tensor) as stream:
+        with self._collective(opts, output, tensor) as issued:
             self._own_chunk(output, tensor, opts.reduceOp)
-            return self._done("reduce_scatter", _nbytes(tensor), stream)
+            return self._done("reduce_scatter", _nbytes(tensor), issued)
 
     def reduce_scatter_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> dist.Work:
-        with self._collective(outputs, inputs) as stream:
+        with self._collective(opts, outputs, inputs) as issued:
             for output, tensor in zip(outputs, inputs):
                 self._own_chunk(output, tensor, opts.reduceOp)
-            return self._done("reduce_scatter", sum(map(_nbytes, inputs)), stream)
+            return self._done("reduce_scatter", sum(map(_nbytes, inputs)), issued)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
     _reduce_scatter_base = reduce_scatter_single  # the name torch 2.11's reduce_scatter_tensor calls
@@ -237,11 +260,11 @@ class EmulatedGroup(dist.ProcessGroup):
     def reduce_scatter(
         self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
     ) -> dist.Work:
-        with self._collective(outputs, input_lists) as stream:
+        with self._collective(opts, outputs, input_lists) as issued:
             for output, chunks in zip(outputs, input_lists):
                 output.copy_(chunks[self.me])
                 _reduce_identical(output, opts.reduceOp, self.n)
-            return self._done("reduce_scatter", sum(_nbytes(c) for chunks in input_lists for c in chunks), stream)
+            return self._done("reduce_scatter", sum(_nbytes(c) for chunks in input_lists for c in chunks), issued)
 
     def all_to_all_single(
         self,
@@ -251,27 +274,27 @@ class EmulatedGroup(dist.ProcessGroup):
         input_split_sizes: list[int],
         opts: Any = None,
     ) -> dist.Work:
-        with self._collective(output, tensor) as stream:
+        with self._collective(opts, output, tensor) as issued:
             sent = _exchange_rows(output, tensor, output_split_sizes, input_split_sizes, self.me, self.n)
             row = _nbytes(tensor) // max(1, tensor.shape[0]) if tensor.dim() else _nbytes(tensor)
-            return self._all_to_all_charged([rows * row for rows in sent], stream)
+            return self._all_to_all_charged([rows * row for rows in sent], issued)
 
     alltoall_base = all_to_all_single  # the name older torch's all_to_all_single calls
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        with self._collective(outputs, inputs) as stream:
+        with self._collective(opts, outputs, inputs) as issued:
             own = inputs[self.me]
             for out in outputs:
                 _copy_rows(out, own)
-            return self._all_to_all_charged([_nbytes(t) for t in inputs], stream)
+            return self._all_to_all_charged([_nbytes(t) for t in inputs], issued)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        with self._collective(tensors) as stream:
-            return self._done("broadcast", sum(map(_nbytes, tensors)), stream)
+        with self._collective(opts, tensors) as issued:
+            return self._done("broadcast", sum(map(_nbytes, tensors)), issued)
 
     def barrier(self, opts: Any = None) -> dist.Work:
-        with self._collective() as stream:
-            return self._charged("barrier", self.costs.ring("barrier", 0), stream)
+        with self._collective(opts) as issued:
+            return self._charged("barrier", self.costs.ring("barrier", 0), issued)
 
     # ------------------------------------------------------------------------------- refused
     def _refuse(self, what: str) -> None:
@@ -299,44 +322,55 @@ class EmulatedGroup(dist.ProcessGroup):
         self._refuse("reduce")
 
     # ------------------------------------------------------------------------------- helpers
-    def _all_reduce(self, tensors: list[torch.Tensor], op: ReduceOp) -> dist.Work:
-        with self._collective(tensors) as stream:
+    def _all_reduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        with self._collective(opts, tensors) as issued:
             for tensor in tensors:
-                _reduce_identical(tensor, op, self.n)
-            return self._done("all_reduce", sum(map(_nbytes, tensors)), stream)
+                _reduce_identical(tensor, opts.reduceOp, self.n)
+            return self._done("all_reduce", sum(map(_nbytes, tensors)), issued)
 
     @contextmanager
-    def _collective(self, *tensors: Any) -> Iterator[torch.cuda.Stream | None]:
-        """Time the host spends in the block; on a GPU, run it on the group's stream (yielded), after
-        what the issuing stream has queued (the tensors are marked as used there, for the caching
-        allocator). On the CPU it yields ``None``."""
+    def _collective(self, opts: Any, *tensors: Any) -> Iterator[_Issued | None]:
+        """Time the host spends in the block and say where its GPU work goes (yielded): a synchronous
+        call on the issuing stream; an asynchronous one on the group's stream, after what the issuing
+        stream has queued (the tensors are marked as used there, for the caching allocator). On the
+        CPU it yields ``None``."""
         with HostTimer(self.world.record):
             cuda = [t for t in _flat(tensors) if t.is_cuda]
             if not cuda:
                 yield None
+                return
+            if not getattr(opts, "asyncOp", True):
+                if self._last_async is not None and not torch.cuda.is_current_stream_capturing():
+                    torch.cuda.current_stream(cuda[0].device).wait_event(self._last_async)
+                yield _ON_ISSUING_STREAM
                 return
             stream = self.world.stream(self.name_, cuda[0].device)
             stream.wait_stream(torch.cuda.current_stream(cuda[0].device))
             for tensor in cuda:
                 tensor.record_stream(stream)
             with torch.cuda.stream(stream):
-                yield stream
+                yield _Issued(stream)
 
     def _own_chunk(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp) -> None:
         output.view(-1).copy_(tensor.reshape(self.n, -1)[self.me])
         _reduce_identical(output, op, self.n)
 
-    def _done(self, kind: str, nbytes: int, stream: torch.cuda.Stream | None) -> dist.Work:
+    def _done(self, kind: str, nbytes: int, issued: _Issued | None) -> dist.Work:
         """Charge a ring collective on a tensor of ``nbytes`` (the record keeps the tensor's bytes)."""
-        return self._charged(kind, self.costs.ring(kind, nbytes)._replace(sent_bytes=nbytes), stream)
+        return self._charged(kind, self.costs.ring(kind, nbytes)._replace(sent_bytes=nbytes), issued)
 
-    def _all_to_all_charged(self, to_peer: list[int], stream: torch.cuda.Stream | None) -> dist.Work:
+    def _all_to_all_charged(self, to_peer: list[int], issued: _Issued | None) -> dist.Work:
         """Charge an all-to-all sending ``to_peer[j]`` bytes to peer ``j``."""
-        return self._charged("all_to_all", self.costs.all_to_all(to_peer), stream)
+        return self._charged("all_to_all", self.costs.all_to_all(to_peer), issued)
 
-    def _charged(self, kind: str, cost: Charge, stream: torch.cuda.Stream | None) -> dist.Work:
-        self.world.charge(self, kind, cost, stream is not None)
-        return _Done(None if stream is None else stream.record_event())
+    def _charged(self, kind: str, cost: Charge, issued: _Issued | None) -> dist.Work:
+        self.world.charge(self, kind, cost, issued is not None)
+        if issued is None or issued.stream is None:
+            return _COMPLETED
+        event = issued.stream.record_event()
+        # an event of a CUDA-graph capture cannot be waited for outside it: a replay orders itself
+        self._last_async = None if torch.cuda.is_current_stream_capturing() else event
+        return _Done(event)
 
 
 # ------------------------------------------------------------------------------------------- semantics
