@@ -390,3 +390,17 @@ def test_a_million_experts_are_refused_on_h100_and_the_readme_layout_is_accepted
     out = io.StringIO()
     code = main(["-mr", "qwen3_30b_a3b", "-g", "h100", "-ng", "16", "--dryrun", "-l", str(tmp_path / "30b")], out=out)
     assert code == 0 and "model-state-fits" not in out.getvalue(), out.getvalue()
+
+
+@pytest.mark.parametrize("gpu, warned", [("h100", True), ("h200", False)])
+def test_the_ep1_reference_at_48_layers_is_warned_of_before_launch_on_an_80_gb_h100(tmp_path, caplog, gpu, warned):
+    """It ran out of an H100's memory mid-training (docs/benchmarks/ep_emulated_cluster.md); it is not
+    refused (its lower bound fits a 94 GB H100 NVL), the dry run says it will likely not fit 80 GB."""
+    out = io.StringIO()
+    argv = ["-mr", "qwen3_30b_a3b", "-g", gpu, "-ng", "1", "-ep", "1", "model.num_moe_experts=8"]
+    code = main([*argv, "train.global_batch_size=16", "--dryrun", "-l", str(tmp_path / gpu)], out=out)
+    text = out.getvalue() + caplog.text  # warnings are logged (the console shows them before the report)
+    assert code == 0, text
+    assert ("[expected-peak-fits-smallest-gpu]" in text) is warned, text
+    if warned:
+        assert "expected peak='about 84.4 GiB'" in text and "80.0 GiB on the smallest h100" in text, text

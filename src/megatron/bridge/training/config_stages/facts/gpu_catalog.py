@@ -33,11 +33,14 @@ class GpuType:
     memory_gib: float | None = None
     """Memory of one GPU, GiB: the largest variant sold under the name (H100 NVL's 94 rather than
     SXM's 80), so that a memory check against it refuses only what fits no variant."""
+    smallest_memory_gib: float | None = None
+    """The smallest variant's memory, GiB, where it differs (H100 SXM's and PCIe's 80, A100's 40): a
+    warning says what will likely not fit it."""
 
 
 GPU_TYPES: dict[str, GpuType] = {
-    "a100": GpuType("a100", (8, 0), "Ampere", memory_gib=80),
-    "h100": GpuType("h100", (9, 0), "Hopper", memory_gib=94),
+    "a100": GpuType("a100", (8, 0), "Ampere", memory_gib=80, smallest_memory_gib=40),
+    "h100": GpuType("h100", (9, 0), "Hopper", memory_gib=94, smallest_memory_gib=80),
     "h200": GpuType("h200", (9, 0), "Hopper", memory_gib=141),
     "b200": GpuType("b200", (10, 0), "Blackwell", memory_gib=192),
     # B300/GB300 (Blackwell Ultra) report compute capability 10.3 (sm_103).
@@ -53,6 +56,13 @@ def gpu_memory_bytes(name: str | None) -> int | None:
     type is not in the table (nothing is then checked against it)."""
     entry = gpu_type(name) if name else None
     return None if entry is None or entry.memory_gib is None else int(entry.memory_gib * 2**30)
+
+
+def smallest_gpu_memory_bytes(name: str | None) -> int | None:
+    """Memory of the smallest variant of the type ``name`` (:func:`gpu_memory_bytes` where one size is sold)."""
+    entry = gpu_type(name) if name else None
+    smallest = entry.smallest_memory_gib if entry else None
+    return int(smallest * 2**30) if smallest is not None else gpu_memory_bytes(name)
 
 
 ARCHITECTURES: dict[int, str] = {8: "Ampere", 9: "Hopper", 10: "Blackwell", 12: "Blackwell (consumer)"}

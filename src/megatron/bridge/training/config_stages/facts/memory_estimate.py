@@ -84,7 +84,7 @@ def estimable(cfg: ConfigContainer, ctx: RuleContext) -> bool:
     return layout_within(cfg, ctx) and all_within(cfg, ctx, *SHAPE_SIZE_FIELDS)
 
 
-def _moe_layers(cfg: ConfigContainer, mlp_cheaper: bool) -> int:
+def moe_layer_count(cfg: ConfigContainer, mlp_cheaper: bool) -> int:
     """How many of the layers are MoE layers; for a pattern this module does not read (a string),
     the count that gives the smaller estimate."""
     m = cfg.model
@@ -110,7 +110,7 @@ def _param_counts(cfg: ConfigContainer) -> tuple[int, int]:
     experts = _positive(m.num_moe_experts)
     expert_mlps = experts * mlp_factor * hidden * (m.moe_ffn_hidden_size or ffn)
     moe_dense = experts * hidden + mlp_factor * hidden * _positive(m.moe_shared_expert_intermediate_size)
-    moe_layers = _moe_layers(cfg, mlp_cheaper=dense_mlp <= expert_mlps + moe_dense)
+    moe_layers = moe_layer_count(cfg, mlp_cheaper=dense_mlp <= expert_mlps + moe_dense)
     padding = m.make_vocab_size_divisible_by * m.tensor_model_parallel_size
     vocab = -(-_positive(m.vocab_size) // padding) * padding
     embeddings = vocab * hidden * (1 if m.share_embeddings_and_output_weights else 2)

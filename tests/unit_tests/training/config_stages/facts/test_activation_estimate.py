@@ -1,0 +1,67 @@
+"""The saved-activation lower bound, by hand arithmetic on Qwen3-30B-A3B's layer (hidden 2048, 32 heads
+of 128, 4 query groups, 8 experts a token of FFN 768, gated; 48 layers, seq 4096, vocab 151,936)."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
+from megatron.bridge.training.config_stages.facts.activation_estimate import activation_estimate
+from megatron.bridge.training.config_stages.resolution.finalize import resolve_config
+
+H, HEADS_D, GROUPS_D, K, F = 2048, 32 * 128, 4 * 128, 8, 768
+NORMS = 4 * H  # two norms' inputs and outputs
+ATTENTION = (HEADS_D + 2 * GROUPS_D) + HEADS_D  # q, k, v; the attention's output
+EXPERTS = K * H + K * 2 * F + K * F  # fc1's input, fc1's output (gated), the activation's output
+MOE_LAYER = NORMS + ATTENTION + EXPERTS  # 52,224 elements a token
+
+
+def _estimate(world: int = 16, precision: str | None = None, **model):
+    cfg = qwen3_30b_a3b_pretrain_config()
+    if precision:
+        cfg.mixed_precision = precision
+    for name, value in model.items():
+        setattr(cfg.model, name, value)
+    return activation_estimate(resolve_config(cfg, world_size=world).effective)
+
+
+def test_a_moe_layer_keeps_its_norms_attention_and_expert_rows():
+    estimate = _estimate()
+    assert MOE_LAYER == 52_224
+    assert (estimate.tokens, estimate.layers, estimate.moe_layers) == (4096, 48, 48)
+    assert estimate.elements_per_layer[1] == MOE_LAYER * 4096
+    assert estimate.layer_bytes == 48 * MOE_LAYER * 4096 * 2
+    assert estimate.logits_bytes == 4096 * 151_936 * 2
+    assert estimate.describe().startswith("at least 20.3 GiB: 48 layers x 4,096 tokens (19.1 GiB)")
+
+
+@pytest.mark.parametrize(
+    "settings, per_token",
+    [
+        ({"recompute_granularity": "full"}, H),
+        ({"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}, MOE_LAYER),
+        ({"recompute_granularity": "selective", "recompute_modules": ["layernorm"]}, MOE_LAYER - 2 * H),
+        ({"recompute_granularity": "selective", "recompute_modules": ["moe_act"]}, MOE_LAYER - K * F),
+        ({"recompute_granularity": "selective", "recompute_modules": ["moe"]}, MOE_LAYER - EXPERTS),
+        ({"recompute_granularity": "selective", "recompute_modules": ["mla_up_proj"]}, H),  # unknown here: inputs
+        ({"cpu_offloading": True, "cpu_offloading_num_layers": 1}, 0),
+    ],
+    ids=["full", "core-attn", "layernorm", "moe-act", "moe", "unknown-module", "offloaded"],
+)
+def test_recomputed_or_offloaded_tensors_are_left_out(settings, per_token):
+    assert _estimate(**settings).elements_per_layer[1] == per_token * 4096
+
+
+@pytest.mark.parametrize(
+    "settings, tokens, layers, element",
+    [
+        ({"tensor_model_parallel_size": 2, "sequence_parallel": True}, 2048, 48, 2),
+        ({"context_parallel_size": 2}, 2048, 48, 2),
+        ({"pipeline_model_parallel_size": 2}, 4096, 24, 2),
+        ({"precision": "bf16_with_fp8_current_scaling_mixed"}, 4096, 48, 1),
+    ],
+    ids=["tp2", "cp2", "pp2", "fp8"],
+)
+def test_a_rank_holds_its_share_of_tokens_and_layers(settings, tokens, layers, element):
+    estimate = _estimate(world=64, **settings)
+    assert (estimate.tokens, estimate.layers, estimate.bytes_per_element) == (tokens, layers, element)
