@@ -65,3 +65,12 @@ def test_recomputed_or_offloaded_tensors_are_left_out(settings, per_token):
 def test_a_rank_holds_its_share_of_tokens_and_layers(settings, tokens, layers, element):
     estimate = _estimate(world=64, **settings)
     assert (estimate.tokens, estimate.layers, estimate.bytes_per_element) == (tokens, layers, element)
+
+
+@pytest.mark.parametrize("field", ["vocab_size", "seq_length"])
+def test_an_unset_size_counts_nothing_its_own_rule_refuses_it(field):
+    """Validation runs every rule at once: an unset size must not crash this one (a traceback)."""
+    cfg = qwen3_30b_a3b_pretrain_config()
+    setattr(cfg.model, field, None)
+    estimate = activation_estimate(cfg)
+    assert estimate.logits_bytes == 0 and (field == "vocab_size") == (estimate.layer_bytes > 0)

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from megatron.bridge.training.config_stages.facts.memory_estimate import gib, moe_layer_count
+from megatron.bridge.training.config_stages.facts.memory_estimate import gib, moe_layer_count, positive
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -105,12 +105,11 @@ def _per_token(cfg: ConfigContainer) -> tuple[int, int]:
 def activation_estimate(cfg: ConfigContainer) -> ActivationEstimate:
     """The lower bound of the module docstring; call it only where the memory estimate is estimable."""
     m = cfg.model
-    tokens = (
-        (m.seq_length or 0) * cfg.train.micro_batch_size // (m.tensor_model_parallel_size * m.context_parallel_size)
-    )
+    held = positive(m.seq_length) * positive(cfg.train.micro_batch_size)  # unset or invalid: its rule speaks
+    tokens = held // (m.tensor_model_parallel_size * m.context_parallel_size)
     layers = m.num_layers // m.pipeline_model_parallel_size
     dense, moe = _per_token(cfg)
     moe_layers = min(layers, moe_layer_count(cfg, mlp_cheaper=dense <= moe) // m.pipeline_model_parallel_size)
     element = 1 if m.fp8 else 2
-    logits = tokens * m.vocab_size * 2  # bf16, alive into the loss's backward whatever is offloaded
+    logits = tokens * positive(m.vocab_size) * 2  # bf16, alive into the loss's backward whatever is offloaded
     return ActivationEstimate(tokens, layers, (dense * tokens, moe * tokens), moe_layers, element, logits)

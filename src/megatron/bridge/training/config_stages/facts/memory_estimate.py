@@ -74,7 +74,7 @@ def gib(nbytes: float) -> str:
     return f"{nbytes / GIB:,.1f} GiB"
 
 
-def _positive(value: Any) -> int:
+def positive(value: Any) -> int:
     """``value`` when it is a positive integer, else 0 (an unset optional size adds nothing)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
@@ -107,12 +107,12 @@ def _param_counts(cfg: ConfigContainer) -> tuple[int, int]:
     mlp_factor = (2 if m.gated_linear_unit else 1) + 1  # fc1 (doubled when gated) and fc2
     attention = 2 * hidden * heads * kv + 2 * hidden * groups * kv
     dense_mlp = mlp_factor * hidden * ffn
-    experts = _positive(m.num_moe_experts)
+    experts = positive(m.num_moe_experts)
     expert_mlps = experts * mlp_factor * hidden * (m.moe_ffn_hidden_size or ffn)
-    moe_dense = experts * hidden + mlp_factor * hidden * _positive(m.moe_shared_expert_intermediate_size)
+    moe_dense = experts * hidden + mlp_factor * hidden * positive(m.moe_shared_expert_intermediate_size)
     moe_layers = moe_layer_count(cfg, mlp_cheaper=dense_mlp <= expert_mlps + moe_dense)
     padding = m.make_vocab_size_divisible_by * m.tensor_model_parallel_size
-    vocab = -(-_positive(m.vocab_size) // padding) * padding
+    vocab = -(-positive(m.vocab_size) // padding) * padding
     embeddings = vocab * hidden * (1 if m.share_embeddings_and_output_weights else 2)
     dense = m.num_layers * attention + (m.num_layers - moe_layers) * dense_mlp + moe_layers * moe_dense + embeddings
     return dense, moe_layers * expert_mlps
