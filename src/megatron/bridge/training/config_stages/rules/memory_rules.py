@@ -58,10 +58,10 @@ def _gpu_applies(cfg: ConfigContainer, ctx: RuleContext) -> bool:
 
 BOUND_SHARE_OF_PEAK = 0.83
 """The state-plus-activations bound over the peak allocated GPU memory measured (Qwen3-30B-A3B's layer,
-4 layers, emulated EP=16, 8 micro-batches: 9.3 GiB of 11.3, six runs on an H200 at 1e5ee78,
-``docs/benchmarks/results/ep_emulated_sync_stream_1e5ee78/``). Checked on both sides at 48 layers on
-H100s: EP=1 with 8 experts (bound 70.1 GiB, expected 84.4) ran out of memory, emulated EP=16 (bound
-56.8 GiB, expected 68.4) trained."""
+4 layers, emulated EP=16, 8 micro-batches: 9.3 GiB of 11.3 in every arm of four runs on an H200, two
+each at 1e5ee78 and 609c815, ``docs/benchmarks/results/ep_emulated_sync_stream_1e5ee78/``). Checked
+on both sides at 48 layers on H100s: EP=1 with 8 experts (bound 70.1 GiB, expected 84.4) ran out of
+memory, emulated EP=16 (bound 56.8 GiB, expected 68.4) trained."""
 
 ACTIVATION_FIELDS: tuple[str, ...] = (
     "model.seq_length",
