@@ -26,7 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from megatron.bridge.training.config_stages.facts.memory_estimate import gib, moe_layer_count, positive
+from megatron.bridge.training.config_stages.facts.memory_estimate import (
+    gib,
+    layer_widths,
+    moe_layer_count,
+    positive,
+)
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
@@ -93,8 +98,7 @@ def _per_token(cfg: ConfigContainer) -> tuple[int, int]:
     if dropped is None:
         return hidden, hidden
     heads = m.num_attention_heads
-    groups, head_size = m.num_query_groups or heads, m.kv_channels or hidden // heads
-    ffn = m.ffn_hidden_size or 4 * hidden
+    groups, head_size, ffn = layer_widths(cfg)
     attention = (2 if "layernorm" in dropped else 4) * hidden + (2 * heads + 2 * groups) * head_size
     gated = m.gated_linear_unit
     dense = attention + _mlp_elements(hidden, ffn, 1, gated, dropped, "mlp")

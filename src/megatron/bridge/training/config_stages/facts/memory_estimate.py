@@ -98,12 +98,18 @@ def moe_layer_count(cfg: ConfigContainer, mlp_cheaper: bool) -> int:
     return 0 if mlp_cheaper else m.num_layers
 
 
+def layer_widths(cfg: ConfigContainer) -> tuple[int, int, int]:
+    """(query groups, head size, dense FFN size) with megatron-core's defaults for unset ones."""
+    m = cfg.model
+    heads = m.num_attention_heads
+    return m.num_query_groups or heads, m.kv_channels or m.hidden_size // heads, m.ffn_hidden_size or 4 * m.hidden_size
+
+
 def _param_counts(cfg: ConfigContainer) -> tuple[int, int]:
     """``(dense, expert)`` parameters of the whole model (norms and biases left out)."""
     m = cfg.model
     hidden, heads = m.hidden_size, m.num_attention_heads
-    groups, kv = m.num_query_groups or heads, m.kv_channels or hidden // heads
-    ffn = m.ffn_hidden_size or 4 * hidden
+    groups, kv, ffn = layer_widths(cfg)
     mlp_factor = (2 if m.gated_linear_unit else 1) + 1  # fc1 (doubled when gated) and fc2
     attention = 2 * hidden * heads * kv + 2 * hidden * groups * kv
     dense_mlp = mlp_factor * hidden * ffn

@@ -81,10 +81,12 @@ def _state_and_activations(cfg: ConfigContainer, ctx: RuleContext) -> int:
     return estimate_per_rank(cfg, ctx.world_size).total_bytes + activation_estimate(cfg).total_bytes
 
 
+def _state_within_gpu(cfg: ConfigContainer, ctx: RuleContext) -> bool:
+    return within_limit(estimate_per_rank(cfg, ctx.world_size).total_bytes, _gpu_limit(cfg, ctx))
+
+
 def _state_fits_gpu(cfg: ConfigContainer, ctx: RuleContext) -> bool:
-    return _gpu_applies(cfg, ctx) and within_limit(
-        estimate_per_rank(cfg, ctx.world_size).total_bytes, _gpu_limit(cfg, ctx)
-    )
+    return _gpu_applies(cfg, ctx) and _state_within_gpu(cfg, ctx)
 
 
 def _bound_fits_gpu(cfg: ConfigContainer, ctx: RuleContext) -> bool:
@@ -130,7 +132,7 @@ MEMORY_RULES: tuple[Rule, ...] = (
         id="model-state-fits-gpu-memory",
         fields=MEMORY_FIELDS,
         applies=_gpu_applies,
-        holds=lambda cfg, ctx: within_limit(estimate_per_rank(cfg, ctx.world_size).total_bytes, _gpu_limit(cfg, ctx)),
+        holds=_state_within_gpu,
         message="the model's weights, gradients and optimizer state alone (a lower bound: activations and "
         "buffers come on top) need more memory per rank than one GPU of the target type has: every rank "
         "would fail allocating them",
