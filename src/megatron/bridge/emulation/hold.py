@@ -10,6 +10,14 @@ first served, so collectives running at the same time on different streams share
 written in Triton; where Triton is missing, ``torch.cuda._sleep`` (one thread, one SM, clock cycles,
 no NIC ledger) stands in and :attr:`Hold.kind` says so.
 
+A hold is launched once per emulated collective (thousands a step), so its host cost is part of every
+emulated step. Triton's ``kernel[grid](...)`` binds, specialises and looks up the compiled kernel at
+every call; :class:`_DirectLaunch` compiles each hold kernel once (64-bit times, any grid) and then
+calls Triton's compiled launcher itself, on the current stream. It is checked once, at the first hold,
+against the GPU's timer; where it fails (a Triton whose launcher differs), or where that first hold is
+inside a CUDA-graph capture (the check waits for the GPU), Triton's own launch is used and
+:attr:`Hold.kind` says ``triton`` instead of ``triton-direct``.
+
 :meth:`Hold.serial_exchange` is the device-side variant for an exchange whose split sizes never
 reach the host (the sorted dispatcher's NVSHMEM transport, emulated): one kernel reads the split
 sizes and the group's link tables, works out the modeled time of one call per peer (each as long as
@@ -103,6 +111,26 @@ if triton is not None:
         _spin_to(_end_after_nic(start, nanoseconds, nic_ns, ledger_ptr))
 
 
+class _DirectLaunch:
+    """One hold kernel, compiled once for 64-bit times, launched through Triton's compiled launcher on
+    the current CUDA stream of ``ledger``'s GPU (no per-call binding or cache lookup)."""
+
+    def __init__(self, kernel: object, ledger: torch.Tensor) -> None:
+        # times past 2**31 ns make Triton type them int64: the one signature every hold then uses
+        with torch.cuda.device(ledger.device):
+            compiled = kernel.warmup(2**40, 2**40, ledger, grid=(1,), num_warps=16)  # type: ignore[attr-defined]
+            self._launch = compiled.run
+        self._function, self._metadata = compiled.function, compiled.packed_metadata
+        self._ledger, self._device = ledger, ledger.device.index or 0
+        self._current_stream = torch._C._cuda_getCurrentRawStream
+
+    def __call__(self, sms: int, nanoseconds: int, nic_ns: int) -> None:
+        stream = self._current_stream(self._device)
+        self._launch(
+            sms, 1, 1, stream, self._function, self._metadata, None, None, None, nanoseconds, nic_ns, self._ledger
+        )
+
+
 class Hold:
     """``hold(seconds, sms, all_to_all, nic_seconds)``: the current CUDA stream is busy on ``sms`` SMs for
     ``seconds`` (in the kernel named for an all-to-all, or for any other collective), after the NIC is
@@ -112,6 +140,7 @@ class Hold:
         self.kind: str | None = None
         self._cycles_per_ns: float | None = None
         self._ledgers: dict[torch.device, torch.Tensor] = {}
+        self._direct: dict[tuple[int, bool], _DirectLaunch] = {}
 
     def nic_ledger(self, device: torch.device) -> torch.Tensor:
         """When this GPU's NIC is free again (global timer ns, int64 on ``device``), shared by every
@@ -127,12 +156,23 @@ class Hold:
             return
         if self.kind is None:
             self.kind = self._choose()
-        if self.kind == "triton":
+        if self.kind == "triton-direct":
+            self._direct_launch(all_to_all)(max(1, sms), nanoseconds, int(nic_seconds * 1e9))
+        elif self.kind == "triton":
             kernel = emulated_nccl_all_to_all if all_to_all else emulated_nccl_collective
             ledger = self.nic_ledger(torch.device("cuda", torch.cuda.current_device()))
             kernel[(max(1, sms),)](nanoseconds, int(nic_seconds * 1e9), ledger, num_warps=16)
         else:
             torch.cuda._sleep(int(nanoseconds * self._clock_ghz()))
+
+    def _direct_launch(self, all_to_all: bool) -> _DirectLaunch:
+        """The current GPU's direct launcher of the all-to-all or the collective kernel (made at its first use)."""
+        index = torch.cuda.current_device()
+        launch = self._direct.get((index, all_to_all))
+        if launch is None:
+            self._make_direct(torch.device("cuda", index))
+            launch = self._direct[index, all_to_all]
+        return launch
 
     def serial_exchange(
         self,
@@ -150,7 +190,7 @@ class Hold:
         charges from host split sizes."""
         if self.kind is None:
             self.kind = self._choose()
-        if self.kind != "triton":
+        if not self.kind.startswith("triton"):
             return False
         world = splits.numel()
         calls, own = tables
@@ -176,10 +216,35 @@ class Hold:
             ledger = self.nic_ledger(torch.device("cuda", torch.cuda.current_device()))
             emulated_nccl_all_to_all[(1,)](1000, 0, ledger, num_warps=16)
             emulated_nccl_collective[(1,)](1000, 0, ledger, num_warps=16)
-            return "triton"
         except Exception as exc:  # a Triton that cannot build the kernel on this GPU
             logger.warning("the Triton hold kernel failed (%s): modeled communication holds one SM", exc)
             return "sleep"
+        if torch.cuda.is_current_stream_capturing():  # the check below waits for the GPU: not in a capture
+            return "triton"
+        try:
+            self._make_direct(ledger.device)
+            self._check_direct(ledger)
+            return "triton-direct"
+        except Exception as exc:  # a Triton whose compiled launcher is called differently
+            self._direct.clear()
+            logger.warning("the direct launch of the hold kernel failed (%s): Triton's own launch is used", exc)
+            return "triton"
+
+    def _make_direct(self, device: torch.device) -> None:
+        ledger = self.nic_ledger(device)
+        for all_to_all, kernel in ((True, emulated_nccl_all_to_all), (False, emulated_nccl_collective)):
+            self._direct[device.index or 0, all_to_all] = _DirectLaunch(kernel, ledger)
+
+    def _check_direct(self, ledger: torch.Tensor, seconds: float = 2e-3) -> None:
+        """Raise unless a direct launch holds the current stream for the time it is given."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        self._direct[ledger.device.index or 0, True](1, int(seconds * 1e9), 0)
+        end.record()
+        end.synchronize()
+        held = start.elapsed_time(end) * 1e-3
+        if not 0.9 * seconds <= held < 10 * seconds:
+            raise RuntimeError(f"held the stream {held * 1e3:.3f} ms for a {seconds * 1e3:.0f} ms hold")
 
     def _clock_ghz(self) -> float:
         if self._cycles_per_ns is None:
