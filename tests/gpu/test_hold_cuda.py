@@ -43,6 +43,7 @@ def plain_triton(monkeypatch) -> Hold:
 @pytest.mark.parametrize("all_to_all", [True, False], ids=["all-to-all", "collective"])
 def test_the_direct_launch_holds_the_stream_for_the_modeled_time(seconds, all_to_all):
     hold = Hold()
+    hold(1e-5, 1)  # the first hold chooses the launch (compiles, checks it against the GPU's timer)
     held = _held_seconds(hold, seconds, all_to_all=all_to_all)
     assert hold.kind == "triton-direct"
     assert seconds <= held < 1.05 * seconds + 2e-4
