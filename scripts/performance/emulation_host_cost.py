@@ -6,6 +6,9 @@ functions, so a change to the backend can be timed on its own. Shapes are one mi
 Qwen3-30B-A3B layer at seq 4096 (a dispatch of 32768 token rows of hidden 2048, uneven split sizes).
 
     uv run python scripts/performance/emulation_host_cost.py --calls 2000 [--network free] [--json FILE] [--profile 25]
+
+The JSON names the command, the GPU, the host (``host_facts``) and the commit of the code measured
+(``--commit``, for an export of another commit on ``PYTHONPATH``; else this checkout's ``HEAD``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import cProfile
 import io
 import json
 import pstats
+import shlex
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -27,6 +32,9 @@ import torch.distributed as dist
 
 from megatron.bridge.emulation.backend import start_world, stop_world
 from megatron.bridge.emulation.network import PRESETS, network_model
+from megatron.bridge.perf.benchmarks.benchmark_jobs import device_name, git_commit, host_facts
+
+REPO = Path(__file__).resolve().parents[2]
 
 HIDDEN, ROWS, EP = 2048, 32768, 16
 
@@ -122,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--network", default="h100_ib400", choices=list(PRESETS))
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    p.add_argument("--commit", default=None, help="the commit of the code measured (default: this checkout's HEAD)")
     p.add_argument(
         "--profile", type=int, default=0, metavar="TOP", help="also print each kind's TOP functions by own time"
     )
@@ -150,7 +159,13 @@ def main(argv: list[str] | None = None) -> None:
         args.json.write_text(
             json.dumps(
                 {
+                    "command": shlex.join(
+                        ["uv", "run", "python", "scripts/performance/emulation_host_cost.py", *(argv or sys.argv[1:])]
+                    ),
+                    "commit": args.commit or git_commit(REPO),
                     "device": device.type,
+                    "gpu": device_name(),
+                    "host": host_facts(),
                     "network": args.network,
                     "hold": world.hold.kind,
                     "calls": args.calls,

@@ -14,8 +14,12 @@ SCRIPT = load_script("emulation_host_cost.py")
 
 def test_each_kind_is_timed_and_profiled_and_the_figures_written(tmp_path, capsys):
     out = tmp_path / "cost.json"
-    SCRIPT.main(["--calls", "2", "--network", "free", "--json", str(out), "--profile", "3"])
+    argv = ["--calls", "2", "--network", "free", "--json", str(out), "--profile", "3", "--commit", "abc1234"]
+    SCRIPT.main(argv)
     figures = json.loads(out.read_text())
+    assert figures["command"].endswith("emulation_host_cost.py " + " ".join(argv))
+    assert (figures["commit"], figures["gpu"]) == ("abc1234", "no GPU")
+    assert figures["host"]["torch_op_us"] > 0
     assert set(figures["host_us_per_call"]) == set(SCRIPT.cases(torch.device("cpu")))
     assert all(us > 0 for us in figures["host_us_per_call"].values())
     assert (figures["network"], figures["calls"]) == ("free", 2)
