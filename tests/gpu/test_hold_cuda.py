@@ -12,7 +12,10 @@ import torch
 from megatron.bridge.emulation import hold as hold_module
 from megatron.bridge.emulation.hold import Hold
 
-pytestmark = pytest.mark.skipif(hold_module.triton is None, reason="needs Triton (the hold kernel is written in it)")
+pytestmark = [
+    pytest.mark.gpu_timing,  # every test here times the GPU or the host: run alone on the GPU
+    pytest.mark.skipif(hold_module.triton is None, reason="needs Triton (the hold kernel is written in it)"),
+]
 
 
 def _held_seconds(hold: Hold, seconds: float, **kwargs) -> float:
