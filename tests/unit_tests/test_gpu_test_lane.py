@@ -129,7 +129,11 @@ def test_the_alone_pass_selects_the_tests_that_time_the_gpu():
         timeout=300,
     )
     selected = {line.split("::")[0] for line in proc.stdout.splitlines() if "::" in line}
-    assert selected == {"tests/gpu/test_emulated_backend_cuda.py", "tests/gpu/test_kernels_cuda.py"}, proc.stdout
+    assert selected == {
+        "tests/gpu/test_emulated_backend_cuda.py",
+        "tests/gpu/test_hold_cuda.py",
+        "tests/gpu/test_kernels_cuda.py",
+    }, proc.stdout
 
 
 def _shard_summary(k: int, n: int, passed: int, failed: int = 0) -> dict:
