@@ -19,7 +19,6 @@ import cProfile
 import io
 import json
 import pstats
-import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -32,7 +31,7 @@ import torch.distributed as dist
 
 from megatron.bridge.emulation.backend import start_world, stop_world
 from megatron.bridge.emulation.network import PRESETS, network_model
-from megatron.bridge.perf.benchmarks.benchmark_jobs import device_name, git_commit, host_facts
+from megatron.bridge.perf.benchmarks.benchmark_jobs import device_name, git_commit, host_facts, portable_command
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -134,7 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--profile", type=int, default=0, metavar="TOP", help="also print each kind's TOP functions by own time"
     )
-    args = p.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args = p.parse_args(given)
     if args.calls < 1 or args.profile < 0:
         p.error(f"--calls {args.calls} must be at least 1 and --profile {args.profile} not negative")
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -159,8 +159,9 @@ def main(argv: list[str] | None = None) -> None:
         args.json.write_text(
             json.dumps(
                 {
-                    "command": shlex.join(
-                        ["uv", "run", "python", "scripts/performance/emulation_host_cost.py", *(argv or sys.argv[1:])]
+                    "command": portable_command(
+                        ["uv", "run", "python", "scripts/performance/emulation_host_cost.py", *given],
+                        {"--json": "runs/emulation_host_cost.json"},
                     ),
                     "commit": args.commit or git_commit(REPO),
                     "device": device.type,

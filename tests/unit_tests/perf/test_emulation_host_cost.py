@@ -17,7 +17,8 @@ def test_each_kind_is_timed_and_profiled_and_the_figures_written(tmp_path, capsy
     argv = ["--calls", "2", "--network", "free", "--json", str(out), "--profile", "3", "--commit", "abc1234"]
     SCRIPT.main(argv)
     figures = json.loads(out.read_text())
-    assert figures["command"].endswith("emulation_host_cost.py " + " ".join(argv))
+    portable = " ".join(argv).replace(str(out), "runs/emulation_host_cost.json")
+    assert figures["command"].endswith("emulation_host_cost.py " + portable) and str(tmp_path) not in figures["command"]
     assert (figures["commit"], figures["gpu"]) == ("abc1234", "no GPU")
     assert figures["host"]["torch_op_us"] > 0
     assert set(figures["host_us_per_call"]) == set(SCRIPT.cases(torch.device("cpu")))
