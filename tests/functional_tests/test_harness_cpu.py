@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from harness_process import HarnessProcess, descendants, rank_pid, running
 
+from megatron.bridge.models.dispatch.megatron_alltoall import GATHER_LINE
+
 pytestmark = pytest.mark.functional
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,7 +38,9 @@ def test_cpu_sweep_trains_each_value_and_writes_summary_markdown_and_plot(tmp_pa
     """``-g cpu -ng 2 -mr qwen3_moe_tiny`` trains (once per swept value), writes ``summary.json``,
     prints the results table, then writes ``sweep.md`` and ``sweep.png``. One test, two trainings:
     the launcher dominates the cost on a 2-core CI machine. The torch-native kernel settings given
-    as overrides reach the start-up lines and ``summary.json``."""
+    as overrides reach the start-up lines and ``summary.json``, and so does the chunk sort by one row
+    gather of megatron-core's alltoall dispatcher, which the torch-native layers keep at EP=2 (its
+    parity with megatron-core's sort: ``test_chunk_sort.py``)."""
     root = tmp_path / "sweep"
     kernels = dict(compile=True, grouped_gemm_backend="loop", cross_entropy_backend="torch", wgrad_accumulation="auto")
     proc = harness(
@@ -47,6 +51,7 @@ def test_cpu_sweep_trains_each_value_and_writes_summary_markdown_and_plot(tmp_pa
         "2,3",
         "model.torch_native_grouped_gemm_backend=loop",
         "model.torch_native_cross_entropy_backend=torch",
+        "model.moe_chunk_sort=gather",
         "--sweep",
         "comm_overlap.overlap_moe_expert_parallel_comm=false,true",
     )
@@ -58,6 +63,7 @@ def test_cpu_sweep_trains_each_value_and_writes_summary_markdown_and_plot(tmp_pa
         assert summary["world_size"] == 2 and len(summary["losses"]) == 3
         assert summary["torch_native_kernels"] == kernels
         assert summary["expert_wgrad_accumulation"]["path"] == "unfused"  # no CUDA main_grad on CPU
+        assert summary["moe_dispatch_changes"] == [GATHER_LINE]
         assert all(loss == loss and loss < 20 for loss in summary["losses"])  # finite
         assert (root / sub / "config.yaml").is_file()
         assert str(root / sub / "summary.json") in proc.stdout
@@ -65,6 +71,7 @@ def test_cpu_sweep_trains_each_value_and_writes_summary_markdown_and_plot(tmp_pa
     assert proc.stdout.count("Results") == 2 and "iterations 2-3" in proc.stdout
     assert proc.stdout.count("torch-native kernels: torch.compile on, grouped GEMM loop, cross-entropy torch") == 2
     assert proc.stdout.count("loss: torch_native fused cross-entropy (torch kernels)") == 2
+    assert proc.stdout.count(GATHER_LINE) == 2
     md = (root / "sweep.md").read_text()
     # CPU timings rank nothing
     assert "| `false` |" in md and "| `true` |" in md and "n/a (CPU)" in md and "x |" not in md

@@ -16,6 +16,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron.bridge.models import grad_accumulation_fusion
 from megatron.bridge.models.comm_stream_grads import keep_comm_stream_grads_for_accumulation
+from megatron.bridge.models.dispatch.megatron_alltoall import ChunkSort
 from megatron.bridge.models.dispatch.path_registry import FLEX_BACKENDS, TORCH_NATIVE_DISPATCHERS
 from megatron.bridge.models.dispatch.sorted_dispatch import TorchNativeEPTransport
 from megatron.bridge.models.grad_accumulation_fusion import provide_missing_kernel
@@ -71,6 +72,13 @@ class GPTModelProvider(StrictFields, TransformerConfig):
     """Flex dispatcher backend; only meaningful with ``moe_token_dispatcher_type="flex"``.
     ``None`` (unlike megatron-core's ``"deepep"`` default) so that an unset backend is visible. The
     flex paths of the dispatch registry (``models/dispatch/``), each with its GPU-support table."""
+    moe_chunk_sort: ChunkSort = "megatron"
+    """How megatron-core's alltoall dispatcher reorders the rows it received by local expert when it
+    sorts them unfused (``moe_permute_fusion=false``, more than one local expert): ``megatron``
+    (megatron-core's own: one view per EP rank and local expert, concatenated; 128 at EP=16 with 8
+    experts a GPU, and as many again in the backward) or ``gather`` (one row gather forward and one
+    ``index_copy_`` backward, the same rows and gradients bitwise; ``models/torch_native/chunk_sort.py``).
+    ``gather`` is refused where megatron-core would not sort unfused; the start-up line says it ran."""
     cross_entropy_fusion_impl: CrossEntropyImpl = "native"
     """Fused cross-entropy used when ``cross_entropy_loss_fusion`` is true: megatron-core's
     ``native`` (TorchScript) or ``te`` (needs Transformer Engine), or ``torch_native`` (this

@@ -91,6 +91,8 @@ class RunFacts(Protocol):
 
     def layers_use_te(self, cfg: Any, ctx: RuleContext) -> bool: ...
 
+    def uses_torch_native_layers(self, cfg: Any, ctx: RuleContext) -> bool: ...
+
     def low_precision(self, cfg: Any) -> bool: ...
 
     def target_gpu(self, ctx: RuleContext) -> TargetGpu: ...
@@ -219,6 +221,10 @@ class DispatchPath:
     describe_choice: Callable[[DispatchChoice], str] | None = None
     build: Callable[[DispatcherBuild], Any] | None = None
     """The layer's token dispatcher for a choice of this path; ``None``: megatron's stays."""
+    prepare: Callable[[Any, bool], str | None] | None = None
+    """Called at every model build with the model config and whether a layer runs this path: a change
+    the path makes to megatron-core's code for the process, made or undone (``megatron_alltoall``: its
+    chunk sort); returns the start-up line that says what changed (``None``: nothing)."""
     emulated: bool = False
     """The emulated world can run it (it plays every peer by symmetry)."""
     benchmark: tuple[BenchmarkArm, ...] = ()

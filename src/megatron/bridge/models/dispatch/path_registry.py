@@ -12,6 +12,7 @@ package probes of the rule context (:func:`probe_packages`) and the emulation be
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from megatron.bridge.models.dispatch import (
@@ -115,6 +116,25 @@ def describe_dispatcher(model: Any) -> str:
     if model.moe_token_dispatcher_type == "flex" and model.moe_flex_dispatcher_backend is not None:
         return describe_flex(model)  # a backend no path has (its rule refuses it)
     return str(model.moe_token_dispatcher_type)
+
+
+def prepare_dispatch(model: Any, torch_native_dispatchers: Sequence[str]) -> list[str]:
+    """Every path's change to megatron-core's code for the process (:attr:`DispatchPath.prepare`), made
+    where a layer runs the path and undone elsewhere, and the start-up lines of those made. A megatron
+    path runs where it is configured and the model has MoE layers: in every layer of megatron's layer
+    specs (no torch-native choices), else in a torch-native layer that kept megatron's dispatcher."""
+    configured = configured_path(model) if model.num_moe_experts else None
+    lines = []
+    for path in DISPATCH_PATHS:
+        if path.prepare is None:
+            continue
+        runs = path is configured and (
+            not torch_native_dispatchers or path.torch_native_value in torch_native_dispatchers
+        )
+        line = path.prepare(model, runs)
+        if line:
+            lines.append(line)
+    return lines
 
 
 def _deciding_path(requested: str) -> DispatchPath | None:

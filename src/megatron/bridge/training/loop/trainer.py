@@ -25,6 +25,7 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.rerun_state_machine import get_rerun_state_machine
 
+from megatron.bridge.models.dispatch.path_registry import prepare_dispatch
 from megatron.bridge.training.devices.cuda_graphs import IterationGraph
 from megatron.bridge.training.devices.platform import Platform
 from megatron.bridge.training.loop import initialize
@@ -226,10 +227,13 @@ class Trainer:
         with self.graph.model_build_stream():
             self.model = build_model(self.resolved, self.platform, self.graph.ddp_config(self.resolved.ddp))
         self.dispatch = moe_token_dispatch(self.resolved, self.model)
+        self.dispatch_changes = prepare_dispatch(self.resolved.model, [c["dispatcher"] for c in self.dispatch])
         self.wgrad_accumulation = wgrad_accumulation(self.resolved, self.model)
         if self.is_logging_rank:
             for choice in self.dispatch:
                 _say(f"MoE token dispatch: {choice['description']}")
+            for line in self.dispatch_changes:
+                _say(line)
             for how in filter(None, self.wgrad_accumulation.values()):
                 _say(how["description"])
         self.optimizer = build_optimizer(self.resolved, self.model, self.world)
@@ -413,6 +417,7 @@ class Trainer:
             torch_native_kernels=self.resolved.model.torch_native_kernels(),
             cuda_device_max_connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
             moe_token_dispatch=self.dispatch,
+            moe_dispatch_changes=self.dispatch_changes,
             **self.wgrad_accumulation,
             gpu_parked_steps=self.parked_steps,
             cuda_graph=self.graph.summary(self.state.iteration),

@@ -31,6 +31,8 @@ GG, CE, COMPILE = (
 WA = M + "torch_native_wgrad_accumulation"
 NA, GPN, EP = M + "torch_native_dispatcher", M + "torch_native_gpus_per_node", M + "expert_model_parallel_size"
 BF16 = {M + "bf16": True}
+CS = M + "moe_chunk_sort"
+GATHER_EP16 = {CS: "gather", EP: 16, NA: "megatron"}
 # rule id -> (context facts, mutation that breaks the rule, mutation that satisfies it)
 CASES = {
     "torch-native-dispatcher-known": (
@@ -97,6 +99,32 @@ CASES = {
         TE_ABSENT,
         _set(**{NA: "node_aware", GPN: 4, "emulation.world_size": 16}),  # h100_ib400: 8 per node
         _set(**{NA: "node_aware", GPN: 4, "emulation.world_size": 16, "emulation.gpus_per_node": 4}),
+    ),
+    "moe-chunk-sort-known": (TE_ABSENT, _set(**{CS: "triton"}), _set(**{CS: "gather"})),
+    "moe-chunk-sort-gather-needs-alltoall-dispatcher": (
+        TE_ABSENT,
+        _set(**{**GATHER_EP16, M + "moe_token_dispatcher_type": "allgather"}),
+        _set(**GATHER_EP16),
+    ),
+    "moe-chunk-sort-gather-needs-unfused-permute": (
+        TE_PRESENT,
+        _set(**{**GATHER_EP16, M + "moe_permute_fusion": True}),
+        _set(**{**GATHER_EP16, M + "moe_permute_fusion": False}),
+    ),
+    "moe-chunk-sort-gather-needs-local-experts": (
+        TE_ABSENT,
+        _set(**{**GATHER_EP16, M + "num_moe_experts": 16}),  # one expert a GPU: nothing to reorder
+        _set(**{**GATHER_EP16, M + "num_moe_experts": 32}),
+    ),
+    "moe-chunk-sort-gather-needs-dropless": (
+        TE_ABSENT,
+        _set(**{**GATHER_EP16, M + "moe_expert_capacity_factor": 1.0, M + "moe_pad_expert_input_to_capacity": True}),
+        _set(**{**GATHER_EP16, M + "moe_expert_capacity_factor": 1.0}),
+    ),
+    "moe-chunk-sort-gather-needs-megatron-dispatcher": (
+        TE_ABSENT,
+        _set(**{**GATHER_EP16, NA: "sorted"}),  # the torch-native layers sort in their own dispatcher
+        _set(**{**GATHER_EP16, NA: "auto"}),  # auto keeps megatron's at EP > 1
     ),
     "torch-native-grouped-gemm-backend-known": (TE_ABSENT, _set(**{GG: "cutlass"}), _set(**{GG: "loop"})),
     "torch-native-cross-entropy-backend-known": (TE_ABSENT, _set(**{CE: "cudnn"}), _set(**{CE: "torch"})),

@@ -19,7 +19,12 @@ from typing import Any
 from megatron.bridge.models.dispatch.dispatch_path import DispatchPath, PackageNeed, PathKind
 from megatron.bridge.models.dispatch.path_registry import DISPATCH_PATHS, configured_path, package_needs, paths_needing
 from megatron.bridge.training.config_stages.facts.gpu_catalog import GpuTarget, gpu_target_from_context
-from megatron.bridge.training.config_stages.facts.overlap_facts import layers_use_te, precision_fp4, precision_fp8
+from megatron.bridge.training.config_stages.facts.overlap_facts import (
+    layers_use_te,
+    precision_fp4,
+    precision_fp8,
+    resolved_layer_spec,
+)
 from megatron.bridge.training.config_stages.schema.rule_base import Rule, RuleContext
 
 
@@ -28,6 +33,9 @@ class ConfigFacts:
 
     def layers_use_te(self, cfg: Any, ctx: RuleContext) -> bool:
         return layers_use_te(cfg, ctx)
+
+    def uses_torch_native_layers(self, cfg: Any, ctx: RuleContext) -> bool:
+        return resolved_layer_spec(cfg, ctx) == "torch_native"
 
     def low_precision(self, cfg: Any) -> bool:
         return bool(precision_fp8(cfg) or precision_fp4(cfg))
