@@ -27,7 +27,7 @@ HARNESS = REPO / "scripts" / "performance" / "run_script.py"
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("runs/ep_host_ops"))
-    p.add_argument("--arms", default=",".join(host_ops.ARMS), help="ep1 (always run), off, on")
+    p.add_argument("--arms", default=",".join(host_ops.ARMS), help="ep1 (always run), off, on, off_gather, on_gather")
     p.add_argument("--publish", action="store_true", help=f"also write {RESULTS_JSON.relative_to(REPO)}")
     p.add_argument("--job-timeout", type=float, default=900.0)
     p.add_argument(

@@ -19,6 +19,8 @@ from megatron.bridge.perf.harness.argument_parser import parse_args
         ("ep1", ["-ng", "1", "-ep", "1", "model.num_moe_experts=8", "train.global_batch_size=4"]),
         ("off", ["-ng", "16", "-gn", "8", "-ep", "16", "--emulate", "train.global_batch_size=64"]),
         ("on", ["--network", "h100_ib400", "comm_overlap.overlap_moe_expert_parallel_comm=true"]),
+        ("off_gather", ["comm_overlap.overlap_moe_expert_parallel_comm=false", "model.moe_chunk_sort=gather"]),
+        ("on_gather", ["comm_overlap.overlap_moe_expert_parallel_comm=true", "model.moe_chunk_sort=gather"]),
     ],
 )
 def test_each_case_profiles_one_step_of_the_small_width_layer_on_the_cpu(arm, expected):
@@ -61,7 +63,7 @@ def test_the_comparison_gives_calls_per_layer_and_micro_batch_and_what_grew():
 @pytest.mark.parametrize(
     "argv,says",
     [
-        (["--arms", "off,graph"], "--arms: 'graph' is not one of ep1, off, on"),
+        (["--arms", "off,graph"], "--arms: 'graph' is not one of ep1, off, on, off_gather, on_gather"),
         (["--code-root", "no/such/tree"], "--code-root: no/such/tree holds no scripts/performance/run_script.py"),
         (["--compare", "no/such/results.json"], "--compare: no/such/results.json is not a file"),
     ],

@@ -6,8 +6,10 @@ nested ones included: each costs the host a few microseconds on a GPU) does not 
 machine, so it can be compared on a CPU: the Qwen3-30B-A3B layer's structure (128 experts, top-8,
 grouped-query attention, megatron-core's alltoall dispatcher) at a small width, trained by the
 harness at EP = 1 with the per-GPU expert work of EP = 16 (8 experts), and in the emulated EP = 16
-world over 2 x 8 with EP overlap off and on. One step is profiled; its operator calls are counted by
-name, per layer and micro-batch, and set against EP = 1 (``scripts/performance/ep_host_ops.py``).
+world over 2 x 8 with EP overlap off and on, each also with ``model.moe_chunk_sort=gather`` (arms
+``off_gather``, ``on_gather``: megatron-core's chunk sort by one row gather). One step is profiled; its
+operator calls are counted by name, per layer and micro-batch, and set against EP = 1
+(``scripts/performance/ep_host_ops.py``).
 """
 
 from __future__ import annotations
@@ -32,12 +34,14 @@ SMALL_WIDTH = (
     "model.seq_length=256",
 )
 """The layer's structure kept (experts, top-k, attention groups), its width cut so a CPU trains it."""
-ARMS = ("ep1", "off", "on")
+ARMS = ("ep1", "off", "on", "off_gather", "on_gather")
+GATHER_SUFFIX = "_gather"
 
 
 @dataclass(frozen=True)
 class HostOpsCase:
-    """One profiled training run: ``ep1``, or the emulated EP=8 x ``nodes`` world with overlap off/on."""
+    """One profiled training run: ``ep1``, or the emulated EP=8 x ``nodes`` world with overlap off/on
+    (``_gather``: and the chunk sort by one row gather)."""
 
     arm: str
     nodes: int = 2
@@ -72,7 +76,8 @@ class HostOpsCase:
             *("-ng", str(self.ep), "-gn", str(GPUS_PER_NODE), "-ep", str(self.ep)),
             *("--emulate", "--network", "h100_ib400"),
             f"train.global_batch_size={MICRO_BATCHES * self.ep}",
-            *OVERLAP[self.arm],
+            *OVERLAP[self.arm.removesuffix(GATHER_SUFFIX)],
+            *(["model.moe_chunk_sort=gather"] if self.arm.endswith(GATHER_SUFFIX) else []),
         ]
 
 
