@@ -91,7 +91,7 @@ def _prepare(model: Any, runs: bool) -> str | None:
 
 
 def _gather(cfg: Any, ctx: RuleContext) -> bool:
-    return bool(cfg.model.num_moe_experts) and cfg.model.moe_chunk_sort == "gather"
+    return cfg.model.moe_chunk_sort == "gather"
 
 
 def _rules(facts: RunFacts) -> tuple[Rule, ...]:
@@ -128,7 +128,8 @@ def _rules(facts: RunFacts) -> tuple[Rule, ...]:
             fields=(CHUNK_SORT_FIELD, "model.num_moe_experts", "model.expert_model_parallel_size"),
             applies=_gather,
             holds=lambda cfg, ctx: local_experts(cfg.model) > 1,
-            message=f"with one expert a GPU (num_moe_experts / EP) there is nothing to reorder: {no_effect}",
+            message="with fewer than two experts a GPU (num_moe_experts / EP; none in a dense model) there is "
+            f"nothing to reorder: {no_effect}",
             fix=f"use fewer EP ranks than experts, or {keep}",
             derived_values=(("local_experts", lambda cfg, ctx: local_experts(cfg.model)),),
         ),

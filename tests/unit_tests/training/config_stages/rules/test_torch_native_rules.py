@@ -1,10 +1,13 @@
 """Every rule of the torch-native fields (token dispatch and kernels) has a passing and a failing case
 (table-driven, as the general rules)."""
 
+import io
+
 import pytest
 from overlap_helpers import set_fields, violated_rule_ids
 from packaging.version import Version
 
+from megatron.bridge.perf.harness.run import main
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
 from megatron.bridge.training.config_stages.rules.dispatch_rules import TORCH_NATIVE_DISPATCH_RULES
 from megatron.bridge.training.config_stages.rules.kernel_rules import TORCH_NATIVE_KERNEL_RULES
@@ -240,3 +243,34 @@ def test_validate_refuses_a_kernel_setting_that_would_have_no_effect():
 
 def test_the_defaults_pass_every_rule():
     assert _violated_ids(qwen3_30b_a3b_pretrain_config(), TE_ABSENT) == set()
+
+
+@pytest.mark.parametrize(
+    "changes,refused",
+    [
+        ({CS: "gather", EP: 1, M + "num_moe_experts": None}, True),  # a dense model: nothing to sort
+        ({CS: "gather", EP: 1, M + "num_moe_experts": 8, NA: "megatron"}, False),  # EP=1, 8 experts: 8 chunks
+        ({CS: "megatron", EP: 1, M + "num_moe_experts": None}, False),
+    ],
+)
+def test_the_gather_is_refused_where_there_are_no_local_experts_to_reorder(changes, refused):
+    violated = _violated_ids(_set(**changes)(qwen3_30b_a3b_pretrain_config()), TE_ABSENT)
+    assert ("moe-chunk-sort-gather-needs-local-experts" in violated) == refused
+
+
+@pytest.mark.parametrize(
+    "overrides,code,says",
+    [
+        (["model.torch_native_dispatcher=sorted"], 2, "[moe-chunk-sort-gather-needs-megatron-dispatcher]"),
+        (["model.moe_token_dispatcher_type=allgather"], 2, "[moe-chunk-sort-gather-needs-alltoall-dispatcher]"),
+        ([], 0, ""),  # auto at EP=4 keeps megatron's dispatcher: 4 ranks x 2 local experts to sort
+    ],
+)
+def test_the_harness_dry_run_refuses_a_gather_that_would_not_act(overrides, code, says, tmp_path):
+    out = io.StringIO()
+    argv = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "4", "-ep", "4", "--max_steps", "3"]
+    got = main([*argv, "model.moe_chunk_sort=gather", *overrides, "--dryrun", "-l", str(tmp_path / "run")], out=out)
+    text = out.getvalue()
+    assert got == code and says in text, text[-3000:]
+    if code:
+        assert "nothing was launched" in text
