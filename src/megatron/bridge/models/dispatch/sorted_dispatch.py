@@ -17,7 +17,7 @@ unless a transport is set, which asks for the sorted dispatcher over it.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from megatron.bridge.models.dispatch import megatron_alltoall, sorted_nvshmem
 from megatron.bridge.models.dispatch.dispatch_path import (
@@ -41,6 +41,17 @@ AUTO_EP_REASON = (
     "measured faster than the sorted dispatcher's exchange on two H200s over NVLink; "
     "torch_native_dispatcher=sorted selects the sorted one"
 )
+
+
+def worst_case_expert_rows(model: Any) -> int | None:
+    """Expert rows a token stands for on a rank that runs the EP > 1 sorted dispatcher, which the
+    config asks for by name (``torch_native_dispatcher=sorted``: it runs or the build stops): its
+    buffers hold every source's tokens once per local expert they may reach, ``EP x min(top-k, local
+    experts)`` rows a token, whatever the routing (``None``: the config does not surely run it)."""
+    ep = model.expert_model_parallel_size
+    if model.torch_native_dispatcher != "sorted" or ep <= 1 or not model.num_moe_experts:
+        return None
+    return ep * min(model.moe_router_topk, model.num_moe_experts // ep)
 
 
 def choose_sorted(request: DispatchRequest) -> DispatchChoice:

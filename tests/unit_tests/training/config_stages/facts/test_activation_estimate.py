@@ -3,8 +3,11 @@ of 128, 4 query groups, 8 experts a token of FFN 768, gated; 48 layers, seq 4096
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
+from megatron.bridge.perf.harness.run import main
 from megatron.bridge.recipes.qwen import qwen3_30b_a3b_pretrain_config
 from megatron.bridge.training.config_stages.facts.activation_estimate import activation_estimate
 from megatron.bridge.training.config_stages.resolution.finalize import resolve_config
@@ -74,3 +77,38 @@ def test_an_unset_size_counts_nothing_its_own_rule_refuses_it(field):
     setattr(cfg.model, field, None)
     estimate = activation_estimate(cfg)
     assert estimate.logits_bytes == 0 and (field == "vocab_size") == (estimate.layer_bytes > 0)
+
+
+SORTED_EP16_ROWS = 16 * min(K, 128 // 16)  # every source's tokens once per local expert they may reach
+"""The EP > 1 sorted dispatcher's worst-case buffer rows a token at EP=16 with 8 experts a GPU."""
+
+
+@pytest.mark.parametrize(
+    "settings, rows",
+    [
+        ({"torch_native_dispatcher": "sorted", "expert_model_parallel_size": 16}, SORTED_EP16_ROWS),
+        ({"torch_native_dispatcher": "sorted", "expert_model_parallel_size": 64}, 64 * 2),  # 2 local experts
+        ({"torch_native_dispatcher": "megatron", "expert_model_parallel_size": 16}, None),  # rows as routed
+        ({"torch_native_dispatcher": "sorted", "expert_model_parallel_size": 1}, None),  # EP=1: exact sizes
+        ({"torch_native_dispatcher": "auto", "expert_model_parallel_size": 16}, None),  # auto keeps megatron's
+    ],
+    ids=["sorted-ep16", "sorted-ep64", "megatron", "sorted-ep1", "auto"],
+)
+def test_the_sorted_dispatchers_worst_case_buffers_are_counted_where_the_config_runs_it(settings, rows):
+    estimate = _estimate(world=64, **settings)
+    per_token = NORMS + ATTENTION + (rows or K) * (H + 2 * F + F)
+    assert estimate.worst_case_expert_rows == rows
+    assert estimate.elements_per_layer[1] == per_token * 4096
+    worst_text = f"expert rows at the sorted dispatcher's worst case ({rows} a token)"
+    assert (worst_text in estimate.describe()) == (rows is not None)
+
+
+def test_the_seed_shape_on_the_sorted_dispatcher_is_refused_before_launch_on_an_h100(tmp_path):
+    """48 layers at EP=16 on the sorted dispatcher: its buffers alone (over 200 GiB of saved expert rows)
+    cannot fit one H100, so the dry run stops it, where the run used to run out of memory."""
+    out = io.StringIO()
+    argv = ["-mr", "qwen3_30b_a3b", "-g", "h100", "-ng", "16", "-ep", "16", "--max_steps", "3"]
+    code = main([*argv, "model.torch_native_dispatcher=sorted", "--dryrun", "-l", str(tmp_path / "run")], out=out)
+    text = out.getvalue()
+    assert code == 2 and "[model-and-activations-fit-gpu-memory]" in text, text[-3000:]
+    assert f"sorted dispatcher's worst case ({SORTED_EP16_ROWS} a token)" in text

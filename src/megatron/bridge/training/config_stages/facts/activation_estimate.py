@@ -11,7 +11,10 @@ token, ``f`` an expert's FFN size, doubled for fc1 when gated):
   MLP's input, the router's;
 * the query, key and value (``(a + 2g)d``) and the attention's output, the projection's input (``ad``);
 * an MoE layer's expert rows, ``k`` a token: fc1's input (``kh``), its output (``2kf`` gated) and the
-  activation's output, fc2's input (``kf``); a dense layer the same for one row.
+  activation's output, fc2's input (``kf``); a dense layer the same for one row. Where the config asks
+  for the EP > 1 sorted dispatcher, whose static buffers are sized for the worst case, ``k`` is its
+  ``EP x min(top-k, local experts)`` rows a token (``sorted_dispatch.worst_case_expert_rows``): they
+  are allocated whatever the routing.
 
 Every choice errs low: one micro-batch in flight (a pipeline's first stage holds more, the EP-overlap
 schedule up to two), every tensor split over tensor and context parallelism, a routed expert's rows
@@ -26,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from megatron.bridge.models.dispatch.sorted_dispatch import worst_case_expert_rows
 from megatron.bridge.training.config_stages.facts.memory_estimate import (
     gib,
     layer_widths,
@@ -53,6 +57,8 @@ class ActivationEstimate:
     moe_layers: int
     bytes_per_element: int
     logits_bytes: int
+    worst_case_expert_rows: int | None = None
+    """Expert rows a token at the sorted dispatcher's worst-case buffers (``None``: top-k, balanced)."""
 
     @property
     def layer_bytes(self) -> int:
@@ -65,9 +71,14 @@ class ActivationEstimate:
 
     def describe(self) -> str:
         """``at least 20.3 GiB: 48 layers x 4,096 tokens (19.1 GiB), logits 1.2 GiB``"""
+        worst = (
+            f", expert rows at the sorted dispatcher's worst case ({self.worst_case_expert_rows} a token)"
+            if self.worst_case_expert_rows
+            else ""
+        )
         return (
             f"at least {gib(self.total_bytes)}: {self.layers} layers x {self.tokens:,} tokens "
-            f"({gib(self.layer_bytes)}), logits {gib(self.logits_bytes)}"
+            f"({gib(self.layer_bytes)}{worst}), logits {gib(self.logits_bytes)}"
         )
 
 
@@ -89,21 +100,24 @@ def _mlp_elements(hidden: int, ffn: int, rows: int, gated: bool, dropped: frozen
     return rows * (hidden + (2 if gated else 1) * ffn + activation)
 
 
-def _per_token(cfg: ConfigContainer) -> tuple[int, int]:
-    """Elements a (dense, MoE) layer saves per token held."""
+def _per_token(cfg: ConfigContainer) -> tuple[int, int, int | None]:
+    """Elements a (dense, MoE) layer saves per token held, and the sorted dispatcher's worst-case
+    expert rows a token where they are among them (``None`` elsewhere)."""
     m = cfg.model
     if getattr(m, "cpu_offloading", False) or getattr(m, "fine_grained_activation_offloading", False):
-        return 0, 0
+        return 0, 0, None
     hidden, dropped = m.hidden_size, _recompute(cfg)
     if dropped is None:
-        return hidden, hidden
+        return hidden, hidden, None
     heads = m.num_attention_heads
     groups, head_size, ffn = layer_widths(cfg)
     attention = (2 if "layernorm" in dropped else 4) * hidden + (2 * heads + 2 * groups) * head_size
     gated = m.gated_linear_unit
     dense = attention + _mlp_elements(hidden, ffn, 1, gated, dropped, "mlp")
-    moe = attention + _mlp_elements(hidden, m.moe_ffn_hidden_size or ffn, m.moe_router_topk or 1, gated, dropped, "moe")
-    return dense, moe
+    worst = None if "moe" in dropped else worst_case_expert_rows(m)
+    rows = worst or m.moe_router_topk or 1
+    moe = attention + _mlp_elements(hidden, m.moe_ffn_hidden_size or ffn, rows, gated, dropped, "moe")
+    return dense, moe, worst
 
 
 def activation_estimate(cfg: ConfigContainer) -> ActivationEstimate:
@@ -112,8 +126,9 @@ def activation_estimate(cfg: ConfigContainer) -> ActivationEstimate:
     held = positive(m.seq_length) * positive(cfg.train.micro_batch_size)  # unset or invalid: its rule speaks
     tokens = held // (m.tensor_model_parallel_size * m.context_parallel_size)
     layers = m.num_layers // m.pipeline_model_parallel_size
-    dense, moe = _per_token(cfg)
+    dense, moe, worst = _per_token(cfg)
     moe_layers = min(layers, moe_layer_count(cfg, mlp_cheaper=dense <= moe) // m.pipeline_model_parallel_size)
     element = 1 if m.fp8 else 2
     logits = tokens * positive(m.vocab_size) * 2  # bf16, alive into the loss's backward whatever is offloaded
-    return ActivationEstimate(tokens, layers, (dense * tokens, moe * tokens), moe_layers, element, logits)
+    worst = worst if moe_layers else None
+    return ActivationEstimate(tokens, layers, (dense * tokens, moe * tokens), moe_layers, element, logits, worst)
