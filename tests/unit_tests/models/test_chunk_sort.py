@@ -19,7 +19,7 @@ from megatron.bridge.models.torch_native.chunk_sort import (
     device_chunk_sort_index,
     host_chunk_sort_index,
     sort_chunks_by_gather,
-    use_chunk_sort,
+    use_gather_chunk_sort,
     wrap_megatron_sort,
 )
 
@@ -98,23 +98,18 @@ def test_sizes_that_do_not_cover_the_input_are_refused_as_megatron_refuses_them(
 
 
 def test_the_install_switches_between_the_gather_and_megatrons_sort(megatron_dispatcher_module):
-    assert use_chunk_sort("gather") == GATHER_LINE
+    use_gather_chunk_sort(True)
     installed = megatron_dispatcher_module.sort_chunks_by_idxs
     assert installed.megatron_original is megatron_sort and current_chunk_sort() == "gather"
-    use_chunk_sort("gather")  # again: still one wrapper around megatron's own
+    use_gather_chunk_sort(True)  # again: still one wrapper around megatron's own
     assert megatron_dispatcher_module.sort_chunks_by_idxs.megatron_original is megatron_sort
 
     sizes, order, _ = _layout(2, 2, 3, seed=2)
     rows = torch.randn(int(sizes.sum()), 3)
     assert torch.equal(installed(rows, sizes.ravel(), order)[0], megatron_sort(rows, sizes.ravel(), order)[0])
 
-    assert use_chunk_sort("megatron") is None  # the next config of the process: megatron's back
+    use_gather_chunk_sort(False)  # the next config of the process: megatron's back
     assert megatron_dispatcher_module.sort_chunks_by_idxs is megatron_sort and current_chunk_sort() == "megatron"
-
-
-def test_an_unknown_sort_is_refused():
-    with pytest.raises(ValueError, match="moe_chunk_sort='fast' is not one of"):
-        use_chunk_sort("fast")
 
 
 def test_a_fused_sort_still_reaches_megatrons_function():
@@ -158,7 +153,7 @@ def _model(
 def test_a_build_puts_the_gather_in_place_only_where_megatrons_dispatcher_sorts_chunks(
     model, torch_native_dispatchers, installs, megatron_dispatcher_module
 ):
-    use_chunk_sort("gather")  # left by an earlier config of the same process
+    use_gather_chunk_sort(True)  # left by an earlier config of the same process
     lines = prepare_dispatch(model, torch_native_dispatchers)
     assert lines == ([GATHER_LINE] if installs else [])
     assert current_chunk_sort() == ("gather" if installs else "megatron")

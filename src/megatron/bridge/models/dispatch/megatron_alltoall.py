@@ -83,11 +83,12 @@ def _prepare(model: Any, runs: bool) -> str | None:
     """Put the configured chunk sort in place for the process where a layer runs this path and
     megatron-core sorts unfused, megatron-core's own elsewhere (a process that trains several configs
     switches at each build). Returns the start-up line of the gather."""
-    wanted = model.moe_chunk_sort if runs and sorts_chunks_unfused(model) else "megatron"
+    gather = runs and sorts_chunks_unfused(model) and model.moe_chunk_sort == "gather"
     # Deferred: the chunk sort loads torch and changes megatron-core's dispatcher module.
-    from megatron.bridge.models.torch_native.chunk_sort import use_chunk_sort
+    from megatron.bridge.models.torch_native.chunk_sort import use_gather_chunk_sort
 
-    return use_chunk_sort(wanted)
+    use_gather_chunk_sort(gather)
+    return GATHER_LINE if gather else None
 
 
 def _gather(cfg: Any, ctx: RuleContext) -> bool:

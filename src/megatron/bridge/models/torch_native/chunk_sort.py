@@ -13,9 +13,10 @@ autograd's backward of the concatenation makes as many views again: counted on a
 every output row, worked out with numpy from the chunk sizes (on the host in the unfused path, after
 megatron-core's own device-to-host copy) and copied to the GPU once, then one ``index_select``
 forward and one ``index_copy_`` backward (the index is a permutation, so every input row gets exactly
-one gradient row). :func:`use_chunk_sort` puts it in place of megatron-core's unfused version, or
-puts megatron-core's back, for the process; the fused path (Transformer Engine's kernels) is
-megatron-core's either way.
+one gradient row). :func:`use_gather_chunk_sort` puts it in place of megatron-core's unfused version,
+or puts megatron-core's back, for the process; the fused path (Transformer Engine's kernels) is
+megatron-core's either way. Which one a run gets is the dispatch path's decision
+(``models/dispatch/megatron_alltoall.py``, ``model.moe_chunk_sort``).
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from megatron.bridge.models.dispatch.megatron_alltoall import CHUNK_SORTS, GATHER_LINE
 
 DISPATCHER_MODULE = "megatron.core.transformer.moe.token_dispatcher"
 
@@ -121,21 +120,18 @@ def wrap_megatron_sort(original: Callable[..., Any]) -> Callable[..., Any]:
     return sort_chunks_by_idxs
 
 
-def use_chunk_sort(sort: str) -> str | None:
-    """Make megatron-core's alltoall dispatcher reorder its chunks by ``sort`` for the process (the
-    dispatcher calls the name its module imported; a process that trains several configs switches it
-    at each build). Returns the start-up line of the gather (``None``: megatron-core's own)."""
-    if sort not in CHUNK_SORTS:
-        raise ValueError(f"moe_chunk_sort={sort!r} is not one of {CHUNK_SORTS}")
-    if sort == "megatron" and DISPATCHER_MODULE not in sys.modules:
-        return None  # never loaded, so never changed
+def use_gather_chunk_sort(gather: bool) -> None:
+    """Make megatron-core's alltoall dispatcher reorder its chunks by :func:`sort_chunks_by_gather`
+    (``gather``) or by its own ``sort_chunks_by_idxs`` for the process (the dispatcher calls the name
+    its module imported; a process that trains several configs switches it at each build)."""
+    if not gather and DISPATCHER_MODULE not in sys.modules:
+        return  # never loaded, so never changed
     # Deferred: megatron-core's MoE modules load only for a model that has MoE layers.
     from megatron.core.transformer.moe import token_dispatcher
 
     current = token_dispatcher.sort_chunks_by_idxs
     original = getattr(current, "megatron_original", current)
-    token_dispatcher.sort_chunks_by_idxs = wrap_megatron_sort(original) if sort == "gather" else original
-    return GATHER_LINE if sort == "gather" else None
+    token_dispatcher.sort_chunks_by_idxs = wrap_megatron_sort(original) if gather else original
 
 
 def current_chunk_sort() -> str:
