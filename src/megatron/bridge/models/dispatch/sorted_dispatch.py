@@ -51,7 +51,7 @@ def worst_case_expert_rows(model: Any) -> int | None:
     ep = model.expert_model_parallel_size
     if model.torch_native_dispatcher != "sorted" or ep <= 1 or not model.num_moe_experts:
         return None
-    return ep * min(model.moe_router_topk, model.num_moe_experts // ep)
+    return ep * min(model.moe_router_topk, megatron_alltoall.local_experts(model))
 
 
 def choose_sorted(request: DispatchRequest) -> DispatchChoice:

@@ -135,7 +135,7 @@ def use_gather_chunk_sort(gather: bool) -> None:
 
 
 def current_chunk_sort() -> str:
-    """Which chunk sort megatron-core's alltoall dispatcher calls now (for tests and the record)."""
+    """Which chunk sort megatron-core's alltoall dispatcher calls now (what the tests check)."""
     if DISPATCHER_MODULE not in sys.modules:
         return "megatron"
     from megatron.core.transformer.moe import token_dispatcher
