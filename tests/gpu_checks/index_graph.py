@@ -52,7 +52,7 @@ def same(a, b) -> bool:
 def cases(tokens: int):
     """(name, graphed call, eager call) for the EP=1 indices and the EP=2 indices + plan."""
     capacity = EP * tokens * TOPK
-    plan_kwargs = dict(topk=TOPK, rank=0, num_local_experts=EXPERTS // EP, capacity=capacity)
+    plan_kwargs = dict(topk=TOPK, rank=0, num_local_experts=EXPERTS // EP, capacity=capacity, expert_rows=capacity)
 
     def counts(m: torch.Tensor, peer: torch.Tensor) -> torch.Tensor:
         return torch.stack([m.sum(0), peer.sum(0)]).long()

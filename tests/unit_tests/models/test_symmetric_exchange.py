@@ -186,8 +186,10 @@ def test_the_exchange_plan_is_recorded_only_where_another_stream_reads_it(record
             plan.recv_splits,
             plan.tokens_per_expert,
             plan.recv_total,
+            plan.held_total,
             plan.to_source_major,
             plan.to_expert_major,
+            plan.peak_rows,
         ]
         if elsewhere
         else []

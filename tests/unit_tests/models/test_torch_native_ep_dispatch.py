@@ -60,6 +60,39 @@ def test_exchange_plan_matches_a_host_reference(counts, rank, local) -> None:
     assert plan.tokens_per_expert.tolist() == all_counts[:, rank * local : (rank + 1) * local].sum(0).tolist()
 
 
+BUDGET_COUNTS = [[1, 0, 2, 3], [0, 4, 1, 1]]  # rank 0 receives 1 + 4 = 5 rows, rank 1 receives 5 + 2 = 7
+
+
+@pytest.mark.parametrize("rank, expert_rows", [(0, 5), (0, 7), (1, 7), (1, 9)])
+def test_a_budget_at_or_above_what_arrives_holds_every_row_in_megatrons_order(rank, expert_rows) -> None:
+    all_counts = torch.tensor(BUDGET_COUNTS)
+    total = int(all_counts[:, rank * 2 : (rank + 1) * 2].sum())
+    plan = exchange_plan(all_counts, rank, 2, capacity=12, send_rows=6, expert_rows=expert_rows)
+    assert plan.expert_rows == expert_rows and plan.to_source_major.numel() == expert_rows
+    assert plan.to_source_major[:total].tolist() == _naive_plan(all_counts, rank, 2)
+    assert plan.to_source_major[total:].tolist() == list(range(total, expert_rows))
+    assert plan.to_expert_major[plan.to_source_major].tolist() == list(range(expert_rows))
+    assert plan.to_expert_major.numel() == 12 and int(plan.to_expert_major.max()) < expert_rows
+    assert int(plan.held_total) == int(plan.recv_total) == total
+    assert plan.tokens_per_expert.tolist() == all_counts[:, rank * 2 : (rank + 1) * 2].sum(0).tolist()
+    assert int(plan.peak_rows) == 7  # the most any rank receives, the same on every rank
+
+
+@pytest.mark.parametrize("expert_rows, held_per_expert", [(6, [3, 3]), (3, [3, 0]), (1, [1, 0])])
+def test_past_the_budget_the_experts_hold_the_first_rows_and_every_index_stays_in_bounds(
+    expert_rows, held_per_expert
+) -> None:
+    """Rank 1 receives 7 rows (2 + 1 for its first expert, 3 + 1 for its second): the experts hold the
+    first ``expert_rows`` in megatron's order, the rest name held rows, and the peak says 7."""
+    all_counts = torch.tensor(BUDGET_COUNTS)
+    plan = exchange_plan(all_counts, 1, 2, capacity=12, send_rows=6, expert_rows=expert_rows)
+    assert plan.to_source_major.tolist() == _naive_plan(all_counts, 1, 2)[:expert_rows]
+    assert plan.tokens_per_expert.tolist() == held_per_expert
+    assert int(plan.held_total) == expert_rows and int(plan.recv_total) == 7 and int(plan.peak_rows) == 7
+    assert int(plan.to_expert_major.min()) >= 0 and int(plan.to_expert_major.max()) < expert_rows
+    assert plan.recv_splits.tolist() == [5, 2]  # the exchange itself is unchanged: its buffers hold the worst case
+
+
 @pytest.mark.parametrize(
     "columns",
     [[(32, torch.bfloat16), (1, torch.float32)], [(7, torch.float32)], [(2048, torch.bfloat16), (1, torch.float32)]],
@@ -167,6 +200,16 @@ def test_dispatch_choice_on_cpu(requested, ep, overrides, expected) -> None:
     assert choice.reason and choice.dispatcher in choice.describe() or "megatron-core" in choice.describe()
 
 
+@pytest.mark.parametrize(
+    "requested, ep, says",
+    [("sorted", 2, True), ("sorted", 1, False), ("megatron", 2, False)],  # EP=1 exchanges nothing
+)
+def test_the_start_up_line_says_the_sorted_dispatchers_budget_where_it_holds_one(requested, ep, says) -> None:
+    config = _Config(torch_native_dispatcher=requested, torch_native_rank_capacity_factor=1.5)
+    choice = choose_dispatch(config, ep, 1, None, torch.device("cpu"))
+    assert ("experts hold a budget of 1.5 x tokens x top-k rows" in choice.describe()) == says
+
+
 @pytest.mark.parametrize("device,graphed", [("cpu", False), ("cuda", True)])
 def test_start_up_line_says_where_the_sorted_indices_replay_from_a_cuda_graph(device, graphed) -> None:
     choice = choose_dispatch(_Config(), 1, 1, None, torch.device(device))
@@ -226,7 +269,7 @@ def test_compiled_exchange_plan_equals_the_eager_one() -> None:
     counts = torch.tensor([[1, 0, 2, 3], [0, 4, 1, 1]])
     compiled = torch.compile(_plan_tensors, dynamic=False)
     for rank in (0, 1):
-        for got, want in zip(compiled(counts, rank, 2, 12), _plan_tensors(counts, rank, 2, 12)):
+        for got, want in zip(compiled(counts, rank, 2, 12, 9), _plan_tensors(counts, rank, 2, 12, 9)):
             assert torch.equal(got, want)
 
 

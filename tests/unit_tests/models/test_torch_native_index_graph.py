@@ -99,8 +99,8 @@ def test_ep_indices_and_plan_are_the_routing_indices_and_the_plan() -> None:
     routing_map = _routing_map(16, 8, 2, seed=3)
     peer = _routing_map(16, 8, 2, seed=4)
     all_counts = torch.stack([routing_map.sum(0), peer.sum(0)]).long()
-    got = routing_and_plan(routing_map, all_counts, topk=2, rank=1, num_local_experts=4, capacity=64)
-    want = (*permutation_indices(routing_map, 2), *plan_tensors(all_counts, 1, 4, 64))
+    got = routing_and_plan(routing_map, all_counts, topk=2, rank=1, num_local_experts=4, capacity=64, expert_rows=40)
+    want = (*permutation_indices(routing_map, 2), *plan_tensors(all_counts, 1, 4, 64, 40))
     assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
     assert {t.dtype for t in got} == {torch.long}  # one dtype: the replay copies them out as one buffer
 

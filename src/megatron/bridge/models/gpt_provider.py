@@ -101,6 +101,14 @@ class GPTModelProvider(StrictFields, TransformerConfig):
     """With EP > 1, how the sorted dispatcher exchanges tokens: ``nvshmem`` (symmetric-memory
     all-to-all, split sizes stay on the GPU), ``nccl`` (``all_to_all_single``: the host waits for the
     split sizes), or ``auto`` (``nvshmem`` where NVSHMEM runs, else the dispatcher falls back)."""
+    torch_native_rank_capacity_factor: float | None = None
+    """With ``torch_native_dispatcher=sorted`` and EP > 1, the per-rank token budget of the experts'
+    tensors: ``ceil(factor x tokens x top-k)`` rows a micro-batch, as megatron-core's
+    ``moe_expert_rank_capacity_factor`` sizes HybridEP's and NCCL EP's (which megatron-core refuses
+    outside the flex dispatcher). ``None``: the worst case, ``EP x tokens x min(top-k, local experts)``
+    rows, which no routing exceeds. No token is dropped: a micro-batch over the budget stops the run
+    after its backward, before the optimizer step, naming the factor it needed
+    (``models/torch_native/expert_rows.py``). At least 1.0 (a balanced rank's share)."""
     torch_native_nvshmem_blocks: int | None = None
     """Thread blocks per NVSHMEM all-to-all (``None``: torch's choice, up to 64). Fewer blocks start
     sooner beside running GEMMs (the kernel needs all its blocks resident at once)."""

@@ -67,7 +67,11 @@ def build_sorted(build: DispatcherBuild) -> Any:
     arguments = layer.dispatcher_arguments()
     if layer.token_dispatcher.ep_size == 1:
         return SortedTokenDispatcher(**arguments)
-    dispatcher = ExpertParallelSortedDispatcher(**arguments, transport=build.choice.transport)
+    dispatcher = ExpertParallelSortedDispatcher(
+        **arguments,
+        transport=build.choice.transport,
+        rank_capacity_factor=getattr(layer.config, "torch_native_rank_capacity_factor", None),
+    )
     if hasattr(layer.experts, "padded_rows"):  # the torch-native experts skip the padding rows
         layer.experts.padded_rows = True
     return dispatcher

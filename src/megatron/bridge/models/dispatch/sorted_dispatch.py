@@ -33,6 +33,7 @@ from megatron.bridge.models.dispatch.sorted_common import (
     fast_path_blockers,
     sorted_dispatch_blockers,
 )
+from megatron.bridge.models.torch_native import expert_rows
 from megatron.bridge.utils.rule_records import Rule
 
 TorchNativeEPTransport = Literal["auto", "nvshmem", "nccl"]
@@ -43,15 +44,22 @@ AUTO_EP_REASON = (
 )
 
 
-def worst_case_expert_rows(model: Any) -> int | None:
+def sorted_expert_rows(model: Any) -> float | None:
     """Expert rows a token stands for on a rank that runs the EP > 1 sorted dispatcher, which the
     config asks for by name (``torch_native_dispatcher=sorted``: it runs or the build stops): its
-    buffers hold every source's tokens once per local expert they may reach, ``EP x min(top-k, local
-    experts)`` rows a token, whatever the routing (``None``: the config does not surely run it)."""
+    static buffers hold them whatever the routing, ``torch_native_rank_capacity_factor x top-k``, or
+    without a factor every source's tokens once per local expert they may reach, ``EP x min(top-k,
+    local experts)`` (``expert_rows.py``; ``None``: the config does not surely run it)."""
     ep = model.expert_model_parallel_size
     if model.torch_native_dispatcher != "sorted" or ep <= 1 or not model.num_moe_experts:
         return None
-    return ep * min(model.moe_router_topk, megatron_alltoall.local_experts(model))
+    factor = model.torch_native_rank_capacity_factor
+    factor = factor if expert_rows.factor_holds(factor) else None  # a bad one: its rule speaks
+    return expert_rows.rows_a_token(ep, model.moe_router_topk, megatron_alltoall.local_experts(model), factor)
+
+
+def _factor_set(cfg: Any, ctx: Any) -> bool:
+    return cfg.model.torch_native_rank_capacity_factor is not None
 
 
 def choose_sorted(request: DispatchRequest) -> DispatchChoice:
@@ -60,9 +68,12 @@ def choose_sorted(request: DispatchRequest) -> DispatchChoice:
     module's docstring; megatron's dispatcher, with the reason, wherever the sorted one is not picked.
     On GPUs the sorted dispatcher's index computations replay from a CUDA graph."""
     choice = _choose(request)
-    if choice.path is not megatron_alltoall.PATH and request.device.type == "cuda":
-        return replace(choice, index_graph=True)
-    return choice
+    if choice.path is megatron_alltoall.PATH:
+        return choice
+    factor = getattr(request.config, "torch_native_rank_capacity_factor", None)
+    if factor is not None and request.ep_size > 1:
+        choice = replace(choice, reason=f"{choice.reason}; experts hold a budget of {factor:g} x tokens x top-k rows")
+    return replace(choice, index_graph=True) if request.device.type == "cuda" else choice
 
 
 def _choose(request: DispatchRequest) -> DispatchChoice:
@@ -116,6 +127,32 @@ SORTED_RULES: tuple[Rule, ...] = (
         message="the EP token exchange only exists for the sorted dispatcher with EP > 1; here it would have no effect",
         fix="leave model.torch_native_ep_transport=auto, or use EP > 1 with torch_native_dispatcher auto/sorted",
     ),
+    Rule(
+        id="rank-capacity-factor-at-least-one",
+        fields=("model.torch_native_rank_capacity_factor",),
+        applies=_factor_set,
+        holds=lambda cfg, ctx: expert_rows.factor_holds(cfg.model.torch_native_rank_capacity_factor),
+        message="the sorted dispatcher's per-rank budget is the factor times a balanced rank's tokens x top-k; "
+        "the ranks receive that many on average, so below 1.0 every micro-batch would go over it (a finite "
+        "number of at least 1.0)",
+        fix="set model.torch_native_rank_capacity_factor to a number >= 1.0 (e.g. 2.0), or null for the worst case",
+    ),
+    Rule(
+        id="rank-capacity-factor-needs-sorted-ep-dispatch",
+        fields=(
+            "model.torch_native_rank_capacity_factor",
+            "model.torch_native_dispatcher",
+            "model.expert_model_parallel_size",
+        ),
+        applies=_factor_set,
+        holds=lambda cfg, ctx: (
+            cfg.model.torch_native_dispatcher == "sorted" and cfg.model.expert_model_parallel_size > 1
+        ),
+        message="the budget sizes the EP > 1 sorted dispatcher's expert rows and nothing else; it must be "
+        "asked for by name (auto picks megatron-core's dispatcher at EP > 1), and with EP = 1 nothing is "
+        "exchanged, so the experts hold exactly tokens x top-k rows already",
+        fix="set model.torch_native_dispatcher=sorted with EP > 1, or model.torch_native_rank_capacity_factor=null",
+    ),
 )
 
 
@@ -126,7 +163,7 @@ PATH = DispatchPath(
     token_dispatcher_type="alltoall",
     torch_native_value="sorted",
     decides_auto=True,
-    fields=("model.torch_native_ep_transport",),
+    fields=("model.torch_native_ep_transport", "model.torch_native_rank_capacity_factor"),
     rules=fixed_rules(SORTED_RULES),
     transports=("none", "collective"),
     choose=choose_sorted,

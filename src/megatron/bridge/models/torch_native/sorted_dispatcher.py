@@ -19,7 +19,9 @@ per-expert counts are all-gathered over the EP group
 sized for the worst case (``ep_size * tokens * min(topk, local experts)`` rows, so no token is ever
 dropped), and the copy out of that buffer is a device-side gather that also re-sorts them by local
 expert (megatron's order after its second permutation); the combine packs them back the same way.
-Rows past the received total are padding: the experts' GEMMs and activation skip them
+The experts' side holds the worst case too, or the per-rank budget of
+``model.torch_native_rank_capacity_factor`` (``expert_rows.py``: a micro-batch over it stops the
+step). Rows past the received total are padding: the experts' GEMMs and activation skip them
 (``tokens_per_expert`` does not cover them) and nothing sends them back.
 
 The dispatchers implement megatron's six stage methods (see :mod:`dispatcher_base`); state the backward
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import torch
 
+from megatron.bridge.models.torch_native import expert_rows
 from megatron.bridge.models.torch_native.dispatcher_base import TorchNativeTokenDispatcher
 from megatron.bridge.models.torch_native.row_gather import copy_counted_rows
 from megatron.bridge.models.torch_native.sorted_exchange import (
@@ -104,17 +107,22 @@ class SortedTokenDispatcher(TorchNativeTokenDispatcher):
 class ExpertParallelSortedDispatcher(TorchNativeTokenDispatcher):
     """Alltoall dispatcher for EP > 1 (expert TP = 1) with device-side counts and static buffers."""
 
-    def __init__(self, *args, transport: str, **kwargs) -> None:
+    def __init__(self, *args, transport: str, rank_capacity_factor: float | None = None, **kwargs) -> None:
+        """``rank_capacity_factor``: the experts hold that many times a balanced rank's rows
+        (``None``: the worst case; see ``expert_rows.py``)."""
         super().__init__(*args, **kwargs)
         self.transport = transport
+        self.rank_capacity_factor = rank_capacity_factor
         self._plan: ExchangePlan | None = None
 
     def _exchange(self, device: torch.device) -> RowExchange:
         return shared_exchange(self.ep_group, self.transport, device)
 
-    def _capacity(self, num_tokens: int) -> int:
-        """Worst-case rows one rank can receive: every source sends it each token's local experts."""
-        return self.ep_size * num_tokens * min(self.config.moe_router_topk, self.num_local_experts)
+    def _rows(self, num_tokens: int) -> tuple[int, int]:
+        """``(capacity, expert rows)``: the worst-case rows one rank can receive (the exchange's
+        buffers), and the rows the experts hold (the budget, at most that)."""
+        shape = (self.ep_size, num_tokens, self.config.moe_router_topk, self.num_local_experts)
+        return expert_rows.worst_case_rows(*shape), expert_rows.budget_rows(*shape, self.rank_capacity_factor)
 
     def dispatch_preprocess(self, hidden_states: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor):
         """Permute by (global) expert, gather every rank's per-expert counts, plan the exchange."""
@@ -124,7 +132,7 @@ class ExpertParallelSortedDispatcher(TorchNativeTokenDispatcher):
             _check_exactly_topk(counts, tokens.shape[0], self.config.moe_router_topk)
         all_counts = self._exchange(counts.device).all_gather(counts)
         num_tokens, topk = tokens.shape[0], self.config.moe_router_topk
-        capacity = self._capacity(num_tokens)
+        capacity, held = self._rows(num_tokens)
         src_token, pos, prob_index, *plan = graphed_routing_and_plan(
             routing_map,
             all_counts,
@@ -132,12 +140,15 @@ class ExpertParallelSortedDispatcher(TorchNativeTokenDispatcher):
             rank=self.ep_rank,
             num_local_experts=self.num_local_experts,
             capacity=capacity,
+            expert_rows=held,
             with_calls=self.transport == "nvshmem",
         )
         # Under EP overlap the exchanges and the unpermutation run on the communication stream.
         overlap = bool(self.config.overlap_moe_expert_parallel_comm)
         made_on = stream_of(tokens) if overlap else None
         self._plan = make_plan(tuple(plan), capacity, send_rows=num_tokens * topk, made_on=made_on)
+        if held < capacity:
+            expert_rows.STEP_PEAK.note(self._plan.peak_rows, held, num_tokens * topk)
         permuted, permuted_probs, self._perm_state = permute_with(
             tokens,
             probs,
@@ -166,7 +177,7 @@ class ExpertParallelSortedDispatcher(TorchNativeTokenDispatcher):
         """
         tokens = global_input_tokens
         if self.config.overlap_moe_expert_parallel_comm:
-            tokens = copy_counted_rows(tokens, self._plan.recv_total)
+            tokens = copy_counted_rows(tokens, self._plan.held_total)
         return tokens, self._plan.tokens_per_expert, global_probs
 
     def combine_preprocess(self, hidden_states):

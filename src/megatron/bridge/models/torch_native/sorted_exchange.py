@@ -39,17 +39,27 @@ class ExchangePlan:
     Received rows arrive source-rank-major (all rows from rank 0, then rank 1, ...; within a
     source, by local expert). ``to_source_major[i]`` is the received row that becomes row ``i`` in
     expert-major order (megatron's order: by local expert, then by source rank); ``to_expert_major``
-    is its inverse. Both are permutations of ``range(capacity)``; padding rows map to themselves.
+    is its inverse on the received rows. Without a budget (``expert_rows == capacity``) both are
+    permutations of ``range(capacity)`` and padding rows map to themselves. With one
+    (``expert_rows < capacity``: ``model.torch_native_rank_capacity_factor``, see ``expert_rows.py``)
+    the experts' tensors hold ``expert_rows`` rows, ``to_source_major`` has that many entries and
+    ``to_expert_major`` always names a row below it. Where this rank receives more than
+    ``expert_rows``, the experts hold the first ``expert_rows`` in expert-major order
+    (``held_total``, ``tokens_per_expert`` cut to match) and the rest read and return some held row's
+    values: finite, never out of bounds, and ``peak_rows`` stops the step before it is applied.
     """
 
     send_splits: torch.Tensor  # [ep] rows this rank sends to each rank
     recv_splits: torch.Tensor  # [ep] rows this rank receives from each rank
-    tokens_per_expert: torch.Tensor  # [local experts]
+    tokens_per_expert: torch.Tensor  # [local experts] rows the experts hold (sum: held_total)
     recv_total: torch.Tensor  # [1] rows received (the rest of the capacity is padding)
-    to_source_major: torch.Tensor  # [capacity]
+    held_total: torch.Tensor  # [1] rows the experts hold: recv_total, at most expert_rows
+    to_source_major: torch.Tensor  # [expert_rows]
     to_expert_major: torch.Tensor  # [capacity]
+    peak_rows: torch.Tensor  # [1] the most rows any rank receives in this micro-batch
     send_rows: int
     capacity: int
+    expert_rows: int
     # the stream that computed the tensors, where other streams read them (EP overlap); None otherwise
     made_on: torch.cuda.Stream | None = None
     # the NVSHMEM exchange's per-call rows and region pack indices, both ways (see :func:`call_tensors`)
@@ -100,41 +110,56 @@ class ExchangePlan:
             self.recv_splits,
             self.tokens_per_expert,
             self.recv_total,
+            self.held_total,
             self.to_source_major,
             self.to_expert_major,
+            self.peak_rows,
             *(self.calls or ()),
         )
 
 
-def _plan_tensors(all_counts: torch.Tensor, rank: int, num_local_experts: int, capacity: int):
-    """The device tensors of :class:`ExchangePlan` (one small fused computation on GPUs)."""
+def _plan_tensors(all_counts: torch.Tensor, rank: int, num_local_experts: int, capacity: int, expert_rows: int):
+    """The device tensors of :class:`ExchangePlan`, in its field order (one small fused computation
+    on GPUs)."""
     ep = all_counts.shape[0]
+    peak = all_counts.view(ep, ep, num_local_experts).sum(dim=(0, 2)).max().reshape(1)  # [src, dest, expert]
     mine = all_counts[:, rank * num_local_experts : (rank + 1) * num_local_experts]  # [src, local expert]
     source_starts = exclusive_cumsum(mine.reshape(-1)).view(ep, num_local_experts)
     expert_major = mine.t().reshape(-1)  # segment (expert e, source s) at e * ep + s
     segment_ends = torch.cumsum(expert_major, 0)
     segment_starts = segment_ends - expert_major
-    row = torch.arange(capacity, device=all_counts.device)
+    row = torch.arange(expert_rows, device=all_counts.device)
     segment = torch.searchsorted(segment_ends, row, right=True)
     valid = segment < expert_major.numel()
     segment = segment.clamp(max=expert_major.numel() - 1)
     expert, source = segment // ep, segment % ep
     source_row = source_starts[source, expert] + (row - segment_starts[segment])
     to_source_major = torch.where(valid, source_row, row)
-    to_expert_major = torch.empty_like(to_source_major).scatter_(0, to_source_major, row)
+    # rows the experts do not hold (past the budget, or padding past expert_rows) name the last held row
+    beyond = torch.arange(capacity, device=all_counts.device).clamp(max=expert_rows - 1)
+    to_expert_major = beyond.scatter(0, to_source_major, row)
+    recv_total = mine.sum().reshape(1)
+    held_ends = torch.cumsum(mine.sum(0), 0).clamp(max=expert_rows)
+    tokens_per_expert = torch.diff(held_ends, prepend=held_ends.new_zeros(1))
     send_splits = all_counts[rank].view(ep, num_local_experts).sum(1)
-    return send_splits, mine.sum(1), mine.sum(0), mine.sum().reshape(1), to_source_major, to_expert_major
+    held_total = recv_total.clamp(max=expert_rows)
+    return send_splits, mine.sum(1), tokens_per_expert, recv_total, held_total, to_source_major, to_expert_major, peak
 
 
-# static shapes: one graph per (EP size, experts, capacity), i.e. per run
+# static shapes: one graph per (EP size, experts, capacity, expert rows), i.e. per run
 _COMPILED_PLAN = LazyCompiled(_plan_tensors, "EP exchange plan", dynamic=False)
 
 
+PLAN_TENSORS = 8
+"""How many of :func:`plan_tensors`' outputs are :class:`ExchangePlan` fields (any after them are
+:func:`call_tensors`')."""
+
+
 def plan_tensors(
-    all_counts: torch.Tensor, rank: int, num_local_experts: int, capacity: int
+    all_counts: torch.Tensor, rank: int, num_local_experts: int, capacity: int, expert_rows: int
 ) -> tuple[torch.Tensor, ...]:
     """:func:`_plan_tensors`, compiled on GPUs."""
-    args = (all_counts, rank, num_local_experts, capacity)
+    args = (all_counts, rank, num_local_experts, capacity, expert_rows)
     return _COMPILED_PLAN(_plan_tensors, *args) if all_counts.is_cuda else _plan_tensors(*args)
 
 
@@ -149,7 +174,7 @@ def call_tensors(plan: tuple[torch.Tensor, ...], rank: int, capacity: int, send_
     each call and the region pack index, to the experts then back to the tokens (see
     ``symmetric_exchange.call_rows``; computed here, inside the graphed index function, they cost
     the host no launches of their own)."""
-    send_splits, recv_splits, _, _, _, to_expert_major = plan
+    send_splits, recv_splits, *_, to_expert_major, _ = plan
     source_rows = rows_from_one_rank(capacity, send_splits.numel())
     return (
         call_rows(send_splits, rank, source_rows, send_rows),
@@ -168,26 +193,29 @@ def make_plan(
     """An :class:`ExchangePlan` from :func:`plan_tensors`' tensors, in their order, then optionally
     :func:`call_tensors`'; ``made_on``: the stream that computed them, where other streams will read
     them (the EP-overlap schedule)."""
-    send_splits, recv_splits, tokens_per_expert, recv_total, to_source_major, to_expert_major = tensors[:6]
+    fields = tensors[:PLAN_TENSORS]
     return ExchangePlan(
-        send_splits=send_splits,
-        recv_splits=recv_splits,
-        tokens_per_expert=tokens_per_expert,
-        recv_total=recv_total,
-        to_source_major=to_source_major,
-        to_expert_major=to_expert_major,
+        *fields,
         send_rows=send_rows,
         capacity=capacity,
+        expert_rows=fields[5].numel(),
         made_on=made_on,
-        calls=tuple(tensors[6:]) or None,
+        calls=tuple(tensors[PLAN_TENSORS:]) or None,
     )
 
 
 def exchange_plan(
-    all_counts: torch.Tensor, rank: int, num_local_experts: int, capacity: int, send_rows: int
+    all_counts: torch.Tensor,
+    rank: int,
+    num_local_experts: int,
+    capacity: int,
+    send_rows: int,
+    expert_rows: int | None = None,
 ) -> ExchangePlan:
-    """``all_counts[s, e]``: tokens rank ``s`` routes to global expert ``e`` -> this rank's plan."""
-    return make_plan(plan_tensors(all_counts, rank, num_local_experts, capacity), capacity, send_rows)
+    """``all_counts[s, e]``: tokens rank ``s`` routes to global expert ``e`` -> this rank's plan
+    (``expert_rows`` ``None``: the experts hold the whole capacity)."""
+    held = capacity if expert_rows is None else expert_rows
+    return make_plan(plan_tensors(all_counts, rank, num_local_experts, capacity, held), capacity, send_rows)
 
 
 def routing_and_plan(
@@ -198,12 +226,13 @@ def routing_and_plan(
     rank: int,
     num_local_experts: int,
     capacity: int,
+    expert_rows: int,
     with_calls: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """:func:`permutation_indices`, then :func:`plan_tensors` (and, ``with_calls``, the NVSHMEM
     exchange's :func:`call_tensors`): everything the EP dispatcher computes before it moves a token,
     as one function (one graph on GPUs)."""
-    plan = plan_tensors(all_counts, rank, num_local_experts, capacity)
+    plan = plan_tensors(all_counts, rank, num_local_experts, capacity, expert_rows)
     calls = call_tensors(plan, rank, capacity, routing_map.shape[0] * topk) if with_calls else ()
     return (*permutation_indices(routing_map, topk), *plan, *calls)
 
@@ -229,7 +258,7 @@ class DispatchExchange(torch.autograd.Function):
         return exchange.exchange(
             [tokens, probs.reshape(-1, 1)],
             plan.to_experts(),
-            _tokens_and_probs_reader(hidden, tokens.dtype, probs.dtype, plan.to_source_major, plan.recv_total),
+            _tokens_and_probs_reader(hidden, tokens.dtype, probs.dtype, plan.to_source_major, plan.held_total),
             nbytes,
         )
 
@@ -237,7 +266,7 @@ class DispatchExchange(torch.autograd.Function):
     def backward(ctx, grad_tokens, grad_probs):  # noqa: D102
         plan, (token_dtype, probs_dtype) = ctx.plan, ctx.dtypes
         if grad_probs is None:
-            grad_probs = torch.zeros(plan.capacity, dtype=probs_dtype, device=grad_tokens.device)
+            grad_probs = torch.zeros(plan.expert_rows, dtype=probs_dtype, device=grad_tokens.device)
         grad_x, grad_p = ctx.exchange.exchange(
             [grad_tokens, grad_probs.reshape(-1, 1)],
             plan.to_tokens(),
@@ -290,7 +319,7 @@ class CombineExchange(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # noqa: D102
         plan = ctx.plan
-        read = _column_reader(grad, plan.to_source_major, plan.recv_total)
+        read = _column_reader(grad, plan.to_source_major, plan.held_total)
         return ctx.exchange.exchange([grad], plan.to_experts(), read, ctx.nbytes), None, None, None
 
 

@@ -26,6 +26,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.rerun_state_machine import get_rerun_state_machine
 
 from megatron.bridge.models.dispatch.path_registry import prepare_dispatch
+from megatron.bridge.models.torch_native.expert_rows import STEP_PEAK, raise_for_expert_rows_overflow
 from megatron.bridge.training.devices.cuda_graphs import IterationGraph
 from megatron.bridge.training.devices.platform import Platform
 from megatron.bridge.training.loop import initialize
@@ -228,6 +229,7 @@ class Trainer:
             self.model = build_model(self.resolved, self.platform, self.graph.ddp_config(self.resolved.ddp))
         self.dispatch = moe_token_dispatch(self.resolved, self.model)
         self.dispatch_changes = prepare_dispatch(self.resolved.model, [c["dispatcher"] for c in self.dispatch])
+        STEP_PEAK.reset()
         self.wgrad_accumulation = wgrad_accumulation(self.resolved, self.model)
         if self.is_logging_rank:
             for choice in self.dispatch:
@@ -355,6 +357,7 @@ class Trainer:
         self.timer.forward_backward_launched()
         if self.graph.checks_grads_after_backward:
             raise_for_nonfinite_grads(self.model, self.state.iteration + 1)
+        raise_for_expert_rows_overflow(self.state.iteration + 1)
         update_ok, grad_norm, _ = self.optimizer.step()
         self.platform.after_optimizer_step(self.model)
         if update_ok:

@@ -83,24 +83,53 @@ SORTED_EP16_ROWS = 16 * min(K, 128 // 16)  # every source's tokens once per loca
 """The EP > 1 sorted dispatcher's worst-case buffer rows a token at EP=16 with 8 experts a GPU."""
 
 
+SORTED = {"torch_native_dispatcher": "sorted", "expert_model_parallel_size": 16}
+
+
 @pytest.mark.parametrize(
-    "settings, rows",
+    "settings, rows, which",
     [
-        ({"torch_native_dispatcher": "sorted", "expert_model_parallel_size": 16}, SORTED_EP16_ROWS),
-        ({"torch_native_dispatcher": "sorted", "expert_model_parallel_size": 64}, 64 * 2),  # 2 local experts
-        ({"torch_native_dispatcher": "megatron", "expert_model_parallel_size": 16}, None),  # rows as routed
-        ({"torch_native_dispatcher": "sorted", "expert_model_parallel_size": 1}, None),  # EP=1: exact sizes
-        ({"torch_native_dispatcher": "auto", "expert_model_parallel_size": 16}, None),  # auto keeps megatron's
+        (SORTED, SORTED_EP16_ROWS, "worst case"),
+        ({**SORTED, "expert_model_parallel_size": 64}, 64 * 2, "worst case"),  # 2 local experts
+        ({**SORTED, "torch_native_rank_capacity_factor": 2.0}, 2 * K, "budget"),  # the budget: 2 x top-k
+        ({**SORTED, "torch_native_rank_capacity_factor": 1.25}, 1.25 * K, "budget"),
+        ({**SORTED, "torch_native_rank_capacity_factor": 64.0}, SORTED_EP16_ROWS, "budget"),  # never past the worst
+        ({**SORTED, "torch_native_rank_capacity_factor": 0.5}, SORTED_EP16_ROWS, "worst case"),  # refused by its rule
+        ({"torch_native_dispatcher": "megatron", "expert_model_parallel_size": 16}, None, None),  # rows as routed
+        ({"torch_native_dispatcher": "sorted", "expert_model_parallel_size": 1}, None, None),  # EP=1: exact sizes
+        ({"torch_native_dispatcher": "auto", "expert_model_parallel_size": 16}, None, None),  # auto keeps megatron's
     ],
-    ids=["sorted-ep16", "sorted-ep64", "megatron", "sorted-ep1", "auto"],
+    ids=[
+        "sorted-ep16",
+        "sorted-ep64",
+        "budget-2",
+        "budget-1.25",
+        "budget-past-worst",
+        "bad-factor",
+        "megatron",
+        "sorted-ep1",
+        "auto",
+    ],
 )
-def test_the_sorted_dispatchers_worst_case_buffers_are_counted_where_the_config_runs_it(settings, rows):
+def test_the_sorted_dispatchers_static_buffers_are_counted_where_the_config_runs_it(settings, rows, which):
     estimate = _estimate(world=64, **settings)
     per_token = NORMS + ATTENTION + (rows or K) * (H + 2 * F + F)
-    assert estimate.worst_case_expert_rows == rows
-    assert estimate.elements_per_layer[1] == per_token * 4096
-    worst_text = f"expert rows at the sorted dispatcher's worst case ({rows} a token)"
-    assert (worst_text in estimate.describe()) == (rows is not None)
+    assert estimate.sorted_expert_rows == rows
+    assert estimate.elements_per_layer[1] == int(per_token * 4096)
+    text = f"expert rows at the sorted dispatcher's {which} ({rows:g} a token)" if rows else "sorted dispatcher"
+    assert (text in estimate.describe()) == (rows is not None)
+
+
+def test_a_budget_of_two_lets_the_seed_shape_on_the_sorted_dispatcher_pass_the_memory_rule(tmp_path):
+    """The same layout as below with model.torch_native_rank_capacity_factor=2: 16 expert rows a token
+    instead of 128, so the expected peak fits an H100 and the dry run goes on."""
+    out = io.StringIO()
+    argv = ["-mr", "qwen3_30b_a3b", "-g", "h100", "-ng", "16", "-ep", "16", "--max_steps", "3"]
+    overrides = ["model.torch_native_dispatcher=sorted", "model.torch_native_rank_capacity_factor=2"]
+    code = main([*argv, *overrides, "--dryrun", "-l", str(tmp_path / "run")], out=out)
+    text = out.getvalue()
+    assert "[model-and-activations-fit-gpu-memory]" not in text, text[-3000:]
+    assert code == 0, text[-3000:]
 
 
 def test_the_seed_shape_on_the_sorted_dispatcher_is_refused_before_launch_on_an_h100(tmp_path):

@@ -36,6 +36,8 @@ NA, GPN, EP = M + "torch_native_dispatcher", M + "torch_native_gpus_per_node", M
 BF16 = {M + "bf16": True}
 CS = M + "moe_chunk_sort"
 GATHER_EP16 = {CS: "gather", EP: 16, NA: "megatron"}
+RCF = M + "torch_native_rank_capacity_factor"
+SORTED_EP16 = {NA: "sorted", EP: 16}
 # rule id -> (context facts, mutation that breaks the rule, mutation that satisfies it)
 CASES = {
     "torch-native-dispatcher-known": (
@@ -62,6 +64,16 @@ CASES = {
         TE_ABSENT,
         _set(**{M + "torch_native_ep_transport": "nvshmem", M + "torch_native_dispatcher": "megatron"}),
         _set(**{M + "torch_native_ep_transport": "nvshmem"}),
+    ),
+    "rank-capacity-factor-at-least-one": (
+        TE_ABSENT,
+        _set(**{**SORTED_EP16, RCF: 0.8}),
+        _set(**{**SORTED_EP16, RCF: 1.0}),
+    ),
+    "rank-capacity-factor-needs-sorted-ep-dispatch": (
+        TE_ABSENT,
+        _set(**{RCF: 2.0, EP: 16}),  # auto: megatron-core's dispatcher at EP > 1
+        _set(**{**SORTED_EP16, RCF: 2.0}),
     ),
     "nvshmem-blocks-in-range": (
         TE_ABSENT,
@@ -274,3 +286,37 @@ def test_the_harness_dry_run_refuses_a_gather_that_would_not_act(overrides, code
     assert got == code and says in text, text[-3000:]
     if code:
         assert "nothing was launched" in text
+
+
+@pytest.mark.parametrize(
+    "changes, violated",
+    [
+        ({RCF: 2.0, EP: 16, NA: "megatron"}, {"rank-capacity-factor-needs-sorted-ep-dispatch"}),
+        ({RCF: 2.0, EP: 1, NA: "sorted"}, {"rank-capacity-factor-needs-sorted-ep-dispatch"}),  # nothing exchanged
+        (
+            {RCF: 0.5, EP: 1, NA: "sorted"},
+            {"rank-capacity-factor-at-least-one", "rank-capacity-factor-needs-sorted-ep-dispatch"},
+        ),
+        ({RCF: "two", **SORTED_EP16}, {"rank-capacity-factor-at-least-one"}),
+        ({RCF: 1.5, **SORTED_EP16}, set()),
+    ],
+)
+def test_a_budget_is_refused_where_it_could_not_act_or_always_overflows(changes, violated):
+    ids = _violated_ids(_set(**changes)(qwen3_30b_a3b_pretrain_config()), TE_ABSENT)
+    assert {i for i in ids if i.startswith("rank-capacity-factor")} == violated
+
+
+@pytest.mark.parametrize(
+    "factor, code, says",
+    [
+        ("0.9", 2, "[rank-capacity-factor-at-least-one]"),
+        ("1.5", 0, ""),
+    ],
+)
+def test_the_harness_dry_run_checks_the_budget(factor, code, says, tmp_path):
+    out = io.StringIO()
+    argv = ["-mr", "qwen3_moe_tiny", "-g", "cpu", "-ng", "4", "-ep", "4", "--max_steps", "3"]
+    sorted_ep = ["model.torch_native_dispatcher=sorted", f"model.torch_native_rank_capacity_factor={factor}"]
+    got = main([*argv, *sorted_ep, "--dryrun", "-l", str(tmp_path / "run")], out=out)
+    text = out.getvalue()
+    assert got == code and says in text, text[-3000:]

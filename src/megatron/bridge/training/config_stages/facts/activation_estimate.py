@@ -12,9 +12,10 @@ token, ``f`` an expert's FFN size, doubled for fc1 when gated):
 * the query, key and value (``(a + 2g)d``) and the attention's output, the projection's input (``ad``);
 * an MoE layer's expert rows, ``k`` a token: fc1's input (``kh``), its output (``2kf`` gated) and the
   activation's output, fc2's input (``kf``); a dense layer the same for one row. Where the config asks
-  for the EP > 1 sorted dispatcher, whose static buffers are sized for the worst case, ``k`` is its
-  ``EP x min(top-k, local experts)`` rows a token (``sorted_dispatch.worst_case_expert_rows``): they
-  are allocated whatever the routing.
+  for the EP > 1 sorted dispatcher, whose static buffers are sized before the routing, ``k`` is its
+  rows a token (``sorted_dispatch.sorted_expert_rows``): the budget of
+  ``model.torch_native_rank_capacity_factor`` (``factor x top-k``), else the worst case ``EP x
+  min(top-k, local experts)``; they are allocated whatever the routing.
 
 Every choice errs low: one micro-batch in flight (a pipeline's first stage holds more, the EP-overlap
 schedule up to two), every tensor split over tensor and context parallelism, a routed expert's rows
@@ -29,7 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from megatron.bridge.models.dispatch.sorted_dispatch import worst_case_expert_rows
+from megatron.bridge.models.dispatch.sorted_dispatch import sorted_expert_rows
+from megatron.bridge.models.torch_native.expert_rows import factor_holds
 from megatron.bridge.training.config_stages.facts.memory_estimate import (
     gib,
     layer_widths,
@@ -57,8 +59,10 @@ class ActivationEstimate:
     moe_layers: int
     bytes_per_element: int
     logits_bytes: int
-    worst_case_expert_rows: int | None = None
-    """Expert rows a token at the sorted dispatcher's worst-case buffers (``None``: top-k, balanced)."""
+    sorted_expert_rows: float | None = None
+    """Expert rows a token of the sorted dispatcher's static buffers (``None``: top-k, balanced)."""
+    sorted_rows_budgeted: bool = False
+    """Whether those rows are ``torch_native_rank_capacity_factor``'s budget (else the worst case)."""
 
     @property
     def layer_bytes(self) -> int:
@@ -71,9 +75,10 @@ class ActivationEstimate:
 
     def describe(self) -> str:
         """``at least 20.3 GiB: 48 layers x 4,096 tokens (19.1 GiB), logits 1.2 GiB``"""
+        which = "budget" if self.sorted_rows_budgeted else "worst case"
         worst = (
-            f", expert rows at the sorted dispatcher's worst case ({self.worst_case_expert_rows} a token)"
-            if self.worst_case_expert_rows
+            f", expert rows at the sorted dispatcher's {which} ({self.sorted_expert_rows:g} a token)"
+            if self.sorted_expert_rows
             else ""
         )
         return (
@@ -91,7 +96,7 @@ def _recompute(cfg: ConfigContainer) -> frozenset[str] | None:
     return modules if modules <= KNOWN_RECOMPUTE_MODULES else None
 
 
-def _mlp_elements(hidden: int, ffn: int, rows: int, gated: bool, dropped: frozenset[str], module: str) -> int:
+def _mlp_elements(hidden: int, ffn: int, rows: float, gated: bool, dropped: frozenset[str], module: str) -> float:
     """Elements an MLP of ``rows`` rows a token saves: fc1's input and output, the activation's output
     (none of them when ``module`` is recomputed, not the last under ``moe_act``)."""
     if module in dropped:
@@ -100,9 +105,9 @@ def _mlp_elements(hidden: int, ffn: int, rows: int, gated: bool, dropped: frozen
     return rows * (hidden + (2 if gated else 1) * ffn + activation)
 
 
-def _per_token(cfg: ConfigContainer) -> tuple[int, int, int | None]:
-    """Elements a (dense, MoE) layer saves per token held, and the sorted dispatcher's worst-case
-    expert rows a token where they are among them (``None`` elsewhere)."""
+def _per_token(cfg: ConfigContainer) -> tuple[int, float, float | None]:
+    """Elements a (dense, MoE) layer saves per token held, and the sorted dispatcher's static expert
+    rows a token where they are among them (``None`` elsewhere)."""
     m = cfg.model
     if getattr(m, "cpu_offloading", False) or getattr(m, "fine_grained_activation_offloading", False):
         return 0, 0, None
@@ -114,7 +119,7 @@ def _per_token(cfg: ConfigContainer) -> tuple[int, int, int | None]:
     attention = (2 if "layernorm" in dropped else 4) * hidden + (2 * heads + 2 * groups) * head_size
     gated = m.gated_linear_unit
     dense = attention + _mlp_elements(hidden, ffn, 1, gated, dropped, "mlp")
-    worst = None if "moe" in dropped else worst_case_expert_rows(m)
+    worst = None if "moe" in dropped else sorted_expert_rows(m)
     rows = worst or m.moe_router_topk or 1
     moe = attention + _mlp_elements(hidden, m.moe_ffn_hidden_size or ffn, rows, gated, dropped, "moe")
     return dense, moe, worst
@@ -131,4 +136,7 @@ def activation_estimate(cfg: ConfigContainer) -> ActivationEstimate:
     element = 1 if m.fp8 else 2
     logits = tokens * positive(m.vocab_size) * 2  # bf16, alive into the loss's backward whatever is offloaded
     worst = worst if moe_layers else None
-    return ActivationEstimate(tokens, layers, (dense * tokens, moe * tokens), moe_layers, element, logits, worst)
+    factor = m.torch_native_rank_capacity_factor
+    budgeted = worst is not None and factor is not None and factor_holds(factor)
+    elements = (dense * tokens, int(moe * tokens))  # a fractional budget's rows, rounded down: erring low
+    return ActivationEstimate(tokens, layers, elements, moe_layers, element, logits, worst, budgeted)

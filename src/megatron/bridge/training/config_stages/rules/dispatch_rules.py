@@ -35,6 +35,7 @@ def _dispatch_fields_set(cfg: ConfigContainer, ctx: RuleContext) -> bool:
         or m.torch_native_ep_transport != "auto"
         or m.torch_native_nvshmem_blocks is not None
         or m.torch_native_gpus_per_node is not None
+        or m.torch_native_rank_capacity_factor is not None
     )
 
 
@@ -72,6 +73,7 @@ TORCH_NATIVE_DISPATCH_RULES: tuple[Rule, ...] = (
             "model.torch_native_ep_transport",
             "model.torch_native_nvshmem_blocks",
             "model.torch_native_gpus_per_node",
+            "model.torch_native_rank_capacity_factor",
         ),
         applies=_dispatch_fields_set,
         holds=uses_torch_native_layers,
