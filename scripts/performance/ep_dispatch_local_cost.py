@@ -102,7 +102,7 @@ def make_dispatcher(overlap: bool, exchange: RowExchange) -> ExpertParallelSorte
     d = object.__new__(ExpertParallelSortedDispatcher)
     d.config = SimpleNamespace(moe_router_topk=TOPK, overlap_moe_expert_parallel_comm=overlap)
     d.ep_size, d.ep_rank, d.num_local_experts, d.ep_group = EP, 0, EXPERTS // EP, None
-    d.transport, d._plan = "no-op", None
+    d.transport, d._plan, d.rank_capacity_factor = "no-op", None, None
     d._exchange = lambda device: exchange
     return d
 

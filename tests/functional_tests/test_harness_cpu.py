@@ -78,6 +78,30 @@ def test_cpu_sweep_trains_each_value_and_writes_summary_markdown_and_plot(tmp_pa
     assert (root / "sweep.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_micro_batch_over_the_sorted_dispatchers_budget_stops_the_run_before_its_update(tmp_path):
+    """``model.torch_native_rank_capacity_factor=1.0`` (a balanced rank's rows) on the tiny model's
+    uneven routing: the first step goes over it, and every rank stops after the backward, before the
+    optimizer step, saying the factor that step needed; ``summary.json`` records it, nothing is saved."""
+    ckpt = tmp_path / "ckpt"
+    proc = harness(
+        *TINY,
+        "-l",
+        str(tmp_path / "run"),
+        "model.torch_native_dispatcher=sorted",
+        "model.torch_native_rank_capacity_factor=1.0",
+        f"checkpoint.save={ckpt}",
+        "checkpoint.save_interval=1",
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "failed first (exit code 1: ExpertRowsOverflow: iteration 1: a micro-batch routed" in out, out[-3000:]
+    assert "the step was not applied" in out and "model.torch_native_rank_capacity_factor to at least 1." in out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["final_iteration"] == 0 and "ExpertRowsOverflow" not in summary["stop_reason"]
+    assert summary["stop_reason"].startswith("iteration 1: a micro-batch routed")
+    assert not list(ckpt.glob("iter_*"))
+
+
 def _stop_run(tmp_path, signum: int) -> tuple[HarnessProcess, int, Path, float]:
     """A run saving every iteration into an empty directory it also resumes from, stopped by
     ``signum`` to the harness once iteration 2 is printed."""

@@ -3,6 +3,7 @@ bitwise agreement with megatron-core's alltoall dispatcher (EP=2 over gloo on CP
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -244,6 +245,9 @@ def ep_sorted_report(request, tmp_path_factory, run_child_script) -> list:
         "sorted_overlap_delay_wgrad",
         "sorted_nvshmem_emulated",
         "sorted_nvshmem_emulated_overlap",
+        "sorted_budget",
+        "sorted_budget_overlap",
+        "sorted_nvshmem_emulated_budget",
     ],
 )
 def test_sorted_dispatcher_equals_megatron_dispatcher(ep_sorted_report, variant) -> None:
@@ -261,6 +265,24 @@ def test_sorted_dispatcher_equals_megatron_dispatcher(ep_sorted_report, variant)
         assert rank["deferred_wgrads_left"][variant] == 0
         if "nvshmem" in variant:  # the dispatcher precomputed the exchange's per-call rows (both routes)
             assert rank["precomputed_call_rows"] > 0
+        if "budget" in variant:  # within a budget of 1.5 x the balanced 16 tokens x top-3 = 48 rows
+            peak, budget, balanced = rank["step_peak"][variant]
+            assert (budget, balanced) == (72, 48) and balanced <= peak <= budget
+        else:
+            assert rank["step_peak"][variant] is None  # no budget: nothing kept, nothing read
+
+
+@pytest.mark.functional
+@pytest.mark.parametrize("variant", ["sorted_over_budget", "sorted_nvshmem_emulated_over_budget"])
+def test_over_its_budget_the_sorted_dispatcher_stays_finite_and_reports_the_peak(ep_sorted_report, variant) -> None:
+    """Half a balanced rank's rows: every micro-batch overflows. The step computes finite values from
+    the rows held (nothing written out of bounds) and the peak, the same on every rank, stops it."""
+    peaks = {tuple(rank["step_peak"][variant]) for rank in ep_sorted_report}
+    assert len(peaks) == 1
+    ((peak, budget, balanced),) = peaks
+    assert budget == 24 and balanced == 48 and peak >= balanced > budget
+    for rank in ep_sorted_report:
+        assert rank["finite"][variant] and all(math.isfinite(loss) for loss in rank["losses"][variant])
 
 
 def test_compiled_exchange_plan_equals_the_eager_one() -> None:

@@ -34,21 +34,29 @@ from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: E
 from megatron.core.utils import get_attr_wrapped_model  # noqa: E402
 
 from megatron.bridge.models.qwen import Qwen3MoEModelProvider  # noqa: E402
+from megatron.bridge.models.torch_native.expert_rows import STEP_PEAK  # noqa: E402
 from megatron.bridge.models.torch_native.moe_layer import dispatch_choices  # noqa: E402
 from megatron.bridge.models.torch_native.sorted_dispatcher import ExpertParallelSortedDispatcher  # noqa: E402
 
 SEQ, MICRO_BATCHES = (256, 4) if ON_GPU else (16, 3)
 HIDDEN = 256 if ON_GPU else 32
-# name: (dispatcher, EP overlap, delayed wgrad, NVSHMEM exchange emulated on CPU)
+# name: (dispatcher, EP overlap, delayed wgrad, NVSHMEM exchange emulated on CPU, rank capacity factor)
 VARIANTS = {
-    "megatron": ("megatron", False, False, False),
-    "sorted": ("sorted", False, False, False),
-    "sorted_overlap": ("sorted", True, False, False),
-    "sorted_overlap_delay_wgrad": ("sorted", True, True, False),
+    "megatron": ("megatron", False, False, False, None),
+    "sorted": ("sorted", False, False, False, None),
+    "sorted_overlap": ("sorted", True, False, False, None),
+    "sorted_overlap_delay_wgrad": ("sorted", True, True, False, None),
+    # a budget of 1.5 x tokens x top-k rows, which this routing stays within: the same results
+    "sorted_budget": ("sorted", False, False, False, 1.5),
+    "sorted_budget_overlap": ("sorted", True, False, False, 1.5),
+    # half a balanced rank's rows (the rules refuse it; set here to force an overflow): finite, stopped
+    "sorted_over_budget": ("sorted", False, False, False, 0.5),
 }
 if not ON_GPU:  # the NVSHMEM exchange's host logic, over torch's kernel emulated with late thread blocks
-    VARIANTS["sorted_nvshmem_emulated"] = ("sorted", False, False, True)
-    VARIANTS["sorted_nvshmem_emulated_overlap"] = ("sorted", True, False, True)
+    VARIANTS["sorted_nvshmem_emulated"] = ("sorted", False, False, True, None)
+    VARIANTS["sorted_nvshmem_emulated_overlap"] = ("sorted", True, False, True, None)
+    VARIANTS["sorted_nvshmem_emulated_budget"] = ("sorted", False, False, True, 1.5)
+    VARIANTS["sorted_nvshmem_emulated_over_budget"] = ("sorted", False, False, True, 0.5)
 
 
 @contextlib.contextmanager
@@ -99,12 +107,12 @@ def forward_step(it, model, return_schedule_plan=False):
     return model(tokens, pos, mask, labels=tokens), loss_func
 
 
-def run(dispatcher: str, overlap: bool, delay: bool, emulated: bool):
+def run(dispatcher: str, overlap: bool, delay: bool, emulated: bool, factor: float | None):
     with nvshmem_exchange_emulated(emulated):
-        return _run(dispatcher, overlap, delay, transport="nvshmem" if emulated else None)
+        return _run(dispatcher, overlap, delay, factor, transport="nvshmem" if emulated else None)
 
 
-def _run(dispatcher: str, overlap: bool, delay: bool, transport=None):
+def _run(dispatcher: str, overlap: bool, delay: bool, factor: float | None, transport=None):
     ps.initialize_model_parallel(1, 1, expert_model_parallel_size=WORLD)
     provider = Qwen3MoEModelProvider(
         num_layers=2,
@@ -126,6 +134,7 @@ def _run(dispatcher: str, overlap: bool, delay: bool, transport=None):
         expert_model_parallel_size=WORLD,
         moe_token_dispatcher_type="alltoall",
         torch_native_dispatcher=dispatcher,
+        torch_native_rank_capacity_factor=factor,
         overlap_moe_expert_parallel_comm=overlap,
         delay_wgrad_compute=delay,
         moe_aux_loss_coeff=0.0,
@@ -163,8 +172,9 @@ def _run(dispatcher: str, overlap: bool, delay: bool, transport=None):
     grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
     left = sum(len(stash) for m in model.modules() for stash in getattr(m, "stashes", {}).values())
     choices = dispatch_choices([model])
+    peak = STEP_PEAK.take()  # (most rows a rank was sent, budget, balanced share); None without a budget
     ps.destroy_model_parallel()
-    return losses, grads, sorted_layers, left, choices, padded_layers
+    return losses, grads, sorted_layers, left, choices, padded_layers, peak
 
 
 def max_diff(a, b):
@@ -189,5 +199,6 @@ report = {
     "choices": [c.to_dict() for c in dict.fromkeys(c for r in results.values() for c in r[4])],
     "deferred_wgrads_left": {name: r[3] for name, r in results.items()},
     "precomputed_call_rows": PRECOMPUTED_CALL_ROWS[0],
+    "step_peak": {name: r[6] for name, r in results.items()},
 }
 finish(report)

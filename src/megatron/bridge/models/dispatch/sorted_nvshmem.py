@@ -115,5 +115,11 @@ PATH = DispatchPath(
     benchmark=(
         BenchmarkArm("sorted_nvshmem", _SELECTED),
         BenchmarkArm("sorted_nvshmem_graph", (*_SELECTED, *WHOLE_ITERATION_GRAPH)),
+        # the experts hold 1.25 x a balanced rank's rows instead of EP x min(top-k, local experts):
+        # the emulated world forces balanced routing, so no step goes over it
+        BenchmarkArm(
+            "sorted_nvshmem_graph_budget",
+            (*_SELECTED, *WHOLE_ITERATION_GRAPH, "model.torch_native_rank_capacity_factor=1.25"),
+        ),
     ),
 )

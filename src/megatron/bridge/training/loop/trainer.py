@@ -26,7 +26,11 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.rerun_state_machine import get_rerun_state_machine
 
 from megatron.bridge.models.dispatch.path_registry import prepare_dispatch
-from megatron.bridge.models.torch_native.expert_rows import STEP_PEAK, raise_for_expert_rows_overflow
+from megatron.bridge.models.torch_native.expert_rows import (
+    STEP_PEAK,
+    ExpertRowsOverflow,
+    raise_for_expert_rows_overflow,
+)
 from megatron.bridge.training.devices.cuda_graphs import IterationGraph
 from megatron.bridge.training.devices.platform import Platform
 from megatron.bridge.training.loop import initialize
@@ -180,8 +184,9 @@ class Trainer:
             try:
                 reason = self.train()
                 self.save_on_exit()
-            except NonFiniteStateError as exc:
-                self.finish(str(exc), nonfinite=exc)  # summary.json says why before the error ends the run
+            except (NonFiniteStateError, ExpertRowsOverflow) as exc:
+                # summary.json says why before the error ends the run
+                self.finish(str(exc), nonfinite=exc if isinstance(exc, NonFiniteStateError) else None)
                 raise
             return self.finish(reason)
         finally:
