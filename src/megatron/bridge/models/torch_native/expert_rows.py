@@ -9,11 +9,13 @@ experts' input, their GEMMs' outputs, the combine's input) for ``ceil(F x tokens
 instead, the per-rank token budget megatron-core's ``moe_expert_rank_capacity_factor`` gives HybridEP
 and NCCL EP. The exchange's own receive buffer, shared by every layer, stays at the worst case.
 
-The sorted dispatcher never drops a token. A micro-batch that routes more rows to some rank than
-the budget is exchanged as if no token were routed (nothing out of bounds is written) and raises
-the step's peak; :func:`raise_for_expert_rows_overflow`, called by the training loop after the backward, reads
-that peak once a step and stops the run before the optimizer applies the step. Every rank computes
-the same peak from the same all-gathered counts, so every rank stops at the same step.
+The sorted dispatcher never drops a token silently. A micro-batch that routes more rows to some
+rank than the budget is exchanged in full into the worst-case buffer; the experts compute the rows
+within the budget, the rows past it take a held row's output (finite values, nothing written out of
+bounds, never applied), and the step's peak rises. :func:`raise_for_expert_rows_overflow`, called by
+the training loop after the backward, reads that peak once a step and stops the run before the
+optimizer applies the step. Every rank computes the same peak from the same all-gathered counts, so
+every rank stops at the same step.
 """
 
 from __future__ import annotations
