@@ -7,8 +7,10 @@ Qwen3-30B-A3B layer at seq 4096 (a dispatch of 32768 token rows of hidden 2048, 
 
     uv run python scripts/performance/emulation_host_cost.py --calls 2000 [--network free] [--json FILE] [--profile 25]
 
-The JSON names the command, the GPU, the host (``host_facts``) and the commit of the code measured
-(``--commit``, for an export of another commit on ``PYTHONPATH``; else this checkout's ``HEAD``).
+``--device`` picks where the tensors live (``auto``: the first GPU where one is visible, else the
+CPU). The JSON names the command, the GPU it used (``no GPU`` on the CPU), the host
+(``host_facts``) and the commit of the code measured (``--commit``, for an export of another commit
+on ``PYTHONPATH``; else this checkout's ``HEAD``).
 """
 
 from __future__ import annotations
@@ -124,6 +126,13 @@ def profile_calls(call: Callable[[], object], calls: int, device: torch.device, 
     return out.getvalue()
 
 
+def chosen_device(choice: str) -> torch.device:
+    """``--device``: ``cuda`` and ``cpu`` as named; ``auto`` the first GPU where one is visible."""
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device("cuda", 0) if choice == "cuda" else torch.device("cpu")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=2000)
@@ -133,11 +142,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--profile", type=int, default=0, metavar="TOP", help="also print each kind's TOP functions by own time"
     )
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where the tensors live")
     given = sys.argv[1:] if argv is None else argv
     args = p.parse_args(given)
     if args.calls < 1 or args.profile < 0:
         p.error(f"--calls {args.calls} must be at least 1 and --profile {args.profile} not negative")
-    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    device = chosen_device(args.device)
     world = start_world(0, EP, network_model(args.network), timedelta(minutes=5))
     try:
         calls = cases(device)
@@ -165,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
                     ),
                     "commit": args.commit or git_commit(REPO),
                     "device": device.type,
-                    "gpu": device_name(),
+                    "gpu": device_name() if device.type == "cuda" else "no GPU",
                     "host": host_facts(),
                     "network": args.network,
                     "hold": world.hold.kind,

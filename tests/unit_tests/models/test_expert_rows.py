@@ -60,7 +60,20 @@ def test_a_step_within_its_budget_passes_and_starts_the_next_step_clean(step_pea
     for rows in (30, 48, 41):
         step_peak.note(torch.tensor([rows]), budget=48, balanced=32)
     raise_for_expert_rows_overflow(iteration=3)
-    assert step_peak.take() is None  # taken by the check: the next step starts from nothing
+    assert step_peak.take() == (0, 48, 32)  # zeroed by the check: the next step starts from nothing
+
+
+def test_a_replayed_step_is_checked_without_noting_again(step_peak) -> None:
+    """A CUDA graph's replay updates the peak tensor in place and runs no host code: the limits the
+    captured step noted stay, so every replayed step is still checked."""
+    step_peak.note(torch.tensor([30]), budget=48, balanced=32)
+    raise_for_expert_rows_overflow(iteration=3)
+    (device_peak,) = step_peak._peaks.values()
+    device_peak.fill_(60)  # what a replay's in-place maximum leaves
+    with pytest.raises(ExpertRowsOverflow, match="iteration 4: a micro-batch routed 60 rows"):
+        raise_for_expert_rows_overflow(iteration=4)
+    step_peak.reset()
+    assert step_peak.take() is None
 
 
 def test_a_step_over_its_budget_stops_naming_the_factor_it_needed(step_peak) -> None:

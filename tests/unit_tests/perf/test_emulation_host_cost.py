@@ -15,6 +15,7 @@ SCRIPT = load_script("emulation_host_cost.py")
 def test_each_kind_is_timed_and_profiled_and_the_figures_written(tmp_path, capsys):
     out = tmp_path / "cost.json"
     argv = ["--calls", "2", "--network", "free", "--json", str(out), "--profile", "3", "--commit", "abc1234"]
+    argv += ["--device", "cpu"]  # the same verdict on a GPU machine: the test names where the tensors live
     SCRIPT.main(argv)
     figures = json.loads(out.read_text())
     portable = " ".join(argv).replace(str(out), "runs/emulation_host_cost.json")

@@ -114,6 +114,7 @@ def run(dispatcher: str, overlap: bool, delay: bool, emulated: bool, factor: flo
 
 def _run(dispatcher: str, overlap: bool, delay: bool, factor: float | None, transport=None):
     ps.initialize_model_parallel(1, 1, expert_model_parallel_size=WORLD)
+    STEP_PEAK.reset()  # as the training loop does when it builds a run
     provider = Qwen3MoEModelProvider(
         num_layers=2,
         hidden_size=HIDDEN,

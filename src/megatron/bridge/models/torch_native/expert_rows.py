@@ -62,7 +62,8 @@ class _StepPeak:
 
     One tensor per device, allocated at the first :meth:`note` (before any CUDA-graph capture: the
     training loop runs eager steps first), updated in place by each EP dispatch (capturable) and read
-    and reset by :meth:`take`, once a step, on the host.
+    and zeroed by :meth:`take`, once a step, on the host. The limits stay until :meth:`reset`: a
+    replayed graph updates the peak without running :meth:`note` on the host.
     """
 
     def __init__(self) -> None:
@@ -79,12 +80,12 @@ class _StepPeak:
         self._limits = (budget, balanced)
 
     def take(self) -> tuple[int, int, int] | None:
-        """``(peak, budget, balanced)`` rows of the step, then reset; ``None`` where no bounded
-        dispatch ran since the last take."""
+        """``(peak, budget, balanced)`` rows of the step, then the peak is zeroed; ``None`` where no
+        bounded dispatch ran since the last :meth:`reset`."""
         if self._limits is None:
             return None
         peak = max(int(p.item()) for p in self._peaks.values())
-        (budget, balanced), self._limits = self._limits, None
+        budget, balanced = self._limits
         for p in self._peaks.values():
             p.zero_()
         return peak, budget, balanced

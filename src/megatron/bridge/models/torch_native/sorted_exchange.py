@@ -139,8 +139,9 @@ def _plan_tensors(all_counts: torch.Tensor, rank: int, num_local_experts: int, c
     beyond = torch.arange(capacity, device=all_counts.device).clamp(max=expert_rows - 1)
     to_expert_major = beyond.scatter(0, to_source_major, row)
     recv_total = mine.sum().reshape(1)
-    held_ends = torch.cumsum(mine.sum(0), 0).clamp(max=expert_rows)
-    tokens_per_expert = torch.diff(held_ends, prepend=held_ends.new_zeros(1))
+    per_expert = mine.sum(0)
+    ends = torch.cumsum(per_expert, 0)  # no new constant tensor: inductor folds one eagerly, which a capture refuses
+    tokens_per_expert = ends.clamp(max=expert_rows) - (ends - per_expert).clamp(max=expert_rows)
     send_splits = all_counts[rank].view(ep, num_local_experts).sum(1)
     held_total = recv_total.clamp(max=expert_rows)
     return send_splits, mine.sum(1), tokens_per_expert, recv_total, held_total, to_source_major, to_expert_major, peak
