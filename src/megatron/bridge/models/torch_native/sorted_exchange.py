@@ -135,7 +135,8 @@ def _plan_tensors(all_counts: torch.Tensor, rank: int, num_local_experts: int, c
     expert, source = segment // ep, segment % ep
     source_row = source_starts[source, expert] + (row - segment_starts[segment])
     to_source_major = torch.where(valid, source_row, row)
-    # rows the experts do not hold (past the budget, or padding past expert_rows) name the last held row
+    # rows the experts do not hold (past the budget, or padding past expert_rows) name a held row:
+    # their own index, capped at the last one
     beyond = torch.arange(capacity, device=all_counts.device).clamp(max=expert_rows - 1)
     to_expert_major = beyond.scatter(0, to_source_major, row)
     recv_total = mine.sum().reshape(1)
