@@ -282,6 +282,22 @@ def test_every_step_runs_on_the_capture_stream_warmup_steps_included(stand_in_wr
     assert stand_in_wrapper == ["default"] + ["capture"] * 4
 
 
+@pytest.mark.parametrize("warmup", [1, 2, 3])
+def test_cached_blocks_go_back_just_before_the_capture_and_only_then(stand_in_wrapper, monkeypatch, warmup):
+    """The capture's private pool cannot take the blocks the default pool caches after the warm-up
+    steps; releasing them once, right before the capturing call, lets the graph use that memory
+    (a release at every step would make each eager step allocate afresh)."""
+    from megatron.bridge.training.devices import cuda_graphs
+
+    released_before_step, current = [], [None]
+    monkeypatch.setattr(cuda_graphs, "release_cached_blocks", lambda: released_before_step.append(current[0]))
+    step = _graph(warmup=warmup).wrap(lambda **kw: kw["step"], first_iteration=1)
+    for i in range(warmup + 3):
+        current[0] = i
+        step(step=i)
+    assert released_before_step == [warmup]
+
+
 def _emulated_world():
     """An emulated world's seam as the loop holds it, its backend state made without a process group."""
     from megatron.bridge.emulation.backend import EmulatedWorld
