@@ -92,7 +92,11 @@ def merge(args: argparse.Namespace) -> int:
         [row for row in run["rows"] if (path.name, row["dispatcher"]) not in left_out]
         for path, run in zip(args.merge, runs)
     ]
-    table = bench.merge_rows(tables, args.ran_at)
+    try:
+        table = bench.merge_rows(tables, args.ran_at, [run.get("device") for run in runs])
+    except bench.MixedDevicesError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     meta = {key: runs[0][key] for key in ("question", "modeled", "steps", "window_start")}
     meta["networks"] = {name: figures for run in runs for name, figures in run["networks"].items()}
     meta.update(
@@ -171,11 +175,12 @@ def main(argv: list[str]) -> int:
             )
     cases = [case for cases in jobs.values() for case in cases]
     timed = [case for case in cases if not case.profile]
-    table = bench.rows(cases, results, git_commit(REPO), args.nodes)
+    device = device_name()
+    table = bench.rows(cases, results, git_commit(REPO), args.nodes, device)
     meta = {
         "question": "how much of the modeled EP communication does EP overlap hide at EP=8 x nodes?",
         "command": shlex.join(["uv", "run", "python", "scripts/performance/ep_emulation_benchmark.py", *argv]),
-        "device": device_name(),
+        "device": device,
         "host": host,
         "matmul_ceiling_tflops": ceiling,
         "nominal_peak_tflops": NOMINAL_PEAK_TFLOPS,

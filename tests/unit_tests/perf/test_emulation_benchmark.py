@@ -236,6 +236,45 @@ def test_the_merge_script_keeps_the_host_of_each_call(tmp_path):
     assert [host["cpu"] for host in merged["hosts"]] == ["Fast CPU", "Slow CPU"]
 
 
+def _results_on(path, device: str, steps: float) -> str:
+    results = _results(path, "h100_ib400", [_row("off", "h100_ib400", [steps])])
+    results.write_text(json.dumps({**json.loads(results.read_text()), "device": device}))
+    return str(results)
+
+
+def test_each_merged_row_names_the_gpu_its_runs_ran_on(tmp_path):
+    """The published rows are compared across machines on the benchmark page: each says its GPU."""
+    script = load_script("ep_emulation_benchmark.py")
+    paths = [
+        _results_on(tmp_path / name, "1 x NVIDIA H200", steps) for name, steps in (("a.json", 1.5), ("b.json", 1.6))
+    ]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert script.main(["--merge", *paths, "--out", str(tmp_path / "out")]) == 0
+    (row,) = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
+    assert row["device"] == "1 x NVIDIA H200" and row["step_s"] == [1.5, 1.6]
+
+
+def test_runs_of_one_row_on_different_gpus_are_refused_as_repeats(tmp_path):
+    script = load_script("ep_emulation_benchmark.py")
+    paths = [
+        _results_on(tmp_path / "a.json", "1 x NVIDIA H100 80GB HBM3", 1.5),
+        _results_on(tmp_path / "b.json", "1 x NVIDIA H200", 1.4),
+    ]
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        assert script.main(["--merge", *paths, "--out", str(tmp_path / "out")]) == 2
+    message = err.getvalue()
+    assert "1 x NVIDIA H100 80GB HBM3" in message and "1 x NVIDIA H200" in message and "arm off" in message
+    assert "Fix:" in message and not (tmp_path / "out" / "results.json").exists()
+
+
+def test_a_run_names_its_gpu_in_every_row():
+    cases = [bench.Case("off", "h100_ib400", "alltoall", 1, 4, 2, 8, "h100")]
+    results = {cases[0].name: bench.case_result(cases[0], {"step_times_s": [9.0, 1.0, 1.0]}, 2)}
+    (row,) = bench.rows(cases, results, "abc", 2, "1 x NVIDIA H100 80GB HBM3")
+    assert row["device"] == "1 x NVIDIA H100 80GB HBM3"
+
+
 def test_the_merge_leaves_out_one_runs_rows_of_a_dispatcher_and_says_so(tmp_path):
     script = load_script("ep_emulation_benchmark.py")
     stale = {**_row("off", "h100_ib400", [1.0]), "dispatcher": "node_aware"}

@@ -272,10 +272,12 @@ def hidden_share(off: float, on: float, free: float) -> float | None:
     return (off - on) / (off - free) if off - free > 0 else None
 
 
-def rows(cases: Sequence[Case], results: dict[str, dict[str, Any]], commit: str, nodes: int) -> list[dict[str, Any]]:
+def rows(
+    cases: Sequence[Case], results: dict[str, dict[str, Any]], commit: str, nodes: int, device: str | None = None
+) -> list[dict[str, Any]]:
     """One row per (EP, layers, network, dispatcher, arm): every repeat's step time, the means, the
-    highest peak of allocated GPU memory, the hidden share, and the anatomy of its profiled step where
-    one ran."""
+    highest peak of allocated GPU memory, the hidden share, the GPU that ran it, and the anatomy of its
+    profiled step where one ran."""
     grouped: dict[RowKey, list[dict[str, Any]]] = {}
     profiles: dict[RowKey, dict[str, Any]] = {}
     for case in cases:
@@ -301,6 +303,7 @@ def rows(cases: Sequence[Case], results: dict[str, dict[str, Any]], commit: str,
             "tflops_per_gpu": _mean(r["tflops_per_gpu"] for r in runs),
             "peak_memory_gib": _max(r.get("peak_memory_gib") for r in runs),
             "commit": commit,
+            "device": device,
         }
         if "modeled_comm_s" in runs[0]:
             row["modeled_comm_s"] = _mean(r["modeled_comm_s"] for r in runs)
@@ -352,18 +355,28 @@ def _add_hidden_shares(table: list[dict[str, Any]]) -> None:
             )
 
 
-def merge_rows(tables: Sequence[list[dict[str, Any]]], ran_at: str | None) -> list[dict[str, Any]]:
+class MixedDevicesError(ValueError):
+    """Runs of one row made on different GPUs: their step times are not repeats of each other."""
+
+
+def merge_rows(
+    tables: Sequence[list[dict[str, Any]]], ran_at: str | None, devices: Sequence[str | None] | None = None
+) -> list[dict[str, Any]]:
     """Rows of separate runs joined by (EP, layers, micro-batches, network, dispatcher, arm): their repeats
     side by side, the means pooled, hidden shares recomputed from the pooled means (a profile: the last
-    run's)."""
+    run's). Each row names its GPU (its own, else its run's in ``devices``); one row's runs on two
+    different GPUs are refused with :class:`MixedDevicesError`."""
     merged: dict[RowKey, dict[str, Any]] = {}
-    for table in tables:
+    for index, table in enumerate(tables):
+        run_device = devices[index] if devices is not None else None
         for row in table:
             key = row_key(row)
+            device = row.get("device") or run_device
             if key not in merged:
-                merged[key] = {**row, "step_s": [], "runs": 0}
+                merged[key] = {**row, "step_s": [], "runs": 0, "device": device}
                 merged[key].pop("hidden_share", None)
             target = merged[key]
+            _same_device(key, target["device"], device)
             runs = target["runs"]
             target["step_s"] = target["step_s"] + list(row["step_s"])
             for field in ("tflops_per_gpu", "modeled_comm_s", "emulation_host_s"):
@@ -382,6 +395,17 @@ def merge_rows(tables: Sequence[list[dict[str, Any]]], ran_at: str | None) -> li
         row.pop("runs")
     _add_hidden_shares(out)
     return out
+
+
+def _same_device(key: RowKey, kept: str | None, new: str | None) -> None:
+    if kept and new and kept != new:
+        ep, layers, micro_batches, network, dispatcher, arm = key
+        raise MixedDevicesError(
+            f"row (EP={ep}, {layers} layers, {micro_batches} micro-batches, network {network}, dispatcher "
+            f"{dispatcher}, arm {arm}) has runs on {kept} and on {new}: step times of different GPUs are not "
+            "repeats of one another. Fix: merge each GPU's runs into a file of its own (--out) and compare "
+            "the files side by side"
+        )
 
 
 def write_results(path: Path, table: list[dict[str, Any]], meta: dict[str, Any]) -> None:
