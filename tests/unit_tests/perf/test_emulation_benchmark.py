@@ -268,6 +268,14 @@ def test_runs_of_one_row_on_different_gpus_are_refused_as_repeats(tmp_path):
     assert "Fix:" in message and not (tmp_path / "out" / "results.json").exists()
 
 
+def test_a_row_written_before_rows_named_their_gpu_takes_the_first_gpu_named_and_refuses_a_second():
+    unnamed = [_row("off", "h100_ib400", [1.5])]
+    (row,) = bench.merge_rows([unnamed, [_row("off", "h100_ib400", [1.6])]], "abc", [None, "1 x NVIDIA H200"])
+    assert row["device"] == "1 x NVIDIA H200" and row["step_s"] == [1.5, 1.6]
+    with pytest.raises(bench.MixedDevicesError):
+        bench.merge_rows([unnamed, unnamed, unnamed], "abc", [None, "1 x NVIDIA H200", "1 x NVIDIA H100 80GB HBM3"])
+
+
 def test_a_run_names_its_gpu_in_every_row():
     cases = [bench.Case("off", "h100_ib400", "alltoall", 1, 4, 2, 8, "h100")]
     results = {cases[0].name: bench.case_result(cases[0], {"step_times_s": [9.0, 1.0, 1.0]}, 2)}

@@ -377,6 +377,7 @@ def merge_rows(
                 merged[key].pop("hidden_share", None)
             target = merged[key]
             _same_device(key, target["device"], device)
+            target["device"] = target["device"] or device
             runs = target["runs"]
             target["step_s"] = target["step_s"] + list(row["step_s"])
             for field in ("tflops_per_gpu", "modeled_comm_s", "emulation_host_s"):
