@@ -266,6 +266,9 @@ def stand_in_wrapper(monkeypatch, megatron_graph_state):
                 return result
             return kwargs["step"]  # a replay runs no Python
 
+        def curr_iter(self, stage):
+            return self.calls
+
         reset_cuda_graph = staticmethod(lambda wrapper: Wrapper.cuda_graph.update(training=None))
 
     monkeypatch.setattr(cuda_graphs, "_on_capture_stream", capture_stream)

@@ -122,12 +122,10 @@ class IterationGraph:
             forward_backward, cuda_graph_warmup_steps=self.warmup_steps, use_single_mempool=self.use_single_mempool
         )
         world = self.world
-        steps_before = [0]
 
         def on_capture_stream(*args: Any, **kwargs: Any) -> Any:
-            if steps_before[0] == self.warmup_steps:  # this call captures
+            if wrapper.curr_iter("training") == self.warmup_steps:  # megatron captures in this call
                 release_cached_blocks()
-            steps_before[0] += 1
             with _on_capture_stream():
                 result = wrapper(*args, **kwargs)
             if wrapper.cuda_graph["training"] is not None:  # captured: this call replayed it
