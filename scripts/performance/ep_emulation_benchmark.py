@@ -46,7 +46,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--profile-arms",
         default="ep1,free,off,on",
-        help="arms that run once more with one step profiled (their anatomy goes into the rows; '' for none)",
+        help="arms that run once more with their last step profiled (its anatomy goes into the rows, and the "
+        "window's steps before it count as one more repeat; '' for none)",
     )
     p.add_argument("--nodes", type=int, default=2, help="nodes of 8 GPUs (EP = 8 x nodes)")
     p.add_argument("--layers", type=int, default=4)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from perf_scripts import load_script
+from trace_events import kernel, step
 
 from megatron.bridge.perf.benchmarks import emulation_benchmark as bench
 from megatron.bridge.perf.benchmarks.benchmark_jobs import cpu_model, host_facts
@@ -146,6 +147,25 @@ def test_a_row_keeps_the_highest_peak_memory_of_its_repeats():
     results = {case.name: bench.case_result(case, summary, 2) for case, summary in zip(cases, summaries)}
     (row,) = bench.rows(cases, results, "abc", 2)
     assert row["step_s"] == [1.0, 1.0] and row["peak_memory_gib"] == 63.25
+
+
+@pytest.mark.parametrize(
+    "steps, window_start, timed",
+    [(5, 3, [1.5]), (4, 4, [])],
+    ids=["window-before-the-profiled-step", "window-starts-at-the-profiled-step"],
+)
+def test_a_profiled_case_traces_its_last_step_and_times_the_window_before_it(tmp_path, steps, window_start, timed):
+    case = bench.Case("on", "h100_ib400", "alltoall", 0, 48, 2, steps, "h100", profile=True)
+    argv = case.argv(tmp_path)
+    assert argv[argv.index("--profile_step_start") + 1] == argv[argv.index("--profile_step_end") + 1] == str(steps)
+    trace = tmp_path / "profile" / f"trace_rank0_steps{steps}-{steps}.json"
+    trace.parent.mkdir()
+    trace.write_text(json.dumps({"traceEvents": [step(steps, 0, 1000), kernel("gemm", 0, 600, 7)]}))
+    summary = {"step_times_s": [9.0, 9.0, 1.0, 2.0, 7.0][:steps]}
+    result = bench.case_result(case, summary, window_start, tmp_path)
+    assert result["profile"]["gpu_idle_ms"] == pytest.approx(0.4)
+    table = bench.rows([case], {case.name: result}, "abc", 2)
+    assert [(row["step_s"], row["profile"]["step_ms"]) for row in table] == ([(timed, 1.0)] if timed else [])
 
 
 def test_a_merge_keeps_the_highest_peak_memory_and_adds_none_where_no_run_had_one():

@@ -69,7 +69,7 @@ def test_the_benchmark_adds_the_split_to_a_profiled_overlap_row(tmp_path, arm, e
     from megatron.bridge.perf.benchmarks import emulation_benchmark as bench
 
     case = bench.Case(arm, "h100_ib400", "sorted_nvshmem_graph", 0, 1, 2, 12, "h200", profile=True, micro_batches=2)
-    trace = tmp_path / "profile" / f"trace_rank0_steps{bench.PROFILED_STEP}-{bench.PROFILED_STEP}.json"
+    trace = tmp_path / "profile" / f"trace_rank0_steps{case.profiled_step}-{case.profiled_step}.json"
     trace.parent.mkdir()
     trace.write_text(json.dumps(_trace(exchanges)))
     profile = bench.case_result(case, {}, 4, tmp_path)["profile"]

@@ -17,9 +17,11 @@ The emulated cases share one process (one start-up); ``ep1`` runs in a job of it
 world). Within a job the cases are interleaved, repeat by repeat. ``ep1`` needs 8 experts a GPU (the
 per-GPU work of EP=16); at more nodes it is left out and ``free`` is the compute-only reference.
 
-Profiled cases (``profile_arms``) run once more each with the torch profiler on one step; their
-:func:`~megatron.bridge.perf.analysis.step_anatomy.step_anatomy` (GPU idle, host waits, exposed
-communication) goes into the row of their arm, their step times into no row.
+Profiled cases (``profile_arms``) run once more each with the torch profiler on their last step;
+its :func:`~megatron.bridge.perf.analysis.step_anatomy.step_anatomy` (GPU idle, host waits, exposed
+communication) goes into the row of their arm, and the unprofiled steps of the window before it count
+as one more run of that row (the profiler starts only at the profiled step), so a 48-layer profile
+also buys a repeat.
 """
 
 from __future__ import annotations
@@ -59,7 +61,6 @@ OVERLAP = {
 MICRO_BATCHES = 8
 """Micro-batches per rank a step (``--micro-batches``): the combined 1F1B schedule pairs the forward of
 one with the backward of another, so the first forward and the last backward have no partner."""
-PROFILED_STEP = 6
 RowKey = tuple[int, int, int, str, str, str]
 """A row of the table: (EP size, layers, micro-batches, network, dispatcher, arm)."""
 
@@ -119,6 +120,11 @@ class Case:
         return f"{self.arm}_{self.network}_{self.dispatcher}_ep{self.ep}{batches}_{suffix}"
 
     @property
+    def profiled_step(self) -> int:
+        """The step a profiled case traces: its last, so the steps before it are timed unprofiled."""
+        return self.steps
+
+    @property
     def ep(self) -> int:
         """The EP size of the layout this case stands for (``ep1`` stands for one GPU of it)."""
         return GPUS_PER_NODE * self.nodes
@@ -136,7 +142,8 @@ class Case:
         """The harness command line of this case."""
         base = [*qwen3_argv(self.gpu, self.steps, self.layers, root / self.name), "logger.log_interval=1"]
         if self.profile:
-            base += ["--profile", "--profile_step_start", str(PROFILED_STEP), "--profile_step_end", str(PROFILED_STEP)]
+            step = str(self.profiled_step)
+            base += ["--profile", "--profile_step_start", step, "--profile_step_end", step]
         if self.arm == "ep1":
             return [
                 *base,
@@ -212,13 +219,23 @@ def steady(values: Sequence[float], start: int) -> list[float]:
 def case_result(case: Case, summary: dict[str, Any], window_start: int, run_dir: Path | None = None) -> dict[str, Any]:
     """What one finished case measured: its steady step times, modeled communication by group, the
     emulation's own host cost, model TFLOP/s per GPU, its peak allocated GPU memory; for a profiled
-    case, the step's anatomy."""
-    if case.profile:
-        if run_dir is None:
-            raise ValueError(f"case {case.name}: a profiled case's result is read from its trace, so run_dir is needed")
-        trace = run_dir / "profile" / f"trace_rank0_steps{PROFILED_STEP}-{PROFILED_STEP}.json"
-        return {"profile": _profile(case, trace)} if trace.is_file() else {}
-    steps = steady(summary["step_times_s"], window_start)
+    case, the step's anatomy, and the same figures over the window's steps before the profiled one
+    (none where the window starts at the profiled step)."""
+    if not case.profile:
+        return _timed_result(summary, window_start, len(summary["step_times_s"]))
+    if run_dir is None:
+        raise ValueError(f"case {case.name}: a profiled case's result is read from its trace, so run_dir is needed")
+    trace = run_dir / "profile" / f"trace_rank0_steps{case.profiled_step}-{case.profiled_step}.json"
+    timed = steady(summary.get("step_times_s", [])[: case.profiled_step - 1], window_start)
+    result = _timed_result(summary, window_start, case.profiled_step - 1) if timed else {}
+    if trace.is_file():
+        result["profile"] = _profile(case, trace)
+    return result
+
+
+def _timed_result(summary: dict[str, Any], window_start: int, last_step: int) -> dict[str, Any]:
+    """Step times, TFLOP/s, peak memory and modeled communication of steps ``window_start..last_step``."""
+    steps = steady(summary["step_times_s"][:last_step], window_start)
     result: dict[str, Any] = {
         "step_s": statistics.fmean(steps),
         "step_s_all": summary["step_times_s"],
@@ -227,7 +244,7 @@ def case_result(case: Case, summary: dict[str, Any], window_start: int, run_dir:
     }
     emulation = summary.get("emulation")
     if emulation:
-        window = [s for s in emulation["steps"] if s["iteration"] >= window_start]
+        window = [s for s in emulation["steps"] if window_start <= s["iteration"] <= last_step]
         result["modeled_comm_s"] = statistics.fmean(s["modeled_s"] for s in window)
         result["emulation_host_s"] = statistics.fmean(s["host_s"] for s in window)
         result["modeled_comm_s_by_group"] = _by_group(window, "modeled_s")
@@ -281,10 +298,11 @@ def rows(
     grouped: dict[RowKey, list[dict[str, Any]]] = {}
     profiles: dict[RowKey, dict[str, Any]] = {}
     for case in cases:
-        if case.profile and results.get(case.name, {}).get("profile"):
-            profiles[case.key] = results[case.name]["profile"]
-        elif not case.profile and case.name in results:
-            grouped.setdefault(case.key, []).append(results[case.name])
+        result = results.get(case.name, {})
+        if result.get("profile"):
+            profiles[case.key] = result["profile"]
+        if "step_s" in result:
+            grouped.setdefault(case.key, []).append(result)
     out = []
     for key, runs in sorted(grouped.items()):
         ep, layers, micro_batches, network, dispatcher, arm = key
