@@ -13,7 +13,7 @@ from perf_scripts import load_script
 from trace_events import kernel, step
 
 from megatron.bridge.perf.benchmarks import emulation_benchmark as bench
-from megatron.bridge.perf.benchmarks.benchmark_jobs import cpu_model, host_facts
+from megatron.bridge.perf.benchmarks.benchmark_jobs import cpu_model, host_facts, write_configs
 from megatron.bridge.perf.harness.run import main
 
 
@@ -94,6 +94,42 @@ def test_every_case_is_a_command_line_the_harness_accepts(arm, dispatcher, nodes
     out = io.StringIO()
     assert main([*case.argv(tmp_path), "--dryrun"], out=out) == 0, out.getvalue()
     assert (f"EMULATED world of {8 * nodes} GPUs" in out.getvalue()) == (arm != "ep1")
+
+
+@pytest.mark.parametrize(
+    "dispatcher, users_env, launched_with",
+    [
+        ("sorted_nvshmem_graph_budget", {}, "expandable_segments:True"),
+        ("alltoall", {}, None),
+        ("sorted_nvshmem_graph_budget", {"PYTORCH_ALLOC_CONF": "max_split_size_mb:512"}, None),
+        ("sorted_nvshmem_graph_budget", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}, None),
+    ],
+    ids=["graphed", "eager", "users-torch-variable", "users-cuda-variable"],
+)
+def test_a_graphed_run_launches_with_expandable_segments_unless_the_user_set_the_allocator(
+    dispatcher, users_env, launched_with, tmp_path, monkeypatch
+):
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in users_env.items():
+        monkeypatch.setenv(name, value)
+    case = bench.Case("on", "h100_ib400", dispatcher, 1, 4, 2, 12, "h200")
+    _, env = write_configs([case.argv(tmp_path)])
+    assert env.get("PYTORCH_CUDA_ALLOC_CONF") == launched_with
+    out = io.StringIO()
+    assert main([*case.argv(tmp_path / "dry"), "--dryrun"], out=out) == 0, out.getvalue()
+    assert ("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in out.getvalue()) == (launched_with is not None)
+
+
+def test_a_sweep_from_eager_to_graphed_launches_every_value_with_the_same_allocator(tmp_path, monkeypatch):
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    argv = bench.Case("on", "h100_ib400", "sorted_nvshmem_graph_budget", 1, 4, 2, 12, "h200").argv(tmp_path)
+    out = io.StringIO()
+    code = main([*argv, "--dryrun", "--sweep", "model.cuda_graph_impl=none,full_iteration"], out=out)
+    launches = [line for line in out.getvalue().splitlines() if "loopback_torchrun" in line]
+    assert code == 0 and len(launches) == 2, out.getvalue()
+    assert all("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in line for line in launches)
 
 
 def _row(arm: str, network: str, steps: list[float], ep: int = 16, layers: int = 4) -> dict:

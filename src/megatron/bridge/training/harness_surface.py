@@ -42,6 +42,8 @@ SURFACE: dict[str, str] = {
     "STOP_NOTE_ENV": "megatron.bridge.training.loop.stop_request",
     "default_log_dir": "megatron.bridge.training.telemetry.metrics",
     "HARNESS_REPORTS_ENV": "megatron.bridge.training.telemetry.results_table",
+    "LAUNCH_ALLOCATOR_VAR": "megatron.bridge.training.config_stages.facts.graph_capture",
+    "allocator_env": "megatron.bridge.training.config_stages.facts.graph_capture",
     # the run's results: the table a run ends with and its steady-state statistics
     "SteadyState": "megatron.bridge.training.telemetry.results_table",
     "format_results": "megatron.bridge.training.telemetry.results_table",
@@ -63,6 +65,7 @@ if TYPE_CHECKING:  # SURFACE's names again, for type checkers, IDEs and import g
         staged_iterations,
     )
     from megatron.bridge.training.config_stages.facts.gpu_catalog import GPU_TYPES
+    from megatron.bridge.training.config_stages.facts.graph_capture import LAUNCH_ALLOCATOR_VAR, allocator_env
     from megatron.bridge.training.config_stages.facts.parallel_layout import (
         MAX_WORLD_SIZE,
         expert_parallel_span,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -27,7 +28,7 @@ from megatron.bridge.perf.harness.harness_args import HarnessArgs
 from megatron.bridge.perf.harness.launch_values import launch_problems
 from megatron.bridge.perf.harness.launcher import CONFIG_NAME, LaunchPlan, choose_mode, plan_launch
 from megatron.bridge.perf.harness.run_dir import RunDirClaim
-from megatron.bridge.training.harness_surface import CheckpointDir, inspect_checkpoint_dir
+from megatron.bridge.training.harness_surface import CheckpointDir, allocator_env, inspect_checkpoint_dir
 from megatron.bridge.utils.gpu_count import too_few_gpus
 from megatron.bridge.utils.owned_files import describe_os_error, replace_file
 
@@ -139,9 +140,11 @@ def plan_job(
     args: HarnessArgs,
     max_connections: int | None = None,
     config_sha256: str | None = None,
+    allocator: Mapping[str, str] | None = None,
 ) -> LaunchPlan:
     """The launch of a resolved job. ``max_connections`` replaces the report's
-    ``CUDA_DEVICE_MAX_CONNECTIONS`` (sweeps keep the environment identical across values)."""
+    ``CUDA_DEVICE_MAX_CONNECTIONS`` and ``allocator`` the allocator setting the job would launch with
+    (sweeps keep the environment identical across values)."""
     needed = resolution.report.cuda_device_max_connections
     launched_gpus, gpus_per_node = (1, 1) if built.emulated else (built.num_gpus, built.gpus_per_node)
     problems = launch_problems(
@@ -164,6 +167,7 @@ def plan_job(
         config_path=built.log_dir / CONFIG_NAME,
         log_dir=built.log_dir,
         cuda_device_max_connections=max_connections if max_connections is not None else needed,
+        extra_env=allocator if allocator is not None else allocator_env(resolution.trained.model, os.environ),
         account=args.account,
         partition=args.partition,
         time_limit=args.time_limit,

@@ -210,6 +210,7 @@ def plan_launch(
     config_path: Path,
     log_dir: Path,
     cuda_device_max_connections: int | None = None,
+    extra_env: Mapping[str, str] | None = None,
     account: str | None = None,
     partition: str | None = None,
     time_limit: str | None = None,
@@ -229,7 +230,7 @@ def plan_launch(
     per_node_gpus = num_gpus if cpu else min(num_gpus, gpus_per_node)
     tasks_per_node = per_node_gpus * (1 if cpu else procs_per_gpu)
     nprocs = num_gpus * (1 if cpu else procs_per_gpu)
-    env = worker_env(cpu=cpu, cuda_device_max_connections=cuda_device_max_connections)
+    env = worker_env(cpu=cpu, cuda_device_max_connections=cuda_device_max_connections, extra=extra_env)
     worker = worker_argv(config_path, python, verbose, config_sha256)
     plan = LaunchPlan(mode, [], env, nprocs, nodes, log_dir, save_dir=save_dir)
     if mode != "sbatch":  # the harness watches the job and prints its Results table itself

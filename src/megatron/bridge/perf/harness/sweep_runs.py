@@ -17,6 +17,7 @@ from megatron.bridge.perf.harness.job import Job, check_machine, describe, diges
 from megatron.bridge.perf.harness.results import SUMMARY_NAME, load_summary, summary_steady_state
 from megatron.bridge.perf.harness.run_dir import RunDirClaim, RunDirError, claim, run_dir_problems
 from megatron.bridge.perf.harness.sweep import combine_rounds, job_dirname, parse_sweep, write_sweep_outputs
+from megatron.bridge.training.harness_surface import LAUNCH_ALLOCATOR_VAR as ALLOCATOR
 
 
 def sweep_root(args: HarnessArgs) -> Path:
@@ -38,22 +39,32 @@ def claim_sweep_root(root: Path) -> RunDirClaim:
 
 
 def same_environment(jobs: list[Job], args: HarnessArgs, out: TextIO) -> list[Job]:
-    """Give every job of a sweep the same ``CUDA_DEVICE_MAX_CONNECTIONS`` so only the swept key differs.
+    """Give every job of a sweep the same ``CUDA_DEVICE_MAX_CONNECTIONS`` and allocator setting, so
+    only the swept key differs.
 
-    The value one job needs (e.g. 32 for EP overlap) is harmless for the others (megatron-core only
-    requires 1 for TP/CP comm overlap on pre-Blackwell GPUs); conflicting needs are left per job.
+    The connections one job needs (e.g. 32 for EP overlap) are harmless for the others (megatron-core
+    only requires 1 for TP/CP comm overlap on pre-Blackwell GPUs); conflicting needs are left per job.
+    The expandable segments a graphed job launches with go to every job: an eager one runs with them.
     """
     key = "CUDA_DEVICE_MAX_CONNECTIONS"
     needs = {need for job in jobs if (need := job.plan.env.get(key)) is not None}
-    if len(needs) != 1:
-        if len(needs) > 1:
-            print(f"   note: sweep values need different {key} ({sorted(needs)}); kept per job", file=out)
-        return jobs
-    value = int(needs.pop())
+    if len(needs) > 1:
+        print(f"   note: sweep values need different {key} ({sorted(needs)}); kept per job", file=out)
+    value = int(needs.pop()) if len(needs) == 1 else None
+    allocator = next(({ALLOCATOR: job.plan.env[ALLOCATOR]} for job in jobs if ALLOCATOR in job.plan.env), None)
+
+    def fits(job: Job) -> bool:
+        env = job.plan.env
+        return (value is None or env.get(key) == str(value)) and (
+            allocator is None or env.get(ALLOCATOR) == allocator[ALLOCATOR]
+        )
+
     return [
         job
-        if job.plan.env.get(key) == str(value)
-        else replace(job, plan=plan_job(job.built, job.resolution, args, value, digest(job.config_text)))
+        if fits(job)
+        else replace(
+            job, plan=plan_job(job.built, job.resolution, args, value, digest(job.config_text), allocator=allocator)
+        )
         for job in jobs
     ]
 

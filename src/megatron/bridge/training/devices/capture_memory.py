@@ -23,11 +23,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from megatron.bridge.training.config_stages.facts.graph_capture import ALLOCATOR_VARS
+
 logger = logging.getLogger(__name__)
 
 OPTION = "graph_capture_record_stream_reuse"
-ENV_VARS: tuple[str, ...] = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
-"""Where torch reads allocator options, in its order: the first one set is the one it uses."""
+ENV_VARS = ALLOCATOR_VARS
 
 
 @dataclass(frozen=True)
