@@ -47,4 +47,34 @@ def test_an_emulated_step_splits_into_compute_communication_idle_and_host_waits(
         "other_comm_ms": 0.1,
         "host_wait_ms": 0.2,
         "host_waits": 2,
+        "idle_behind_host_waits_ms": 0.12,  # 500-570 under the synchronisation, 800-850 under the copy
+        "idle_in_short_gaps_ms": 0.4,
+        "host_ops_in_idle_ms": {},
     }
+
+
+def _host_op(name, ts, dur, thread=1):
+    return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": thread}
+
+
+def test_the_idle_is_split_by_gap_length_and_named_by_the_outermost_host_operators_in_it():
+    trace = {
+        "traceEvents": [
+            step(5, 0, 5000),
+            kernel("gemm", 0, 100, 7),
+            kernel("gemm", 400, 1600, 7),  # gaps: 100-400 (short) and 2000-4500 (long)
+            kernel("gemm", 4500, 500, 7),
+            _host_op("autograd::engine::evaluate_function: CatBackward0", 100, 300),
+            _host_op("aten::narrow", 150, 10),  # inside the backward: not counted again
+            _host_op("_AllToAll", 1900, 1100),  # 1000 of it in the long gap
+            _host_op("aten::mm", 3500, 50, thread=2),
+            _host_op("aten::add", 4600, 50),  # while the GPU is busy
+        ]
+    }
+    anatomy = step_anatomy(trace).as_dict()
+    assert (anatomy["gpu_idle_ms"], anatomy["idle_in_short_gaps_ms"]) == (2.8, 0.3)
+    assert list(anatomy["host_ops_in_idle_ms"].items()) == [
+        ("_AllToAll", 1.0),
+        ("autograd::engine::evaluate_function: CatBackward0", 0.3),
+        ("aten::mm", 0.05),
+    ]
