@@ -43,7 +43,9 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 def write_configs(harness_argvs: Iterable[Sequence[str]]) -> tuple[list[Path], dict[str, str]]:
     """Resolve, validate and write each case's config (``-l`` in each argv names its directory);
     the YAML paths and the environment every case of the job needs (e.g. the
-    ``CUDA_DEVICE_MAX_CONNECTIONS`` EP overlap asks for)."""
+    ``CUDA_DEVICE_MAX_CONNECTIONS`` EP overlap asks for). The cases share one process, so the
+    environment is the union: with a whole-iteration graph case among them, every case of the job
+    runs with the expandable segments that case launches with."""
     paths, env = [], {}
     for argv in harness_argvs:
         parsed = parse_args(list(argv))
