@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from megatron.bridge.training.config_stages.facts.graph_capture import ALLOCATOR_VARS
+from megatron.bridge.training.config_stages.facts.graph_capture import ALLOCATOR_VARS, allocator_conf
 
 logger = logging.getLogger(__name__)
 
@@ -46,15 +46,6 @@ class CaptureMemoryReuse:
     def describe(self) -> str:
         state = "reused" if self.enabled else "kept until the capture ends"
         return f"blocks freed across streams during the capture {state} ({OPTION}, {self.source})"
-
-
-def allocator_conf(environ: Mapping[str, str]) -> tuple[str | None, dict[str, str]]:
-    """The variable torch reads its allocator options from, and those options (``key:value,...``)."""
-    for name in ENV_VARS:
-        if environ.get(name) is not None:
-            pairs = (item.split(":", 1) for item in environ[name].split(",") if ":" in item)
-            return name, {key.strip(): value.strip() for key, value in pairs}
-    return None, {}
 
 
 def decide(environ: Mapping[str, str]) -> CaptureMemoryReuse:

@@ -37,6 +37,15 @@ def fresh_capture_iteration(model_cfg: Any) -> int | None:
     return capture_iteration(1, int(model_cfg.cuda_graph_warmup_steps))
 
 
+def allocator_conf(environ: Mapping[str, str]) -> tuple[str | None, dict[str, str]]:
+    """The variable torch reads its allocator options from, and those options (``key:value,...``)."""
+    for name in ALLOCATOR_VARS:
+        if environ.get(name) is not None:
+            pairs = (item.split(":", 1) for item in environ[name].split(",") if ":" in item)
+            return name, {key.strip(): value.strip() for key, value in pairs}
+    return None, {}
+
+
 def allocator_env(model_cfg: Any, environ: Mapping[str, str]) -> dict[str, str]:
     """The allocator setting a whole-iteration graph run is launched with: torch's expandable
     segments, unless the user's environment already sets allocator options (then theirs stand).
@@ -45,6 +54,6 @@ def allocator_env(model_cfg: Any, environ: Mapping[str, str]) -> dict[str, str]:
     segments strand what the eager warm-up steps freed: at Qwen3-30B-A3B's 48 layers, EP=16, the
     graphed sorted dispatcher ran out of an H100's memory in its capture with 8.5 GiB reserved but
     unused, and captured and replayed with expandable segments (``docs/training/cuda-graphs.md``)."""
-    if not captures_full_iteration(model_cfg) or any(environ.get(name) is not None for name in ALLOCATOR_VARS):
+    if not captures_full_iteration(model_cfg) or allocator_conf(environ)[0] is not None:
         return {}
     return {LAUNCH_ALLOCATOR_VAR: EXPANDABLE_SEGMENTS}
