@@ -15,6 +15,7 @@ from trace_events import kernel, step
 from megatron.bridge.perf.benchmarks import emulation_benchmark as bench
 from megatron.bridge.perf.benchmarks.benchmark_jobs import cpu_model, host_facts, write_configs
 from megatron.bridge.perf.harness.run import main
+from megatron.bridge.training.config_stages.facts.graph_capture import ALLOCATOR_VARS
 
 
 def test_the_plan_interleaves_repeats_and_runs_free_once_per_dispatcher():
@@ -96,6 +97,13 @@ def test_every_case_is_a_command_line_the_harness_accepts(arm, dispatcher, nodes
     assert (f"EMULATED world of {8 * nodes} GPUs" in out.getvalue()) == (arm != "ep1")
 
 
+@pytest.fixture
+def no_allocator_vars(monkeypatch):
+    """The launching environment without torch's allocator variables (a test sets the ones it needs)."""
+    for name in ALLOCATOR_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.mark.parametrize(
     "dispatcher, users_env, launched_with",
     [
@@ -107,10 +115,8 @@ def test_every_case_is_a_command_line_the_harness_accepts(arm, dispatcher, nodes
     ids=["graphed", "eager", "users-torch-variable", "users-cuda-variable"],
 )
 def test_a_graphed_run_launches_with_expandable_segments_unless_the_user_set_the_allocator(
-    dispatcher, users_env, launched_with, tmp_path, monkeypatch
+    dispatcher, users_env, launched_with, tmp_path, monkeypatch, no_allocator_vars
 ):
-    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
-        monkeypatch.delenv(name, raising=False)
     for name, value in users_env.items():
         monkeypatch.setenv(name, value)
     case = bench.Case("on", "h100_ib400", dispatcher, 1, 4, 2, 12, "h200")
@@ -121,9 +127,7 @@ def test_a_graphed_run_launches_with_expandable_segments_unless_the_user_set_the
     assert ("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in out.getvalue()) == (launched_with is not None)
 
 
-def test_a_sweep_from_eager_to_graphed_launches_every_value_with_the_same_allocator(tmp_path, monkeypatch):
-    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
-        monkeypatch.delenv(name, raising=False)
+def test_a_sweep_from_eager_to_graphed_launches_every_value_with_the_same_allocator(tmp_path, no_allocator_vars):
     argv = bench.Case("on", "h100_ib400", "sorted_nvshmem_graph_budget", 1, 4, 2, 12, "h200").argv(tmp_path)
     out = io.StringIO()
     code = main([*argv, "--dryrun", "--sweep", "model.cuda_graph_impl=none,full_iteration"], out=out)
