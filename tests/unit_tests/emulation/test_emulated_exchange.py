@@ -65,10 +65,10 @@ def test_an_exchange_is_charged_one_call_per_peer_in_turn(world):
     send = [1, 2, 2, 0, 1, 0, 0, 1]
     _exchange(_route(send, [2] * 8, 4), [torch.zeros(7, 16)])  # 64-byte rows
     tally = world.record.take()["groups"]["world[8]"]["all_to_all"]
-    # 7 calls, one per peer, each a 15 us barrier (the group spans nodes) and its slowest pair: a NIC pair
-    # (15 us, 47 GB/s) into a rank that every rank sends 2 rows (ranks 1, 2) in calls 2-6; in calls 1 and 7
-    # those come from their own node, and the slowest is a NIC pair into a rank of 1 row
-    seconds = 7 * 15e-6 + 7 * 15e-6 + (2 * 64 + 5 * 128) / 47e9
+    # 7 calls, one per peer (ranks paired by XOR), each a 15 us barrier (the group spans nodes) and its
+    # slowest pair, the one into a rank that every rank sends 2 rows (ranks 1, 2): in calls 1-3 every pair
+    # is in one node (5 us, 370 GB/s), in calls 4-7 every pair crosses the NIC (15 us, 47 GB/s)
+    seconds = 7 * 15e-6 + 3 * (5e-6 + 128 / 370e9) + 4 * (15e-6 + 128 / 47e9)
     assert tally["calls"] == 1 and tally["bytes"] == 5 * 64 and tally["inter_node_bytes"] == 2 * 64
     assert tally["modeled_s"] == pytest.approx(seconds, rel=1e-12)
 

@@ -105,25 +105,25 @@ def test_the_hopper_presets_price_at_achievable_not_line_rates():
 
 
 # The exchange of one call per peer (the NVSHMEM transport): rank 1 of 4 ranks, 2 per node. In call k every
-# rank sends to the rank k after it; each call starts with a team-wide barrier (15 us: the group spans nodes)
-# and lasts as long as its slowest pair; what rank j receives is what rank 1 sends to j (a symmetric world).
-#   call 1: 3->0 NIC, 0->1 NVLink, 1->2 NIC, 2->3 NVLink
-#   call 2: every pair crosses the NIC
-#   call 3: 1->0 NVLink, 2->1 NIC, 3->2 NVLink, 0->3 NIC
+# rank swaps rows with rank ^ k; each call starts with a team-wide barrier (15 us: the group spans nodes) and
+# lasts as long as its slowest pair; what rank j receives is what rank 1 sends to j (a symmetric world).
+#   call 1: 0<->1 and 2<->3, every pair on NVLink
+#   call 2: 0<->2 and 1<->3, every pair across the NIC
+#   call 3: 0<->3 and 1<->2, every pair across the NIC
 BARRIERS = 3 * 15e-6
 
 
 @pytest.mark.parametrize(
     "bytes_to_peer, seconds, nic_seconds, sent, inter",
     [
-        # every call waits for a NIC pair's latency, even with nothing to send
-        ([0, 0, 0, 0], BARRIERS + 3 * 15e-6, 3 * 15e-6, 0, 0),
-        # calls 1 and 2: the NIC pair into rank 2 (940 bytes at 47 GB/s: 20 ns); call 3: the NIC pair into rank 1,
-        # which receives from each rank what rank 1 keeps for itself (99 bytes); rank 1 itself sends 470 + 940
+        # every call waits for its pairs' latency, even with nothing to send: NVLink's in call 1, the NIC's after
+        ([0, 0, 0, 0], BARRIERS + 5e-6 + 2 * 15e-6, 2 * 15e-6, 0, 0),
+        # every call's slowest pair is the one into rank 2 (940 bytes): over NVLink in call 1, over the NIC
+        # (20 ns at 47 GB/s) in calls 2 and 3; rank 1 itself sends 470 + 940
         (
             [470, 99, 940, 0],
-            BARRIERS + 2 * (15e-6 + 20e-9) + 15e-6 + 99 / NIC,
-            2 * (15e-6 + 20e-9) + 15e-6 + 99 / NIC,
+            BARRIERS + 5e-6 + 940 / NVLINK + 2 * (15e-6 + 20e-9),
+            2 * (15e-6 + 20e-9),
             1410,
             940,
         ),
@@ -145,11 +145,13 @@ def test_a_serial_exchange_inside_one_node_pays_nvlink_pairs_and_barriers():
     assert got.seconds == pytest.approx(3 * (5e-6 + 5e-6 + 10e-9)) and got.nic_seconds == 0.0
 
 
-def test_balanced_ep16_over_two_nodes_pays_the_nic_in_every_call():
-    """EP=16 over 2 x 8 with balanced routing: every one of the 15 calls has a pair across nodes."""
+def test_balanced_ep16_over_two_nodes_pays_the_nic_only_in_the_calls_between_nodes():
+    """EP=16 over 2 x 8 with balanced routing, ranks paired by XOR: calls 1-7 pair ranks of one node
+    (NVLink), calls 8-15 ranks of different nodes (the NIC); every call starts with the 15 us barrier."""
     costs = GroupCosts(H100, range(16), 0)
     got = costs.serial_all_to_all([47_000] * 16)
-    assert got.seconds == pytest.approx(15 * (15e-6 + 15e-6 + 1e-6))
+    assert got.seconds == pytest.approx(15 * 15e-6 + 7 * (5e-6 + 47_000 / NVLINK) + 8 * (15e-6 + 1e-6))
+    assert got.nic_seconds == pytest.approx(8 * (15e-6 + 1e-6))
 
 
 def test_a_free_network_prices_one_call_per_peer_at_nothing_but_counts_its_bytes():
@@ -163,8 +165,9 @@ def test_the_device_tables_hold_the_pair_of_each_call_and_this_ranks_links():
     costs = GroupCosts(network_model("h100_ib400", gpus_per_node=2), range(4), 1)
     calls, own = costs.device_tables("cpu")
     assert calls[2, 0].tolist() == [0.0] * 4  # no call 0
-    assert calls[2, 1].tolist() == [1.0, 0.0, 1.0, 0.0] and calls[2, 2].tolist() == [1.0] * 4
-    assert calls[0, 3, 1].item() == 15e3 and calls[1, 3, 0].item() == pytest.approx(1 / 370)
+    assert calls[2, 1].tolist() == [0.0] * 4 and calls[2, 2].tolist() == calls[2, 3].tolist() == [1.0] * 4
+    assert calls[0, 1, 1].item() == 5e3 and calls[1, 1, 0].item() == pytest.approx(1 / 370)
+    assert calls[0, 3, 1].item() == 15e3 and calls[1, 3, 0].item() == pytest.approx(1 / 47)
     assert own.tolist() == [[1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]]
     assert costs.barrier_seconds == pytest.approx(15e-6)
 

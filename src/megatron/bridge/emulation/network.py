@@ -10,9 +10,9 @@ latency plus its bytes over the bandwidth its algorithm gets:
   NICs of the group's GPUs in one node together;
 * one all-to-all call: bytes to peers in the node over NVLink and to the others over this GPU's share
   of the node's NICs, at the same time;
-* the sorted dispatcher's NVSHMEM exchange, one call per peer (:meth:`GroupCosts.serial_all_to_all`):
-  each call starts with a team-wide barrier, so it lasts as long as its slowest pair, and the calls run
-  one after another.
+* the sorted dispatcher's NVSHMEM exchange, one call per peer (:meth:`GroupCosts.serial_all_to_all`),
+  ranks paired by XOR (``utils/pairwise_calls.py``): each call starts with a team-wide barrier, so it
+  lasts as long as its slowest pair, and the calls run one after another.
 
 Collectives that run at the same time and cross the NIC share it: the hold kernel keeps, on the GPU,
 when the NIC is free again, and a collective that finds it busy sends after the one before it (first
@@ -25,6 +25,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
+
+from megatron.bridge.utils.pairwise_calls import call_peer
 
 GB = 1e9
 
@@ -257,17 +259,17 @@ class GroupCosts:
         return latency_us * 1e3, 1.0 / (m.nic_share_gbps if cross else m.intra_node_gbps), cross
 
     def serial_calls(self) -> list[list[tuple[float, float, bool]]]:
-        """``[k][j]``: the link of the pair that sends to ``j`` in call ``k`` (from ``j - k``), for
-        ``k`` = 1 .. n-1: in call ``k`` every rank sends to the rank ``k`` after it."""
+        """``[k][j]``: the link of the pair that sends to ``j`` in call ``k`` (from ``j ^ k``), for
+        ``k`` = 1 .. n-1: in call ``k`` every rank swaps rows with rank ``rank ^ k``."""
         n = len(self.ranks)
-        return [[self.pair_link((j - k) % n, j) for j in range(n)] for k in range(1, n)]
+        return [[self.pair_link(call_peer(j, k, n), j) for j in range(n)] for k in range(1, n)]
 
     def serial_all_to_all(self, bytes_to_peer: Sequence[int]) -> Charge:
         """The exchange of one call per peer (the sorted dispatcher's NVSHMEM transport): in call ``k``
-        every rank sends to the rank ``k`` after it, and, the world being symmetric, rank ``j`` gets what
-        this rank sends to ``j``. Each call starts with a team-wide barrier (the group's latency), then
-        lasts as long as its slowest pair; the calls run one after another. This rank's own rows cross
-        no link."""
+        every rank swaps rows with rank ``rank ^ k`` (:func:`call_peer`), and, the world being symmetric,
+        rank ``j`` gets what this rank sends to ``j``. Each call starts with a team-wide barrier (the
+        group's latency), then lasts as long as its slowest pair; the calls run one after another. This
+        rank's own rows cross no link."""
         n = len(self.ranks)
         sent = sum(b for j, b in enumerate(bytes_to_peer) if j != self.me)
         inter = sum(b for j, b in enumerate(bytes_to_peer) if j != self.me and not self._peer_in_node[j])

@@ -12,9 +12,10 @@ reads, overwrites those source offsets with this rank's output offsets; a block 
 read after that copies the wrong rows of the peer. It happens when the GPU starts some blocks
 late, which kernels of another stream make likely (how often, and what it did to a graphed
 EP-overlap step: ``docs/benchmarks/implementation_costs.md``). So each call here has one
-peer: in call ``k`` a rank sends only to rank ``rank + k`` and receives only from ``rank - k``, at
-offset zero on both sides (the send slot's start, and that source's region of the receive
-buffer), so the value block 0 writes is the one the late block expects. A rank's own rows never go
+peer: in call ``k`` a rank swaps rows with rank ``rank ^ k`` only (``utils/pairwise_calls.py``: a
+call's pairs then share one kind of link, NVLink or the NIC), at offset zero on both sides (the
+send slot's start, and that peer's region of the receive buffer), so the value block 0 writes is
+the one the late block expects. A rank's own rows never go
 through NVSHMEM, and one gather packs the regions in rank order at the end. The counts all-gather
 stays one call: every row a rank sends is the same, so either offset reads a right one.
 
@@ -56,6 +57,7 @@ from megatron.bridge.models.torch_native.token_exchange import (
     rows_to_pack,
     write_columns,
 )
+from megatron.bridge.utils.pairwise_calls import call_peer
 
 #: Send-buffer size from which torch's ``all_to_all_vdev`` launches its largest grid (64 blocks of
 #: 64 KiB within a node; 16 or 8 across nodes): 64 x 64 KiB.
@@ -101,10 +103,10 @@ def call_rows(
     send_splits: torch.Tensor, rank: int, source_rows: int, rows: int, order: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``[world, source_rows]``: row ``k`` holds the source rows sent in call ``k`` (to rank
-    ``rank + k``; ``k = 0`` is this rank's own rows), ``order`` applied; past each count, some valid
+    ``rank ^ k``; ``k = 0`` is this rank's own rows), ``order`` applied; past each count, some valid
     row (not sent)."""
     world = send_splits.numel()
-    dests = (rank + torch.arange(world, device=send_splits.device)) % world
+    dests = call_peer(rank, torch.arange(world, device=send_splits.device), world)
     starts = exclusive_cumsum(send_splits)[dests]
     rows_of_call = (starts[:, None] + torch.arange(source_rows, device=send_splits.device)).clamp(max=max(rows - 1, 0))
     return order[rows_of_call] if order is not None else rows_of_call
@@ -159,10 +161,9 @@ class SymmetricMemoryExchange(RowExchange):
     captured in a CUDA graph with any process-group backend.
 
     One peer per call (see the module docstring): in call ``k`` (1 to ``world - 1``) this rank sends
-    only to rank ``rank + k`` and receives only from rank ``rank - k`` (mod ``world``), into that
-    source's region of the receive buffer (``route.source_rows`` rows each); its own rows are copied
-    into its region without a call. One gather then packs the regions into the rows-from-rank-0-first
-    order the readers expect.
+    only to rank ``rank ^ k`` and receives only from it, into that peer's region of the receive
+    buffer (``route.source_rows`` rows each); its own rows are copied into its region without a
+    call. One gather then packs the regions into the rows-from-rank-0-first order the readers expect.
     """
 
     name = "NVSHMEM symmetric-memory all_to_all_vdev, one peer per call (device-side split sizes)"
@@ -224,15 +225,15 @@ class SymmetricMemoryExchange(RowExchange):
         if picks is None:
             picks = call_rows(route.send_splits, self.rank, region_rows, rows_to_pack(sources, order), order)
         for k in range(self.world):
-            dest, source = (self.rank + k) % self.world, (self.rank - k) % self.world
-            dest_count = route.send_splits[dest : dest + 1]
+            peer = call_peer(self.rank, k, self.world)
+            dest_count = route.send_splits[peer : peer + 1]
             if k == 0:  # its own rows: straight into its region
                 write_columns(_region(bufs.recv, self.rank, region_rows), sources, picks[k], dest_count)
                 continue
             slot = self._next_slot()
             write_columns(bufs.send[slot], sources, picks[k], dest_count)
-            torch.mul(route.send_splits, self._one_hot[dest], out=bufs.splits[slot])
-            bufs.all_to_all(slot, _region(bufs.recv, source, region_rows))
+            torch.mul(route.send_splits, self._one_hot[peer], out=bufs.splits[slot])
+            bufs.all_to_all(slot, _region(bufs.recv, peer, region_rows))
         return self._pack_regions(bufs.recv, route)
 
     def _pack_regions(self, regions: torch.Tensor, route: Route) -> torch.Tensor:
