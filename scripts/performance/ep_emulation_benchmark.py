@@ -67,7 +67,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="instead of running: merge the results.json of separate runs (their repeats side by side, "
         "hidden shares of the pooled means) into --out/results.json (and, with --publish, the docs)",
     )
-    p.add_argument("--ran-at", default=None, help="with --merge: the commit whose code the runs ran")
+    p.add_argument(
+        "--ran-at",
+        action="append",
+        default=[],
+        metavar="[FILE=]COMMIT",
+        help="with --merge: the commit whose code the runs ran, or FILE=COMMIT for one run's (repeatable: "
+        "runs made at different commits keep each its own)",
+    )
     p.add_argument(
         "--note",
         action="append",
@@ -85,6 +92,25 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def commits_of_runs(ran_at: list[str], paths: list[Path]) -> list[str | None]:
+    """Each run's commit from the ``--ran-at`` values: ``FILE=COMMIT`` for the run of that file name,
+    a bare ``COMMIT`` for every other run (``None``: the rows keep the commit they recorded)."""
+    default: str | None = None
+    by_file: dict[str, str] = {}
+    for item in ran_at:
+        name, sep, commit = item.rpartition("=")
+        if not sep:
+            default = commit
+        elif name not in {p.name for p in paths}:
+            raise ValueError(
+                f"--ran-at {item}: {name} is not one of the merged files; "
+                "fix: name a file given to --merge (FILE=COMMIT), or give a bare COMMIT for every run"
+            )
+        else:
+            by_file[name] = commit
+    return [by_file.get(p.name, default) for p in paths]
+
+
 def merge(args: argparse.Namespace) -> int:
     """Runs of the same benchmark made in separate calls, as one table: every repeat of every row."""
     runs = [json.loads(path.read_text()) for path in args.merge]
@@ -94,8 +120,9 @@ def merge(args: argparse.Namespace) -> int:
         for path, run in zip(args.merge, runs)
     ]
     try:
-        table = bench.merge_rows(tables, args.ran_at, [run.get("device") for run in runs])
-    except bench.MixedDevicesError as error:
+        ran_at = commits_of_runs(args.ran_at, args.merge)
+        table = bench.merge_rows(tables, ran_at, [run.get("device") for run in runs])
+    except (bench.MixedDevicesError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     meta = {key: runs[0][key] for key in ("question", "modeled", "steps", "window_start")}
@@ -105,7 +132,7 @@ def merge(args: argparse.Namespace) -> int:
         devices=sorted({run["device"] for run in runs}),
         matmul_ceiling_tflops=[run["matmul_ceiling_tflops"] for run in runs],
         nominal_peak_tflops=NOMINAL_PEAK_TFLOPS,
-        ran_at=args.ran_at,
+        ran_at=ran_at[0] if len(set(ran_at)) == 1 else dict(zip((p.name for p in args.merge), ran_at)),
         notes=args.note + [f"left out: {item}" for item in args.leave_out],
         merged_by=shlex.join(
             [
@@ -115,6 +142,7 @@ def merge(args: argparse.Namespace) -> int:
                 "scripts/performance/ep_emulation_benchmark.py",
                 "--merge",
                 *(p.name for p in args.merge),
+                *(f"--ran-at={item}" for item in args.ran_at),
                 *(f"--leave-out={item}" for item in args.leave_out),
             ]
         ),

@@ -158,7 +158,7 @@ def test_the_hidden_share_is_what_overlap_took_off_what_communication_added():
 def test_runs_of_separate_calls_merge_their_repeats_side_by_side():
     first = [_row("free", "free", [1.0]), _row("off", "h100_ib400", [1.5]), _row("on", "h100_ib400", [1.6])]
     second = [_row("free", "free", [1.2]), _row("off", "h100_ib400", [1.7]), _row("on", "h100_ib400", [1.6])]
-    merged = {row["arm"]: row for row in bench.merge_rows([first, second], "abc")}
+    merged = {row["arm"]: row for row in bench.merge_rows([first, second], ["abc"] * 2)}
     assert merged["off"]["step_s"] == [1.5, 1.7] and merged["on"]["commit"] == "abc"
     assert merged["on"]["hidden_share"] == pytest.approx((1.6 - 1.6) / (1.6 - 1.1))
 
@@ -166,7 +166,7 @@ def test_runs_of_separate_calls_merge_their_repeats_side_by_side():
 def test_layouts_of_different_ep_sizes_stay_apart_in_a_merge():
     ep16 = [_row("free", "free", [1.0]), _row("off", "h100_ib400", [1.5]), _row("on", "h100_ib400", [1.1])]
     ep32 = [_row("free", "free", [2.0], 32), _row("off", "h100_ib400", [3.0], 32), _row("on", "h100_ib400", [2.5], 32)]
-    merged = {(row["ep"], row["arm"]): row for row in bench.merge_rows([ep16, ep32], "abc")}
+    merged = {(row["ep"], row["arm"]): row for row in bench.merge_rows([ep16, ep32], ["abc"] * 2)}
     assert merged[(16, "on")]["hidden_share"] == pytest.approx(0.8)
     assert merged[(32, "on")]["hidden_share"] == pytest.approx(0.5)
 
@@ -176,7 +176,7 @@ def test_depths_stay_apart_in_a_merge_and_a_row_without_a_depth_is_four_layers_d
     for row in shallow:
         row.pop("layers")
     deep = [_row("off", "h100_ib400", [12.0], layers=48), _row("on", "h100_ib400", [9.0], layers=48)]
-    merged = {(row.get("layers", 4), row["arm"]): row for row in bench.merge_rows([shallow, deep], "abc")}
+    merged = {(row.get("layers", 4), row["arm"]): row for row in bench.merge_rows([shallow, deep], ["abc"] * 2)}
     assert merged[(4, "off")]["step_s"] == [1.5] and merged[(48, "off")]["step_s"] == [12.0]
     assert merged[(4, "on")]["hidden_share"] == pytest.approx(0.8) and "hidden_share" not in merged[(48, "on")]
 
@@ -211,9 +211,9 @@ def test_a_profiled_case_traces_its_last_step_and_times_the_window_before_it(tmp
 def test_a_merge_keeps_the_highest_peak_memory_and_adds_none_where_no_run_had_one():
     measured = [{**_row("off", "h100_ib400", [1.5]), "peak_memory_gib": 70.0}]
     again = [{**_row("off", "h100_ib400", [1.6]), "peak_memory_gib": 71.0}]
-    (row,) = bench.merge_rows([measured, again], "abc")
+    (row,) = bench.merge_rows([measured, again], ["abc"] * 2)
     assert row["peak_memory_gib"] == 71.0
-    (old,) = bench.merge_rows([[_row("off", "h100_ib400", [1.5])]], "abc")
+    (old,) = bench.merge_rows([[_row("off", "h100_ib400", [1.5])]], ["abc"])
     assert "peak_memory_gib" not in old
 
 
@@ -282,6 +282,37 @@ def test_the_merge_script_keeps_every_network_depth_and_note_of_its_calls(tmp_pa
     assert "hosts" not in merged  # runs made before results named their host
 
 
+@pytest.mark.parametrize(
+    "ran_at, commits, recorded",
+    [
+        ([], {"off": "c", "on": "c"}, None),  # the rows keep what they recorded (_row: "c")
+        (["c1"], {"off": "c1", "on": "c1"}, "c1"),
+        (["a.json=c1", "b.json=c2"], {"off": "c1", "on": "c2"}, {"a.json": "c1", "b.json": "c2"}),
+        (["c0", "b.json=c2"], {"off": "c0", "on": "c2"}, {"a.json": "c0", "b.json": "c2"}),
+    ],
+    ids=["none", "every-run", "one-per-run", "default-and-one-run"],
+)
+def test_the_merge_script_names_the_commit_each_run_ran(tmp_path, ran_at, commits, recorded):
+    script = load_script("ep_emulation_benchmark.py")
+    first = _results(tmp_path / "a.json", "h100_ib400", [_row("off", "h100_ib400", [1.5])])
+    second = _results(tmp_path / "b.json", "h100_ib400", [_row("on", "h100_ib400", [1.2])])
+    argv = ["--merge", str(first), str(second), "--out", str(tmp_path / "out"), *(f"--ran-at={c}" for c in ran_at)]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert script.main(argv) == 0
+    merged = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert {row["arm"]: row["commit"] for row in merged["rows"]} == commits and merged["ran_at"] == recorded
+    assert all(f"--ran-at={c}" in merged["merged_by"] for c in ran_at)
+
+
+def test_the_merge_script_refuses_a_commit_for_a_file_it_does_not_merge(tmp_path, capsys):
+    script = load_script("ep_emulation_benchmark.py")
+    first = _results(tmp_path / "a.json", "h100_ib400", [_row("off", "h100_ib400", [1.5])])
+    argv = ["--merge", str(first), "--out", str(tmp_path / "out"), "--ran-at", "c.json=c1"]
+    assert script.main(argv) == 2
+    assert "c.json is not one of the merged files" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_merge_script_keeps_the_host_of_each_call(tmp_path):
     script = load_script("ep_emulation_benchmark.py")
     paths = []
@@ -330,10 +361,12 @@ def test_runs_of_one_row_on_different_gpus_are_refused_as_repeats(tmp_path):
 
 def test_a_row_written_before_rows_named_their_gpu_takes_the_first_gpu_named_and_refuses_a_second():
     unnamed = [_row("off", "h100_ib400", [1.5])]
-    (row,) = bench.merge_rows([unnamed, [_row("off", "h100_ib400", [1.6])]], "abc", [None, "1 x NVIDIA H200"])
+    (row,) = bench.merge_rows([unnamed, [_row("off", "h100_ib400", [1.6])]], ["abc"] * 2, [None, "1 x NVIDIA H200"])
     assert row["device"] == "1 x NVIDIA H200" and row["step_s"] == [1.5, 1.6]
     with pytest.raises(bench.MixedDevicesError):
-        bench.merge_rows([unnamed, unnamed, unnamed], "abc", [None, "1 x NVIDIA H200", "1 x NVIDIA H100 80GB HBM3"])
+        bench.merge_rows(
+            [unnamed, unnamed, unnamed], ["abc"] * 3, [None, "1 x NVIDIA H200", "1 x NVIDIA H100 80GB HBM3"]
+        )
 
 
 def test_a_run_names_its_gpu_in_every_row():

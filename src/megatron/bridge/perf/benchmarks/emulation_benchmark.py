@@ -378,12 +378,15 @@ class MixedDevicesError(ValueError):
 
 
 def merge_rows(
-    tables: Sequence[list[dict[str, Any]]], ran_at: str | None, devices: Sequence[str | None] | None = None
+    tables: Sequence[list[dict[str, Any]]],
+    ran_at: Sequence[str | None],
+    devices: Sequence[str | None] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows of separate runs joined by (EP, layers, micro-batches, network, dispatcher, arm): their repeats
     side by side, the means pooled, hidden shares recomputed from the pooled means (a profile: the last
-    run's). Each row names its GPU (its own, else its run's in ``devices``); one row's runs on two
-    different GPUs are refused with :class:`MixedDevicesError`."""
+    run's). Each row names its commit (its run's in ``ran_at``, else its own) and its GPU (its own, else
+    its run's in ``devices``); one row's runs on two different GPUs are refused with
+    :class:`MixedDevicesError`."""
     merged: dict[RowKey, dict[str, Any]] = {}
     for index, table in enumerate(tables):
         run_device = devices[index] if devices is not None else None
@@ -406,7 +409,7 @@ def merge_rows(
             if peak is not None:
                 target["peak_memory_gib"] = peak
             target["runs"] = runs + 1
-            target["commit"] = ran_at or row["commit"]
+            target["commit"] = ran_at[index] or row["commit"]
             if row.get("profile"):
                 target["profile"] = row["profile"]
     out = [merged[key] for key in sorted(merged)]
