@@ -304,6 +304,17 @@ def test_the_merge_script_names_the_commit_each_run_ran(tmp_path, ran_at, commit
     assert all(f"--ran-at={c}" in merged["merged_by"] for c in ran_at)
 
 
+def test_the_merge_script_refuses_runs_of_one_row_at_two_commits(tmp_path, capsys):
+    script = load_script("ep_emulation_benchmark.py")
+    first = _results(tmp_path / "a.json", "h100_ib400", [_row("off", "h100_ib400", [1.5])])
+    second = _results(tmp_path / "b.json", "h100_ib400", [_row("off", "h100_ib400", [1.6])])
+    argv = ["--merge", str(first), str(second), "--out", str(tmp_path / "out"), "--ran-at", "b.json=c2"]
+    assert script.main(argv) == 2
+    message = capsys.readouterr().err
+    assert "arm off) has runs at c and at c2" in message and "Fix:" in message
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_merge_script_refuses_a_commit_for_a_file_it_does_not_merge(tmp_path, capsys):
     script = load_script("ep_emulation_benchmark.py")
     first = _results(tmp_path / "a.json", "h100_ib400", [_row("off", "h100_ib400", [1.5])])

@@ -15,9 +15,9 @@ EP-overlap step: ``docs/benchmarks/implementation_costs.md``). So each call here
 peer: in call ``k`` a rank swaps rows with rank ``rank ^ k`` only (``utils/pairwise_calls.py``: a
 call's pairs then share one kind of link, NVLink or the NIC), at offset zero on both sides (the
 send slot's start, and that peer's region of the receive buffer), so the value block 0 writes is
-the one the late block expects. A rank's own rows never go
-through NVSHMEM, and one gather packs the regions in rank order at the end. The counts all-gather
-stays one call: every row a rank sends is the same, so either offset reads a right one.
+the one the late block expects. A rank's own rows never go through NVSHMEM, and one gather packs
+the regions in rank order at the end. The counts all-gather stays one call: every row a rank sends
+is the same, so either offset reads a right one.
 
 Block split. torch's ``all_to_all_vdev`` divides the bytes it receives from each peer evenly over
 ``blocks // world`` thread blocks and asserts on the device that the division is exact; a failing
@@ -57,7 +57,7 @@ from megatron.bridge.models.torch_native.token_exchange import (
     rows_to_pack,
     write_columns,
 )
-from megatron.bridge.utils.pairwise_calls import call_peer
+from megatron.bridge.utils.pairwise_calls import call_peer, is_power_of_two
 
 #: Send-buffer size from which torch's ``all_to_all_vdev`` launches its largest grid (64 blocks of
 #: 64 KiB within a node; 16 or 8 across nodes): 64 x 64 KiB.
@@ -311,7 +311,7 @@ def _layout_support(group: dist.ProcessGroup | None) -> SymmetricMemorySupport |
     if group is None or dist.get_world_size(group) != dist.get_world_size():
         return SymmetricMemorySupport(False, "the expert-parallel group does not span the whole job")
     world = dist.get_world_size(group)
-    if world & (world - 1):
+    if not is_power_of_two(world):
         return SymmetricMemorySupport(False, f"expert-parallel size {world} is not a power of two")
     blocks_problem = blocks_override_problem(world)
     if blocks_problem is not None:

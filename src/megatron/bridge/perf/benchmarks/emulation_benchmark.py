@@ -377,6 +377,10 @@ class MixedDevicesError(ValueError):
     """Runs of one row made on different GPUs: their step times are not repeats of each other."""
 
 
+class MixedCommitsError(ValueError):
+    """Runs of one row made at different commits: their step times are not repeats of each other."""
+
+
 def merge_rows(
     tables: Sequence[list[dict[str, Any]]],
     ran_at: Sequence[str | None],
@@ -385,8 +389,8 @@ def merge_rows(
     """Rows of separate runs joined by (EP, layers, micro-batches, network, dispatcher, arm): their repeats
     side by side, the means pooled, hidden shares recomputed from the pooled means (a profile: the last
     run's). Each row names its commit (its run's in ``ran_at``, else its own) and its GPU (its own, else
-    its run's in ``devices``); one row's runs on two different GPUs are refused with
-    :class:`MixedDevicesError`."""
+    its run's in ``devices``); one row's runs on two different GPUs, or at two commits, are refused
+    (:class:`MixedDevicesError`, :class:`MixedCommitsError`)."""
     merged: dict[RowKey, dict[str, Any]] = {}
     for index, table in enumerate(tables):
         run_device = devices[index] if devices is not None else None
@@ -409,7 +413,9 @@ def merge_rows(
             if peak is not None:
                 target["peak_memory_gib"] = peak
             target["runs"] = runs + 1
-            target["commit"] = ran_at[index] or row["commit"]
+            commit = ran_at[index] or row["commit"]
+            _same_commit(key, target["commit"] if runs else commit, commit)
+            target["commit"] = commit
             if row.get("profile"):
                 target["profile"] = row["profile"]
     out = [merged[key] for key in sorted(merged)]
@@ -427,6 +433,17 @@ def _same_device(key: RowKey, kept: str | None, new: str | None) -> None:
             f"{dispatcher}, arm {arm}) has runs on {kept} and on {new}: step times of different GPUs are not "
             "repeats of one another. Fix: merge each GPU's runs into a file of its own (--out) and compare "
             "the files side by side"
+        )
+
+
+def _same_commit(key: RowKey, kept: str, new: str) -> None:
+    if kept != new:
+        ep, layers, micro_batches, network, dispatcher, arm = key
+        raise MixedCommitsError(
+            f"row (EP={ep}, {layers} layers, {micro_batches} micro-batches, network {network}, dispatcher "
+            f"{dispatcher}, arm {arm}) has runs at {kept} and at {new}: step times of different code are not "
+            "repeats of one another. Fix: where both runs ran the same code, name it for both (--ran-at "
+            "FILE=COMMIT); otherwise merge each commit's runs into a file of its own (--out)"
         )
 
 
