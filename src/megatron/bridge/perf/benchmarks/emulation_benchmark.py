@@ -397,11 +397,13 @@ def merge_rows(
         for row in table:
             key = row_key(row)
             device = row.get("device") or run_device
+            commit = ran_at[index] or row["commit"]
             if key not in merged:
-                merged[key] = {**row, "step_s": [], "runs": 0, "device": device}
+                merged[key] = {**row, "step_s": [], "runs": 0, "device": device, "commit": commit}
                 merged[key].pop("hidden_share", None)
             target = merged[key]
             _same_device(key, target["device"], device)
+            _same_commit(key, target["commit"], commit)
             target["device"] = target["device"] or device
             runs = target["runs"]
             target["step_s"] = target["step_s"] + list(row["step_s"])
@@ -413,9 +415,6 @@ def merge_rows(
             if peak is not None:
                 target["peak_memory_gib"] = peak
             target["runs"] = runs + 1
-            commit = ran_at[index] or row["commit"]
-            _same_commit(key, target["commit"] if runs else commit, commit)
-            target["commit"] = commit
             if row.get("profile"):
                 target["profile"] = row["profile"]
     out = [merged[key] for key in sorted(merged)]
@@ -425,12 +424,19 @@ def merge_rows(
     return out
 
 
+def _row_named(key: RowKey) -> str:
+    """``row (EP=16, 48 layers, ...)``: a merged row, as the merge's refusals name it."""
+    ep, layers, micro_batches, network, dispatcher, arm = key
+    return (
+        f"row (EP={ep}, {layers} layers, {micro_batches} micro-batches, network {network}, dispatcher "
+        f"{dispatcher}, arm {arm})"
+    )
+
+
 def _same_device(key: RowKey, kept: str | None, new: str | None) -> None:
     if kept and new and kept != new:
-        ep, layers, micro_batches, network, dispatcher, arm = key
         raise MixedDevicesError(
-            f"row (EP={ep}, {layers} layers, {micro_batches} micro-batches, network {network}, dispatcher "
-            f"{dispatcher}, arm {arm}) has runs on {kept} and on {new}: step times of different GPUs are not "
+            f"{_row_named(key)} has runs on {kept} and on {new}: step times of different GPUs are not "
             "repeats of one another. Fix: merge each GPU's runs into a file of its own (--out) and compare "
             "the files side by side"
         )
@@ -438,10 +444,8 @@ def _same_device(key: RowKey, kept: str | None, new: str | None) -> None:
 
 def _same_commit(key: RowKey, kept: str, new: str) -> None:
     if kept != new:
-        ep, layers, micro_batches, network, dispatcher, arm = key
         raise MixedCommitsError(
-            f"row (EP={ep}, {layers} layers, {micro_batches} micro-batches, network {network}, dispatcher "
-            f"{dispatcher}, arm {arm}) has runs at {kept} and at {new}: step times of different code are not "
+            f"{_row_named(key)} has runs at {kept} and at {new}: step times of different code are not "
             "repeats of one another. Fix: where both runs ran the same code, name it for both (--ran-at "
             "FILE=COMMIT); otherwise merge each commit's runs into a file of its own (--out)"
         )
