@@ -400,3 +400,27 @@ def test_the_merge_leaves_out_one_runs_rows_of_a_dispatcher_and_says_so(tmp_path
     steps = {row["dispatcher"]: row["step_s"] for row in merged["rows"]}
     assert steps == {"alltoall": [1.5], "node_aware": [2.0]}
     assert merged["notes"] == ["left out: a.json:node_aware"] and "--leave-out=a.json:node_aware" in merged["merged_by"]
+
+
+@pytest.mark.parametrize(
+    ("profile", "expected"),
+    [
+        ({"dispatch_combine_ms": 4000.0, "dispatch_combine_exposed_ms": 1000.0}, 0.75),
+        ({"dispatch_combine_ms": 4000.0, "dispatch_combine_exposed_ms": 4000.0}, 0.0),
+        ({"dispatch_combine_ms": 0.0, "dispatch_combine_exposed_ms": 0.0}, None),
+        ({"step_ms": 10.0}, None),
+    ],
+)
+def test_hidden_by_trace_is_the_share_of_dispatch_and_combine_beside_compute(profile, expected):
+    assert bench.hidden_by_trace(profile) == (pytest.approx(expected) if expected is not None else None)
+
+
+def test_a_profiled_row_carries_hidden_by_trace_through_a_merge_and_an_unprofiled_one_none():
+    on = _row("on", "h100_ib400", [1.1])
+    on["profile"] = {"dispatch_combine_ms": 400.0, "dispatch_combine_exposed_ms": 100.0}
+    on["hidden_by_trace"] = 0.1  # a stale figure from an older reading is recomputed, not kept
+    table = [_row("free", "free", [1.0]), _row("off", "h100_ib400", [1.5]), on]
+    merged = {row["arm"]: row for row in bench.merge_rows([table], ["abc"])}
+    assert merged["on"]["hidden_by_trace"] == pytest.approx(0.75)
+    assert merged["on"]["hidden_share"] == pytest.approx(0.8)
+    assert "hidden_by_trace" not in merged["off"]

@@ -12,7 +12,9 @@ unless ``micro_batches`` says otherwise), ``layers`` deep. Arms, per network and
   on with delayed expert weight gradients.
 
 Hidden share = (off - on) / (off - free): how much of what communication added to the step EP
-overlap takes away. Times of the emulated arms include modeled (not measured) communication.
+overlap takes away. Hidden by trace (profiled rows) = the share of the profiled step's dispatch and
+combine that ran beside compute on another stream, the measure of NVIDIA's and DeepSeek's published
+figures. Times of the emulated arms include modeled (not measured) communication.
 The emulated cases share one process (one start-up); ``ep1`` runs in a job of its own (another
 world). Within a job the cases are interleaved, repeat by repeat. ``ep1`` needs 8 experts a GPU (the
 per-GPU work of EP=16); at more nodes it is left out and ``free`` is the compute-only reference.
@@ -289,12 +291,23 @@ def hidden_share(off: float, on: float, free: float) -> float | None:
     return (off - on) / (off - free) if off - free > 0 else None
 
 
+def hidden_by_trace(profile: dict[str, Any]) -> float | None:
+    """The share of the profiled step's dispatch and combine that ran beside compute kernels on another
+    stream (the trace's measure, which NVIDIA's and DeepSeek's published figures use; ``None`` where the
+    trace holds no dispatch or combine)."""
+    comm = profile.get("dispatch_combine_ms") or 0.0
+    exposed = profile.get("dispatch_combine_exposed_ms")
+    if comm <= 0 or exposed is None:
+        return None
+    return (comm - exposed) / comm
+
+
 def rows(
     cases: Sequence[Case], results: dict[str, dict[str, Any]], commit: str, nodes: int, device: str | None = None
 ) -> list[dict[str, Any]]:
     """One row per (EP, layers, network, dispatcher, arm): every repeat's step time, the means, the
     highest peak of allocated GPU memory, the hidden share, the GPU that ran it, and the anatomy of its
-    profiled step where one ran."""
+    profiled step (with its ``hidden_by_trace``) where one ran."""
     grouped: dict[RowKey, list[dict[str, Any]]] = {}
     profiles: dict[RowKey, dict[str, Any]] = {}
     for case in cases:
@@ -360,8 +373,14 @@ def row_key(row: dict[str, Any]) -> RowKey:
 
 
 def _add_hidden_shares(table: list[dict[str, Any]]) -> None:
+    """Each overlap row's ``hidden_share`` from the step times of its layout's ``off`` and ``free``, and
+    each profiled row's ``hidden_by_trace`` from its trace."""
     by_key = {row_key(r): r for r in table}
     for row in table:
+        row.pop("hidden_by_trace", None)
+        traced = hidden_by_trace(row["profile"]) if row.get("profile") else None
+        if traced is not None:
+            row["hidden_by_trace"] = traced
         if row["arm"] not in ("on", "on_delay_wgrad"):
             continue
         shape = row_key(row)[:3]
