@@ -1,13 +1,18 @@
 """Interval maths and classification of the overlap analysis, on synthetic Chrome traces."""
 
 import json
+import random
 
 import pytest
 from trace_events import kernel, step
 
 from megatron.bridge.perf.analysis.overlap_analysis import (
+    ComputeBeside,
+    Coverage,
+    Event,
     analyze_trace,
     classify,
+    hidden_intervals,
     intersect,
     total,
     union,
@@ -50,6 +55,49 @@ def test_union(intervals, expected):
 )
 def test_intersect(a, b, expected):
     assert intersect(a, b) == expected
+
+
+@pytest.mark.parametrize(
+    "intervals, asked",
+    [
+        ([(2, 4), (6, 8)], (0, 10)),
+        ([(2, 4), (6, 8)], (3, 7)),
+        ([(0, 3), (2, 6)], (1, 2)),  # overlapping input: merged first
+        ([(5, 10)], (0, 5)),  # touching, not covering
+        ([(0, 1)], (2, 2)),  # an empty interval covers nothing
+        ([], (0, 1)),
+    ],
+)
+def test_coverage_clips_an_interval_as_intersect_does(intervals, asked):
+    assert Coverage(intervals).clip(*asked) == intersect([asked], intervals)
+    assert Coverage(intervals).covered(*asked) == total(intersect([asked], intervals))
+
+
+def _random_events(seed: int, kernels: int, streams: int) -> list[Event]:
+    rng = random.Random(seed)
+    events = []
+    for index in range(kernels):
+        start = rng.uniform(0, 1000)
+        kind = "a2a" if index % 5 == 0 else "compute"
+        events.append(Event(f"k{index}", kind, start, start + rng.uniform(0, 60), f"gpu:{rng.randrange(streams)}"))
+    return events
+
+
+@pytest.mark.parametrize("seed, streams", [(0, 1), (1, 2), (2, 7), (3, 40)])
+def test_hidden_time_is_each_exchange_against_the_union_of_compute_on_other_streams(seed, streams):
+    """The per-stream bisection gives what merging every other stream's compute and intersecting does."""
+    events = _random_events(seed, 400, streams)
+    expected = []
+    for stream in {e.stream for e in events if e.kind == "a2a"}:
+        beside = [(e.start, e.end) for e in events if e.kind == "compute" and e.stream != stream]
+        comm = [(e.start, e.end) for e in events if e.kind == "a2a" and e.stream == stream]
+        expected.extend(intersect(comm, beside))
+    assert hidden_intervals(events) == union(expected)
+    one = next(e for e in events if e.kind == "a2a")
+    others = [(e.start, e.end) for e in events if e.kind == "compute" and e.stream != one.stream]
+    assert ComputeBeside(events).covered(one.stream, one.start, one.end) == pytest.approx(
+        total(intersect([(one.start, one.end)], others))
+    )
 
 
 def test_total_is_union_length_not_sum():

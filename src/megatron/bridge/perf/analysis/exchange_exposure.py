@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from megatron.bridge.perf.analysis.overlap_analysis import Event, _events, compute_beside, intersect, load_trace, total
+from megatron.bridge.perf.analysis.overlap_analysis import ComputeBeside, Event, _events, load_trace
 
 PAIRED_ORDER = ("combine_backward", "dispatch_forward", "dispatch_backward", "combine_forward")
 """The exchanges of one paired layer, in the order megatron-core's schedule issues them."""
@@ -30,10 +30,9 @@ class ExchangeCountMismatch(ValueError):
     """The trace's exchanges do not map one kernel to one exchange of the schedule."""
 
 
-def _exposed(exchange: Event, beside: dict[str, list[tuple[float, float]]]) -> float:
-    """Microseconds of ``exchange`` that no compute kernel on another stream covers
-    (``beside``: :func:`~megatron.bridge.perf.analysis.overlap_analysis.compute_beside`)."""
-    return (exchange.end - exchange.start) - total(intersect([(exchange.start, exchange.end)], beside[exchange.stream]))
+def _exposed(exchange: Event, beside: ComputeBeside) -> float:
+    """Microseconds of ``exchange`` that no compute kernel on another stream covers."""
+    return (exchange.end - exchange.start) - beside.covered(exchange.stream, exchange.start, exchange.end)
 
 
 def _add(into: dict[str, float], duration: float, exposed: float) -> None:
@@ -48,7 +47,7 @@ def exchange_exposure(trace: dict[str, Any] | str | Path, layers: int, micro_bat
     if not isinstance(trace, dict):
         trace = load_trace(trace)
     events, steps = _events(trace, include_sendrecv=True, include_cpu_ops=False)
-    beside = compute_beside(events)
+    beside = ComputeBeside(events)
     unpaired, expected = 2 * layers, 4 * layers * micro_batches
     split: dict[str, Any] = {"first_forward": {}, "last_backward": {}, "paired": {name: {} for name in PAIRED_ORDER}}
     spans: dict[int, tuple[float, float]] = {}  # a step's CPU span and its GPU streams' spans, as one
