@@ -6,6 +6,10 @@ EP overlap off and on, against EP=1 on the same GPU (see ``megatron.bridge.perf.
 for the arms and the hidden share).
 
     uv run python scripts/performance/ep_emulation_benchmark.py --out runs/ep_emulation --publish
+
+``--out``/results.json is written again after each case is read, the timed cases of a job before its
+profiled ones (reading a trace is the slow part), so a call cut short keeps the rows it finished
+(``"complete": false``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from megatron.bridge.emulation.network import PRESETS
@@ -173,6 +178,16 @@ def run_job(name: str, cases: list[bench.Case], out: Path, timeout: float) -> di
     return found
 
 
+def read_job(
+    cases: list[bench.Case], summaries: dict[str, dict], out: Path, window_start: int
+) -> Iterator[tuple[str, dict]]:
+    """Each finished case's result, the timed cases first: reading a profiled case's trace is the slow
+    part, so the rows a call has timed are written before it starts."""
+    for case in sorted(cases, key=lambda c: c.profile):
+        if case.name in summaries:
+            yield case.name, bench.case_result(case, summaries[case.name], window_start, out / "cases" / case.name)
+
+
 def main(argv: list[str]) -> int:
     args = parse(argv)
     if args.merge:
@@ -190,42 +205,40 @@ def main(argv: list[str]) -> int:
         [a for a in args.profile_arms.split(",") if a],
         args.micro_batches,
     )
-    ceiling = matmul_ceiling_tflops()
-    host = host_facts()
-    results: dict[str, dict] = {}
-    started = time.time()
-    for name, cases in jobs.items():
-        for case_name, summary in run_job(name, cases, args.out, args.job_timeout).items():
-            results[case_name] = bench.case_result(
-                next(c for c in cases if c.name == case_name),
-                summary,
-                args.window_start,
-                args.out / "cases" / case_name,
-            )
     cases = [case for cases in jobs.values() for case in cases]
-    timed = [case for case in cases if not case.profile]
-    device = device_name()
-    table = bench.rows(cases, results, git_commit(REPO), args.nodes, device)
     meta = {
         "question": "how much of the modeled EP communication does EP overlap hide at EP=8 x nodes?",
         "command": shlex.join(["uv", "run", "python", "scripts/performance/ep_emulation_benchmark.py", *argv]),
-        "device": device,
-        "host": host,
-        "matmul_ceiling_tflops": ceiling,
+        "device": device_name(),
+        "host": host_facts(),
+        "matmul_ceiling_tflops": matmul_ceiling_tflops(),
         "nominal_peak_tflops": NOMINAL_PEAK_TFLOPS,
         "modeled": "emulated rows: communication times are modeled by the named network, not measured",
         "networks": {n: vars(PRESETS[n]) | {"source": PRESETS[n].source} for n in args.networks.split(",")},
         "layers": args.layers,
         "steps": args.steps,
         "window_start": args.window_start,
-        "wall_s": time.time() - started,
-        "complete": all(case.name in results for case in timed),
     }
-    bench.write_results(args.out / "results.json", table, meta)
-    if args.publish:
-        bench.write_results(RESULTS_JSON, table, meta)
-    print(json.dumps(table, indent=1))
-    return 0 if meta["complete"] else 1
+    results: dict[str, dict] = {}
+    commit, started = git_commit(REPO), time.time()
+
+    def write(complete: bool, publish: bool = False) -> list[dict]:
+        """results.json as far as the call has come (``complete``: every timed case finished)."""
+        table = bench.rows(cases, results, commit, args.nodes, meta["device"])
+        run_meta = {**meta, "wall_s": time.time() - started, "complete": complete}
+        bench.write_results(args.out / "results.json", table, run_meta)
+        if publish:
+            bench.write_results(RESULTS_JSON, table, run_meta)
+        return table
+
+    for name, job_cases in jobs.items():
+        summaries = run_job(name, job_cases, args.out, args.job_timeout)
+        for case_name, result in read_job(job_cases, summaries, args.out, args.window_start):
+            results[case_name] = result
+            write(complete=False)
+    complete = all(case.name in results for case in cases if not case.profile)
+    print(json.dumps(write(complete, publish=args.publish), indent=1))
+    return 0 if complete else 1
 
 
 if __name__ == "__main__":

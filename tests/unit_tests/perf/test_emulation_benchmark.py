@@ -424,3 +424,37 @@ def test_a_profiled_row_carries_hidden_by_trace_through_a_merge_and_an_unprofile
     assert merged["on"]["hidden_by_trace"] == pytest.approx(0.75)
     assert merged["on"]["hidden_share"] == pytest.approx(0.8)
     assert "hidden_by_trace" not in merged["off"]
+
+
+@pytest.mark.parametrize("cut_short", [True, False], ids=["cut-while-reading-a-trace", "every-case-read"])
+def test_a_call_keeps_the_rows_it_timed_when_it_is_cut_short_reading_a_trace(tmp_path, monkeypatch, cut_short):
+    script = load_script("ep_emulation_benchmark.py")
+    monkeypatch.setattr(script, "matmul_ceiling_tflops", lambda: None)
+    monkeypatch.setattr(script, "host_facts", lambda: {"cpu": "described"})
+    monkeypatch.setattr(script, "device_name", lambda: "1 x described GPU")
+    monkeypatch.setattr(
+        script, "run_job", lambda name, cases, out, timeout: {c.name: {"step_times_s": [3.0, 2.0, 1.0]} for c in cases}
+    )
+    read = bench.case_result
+
+    def case_result(case, summary, window_start, run_dir=None):
+        if case.profile and cut_short:
+            raise KeyboardInterrupt  # the call's time runs out while the trace is read
+        return read(case, summary, window_start, run_dir)
+
+    monkeypatch.setattr(bench, "case_result", case_result)
+    argv = ["--out", str(tmp_path), "--networks", "h100_ib400", "--dispatchers", "alltoall", "--arms", "free,off,on"]
+    argv += ["--profile-arms", "on", "--repeats", "1", "--steps", "3", "--window-start", "2", "--gpu", "h100"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        if cut_short:
+            with pytest.raises(KeyboardInterrupt):
+                script.main(argv)
+        else:
+            assert script.main(argv) == 0
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert {row["arm"]: row["step_s"] for row in written["rows"]} == {
+        "free": [1.5],
+        "off": [1.5],
+        "on": [1.5] if cut_short else [1.5, 2.0],  # the profiled case times step 2, before its traced step 3
+    }
+    assert written["complete"] is not cut_short
