@@ -97,7 +97,7 @@ def intersect(a: Iterable[Interval], b: Iterable[Interval]) -> list[Interval]:
 
 class Coverage:
     """The union of some intervals, kept sorted, that answers which part of one interval it covers by
-    bisection. A 48-layer profiled step holds thousands of exchanges and hundreds of thousands of
+    bisection. A profiled step of a deep model holds thousands of exchanges and hundreds of thousands of
     kernels: asking :func:`intersect` once per event merges the whole set each time (quadratic), this
     finds the few intervals that can meet it."""
 
@@ -354,6 +354,7 @@ class ComputeBeside:
         )
 
     def covered(self, stream: str, start: float, end: float) -> float:
+        """How much of ``[start, end)`` on ``stream`` compute on another stream covers."""
         return total(self.clip(stream, start, end))
 
 
