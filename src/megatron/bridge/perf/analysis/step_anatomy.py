@@ -19,7 +19,6 @@ All figures are per profiled step (the sum over ``ProfilerStep#N`` spans divided
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 from megatron.bridge.perf.analysis.overlap_analysis import (
     _KERNEL_CATS,
     _STEP,
+    Coverage,
     _trace_events,
     analyze_trace,
     intersect,
@@ -131,17 +131,14 @@ def _outermost(ops: list[tuple[float, float, str]]) -> list[tuple[float, float, 
 
 
 def _ops_in_gaps(host_ops: dict[Any, list[tuple[float, float, str]]], gaps: Spans) -> dict[str, float]:
-    """Microseconds of overlap of each outermost host operator's name with ``gaps`` (sorted, disjoint)."""
-    starts = [start for start, _ in gaps]
+    """Microseconds of overlap of each outermost host operator's name with ``gaps``."""
+    idle = Coverage(gaps)
     found: dict[str, float] = {}
     for ops in host_ops.values():
         for start, end, name in _outermost(ops):
-            index = max(0, bisect.bisect_right(starts, start) - 1)
-            while index < len(gaps) and gaps[index][0] < end:
-                overlap = min(end, gaps[index][1]) - max(start, gaps[index][0])
-                if overlap > 0:
-                    found[name] = found.get(name, 0.0) + overlap
-                index += 1
+            overlap = idle.covered(start, end)
+            if overlap > 0:
+                found[name] = found.get(name, 0.0) + overlap
     return found
 
 
