@@ -374,9 +374,10 @@ def row_key(row: dict[str, Any]) -> RowKey:
 
 def _add_hidden_shares(table: list[dict[str, Any]]) -> None:
     """Each overlap row's ``hidden_share`` from the step times of its layout's ``off`` and ``free``, and
-    each profiled row's ``hidden_by_trace`` from its trace."""
+    each profiled row's ``hidden_by_trace`` from its trace; figures a row carried in are recomputed."""
     by_key = {row_key(r): r for r in table}
     for row in table:
+        row.pop("hidden_share", None)
         row.pop("hidden_by_trace", None)
         traced = hidden_by_trace(row["profile"]) if row.get("profile") else None
         if traced is not None:
@@ -419,7 +420,6 @@ def merge_rows(
             commit = ran_at[index] or row["commit"]
             if key not in merged:
                 merged[key] = {**row, "step_s": [], "runs": 0, "device": device, "commit": commit}
-                merged[key].pop("hidden_share", None)
             target = merged[key]
             _same_device(key, target["device"], device)
             _same_commit(key, target["commit"], commit)
